@@ -1,0 +1,1 @@
+//! The moe-rs quantization vocabulary and scalar quantization math.
