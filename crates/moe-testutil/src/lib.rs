@@ -14,8 +14,8 @@ pub use rng::SplitMix64;
 
 /// Number of randomized cases a property test should run.
 ///
-/// Reads `MOE_PROPTEST_CASES` so CI can raise it; defaults to `default` (divided by 8, at least
-/// 1, under Miri, where every case is slow).
+/// Reads `MOE_PROPTEST_CASES` so CI can raise it; defaults to `default`, divided by 8 (at least 1)
+/// under Miri or when `MOE_QEMU` is set (emulated aarch64), where every case is slow.
 pub fn proptest_cases(default: u32) -> u32 {
     if let Some(n) = std::env::var("MOE_PROPTEST_CASES")
         .ok()
@@ -23,7 +23,7 @@ pub fn proptest_cases(default: u32) -> u32 {
     {
         return n.max(1);
     }
-    if cfg!(miri) {
+    if cfg!(miri) || std::env::var_os("MOE_QEMU").is_some() {
         (default / 8).max(1)
     } else {
         default
