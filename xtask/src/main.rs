@@ -9,6 +9,7 @@
 mod ci;
 mod flags;
 mod test_arm;
+mod test_binaries;
 mod test_x86;
 mod util;
 

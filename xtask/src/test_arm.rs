@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::flags::TestArm;
 use crate::project_root;
+use crate::test_binaries::{self, TestBinary, TestCounts};
 use crate::util::{Cmd, Result, banner, fmt_duration};
 
 /// The cross target.
@@ -75,15 +76,10 @@ pub const RUNGS: [Rung; 3] = [
     },
 ];
 
-/// A test executable produced by the cross build.
+/// A test executable of the cross build, with the optional feature-report test it holds.
 #[derive(Debug)]
-struct TestBinary {
-    /// For humans: `crate (kind)`.
-    label: String,
-    /// The executable.
-    exe: PathBuf,
-    /// The package directory; cargo runs tests from there, so we do too.
-    package_dir: PathBuf,
+struct ArmBinary {
+    binary: TestBinary,
     /// The full name of the feature-report test, when the binary has one.
     feature_report: Option<String>,
 }
@@ -119,7 +115,7 @@ pub fn run(opts: &TestArm) -> Result<()> {
         binaries.len(),
         fmt_duration(build_time)
     );
-    for binary in &binaries {
+    for ArmBinary { binary, .. } in &binaries {
         println!("  {}: {}", binary.label, binary.exe.display());
     }
 
@@ -347,80 +343,19 @@ fn cross_cargo(target_dir: &Path) -> Cmd {
 }
 
 /// Builds the unit and integration tests of the library crates and returns their executables.
-fn build_tests(target_dir: &Path) -> Result<Vec<TestBinary>> {
+fn build_tests(target_dir: &Path) -> Result<Vec<ArmBinary>> {
     let mut cmd = cross_cargo(target_dir).args(["--workspace", "--lib", "--tests"]);
     for package in EXCLUDED_PACKAGES {
         cmd = cmd.args(["--exclude", package]);
     }
-    let cmd = cmd.arg("--message-format=json-render-diagnostics");
-    println!("$ {}", cmd.display());
-    let messages = cmd.read_stdout()?;
-    let binaries: Vec<TestBinary> = messages.lines().filter_map(test_binary_from_json).collect();
-    if binaries.is_empty() {
-        return Err("the aarch64 build produced no test binary".into());
-    }
-    Ok(binaries)
-}
-
-/// Reads one line of cargo's JSON output; `Some` for a test executable.
-///
-/// The format is stable; a full JSON parser would be a dependency for four fields.
-fn test_binary_from_json(line: &str) -> Option<TestBinary> {
-    if json_string(line, "reason")? != "compiler-artifact" {
-        return None;
-    }
-    let profile = &line[line.find("\"profile\":{")?..];
-    let profile = &profile[..profile.find('}')?];
-    if !profile.contains("\"test\":true") {
-        return None;
-    }
-    let exe = json_string(line, "executable")?;
-    let manifest = json_string(line, "manifest_path")?;
-    let target = &line[line.find("\"target\":{")?..];
-    let name = json_string(target, "name")?;
-    let kind = json_string_list_head(target, "kind").unwrap_or_else(|| "test".to_string());
-    Some(TestBinary {
-        label: format!("{name} ({kind})"),
-        exe: PathBuf::from(exe),
-        package_dir: Path::new(&manifest).parent()?.to_path_buf(),
-        feature_report: None,
-    })
-}
-
-/// The first string value of `"key":"..."` in `text`, unescaped.
-fn json_string(text: &str, key: &str) -> Option<String> {
-    let pattern = format!("\"{key}\":\"");
-    let start = text.find(&pattern)? + pattern.len();
-    read_json_string(&text[start..])
-}
-
-/// The first element of `"key":["...", ...]` in `text`.
-fn json_string_list_head(text: &str, key: &str) -> Option<String> {
-    let pattern = format!("\"{key}\":[\"");
-    let start = text.find(&pattern)? + pattern.len();
-    read_json_string(&text[start..])
-}
-
-/// Reads a JSON string body up to its closing quote (the opening quote already consumed).
-fn read_json_string(body: &str) -> Option<String> {
-    let mut out = String::new();
-    let mut chars = body.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' => return Some(out),
-            '\\' => match chars.next()? {
-                'n' => out.push('\n'),
-                't' => out.push('\t'),
-                'u' => {
-                    let hex: String = chars.by_ref().take(4).collect();
-                    out.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
-                }
-                other => out.push(other),
-            },
-            c => out.push(c),
-        }
-    }
-    None
+    let binaries = test_binaries::build(cmd)?;
+    Ok(binaries
+        .into_iter()
+        .map(|binary| ArmBinary {
+            binary,
+            feature_report: None,
+        })
+        .collect())
 }
 
 /// The probe's source: one line of `name=yes|no` pairs.
@@ -465,8 +400,12 @@ fn build_probe(target_dir: &Path) -> Result<PathBuf> {
 
 /// Lists each binary's tests once (the list does not depend on the CPU) to find the optional
 /// feature-report test.
-fn find_feature_reports(binaries: &mut [TestBinary], limit: Duration) -> Result<()> {
-    for binary in binaries {
+fn find_feature_reports(binaries: &mut [ArmBinary], limit: Duration) -> Result<()> {
+    for ArmBinary {
+        binary,
+        feature_report,
+    } in binaries
+    {
         let listing = Cmd::new(QEMU)
             .arg(&binary.exe)
             .args(["--list", "--format", "terse"])
@@ -474,7 +413,7 @@ fn find_feature_reports(binaries: &mut [TestBinary], limit: Duration) -> Result<
             .cwd(&binary.package_dir)
             .timeout(limit)
             .read_stdout()?;
-        binary.feature_report = listing
+        *feature_report = listing
             .lines()
             .filter_map(|line| line.strip_suffix(": test"))
             .find(|name| name.rsplit("::").next() == Some(FEATURE_REPORT_TEST))
@@ -490,7 +429,7 @@ fn find_feature_reports(binaries: &mut [TestBinary], limit: Duration) -> Result<
 fn run_rung(
     rung: Rung,
     probe: &Path,
-    binaries: &[TestBinary],
+    binaries: &[ArmBinary],
     opts: &TestArm,
 ) -> Result<RungReport> {
     let start = Instant::now();
@@ -530,8 +469,12 @@ fn run_rung(
             .push(format!("CPU probe failed: {}", outcome.describe())),
     }
 
-    for binary in binaries {
-        if let Some(test) = &binary.feature_report {
+    for ArmBinary {
+        binary,
+        feature_report,
+    } in binaries
+    {
+        if let Some(test) = feature_report {
             let cmd = qemu(&binary.exe)
                 .args([test.as_str(), "--exact", "--nocapture"])
                 .cwd(&binary.package_dir);
@@ -544,7 +487,7 @@ fn run_rung(
         }
     }
 
-    for binary in binaries {
+    for ArmBinary { binary, .. } in binaries {
         println!("{prefix}--- {}", binary.label);
         let cmd = qemu(&binary.exe)
             .args(&opts.test_args)
@@ -627,42 +570,6 @@ impl std::fmt::Display for Features {
     }
 }
 
-/// Totals from libtest's `test result:` lines.
-#[derive(Debug, Default, PartialEq)]
-struct TestCounts {
-    passed: u64,
-    failed: u64,
-    ignored: u64,
-    /// Whether any summary line was found.
-    seen: bool,
-}
-
-impl TestCounts {
-    /// Sums every `test result: ok. 3 passed; 0 failed; 1 ignored; ...` line of `text`.
-    fn parse(text: &str) -> Self {
-        let mut counts = TestCounts::default();
-        for line in text.lines().filter(|l| l.starts_with("test result:")) {
-            counts.seen = true;
-            for part in line.split(';') {
-                let words: Vec<&str> = part.split_whitespace().collect();
-                let [.., number, what] = words[..] else {
-                    continue;
-                };
-                let Ok(n) = number.parse::<u64>() else {
-                    continue;
-                };
-                match what {
-                    "passed" => counts.passed += n,
-                    "failed" => counts.failed += n,
-                    "ignored" => counts.ignored += n,
-                    _ => {}
-                }
-            }
-        }
-        counts
-    }
-}
-
 fn print_summary(reports: &[RungReport], build_time: Duration, total: Duration) {
     banner("aarch64 summary");
     println!(
@@ -709,17 +616,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn libtest_summaries_are_summed() {
-        let text = "running 3 tests\n\
-            test result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s\n\
-            test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1.5s\n";
-        let counts = TestCounts::parse(text);
-        assert_eq!((counts.passed, counts.failed, counts.ignored), (5, 1, 1));
-        assert!(counts.seen);
-        assert!(!TestCounts::parse("Segmentation fault").seen);
-    }
-
-    #[test]
     fn probe_output_maps_to_the_ladder() {
         let a53 = Features::parse("neon=yes dotprod=no i8mm=no sve=no\n").unwrap();
         assert_eq!(a53.best_isa(), "neon");
@@ -727,26 +623,6 @@ mod tests {
         assert_eq!(max.best_isa(), "i8mm");
         assert_eq!(max.to_string(), "+neon +dotprod +i8mm +sve");
         assert_eq!(Features::parse("neon=yes"), None);
-    }
-
-    #[test]
-    fn cargo_json_yields_test_executables() {
-        let line = r#"{"reason":"compiler-artifact","package_id":"path+file:///r/crates/moe-testutil#0.1.0","manifest_path":"/r/crates/moe-testutil/Cargo.toml","target":{"kind":["lib"],"crate_types":["lib"],"name":"moe_testutil","src_path":"/r/crates/moe-testutil/src/lib.rs","edition":"2024","doctest":true,"test":true},"profile":{"opt_level":"2","debuginfo":2,"debug_assertions":true,"overflow_checks":true,"test":true},"features":[],"filenames":["/r/t/deps/moe_testutil-abc"],"executable":"/r/t/deps/moe_testutil-abc","fresh":true}"#;
-        let binary = test_binary_from_json(line).expect("a test executable");
-        assert_eq!(binary.label, "moe_testutil (lib)");
-        assert_eq!(binary.exe, Path::new("/r/t/deps/moe_testutil-abc"));
-        assert_eq!(binary.package_dir, Path::new("/r/crates/moe-testutil"));
-
-        let library = line
-            .replace(
-                r#""executable":"/r/t/deps/moe_testutil-abc""#,
-                r#""executable":null"#,
-            )
-            .replace(
-                r#""overflow_checks":true,"test":true"#,
-                r#""overflow_checks":true,"test":false"#,
-            );
-        assert!(test_binary_from_json(&library).is_none());
     }
 
     #[test]

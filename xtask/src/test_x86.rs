@@ -1,54 +1,96 @@
-//! `cargo xtask test-x86-ladder`: the moe-kernels tests once per x86 ISA cap.
+//! `cargo xtask test-x86-ladder`: the moe-kernels test binaries once per x86 ISA cap.
 //!
 //! QEMU cannot emulate AVX-512 on x86, so the slower x86 rungs are tested natively by capping the
 //! dispatcher with `MOE_KERNELS_MAX_ISA`. The uncapped (best-ISA) run is `cargo test --workspace`
 //! itself. Each capped run also sets `MOE_EXPECT_ISA`, so moe-kernels' guard test fails when the
 //! cap did not select the rung it names. Rungs the host CPU lacks are skipped with a note.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::flags::TestX86Ladder;
+use crate::test_binaries::{self, TestCounts};
 use crate::util::{Cmd, Result, banner, fmt_duration};
 
 /// The capped rungs, from the fastest down.
 const CAPS: [&str; 4] = ["avx512-vnni", "avx-vnni", "avx2", "scalar"];
 
-/// Runs `cargo test -p moe-kernels` under each cap the host supports.
+/// The package whose tests run under every cap.
+const KERNELS_PACKAGE: &str = "moe-kernels";
+
+/// Upper bound for one test binary, so a hang cannot stall CI.
+const TIME_LIMIT: Duration = Duration::from_secs(20 * 60);
+
+/// Runs the moe-kernels test binaries under each cap the host supports.
+///
+/// The binaries come from `cargo test --workspace --no-run`: the same build as the README's
+/// `cargo test --workspace`, so in CI nothing is compiled again (a `-p moe-kernels` build would
+/// resolve features differently and rebuild part of the dependency tree).
 pub fn run(opts: &TestX86Ladder) -> Result<()> {
+    banner("x86 ladder: building the workspace tests");
+    let binaries: Vec<_> = test_binaries::build(Cmd::cargo(["test", "--workspace", "--no-run"]))?
+        .into_iter()
+        .filter(|b| {
+            b.package_dir
+                .file_name()
+                .is_some_and(|d| d == KERNELS_PACKAGE)
+        })
+        .collect();
+    if binaries.is_empty() {
+        return Err(format!("no test binary of {KERNELS_PACKAGE} was built").into());
+    }
     let mut rows = Vec::new();
     for cap in CAPS {
         banner(&format!("x86 ladder: MOE_KERNELS_MAX_ISA={cap}"));
         if !host_has(cap) {
-            println!("skipped: this CPU lacks {cap}");
-            rows.push((cap, "skipped".to_string()));
+            println!("skipped: this CPU does not report {cap}");
+            rows.push(format!("{cap:<12} skipped (not reported by this CPU)"));
             continue;
         }
         let start = Instant::now();
-        let mut cmd = Cmd::cargo(["test", "-p", "moe-kernels"])
-            .env("MOE_KERNELS_MAX_ISA", cap)
-            .env("MOE_EXPECT_ISA", cap);
-        if !opts.test_args.is_empty() {
-            cmd = cmd.arg("--").args(&opts.test_args);
+        let prefix = format!("[{cap}] ");
+        let mut totals = TestCounts::default();
+        let mut problems = Vec::new();
+        for binary in &binaries {
+            let (outcome, text) = Cmd::new(&binary.exe)
+                .args(&opts.test_args)
+                .env("MOE_KERNELS_MAX_ISA", cap)
+                .env("MOE_EXPECT_ISA", cap)
+                .cwd(&binary.package_dir)
+                .timeout(TIME_LIMIT)
+                .run_tee(&prefix)?;
+            let counts = TestCounts::parse(&text);
+            totals.passed += counts.passed;
+            totals.failed += counts.failed;
+            totals.ignored += counts.ignored;
+            if !outcome.success() {
+                problems.push(format!("{}: {}", binary.label, outcome.describe()));
+            }
         }
-        let outcome = cmd.run_outcome()?;
-        let result = if outcome.success() { "ok" } else { "FAILED" };
-        rows.push((
-            cap,
-            format!("{result} in {}", fmt_duration(start.elapsed())),
+        let result = if problems.is_empty() { "ok" } else { "FAILED" };
+        rows.push(format!(
+            "{cap:<12} {result:<6} {} passed, {} failed, {} ignored in {}",
+            totals.passed,
+            totals.failed,
+            totals.ignored,
+            fmt_duration(start.elapsed())
         ));
-        if !outcome.success() {
+        if !problems.is_empty() {
             print_summary(&rows);
-            return Err(format!("moe-kernels tests failed with MOE_KERNELS_MAX_ISA={cap}").into());
+            return Err(format!(
+                "moe-kernels tests failed with MOE_KERNELS_MAX_ISA={cap}: {}",
+                problems.join("; ")
+            )
+            .into());
         }
     }
     print_summary(&rows);
     Ok(())
 }
 
-fn print_summary(rows: &[(&str, String)]) {
+fn print_summary(rows: &[String]) {
     banner("x86 ladder summary");
-    for (cap, result) in rows {
-        println!("{cap:<12} {result}");
+    for row in rows {
+        println!("{row}");
     }
 }
 
