@@ -2,10 +2,11 @@
 //!
 //! **compressed-tensors `pack_to_int32`** (spec section 6.2; checkpoint tensor `weight_packed`):
 //! each row is a little-endian bit stream of `num_bits`-wide unsigned codes `v + 2^(num_bits−1)`,
-//! cut into int32 words; element `i` occupies bits `[i·b, i·b + b)` of the stream. A row of
-//! `cols` codes takes `ceil(cols·b / 32)` words; the tail of the last word is padding with code
-//! 0, which unpacks to the most negative value, so unpacking needs the original `cols`
-//! (`weight_shape`). For int4 word `j` holds elements `8j..8j+7`, element `8j+i` in bits
+//! cut into int32 words; element `i` occupies bits `[i·b, i·b + b)` of the stream, so codes may
+//! straddle words when `b` does not divide 32. A row of `cols` codes takes `ceil(cols·b / 32)`
+//! words (compressed-tensors pads rows to 32 elements internally, then keeps only those words,
+//! which gives the same result); the tail of the last word is padding with code 0, which
+//! unpacks to the most negative value, so unpacking needs the original `cols` (`weight_shape`). For int4 word `j` holds elements `8j..8j+7`, element `8j+i` in bits
 //! `4i..4i+3`; for int8 a word holds 4 elements, element `4j+i` in bits `8i..8i+7`.
 //!
 //! **Kernel byte pairs** (spec section 4.3; vLLM `pack_int4_weights_for_kleidi`, the input of
