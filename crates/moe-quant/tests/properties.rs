@@ -9,17 +9,19 @@ use moe_quant::int8::{dequantize_int8_per_row, quantize_int8_per_row};
 use moe_quant::pack::{pack_int4_pairs, pack_to_int32, unpack_from_int32, unpack_int4_pairs};
 use proptest::prelude::*;
 
+/// Allowed excess over half a quantization step, in steps: the f32 rounding of `x / scale` or
+/// `x · (127 / amax)` (a few ulps of a value up to 255) can push an exact tie just past 0.5.
+const SLACK: f32 = 1e-4;
+
 fn config() -> ProptestConfig {
     ProptestConfig::with_cases(moe_testutil::proptest_cases(256))
 }
 
-/// A `[rows, cols]` matrix of codes of `bits` bits.
-fn codes(bits: u32) -> impl Strategy<Value = (usize, usize, Vec<i8>)> {
-    let lo = -(1i32 << (bits - 1));
-    let hi = (1i32 << (bits - 1)) - 1;
-    (1usize..5, 1usize..70).prop_flat_map(move |(rows, cols)| {
-        proptest::collection::vec((lo..=hi).prop_map(|v| v as i8), rows * cols)
-            .prop_map(move |v| (rows, cols, v))
+/// A `[rows, cols]` matrix of int4 codes with an even number of columns (the pair layout).
+fn int4_codes_even_width() -> impl Strategy<Value = (usize, usize, Vec<i8>)> {
+    (1usize..5, 1usize..40).prop_flat_map(|(rows, half)| {
+        let cols = 2 * half;
+        proptest::collection::vec(-8i8..=7, rows * cols).prop_map(move |v| (rows, cols, v))
     })
 }
 
@@ -49,17 +51,11 @@ proptest! {
     }
 
     #[test]
-    fn int4_pairs_round_trip_and_match_int32_bytes((rows, cols, v) in codes(4)) {
-        let cols_even = cols & !1;
-        prop_assume!(cols_even > 0);
-        let v: Vec<i8> = v
-            .chunks_exact(cols)
-            .flat_map(|r| r[..cols_even].iter().copied())
-            .collect();
-        let bytes = pack_int4_pairs(&v, rows, cols_even).unwrap();
-        prop_assert_eq!(unpack_int4_pairs(&bytes, rows, cols_even).unwrap(), v.clone());
-        if cols_even % 8 == 0 {
-            let words = pack_to_int32(&v, rows, cols_even, 4).unwrap();
+    fn int4_pairs_round_trip_and_match_int32_bytes((rows, cols, v) in int4_codes_even_width()) {
+        let bytes = pack_int4_pairs(&v, rows, cols).unwrap();
+        prop_assert_eq!(unpack_int4_pairs(&bytes, rows, cols).unwrap(), v.clone());
+        if cols % 8 == 0 {
+            let words = pack_to_int32(&v, rows, cols, 4).unwrap();
             let le: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
             prop_assert_eq!(le, bytes);
         }
@@ -73,7 +69,7 @@ proptest! {
         let deq = dequantize_int8_per_row(&q.codes, &q.scales, cols).unwrap();
         for (i, (&x, &y)) in w.iter().zip(&deq).enumerate() {
             let s = q.scales[i / cols];
-            prop_assert!((x - y).abs() <= s * 0.5 * (1.0 + 1e-5), "x {x} y {y} scale {s}");
+            prop_assert!((x - y).abs() <= s * (0.5 + SLACK), "x {x} y {y} scale {s}");
         }
         prop_assert!(q.codes.iter().all(|&c| c >= -127));
     }
@@ -104,7 +100,7 @@ proptest! {
         let deq = dequantize_int4_grouped(&q.codes, &q.scales, rows, cols, Some(g)).unwrap();
         for (i, (&x, &y)) in w.iter().zip(&deq).enumerate() {
             let s = q.scales[i / g];
-            prop_assert!((x - y).abs() <= s * 0.5 * (1.0 + 1e-5), "x {x} y {y} scale {s}");
+            prop_assert!((x - y).abs() <= s * (0.5 + SLACK), "x {x} y {y} scale {s}");
         }
     }
 
@@ -116,7 +112,7 @@ proptest! {
         for (&x, &c) in row.iter().zip(&q) {
             let err = (p.dequantize(c) - x).abs();
             prop_assert!(
-                err <= 0.5 * p.recip * (1.0 + 1e-4) + 1e-6 * amax,
+                err <= p.recip * (0.5 + SLACK) + 1e-6 * amax,
                 "x {x} code {c} zp {} recip {}", p.zero_point, p.recip
             );
         }
@@ -129,7 +125,7 @@ proptest! {
         let mut q = vec![0i8; row.len()];
         let s = quantize_row_sym_i8(&row, &mut q);
         for (&x, &c) in row.iter().zip(&q) {
-            prop_assert!((f32::from(c) * s - x).abs() <= 0.5 * s * (1.0 + 1e-5));
+            prop_assert!((f32::from(c) * s - x).abs() <= s * (0.5 + SLACK));
             prop_assert!(c >= -127);
         }
     }
