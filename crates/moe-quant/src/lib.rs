@@ -12,6 +12,11 @@
 //! Math (spec sections 4.2, 4.3, 5.1, 5.3, 6.2):
 //! - [`act`]: dynamic per-row int8 quantization of activations, asymmetric (W4A8) and
 //!   symmetric per token (W8A8).
+//! - [`int8`]: per-row symmetric int8 weight quantization, bit-exact with vLLM's
+//!   `Int8OnlineMoEMethod`.
+//! - [`int4`]: symmetric int4 group (or channelwise) weight quantization and dequantization.
+//! - [`pack`]: compressed-tensors `pack_to_int32` and the kernels' nibble-pair byte order, with
+//!   inverses.
 //! - [`half_conv`]: f32 ↔ bf16/f16 conversion with round-to-nearest-even.
 //!
 //! Errors: [`QuantError`], the crate's one error type.
@@ -23,6 +28,9 @@ pub mod dtype;
 pub mod error;
 pub mod group_shape;
 pub mod half_conv;
+pub mod int4;
+pub mod int8;
+pub mod pack;
 pub mod quant_key;
 pub mod scalar_type;
 
@@ -32,5 +40,8 @@ pub use dtype::DType;
 pub use error::QuantError;
 pub use group_shape::GroupShape;
 pub use half_conv::ModelFloat;
+pub use int4::{Int4Grouped, dequantize_int4_grouped, quantize_int4_grouped};
+pub use int8::{Int8PerRow, dequantize_int8_per_row, quantize_int8_per_row};
+pub use pack::{pack_int4_pairs, pack_to_int32, unpack_from_int32, unpack_int4_pairs};
 pub use quant_key::{QuantKey, ScaleDesc};
 pub use scalar_type::ScalarType;
