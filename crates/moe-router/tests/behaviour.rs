@@ -184,7 +184,7 @@ fn matches_the_float64_reference() {
         let (name, scoring) = scorings[rng.below(3)];
         let renormalize = rng.below(2) == 1;
         let bias: Option<Vec<f32>> =
-            (kind >= 1 && kind <= 2 && rng.below(2) == 1).then(|| rng.vec_uniform(e, -0.5, 0.5));
+            ((1..=2).contains(&kind) && rng.below(2) == 1).then(|| rng.vec_uniform(e, -0.5, 0.5));
         let scale = [1.0f32, 2.5][rng.below(2)];
         let kept = 1 + rng.below(groups);
         let k = 1 + rng.below(if kind == 2 { kept * e / groups } else { e });
