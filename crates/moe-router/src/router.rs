@@ -68,9 +68,9 @@ impl Router {
     /// value, larger first, ties to the lower expert id. Ids are global, or local with
     /// [`ExpertMap::NOT_LOCAL`] for other ranks when the configuration has an expert map.
     ///
-    /// Nothing is allocated. Errors: buffers of the wrong size or a scratch too small (nothing
-    /// written); a NaN or infinite logit, or a failing custom hook (rows before the offending
-    /// one are written, the rest untouched).
+    /// Nothing is allocated. Errors: buffers of the wrong size, a scratch too small, or a NaN or
+    /// infinite logit anywhere in the batch (nothing written); a failing custom hook (rows
+    /// before the offending one are written, the rest untouched).
     pub fn route_into(
         &self,
         logits: Logits<'_>,
@@ -128,6 +128,8 @@ impl Router {
         } = scratch;
         let (values, ids, weights) = (&mut values[..k], &mut ids[..k], &mut weights[..k]);
 
+        // Validate every row before writing any, so a rejected batch leaves the outputs as
+        // they were instead of half-routed.
         for row in 0..num_tokens {
             let x = logits.row_f32(row, e, row_buf);
             if let Some(expert) = x.iter().position(|v| !v.is_finite()) {
@@ -137,6 +139,9 @@ impl Router {
                     value: x[expert],
                 });
             }
+        }
+        for row in 0..num_tokens {
+            let x = logits.row_f32(row, e, row_buf);
             let params = |scoring| ScoreParams {
                 scoring,
                 bias,
