@@ -360,7 +360,7 @@ impl MoeConfig {
             });
         }
         check_rank("tp", parallel.tp_size, parallel.tp_rank)?;
-        if shape.intermediate_size % parallel.tp_size != 0 {
+        if !shape.intermediate_size.is_multiple_of(parallel.tp_size) {
             return Err(OracleError::InvalidConfig {
                 field: "intermediate_size",
                 reason: format!(

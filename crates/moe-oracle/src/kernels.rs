@@ -489,12 +489,12 @@ impl KernelId {
                     }
                     _ => 2,
                 };
-                if g == 0 || h % g != 0 {
+                if g == 0 || !h.is_multiple_of(g) {
                     return Err(Unsupported::new(format!(
                         "kernel requires hidden dim divisible by {g}"
                     )));
                 }
-                if i % g != 0 {
+                if !i.is_multiple_of(g) {
                     return Err(Unsupported::new(format!(
                         "kernel requires intermediate dim divisible by {g}"
                     )));
@@ -507,12 +507,12 @@ impl KernelId {
 }
 
 fn div32(h: usize, i: usize) -> Result<(), Unsupported> {
-    if h % 32 != 0 {
+    if !h.is_multiple_of(32) {
         return Err(Unsupported::new(
             "kernel requires hidden dim divisible by 32",
         ));
     }
-    if i % 32 != 0 {
+    if !i.is_multiple_of(32) {
         return Err(Unsupported::new(
             "kernel requires intermediate dim divisible by 32",
         ));
