@@ -397,8 +397,8 @@ impl KernelId {
         let ok = match self {
             KernelId::VllmCpuExpertsInt4
             | KernelId::VllmCpuExpertsInt8
-            | KernelId::VllmArmCpuExpertsInt8 => RoutingMethodType::VLLM_CPU.contains(&rm),
-            k if k.is_ours() => RoutingMethodType::MOE_ROUTER.contains(&rm),
+            | KernelId::VllmArmCpuExpertsInt8 => crate::routing::VLLM_CPU_METHODS.contains(&rm),
+            k if k.is_ours() => crate::routing::MOE_ROUTER_METHODS.contains(&rm),
             _ => true,
         };
         if ok {
@@ -411,7 +411,7 @@ impl KernelId {
             // vLLM's RoutingMethodType is an IntEnum, which f-strings print as its integer.
             Err(Unsupported::kernel_does_not_support(format!(
                 "routing method {}",
-                rm.vllm_value()
+                rm.value()
             )))
         }
     }

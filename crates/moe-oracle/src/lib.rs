@@ -55,7 +55,7 @@ pub use quant_config::{
     make_int8_moe_quant_config, make_unquantized_moe_quant_config, make_w4a8_int8_moe_quant_config,
     make_wna16_moe_quant_config, w4a8_block_shape, w4a8_weight_key, wna16_weight_key,
 };
-pub use routing::{RoutingMethodType, ScoringFunc, routing_method_type};
+pub use routing::{MOE_ROUTER_METHODS, RoutingMethodType, ScoringFunc, VLLM_CPU_METHODS};
 pub use select::{
     SelectOptions, Selection, check_w4a8_experts_monolithic, select_backend,
     select_int8_moe_backend, select_unquantized_moe_backend, select_w4a8_int8_moe_backend,

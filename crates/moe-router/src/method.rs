@@ -89,6 +89,42 @@ pub enum RoutingMethodType {
 }
 
 impl RoutingMethodType {
+    /// Every label, in value order.
+    pub const ALL: [RoutingMethodType; 13] = [
+        Self::Default,
+        Self::Renormalize,
+        Self::DeepSeekV3,
+        Self::Llama4,
+        Self::RenormalizeNaive,
+        Self::TopK,
+        Self::SigmoidRenorm,
+        Self::MiniMax2,
+        Self::Sigmoid,
+        Self::Unspecified,
+        Self::DeepseekV4,
+        Self::Custom,
+        Self::Simulated,
+    ];
+
+    /// vLLM's member name (`"DeepSeekV3"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Default => "Default",
+            Self::Renormalize => "Renormalize",
+            Self::DeepSeekV3 => "DeepSeekV3",
+            Self::Llama4 => "Llama4",
+            Self::RenormalizeNaive => "RenormalizeNaive",
+            Self::TopK => "TopK",
+            Self::SigmoidRenorm => "SigmoidRenorm",
+            Self::MiniMax2 => "MiniMax2",
+            Self::Sigmoid => "Sigmoid",
+            Self::Unspecified => "Unspecified",
+            Self::DeepseekV4 => "DeepseekV4",
+            Self::Custom => "Custom",
+            Self::Simulated => "Simulated",
+        }
+    }
+
     /// The newest vLLM integer value (for logs; never a wire format).
     pub fn value(self) -> u32 {
         match self {
@@ -167,6 +203,12 @@ impl RoutingMethodType {
     /// rounding), so kernels accepting one should accept both, as vLLM's do.
     pub fn is_renormalized_softmax(self) -> bool {
         matches!(self, Self::Renormalize | Self::RenormalizeNaive)
+    }
+}
+
+impl fmt::Display for RoutingMethodType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
