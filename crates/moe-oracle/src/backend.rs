@@ -1,0 +1,244 @@
+//! Quantization families, their backends, the per-platform priority lists and the mapping from
+//! a user's `moe_backend` string to a backend (spec sections 5.2, 7.7; seed 002).
+//!
+//! A backend is vLLM's name for a way of running a family; each backend lists kernel
+//! candidates ([`crate::kernels::KernelId`]). In [`Strictness::VllmCompat`] the candidates are
+//! vLLM's kernel classes with vLLM's exact checks; in [`Strictness::Native`] they are moe-rs
+//! kernels, and backends that only have GPU kernels upstream have none.
+
+use std::fmt;
+
+use crate::error::{OracleError, Unsupported};
+use crate::kernels::KernelId;
+use crate::platform::Platform;
+
+/// Which acceptance rules the support checks apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Strictness {
+    /// moe-rs kernels with their (broader) capabilities.
+    Native,
+    /// vLLM's kernel classes with vLLM's exact acceptance sets and messages, for parity tests.
+    VllmCompat,
+}
+
+/// A quantization family: one oracle each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// int4 weights, int8 dynamic activations (`oracle/w4a8_int8.py`).
+    W4A8Int8,
+    /// int8 per-channel weights, int8 dynamic per-token activations (`oracle/int8.py`).
+    Int8,
+    /// int4/int8 weights with 16-bit activations (`oracle/int_wna16.py`).
+    Wna16,
+    /// Unquantized experts (moe-rs's own oracle).
+    Unquantized,
+}
+
+impl fmt::Display for Family {
+    /// The family as vLLM's messages spell it (`"W4A8 Int8"`, `"Int8"`, `"WNA16"`).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Family::W4A8Int8 => "W4A8 Int8",
+            Family::Int8 => "Int8",
+            Family::Wna16 => "WNA16",
+            Family::Unquantized => "Unquantized",
+        })
+    }
+}
+
+/// A family backend, named by its vLLM enum value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// `W4A8Int8MoeBackend.CPU_INT4`.
+    W4A8CpuInt4,
+    /// `Int8MoeBackend.TRITON`.
+    Int8Triton,
+    /// `Int8MoeBackend.HUMMING`.
+    Int8Humming,
+    /// `Int8MoeBackend.CPU`.
+    Int8Cpu,
+    /// `WNA16MoEBackend.MARLIN`.
+    Wna16Marlin,
+    /// `WNA16MoEBackend.BATCHED_MARLIN`.
+    Wna16BatchedMarlin,
+    /// Unquantized experts on the CPU.
+    UnquantizedCpu,
+}
+
+impl Backend {
+    /// The enum value vLLM prints (`"CPU_INT4"`, `"BATCHED_MARLIN"`).
+    pub fn value(self) -> &'static str {
+        match self {
+            Backend::W4A8CpuInt4 => "CPU_INT4",
+            Backend::Int8Triton => "TRITON",
+            Backend::Int8Humming => "HUMMING",
+            Backend::Int8Cpu | Backend::UnquantizedCpu => "CPU",
+            Backend::Wna16Marlin => "MARLIN",
+            Backend::Wna16BatchedMarlin => "BATCHED_MARLIN",
+        }
+    }
+
+    /// The family the backend serves.
+    pub fn family(self) -> Family {
+        match self {
+            Backend::W4A8CpuInt4 => Family::W4A8Int8,
+            Backend::Int8Triton | Backend::Int8Humming | Backend::Int8Cpu => Family::Int8,
+            Backend::Wna16Marlin | Backend::Wna16BatchedMarlin => Family::Wna16,
+            Backend::UnquantizedCpu => Family::Unquantized,
+        }
+    }
+
+    /// vLLM's `backend_to_kernel_cls` (compat) or the moe-rs kernels behind the backend
+    /// (native), in the order they are tried.
+    pub fn kernels(self, mode: Strictness) -> &'static [KernelId] {
+        use KernelId as K;
+        match (mode, self) {
+            (Strictness::VllmCompat, Backend::W4A8CpuInt4) => &[K::VllmCpuExpertsInt4],
+            (Strictness::VllmCompat, Backend::Int8Triton) => &[K::VllmTritonExperts],
+            (Strictness::VllmCompat, Backend::Int8Humming) => &[
+                K::VllmBatchedHummingGroupedExperts,
+                K::VllmHummingGroupedExperts,
+                K::VllmHummingIndexedExperts,
+            ],
+            (Strictness::VllmCompat, Backend::Int8Cpu) => {
+                &[K::VllmCpuExpertsInt8, K::VllmArmCpuExpertsInt8]
+            }
+            (Strictness::VllmCompat, Backend::Wna16Marlin) => &[K::VllmMarlinExperts],
+            (Strictness::VllmCompat, Backend::Wna16BatchedMarlin) => &[K::VllmBatchedMarlinExperts],
+            (Strictness::Native, Backend::W4A8CpuInt4) => &[K::CpuInt4W4A8],
+            (Strictness::Native, Backend::Int8Cpu) => &[K::CpuInt8W8A8],
+            (Strictness::Native, Backend::Wna16Marlin) => &[K::CpuMarlin],
+            (Strictness::Native, Backend::Int8Triton)
+            | (Strictness::Native, Backend::Int8Humming)
+            | (Strictness::Native, Backend::Wna16BatchedMarlin) => &[],
+            (_, Backend::UnquantizedCpu) => &[K::CpuUnquantized],
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.value())
+    }
+}
+
+/// The refusal of a backend that has no kernel in native mode.
+pub(crate) fn no_native_kernel() -> Unsupported {
+    Unsupported::new("no moe-rs kernel implements it (upstream it runs on GPUs only)")
+}
+
+/// vLLM's `_get_priority_backends` for a family on a platform. Native lists drop backends that
+/// have no moe-rs kernel.
+pub fn priority_backends(family: Family, platform: &Platform, mode: Strictness) -> Vec<Backend> {
+    let list = match family {
+        Family::W4A8Int8 => {
+            if platform.is_cpu() {
+                vec![Backend::W4A8CpuInt4]
+            } else {
+                vec![]
+            }
+        }
+        Family::Int8 => {
+            let mut l = vec![Backend::Int8Triton, Backend::Int8Humming, Backend::Int8Cpu];
+            if platform.is_cpu() {
+                l.retain(|b| *b != Backend::Int8Cpu);
+                l.insert(0, Backend::Int8Cpu);
+            }
+            l
+        }
+        Family::Wna16 => vec![Backend::Wna16Marlin, Backend::Wna16BatchedMarlin],
+        Family::Unquantized => vec![Backend::UnquantizedCpu],
+    };
+    match mode {
+        Strictness::VllmCompat => list,
+        Strictness::Native => list
+            .into_iter()
+            .filter(|b| !b.kernels(mode).is_empty())
+            .collect(),
+    }
+}
+
+/// The `moe_backend` strings a family accepts, in vLLM's order, with their backends. vLLM's
+/// int8 mapping lacks `"cpu"` (a quirk, spec 5.2); native mode adds it. vLLM's WNA16 oracle
+/// ignores `moe_backend` entirely, so its compat list is empty.
+pub fn backend_names(family: Family, mode: Strictness) -> Vec<(&'static str, Backend)> {
+    match (family, mode) {
+        (Family::W4A8Int8, _) => vec![("cpu", Backend::W4A8CpuInt4)],
+        (Family::Int8, Strictness::VllmCompat) => vec![
+            ("triton", Backend::Int8Triton),
+            ("humming", Backend::Int8Humming),
+        ],
+        (Family::Int8, Strictness::Native) => vec![
+            ("triton", Backend::Int8Triton),
+            ("humming", Backend::Int8Humming),
+            ("cpu", Backend::Int8Cpu),
+        ],
+        (Family::Wna16, Strictness::VllmCompat) => vec![],
+        (Family::Wna16, Strictness::Native) => vec![
+            ("marlin", Backend::Wna16Marlin),
+            ("batched_marlin", Backend::Wna16BatchedMarlin),
+            ("cpu", Backend::Wna16Marlin),
+        ],
+        (Family::Unquantized, _) => vec![("cpu", Backend::UnquantizedCpu)],
+    }
+}
+
+/// vLLM's `map_*_backend`: the backend a user string names, or vLLM's `ValueError` text.
+pub fn map_backend(family: Family, name: &str, mode: Strictness) -> Result<Backend, OracleError> {
+    let names = backend_names(family, mode);
+    names
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, b)| *b)
+        .ok_or_else(|| OracleError::UnknownBackendName {
+            family,
+            requested: name.to_string(),
+            expected: names.iter().map(|(n, _)| *n).collect(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::platform::{CpuArch, Gpu};
+
+    #[test]
+    fn int8_priority_moves_cpu_to_front_on_cpu() {
+        let cpu = Platform::cpu(CpuArch::X86_64, &[]).unwrap();
+        let gpu = cpu.clone().with_gpu(Gpu {
+            name: "cuda".into(),
+            capability: (9, 0),
+        });
+        assert_eq!(
+            priority_backends(Family::Int8, &cpu, Strictness::VllmCompat),
+            vec![Backend::Int8Cpu, Backend::Int8Triton, Backend::Int8Humming]
+        );
+        assert_eq!(
+            priority_backends(Family::Int8, &gpu, Strictness::VllmCompat),
+            vec![Backend::Int8Triton, Backend::Int8Humming, Backend::Int8Cpu]
+        );
+        assert_eq!(
+            priority_backends(Family::Int8, &cpu, Strictness::Native),
+            vec![Backend::Int8Cpu]
+        );
+        assert!(priority_backends(Family::W4A8Int8, &gpu, Strictness::Native).is_empty());
+    }
+
+    #[test]
+    fn user_names() {
+        let e = map_backend(Family::Int8, "cpu", Strictness::VllmCompat).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "moe_backend='cpu' is not supported for Int8 MoE. Expected one of ['triton', 'humming']."
+        );
+        assert_eq!(
+            map_backend(Family::Int8, "cpu", Strictness::Native).unwrap(),
+            Backend::Int8Cpu
+        );
+        let e = map_backend(Family::W4A8Int8, "triton", Strictness::Native).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "moe_backend='triton' is not supported for W4A8 Int8 MoE. Expected one of ['cpu']."
+        );
+    }
+}
