@@ -3,6 +3,7 @@
 //! `pack-quantized` and `int-quantized` twins of one base model give identical codes and scales,
 //! and tensor-parallel slices and expert maps cut the single-rank result as spec section 6.3 says.
 
+#![cfg(feature = "checkpoint")]
 use std::path::PathBuf;
 
 use moe_layer::checkpoint::{

@@ -10,7 +10,7 @@
 //! become [`LayerError::InvalidSafetensors`] naming the file.
 //!
 //! Shard bytes are read into memory by default ([`ShardAccess::Read`]). [`ShardAccess::Mmap`]
-//! maps them instead, which is the one place the crate uses `unsafe` (see [`map_file`]).
+//! maps them instead, which is the one place the crate uses `unsafe` (see `map_file` and the [`crate::checkpoint`] module docs).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -34,7 +34,7 @@ pub enum ShardAccess {
     /// `std::fs::read` the whole shard (safe; costs memory and a copy).
     Read,
     /// Memory-map the shard (no copy; the file must not be truncated or rewritten while the
-    /// [`TensorSource`] lives, see [`map_file`]).
+    /// [`TensorSource`] lives, see `map_file`).
     Mmap,
 }
 
