@@ -27,7 +27,7 @@
 //! for the memory it saves on multi-gigabyte shards.
 
 pub mod config;
-pub mod decode;
+mod decode;
 mod formats;
 pub mod names;
 pub mod read;
