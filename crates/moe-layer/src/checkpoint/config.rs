@@ -1,0 +1,745 @@
+//! `config.json` of a Hugging Face model directory → [`MoeModelSpec`], the normalized MoE
+//! description the loader works from.
+//!
+//! The families differ in spelling, not in substance:
+//!
+//! | quantity | Qwen2-MoE / Qwen3-MoE | Mixtral | DeepSeek-V2 / V3 |
+//! |---|---|---|---|
+//! | experts | `num_experts` (also `num_local_experts`) | `num_local_experts` | `n_routed_experts` |
+//! | top-k | `num_experts_per_tok` | same | same |
+//! | expert intermediate | `moe_intermediate_size` | `intermediate_size` | `moe_intermediate_size` |
+//! | MoE layers | `(l+1) % decoder_sparse_step == 0`, not in `mlp_only_layers` | all | `l >= first_k_dense_replace`, `l % moe_layer_freq == 0` |
+//! | renormalize | `norm_topk_prob` (default false) | always | `norm_topk_prob` (V2 default false, V3 true) |
+//! | scoring | softmax | softmax | `scoring_func` (V2 default softmax, V3 sigmoid) |
+//! | shared experts | Qwen2: `shared_expert_intermediate_size`, sigmoid-gated | none | `n_shared_experts × moe_intermediate_size` |
+//!
+//! Defaults for absent routing fields are those of the transformers config classes; sizes have
+//! no defaults (a missing size is a [`LayerError::ConfigField`]). The `quantization_config`
+//! (or a GPTQ `quantize_config.json` next to `config.json`) becomes a [`QuantScheme`]; schemes
+//! the loader cannot read are refused here with [`LayerError::UnsupportedScheme`], before any
+//! tensor is touched.
+
+use std::path::{Path, PathBuf};
+
+use moe_quant::ct_args::{
+    ActivationOrdering, QuantizationStrategy, QuantizationType, check_w4a8_int_moe,
+    is_dynamic_token_w4a8_int,
+};
+use moe_quant::{DType, QuantizationArgs, QuantizationConfig};
+use moe_router::ScoringFunc;
+use serde::Deserialize;
+
+use crate::error::LayerError;
+
+/// The model families whose MoE tensor names the loader knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ModelFamily {
+    /// Qwen2-MoE (`qwen2_moe`): softmax routing, one sigmoid-gated shared expert.
+    Qwen2Moe,
+    /// Qwen3-MoE (`qwen3_moe`): softmax routing, no shared expert.
+    Qwen3Moe,
+    /// Mixtral (`mixtral`): `block_sparse_moe` module, renormalized softmax routing.
+    Mixtral,
+    /// DeepSeek-V2 (`deepseek_v2`): grouped routing, shared experts.
+    DeepseekV2,
+    /// DeepSeek-V3 (`deepseek_v3`, also Kimi-K2): sigmoid scoring with correction bias.
+    DeepseekV3,
+}
+
+impl ModelFamily {
+    /// Recognises a family from `model_type`, then from `architectures`.
+    fn detect(model_type: Option<&str>, architectures: &[String]) -> Option<Self> {
+        let by_type = match model_type? {
+            "qwen2_moe" => Some(Self::Qwen2Moe),
+            "qwen3_moe" => Some(Self::Qwen3Moe),
+            "mixtral" => Some(Self::Mixtral),
+            "deepseek_v2" => Some(Self::DeepseekV2),
+            "deepseek_v3" | "kimi_k2" => Some(Self::DeepseekV3),
+            _ => None,
+        };
+        by_type.or_else(|| {
+            architectures.iter().find_map(|a| match a.as_str() {
+                "Qwen2MoeForCausalLM" => Some(Self::Qwen2Moe),
+                "Qwen3MoeForCausalLM" => Some(Self::Qwen3Moe),
+                "MixtralForCausalLM" => Some(Self::Mixtral),
+                "DeepseekV2ForCausalLM" => Some(Self::DeepseekV2),
+                "DeepseekV3ForCausalLM" => Some(Self::DeepseekV3),
+                _ => None,
+            })
+        })
+    }
+
+    fn is_deepseek(self) -> bool {
+        matches!(self, Self::DeepseekV2 | Self::DeepseekV3)
+    }
+}
+
+/// How the router turns logits into expert weights, as the model config states it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoutingSpec {
+    /// Score function applied to the logits.
+    pub scoring: ScoringFunc,
+    /// Whether the top-k weights are divided by their sum.
+    pub renormalize: bool,
+    /// Number of expert groups for grouped top-k (`n_group`), if the model routes by groups.
+    pub num_expert_group: Option<usize>,
+    /// Number of groups kept per token (`topk_group`).
+    pub topk_group: Option<usize>,
+    /// Factor applied to the routed experts' output (`routed_scaling_factor`, 1 when absent).
+    pub routed_scaling_factor: f32,
+    /// Whether the router has an `e_score_correction_bias` (DeepSeek `topk_method: noaux_tc`).
+    pub has_correction_bias: bool,
+    /// DeepSeek's `topk_method` as written (`greedy`, `group_limited_greedy`, `noaux_tc`).
+    pub topk_method: Option<String>,
+}
+
+/// The shared (always active) experts of a MoE block, loaded as one MLP of this width.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedExpertSpec {
+    /// Intermediate size of the shared MLP (all shared experts fused).
+    pub intermediate: usize,
+    /// Whether a sigmoid gate `shared_expert_gate` `[1, H]` scales its output (Qwen2-MoE).
+    pub gated: bool,
+}
+
+/// How the expert weights are stored, normalized across quantization tools.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum QuantScheme {
+    /// Plain floating-point weights in the model dtype (`None` when the config names none).
+    Unquantized(Option<DType>),
+    /// compressed-tensors `int-quantized` W4A8: int4 codes stored as int8, static symmetric
+    /// scales, dynamic per-token int8 activations.
+    CompressedTensorsW4A8 {
+        /// Columns per scale group; `None` = one scale per output channel.
+        group_size: Option<usize>,
+        /// Scale dtype declared in the config (`None` = the model dtype; the tensors decide).
+        scale_dtype: Option<DType>,
+        /// Whether the declared activation quantization is symmetric (informational: the
+        /// W4A8 kernel quantizes activations itself).
+        activations_symmetric: bool,
+    },
+    /// compressed-tensors `pack-quantized` weight-only int (WNA16): codes packed into int32.
+    CompressedTensorsWna16 {
+        /// Bits per code (4 or 8).
+        bits: u32,
+        /// Columns per scale group; `None` = channelwise.
+        group_size: Option<usize>,
+        /// Activation ordering (`Some(Group)`/`Some(Dynamic)` → the tensors carry `weight_g_idx`).
+        actorder: Option<ActivationOrdering>,
+        /// Scale dtype declared in the config.
+        scale_dtype: Option<DType>,
+    },
+    /// GPTQ (AutoGPTQ / GPTQModel): `qweight` packed along K, `scales`, `qzeros`, `g_idx`.
+    Gptq {
+        /// Bits per code (2, 4 or 8).
+        bits: u32,
+        /// Rows of K per scale group; `None` = channelwise (`group_size: -1`).
+        group_size: Option<usize>,
+        /// Act-order (`desc_act`); forced false for channelwise.
+        desc_act: bool,
+        /// Symmetric codes (`uint4b8` / `uint8b128`); asymmetric needs `qzeros`.
+        sym: bool,
+        /// `checkpoint_format` (`gptq` = v1, `gptq_v2`), if stated.
+        checkpoint_format: Option<String>,
+    },
+}
+
+impl QuantScheme {
+    /// A short name for messages: `unquantized`, `compressed-tensors/int-quantized`, ...
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Unquantized(_) => "unquantized",
+            Self::CompressedTensorsW4A8 { .. } => "compressed-tensors/int-quantized",
+            Self::CompressedTensorsWna16 { .. } => "compressed-tensors/pack-quantized",
+            Self::Gptq { .. } => "gptq",
+        }
+    }
+
+    /// Whether the weights carry per-group act-order indices (`g_idx`).
+    pub fn has_act_order(&self) -> bool {
+        match self {
+            Self::CompressedTensorsWna16 { actorder, .. } => matches!(
+                actorder,
+                Some(ActivationOrdering::Group | ActivationOrdering::Dynamic)
+            ),
+            Self::Gptq { desc_act, .. } => *desc_act,
+            _ => false,
+        }
+    }
+}
+
+/// The normalized MoE description of a model, read from `config.json`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeModelSpec {
+    /// The file this was read from (named in errors about the config).
+    pub config_path: PathBuf,
+    /// The model family (decides the tensor names).
+    pub family: ModelFamily,
+    /// `model_type` as written.
+    pub model_type: String,
+    /// `architectures` as written.
+    pub architectures: Vec<String>,
+    /// The model dtype (`torch_dtype` or `dtype`), if stated.
+    pub dtype: Option<DType>,
+    /// Number of decoder layers.
+    pub num_layers: usize,
+    /// Indices of the layers whose MLP is a MoE block, ascending.
+    pub moe_layers: Vec<usize>,
+    /// Number of routed experts (global).
+    pub num_experts: usize,
+    /// Experts per token.
+    pub top_k: usize,
+    /// Hidden size `H`.
+    pub hidden: usize,
+    /// Full (unsharded) expert intermediate size `I`.
+    pub intermediate: usize,
+    /// Routing parameters.
+    pub routing: RoutingSpec,
+    /// The expert activation as written (`hidden_act`, e.g. `"silu"`).
+    pub activation: String,
+    /// Shared experts, if the model has them.
+    pub shared_experts: Option<SharedExpertSpec>,
+    /// How the expert weights are stored.
+    pub quant: QuantScheme,
+}
+
+/// The fields of `config.json` the loader reads, every one optional so that each family's
+/// spelling can be picked afterwards.
+#[derive(Debug, Deserialize)]
+struct RawConfig {
+    model_type: Option<String>,
+    #[serde(default)]
+    architectures: Option<Vec<String>>,
+    torch_dtype: Option<String>,
+    dtype: Option<String>,
+    hidden_act: Option<String>,
+    hidden_size: Option<usize>,
+    num_hidden_layers: Option<usize>,
+    intermediate_size: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    num_experts: Option<usize>,
+    num_local_experts: Option<usize>,
+    n_routed_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    norm_topk_prob: Option<bool>,
+    decoder_sparse_step: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
+    shared_expert_intermediate_size: Option<usize>,
+    n_group: Option<usize>,
+    topk_group: Option<usize>,
+    routed_scaling_factor: Option<f64>,
+    scoring_func: Option<String>,
+    topk_method: Option<String>,
+    first_k_dense_replace: Option<usize>,
+    moe_layer_freq: Option<usize>,
+    n_shared_experts: Option<usize>,
+    quantization_config: Option<serde_json::Value>,
+    /// Older compressed-tensors spelling of `quantization_config`.
+    compression_config: Option<serde_json::Value>,
+}
+
+/// GPTQ's `quantization_config` / `quantize_config.json` keys.
+#[derive(Debug, Deserialize)]
+struct GptqConfig {
+    bits: u32,
+    group_size: i64,
+    #[serde(default)]
+    desc_act: bool,
+    #[serde(default = "default_true")]
+    sym: bool,
+    #[serde(default)]
+    checkpoint_format: Option<String>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+impl MoeModelSpec {
+    /// Reads `<dir>/config.json` (and, for GPTQ models without a `quantization_config`,
+    /// `<dir>/quantize_config.json`).
+    pub fn from_dir(dir: &Path) -> Result<Self, LayerError> {
+        let config_path = dir.join("config.json");
+        let text = read_text(&config_path)?;
+        let raw: RawConfig = serde_json::from_str(&text).map_err(|e| LayerError::JsonParse {
+            file: config_path.clone(),
+            message: e.to_string(),
+        })?;
+        let side_file = dir.join("quantize_config.json");
+        let side = if raw.quantization_config.is_none()
+            && raw.compression_config.is_none()
+            && side_file.is_file()
+        {
+            let text = read_text(&side_file)?;
+            let value: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| LayerError::JsonParse {
+                    file: side_file.clone(),
+                    message: e.to_string(),
+                })?;
+            Some((side_file, value))
+        } else {
+            None
+        };
+        Self::from_raw(config_path, raw, side)
+    }
+
+    /// Parses a `config.json` given as text; `config_path` is only used in error messages.
+    pub fn from_json_str(config_path: &Path, json: &str) -> Result<Self, LayerError> {
+        let raw: RawConfig = serde_json::from_str(json).map_err(|e| LayerError::JsonParse {
+            file: config_path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        Self::from_raw(config_path.to_path_buf(), raw, None)
+    }
+
+    fn from_raw(
+        config_path: PathBuf,
+        raw: RawConfig,
+        side_quant: Option<(PathBuf, serde_json::Value)>,
+    ) -> Result<Self, LayerError> {
+        let file = &config_path;
+        let architectures = raw.architectures.clone().unwrap_or_default();
+        let family =
+            ModelFamily::detect(raw.model_type.as_deref(), &architectures).ok_or_else(|| {
+                LayerError::UnsupportedModel {
+                    file: file.clone(),
+                    model_type: raw.model_type.clone().unwrap_or_default(),
+                    architectures: architectures.clone(),
+                }
+            })?;
+        let field = |field: &'static str, reason: String| LayerError::ConfigField {
+            file: file.clone(),
+            field,
+            reason,
+        };
+        let required = |value: Option<usize>, name: &'static str| {
+            value
+                .filter(|&v| v > 0)
+                .ok_or_else(|| field(name, "missing or zero".into()))
+        };
+
+        let dtype = match raw.torch_dtype.as_deref().or(raw.dtype.as_deref()) {
+            None => None,
+            Some(s) => Some(
+                s.parse::<DType>()
+                    .map_err(|_| field("torch_dtype", format!("unknown dtype {s:?}")))?,
+            ),
+        };
+        let num_layers = required(raw.num_hidden_layers, "num_hidden_layers")?;
+        let hidden = required(raw.hidden_size, "hidden_size")?;
+        let top_k = required(raw.num_experts_per_tok, "num_experts_per_tok")?;
+        let (num_experts, experts_field) = match family {
+            ModelFamily::Qwen2Moe | ModelFamily::Qwen3Moe => match raw.num_experts {
+                Some(n) => (n, "num_experts"),
+                None => (
+                    required(raw.num_local_experts, "num_experts")?,
+                    "num_local_experts",
+                ),
+            },
+            ModelFamily::Mixtral => (
+                required(raw.num_local_experts, "num_local_experts")?,
+                "num_local_experts",
+            ),
+            ModelFamily::DeepseekV2 | ModelFamily::DeepseekV3 => (
+                required(raw.n_routed_experts, "n_routed_experts")?,
+                "n_routed_experts",
+            ),
+        };
+        if num_experts == 0 {
+            return Err(field(experts_field, "must be positive".into()));
+        }
+        if top_k > num_experts {
+            return Err(field(
+                "num_experts_per_tok",
+                format!("{top_k} exceeds the {num_experts} experts"),
+            ));
+        }
+        let intermediate = match family {
+            ModelFamily::Mixtral => required(raw.intermediate_size, "intermediate_size")?,
+            _ => required(raw.moe_intermediate_size, "moe_intermediate_size")?,
+        };
+
+        let moe_layers: Vec<usize> = match family {
+            ModelFamily::Qwen2Moe | ModelFamily::Qwen3Moe => {
+                let step = raw.decoder_sparse_step.unwrap_or(1);
+                if step == 0 {
+                    return Err(field("decoder_sparse_step", "must be positive".into()));
+                }
+                let dense = raw.mlp_only_layers.clone().unwrap_or_default();
+                (0..num_layers)
+                    .filter(|l| !dense.contains(l) && (l + 1) % step == 0)
+                    .collect()
+            }
+            ModelFamily::Mixtral => (0..num_layers).collect(),
+            ModelFamily::DeepseekV2 | ModelFamily::DeepseekV3 => {
+                let freq = raw.moe_layer_freq.unwrap_or(1);
+                if freq == 0 {
+                    return Err(field("moe_layer_freq", "must be positive".into()));
+                }
+                let first = raw.first_k_dense_replace.unwrap_or(0);
+                (first..num_layers).filter(|l| l % freq == 0).collect()
+            }
+        };
+
+        let routing = routing_spec(family, &raw, num_experts, &field)?;
+        let shared_experts = match family {
+            ModelFamily::Qwen2Moe => {
+                raw.shared_expert_intermediate_size
+                    .filter(|&s| s > 0)
+                    .map(|intermediate| SharedExpertSpec {
+                        intermediate,
+                        gated: true,
+                    })
+            }
+            ModelFamily::DeepseekV2 | ModelFamily::DeepseekV3 => raw
+                .n_shared_experts
+                .filter(|&n| n > 0)
+                .map(|n| SharedExpertSpec {
+                    intermediate: n * intermediate,
+                    gated: false,
+                }),
+            _ => None,
+        };
+
+        let quant = match (
+            raw.quantization_config
+                .as_ref()
+                .or(raw.compression_config.as_ref()),
+            side_quant,
+        ) {
+            (Some(qc), _) => quant_scheme(file, qc)?,
+            (None, Some((side_file, qc))) => quant_scheme(&side_file, &qc)?,
+            (None, None) => QuantScheme::Unquantized(dtype),
+        };
+
+        Ok(Self {
+            config_path: config_path.clone(),
+            family,
+            model_type: raw.model_type.unwrap_or_default(),
+            architectures,
+            dtype,
+            num_layers,
+            moe_layers,
+            num_experts,
+            top_k,
+            hidden,
+            intermediate,
+            routing,
+            activation: raw.hidden_act.unwrap_or_else(|| "silu".into()),
+            shared_experts,
+            quant,
+        })
+    }
+
+    /// Whether `layer` is a MoE layer.
+    pub fn is_moe_layer(&self, layer: usize) -> bool {
+        self.moe_layers.binary_search(&layer).is_ok()
+    }
+}
+
+fn read_text(path: &Path) -> Result<String, LayerError> {
+    std::fs::read_to_string(path).map_err(|source| LayerError::Io {
+        file: path.to_path_buf(),
+        source,
+    })
+}
+
+fn routing_spec(
+    family: ModelFamily,
+    raw: &RawConfig,
+    num_experts: usize,
+    field: &dyn Fn(&'static str, String) -> LayerError,
+) -> Result<RoutingSpec, LayerError> {
+    let v3 = family == ModelFamily::DeepseekV3;
+    let scoring = match raw.scoring_func.as_deref() {
+        Some(s) if family.is_deepseek() => s
+            .parse::<ScoringFunc>()
+            .map_err(|_| field("scoring_func", format!("unknown scoring function {s:?}")))?,
+        _ if v3 => ScoringFunc::Sigmoid,
+        _ => ScoringFunc::Softmax,
+    };
+    let renormalize = match family {
+        ModelFamily::Mixtral => true,
+        ModelFamily::DeepseekV3 => raw.norm_topk_prob.unwrap_or(true),
+        _ => raw.norm_topk_prob.unwrap_or(false),
+    };
+    if !family.is_deepseek() {
+        return Ok(RoutingSpec {
+            scoring,
+            renormalize,
+            num_expert_group: None,
+            topk_group: None,
+            routed_scaling_factor: 1.0,
+            has_correction_bias: false,
+            topk_method: None,
+        });
+    }
+    let topk_method = raw
+        .topk_method
+        .clone()
+        .or_else(|| Some(if v3 { "noaux_tc" } else { "greedy" }.to_string()));
+    let (n_group, topk_group) = if v3 {
+        (raw.n_group.or(Some(8)), raw.topk_group.or(Some(4)))
+    } else {
+        (raw.n_group, raw.topk_group)
+    };
+    if let Some(g) = n_group {
+        if g == 0 || !num_experts.is_multiple_of(g) {
+            return Err(field(
+                "n_group",
+                format!("{g} does not divide the {num_experts} experts"),
+            ));
+        }
+        if let Some(t) = topk_group
+            && (t == 0 || t > g)
+        {
+            return Err(field(
+                "topk_group",
+                format!("{t} is outside 1..={g} (n_group)"),
+            ));
+        }
+    }
+    let scale = raw
+        .routed_scaling_factor
+        .unwrap_or(if v3 { 2.5 } else { 1.0 });
+    if !scale.is_finite() || scale <= 0.0 {
+        return Err(field(
+            "routed_scaling_factor",
+            format!("must be finite and positive, got {scale}"),
+        ));
+    }
+    Ok(RoutingSpec {
+        scoring,
+        renormalize,
+        num_expert_group: n_group,
+        topk_group,
+        routed_scaling_factor: scale as f32,
+        has_correction_bias: topk_method.as_deref() == Some("noaux_tc"),
+        topk_method,
+    })
+}
+
+/// Normalizes a `quantization_config` object.
+fn quant_scheme(file: &Path, qc: &serde_json::Value) -> Result<QuantScheme, LayerError> {
+    let method = qc
+        .get("quant_method")
+        .and_then(serde_json::Value::as_str)
+        // AutoGPTQ's quantize_config.json carries no quant_method.
+        .unwrap_or(if qc.get("bits").is_some() { "gptq" } else { "" });
+    let unsupported = |scheme: String, reason: String| LayerError::UnsupportedScheme {
+        file: file.to_path_buf(),
+        scheme,
+        reason,
+    };
+    match method {
+        "compressed-tensors" => compressed_tensors_scheme(file, qc),
+        "gptq" => {
+            let cfg: GptqConfig =
+                serde_json::from_value(qc.clone()).map_err(|e| LayerError::JsonParse {
+                    file: file.to_path_buf(),
+                    message: format!("quantization_config (gptq): {e}"),
+                })?;
+            if !matches!(cfg.bits, 2 | 4 | 8) {
+                return Err(unsupported(
+                    "gptq".into(),
+                    format!(
+                        "bits = {}; only 2, 4 and 8 pack whole codes into int32",
+                        cfg.bits
+                    ),
+                ));
+            }
+            let group_size = match cfg.group_size {
+                -1 => None,
+                g if g > 0 => Some(g as usize),
+                g => {
+                    return Err(LayerError::ConfigField {
+                        file: file.to_path_buf(),
+                        field: "group_size",
+                        reason: format!("must be positive or -1, got {g}"),
+                    });
+                }
+            };
+            if let Some(f) = cfg.checkpoint_format.as_deref()
+                && f != "gptq"
+                && f != "gptq_v2"
+            {
+                return Err(unsupported(
+                    format!("gptq/{f}"),
+                    "checkpoint_format must be gptq or gptq_v2".into(),
+                ));
+            }
+            Ok(QuantScheme::Gptq {
+                bits: cfg.bits,
+                group_size,
+                // A single group makes the ordering irrelevant (vLLM forces it off).
+                desc_act: cfg.desc_act && group_size.is_some(),
+                sym: cfg.sym,
+                checkpoint_format: cfg.checkpoint_format,
+            })
+        }
+        "" => Err(unsupported(
+            "unknown".into(),
+            "quantization_config has no quant_method".into(),
+        )),
+        other => Err(unsupported(
+            other.to_string(),
+            "moe-rs loads compressed-tensors (int-quantized, pack-quantized) and gptq".into(),
+        )),
+    }
+}
+
+fn compressed_tensors_scheme(
+    file: &Path,
+    qc: &serde_json::Value,
+) -> Result<QuantScheme, LayerError> {
+    let cfg: QuantizationConfig =
+        serde_json::from_value(qc.clone()).map_err(|e| LayerError::JsonParse {
+            file: file.to_path_buf(),
+            message: format!("quantization_config: {e}"),
+        })?;
+    cfg.validate().map_err(|source| LayerError::QuantConfig {
+        file: file.to_path_buf(),
+        source,
+    })?;
+    let unsupported = |scheme: String, reason: String| LayerError::UnsupportedScheme {
+        file: file.to_path_buf(),
+        scheme,
+        reason,
+    };
+    // The group that quantizes the experts: targets `Linear` or a pattern naming the experts.
+    let candidates: Vec<_> = cfg
+        .config_groups
+        .iter()
+        .filter(|(_, g)| g.weights.is_some())
+        .filter(|(_, g)| {
+            g.targets
+                .iter()
+                .any(|t| t == "Linear" || t.contains("expert") || t.contains("mlp"))
+        })
+        .collect();
+    let (group_name, group) = match candidates.as_slice() {
+        [one] => *one,
+        [] => {
+            return Err(unsupported(
+                "compressed-tensors".into(),
+                "no config group with weights targets Linear or the experts".into(),
+            ));
+        }
+        many => {
+            let first = &many[0].1;
+            if many.iter().all(|(_, g)| {
+                g.weights == first.weights
+                    && g.input_activations == first.input_activations
+                    && g.format == first.format
+            }) {
+                many[0]
+            } else {
+                let names: Vec<_> = many.iter().map(|(n, _)| n.as_str()).collect();
+                return Err(unsupported(
+                    "compressed-tensors".into(),
+                    format!("several config groups may target the experts: {names:?}"),
+                ));
+            }
+        }
+    };
+    let weights = group.weights.as_ref().expect("filtered on weights");
+    let format = group
+        .format
+        .as_deref()
+        .or(cfg.format.as_deref())
+        .unwrap_or("")
+        .to_string();
+    let scheme_name = format!("compressed-tensors/{format}");
+    if weights.kind != QuantizationType::Int {
+        return Err(unsupported(
+            scheme_name,
+            format!("{group_name}: float weights are not supported"),
+        ));
+    }
+    if !weights.symmetric {
+        return Err(unsupported(
+            scheme_name,
+            format!("{group_name}: asymmetric weights (zero points) are not supported"),
+        ));
+    }
+    if weights.dynamic.is_truthy() {
+        return Err(unsupported(
+            scheme_name,
+            format!("{group_name}: dynamic weight scales are not supported"),
+        ));
+    }
+    let group_size = group_size_of(weights).map_err(|s| {
+        unsupported(
+            scheme_name.clone(),
+            format!("{group_name}: weight strategy {s:?} is not supported (group or channel)"),
+        )
+    })?;
+    let scale_dtype = weights
+        .scale_dtype()
+        .map_err(|source| LayerError::QuantConfig {
+            file: file.to_path_buf(),
+            source,
+        })?;
+    match format.as_str() {
+        "int-quantized" => {
+            let input = group.input_activations.as_ref();
+            if !is_dynamic_token_w4a8_int(weights, input) {
+                check_w4a8_int_moe(weights, input)
+                    .map_err(|e| unsupported(scheme_name.clone(), format!("{group_name}: {e}")))?;
+                return Err(unsupported(
+                    scheme_name,
+                    format!(
+                        "{group_name}: only W4A8-int (4-bit symmetric static weights, 8-bit \
+                         dynamic per-token activations) is supported"
+                    ),
+                ));
+            }
+            Ok(QuantScheme::CompressedTensorsW4A8 {
+                group_size,
+                scale_dtype,
+                activations_symmetric: input.is_some_and(|a| a.symmetric),
+            })
+        }
+        "pack-quantized" => {
+            if !matches!(weights.num_bits, 4 | 8) {
+                return Err(unsupported(
+                    scheme_name,
+                    format!(
+                        "{group_name}: num_bits = {}; only 4 and 8 are supported",
+                        weights.num_bits
+                    ),
+                ));
+            }
+            if group.input_activations.is_some() {
+                return Err(unsupported(
+                    scheme_name,
+                    format!(
+                        "{group_name}: quantized input activations with pack-quantized weights"
+                    ),
+                ));
+            }
+            Ok(QuantScheme::CompressedTensorsWna16 {
+                bits: weights.num_bits,
+                group_size,
+                actorder: weights.actorder,
+                scale_dtype,
+            })
+        }
+        _ => Err(unsupported(
+            scheme_name,
+            "supported formats are int-quantized (W4A8) and pack-quantized (WNA16)".into(),
+        )),
+    }
+}
+
+/// The group size of group or channel weights (`None` = channelwise); other strategies are
+/// returned as the error.
+fn group_size_of(w: &QuantizationArgs) -> Result<Option<usize>, QuantizationStrategy> {
+    match w.effective_strategy() {
+        QuantizationStrategy::Group => Ok(w.group_size_usize()),
+        QuantizationStrategy::Channel => Ok(None),
+        other => Err(other),
+    }
+}

@@ -1,0 +1,544 @@
+//! Decoding of one projection (one expert's `gate_proj`, `up_proj` or `down_proj`) from its
+//! storage format into the logical layout every format shares: values `[n, k]` row-major
+//! (`n` = output features, `k` = input features, the reduction dimension), scales `[n, G]`
+//! with `G = k / g` (or 1 for channelwise), an optional act-order `g_idx` `[k]` and an
+//! optional bias `[n]`. Nothing is sliced for tensor parallelism here (see `read.rs`).
+//!
+//! | format | tensors | decoding |
+//! |---|---|---|
+//! | unquantized | `weight` f32/bf16/f16 `[n, k]` | bytes kept as stored |
+//! | compressed-tensors `int-quantized` | `weight` i8 `[n, k]` in [-8, 7], `weight_scale` `[n, G]` | codes checked for range |
+//! | compressed-tensors `pack-quantized` | `weight_packed` i32 `[n, ceil(k·b/32)]`, `weight_shape` `[2]`, `weight_scale` `[n, G]`, `weight_g_idx` `[k]` | `moe_quant::unpack_from_int32` |
+//! | GPTQ | `qweight` i32 `[k/pf, n]`, `scales` `[G, n]`, `g_idx` `[k]` (`qzeros` unused: symmetric) | unpacked along K and transposed; scales transposed |
+//!
+//! Every size is checked against `config.json` (a disagreement is [`LayerError::ConfigMismatch`]
+//! naming the config field), every derived shape against the format
+//! ([`LayerError::WrongShape`]), every scale for being finite and non-negative.
+
+use std::path::Path;
+
+use moe_quant::DType;
+
+use super::config::QuantScheme;
+use super::decode::{
+    FLOAT_DTYPES, check_scales, f32_values, float_dtype, i32_words, int_values, safetensors_float,
+};
+use super::names::ParamKind;
+use super::shards::{Dtype, TensorRef, TensorSource};
+use crate::error::LayerError;
+
+/// How the projections of a checkpoint are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// Float weights.
+    Float,
+    /// compressed-tensors `int-quantized`, 4-bit codes stored as int8.
+    IntQuantized {
+        group_size: Option<usize>,
+        scale_dtype: Option<DType>,
+    },
+    /// compressed-tensors `pack-quantized`.
+    PackQuantized {
+        bits: u32,
+        group_size: Option<usize>,
+        act_order: bool,
+        scale_dtype: Option<DType>,
+    },
+    /// Symmetric GPTQ.
+    Gptq {
+        bits: u32,
+        group_size: Option<usize>,
+        act_order: bool,
+    },
+}
+
+impl Format {
+    /// The format of a scheme; asymmetric GPTQ is refused (its zero points are not read).
+    pub(crate) fn from_scheme(scheme: &QuantScheme, config: &Path) -> Result<Self, LayerError> {
+        Ok(match *scheme {
+            QuantScheme::Unquantized(_) => Self::Float,
+            QuantScheme::CompressedTensorsW4A8 {
+                group_size,
+                scale_dtype,
+                ..
+            } => Self::IntQuantized {
+                group_size,
+                scale_dtype,
+            },
+            QuantScheme::CompressedTensorsWna16 {
+                bits,
+                group_size,
+                scale_dtype,
+                ..
+            } => Self::PackQuantized {
+                bits,
+                group_size,
+                act_order: scheme.has_act_order(),
+                scale_dtype,
+            },
+            QuantScheme::Gptq {
+                bits,
+                group_size,
+                desc_act,
+                sym,
+                ..
+            } => {
+                if !sym {
+                    return Err(LayerError::UnsupportedScheme {
+                        file: config.to_path_buf(),
+                        scheme: "gptq".into(),
+                        reason: "asymmetric GPTQ (sym = false) is not supported".into(),
+                    });
+                }
+                Self::Gptq {
+                    bits,
+                    group_size,
+                    act_order: desc_act,
+                }
+            }
+        })
+    }
+
+    /// The tensor whose presence identifies a projection in this format.
+    pub(crate) fn primary(self) -> ParamKind {
+        match self {
+            Self::Float | Self::IntQuantized { .. } => ParamKind::Weight,
+            Self::PackQuantized { .. } => ParamKind::WeightPacked,
+            Self::Gptq { .. } => ParamKind::QWeight,
+        }
+    }
+
+    /// Bits per code (`None` for float weights).
+    pub(crate) fn bits(self) -> Option<u32> {
+        match self {
+            Self::Float => None,
+            Self::IntQuantized { .. } => Some(4),
+            Self::PackQuantized { bits, .. } | Self::Gptq { bits, .. } => Some(bits),
+        }
+    }
+
+    /// Columns per scale group (`None` for float weights or channelwise scales).
+    pub(crate) fn group_size(self) -> Option<usize> {
+        match self {
+            Self::Float => None,
+            Self::IntQuantized { group_size, .. }
+            | Self::PackQuantized { group_size, .. }
+            | Self::Gptq { group_size, .. } => group_size,
+        }
+    }
+
+    /// Whether the projections carry act-order `g_idx`.
+    pub(crate) fn act_order(self) -> bool {
+        matches!(
+            self,
+            Self::PackQuantized {
+                act_order: true,
+                ..
+            } | Self::Gptq {
+                act_order: true,
+                ..
+            }
+        )
+    }
+
+    fn declared_scale_dtype(self) -> Option<DType> {
+        match self {
+            Self::IntQuantized { scale_dtype, .. } | Self::PackQuantized { scale_dtype, .. } => {
+                scale_dtype
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A size the config implies, with the config field it comes from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Dim {
+    pub size: usize,
+    pub field: &'static str,
+}
+
+/// What to read: the projection's module prefix and its expected `[n, k]`.
+pub(crate) struct ProjRequest<'p> {
+    /// Module prefix (`model.layers.0.mlp.experts.3.gate_proj`); tensor names append `.{suffix}`.
+    pub prefix: &'p str,
+    pub n: Dim,
+    pub k: Dim,
+    /// `config.json`, named in [`LayerError::ConfigMismatch`].
+    pub config: &'p Path,
+}
+
+/// Decoded values of a projection.
+pub(crate) enum Values<'a> {
+    /// Float weights, bytes as stored.
+    Float { dtype: Dtype, bytes: &'a [u8] },
+    /// Signed integer codes.
+    Codes(Vec<i8>),
+}
+
+/// Decoded scales `[n, groups]` (f32, widened exactly from `dtype`).
+pub(crate) struct Scales {
+    pub values: Vec<f32>,
+    pub groups: usize,
+    pub dtype: DType,
+}
+
+/// One projection in logical `[n, k]` layout.
+pub(crate) struct LogicalProj<'a> {
+    pub n: usize,
+    pub k: usize,
+    pub values: Values<'a>,
+    pub scales: Option<Scales>,
+    pub g_idx: Option<Vec<i32>>,
+    /// Bias `[n]`: dtype and bytes as stored.
+    pub bias: Option<(Dtype, &'a [u8])>,
+    /// The primary tensor (names the projection in errors).
+    pub primary: TensorRef<'a>,
+    /// The scale tensor, if any (names it in dtype errors).
+    pub scale_tensor: Option<TensorRef<'a>>,
+    /// The g_idx tensor, if any.
+    pub g_idx_tensor: Option<TensorRef<'a>>,
+}
+
+fn name(prefix: &str, kind: ParamKind) -> String {
+    format!("{prefix}.{}", kind.suffix())
+}
+
+/// Checks a 2-D tensor against `[rows, cols]` where each dim comes from a config field.
+fn check_config_shape(
+    t: &TensorRef<'_>,
+    rows: Dim,
+    cols: Dim,
+    config: &Path,
+) -> Result<(), LayerError> {
+    if t.shape.len() != 2 {
+        return t.expect_shape(&[rows.size, cols.size]);
+    }
+    for (dim, actual) in [rows, cols].into_iter().zip(t.shape.iter().copied()) {
+        if dim.size != actual {
+            return Err(config_mismatch(t, dim, actual, config));
+        }
+    }
+    Ok(())
+}
+
+fn config_mismatch(t: &TensorRef<'_>, dim: Dim, actual: usize, config: &Path) -> LayerError {
+    LayerError::ConfigMismatch {
+        config: config.to_path_buf(),
+        tensor: t.name.clone(),
+        file: t.file.to_path_buf(),
+        field: dim.field,
+        config_value: dim.size,
+        tensor_value: actual,
+    }
+}
+
+/// Groups along `k` and the group size actually used (`k` for channelwise), rejecting a group
+/// size that does not divide `k`.
+pub(crate) fn groups_of(
+    group_size: Option<usize>,
+    k: usize,
+    tensor: &str,
+) -> Result<(usize, usize), LayerError> {
+    match group_size {
+        None => Ok((1, k)),
+        Some(g) if g > 0 && k.is_multiple_of(g) => Ok((k / g, g)),
+        Some(g) => Err(LayerError::GroupSizeNotDividing {
+            tensor: tensor.to_string(),
+            group_size: g,
+            k,
+        }),
+    }
+}
+
+/// Reads the scale tensor `[n, G]` (or, when `transposed`, GPTQ's `[G, n]`), checks dtype,
+/// values and the declared dtype, and returns it as `[n, G]`.
+fn read_scales(
+    t: &TensorRef<'_>,
+    n: usize,
+    groups: usize,
+    transposed: bool,
+    declared: Option<DType>,
+) -> Result<Scales, LayerError> {
+    t.expect_dtype(FLOAT_DTYPES)?;
+    if let Some(d) = declared.and_then(safetensors_float) {
+        t.expect_dtype(&[d])?;
+    }
+    let shape_ok = if transposed {
+        t.shape == [groups, n]
+    } else {
+        // Channelwise scales are `[n, 1]`; a few producers write `[n]`.
+        t.shape == [n, groups] || (groups == 1 && t.shape == [n])
+    };
+    if !shape_ok {
+        let expected = if transposed {
+            vec![groups, n]
+        } else {
+            vec![n, groups]
+        };
+        return Err(LayerError::WrongShape {
+            tensor: t.name.clone(),
+            file: t.file.to_path_buf(),
+            expected,
+            actual: t.shape.to_vec(),
+        });
+    }
+    let stored = f32_values(t)?;
+    check_scales(t, &stored)?;
+    let values = if transposed {
+        let mut v = vec![0.0f32; n * groups];
+        for (g, row) in stored.chunks_exact(n).enumerate() {
+            for (c, &s) in row.iter().enumerate() {
+                v[c * groups + g] = s;
+            }
+        }
+        v
+    } else {
+        stored
+    };
+    Ok(Scales {
+        values,
+        groups,
+        dtype: float_dtype(t.dtype).unwrap_or(DType::F32),
+    })
+}
+
+/// Reads `g_idx` `[k]`, checking every entry is a group index below `groups`.
+fn read_g_idx<'a>(
+    src: &'a TensorSource,
+    name: &str,
+    k: usize,
+    groups: usize,
+) -> Result<(Vec<i32>, TensorRef<'a>), LayerError> {
+    let t = src.get(name)?;
+    t.expect_shape(&[k])?;
+    let values = int_values(&t, &[Dtype::I32, Dtype::I64])?;
+    if let Some(i) = values.iter().position(|&g| g < 0 || g >= groups as i64) {
+        return Err(LayerError::BadGroupIndex {
+            tensor: t.name.clone(),
+            file: t.file.to_path_buf(),
+            reason: format!("entry {i} = {} is outside 0..{groups}", values[i]),
+        });
+    }
+    Ok((values.into_iter().map(|g| g as i32).collect(), t))
+}
+
+/// Reads the optional bias `[n]`.
+fn read_bias<'a>(
+    src: &'a TensorSource,
+    prefix: &str,
+    n: usize,
+) -> Result<Option<(Dtype, &'a [u8])>, LayerError> {
+    let bias_name = name(prefix, ParamKind::Bias);
+    if !src.contains(&bias_name) {
+        return Ok(None);
+    }
+    let t = src.get_as(&bias_name, FLOAT_DTYPES)?;
+    t.expect_shape(&[n])?;
+    Ok(Some((t.dtype, t.bytes)))
+}
+
+/// Reads one projection in `format`.
+pub(crate) fn read_projection<'a>(
+    src: &'a TensorSource,
+    format: Format,
+    req: &ProjRequest<'_>,
+) -> Result<LogicalProj<'a>, LayerError> {
+    let (n, k) = (req.n.size, req.k.size);
+    let bias = read_bias(src, req.prefix, n)?;
+    match format {
+        Format::Float => {
+            let t = src.get_as(&name(req.prefix, ParamKind::Weight), FLOAT_DTYPES)?;
+            check_config_shape(&t, req.n, req.k, req.config)?;
+            Ok(LogicalProj {
+                n,
+                k,
+                values: Values::Float {
+                    dtype: t.dtype,
+                    bytes: t.bytes,
+                },
+                scales: None,
+                g_idx: None,
+                bias,
+                primary: t,
+                scale_tensor: None,
+                g_idx_tensor: None,
+            })
+        }
+        Format::IntQuantized { group_size, .. } => {
+            let t = src.get_as(&name(req.prefix, ParamKind::Weight), &[Dtype::I8])?;
+            check_config_shape(&t, req.n, req.k, req.config)?;
+            let codes: Vec<i8> = t.bytes.iter().map(|&b| b as i8).collect();
+            check_code_range(&t, &codes, 4)?;
+            let (groups, _) = groups_of(group_size, k, &t.name)?;
+            let st = src.get(&name(req.prefix, ParamKind::WeightScale))?;
+            let scales = read_scales(&st, n, groups, false, format.declared_scale_dtype())?;
+            Ok(LogicalProj {
+                n,
+                k,
+                values: Values::Codes(codes),
+                scales: Some(scales),
+                g_idx: None,
+                bias,
+                primary: t,
+                scale_tensor: Some(st),
+                g_idx_tensor: None,
+            })
+        }
+        Format::PackQuantized {
+            bits,
+            group_size,
+            act_order,
+            ..
+        } => {
+            let shape_t = src.get(&name(req.prefix, ParamKind::WeightShape))?;
+            shape_t.expect_shape(&[2])?;
+            let stored = int_values(&shape_t, &[Dtype::I64, Dtype::I32])?;
+            for (dim, &v) in [req.n, req.k].into_iter().zip(&stored) {
+                if v != dim.size as i64 {
+                    return Err(config_mismatch(
+                        &shape_t,
+                        dim,
+                        usize::try_from(v).unwrap_or(usize::MAX),
+                        req.config,
+                    ));
+                }
+            }
+            let t = src.get_as(&name(req.prefix, ParamKind::WeightPacked), &[Dtype::I32])?;
+            let words = moe_quant::pack::packed_int32_cols(k, bits);
+            if t.shape.len() == 2 && t.shape[0] != n {
+                return Err(config_mismatch(&t, req.n, t.shape[0], req.config));
+            }
+            t.expect_shape(&[n, words])?;
+            let codes =
+                moe_quant::unpack_from_int32(&i32_words(&t)?, n, k, bits).map_err(|source| {
+                    LayerError::Quant {
+                        tensor: t.name.clone(),
+                        file: t.file.to_path_buf(),
+                        source,
+                    }
+                })?;
+            let (groups, _) = groups_of(group_size, k, &t.name)?;
+            let st = src.get(&name(req.prefix, ParamKind::WeightScale))?;
+            let scales = read_scales(&st, n, groups, false, format.declared_scale_dtype())?;
+            let (g_idx, g_idx_tensor) = if act_order {
+                let (g, gt) = read_g_idx(src, &name(req.prefix, ParamKind::WeightGIdx), k, groups)?;
+                (Some(g), Some(gt))
+            } else {
+                (None, None)
+            };
+            Ok(LogicalProj {
+                n,
+                k,
+                values: Values::Codes(codes),
+                scales: Some(scales),
+                g_idx,
+                bias,
+                primary: t,
+                scale_tensor: Some(st),
+                g_idx_tensor,
+            })
+        }
+        Format::Gptq {
+            bits,
+            group_size,
+            act_order,
+        } => {
+            let pf = (32 / bits) as usize;
+            if !k.is_multiple_of(pf) {
+                return Err(LayerError::ConfigField {
+                    file: req.config.to_path_buf(),
+                    field: req.k.field,
+                    reason: format!("{k} is not a multiple of the GPTQ pack factor {pf}"),
+                });
+            }
+            let t = src.get_as(&name(req.prefix, ParamKind::QWeight), &[Dtype::I32])?;
+            if t.shape.len() == 2 {
+                if t.shape[1] != n {
+                    return Err(config_mismatch(&t, req.n, t.shape[1], req.config));
+                }
+                if t.shape[0] != k / pf {
+                    return Err(config_mismatch(&t, req.k, t.shape[0] * pf, req.config));
+                }
+            }
+            t.expect_shape(&[k / pf, n])?;
+            let codes = unpack_gptq(&i32_words(&t)?, k, n, bits);
+            let (groups, _) = groups_of(group_size, k, &t.name)?;
+            let st = src.get(&name(req.prefix, ParamKind::Scales))?;
+            let scales = read_scales(&st, n, groups, true, None)?;
+            let (g_idx, g_idx_tensor) = if act_order {
+                let (g, gt) = read_g_idx(src, &name(req.prefix, ParamKind::GIdx), k, groups)?;
+                (Some(g), Some(gt))
+            } else {
+                (None, None)
+            };
+            Ok(LogicalProj {
+                n,
+                k,
+                values: Values::Codes(codes),
+                scales: Some(scales),
+                g_idx,
+                bias,
+                primary: t,
+                scale_tensor: Some(st),
+                g_idx_tensor,
+            })
+        }
+    }
+}
+
+/// Rejects the first code outside the signed range of `bits`.
+fn check_code_range(t: &TensorRef<'_>, codes: &[i8], bits: u32) -> Result<(), LayerError> {
+    let (min, max) = (-(1i64 << (bits - 1)), (1i64 << (bits - 1)) - 1);
+    match codes
+        .iter()
+        .position(|&c| !(min..=max).contains(&i64::from(c)))
+    {
+        None => Ok(()),
+        Some(index) => Err(LayerError::CodeOutOfRange {
+            tensor: t.name.clone(),
+            file: t.file.to_path_buf(),
+            index,
+            value: i64::from(codes[index]),
+            min,
+            max,
+        }),
+    }
+}
+
+/// Unpacks GPTQ `qweight` `[k/pf, n]` (field `t` of word `[r][c]` = code of row `r·pf + t`,
+/// column `c`; stored with the symmetric offset `2^(bits−1)`) into signed codes `[n, k]`.
+fn unpack_gptq(words: &[i32], k: usize, n: usize, bits: u32) -> Vec<i8> {
+    let pf = (32 / bits) as usize;
+    let mask = (1u32 << bits) - 1;
+    let offset = 1i32 << (bits - 1);
+    let mut codes = vec![0i8; n * k];
+    for (r, row) in words.chunks_exact(n).enumerate() {
+        for (c, &w) in row.iter().enumerate() {
+            let w = w as u32;
+            for t in 0..pf {
+                let q = ((w >> (bits as usize * t)) & mask) as i32;
+                codes[c * k + r * pf + t] = (q - offset) as i8;
+            }
+        }
+    }
+    codes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gptq_unpack_reads_fields_along_k() {
+        // k = 8, n = 2, 4-bit: column 0 holds codes 0..8 (values -8..-1), column 1 holds 15..8.
+        let col0: u32 = (0..8).fold(0, |w, t| w | (t << (4 * t)));
+        let col1: u32 = (0..8).fold(0, |w, t| w | ((15 - t) << (4 * t)));
+        let codes = unpack_gptq(&[col0 as i32, col1 as i32], 8, 2, 4);
+        assert_eq!(&codes[..8], &[-8, -7, -6, -5, -4, -3, -2, -1]);
+        assert_eq!(&codes[8..], &[7, 6, 5, 4, 3, 2, 1, 0]);
+        // 8-bit: 4 codes per word.
+        let w: u32 = 0x80_81_7F_00;
+        assert_eq!(unpack_gptq(&[w as i32], 4, 1, 8), [-128, -1, 1, 0]);
+    }
+}

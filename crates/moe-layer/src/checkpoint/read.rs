@@ -1,0 +1,740 @@
+//! [`Checkpoint`]: a model directory opened for reading, and [`MoeLayerTensors`], one MoE
+//! layer's expert weights assembled in the fused layout the kernels take (spec sections 1 and
+//! 6.3), sliced for tensor parallelism and filtered for expert parallelism.
+//!
+//! Layout of the result, per local expert `e` (local ids in ascending order):
+//!
+//! - `w13[e]` `[2I, H]`: rows `0..I` from the gate projection (`w1`), rows `I..2I` from the up
+//!   projection (`w3`); `w2[e]` `[H, I]` from the down projection. `I` is the intermediate size
+//!   per tensor-parallel rank.
+//! - Quantized formats all become signed codes stored one per `i8` (int4 codes in `[-8, 7]`,
+//!   int8 codes in `[-128, 127]`) with f32 scales `[E, 2I, H/g]` and `[E, H, I/g]` (one column
+//!   for channelwise scales). Scales are widened to f32, which is exact for bf16 and f16; the
+//!   stored dtype is kept in [`IntExperts::scale_dtype`] so a later stage can narrow back
+//!   losslessly. GPTQ's K-major `qweight`/`scales` are transposed into this N-major layout.
+//! - Float weights stay in their stored dtype ([`FloatData`]).
+//!
+//! Tensor parallelism (rank `r` of `tp`): the gate and up projections keep output rows
+//! `[r·I, (r+1)·I)`, the down projection keeps input columns `[r·I, (r+1)·I)` and, for group
+//! scales, scale columns `[r·I/g, (r+1)·I/g)`; channelwise `w2` scales and the `w2` bias are kept
+//! whole. `I_full` must split into `tp` equal parts and, with group scales, each part into whole
+//! groups. The `w2` bias is returned whole on every rank: whoever reduces across ranks must add
+//! it exactly once. Act-order (`g_idx`) checkpoints are only read with `tp = 1`.
+//!
+//! Expert parallelism: with a global-to-local expert map (`-1` = held elsewhere), only local
+//! experts are read, in local-id order. The router weight is always the full `[E, H]`.
+//!
+//! Everything is validated before anything is returned; on error nothing is handed out.
+
+use std::path::Path;
+
+use moe_quant::DType;
+
+use super::config::{ModelFamily, MoeModelSpec};
+use super::decode::{FLOAT_DTYPES, FloatData, append_block, check_finite, f32_values};
+use super::formats::{Dim, Format, LogicalProj, ProjRequest, Values, groups_of, read_projection};
+use super::names::{MoeNames, ParamKind, ShardId};
+use super::shards::{ShardAccess, TensorRef, TensorSource, dtype_name};
+use crate::error::LayerError;
+
+/// Which part of a layer to read.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadOptions<'a> {
+    /// This rank's tensor-parallel index, `0..tp_size`.
+    pub tp_rank: usize,
+    /// Number of tensor-parallel ranks (1 = no tensor parallelism).
+    pub tp_size: usize,
+    /// Global-to-local expert map of this expert-parallel rank (`-1` = not local), or `None`
+    /// for all experts (spec section 7.5).
+    pub expert_map: Option<&'a [i32]>,
+    /// Whether to read the shared experts too (when the model has them).
+    pub shared_experts: bool,
+}
+
+impl ReadOptions<'_> {
+    /// One rank holding every expert whole, shared experts included.
+    pub fn single_rank() -> Self {
+        Self {
+            tp_rank: 0,
+            tp_size: 1,
+            expert_map: None,
+            shared_experts: true,
+        }
+    }
+}
+
+/// Quantized expert weights in the fused logical layout (see the module docs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct IntExperts {
+    /// Bits per code (4 or 8).
+    pub bits: u32,
+    /// Input columns per scale group; `None` = one scale per output channel.
+    pub group_size: Option<usize>,
+    /// The dtype the scales were stored in (they are returned widened to f32).
+    pub scale_dtype: DType,
+    /// `[E, 2I, H]` codes.
+    pub w13: Vec<i8>,
+    /// `[E, 2I, H/g]` (or `[E, 2I, 1]`) scales.
+    pub w13_scales: Vec<f32>,
+    /// `[E, H, I]` codes.
+    pub w2: Vec<i8>,
+    /// `[E, H, I/g]` (or `[E, H, 1]`) scales.
+    pub w2_scales: Vec<f32>,
+    /// Act-order group indices, when the checkpoint has them.
+    pub act_order: Option<ActOrder>,
+}
+
+/// Act-order group indices: `g_idx[k]` is the scale group of input column `k`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActOrder {
+    /// `[E, H]`: one vector per expert shared by gate and up (checked equal).
+    pub w13_g_idx: Vec<i32>,
+    /// `[E, I]`.
+    pub w2_g_idx: Vec<i32>,
+}
+
+/// Expert weights: float or quantized.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum ExpertWeights {
+    /// Unquantized weights in the stored dtype: `w13` `[E, 2I, H]`, `w2` `[E, H, I]`.
+    Float {
+        /// `[E, 2I, H]`.
+        w13: FloatData,
+        /// `[E, H, I]`.
+        w2: FloatData,
+    },
+    /// Integer codes with scales.
+    Int(IntExperts),
+}
+
+/// A group of experts (routed experts of a layer, or its shared MLP as one expert).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExpertTensors {
+    /// Number of experts held (`E`).
+    pub num_experts: usize,
+    /// Hidden size `H`.
+    pub hidden: usize,
+    /// Intermediate size per tensor-parallel rank `I`.
+    pub intermediate: usize,
+    /// The weights.
+    pub weights: ExpertWeights,
+    /// `[E, 2I]` bias of the gate/up projections, sliced like their rows.
+    pub w13_bias: Option<FloatData>,
+    /// `[E, H]` bias of the down projection, whole on every rank (add it once after the
+    /// tensor-parallel reduction).
+    pub w2_bias: Option<FloatData>,
+}
+
+/// The router of a MoE layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouterTensors {
+    /// Gate weight `[E_global, H]` in its stored dtype.
+    pub weight: FloatData,
+    /// `e_score_correction_bias` `[E_global]` widened to f32 (DeepSeek-V3).
+    pub correction_bias: Option<Vec<f32>>,
+}
+
+/// The shared experts of a MoE layer, fused into one MLP.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SharedExpertTensors {
+    /// The MLP as a single expert (`num_experts == 1`).
+    pub mlp: ExpertTensors,
+    /// Sigmoid gate weight `[1, H]` (Qwen2-MoE), in its stored dtype.
+    pub gate: Option<FloatData>,
+}
+
+/// One MoE layer's tensors, ready for the layer's processing step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeLayerTensors {
+    /// Decoder layer index.
+    pub layer: usize,
+    /// Global expert id of each local expert, in local-id order.
+    pub local_experts: Vec<usize>,
+    /// The routed experts held by this rank.
+    pub experts: ExpertTensors,
+    /// The router.
+    pub router: RouterTensors,
+    /// The shared experts, when the model has them and they were asked for.
+    pub shared: Option<SharedExpertTensors>,
+}
+
+/// A model directory opened for reading MoE layers: its [`MoeModelSpec`] and its tensors.
+#[derive(Debug)]
+pub struct Checkpoint {
+    spec: MoeModelSpec,
+    source: TensorSource,
+    names: MoeNames,
+    format: Format,
+}
+
+impl Checkpoint {
+    /// Opens `dir`: parses `config.json` (refusing unsupported families and schemes) and the
+    /// shard layout. Shards are read with `access` (see [`ShardAccess`]).
+    pub fn open(dir: &Path, access: ShardAccess) -> Result<Self, LayerError> {
+        let spec = MoeModelSpec::from_dir(dir)?;
+        let format = Format::from_scheme(&spec.quant, &spec.config_path)?;
+        let source = TensorSource::open(dir, access)?;
+        Ok(Self {
+            names: MoeNames::new(spec.family),
+            spec,
+            source,
+            format,
+        })
+    }
+
+    /// The model's MoE description.
+    pub fn spec(&self) -> &MoeModelSpec {
+        &self.spec
+    }
+
+    /// The tensors, for lookups beyond the MoE layers.
+    pub fn source(&self) -> &TensorSource {
+        &self.source
+    }
+
+    /// The family's tensor names.
+    pub fn names(&self) -> &MoeNames {
+        &self.names
+    }
+
+    /// Reads every MoE layer, in ascending layer order.
+    pub fn read_moe_layers(
+        &self,
+        opts: &ReadOptions<'_>,
+    ) -> Result<Vec<MoeLayerTensors>, LayerError> {
+        self.spec
+            .moe_layers
+            .iter()
+            .map(|&l| self.read_layer(l, opts))
+            .collect()
+    }
+
+    /// Reads one MoE layer (see the module docs for the layout and the checks).
+    pub fn read_layer(
+        &self,
+        layer: usize,
+        opts: &ReadOptions<'_>,
+    ) -> Result<MoeLayerTensors, LayerError> {
+        let spec = &self.spec;
+        if !spec.is_moe_layer(layer) {
+            return Err(LayerError::NotMoeLayer {
+                layer,
+                moe_layers: spec.moe_layers.clone(),
+            });
+        }
+        let local_experts = local_experts(spec.num_experts, opts.expert_map)?;
+        self.check_no_extra_experts(layer)?;
+        let router = self.read_router(layer)?;
+
+        let intermediate_field = match spec.family {
+            ModelFamily::Mixtral => "intermediate_size",
+            _ => "moe_intermediate_size",
+        };
+        let routed = Group {
+            intermediate: Dim {
+                size: spec.intermediate,
+                field: intermediate_field,
+            },
+            format: self.format,
+        };
+        let experts = self.assemble(&routed, &local_experts, opts, |e, shard| {
+            self.names.expert_projection(layer, e, shard)
+        })?;
+
+        let shared = match spec.shared_experts {
+            Some(shared) if opts.shared_experts => {
+                let field = match spec.family {
+                    ModelFamily::Qwen2Moe => "shared_expert_intermediate_size",
+                    _ => "n_shared_experts",
+                };
+                let prefix = |shard| self.names.shared_projection(layer, shard);
+                // Shared experts are often left unquantized by the quantization recipe.
+                let format = match prefix(ShardId::W1) {
+                    Some(p)
+                        if !self
+                            .source
+                            .contains(&format!("{p}.{}", self.format.primary().suffix()))
+                            && self.source.contains(&format!("{p}.weight")) =>
+                    {
+                        Format::Float
+                    }
+                    _ => self.format,
+                };
+                let group = Group {
+                    intermediate: Dim {
+                        size: shared.intermediate,
+                        field,
+                    },
+                    format,
+                };
+                let mlp = self.assemble(&group, &[0], opts, |_, shard| {
+                    prefix(shard).into_iter().collect()
+                })?;
+                let gate = match self.names.shared_expert_gate(layer) {
+                    Some(name) if shared.gated => {
+                        let t = self.source.get_as(&name, FLOAT_DTYPES)?;
+                        let h = self.hidden_dim();
+                        if t.shape.len() == 2 && t.shape[1] != h.size {
+                            return Err(self.mismatch(&t, h, t.shape[1]));
+                        }
+                        t.expect_shape(&[1, h.size])?;
+                        check_finite(&t, &f32_values(&t)?)?;
+                        FloatData::from_le_bytes(t.dtype, t.bytes)
+                    }
+                    _ => None,
+                };
+                Some(SharedExpertTensors { mlp, gate })
+            }
+            _ => None,
+        };
+
+        Ok(MoeLayerTensors {
+            layer,
+            local_experts,
+            experts,
+            router,
+            shared,
+        })
+    }
+
+    fn hidden_dim(&self) -> Dim {
+        Dim {
+            size: self.spec.hidden,
+            field: "hidden_size",
+        }
+    }
+
+    fn experts_dim(&self) -> Dim {
+        Dim {
+            size: self.spec.num_experts,
+            field: match self.spec.family {
+                ModelFamily::Mixtral => "num_local_experts",
+                ModelFamily::DeepseekV2 | ModelFamily::DeepseekV3 => "n_routed_experts",
+                _ => "num_experts",
+            },
+        }
+    }
+
+    fn mismatch(&self, t: &TensorRef<'_>, dim: Dim, actual: usize) -> LayerError {
+        LayerError::ConfigMismatch {
+            config: self.spec.config_path.clone(),
+            tensor: t.name.clone(),
+            file: t.file.to_path_buf(),
+            field: dim.field,
+            config_value: dim.size,
+            tensor_value: actual,
+        }
+    }
+
+    /// Refuses any routed-expert tensor of `layer` whose expert index is `>= num_experts`.
+    fn check_no_extra_experts(&self, layer: usize) -> Result<(), LayerError> {
+        let block = format!("{}.experts.", self.names.block_prefix(layer));
+        for (name, file) in self.source.names() {
+            let Some(rest) = name.strip_prefix(&block) else {
+                continue;
+            };
+            let Some(Ok(expert)) = rest.split('.').next().map(str::parse::<usize>) else {
+                continue;
+            };
+            if expert >= self.spec.num_experts {
+                return Err(LayerError::ExtraExpert {
+                    tensor: name.to_string(),
+                    file: file.to_path_buf(),
+                    expert,
+                    num_experts: self.spec.num_experts,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn read_router(&self, layer: usize) -> Result<RouterTensors, LayerError> {
+        let (e, h) = (self.experts_dim(), self.hidden_dim());
+        let t = self
+            .source
+            .get_as(&self.names.router_weight(layer), FLOAT_DTYPES)?;
+        if t.shape.len() == 2 {
+            for (dim, actual) in [e, h].into_iter().zip(t.shape.iter().copied()) {
+                if dim.size != actual {
+                    return Err(self.mismatch(&t, dim, actual));
+                }
+            }
+        }
+        t.expect_shape(&[e.size, h.size])?;
+        check_finite(&t, &f32_values(&t)?)?;
+        let weight = FloatData::from_le_bytes(t.dtype, t.bytes).unwrap_or(FloatData::F32(vec![]));
+        let correction_bias = if self.spec.routing.has_correction_bias {
+            let b = self
+                .source
+                .get_as(&self.names.correction_bias(layer), FLOAT_DTYPES)?;
+            if b.shape.len() == 1 && b.shape[0] != e.size {
+                return Err(self.mismatch(&b, e, b.shape[0]));
+            }
+            b.expect_shape(&[e.size])?;
+            let values = f32_values(&b)?;
+            check_finite(&b, &values)?;
+            Some(values)
+        } else {
+            None
+        };
+        Ok(RouterTensors {
+            weight,
+            correction_bias,
+        })
+    }
+
+    /// Reads and fuses the projections of `experts` (global ids); `prefixes(e, shard)` lists
+    /// the accepted module prefixes of a projection, preferred first.
+    fn assemble(
+        &self,
+        group: &Group,
+        experts: &[usize],
+        opts: &ReadOptions<'_>,
+        prefixes: impl Fn(usize, ShardId) -> Vec<String>,
+    ) -> Result<ExpertTensors, LayerError> {
+        let hidden = self.hidden_dim();
+        let tp = TpSlice::new(opts, group.intermediate, group.format)?;
+        let mut acc = Accumulator::new(group.format);
+        for &e in experts {
+            let mut gate_g_idx: Option<Vec<i32>> = None;
+            for shard in ShardId::ALL {
+                let candidates = prefixes(e, shard);
+                let prefix = self.pick_prefix(&candidates, group.format.primary());
+                let (n, k) = match shard {
+                    ShardId::W1 | ShardId::W3 => (group.intermediate, hidden),
+                    ShardId::W2 => (hidden, group.intermediate),
+                };
+                let req = ProjRequest {
+                    prefix: &prefix,
+                    n,
+                    k,
+                    config: &self.spec.config_path,
+                };
+                let proj = read_projection(&self.source, group.format, &req)?;
+                if let (ShardId::W3, Some(gate), Some(up)) = (shard, &gate_g_idx, &proj.g_idx)
+                    && gate != up
+                {
+                    let t = proj.g_idx_tensor.as_ref().unwrap_or(&proj.primary);
+                    return Err(LayerError::BadGroupIndex {
+                        tensor: t.name.clone(),
+                        file: t.file.to_path_buf(),
+                        reason: "differs from the gate projection's g_idx".into(),
+                    });
+                }
+                if shard == ShardId::W1 {
+                    gate_g_idx = proj.g_idx.clone();
+                }
+                acc.push(shard, proj, &tp)?;
+            }
+        }
+        acc.finish(experts.len(), hidden.size, tp.local)
+    }
+
+    /// The first candidate prefix whose primary tensor exists, else the first (so that the
+    /// missing-tensor error names the preferred spelling).
+    fn pick_prefix(&self, candidates: &[String], primary: ParamKind) -> String {
+        candidates
+            .iter()
+            .find(|p| self.source.contains(&format!("{p}.{}", primary.suffix())))
+            .or(candidates.first())
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+/// A set of experts sharing an intermediate size and storage format.
+struct Group {
+    intermediate: Dim,
+    format: Format,
+}
+
+/// Validates an expert map and returns the global id of each local expert.
+fn local_experts(num_experts: usize, map: Option<&[i32]>) -> Result<Vec<usize>, LayerError> {
+    let Some(map) = map else {
+        return Ok((0..num_experts).collect());
+    };
+    let bad = |reason: String| LayerError::ExpertMap { reason };
+    if map.len() != num_experts {
+        return Err(bad(format!(
+            "has {} entries, expected num_experts = {num_experts}",
+            map.len()
+        )));
+    }
+    let num_local = map.iter().filter(|&&l| l >= 0).count();
+    let mut global_of: Vec<Option<usize>> = vec![None; num_local];
+    for (global, &local) in map.iter().enumerate() {
+        if local == -1 {
+            continue;
+        }
+        let slot = usize::try_from(local)
+            .ok()
+            .and_then(|l| global_of.get_mut(l))
+            .ok_or_else(|| {
+                bad(format!(
+                    "entry {global} = {local} is neither -1 nor a local id in 0..{num_local}"
+                ))
+            })?;
+        if let Some(other) = slot {
+            return Err(bad(format!(
+                "local id {local} is given to experts {other} and {global}"
+            )));
+        }
+        *slot = Some(global);
+    }
+    Ok(global_of.into_iter().flatten().collect())
+}
+
+/// The tensor-parallel slice of one group of experts.
+struct TpSlice {
+    rank: usize,
+    /// Intermediate size per rank.
+    local: usize,
+    /// Group size along the intermediate dimension (`None` = channelwise or float).
+    group: Option<usize>,
+}
+
+impl TpSlice {
+    fn new(opts: &ReadOptions<'_>, intermediate: Dim, format: Format) -> Result<Self, LayerError> {
+        let (rank, size) = (opts.tp_rank, opts.tp_size);
+        let err = |reason: String| LayerError::TensorParallel {
+            tp_rank: rank,
+            tp_size: size,
+            reason,
+        };
+        if size == 0 || rank >= size {
+            return Err(err("tp_rank must lie in 0..tp_size".into()));
+        }
+        let full = intermediate.size;
+        if !full.is_multiple_of(size) {
+            return Err(err(format!(
+                "{} = {full} is not divisible by tp_size",
+                intermediate.field
+            )));
+        }
+        let local = full / size;
+        let group = format.group_size();
+        if let Some(g) = group {
+            groups_of(Some(g), full, intermediate.field)?;
+            if !local.is_multiple_of(g) {
+                return Err(err(format!(
+                    "the per-rank {} {local} is not a multiple of the group size {g}",
+                    intermediate.field
+                )));
+            }
+        }
+        if size > 1 && format.act_order() {
+            return Err(err(
+                "act-order (g_idx) checkpoints are only read without tensor parallelism".into(),
+            ));
+        }
+        Ok(Self { rank, local, group })
+    }
+
+    fn rows(&self) -> std::ops::Range<usize> {
+        self.rank * self.local..(self.rank + 1) * self.local
+    }
+}
+
+/// Collects sliced projections into the fused buffers.
+struct Accumulator {
+    format: Format,
+    /// Float weight dtype, fixed by the first projection.
+    float_dtype: Option<safetensors::Dtype>,
+    w13: Vec<u8>,
+    w2: Vec<u8>,
+    w13_codes: Vec<i8>,
+    w2_codes: Vec<i8>,
+    w13_scales: Vec<f32>,
+    w2_scales: Vec<f32>,
+    /// Scale dtype, fixed by the first projection.
+    scale_dtype: Option<DType>,
+    w13_g_idx: Vec<i32>,
+    w2_g_idx: Vec<i32>,
+    /// Bias dtype, fixed by the first projection (`None` inside = no biases).
+    bias: Option<Option<safetensors::Dtype>>,
+    first_bias_name: String,
+    w13_bias: Vec<u8>,
+    w2_bias: Vec<u8>,
+}
+
+impl Accumulator {
+    fn new(format: Format) -> Self {
+        Self {
+            format,
+            float_dtype: None,
+            w13: Vec::new(),
+            w2: Vec::new(),
+            w13_codes: Vec::new(),
+            w2_codes: Vec::new(),
+            w13_scales: Vec::new(),
+            w2_scales: Vec::new(),
+            scale_dtype: None,
+            w13_g_idx: Vec::new(),
+            w2_g_idx: Vec::new(),
+            bias: None,
+            first_bias_name: String::new(),
+            w13_bias: Vec::new(),
+            w2_bias: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, shard: ShardId, p: LogicalProj<'_>, tp: &TpSlice) -> Result<(), LayerError> {
+        let (n, k) = (p.n, p.k);
+        let (rows, cols) = match shard {
+            ShardId::W1 | ShardId::W3 => (tp.rows(), 0..k),
+            ShardId::W2 => (0..n, tp.rows()),
+        };
+        let is_w2 = shard == ShardId::W2;
+        match &p.values {
+            Values::Float { dtype, bytes } => {
+                match self.float_dtype {
+                    None => self.float_dtype = Some(*dtype),
+                    Some(first) => p.primary.expect_dtype(&[first])?,
+                }
+                let es = dtype_bytes(*dtype);
+                let dst = if is_w2 { &mut self.w2 } else { &mut self.w13 };
+                append_block(bytes, k * es, rows, cols.start * es..cols.end * es, dst);
+            }
+            Values::Codes(codes) => {
+                let dst = if is_w2 {
+                    &mut self.w2_codes
+                } else {
+                    &mut self.w13_codes
+                };
+                append_block(codes, k, rows.clone(), cols, dst);
+            }
+        }
+        if let Some(s) = &p.scales {
+            let st = p.scale_tensor.as_ref().unwrap_or(&p.primary);
+            match self.scale_dtype {
+                None => self.scale_dtype = Some(s.dtype),
+                Some(first) if first != s.dtype => {
+                    return Err(LayerError::WrongDtype {
+                        tensor: st.name.clone(),
+                        file: st.file.to_path_buf(),
+                        expected: first.to_string(),
+                        actual: s.dtype.to_string(),
+                    });
+                }
+                Some(_) => {}
+            }
+            let g = s.groups;
+            let scale_cols = match (is_w2, tp.group) {
+                // Group scales of w2 follow its column slice; channelwise ones stay whole.
+                (true, Some(gs)) => (tp.rank * tp.local / gs)..((tp.rank + 1) * tp.local / gs),
+                _ => 0..g,
+            };
+            let scale_rows = if is_w2 { 0..n } else { tp.rows() };
+            let dst = if is_w2 {
+                &mut self.w2_scales
+            } else {
+                &mut self.w13_scales
+            };
+            append_block(&s.values, g, scale_rows, scale_cols, dst);
+        }
+        if let Some(g_idx) = &p.g_idx {
+            match shard {
+                ShardId::W1 => self.w13_g_idx.extend_from_slice(g_idx),
+                ShardId::W3 => {}
+                ShardId::W2 => self.w2_g_idx.extend_from_slice(g_idx),
+            }
+        }
+        self.push_bias(shard, &p, tp)
+    }
+
+    fn push_bias(
+        &mut self,
+        shard: ShardId,
+        p: &LogicalProj<'_>,
+        tp: &TpSlice,
+    ) -> Result<(), LayerError> {
+        let this = p.bias.map(|(d, _)| d);
+        let bias_name = |p: &LogicalProj<'_>| {
+            let base = p.primary.name.rsplit_once('.').map_or("", |(b, _)| b);
+            format!("{base}.bias")
+        };
+        match self.bias {
+            None => {
+                self.bias = Some(this);
+                self.first_bias_name = bias_name(p);
+            }
+            Some(first) if first.is_some() != this.is_some() => {
+                // One projection has a bias and another has none: name the missing one.
+                let (tensor, file) = if this.is_none() {
+                    (bias_name(p), p.primary.file.to_path_buf())
+                } else {
+                    (self.first_bias_name.clone(), p.primary.file.to_path_buf())
+                };
+                return Err(LayerError::MissingTensor { tensor, file });
+            }
+            Some(Some(first)) if Some(first) != this => {
+                return Err(LayerError::WrongDtype {
+                    tensor: bias_name(p),
+                    file: p.primary.file.to_path_buf(),
+                    expected: dtype_name(first),
+                    actual: this.map(dtype_name).unwrap_or_default(),
+                });
+            }
+            Some(_) => {}
+        }
+        if let Some((dtype, bytes)) = p.bias {
+            let es = dtype_bytes(dtype);
+            match shard {
+                ShardId::W1 | ShardId::W3 => {
+                    let r = tp.rows();
+                    self.w13_bias
+                        .extend_from_slice(&bytes[r.start * es..r.end * es]);
+                }
+                ShardId::W2 => self.w2_bias.extend_from_slice(bytes),
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(
+        self,
+        num_experts: usize,
+        hidden: usize,
+        local: usize,
+    ) -> Result<ExpertTensors, LayerError> {
+        let bias_dtype = self.bias.flatten();
+        let decode = |bytes: &[u8]| bias_dtype.and_then(|d| FloatData::from_le_bytes(d, bytes));
+        let weights = match self.format {
+            Format::Float => {
+                let dtype = self.float_dtype.unwrap_or(safetensors::Dtype::F32);
+                ExpertWeights::Float {
+                    w13: FloatData::from_le_bytes(dtype, &self.w13)
+                        .unwrap_or(FloatData::F32(Vec::new())),
+                    w2: FloatData::from_le_bytes(dtype, &self.w2)
+                        .unwrap_or(FloatData::F32(Vec::new())),
+                }
+            }
+            format => ExpertWeights::Int(IntExperts {
+                bits: format.bits().unwrap_or(4),
+                group_size: format.group_size(),
+                scale_dtype: self.scale_dtype.unwrap_or(DType::F32),
+                w13: self.w13_codes,
+                w13_scales: self.w13_scales,
+                w2: self.w2_codes,
+                w2_scales: self.w2_scales,
+                act_order: format.act_order().then_some(ActOrder {
+                    w13_g_idx: self.w13_g_idx,
+                    w2_g_idx: self.w2_g_idx,
+                }),
+            }),
+        };
+        Ok(ExpertTensors {
+            num_experts,
+            hidden,
+            intermediate: local,
+            weights,
+            w13_bias: decode(&self.w13_bias),
+            w2_bias: decode(&self.w2_bias),
+        })
+    }
+}
+
+fn dtype_bytes(d: safetensors::Dtype) -> usize {
+    d.bitsize() / 8
+}

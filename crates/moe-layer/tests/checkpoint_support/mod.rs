@@ -1,0 +1,364 @@
+//! Builders of small synthetic checkpoints for the checkpoint tests: a `config.json` plus
+//! safetensors written with the safetensors crate, in any family and storage format, so each
+//! test can break one thing and check the error that names it.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use half::bf16;
+use moe_testutil::SplitMix64;
+use safetensors::Dtype;
+use safetensors::tensor::TensorView;
+use serde_json::{Value, json};
+
+/// One stored tensor.
+#[derive(Clone)]
+pub struct Stored {
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    pub bytes: Vec<u8>,
+}
+
+pub fn bf16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter()
+        .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
+        .collect()
+}
+
+pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+pub fn i32_bytes(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+pub fn i8_bytes(v: &[i8]) -> Vec<u8> {
+    v.iter().map(|&x| x as u8).collect()
+}
+
+/// A synthetic checkpoint: config plus tensors, editable before writing.
+#[derive(Clone)]
+pub struct Ckpt {
+    pub config: Value,
+    pub tensors: BTreeMap<String, Stored>,
+}
+
+/// Sizes of the synthetic models.
+pub const E: usize = 4;
+pub const H: usize = 16;
+pub const I: usize = 8;
+pub const G: usize = 8;
+
+/// The logical content of one projection: codes `[n, k]` and scales `[n, k/G]` (f32 values
+/// exactly representable in bf16), so every format can be checked against the same numbers.
+pub struct Proj {
+    pub n: usize,
+    pub k: usize,
+    pub codes: Vec<i8>,
+    pub scales: Vec<f32>,
+}
+
+pub fn proj(rng: &mut SplitMix64, n: usize, k: usize) -> Proj {
+    let codes = (0..n * k).map(|_| rng.range_i64(-8, 7) as i8).collect();
+    let scales = (0..n * k / G)
+        .map(|_| bf16::from_f32(rng.uniform(0.001, 0.05)).to_f32())
+        .collect();
+    Proj {
+        n,
+        k,
+        codes,
+        scales,
+    }
+}
+
+/// Storage formats the builder writes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Fmt {
+    Float,
+    IntQuantized,
+    PackQuantized,
+    Gptq,
+}
+
+impl Ckpt {
+    /// A one-layer model of `family` (`qwen3_moe`, `qwen2_moe`, `mixtral`, `deepseek_v3`) with
+    /// every routed expert written in `fmt`; returns it with the logical projections
+    /// `[expert][w1, w3, w2]`.
+    pub fn build(model_type: &str, fmt: Fmt, seed: u64) -> (Self, Vec<[Proj; 3]>) {
+        let mut rng = SplitMix64::new(seed);
+        let mut config = json!({
+            "model_type": model_type,
+            "architectures": [],
+            "torch_dtype": "bfloat16",
+            "hidden_act": "silu",
+            "hidden_size": H,
+            "num_hidden_layers": 1,
+            "num_experts_per_tok": 2,
+        });
+        let c = config.as_object_mut().unwrap();
+        let (block, names): (&str, [&str; 3]) = match model_type {
+            "mixtral" => {
+                c.insert("num_local_experts".into(), json!(E));
+                c.insert("intermediate_size".into(), json!(I));
+                ("block_sparse_moe", ["w1", "w3", "w2"])
+            }
+            "deepseek_v3" => {
+                c.insert("n_routed_experts".into(), json!(E));
+                c.insert("moe_intermediate_size".into(), json!(I));
+                c.insert("n_group".into(), json!(2));
+                c.insert("topk_group".into(), json!(1));
+                c.insert("n_shared_experts".into(), json!(1));
+                c.insert("first_k_dense_replace".into(), json!(0));
+                ("mlp", ["gate_proj", "up_proj", "down_proj"])
+            }
+            _ => {
+                c.insert("num_experts".into(), json!(E));
+                c.insert("moe_intermediate_size".into(), json!(I));
+                c.insert("norm_topk_prob".into(), json!(true));
+                ("mlp", ["gate_proj", "up_proj", "down_proj"])
+            }
+        };
+        match fmt {
+            Fmt::Float => {}
+            Fmt::IntQuantized => {
+                c.insert(
+                    "quantization_config".into(),
+                    ct_config("int-quantized", true),
+                );
+            }
+            Fmt::PackQuantized => {
+                c.insert(
+                    "quantization_config".into(),
+                    ct_config("pack-quantized", false),
+                );
+            }
+            Fmt::Gptq => {
+                c.insert(
+                    "quantization_config".into(),
+                    json!({"quant_method": "gptq", "bits": 4, "group_size": G,
+                           "desc_act": false, "sym": true, "checkpoint_format": "gptq"}),
+                );
+            }
+        }
+        let mut ck = Ckpt {
+            config,
+            tensors: BTreeMap::new(),
+        };
+        let gate: Vec<f32> = rng.vec_uniform(E * H, -0.1, 0.1);
+        ck.put(
+            &format!("model.layers.0.{block}.gate.weight"),
+            Dtype::BF16,
+            &[E, H],
+            bf16_bytes(&gate),
+        );
+        if model_type == "deepseek_v3" {
+            let bias: Vec<f32> = rng.vec_uniform(E, -0.1, 0.1);
+            ck.put(
+                "model.layers.0.mlp.gate.e_score_correction_bias",
+                Dtype::F32,
+                &[E],
+                f32_bytes(&bias),
+            );
+        }
+        let mut experts = Vec::new();
+        for e in 0..E {
+            let ps = [
+                proj(&mut rng, I, H),
+                proj(&mut rng, I, H),
+                proj(&mut rng, H, I),
+            ];
+            for (p, name) in ps.iter().zip(names) {
+                ck.put_proj(
+                    &format!("model.layers.0.{block}.experts.{e}.{name}"),
+                    p,
+                    fmt,
+                );
+            }
+            experts.push(ps);
+        }
+        if model_type == "deepseek_v3" {
+            let ps = [
+                proj(&mut rng, I, H),
+                proj(&mut rng, I, H),
+                proj(&mut rng, H, I),
+            ];
+            for (p, name) in ps.iter().zip(["gate_proj", "up_proj", "down_proj"]) {
+                ck.put_proj(&format!("model.layers.0.mlp.shared_experts.{name}"), p, fmt);
+            }
+        }
+        (ck, experts)
+    }
+
+    pub fn put(&mut self, name: &str, dtype: Dtype, shape: &[usize], bytes: Vec<u8>) {
+        self.tensors.insert(
+            name.to_string(),
+            Stored {
+                dtype,
+                shape: shape.to_vec(),
+                bytes,
+            },
+        );
+    }
+
+    /// Writes one projection at `prefix` in `fmt`.
+    pub fn put_proj(&mut self, prefix: &str, p: &Proj, fmt: Fmt) {
+        let (n, k) = (p.n, p.k);
+        match fmt {
+            Fmt::Float => {
+                let w: Vec<f32> = (0..n * k)
+                    .map(|i| f32::from(p.codes[i]) * p.scales[i / G])
+                    .collect();
+                self.put(
+                    &format!("{prefix}.weight"),
+                    Dtype::BF16,
+                    &[n, k],
+                    bf16_bytes(&w),
+                );
+            }
+            Fmt::IntQuantized => {
+                self.put(
+                    &format!("{prefix}.weight"),
+                    Dtype::I8,
+                    &[n, k],
+                    i8_bytes(&p.codes),
+                );
+                self.put(
+                    &format!("{prefix}.weight_scale"),
+                    Dtype::BF16,
+                    &[n, k / G],
+                    bf16_bytes(&p.scales),
+                );
+            }
+            Fmt::PackQuantized => {
+                let words = moe_quant::pack_to_int32(&p.codes, n, k, 4).unwrap();
+                self.put(
+                    &format!("{prefix}.weight_packed"),
+                    Dtype::I32,
+                    &[n, k / 8],
+                    i32_bytes(&words),
+                );
+                self.put(
+                    &format!("{prefix}.weight_scale"),
+                    Dtype::BF16,
+                    &[n, k / G],
+                    bf16_bytes(&p.scales),
+                );
+                let shape: Vec<u8> = [n as i64, k as i64]
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect();
+                self.put(&format!("{prefix}.weight_shape"), Dtype::I64, &[2], shape);
+            }
+            Fmt::Gptq => {
+                // qweight [k/8, n]: field t of word [r][c] = code of row r·8 + t, column c, +8.
+                let mut q = vec![0i32; k / 8 * n];
+                for c in 0..n {
+                    for kk in 0..k {
+                        let code = (i32::from(p.codes[c * k + kk]) + 8) as u32;
+                        let w = &mut q[(kk / 8) * n + c];
+                        *w = (*w as u32 | (code << (4 * (kk % 8)))) as i32;
+                    }
+                }
+                self.put(
+                    &format!("{prefix}.qweight"),
+                    Dtype::I32,
+                    &[k / 8, n],
+                    i32_bytes(&q),
+                );
+                // scales [G, n] (transposed), fp16.
+                let groups = k / G;
+                let mut s = vec![0f32; groups * n];
+                for c in 0..n {
+                    for g in 0..groups {
+                        s[g * n + c] = p.scales[c * groups + g];
+                    }
+                }
+                let f16: Vec<u8> = s
+                    .iter()
+                    .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+                    .collect();
+                self.put(&format!("{prefix}.scales"), Dtype::F16, &[groups, n], f16);
+                self.put(
+                    &format!("{prefix}.qzeros"),
+                    Dtype::I32,
+                    &[groups, n / 8],
+                    i32_bytes(&vec![0x7777_7777; groups * n / 8]),
+                );
+                let g_idx: Vec<i32> = (0..k).map(|kk| (kk / G) as i32).collect();
+                self.put(
+                    &format!("{prefix}.g_idx"),
+                    Dtype::I32,
+                    &[k],
+                    i32_bytes(&g_idx),
+                );
+            }
+        }
+    }
+
+    /// The serialized bytes of a set of tensors.
+    pub fn serialize(tensors: &BTreeMap<String, Stored>) -> Vec<u8> {
+        let views: Vec<(String, TensorView<'_>)> = tensors
+            .iter()
+            .map(|(n, s)| {
+                (
+                    n.clone(),
+                    TensorView::new(s.dtype, s.shape.clone(), &s.bytes).unwrap(),
+                )
+            })
+            .collect();
+        safetensors::serialize(views, None).unwrap()
+    }
+
+    /// Writes `config.json` and `model.safetensors` into `dir`.
+    pub fn write(&self, dir: &Path) {
+        std::fs::write(dir.join("config.json"), self.config.to_string()).unwrap();
+        std::fs::write(
+            dir.join("model.safetensors"),
+            Self::serialize(&self.tensors),
+        )
+        .unwrap();
+    }
+
+    /// Writes `config.json`, `shards` shard files and the index (tensors dealt round-robin).
+    pub fn write_sharded(&self, dir: &Path, shards: usize) {
+        std::fs::write(dir.join("config.json"), self.config.to_string()).unwrap();
+        let mut parts = vec![BTreeMap::new(); shards];
+        let mut weight_map = serde_json::Map::new();
+        for (i, (n, s)) in self.tensors.iter().enumerate() {
+            let file = format!("model-{:05}-of-{shards:05}.safetensors", i % shards + 1);
+            parts[i % shards].insert(n.clone(), s.clone());
+            weight_map.insert(n.clone(), json!(file));
+        }
+        for (i, part) in parts.iter().enumerate() {
+            let file = format!("model-{:05}-of-{shards:05}.safetensors", i + 1);
+            std::fs::write(dir.join(file), Self::serialize(part)).unwrap();
+        }
+        let index = json!({"metadata": {"total_size": 0}, "weight_map": weight_map});
+        std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    }
+}
+
+fn ct_config(format: &str, with_activations: bool) -> Value {
+    let weights = json!({"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group",
+                         "group_size": G, "dynamic": false, "actorder": null});
+    let mut group = json!({"targets": ["Linear"], "weights": weights, "format": format});
+    if with_activations {
+        group["input_activations"] = json!({"num_bits": 8, "type": "int", "symmetric": true,
+                                            "strategy": "token", "dynamic": true});
+    }
+    json!({"quant_method": "compressed-tensors", "format": format,
+           "quantization_status": "compressed", "config_groups": {"group_0": group},
+           "ignore": ["lm_head", "re:.*mlp.gate$"]})
+}
+
+/// A fresh, empty directory for one test under cargo's per-target temporary directory.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("moe-layer-checkpoint")
+        .join(format!("{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
