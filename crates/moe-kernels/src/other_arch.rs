@@ -1,0 +1,14 @@
+//! Architectures without SIMD kernels: only the scalar rung exists.
+
+use crate::dispatch::KernelSet;
+use crate::isa::Isa;
+
+/// No rung but scalar exists here.
+pub(crate) fn kernel_set(_isa: Isa) -> Option<KernelSet> {
+    None
+}
+
+/// Nothing to report.
+pub(crate) fn feature_report() -> Vec<(&'static str, bool)> {
+    Vec::new()
+}

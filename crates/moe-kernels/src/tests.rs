@@ -1,0 +1,262 @@
+//! In-crate tests that need the private kernel hooks: every available rung against the scalar
+//! reference, exactly at the integer block-accumulator level and bit for bit on the f32
+//! outputs (all rungs use the reference epilogue order), over ragged shapes.
+
+use half::bf16;
+use moe_testutil::{SplitMix64, proptest_cases};
+
+use crate::gemm::w4a8_block_acc;
+use crate::scalar::act::{quantize_row_asym_i8, quantize_row_sym_i8};
+use crate::scalar::w4a8::{W4A8RefArgs, w4a8_reference, w4a8_reference_block_acc};
+use crate::scalar::w8a8::{W8A8RefArgs, w8a8_reference};
+use crate::{
+    AsymQuantRows, GemmScratch, Isa, KernelSet, PackedW4A8, PackedW8A8, Par, SymQuantRows,
+    W4A8Scales, available_isas, packed::PANEL,
+};
+
+/// (K, group size) pairs: K a multiple of the group but not of every register block, plus
+/// channelwise K that are not multiples of 8.
+const W4A8_KG: &[(usize, Option<usize>)] = &[
+    (32, Some(32)),
+    (96, Some(32)),
+    (160, Some(32)),
+    (192, Some(64)),
+    (384, Some(128)),
+    (128, Some(128)),
+    (2, None),
+    (64, None),
+    (70, None),
+    (254, None),
+];
+const MS: &[usize] = &[0, 1, 2, 3, 4, 5, 7, 8, 9, 13, 17];
+const NS: &[usize] = &[1, 2, 15, 16, 17, 31, 33, 47];
+
+/// Every rung this machine can run, each through its own token, with a note for the others.
+fn rungs() -> Vec<(Isa, KernelSet)> {
+    let available = available_isas();
+    for isa in Isa::native_ladder() {
+        if !available.contains(&isa) {
+            eprintln!("note: skipping rung {isa}: not supported by this CPU");
+        }
+    }
+    available
+        .into_iter()
+        .map(|isa| (isa, KernelSet::for_isa(isa).expect("listed as available")))
+        .collect()
+}
+
+struct W4A8Case {
+    m: usize,
+    n: usize,
+    k: usize,
+    block_len: usize,
+    q: Vec<i8>,
+    zp: Vec<i32>,
+    recip: Vec<f32>,
+    w: Vec<i8>,
+    scales_f32: Vec<f32>,
+    bias: Option<Vec<f32>>,
+    packed: PackedW4A8,
+}
+
+fn w4a8_case(rng: &mut SplitMix64, m: usize, n: usize, k: usize, g: Option<usize>) -> W4A8Case {
+    let x: Vec<f32> = (0..m * k)
+        .map(|_| rng.normal() * 3.0 + rng.uniform(-0.5, 0.5))
+        .collect();
+    let mut q = vec![0i8; m * k];
+    let (mut zp, mut recip) = (Vec::new(), Vec::new());
+    for (row, q_row) in x.chunks_exact(k).zip(q.chunks_exact_mut(k)) {
+        let r = quantize_row_asym_i8(row, q_row);
+        zp.push(r.zero_point);
+        recip.push(r.recip);
+    }
+    let w: Vec<i8> = (0..n * k).map(|_| rng.range_i64(-8, 7) as i8).collect();
+    let bias = (rng.below(2) == 0).then(|| rng.vec_uniform(n, -2.0, 2.0));
+    let (packed, block_len, scales_f32) = match g {
+        None => {
+            let s = rng.vec_uniform(n, 0.001, 0.1);
+            let p = PackedW4A8::pack(n, k, &w, W4A8Scales::Channelwise(&s), bias.as_deref());
+            (p.unwrap(), k, s)
+        }
+        Some(g) => {
+            let s: Vec<bf16> = (0..n * k / g)
+                .map(|_| bf16::from_f32(rng.uniform(0.001, 0.1)))
+                .collect();
+            let scales = W4A8Scales::Grouped {
+                group_size: g,
+                scales: &s,
+            };
+            let p = PackedW4A8::pack(n, k, &w, scales, bias.as_deref()).unwrap();
+            (p, g, s.iter().map(|v| v.to_f32()).collect())
+        }
+    };
+    W4A8Case {
+        m,
+        n,
+        k,
+        block_len,
+        q,
+        zp,
+        recip,
+        w,
+        scales_f32,
+        bias,
+        packed,
+    }
+}
+
+impl W4A8Case {
+    fn reference_args(&self) -> W4A8RefArgs<'_> {
+        W4A8RefArgs {
+            m: self.m,
+            n: self.n,
+            k: self.k,
+            q: &self.q,
+            zero_point: &self.zp,
+            recip: &self.recip,
+            w: &self.w,
+            block_len: self.block_len,
+            scales: &self.scales_f32,
+            bias: self.bias.as_deref(),
+        }
+    }
+
+    fn rows(&self) -> AsymQuantRows<'_> {
+        AsymQuantRows {
+            q: &self.q,
+            zero_point: &self.zp,
+            recip: &self.recip,
+        }
+    }
+}
+
+fn check_w4a8(isa: Isa, ks: &KernelSet, c: &W4A8Case, par: Par) -> Result<(), String> {
+    let what = format!("{isa} m={} n={} k={} bl={}", c.m, c.n, c.k, c.block_len);
+    // (a) Integer block accumulators, exactly.
+    let want_acc = w4a8_reference_block_acc(&c.reference_args());
+    let got_acc = w4a8_block_acc(ks, c.m, c.rows(), &c.packed).map_err(|e| e.to_string())?;
+    let nb = c.k / c.block_len;
+    let n_pad = c.packed.n_panels() * PANEL;
+    for m in 0..c.m {
+        for n in 0..c.n {
+            for b in 0..nb {
+                let want = want_acc[(m * c.n + n) * nb + b];
+                let got = got_acc[(m * nb + b) * n_pad + n];
+                if want != got {
+                    return Err(format!("{what}: acc[{m},{n},{b}] = {got}, want {want}"));
+                }
+            }
+        }
+    }
+    // (b) f32 outputs, bit for bit (same epilogue order).
+    let want = w4a8_reference(&c.reference_args());
+    let mut got = vec![f32::NAN; c.m * c.n];
+    let mut scratch = GemmScratch::new();
+    crate::w4a8_gemm_quantized(ks, c.m, c.rows(), &c.packed, &mut got, &mut scratch, par)
+        .map_err(|e| e.to_string())?;
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        if g.to_bits() != w.to_bits() {
+            return Err(format!("{what}: out[{i}] = {g:e}, want {w:e}"));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn w4a8_every_rung_matches_reference_on_ragged_shapes() {
+    let mut rng = SplitMix64::new(0x4a8);
+    let rungs = rungs();
+    let mut failures = Vec::new();
+    for &(k, g) in W4A8_KG {
+        for &m in MS {
+            for &n in NS {
+                let case = w4a8_case(&mut rng, m, n, k, g);
+                for (isa, ks) in &rungs {
+                    if let Err(e) = check_w4a8(*isa, ks, &case, Par::Seq) {
+                        failures.push(e);
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failures, first: {:#?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+}
+
+#[test]
+fn w4a8_random_shapes_any_thread_count() {
+    let mut rng = SplitMix64::new(0xfeed);
+    let rungs = rungs();
+    for _ in 0..proptest_cases(24) {
+        let g = [None, Some(32), Some(64), Some(128)][rng.below(4)];
+        let k = match g {
+            None => 2 * (1 + rng.below(300)),
+            Some(g) => g * (1 + rng.below(6)),
+        };
+        let (m, n) = (rng.below(40), 1 + rng.below(100));
+        let case = w4a8_case(&mut rng, m, n, k, g);
+        for (isa, ks) in &rungs {
+            check_w4a8(*isa, ks, &case, Par::Rayon).unwrap();
+        }
+    }
+}
+
+#[test]
+fn w8a8_every_rung_matches_reference() {
+    let mut rng = SplitMix64::new(0x8a8);
+    let rungs = rungs();
+    for &k in &[1usize, 3, 4, 32, 33, 100, 256] {
+        for &m in MS {
+            for &n in NS {
+                let x: Vec<f32> = (0..m * k).map(|_| rng.normal()).collect();
+                let mut q = vec![0i8; m * k];
+                let scale: Vec<f32> = x
+                    .chunks_exact(k)
+                    .zip(q.chunks_exact_mut(k))
+                    .map(|(row, q_row)| quantize_row_sym_i8(row, q_row))
+                    .collect();
+                let w: Vec<i8> = (0..n * k).map(|_| rng.range_i64(-128, 127) as i8).collect();
+                let ws = rng.vec_uniform(n, 0.001, 0.02);
+                let packed = PackedW8A8::pack(n, k, &w, &ws).unwrap();
+                let args = W8A8RefArgs {
+                    m,
+                    n,
+                    k,
+                    q: &q,
+                    row_scale: &scale,
+                    w: &w,
+                    scales: &ws,
+                };
+                let want = w8a8_reference(&args);
+                for (isa, ks) in &rungs {
+                    let mut got = vec![f32::NAN; m * n];
+                    let rows = SymQuantRows {
+                        q: &q,
+                        scale: &scale,
+                    };
+                    crate::w8a8_gemm_quantized(
+                        ks,
+                        m,
+                        rows,
+                        &packed,
+                        &mut got,
+                        &mut GemmScratch::new(),
+                        Par::Rayon,
+                    )
+                    .unwrap();
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(
+                            g.to_bits(),
+                            w.to_bits(),
+                            "{isa} m={m} n={n} k={k} out[{i}] = {g:e}, want {w:e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

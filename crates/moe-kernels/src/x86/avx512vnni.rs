@@ -1,0 +1,1 @@
+//! Placeholder: the avx512vnni kernels arrive in the next commit.
