@@ -13,6 +13,8 @@ mod ymm;
 
 use std::sync::OnceLock;
 
+use crate::Isa;
+
 /// Proof that AVX2 (and FMA/BMI-era baseline SSE) can be used.
 #[derive(Debug, Clone, Copy)]
 pub struct Avx2(());
@@ -229,14 +231,27 @@ fn request_tile_permission() -> bool {
 
 /// The kernel set of rung `isa` if this CPU supports it, built from the rung's token.
 pub(crate) fn kernel_set(isa: crate::Isa) -> Option<crate::KernelSet> {
-    use crate::{Isa, KernelSet};
     match isa {
-        Isa::Avx2 => Avx2::try_new().map(|_| KernelSet::scalar().for_rung(isa)),
-        Isa::AvxVnni => AvxVnni::try_new().map(|_| KernelSet::scalar().for_rung(isa)),
-        Isa::Avx512Vnni => Avx512Vnni::try_new().map(|_| KernelSet::scalar().for_rung(isa)),
-        Isa::Amx => Amx::try_new().map(|_| KernelSet::scalar().for_rung(isa)),
+        Isa::Avx2 => Avx2::try_new().map(avx2::kernel_set),
+        Isa::AvxVnni => AvxVnni::try_new().map(avxvnni::kernel_set),
+        Isa::Avx512Vnni => Avx512Vnni::try_new().map(avx512vnni_kernel_set),
+        Isa::Amx => Amx::try_new().map(amx::kernel_set),
         _ => None,
     }
+}
+
+/// The AVX-512 VNNI kernels.
+pub(crate) fn avx512vnni_kernel_set(_token: Avx512Vnni) -> crate::KernelSet {
+    use crate::dispatch::{W4A8Kernel, W8A8Kernel};
+    use crate::ukernel::ActEncoding::U8Offset128;
+    // SAFETY: the token proves AVX-512 F/BW/VL/VNNI, all these entries need.
+    let (w4, w8) = unsafe {
+        (
+            W4A8Kernel::new(Isa::Avx512Vnni, U8Offset128, avx512vnni::w4a8_entry),
+            W8A8Kernel::new(Isa::Avx512Vnni, U8Offset128, avx512vnni::w8a8_entry),
+        )
+    };
+    crate::KernelSet::new(Isa::Avx512Vnni, w4, w8)
 }
 
 /// The detected features as `(name, detected)` pairs (AMX availability includes the OS
