@@ -65,26 +65,13 @@ impl W8A8Kernel {
 pub struct KernelSet {
     rung: Isa,
     w4a8: W4A8Kernel,
-    /// A faster W4A8 kernel from this row count up (AMX tiles need enough rows to pay off).
-    w4a8_large_m: Option<(usize, W4A8Kernel)>,
     w8a8: W8A8Kernel,
 }
 
 impl KernelSet {
     /// Assembles a set.
     pub(crate) fn new(rung: Isa, w4a8: W4A8Kernel, w8a8: W8A8Kernel) -> Self {
-        Self {
-            rung,
-            w4a8,
-            w4a8_large_m: None,
-            w8a8,
-        }
-    }
-
-    /// Adds a W4A8 kernel used when `m ≥ min_m`.
-    pub(crate) fn with_w4a8_large_m(mut self, min_m: usize, kernel: W4A8Kernel) -> Self {
-        self.w4a8_large_m = Some((min_m, kernel));
-        self
+        Self { rung, w4a8, w8a8 }
     }
 
     /// The same kernels, recorded as selected for rung `rung` (a rung without kernels of its
@@ -140,23 +127,18 @@ impl KernelSet {
     }
 
     /// One line per operation saying which implementation runs, e.g.
-    /// `w4a8_gemm: amx for M >= 32, else avx512-vnni`.
+    /// `w4a8_gemm: avx512-vnni`.
     pub fn describe_ops(&self) -> Vec<String> {
-        let w4 = match self.w4a8_large_m {
-            Some((min_m, big)) => format!("{} for M >= {min_m}, else {}", big.isa, self.w4a8.isa),
-            None => self.w4a8.isa.to_string(),
-        };
         vec![
-            format!("w4a8_gemm: {w4}"),
+            format!("w4a8_gemm: {}", self.w4a8.isa),
             format!("w8a8_gemm: {}", self.w8a8.isa),
         ]
     }
 
-    pub(crate) fn w4a8_for(&self, m: usize) -> W4A8Kernel {
-        match self.w4a8_large_m {
-            Some((min_m, big)) if m >= min_m => big,
-            _ => self.w4a8,
-        }
+    /// The W4A8 kernel for `m` rows (one kernel for every M today; an AMX rung would switch
+    /// to tiles above some M here).
+    pub(crate) fn w4a8_for(&self, _m: usize) -> W4A8Kernel {
+        self.w4a8
     }
 
     pub(crate) fn w8a8(&self) -> W8A8Kernel {

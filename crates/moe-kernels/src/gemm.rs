@@ -151,6 +151,7 @@ pub fn w4a8_gemm_quantized(
 
 /// The int32 block accumulators `[m][n_blocks][16·n_panels]` (padded channels included), for
 /// comparing rungs with the reference exactly.
+#[cfg(test)]
 pub(crate) fn w4a8_block_acc(
     ks: &KernelSet,
     m: usize,

@@ -12,3 +12,9 @@ pub(crate) fn kernel_set(_isa: Isa) -> Option<KernelSet> {
 pub(crate) fn feature_report() -> Vec<(&'static str, bool)> {
     Vec::new()
 }
+
+/// Kernel sets that only tests use (none here).
+#[cfg(test)]
+pub(crate) fn test_only_kernel_sets() -> Vec<(&'static str, crate::KernelSet)> {
+    Vec::new()
+}

@@ -14,7 +14,6 @@
 
 use std::ops::Range;
 
-use crate::isa::Isa;
 use crate::packed::{PackedW4A8, PackedW8A8};
 
 /// How a kernel wants the int8 activation codes laid out in memory.
@@ -62,6 +61,7 @@ pub(crate) enum W4A8Out {
         ld: usize,
     },
     /// The int32 block accumulators, `[m][n_blocks][16·n_panels]` (all padded channels).
+    #[cfg_attr(not(test), allow(dead_code))] // only the exactness tests ask for them
     BlockAcc {
         /// Element `[m, b, n]` is at `ptr + (m·n_blocks + b)·16·n_panels + n`.
         ptr: *mut i32,
@@ -126,8 +126,6 @@ pub(crate) type W8A8PanelsFn = unsafe fn(&W8A8Job<'_>, Range<usize>);
 
 /// A W4A8 microkernel: `MR` rows by one 16-channel panel.
 pub(crate) trait W4A8Microkernel: Copy {
-    /// The rung.
-    const ISA: Isa;
     /// Rows per tile.
     const MR: usize;
     /// Channels per tile (the panel width of the packed format).
@@ -145,10 +143,10 @@ pub(crate) trait W4A8Microkernel: Copy {
 
 /// A W8A8 microkernel: `MR` rows by one 16-channel panel.
 pub(crate) trait W8A8Microkernel: Copy {
-    /// The rung.
-    const ISA: Isa;
     /// Rows per tile.
     const MR: usize;
+    /// K granularity the packed format guarantees.
+    const KC_ALIGN: usize = crate::packed::w8a8::K_STEP;
 
     /// Computes rows `m0..m0 + mr` (`1 ≤ mr ≤ MR`) of panel `p`.
     ///
@@ -168,6 +166,7 @@ pub(crate) unsafe fn w4a8_panels<K: W4A8Microkernel>(
     job: &W4A8Job<'_>,
     panels: Range<usize>,
 ) {
+    debug_assert!(K::NR == crate::packed::PANEL && job.w.k_pad() % K::KC_ALIGN == 0);
     for p in panels {
         let mut m0 = 0;
         while m0 < job.m {
@@ -189,6 +188,7 @@ pub(crate) unsafe fn w8a8_panels<K: W8A8Microkernel>(
     job: &W8A8Job<'_>,
     panels: Range<usize>,
 ) {
+    debug_assert!(job.w.k_pad() % K::KC_ALIGN == 0);
     for p in panels {
         let mut m0 = 0;
         while m0 < job.m {

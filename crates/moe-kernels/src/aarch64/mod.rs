@@ -123,3 +123,9 @@ pub(crate) fn feature_report() -> Vec<(&'static str, bool)> {
         ("sve", f.sve),
     ]
 }
+
+/// Kernel sets that only tests use (none here).
+#[cfg(test)]
+pub(crate) fn test_only_kernel_sets() -> Vec<(&'static str, crate::KernelSet)> {
+    Vec::new()
+}

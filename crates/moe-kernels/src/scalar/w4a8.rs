@@ -4,7 +4,6 @@
 use std::ops::Range;
 
 use super::Scalar;
-use crate::isa::Isa;
 use crate::packed::PANEL;
 use crate::packed::w4a8::K_STEP;
 use crate::ukernel::{W4A8Job, W4A8Microkernel, W4A8Out, w4a8_panels};
@@ -87,7 +86,6 @@ pub fn w4a8_reference(args: &W4A8RefArgs<'_>) -> Vec<f32> {
 }
 
 impl W4A8Microkernel for Scalar {
-    const ISA: Isa = Isa::Scalar;
     const MR: usize = 1;
 
     #[inline(always)]

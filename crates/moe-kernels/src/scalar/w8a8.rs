@@ -4,7 +4,6 @@
 use std::ops::Range;
 
 use super::Scalar;
-use crate::isa::Isa;
 use crate::packed::PANEL;
 use crate::packed::w8a8::K_STEP;
 use crate::ukernel::{W8A8Job, W8A8Microkernel, w8a8_panels};
@@ -56,7 +55,6 @@ pub fn w8a8_reference(args: &W8A8RefArgs<'_>) -> Vec<f32> {
 }
 
 impl W8A8Microkernel for Scalar {
-    const ISA: Isa = Isa::Scalar;
     const MR: usize = 1;
 
     #[inline(always)]

@@ -11,7 +11,6 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::Avx512Vnni;
-use crate::isa::Isa;
 use crate::packed::PANEL;
 use crate::ukernel::{
     W4A8Job, W4A8Microkernel, W4A8Out, W8A8Job, W8A8Microkernel, w4a8_panels, w8a8_panels,
@@ -157,7 +156,6 @@ macro_rules! by_rows {
 }
 
 impl W4A8Microkernel for Avx512Vnni {
-    const ISA: Isa = Isa::Avx512Vnni;
     const MR: usize = MR;
 
     #[inline(always)]
@@ -179,7 +177,6 @@ impl W4A8Microkernel for Avx512Vnni {
 }
 
 impl W8A8Microkernel for Avx512Vnni {
-    const ISA: Isa = Isa::Avx512Vnni;
     const MR: usize = MR;
 
     #[inline(always)]

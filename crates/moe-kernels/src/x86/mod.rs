@@ -274,3 +274,12 @@ pub(crate) fn feature_report() -> Vec<(&'static str, bool)> {
         ("amx permission granted", Amx::is_available()),
     ]
 }
+
+/// Kernel sets that only tests use: the AVX-VNNI bodies on EVEX `vpdpbusd ymm`, when available.
+#[cfg(test)]
+pub(crate) fn test_only_kernel_sets() -> Vec<(&'static str, crate::KernelSet)> {
+    avxvnni::evex_twin::kernel_set()
+        .map(|ks| ("avx-vnni bodies on evex vpdpbusd ymm", ks))
+        .into_iter()
+        .collect()
+}
