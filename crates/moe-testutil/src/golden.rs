@@ -165,7 +165,10 @@ impl GoldenCase {
                 .map(|b| i32::from_le_bytes(b) as i64)
                 .collect(),
             Dtype::I64 => le_chunks::<8>(&data).map(i64::from_le_bytes).collect(),
-            other => panic!("{}: tensor {name:?} is {other:?}, not an integer", self.name),
+            other => panic!(
+                "{}: tensor {name:?} is {other:?}, not an integer",
+                self.name
+            ),
         }
     }
 
