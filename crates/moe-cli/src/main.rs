@@ -18,7 +18,11 @@ fn main() {
 
 /// Prints the detected features, every rung with its availability and kernels, and the choice.
 fn print_cpu_report() {
-    println!("moe {} on {}", env!("CARGO_PKG_VERSION"), std::env::consts::ARCH);
+    println!(
+        "moe {} on {}",
+        env!("CARGO_PKG_VERSION"),
+        std::env::consts::ARCH
+    );
     println!("CPU features:");
     for (name, present) in cpu_features() {
         println!("  {name:<28} {}", if present { "yes" } else { "no" });
@@ -29,7 +33,11 @@ fn print_cpu_report() {
     for isa in Isa::native_ladder() {
         let status = match KernelSet::for_isa(isa) {
             Some(ks) if available.contains(&isa) => {
-                let capped = if cap.allows(isa) { "" } else { " [above the cap]" };
+                let capped = if cap.allows(isa) {
+                    ""
+                } else {
+                    " [above the cap]"
+                };
                 format!("available{capped}: {}", ks.describe_ops().join(", "))
             }
             _ => "not available".to_string(),
@@ -44,5 +52,9 @@ fn print_cpu_report() {
         }
     }
     let chosen = kernels();
-    println!("selected: {} ({})", chosen.isa(), chosen.describe_ops().join(", "));
+    println!(
+        "selected: {} ({})",
+        chosen.isa(),
+        chosen.describe_ops().join(", ")
+    );
 }

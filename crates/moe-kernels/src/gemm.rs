@@ -11,8 +11,8 @@ use std::ops::Range;
 use crate::KernelError;
 use crate::dispatch::KernelSet;
 use crate::packed::{PackedW4A8, PackedW8A8, check_len};
-use crate::scalar::act::{quantize_row_asym_i8, quantize_row_sym_i8};
 use crate::ukernel::{ActEncoding, W4A8Job, W4A8Out, W8A8Job};
+use moe_quant::act::{quantize_row_asym_i8, quantize_row_sym_i8};
 
 /// How a GEMM may use threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +56,7 @@ pub struct GemmScratch {
     row_scale: Vec<f32>,
     encoded: Vec<u8>,
     corr: Vec<i32>,
+    nan_rows: Vec<usize>,
 }
 
 impl GemmScratch {
@@ -73,12 +74,17 @@ impl GemmScratch {
             row_scale: Vec::with_capacity(m),
             encoded: Vec::with_capacity(m * k_pad),
             corr: Vec::with_capacity(m),
+            nan_rows: Vec::new(),
         }
     }
 }
 
 /// `out[M, N] = W4A8(x[M, K], w)`: quantises each row of `x` per spec §4.2(a) and runs the
 /// W4A8 GEMM of spec §4.5 with the kernels of `ks`.
+///
+/// Non-finite inputs (spec §4.6): a row containing NaN yields an all-NaN output row; a row
+/// whose range overflows the scale (an infinity, or a range too tiny for `255/range`) is
+/// quantised as an all-zero row by `moe_quant`, so its output is the bias.
 pub fn w4a8_gemm(
     ks: &KernelSet,
     m: usize,
@@ -97,10 +103,14 @@ pub fn w4a8_gemm(
     q.resize(m * k, 0);
     zero_point.clear();
     recip.clear();
-    for (row, q_row) in x.chunks_exact(k).zip(q.chunks_exact_mut(k)) {
+    scratch.nan_rows.clear();
+    for (i, (row, q_row)) in x.chunks_exact(k).zip(q.chunks_exact_mut(k)).enumerate() {
         let r = quantize_row_asym_i8(row, q_row);
         zero_point.push(r.zero_point);
         recip.push(r.recip);
+        if row.iter().any(|v| v.is_nan()) {
+            scratch.nan_rows.push(i);
+        }
     }
     let a = AsymQuantRows {
         q: &q,
@@ -108,6 +118,7 @@ pub fn w4a8_gemm(
         recip: &recip,
     };
     let result = w4a8_gemm_quantized(ks, m, a, w, out, scratch, par);
+    poison_nan_rows(&scratch.nan_rows, w.n(), out);
     scratch.q = q;
     scratch.zero_point = zero_point;
     scratch.row_scale = recip;
@@ -225,7 +236,7 @@ fn encode_rows(q: &[i8], m: usize, k: usize, k_pad: usize, enc: ActEncoding, dst
 }
 
 /// `out[M, N] = W8A8(x[M, K], w)`: quantises each row of `x` symmetrically per spec §5.3
-/// stage 0 and multiplies with the int8 weights.
+/// stage 0 and multiplies with the int8 weights. A row containing NaN yields an all-NaN row.
 pub fn w8a8_gemm(
     ks: &KernelSet,
     m: usize,
@@ -242,24 +253,29 @@ pub fn w8a8_gemm(
     let mut scale = std::mem::take(&mut scratch.row_scale);
     q.resize(m * k, 0);
     scale.clear();
-    for (row, q_row) in x.chunks_exact(k).zip(q.chunks_exact_mut(k)) {
+    scratch.nan_rows.clear();
+    for (i, (row, q_row)) in x.chunks_exact(k).zip(q.chunks_exact_mut(k)).enumerate() {
         scale.push(quantize_row_sym_i8(row, q_row));
+        if row.iter().any(|v| v.is_nan()) {
+            scratch.nan_rows.push(i);
+        }
     }
-    let result = w8a8_gemm_quantized(
-        ks,
-        m,
-        SymQuantRows {
-            q: &q,
-            scale: &scale,
-        },
-        w,
-        out,
-        scratch,
-        par,
-    );
+    let rows = SymQuantRows {
+        q: &q,
+        scale: &scale,
+    };
+    let result = w8a8_gemm_quantized(ks, m, rows, w, out, scratch, par);
+    poison_nan_rows(&scratch.nan_rows, w.n(), out);
     scratch.q = q;
     scratch.row_scale = scale;
     result
+}
+
+/// Sets every listed output row to NaN (rows whose input held a NaN, spec §4.6).
+fn poison_nan_rows(rows: &[usize], n: usize, out: &mut [f32]) {
+    for &row in rows {
+        out[row * n..][..n].fill(f32::NAN);
+    }
 }
 
 /// `out[M, N]` from symmetric activation rows the caller already quantised.

@@ -6,13 +6,13 @@ use half::bf16;
 use moe_testutil::{SplitMix64, proptest_cases};
 
 use crate::gemm::w4a8_block_acc;
-use crate::scalar::act::{quantize_row_asym_i8, quantize_row_sym_i8};
 use crate::scalar::w4a8::{W4A8RefArgs, w4a8_reference, w4a8_reference_block_acc};
 use crate::scalar::w8a8::{W8A8RefArgs, w8a8_reference};
 use crate::{
     AsymQuantRows, GemmScratch, Isa, KernelSet, PackedW4A8, PackedW8A8, Par, SymQuantRows,
     W4A8Scales, available_isas, packed::PANEL,
 };
+use moe_quant::act::{quantize_row_asym_i8, quantize_row_sym_i8};
 
 /// (K, group size) pairs: K a multiple of the group but not of every register block, plus
 /// channelwise K that are not multiples of 8.
@@ -269,4 +269,138 @@ fn w8a8_every_rung_matches_reference() {
             }
         }
     }
+}
+
+#[test]
+fn w4a8_edge_rows_all_zero_nan_and_inf() {
+    let (n, k) = (17, 64);
+    let mut rng = SplitMix64::new(9);
+    let w: Vec<i8> = (0..n * k).map(|_| rng.range_i64(-8, 7) as i8).collect();
+    let s: Vec<bf16> = (0..n * 2).map(|_| bf16::from_f32(0.05)).collect();
+    let bias = rng.vec_uniform(n, -1.0, 1.0);
+    let scales = W4A8Scales::Grouped {
+        group_size: 32,
+        scales: &s,
+    };
+    let packed = PackedW4A8::pack(n, k, &w, scales, Some(&bias)).unwrap();
+    let mut x = rng.vec_uniform(4 * k, -1.0, 1.0);
+    x[k..2 * k].fill(0.0); // row 1: all zero -> exactly the bias
+    x[2 * k + 5] = f32::NAN; // row 2: NaN -> all-NaN row
+    x[3 * k + 7] = f32::INFINITY; // row 3: infinite range -> treated as all zero
+    for (isa, ks) in rungs() {
+        let mut out = vec![0f32; 4 * n];
+        crate::w4a8_gemm(
+            &ks,
+            4,
+            &x,
+            &packed,
+            &mut out,
+            &mut GemmScratch::new(),
+            Par::Seq,
+        )
+        .unwrap();
+        assert!(out[..n].iter().all(|v| v.is_finite()), "{isa}");
+        assert_eq!(
+            out[n..2 * n],
+            bias[..],
+            "{isa}: all-zero row must give the bias"
+        );
+        assert!(
+            out[2 * n..3 * n].iter().all(|v| v.is_nan()),
+            "{isa}: NaN row"
+        );
+        assert_eq!(
+            out[3 * n..],
+            bias[..],
+            "{isa}: infinite row is treated as all zero"
+        );
+    }
+}
+
+#[test]
+fn bad_gemm_arguments_are_typed_errors() {
+    use crate::KernelError;
+    let (n, k) = (3, 64);
+    let packed = PackedW4A8::pack(
+        n,
+        k,
+        &vec![0; n * k],
+        W4A8Scales::Channelwise(&[1.0; 3]),
+        None,
+    )
+    .unwrap();
+    let ks = KernelSet::scalar();
+    let mut scratch = GemmScratch::new();
+    let mut out = vec![0f32; 2 * n];
+    let err = crate::w4a8_gemm(
+        &ks,
+        2,
+        &[0.0; 64],
+        &packed,
+        &mut out,
+        &mut scratch,
+        Par::Seq,
+    );
+    assert!(matches!(
+        err,
+        Err(KernelError::LengthMismatch { tensor: "x", .. })
+    ));
+    let err = crate::w4a8_gemm(
+        &ks,
+        2,
+        &[0.0; 128],
+        &packed,
+        &mut out[..5],
+        &mut scratch,
+        Par::Seq,
+    );
+    assert!(matches!(
+        err,
+        Err(KernelError::LengthMismatch { tensor: "out", .. })
+    ));
+    let rows = AsymQuantRows {
+        q: &[0; 128],
+        zero_point: &[0, 200],
+        recip: &[1.0; 2],
+    };
+    let err = crate::w4a8_gemm_quantized(&ks, 2, rows, &packed, &mut out, &mut scratch, Par::Seq);
+    assert!(matches!(
+        err,
+        Err(KernelError::ValueOutOfRange {
+            tensor: "zero_point",
+            index: 1,
+            ..
+        })
+    ));
+    let rows = AsymQuantRows {
+        q: &[0; 128],
+        zero_point: &[0],
+        recip: &[1.0; 2],
+    };
+    let err = crate::w4a8_gemm_quantized(&ks, 2, rows, &packed, &mut out, &mut scratch, Par::Seq);
+    assert!(matches!(
+        err,
+        Err(KernelError::LengthMismatch {
+            tensor: "zero_point",
+            ..
+        })
+    ));
+    let p8 = PackedW8A8::pack(n, k, &vec![1; n * k], &[1.0; 3]).unwrap();
+    let mut q = vec![0i8; 128];
+    q[70] = -128;
+    let rows = SymQuantRows {
+        q: &q,
+        scale: &[1.0; 2],
+    };
+    let err = crate::w8a8_gemm_quantized(&ks, 2, rows, &p8, &mut out, &mut scratch, Par::Seq);
+    assert!(matches!(
+        err,
+        Err(KernelError::ValueOutOfRange {
+            tensor: "q",
+            index: 70,
+            ..
+        })
+    ));
+    // M = 0 is valid and writes nothing.
+    crate::w4a8_gemm(&ks, 0, &[], &packed, &mut [], &mut scratch, Par::Rayon).unwrap();
 }

@@ -2,7 +2,6 @@
 //! operands (the oracle every other rung is tested against) and scalar microkernels over the
 //! packed formats (the last fallback of the dispatcher).
 
-pub(crate) mod act;
 pub mod w4a8;
 pub mod w8a8;
 

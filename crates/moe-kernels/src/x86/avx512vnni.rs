@@ -43,14 +43,6 @@ fn load_f32(v: &[f32; 16]) -> __m512 {
     unsafe { _mm512_loadu_ps(v.as_ptr()) }
 }
 
-/// Broadcasts the 4 bytes at `a[at..at + 4]` to every i32 lane.
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn bcast4(a: &[u8], at: usize) -> __m512i {
-    let word: [u8; 4] = a[at..at + 4].try_into().unwrap();
-    _mm512_set1_epi32(i32::from_le_bytes(word))
-}
-
 /// The W4A8 tile body for `R` rows; `ACC` selects block-accumulator output.
 ///
 /// # Safety
@@ -62,21 +54,37 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
     let (k_pad, steps_per_block, n_blocks) = (w.k_pad(), w.block_len() / 8, w.n_blocks());
     let nibbles = w.panel_nibbles(p);
     let (wsum, scales) = (w.panel_wsum(p), w.panel_scales(p));
-    let rows: [&[u8]; R] = std::array::from_fn(|r| &job.a[(m0 + r) * k_pad..][..k_pad]);
+    // Steps as fixed-size chunks, so the inner loop indexes arrays with one proven bound.
+    let (weight_steps, _) = nibbles.as_chunks::<64>();
+    let row_steps: [&[[u8; 8]]; R] =
+        std::array::from_fn(|r| job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<8>().0);
     let mask = _mm512_set1_epi8(0x0F);
     let eight = _mm512_set1_epi8(8);
     let mut acc_f = [_mm512_setzero_ps(); R];
     for b in 0..n_blocks {
-        let mut acc = [_mm512_setzero_si512(); R];
-        for s in b * steps_per_block..(b + 1) * steps_per_block {
-            let v = load_bytes(nibbles[s * 64..][..64].try_into().unwrap());
+        let steps = b * steps_per_block..(b + 1) * steps_per_block;
+        let w_block = &weight_steps[steps.clone()];
+        let a_block: [&[[u8; 8]]; R] = std::array::from_fn(|r| &row_steps[r][steps.clone()]);
+        for a in &a_block {
+            assert_eq!(a.len(), w_block.len());
+        }
+        // Two accumulators per row (K values 0..4 and 4..8 of each step) halve the dependency
+        // chain, which matters when few rows share a weight vector.
+        let mut acc_lo = [_mm512_setzero_si512(); R];
+        let mut acc_hi = [_mm512_setzero_si512(); R];
+        for (i, w_step) in w_block.iter().enumerate() {
+            let v = load_bytes(w_step);
             let lo = _mm512_sub_epi8(_mm512_and_si512(v, mask), eight);
             let hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16::<4>(v), mask), eight);
             for r in 0..R {
-                acc[r] = _mm512_dpbusd_epi32(acc[r], bcast4(rows[r], s * 8), lo);
-                acc[r] = _mm512_dpbusd_epi32(acc[r], bcast4(rows[r], s * 8 + 4), hi);
+                let a = &a_block[r][i];
+                let a_lo = _mm512_set1_epi32(i32::from_le_bytes([a[0], a[1], a[2], a[3]]));
+                let a_hi = _mm512_set1_epi32(i32::from_le_bytes([a[4], a[5], a[6], a[7]]));
+                acc_lo[r] = _mm512_dpbusd_epi32(acc_lo[r], a_lo, lo);
+                acc_hi[r] = _mm512_dpbusd_epi32(acc_hi[r], a_hi, hi);
             }
         }
+        let acc: [__m512i; R] = std::array::from_fn(|r| _mm512_add_epi32(acc_lo[r], acc_hi[r]));
         let ws = load_i32(wsum[b * PANEL..][..PANEL].try_into().unwrap());
         let sc = load_f32(scales[b * PANEL..][..PANEL].try_into().unwrap());
         for r in 0..R {
@@ -122,14 +130,19 @@ unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
     let w = job.w;
     let k_pad = w.k_pad();
     let bytes = w.panel_bytes(p);
-    let rows: [&[u8]; R] = std::array::from_fn(|r| &job.a[(m0 + r) * k_pad..][..k_pad]);
+    let (weight_steps, _) = bytes.as_chunks::<64>();
+    let row_steps: [&[[u8; 4]]; R] =
+        std::array::from_fn(|r| job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<4>().0);
+    for a in &row_steps {
+        assert_eq!(a.len(), weight_steps.len());
+    }
     let mut acc = [_mm512_setzero_si512(); R];
-    for (s, chunk) in bytes.chunks_exact(64).enumerate() {
-        let chunk: &[i8; 64] = chunk.try_into().unwrap();
+    for (i, step) in weight_steps.iter().enumerate() {
         // SAFETY: `[i8; 64]` and `[u8; 64]` have the same size, alignment and validity.
-        let v = load_bytes(unsafe { &*(chunk as *const [i8; 64]).cast::<[u8; 64]>() });
+        let v = load_bytes(unsafe { &*(step as *const [i8; 64]).cast::<[u8; 64]>() });
         for r in 0..R {
-            acc[r] = _mm512_dpbusd_epi32(acc[r], bcast4(rows[r], s * 4), v);
+            let a = _mm512_set1_epi32(i32::from_le_bytes(row_steps[r][i]));
+            acc[r] = _mm512_dpbusd_epi32(acc[r], a, v);
         }
     }
     let comp = _mm512_slli_epi32::<7>(load_i32(w.panel_wsum(p).try_into().unwrap()));

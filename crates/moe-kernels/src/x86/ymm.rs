@@ -50,14 +50,6 @@ macro_rules! ymm_kernels {
             unsafe { _mm256_loadu_ps(v.as_ptr()) }
         }
 
-        /// Broadcasts the 4 bytes at `a[at..at + 4]` to every i32 lane.
-        #[target_feature(enable = $features)]
-        #[inline]
-        fn bcast4(a: &[u8], at: usize) -> __m256i {
-            let word: [u8; 4] = a[at..at + 4].try_into().unwrap();
-            _mm256_set1_epi32(i32::from_le_bytes(word))
-        }
-
         /// Writes the first `valid` of 16 values to `dst`.
         ///
         /// # Safety
@@ -89,25 +81,40 @@ macro_rules! ymm_kernels {
             let (k_pad, steps_per_block, n_blocks) = (w.k_pad(), w.block_len() / 8, w.n_blocks());
             let nibbles = w.panel_nibbles(p);
             let (wsum, scales) = (w.panel_wsum(p), w.panel_scales(p));
-            let rows: [&[u8]; R] = std::array::from_fn(|r| &job.a[(m0 + r) * k_pad..][..k_pad]);
+            let (weight_steps, _) = nibbles.as_chunks::<64>();
+            let row_steps: [&[[u8; 8]]; R] =
+                std::array::from_fn(|r| job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<8>().0);
             let mask = _mm256_set1_epi8(0x0F);
             let eight = _mm256_set1_epi8(8);
             let mut acc_f = [[_mm256_setzero_ps(); 2]; R];
             for b in 0..n_blocks {
+                let steps = b * steps_per_block..(b + 1) * steps_per_block;
+                let w_block = &weight_steps[steps.clone()];
+                let a_block: [&[[u8; 8]]; R] =
+                    std::array::from_fn(|r| &row_steps[r][steps.clone()]);
+                for a in &a_block {
+                    assert_eq!(a.len(), w_block.len());
+                }
                 let mut acc = [[_mm256_setzero_si256(); 2]; R];
-                for s in b * steps_per_block..(b + 1) * steps_per_block {
-                    let step = &nibbles[s * 64..][..64];
+                for (i, w_step) in w_block.iter().enumerate() {
+                    let halves = w_step.as_chunks::<32>().0;
+                    let a_lo: [__m256i; R] = std::array::from_fn(|r| {
+                        let a = &a_block[r][i];
+                        _mm256_set1_epi32(i32::from_le_bytes([a[0], a[1], a[2], a[3]]))
+                    });
+                    let a_hi: [__m256i; R] = std::array::from_fn(|r| {
+                        let a = &a_block[r][i];
+                        _mm256_set1_epi32(i32::from_le_bytes([a[4], a[5], a[6], a[7]]))
+                    });
                     for h in 0..2 {
-                        let v = load_bytes(step[h * 32..][..32].try_into().unwrap());
+                        let v = load_bytes(&halves[h]);
                         let lo = _mm256_sub_epi8(_mm256_and_si256(v, mask), eight);
                         let hi = _mm256_sub_epi8(
                             _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
                             eight,
                         );
                         for r in 0..R {
-                            let a_lo = bcast4(rows[r], s * 8);
-                            let a_hi = bcast4(rows[r], s * 8 + 4);
-                            acc[r][h] = w4_dot(acc[r][h], a_lo, lo, a_hi, hi);
+                            acc[r][h] = w4_dot(acc[r][h], a_lo[r], lo, a_hi[r], hi);
                         }
                     }
                 }
@@ -169,16 +176,22 @@ macro_rules! ymm_kernels {
             let w = job.w;
             let k_pad = w.k_pad();
             let bytes = w.panel_bytes(p);
-            let rows: [&[u8]; R] = std::array::from_fn(|r| &job.a[(m0 + r) * k_pad..][..k_pad]);
+            let (weight_steps, _) = bytes.as_chunks::<64>();
+            let row_steps: [&[[u8; 4]]; R] =
+                std::array::from_fn(|r| job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<4>().0);
+            for a in &row_steps {
+                assert_eq!(a.len(), weight_steps.len());
+            }
             let mut acc = [[_mm256_setzero_si256(); 2]; R];
-            for (s, step) in bytes.chunks_exact(64).enumerate() {
+            for (i, step) in weight_steps.iter().enumerate() {
+                // SAFETY: `[i8; 64]` and `[u8; 64]` have the same size, alignment and validity.
+                let step = unsafe { &*(step as *const [i8; 64]).cast::<[u8; 64]>() };
+                let halves = step.as_chunks::<32>().0;
                 for h in 0..2 {
-                    let half: &[i8; 32] = step[h * 32..][..32].try_into().unwrap();
-                    // SAFETY: `[i8; 32]` and `[u8; 32]` have the same size, alignment and
-                    // validity.
-                    let v = load_bytes(unsafe { &*(half as *const [i8; 32]).cast::<[u8; 32]>() });
+                    let v = load_bytes(&halves[h]);
                     for r in 0..R {
-                        acc[r][h] = w8_dot(acc[r][h], bcast4(rows[r], s * 4), v);
+                        let a = _mm256_set1_epi32(i32::from_le_bytes(row_steps[r][i]));
+                        acc[r][h] = w8_dot(acc[r][h], a, v);
                     }
                 }
             }
