@@ -21,40 +21,12 @@ pub(crate) struct W4A8Kernel {
     pub(crate) entry: W4A8PanelsFn,
 }
 
-impl W4A8Kernel {
-    /// Wraps an entry point.
-    ///
-    /// # Safety
-    /// - `entry` may be called on this CPU, i.e. the caller holds the token of `isa`.
-    pub(crate) unsafe fn new(isa: Isa, encoding: ActEncoding, entry: W4A8PanelsFn) -> Self {
-        Self {
-            isa,
-            encoding,
-            entry,
-        }
-    }
-}
-
 /// One W8A8 implementation: its rung, activation encoding and entry point.
 #[derive(Clone, Copy)]
 pub(crate) struct W8A8Kernel {
     pub(crate) isa: Isa,
     pub(crate) encoding: ActEncoding,
     pub(crate) entry: W8A8PanelsFn,
-}
-
-impl W8A8Kernel {
-    /// Wraps an entry point.
-    ///
-    /// # Safety
-    /// - `entry` may be called on this CPU, i.e. the caller holds the token of `isa`.
-    pub(crate) unsafe fn new(isa: Isa, encoding: ActEncoding, entry: W8A8PanelsFn) -> Self {
-        Self {
-            isa,
-            encoding,
-            entry,
-        }
-    }
 }
 
 /// The kernels of one rung, ready to call; cheap to copy.
@@ -69,8 +41,27 @@ pub struct KernelSet {
 }
 
 impl KernelSet {
-    /// Assembles a set.
-    pub(crate) fn new(rung: Isa, w4a8: W4A8Kernel, w8a8: W8A8Kernel) -> Self {
+    /// Assembles a set from `(rung, activation encoding, entry point)` per op.
+    ///
+    /// # Safety
+    /// - Every entry may be called on this CPU: the caller holds the token of each entry's rung.
+    pub(crate) unsafe fn from_entries(
+        rung: Isa,
+        w4a8: (Isa, ActEncoding, W4A8PanelsFn),
+        w8a8: (Isa, ActEncoding, W8A8PanelsFn),
+    ) -> Self {
+        let (isa, encoding, entry) = w4a8;
+        let w4a8 = W4A8Kernel {
+            isa,
+            encoding,
+            entry,
+        };
+        let (isa, encoding, entry) = w8a8;
+        let w8a8 = W8A8Kernel {
+            isa,
+            encoding,
+            entry,
+        };
         Self { rung, w4a8, w8a8 }
     }
 
@@ -83,22 +74,11 @@ impl KernelSet {
 
     /// The portable kernels, available everywhere.
     pub fn scalar() -> Self {
+        use crate::scalar::{w4a8::w4a8_entry, w8a8::w8a8_entry};
+        let w4 = (Isa::Scalar, ActEncoding::I8, w4a8_entry as W4A8PanelsFn);
+        let w8 = (Isa::Scalar, ActEncoding::I8, w8a8_entry as W8A8PanelsFn);
         // SAFETY: the scalar entries need no CPU feature.
-        let (w4, w8) = unsafe {
-            (
-                W4A8Kernel::new(
-                    Isa::Scalar,
-                    ActEncoding::I8,
-                    crate::scalar::w4a8::w4a8_entry,
-                ),
-                W8A8Kernel::new(
-                    Isa::Scalar,
-                    ActEncoding::I8,
-                    crate::scalar::w8a8::w8a8_entry,
-                ),
-            )
-        };
-        Self::new(Isa::Scalar, w4, w8)
+        unsafe { Self::from_entries(Isa::Scalar, w4, w8) }
     }
 
     /// The kernels of rung `isa` when this CPU supports it (ignoring the cap), else `None`.

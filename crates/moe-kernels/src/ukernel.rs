@@ -166,7 +166,7 @@ pub(crate) unsafe fn w4a8_panels<K: W4A8Microkernel>(
     job: &W4A8Job<'_>,
     panels: Range<usize>,
 ) {
-    debug_assert!(K::NR == crate::packed::PANEL && job.w.k_pad() % K::KC_ALIGN == 0);
+    debug_assert!(K::NR == crate::packed::PANEL && job.w.k_pad().is_multiple_of(K::KC_ALIGN));
     for p in panels {
         let mut m0 = 0;
         while m0 < job.m {
@@ -188,7 +188,7 @@ pub(crate) unsafe fn w8a8_panels<K: W8A8Microkernel>(
     job: &W8A8Job<'_>,
     panels: Range<usize>,
 ) {
-    debug_assert!(job.w.k_pad() % K::KC_ALIGN == 0);
+    debug_assert!(job.w.k_pad().is_multiple_of(K::KC_ALIGN));
     for p in panels {
         let mut m0 = 0;
         while m0 < job.m {

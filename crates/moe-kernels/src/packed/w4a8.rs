@@ -25,6 +25,9 @@ pub(crate) const K_STEP: usize = 8;
 /// Largest supported K: int32 block sums stay exact while `K·255·8 < 2^31` (spec §4.6).
 pub const MAX_K: usize = (1 << 20) - 1;
 
+/// Looks up the f32 scale of (row, block) in the caller's scales while packing.
+type BlockScale<'a> = Box<dyn Fn(usize, usize) -> f32 + 'a>;
+
 /// The weight scales of a W4A8 matrix, as the spec stores them (§4.3).
 #[derive(Debug, Clone, Copy)]
 pub enum W4A8Scales<'a> {
@@ -93,7 +96,7 @@ impl PackedW4A8 {
         }
 
         // Resolve the grouping to (group size if grouped, per-block f32 scale lookup).
-        let (group_size, block_scale): (Option<usize>, Box<dyn Fn(usize, usize) -> f32 + '_>) =
+        let (group_size, block_scale): (Option<usize>, BlockScale<'_>) =
             match scales {
                 W4A8Scales::Channelwise(s) => {
                     check_len("scales", n, s.len())?;
@@ -103,7 +106,7 @@ impl PackedW4A8 {
                     group_size,
                     scales: s,
                 } => {
-                    if group_size == 0 || group_size % 32 != 0 || k % group_size != 0 {
+                    if group_size == 0 || group_size % 32 != 0 || !k.is_multiple_of(group_size) {
                         return Err(KernelError::InvalidGroupSize { group_size, k });
                     }
                     let per_row = k / group_size;
@@ -112,7 +115,7 @@ impl PackedW4A8 {
                     (g, Box::new(move |row, b| s[row * per_row + b].to_f32()))
                 }
             };
-        if group_size.is_none() && k % 2 != 0 {
+        if group_size.is_none() && !k.is_multiple_of(2) {
             return Err(KernelError::UnsupportedDim {
                 dim: "K",
                 got: k,

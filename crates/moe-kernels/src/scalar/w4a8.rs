@@ -116,7 +116,7 @@ impl W4A8Microkernel for Scalar {
                     for (c, v) in acc.iter().enumerate() {
                         // SAFETY: the driver made `ptr` valid for the whole `[m][n_blocks][n_pad]`
                         // buffer, and this panel's 16 channels belong to this call alone.
-                        unsafe { *ptr.add(at + c) = *v };
+                        unsafe { *ptr.wrapping_add(at + c) = *v };
                     }
                 }
                 W4A8Out::Values { .. } => {
@@ -136,7 +136,7 @@ impl W4A8Microkernel for Scalar {
                 }
                 // SAFETY: channel `16p + c < N` of row `m0 < m`, inside the output the driver
                 // validated, and owned by this call (disjoint panels).
-                unsafe { *ptr.add(m0 * ld + p * PANEL + c) = y };
+                unsafe { *ptr.wrapping_add(m0 * ld + p * PANEL + c) = y };
             }
         }
     }

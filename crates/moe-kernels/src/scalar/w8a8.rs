@@ -76,7 +76,7 @@ impl W8A8Microkernel for Scalar {
             let y = acc[c] as f32 * (xs * scales[c]);
             // SAFETY: channel `16p + c < N` of row `m0 < m`, inside the validated output and
             // owned by this call (disjoint panels).
-            unsafe { *job.out.add(m0 * job.ld + p * PANEL + c) = y };
+            unsafe { *job.out.wrapping_add(m0 * job.ld + p * PANEL + c) = y };
         }
     }
 }

@@ -34,14 +34,13 @@ fn w8_dot(acc: __m256i, a: __m256i, w: __m256i) -> __m256i {
 
 /// The kernels of the AVX2 rung.
 pub(crate) fn kernel_set(_token: Avx2) -> crate::KernelSet {
-    use crate::dispatch::{W4A8Kernel, W8A8Kernel};
     use crate::ukernel::ActEncoding::{I8, U8Offset128};
     // SAFETY: the token proves AVX2, all these entries need.
-    let (w4, w8) = unsafe {
-        (
-            W4A8Kernel::new(crate::Isa::Avx2, U8Offset128, w4a8_entry),
-            W8A8Kernel::new(crate::Isa::Avx2, I8, w8a8_entry),
+    unsafe {
+        crate::KernelSet::from_entries(
+            crate::Isa::Avx2,
+            (crate::Isa::Avx2, U8Offset128, w4a8_entry),
+            (crate::Isa::Avx2, I8, w8a8_entry),
         )
-    };
-    crate::KernelSet::new(crate::Isa::Avx2, w4, w8)
+    }
 }

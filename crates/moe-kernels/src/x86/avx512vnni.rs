@@ -7,6 +7,9 @@
 //! in the reference order (no FMA), so outputs equal the scalar reference bit for bit.
 //! W8A8: one weight vector per 4 K values; `acc − 128·Σw` is `Σ q·w` exactly.
 
+// Register arrays are indexed by row in lockstep; index loops read clearer than zips here.
+#![allow(clippy::needless_range_loop)]
+
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -95,7 +98,7 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
                     let at = ((m0 + r) * n_blocks + b) * PANEL * w.n_panels() + p * PANEL;
                     // SAFETY: the driver sized the accumulator buffer `[m][n_blocks][n_pad]`;
                     // these 16 channels of row `m0 + r` belong to this call alone.
-                    unsafe { _mm512_storeu_si512(ptr.add(at).cast(), acc_i) };
+                    unsafe { _mm512_storeu_si512(ptr.wrapping_add(at).cast(), acc_i) };
                 }
                 _ => {
                     acc_f[r] =
@@ -116,7 +119,7 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
             // SAFETY: row `m0 + r < m` and the masked-in channels `16p..16p + valid` are `< N`,
             // inside the validated output and owned by this call; masked-out lanes are not
             // accessed.
-            unsafe { _mm512_mask_storeu_ps(ptr.add((m0 + r) * ld + p * PANEL), keep, y) };
+            unsafe { _mm512_mask_storeu_ps(ptr.wrapping_add((m0 + r) * ld + p * PANEL), keep, y) };
         }
     }
 }
@@ -155,7 +158,9 @@ unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
         let y = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), dequant);
         // SAFETY: row `m0 + r < m`, channels `16p..16p + valid < N`, owned by this call; masked
         // lanes are not accessed.
-        unsafe { _mm512_mask_storeu_ps(job.out.add((m0 + r) * job.ld + p * PANEL), keep, y) };
+        unsafe {
+            _mm512_mask_storeu_ps(job.out.wrapping_add((m0 + r) * job.ld + p * PANEL), keep, y)
+        };
     }
 }
 

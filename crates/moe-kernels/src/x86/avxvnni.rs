@@ -27,16 +27,15 @@ fn w8_dot(acc: __m256i, a: __m256i, w: __m256i) -> __m256i {
 
 /// The kernels of the AVX-VNNI rung.
 pub(crate) fn kernel_set(_token: AvxVnni) -> crate::KernelSet {
-    use crate::dispatch::{W4A8Kernel, W8A8Kernel};
     use crate::ukernel::ActEncoding::U8Offset128;
     // SAFETY: the token proves AVX2 and AVX-VNNI, all these entries need.
-    let (w4, w8) = unsafe {
-        (
-            W4A8Kernel::new(crate::Isa::AvxVnni, U8Offset128, w4a8_entry),
-            W8A8Kernel::new(crate::Isa::AvxVnni, U8Offset128, w8a8_entry),
+    unsafe {
+        crate::KernelSet::from_entries(
+            crate::Isa::AvxVnni,
+            (crate::Isa::AvxVnni, U8Offset128, w4a8_entry),
+            (crate::Isa::AvxVnni, U8Offset128, w8a8_entry),
         )
-    };
-    crate::KernelSet::new(crate::Isa::AvxVnni, w4, w8)
+    }
 }
 
 /// The same bodies with the EVEX `vpdpbusd ymm` (AVX-512 VNNI + VL), so the AVX-VNNI code path
@@ -73,16 +72,15 @@ pub(crate) mod evex_twin {
 
     /// The twin's kernel set, when the CPU has AVX-512 VNNI (which implies VL here).
     pub(crate) fn kernel_set() -> Option<crate::KernelSet> {
-        use crate::dispatch::{W4A8Kernel, W8A8Kernel};
         use crate::ukernel::ActEncoding::U8Offset128;
         super::super::Avx512Vnni::try_new()?;
         // SAFETY: AVX-512 F/BW/VL/VNNI were just detected.
-        let (w4, w8) = unsafe {
-            (
-                W4A8Kernel::new(crate::Isa::AvxVnni, U8Offset128, w4a8_entry),
-                W8A8Kernel::new(crate::Isa::AvxVnni, U8Offset128, w8a8_entry),
+        Some(unsafe {
+            crate::KernelSet::from_entries(
+                crate::Isa::AvxVnni,
+                (crate::Isa::AvxVnni, U8Offset128, w4a8_entry),
+                (crate::Isa::AvxVnni, U8Offset128, w8a8_entry),
             )
-        };
-        Some(crate::KernelSet::new(crate::Isa::AvxVnni, w4, w8))
+        })
     }
 }

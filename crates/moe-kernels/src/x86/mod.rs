@@ -242,16 +242,15 @@ pub(crate) fn kernel_set(isa: crate::Isa) -> Option<crate::KernelSet> {
 
 /// The AVX-512 VNNI kernels.
 pub(crate) fn avx512vnni_kernel_set(_token: Avx512Vnni) -> crate::KernelSet {
-    use crate::dispatch::{W4A8Kernel, W8A8Kernel};
     use crate::ukernel::ActEncoding::U8Offset128;
     // SAFETY: the token proves AVX-512 F/BW/VL/VNNI, all these entries need.
-    let (w4, w8) = unsafe {
-        (
-            W4A8Kernel::new(Isa::Avx512Vnni, U8Offset128, avx512vnni::w4a8_entry),
-            W8A8Kernel::new(Isa::Avx512Vnni, U8Offset128, avx512vnni::w8a8_entry),
+    unsafe {
+        crate::KernelSet::from_entries(
+            Isa::Avx512Vnni,
+            (Isa::Avx512Vnni, U8Offset128, avx512vnni::w4a8_entry),
+            (Isa::Avx512Vnni, U8Offset128, avx512vnni::w8a8_entry),
         )
-    };
-    crate::KernelSet::new(Isa::Avx512Vnni, w4, w8)
+    }
 }
 
 /// The detected features as `(name, detected)` pairs (AMX availability includes the OS

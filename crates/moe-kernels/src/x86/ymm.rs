@@ -131,7 +131,7 @@ macro_rules! ymm_kernels {
                                     + 8 * h;
                                 // SAFETY: the driver sized the buffer `[m][n_blocks][n_pad]`;
                                 // these 8 channels of row `m0 + r` belong to this call alone.
-                                unsafe { _mm256_storeu_si256(ptr.add(at).cast(), acc_i) };
+                                unsafe { _mm256_storeu_si256(ptr.wrapping_add(at).cast(), acc_i) };
                             }
                             _ => {
                                 let term = _mm256_mul_ps(_mm256_cvtepi32_ps(acc_i), sc);
