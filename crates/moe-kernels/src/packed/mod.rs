@@ -17,6 +17,9 @@ pub const PANEL: usize = 16;
 /// Bytes of one K step of a panel: 16 channels × 4 bytes.
 pub const STEP_BYTES: usize = 64;
 
+// One step is one 512-bit vector and one AMX B-tile row: 16 i32 lanes of 4 bytes.
+const _: () = assert!(STEP_BYTES == PANEL * 4 && STEP_BYTES == 512 / 8);
+
 /// Rounds `x` up to a multiple of `to`.
 pub(crate) const fn round_up(x: usize, to: usize) -> usize {
     x.div_ceil(to) * to

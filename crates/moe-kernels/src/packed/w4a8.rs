@@ -96,25 +96,24 @@ impl PackedW4A8 {
         }
 
         // Resolve the grouping to (group size if grouped, per-block f32 scale lookup).
-        let (group_size, block_scale): (Option<usize>, BlockScale<'_>) =
-            match scales {
-                W4A8Scales::Channelwise(s) => {
-                    check_len("scales", n, s.len())?;
-                    (None, Box::new(move |row, _| s[row]))
+        let (group_size, block_scale): (Option<usize>, BlockScale<'_>) = match scales {
+            W4A8Scales::Channelwise(s) => {
+                check_len("scales", n, s.len())?;
+                (None, Box::new(move |row, _| s[row]))
+            }
+            W4A8Scales::Grouped {
+                group_size,
+                scales: s,
+            } => {
+                if group_size == 0 || group_size % 32 != 0 || !k.is_multiple_of(group_size) {
+                    return Err(KernelError::InvalidGroupSize { group_size, k });
                 }
-                W4A8Scales::Grouped {
-                    group_size,
-                    scales: s,
-                } => {
-                    if group_size == 0 || group_size % 32 != 0 || !k.is_multiple_of(group_size) {
-                        return Err(KernelError::InvalidGroupSize { group_size, k });
-                    }
-                    let per_row = k / group_size;
-                    check_len("scales", n * per_row, s.len())?;
-                    let g = (group_size < k).then_some(group_size);
-                    (g, Box::new(move |row, b| s[row * per_row + b].to_f32()))
-                }
-            };
+                let per_row = k / group_size;
+                check_len("scales", n * per_row, s.len())?;
+                let g = (group_size < k).then_some(group_size);
+                (g, Box::new(move |row, b| s[row * per_row + b].to_f32()))
+            }
+        };
         if group_size.is_none() && !k.is_multiple_of(2) {
             return Err(KernelError::UnsupportedDim {
                 dim: "K",
