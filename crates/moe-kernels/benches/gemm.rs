@@ -3,7 +3,8 @@
 //! Groups are `"{op}/{isa}"`, cases `BenchmarkId::new(isa, "MxNxK")`; throughput is counted in
 //! elements = multiply-accumulates (M·N·K). Shapes: Qwen3-30B-A3B w13 (N 1536, K 2048) and w2
 //! (N 2048, K 768), and a Mixtral-sized w13 half (N 14336, K 4096); M = 1, 16, 256; group 128.
-//! Single-threaded (`Par::Seq`) so the figures are per core.
+//! Single-threaded (`Par::Seq`) so the figures are per core. `act_quant/scalar` times the
+//! activation quantisation alone.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use half::bf16;
@@ -93,5 +94,26 @@ fn w8a8(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, w4a8, w8a8);
+/// The activation quantisation the W4A8 driver runs per call (scalar `moe_quant::act`), to see
+/// its share of a GEMM.
+fn act_quant(c: &mut Criterion) {
+    let mut rng = SplitMix64::new(3);
+    let mut group = c.benchmark_group("act_quant/scalar");
+    group.sample_size(10);
+    for &(m, k) in &[(1usize, 2048usize), (256, 2048), (256, 4096)] {
+        let x = rng.vec_uniform(m * k, -1.0, 1.0);
+        let mut q = vec![0i8; m * k];
+        group.throughput(Throughput::Elements((m * k) as u64));
+        group.bench_function(BenchmarkId::new("asym_i8", format!("{m}x{k}")), |b| {
+            b.iter(|| {
+                for (row, q_row) in x.chunks_exact(k).zip(q.chunks_exact_mut(k)) {
+                    std::hint::black_box(moe_quant::act::quantize_row_asym_i8(row, q_row));
+                }
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, w4a8, w8a8, act_quant);
 criterion_main!(benches);

@@ -38,7 +38,15 @@ pub struct KernelSet {
     rung: Isa,
     w4a8: W4A8Kernel,
     w8a8: W8A8Kernel,
+    /// A SIMD W4A8 activation quantiser writing the `q + 128` encoding, equal to the scalar one.
+    act_asym_u8: Option<(Isa, AsymQuantU8Fn)>,
 }
+
+/// Quantises one row like `moe_quant::act::quantize_row_asym_i8`, writing `q + 128`.
+///
+/// # Safety (for callers)
+/// - The CPU supports the quantiser's rung; `dst.len() ≥ x.len()`.
+pub(crate) type AsymQuantU8Fn = unsafe fn(&[f32], &mut [u8]) -> moe_quant::act::AsymRowQuant;
 
 impl KernelSet {
     /// Assembles a set from `(rung, activation encoding, entry point)` per op.
@@ -62,7 +70,12 @@ impl KernelSet {
             encoding,
             entry,
         };
-        Self { rung, w4a8, w8a8 }
+        Self {
+            rung,
+            w4a8,
+            w8a8,
+            act_asym_u8: None,
+        }
     }
 
     /// The same kernels, recorded as selected for rung `rung` (a rung without kernels of its
@@ -70,6 +83,20 @@ impl KernelSet {
     pub(crate) fn for_rung(mut self, rung: Isa) -> Self {
         self.rung = rung;
         self
+    }
+
+    /// Adds a SIMD activation quantiser.
+    ///
+    /// # Safety
+    /// - `f` may be called on this CPU: the caller holds the token of `isa`.
+    pub(crate) unsafe fn with_act_quant(mut self, isa: Isa, f: AsymQuantU8Fn) -> Self {
+        self.act_asym_u8 = Some((isa, f));
+        self
+    }
+
+    /// The SIMD activation quantiser, when this set has one.
+    pub(crate) fn act_asym_u8(&self) -> Option<AsymQuantU8Fn> {
+        self.act_asym_u8.map(|(_, f)| f)
     }
 
     /// The portable kernels, available everywhere.
@@ -112,6 +139,10 @@ impl KernelSet {
         vec![
             format!("w4a8_gemm: {}", self.w4a8.isa),
             format!("w8a8_gemm: {}", self.w8a8.isa),
+            format!(
+                "w4a8_act_quant: {}",
+                self.act_asym_u8.map_or(Isa::Scalar, |(isa, _)| isa)
+            ),
         ]
     }
 

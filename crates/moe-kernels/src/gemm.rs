@@ -9,7 +9,7 @@
 use std::ops::Range;
 
 use crate::KernelError;
-use crate::dispatch::KernelSet;
+use crate::dispatch::{KernelSet, W4A8Kernel};
 use crate::packed::{PackedW4A8, PackedW8A8, check_len};
 use crate::ukernel::{ActEncoding, W4A8Job, W4A8Out, W8A8Job};
 use moe_quant::act::{quantize_row_asym_i8, quantize_row_sym_i8};
@@ -97,6 +97,36 @@ pub fn w4a8_gemm(
     let k = w.k();
     check_len("x", m * k, x.len())?;
     check_len("out", m * w.n(), out.len())?;
+    let kernel = ks.w4a8_for(m);
+    if let (Some(quantize), ActEncoding::U8Offset128) = (ks.act_asym_u8(), kernel.encoding) {
+        // Fused path: the SIMD quantiser writes the kernel's encoding directly.
+        let k_pad = w.k_pad();
+        scratch.encoded.clear();
+        scratch.encoded.resize(m * k_pad, kernel.encoding.pad());
+        scratch.corr.clear();
+        scratch.row_scale.clear();
+        scratch.nan_rows.clear();
+        for (i, (row, dst)) in x
+            .chunks_exact(k)
+            .zip(scratch.encoded.chunks_exact_mut(k_pad))
+            .enumerate()
+        {
+            // SAFETY: the quantiser comes from the same `KernelSet`, built from its rung's
+            // token; `dst` holds `k_pad ≥ k` bytes.
+            let r = unsafe { quantize(row, dst) };
+            scratch
+                .corr
+                .push(kernel.encoding.w4a8_row_corr(r.zero_point));
+            scratch.row_scale.push(r.recip);
+            if row.iter().any(|v| v.is_nan()) {
+                scratch.nan_rows.push(i);
+            }
+        }
+        let s = &mut *scratch;
+        run_w4a8(kernel, m, w, &s.encoded, &s.corr, &s.row_scale, out, par);
+        poison_nan_rows(&scratch.nan_rows, w.n(), out);
+        return Ok(());
+    }
     let mut q = std::mem::take(&mut scratch.q);
     let mut zero_point = std::mem::take(&mut scratch.zero_point);
     let mut recip = std::mem::take(&mut scratch.row_scale);
@@ -138,11 +168,45 @@ pub fn w4a8_gemm_quantized(
     check_len("out", m * w.n(), out.len())?;
     let kernel = ks.w4a8_for(m);
     prepare_w4a8(m, a, w, kernel.encoding, scratch)?;
+    run_w4a8(
+        kernel,
+        m,
+        w,
+        &scratch.encoded,
+        &scratch.corr,
+        a.recip,
+        out,
+        par,
+    );
+    Ok(())
+}
+
+/// Runs the kernel on rows already encoded for it.
+///
+/// Callers guarantee (and this function's safety argument relies on): `encoded` holds `m` rows
+/// of `w.k_pad()` bytes in `kernel.encoding`, `corr` and `recip` hold `m` values with the zero
+/// points in `[-128, 127]`, and `out` holds `m·N` elements.
+#[allow(clippy::too_many_arguments)] // internal seam between the two public entry points
+fn run_w4a8(
+    kernel: W4A8Kernel,
+    m: usize,
+    w: &PackedW4A8,
+    encoded: &[u8],
+    corr: &[i32],
+    recip: &[f32],
+    out: &mut [f32],
+    par: Par,
+) {
+    assert!(
+        encoded.len() == m * w.k_pad() && corr.len() == m && recip.len() == m,
+        "run_w4a8: rows not prepared"
+    );
+    assert_eq!(out.len(), m * w.n(), "run_w4a8: output length");
     let job = W4A8Job {
         w,
-        a: &scratch.encoded,
-        row_corr: &scratch.corr,
-        row_recip: a.recip,
+        a: encoded,
+        row_corr: corr,
+        row_recip: recip,
         m,
         out: W4A8Out::Values {
             ptr: out.as_mut_ptr(),
@@ -152,12 +216,12 @@ pub fn w4a8_gemm_quantized(
     let macs = m * w.n() * w.k();
     split_panels(w.n_panels(), par, macs, |panels| {
         // SAFETY: `kernel` comes from a `KernelSet`, which only exists for rungs this CPU
-        // supports; `prepare_w4a8` validated and encoded the rows for this kernel; `out` holds
-        // exactly `m·N` elements (checked above) and is borrowed mutably for this whole call;
-        // `split_panels` hands out disjoint panel ranges inside `0..n_panels`.
+        // supports; the rows were validated and encoded for this kernel (asserted above, zero
+        // points checked by the callers); `out` holds exactly `m·N` elements and is borrowed
+        // mutably for this whole call; `split_panels` hands out disjoint panel ranges inside
+        // `0..n_panels`.
         unsafe { (kernel.entry)(&job, panels) }
     });
-    Ok(())
 }
 
 /// The int32 block accumulators `[m][n_blocks][16·n_panels]` (padded channels included), for

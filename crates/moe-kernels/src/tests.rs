@@ -404,3 +404,52 @@ fn bad_gemm_arguments_are_typed_errors() {
     // M = 0 is valid and writes nothing.
     crate::w4a8_gemm(&ks, 0, &[], &packed, &mut [], &mut scratch, Par::Rayon).unwrap();
 }
+
+#[test]
+fn w4a8_gemm_from_f32_equals_scalar_on_every_rung() {
+    // Covers the fused SIMD quantise-and-encode path (row lengths with vector tails).
+    let mut rng = SplitMix64::new(0xf32);
+    let scalar = KernelSet::scalar();
+    for &(k, g) in &[
+        (2usize, None),
+        (38, None),
+        (64, Some(32)),
+        (200, None),
+        (320, Some(64)),
+    ] {
+        for &m in &[1usize, 3, 9] {
+            let n = 1 + rng.below(40);
+            let case = w4a8_case(&mut rng, m, n, k, g);
+            let x: Vec<f32> = (0..m * k).map(|_| rng.normal() * 2.0).collect();
+            let mut want = vec![0f32; m * n];
+            crate::w4a8_gemm(
+                &scalar,
+                m,
+                &x,
+                &case.packed,
+                &mut want,
+                &mut GemmScratch::new(),
+                Par::Seq,
+            )
+            .unwrap();
+            for (isa, ks) in rungs() {
+                let mut got = vec![f32::NAN; m * n];
+                crate::w4a8_gemm(
+                    &ks,
+                    m,
+                    &x,
+                    &case.packed,
+                    &mut got,
+                    &mut GemmScratch::new(),
+                    Par::Rayon,
+                )
+                .unwrap();
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{isa} m={m} n={n} k={k}");
+            }
+        }
+    }
+}

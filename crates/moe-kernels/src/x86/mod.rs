@@ -5,6 +5,7 @@
 //! the proof that discharges the `#[target_feature]` call obligation. The AMX token also performs
 //! the Linux permission request for the tile data state, once per process.
 
+mod actquant;
 pub(crate) mod amx;
 pub(crate) mod avx2;
 pub(crate) mod avx512vnni;
@@ -244,13 +245,15 @@ pub(crate) fn kernel_set(isa: crate::Isa) -> Option<crate::KernelSet> {
 pub(crate) fn avx512vnni_kernel_set(_token: Avx512Vnni) -> crate::KernelSet {
     use crate::ukernel::ActEncoding::U8Offset128;
     // SAFETY: the token proves AVX-512 F/BW/VL/VNNI, all these entries need.
-    unsafe {
+    let ks = unsafe {
         crate::KernelSet::from_entries(
             Isa::Avx512Vnni,
             (Isa::Avx512Vnni, U8Offset128, avx512vnni::w4a8_entry),
             (Isa::Avx512Vnni, U8Offset128, avx512vnni::w8a8_entry),
         )
-    }
+    };
+    // SAFETY: the token proves AVX-512 F, all the quantiser needs.
+    unsafe { ks.with_act_quant(Isa::Avx512Vnni, actquant::quantize_row_asym_u8) }
 }
 
 /// The detected features as `(name, detected)` pairs (AMX availability includes the OS
