@@ -1,1 +1,57 @@
-//! Int4×int8 (W4A8) and int8×int8 (W8A8) expert GEMMs with runtime ISA dispatch, the fused expert pipeline and the Marlin repack. Empty for now: built under issue 4.
+//! Int4×int8 (W4A8) and int8×int8 (W8A8) expert GEMMs with runtime ISA dispatch.
+//!
+//! How it fits together:
+//!
+//! - [`packed`]: our weight formats, built once at load time ([`PackedW4A8`], [`PackedW8A8`]);
+//!   every shape and value is validated there, with typed [`KernelError`]s.
+//! - [`Isa`] names the rungs of the ladder; the CPU tokens ([`x86`] / [`aarch64`] module) prove
+//!   a rung is usable; [`kernels`] picks the best rung once (capped by `MOE_KERNELS_MAX_ISA`)
+//!   and returns a `&'static` [`KernelSet`] of function pointers.
+//! - The GEMM driver ([`w4a8_gemm`], [`w8a8_gemm`] and their `_quantized` forms) quantises the
+//!   activation rows, encodes them for the chosen kernel and splits the output channels over
+//!   threads ([`Par`]); results do not depend on the thread count.
+//! - [`scalar`] is always compiled: the literal reference of spec §4.5 (the oracle) and the
+//!   portable fallback kernels. Every SIMD rung reproduces it bit for bit.
+//!
+//! `unsafe` is confined to the kernels, the token constructors and the calls they justify.
+
+#![deny(clippy::multiple_unsafe_ops_per_block)]
+
+mod dispatch;
+mod error;
+mod gemm;
+mod isa;
+pub mod packed;
+pub mod scalar;
+mod ukernel;
+
+#[cfg(target_arch = "aarch64")]
+pub mod aarch64;
+#[cfg(target_arch = "x86_64")]
+pub mod x86;
+
+#[cfg(target_arch = "aarch64")]
+use aarch64 as arch;
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+mod other_arch;
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+use other_arch as arch;
+#[cfg(target_arch = "x86_64")]
+use x86 as arch;
+
+pub use dispatch::{KernelSet, available_isas, isa_cap, kernels, selected_isa};
+pub use error::KernelError;
+pub use gemm::{
+    AsymQuantRows, GemmScratch, Par, SymQuantRows, w4a8_gemm, w4a8_gemm_quantized, w8a8_gemm,
+    w8a8_gemm_quantized,
+};
+pub use isa::{ALL_ISAS, Isa, IsaArch, IsaCap, MAX_ISA_ENV, UnknownIsa};
+pub use packed::{PackedW4A8, PackedW8A8, W4A8Scales};
+
+/// The CPU features this binary's architecture cares about, as `(name, detected)` pairs.
+pub fn cpu_features() -> Vec<(&'static str, bool)> {
+    arch::feature_report()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,119 @@
+//! W4A8 and W8A8 GEMM throughput per ISA rung, each rung run explicitly through its kernel set.
+//!
+//! Groups are `"{op}/{isa}"`, cases `BenchmarkId::new(isa, "MxNxK")`; throughput is counted in
+//! elements = multiply-accumulates (M·N·K). Shapes: Qwen3-30B-A3B w13 (N 1536, K 2048) and w2
+//! (N 2048, K 768), and a Mixtral-sized w13 half (N 14336, K 4096); M = 1, 16, 256; group 128.
+//! Single-threaded (`Par::Seq`) so the figures are per core. `act_quant/scalar` times the
+//! activation quantisation alone.
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use half::bf16;
+use moe_kernels::{GemmScratch, Isa, KernelSet, PackedW4A8, PackedW8A8, Par, W4A8Scales};
+use moe_testutil::SplitMix64;
+
+const SHAPES: &[(usize, usize)] = &[(1536, 2048), (2048, 768), (14336, 4096)];
+const MS: &[usize] = &[1, 16, 256];
+const GROUP: usize = 128;
+
+/// The scalar rung is slow; keep its cases short.
+fn too_slow(isa: Isa, macs: usize) -> bool {
+    isa == Isa::Scalar && macs > 200_000_000
+}
+
+fn w4a8(c: &mut Criterion) {
+    let mut rng = SplitMix64::new(1);
+    for isa in moe_kernels::available_isas() {
+        let ks = KernelSet::for_isa(isa).unwrap();
+        let mut group = c.benchmark_group(format!("w4a8_gemm/{isa}"));
+        group.sample_size(10);
+        for &(n, k) in SHAPES {
+            let w: Vec<i8> = (0..n * k).map(|_| rng.range_i64(-8, 7) as i8).collect();
+            let s: Vec<bf16> = (0..n * k / GROUP)
+                .map(|_| bf16::from_f32(rng.uniform(0.01, 0.1)))
+                .collect();
+            let scales = W4A8Scales::Grouped {
+                group_size: GROUP,
+                scales: &s,
+            };
+            let packed = PackedW4A8::pack(n, k, &w, scales, None).unwrap();
+            for &m in MS {
+                let macs = m * n * k;
+                if too_slow(isa, macs) {
+                    continue;
+                }
+                let x = rng.vec_uniform(m * k, -1.0, 1.0);
+                let mut out = vec![0f32; m * n];
+                let mut scratch = GemmScratch::with_capacity(m, k);
+                group.throughput(Throughput::Elements(macs as u64));
+                group.bench_function(BenchmarkId::new(isa.name(), format!("{m}x{n}x{k}")), |b| {
+                    b.iter(|| {
+                        moe_kernels::w4a8_gemm(
+                            &ks,
+                            m,
+                            &x,
+                            &packed,
+                            &mut out,
+                            &mut scratch,
+                            Par::Seq,
+                        )
+                        .unwrap()
+                    })
+                });
+            }
+        }
+        group.finish();
+    }
+}
+
+fn w8a8(c: &mut Criterion) {
+    let mut rng = SplitMix64::new(2);
+    let (n, k) = (1536, 2048);
+    let w: Vec<i8> = (0..n * k).map(|_| rng.range_i64(-127, 127) as i8).collect();
+    let packed = PackedW8A8::pack(n, k, &w, &rng.vec_uniform(n, 0.001, 0.01)).unwrap();
+    for isa in moe_kernels::available_isas() {
+        let ks = KernelSet::for_isa(isa).unwrap();
+        let mut group = c.benchmark_group(format!("w8a8_gemm/{isa}"));
+        group.sample_size(10);
+        for &m in MS {
+            let macs = m * n * k;
+            if too_slow(isa, macs) {
+                continue;
+            }
+            let x = rng.vec_uniform(m * k, -1.0, 1.0);
+            let mut out = vec![0f32; m * n];
+            let mut scratch = GemmScratch::with_capacity(m, k);
+            group.throughput(Throughput::Elements(macs as u64));
+            group.bench_function(BenchmarkId::new(isa.name(), format!("{m}x{n}x{k}")), |b| {
+                b.iter(|| {
+                    moe_kernels::w8a8_gemm(&ks, m, &x, &packed, &mut out, &mut scratch, Par::Seq)
+                        .unwrap()
+                })
+            });
+        }
+        group.finish();
+    }
+}
+
+/// The activation quantisation the W4A8 driver runs per call (scalar `moe_quant::act`), to see
+/// its share of a GEMM.
+fn act_quant(c: &mut Criterion) {
+    let mut rng = SplitMix64::new(3);
+    let mut group = c.benchmark_group("act_quant/scalar");
+    group.sample_size(10);
+    for &(m, k) in &[(1usize, 2048usize), (256, 2048), (256, 4096)] {
+        let x = rng.vec_uniform(m * k, -1.0, 1.0);
+        let mut q = vec![0i8; m * k];
+        group.throughput(Throughput::Elements((m * k) as u64));
+        group.bench_function(BenchmarkId::new("asym_i8", format!("{m}x{k}")), |b| {
+            b.iter(|| {
+                for (row, q_row) in x.chunks_exact(k).zip(q.chunks_exact_mut(k)) {
+                    std::hint::black_box(moe_quant::act::quantize_row_asym_i8(row, q_row));
+                }
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, w4a8, w8a8, act_quant);
+criterion_main!(benches);

@@ -1,0 +1,131 @@
+//! aarch64 CPU detection and the ISA tokens that prove it.
+//!
+//! The kernels for these rungs are not written yet: until they are, the dispatcher selects the
+//! best detected aarch64 rung but records the scalar kernels as the implementation of every op
+//! (see `dispatch.rs`), so reports and the `MOE_EXPECT_ISA` guard stay truthful.
+
+/// Proof that Advanced SIMD (NEON) can be used; always true on aarch64 Linux.
+#[derive(Debug, Clone, Copy)]
+pub struct Neon(());
+
+/// Proof that the dot-product extension (`sdot`/`udot`) can be used.
+#[derive(Debug, Clone, Copy)]
+pub struct NeonDot(());
+
+/// Proof that the int8 matrix-multiply extension (`smmla`) can be used.
+#[derive(Debug, Clone, Copy)]
+pub struct NeonI8mm(());
+
+impl Neon {
+    /// The token, when the CPU has NEON.
+    pub fn try_new() -> Option<Self> {
+        Self::is_available().then_some(Self(()))
+    }
+
+    /// The token without checking.
+    ///
+    /// # Safety
+    /// - The CPU running the program must support NEON.
+    pub unsafe fn new_unchecked() -> Self {
+        Self(())
+    }
+
+    /// Whether the CPU has NEON.
+    pub fn is_available() -> bool {
+        std::arch::is_aarch64_feature_detected!("neon")
+    }
+}
+
+impl NeonDot {
+    /// The token, when the CPU has NEON and the dot-product extension.
+    pub fn try_new() -> Option<Self> {
+        Self::is_available().then_some(Self(()))
+    }
+
+    /// The token without checking.
+    ///
+    /// # Safety
+    /// - The CPU running the program must support NEON and the dot-product extension.
+    pub unsafe fn new_unchecked() -> Self {
+        Self(())
+    }
+
+    /// Whether the CPU has NEON and the dot-product extension.
+    pub fn is_available() -> bool {
+        Neon::is_available() && std::arch::is_aarch64_feature_detected!("dotprod")
+    }
+}
+
+impl NeonI8mm {
+    /// The token, when the CPU has NEON, dot product and int8 matrix multiply.
+    pub fn try_new() -> Option<Self> {
+        Self::is_available().then_some(Self(()))
+    }
+
+    /// The token without checking.
+    ///
+    /// # Safety
+    /// - The CPU running the program must support NEON, dot product and the int8 matrix
+    ///   multiply extension.
+    pub unsafe fn new_unchecked() -> Self {
+        Self(())
+    }
+
+    /// Whether the CPU has NEON, dot product and int8 matrix multiply.
+    pub fn is_available() -> bool {
+        NeonDot::is_available() && std::arch::is_aarch64_feature_detected!("i8mm")
+    }
+}
+
+/// What the OS reports about the aarch64 features the ladder cares about.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Aarch64Features {
+    /// Advanced SIMD.
+    pub neon: bool,
+    /// Dot product (`sdot`).
+    pub dotprod: bool,
+    /// Int8 matrix multiply (`smmla`).
+    pub i8mm: bool,
+    /// Scalable vectors (reported only; no SVE kernels).
+    pub sve: bool,
+}
+
+/// Reads the feature flags (no side effects).
+pub fn detect() -> Aarch64Features {
+    Aarch64Features {
+        neon: std::arch::is_aarch64_feature_detected!("neon"),
+        dotprod: std::arch::is_aarch64_feature_detected!("dotprod"),
+        i8mm: std::arch::is_aarch64_feature_detected!("i8mm"),
+        sve: std::arch::is_aarch64_feature_detected!("sve"),
+    }
+}
+
+/// The kernel set of rung `isa` if this CPU supports it. No aarch64 kernels exist yet, so every
+/// aarch64 rung runs the scalar kernels, and the set says so.
+pub(crate) fn kernel_set(isa: crate::Isa) -> Option<crate::KernelSet> {
+    use crate::Isa;
+    let available = match isa {
+        Isa::Neon => Neon::is_available(),
+        Isa::NeonDot => NeonDot::is_available(),
+        Isa::NeonI8mm => NeonI8mm::is_available(),
+        _ => false,
+    };
+    available.then(|| crate::KernelSet::scalar().for_rung(isa))
+}
+
+/// The detected features as `(name, detected)` pairs.
+pub(crate) fn feature_report() -> Vec<(&'static str, bool)> {
+    let f = detect();
+    vec![
+        ("neon", f.neon),
+        ("dotprod", f.dotprod),
+        ("i8mm", f.i8mm),
+        ("sve", f.sve),
+    ]
+}
+
+/// Kernel sets that only tests use (none here).
+#[cfg(test)]
+pub(crate) fn test_only_kernel_sets() -> Vec<(&'static str, crate::KernelSet)> {
+    Vec::new()
+}

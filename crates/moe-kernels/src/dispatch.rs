@@ -1,0 +1,208 @@
+//! The dispatcher: detects the CPU once, applies the `MOE_KERNELS_MAX_ISA` cap, and keeps the
+//! chosen [`KernelSet`] of function pointers in a `static OnceLock`.
+//!
+//! A `KernelSet` names the rung it was selected for **and**, per operation, the rung whose code
+//! actually runs. The two differ where a rung has no kernel of its own yet (the aarch64 rungs
+//! use the scalar kernels for now; the AMX rung uses AVX-512 VNNI below its M threshold), so
+//! reports and the `MOE_EXPECT_ISA` guard never claim more than what runs.
+
+use std::fmt;
+use std::sync::OnceLock;
+
+use crate::arch;
+use crate::isa::{Isa, IsaCap, MAX_ISA_ENV};
+use crate::ukernel::{ActEncoding, W4A8PanelsFn, W8A8PanelsFn};
+
+/// One W4A8 implementation: its rung, activation encoding and entry point.
+#[derive(Clone, Copy)]
+pub(crate) struct W4A8Kernel {
+    pub(crate) isa: Isa,
+    pub(crate) encoding: ActEncoding,
+    pub(crate) entry: W4A8PanelsFn,
+}
+
+/// One W8A8 implementation: its rung, activation encoding and entry point.
+#[derive(Clone, Copy)]
+pub(crate) struct W8A8Kernel {
+    pub(crate) isa: Isa,
+    pub(crate) encoding: ActEncoding,
+    pub(crate) entry: W8A8PanelsFn,
+}
+
+/// The kernels of one rung, ready to call; cheap to copy.
+///
+/// Built only from a proof of availability (a token), so holding one means its function
+/// pointers are safe to call on this CPU.
+#[derive(Clone, Copy)]
+pub struct KernelSet {
+    rung: Isa,
+    w4a8: W4A8Kernel,
+    w8a8: W8A8Kernel,
+    /// A SIMD W4A8 activation quantiser writing the `q + 128` encoding, equal to the scalar one.
+    act_asym_u8: Option<(Isa, AsymQuantU8Fn)>,
+}
+
+/// Quantises one row like `moe_quant::act::quantize_row_asym_i8`, writing `q + 128`.
+///
+/// # Safety (for callers)
+/// - The CPU supports the quantiser's rung; `dst.len() ≥ x.len()`.
+pub(crate) type AsymQuantU8Fn = unsafe fn(&[f32], &mut [u8]) -> moe_quant::act::AsymRowQuant;
+
+impl KernelSet {
+    /// Assembles a set from `(rung, activation encoding, entry point)` per op.
+    ///
+    /// # Safety
+    /// - Every entry may be called on this CPU: the caller holds the token of each entry's rung.
+    pub(crate) unsafe fn from_entries(
+        rung: Isa,
+        w4a8: (Isa, ActEncoding, W4A8PanelsFn),
+        w8a8: (Isa, ActEncoding, W8A8PanelsFn),
+    ) -> Self {
+        let (isa, encoding, entry) = w4a8;
+        let w4a8 = W4A8Kernel {
+            isa,
+            encoding,
+            entry,
+        };
+        let (isa, encoding, entry) = w8a8;
+        let w8a8 = W8A8Kernel {
+            isa,
+            encoding,
+            entry,
+        };
+        Self {
+            rung,
+            w4a8,
+            w8a8,
+            act_asym_u8: None,
+        }
+    }
+
+    /// The same kernels, recorded as selected for rung `rung` (a rung without kernels of its
+    /// own for some op keeps the lower rung's, and [`KernelSet::describe_ops`] says so).
+    pub(crate) fn for_rung(mut self, rung: Isa) -> Self {
+        self.rung = rung;
+        self
+    }
+
+    /// Adds a SIMD activation quantiser.
+    ///
+    /// # Safety
+    /// - `f` may be called on this CPU: the caller holds the token of `isa`.
+    pub(crate) unsafe fn with_act_quant(mut self, isa: Isa, f: AsymQuantU8Fn) -> Self {
+        self.act_asym_u8 = Some((isa, f));
+        self
+    }
+
+    /// The SIMD activation quantiser, when this set has one.
+    pub(crate) fn act_asym_u8(&self) -> Option<AsymQuantU8Fn> {
+        self.act_asym_u8.map(|(_, f)| f)
+    }
+
+    /// The portable kernels, available everywhere.
+    pub fn scalar() -> Self {
+        use crate::scalar::{w4a8::w4a8_entry, w8a8::w8a8_entry};
+        let w4 = (Isa::Scalar, ActEncoding::I8, w4a8_entry as W4A8PanelsFn);
+        let w8 = (Isa::Scalar, ActEncoding::I8, w8a8_entry as W8A8PanelsFn);
+        // SAFETY: the scalar entries need no CPU feature.
+        unsafe { Self::from_entries(Isa::Scalar, w4, w8) }
+    }
+
+    /// The kernels of rung `isa` when this CPU supports it (ignoring the cap), else `None`.
+    /// Tests and benchmarks use this to run every available rung explicitly.
+    pub fn for_isa(isa: Isa) -> Option<Self> {
+        if isa == Isa::Scalar {
+            Some(Self::scalar())
+        } else {
+            arch::kernel_set(isa)
+        }
+    }
+
+    /// The rung this set was selected for.
+    pub fn isa(&self) -> Isa {
+        self.rung
+    }
+
+    /// The rung whose code runs the W4A8 GEMM for `m` rows.
+    pub fn w4a8_isa(&self, m: usize) -> Isa {
+        self.w4a8_for(m).isa
+    }
+
+    /// The rung whose code runs the W8A8 GEMM.
+    pub fn w8a8_isa(&self) -> Isa {
+        self.w8a8.isa
+    }
+
+    /// One line per operation saying which implementation runs, e.g.
+    /// `w4a8_gemm: avx512-vnni`.
+    pub fn describe_ops(&self) -> Vec<String> {
+        vec![
+            format!("w4a8_gemm: {}", self.w4a8.isa),
+            format!("w8a8_gemm: {}", self.w8a8.isa),
+            format!(
+                "w4a8_act_quant: {}",
+                self.act_asym_u8.map_or(Isa::Scalar, |(isa, _)| isa)
+            ),
+        ]
+    }
+
+    /// The W4A8 kernel for `m` rows (one kernel for every M today; an AMX rung would switch
+    /// to tiles above some M here).
+    pub(crate) fn w4a8_for(&self, _m: usize) -> W4A8Kernel {
+        self.w4a8
+    }
+
+    pub(crate) fn w8a8(&self) -> W8A8Kernel {
+        self.w8a8
+    }
+}
+
+impl fmt::Debug for KernelSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KernelSet")
+            .field("rung", &self.rung)
+            .field("ops", &self.describe_ops())
+            .finish()
+    }
+}
+
+/// The rungs of this binary's architecture that this CPU supports, ascending (cap ignored).
+pub fn available_isas() -> Vec<Isa> {
+    Isa::native_ladder()
+        .into_iter()
+        .filter(|&isa| KernelSet::for_isa(isa).is_some())
+        .collect()
+}
+
+/// The cap in force, read from `MOE_KERNELS_MAX_ISA` once.
+pub fn isa_cap() -> &'static IsaCap {
+    static CAP: OnceLock<IsaCap> = OnceLock::new();
+    CAP.get_or_init(|| IsaCap::parse(std::env::var(MAX_ISA_ENV).ok().as_deref()))
+}
+
+/// The dispatched kernels: the best available rung under the cap, chosen once per process.
+pub fn kernels() -> &'static KernelSet {
+    static KERNELS: OnceLock<KernelSet> = OnceLock::new();
+    KERNELS.get_or_init(select)
+}
+
+/// The rung of [`kernels`].
+pub fn selected_isa() -> Isa {
+    kernels().isa()
+}
+
+#[inline(never)]
+fn select() -> KernelSet {
+    let cap = isa_cap();
+    if let IsaCap::Ignored { value, reason } = cap {
+        tracing::warn!(value = %value, reason, "ignoring {MAX_ISA_ENV}");
+    }
+    let chosen = Isa::native_ladder()
+        .into_iter()
+        .rev()
+        .filter(|&isa| cap.allows(isa))
+        .find_map(KernelSet::for_isa)
+        .unwrap_or_else(KernelSet::scalar);
+    tracing::debug!(isa = ?chosen.isa(), ops = ?chosen.describe_ops(), cap = ?cap, "selected kernels");
+    chosen
+}

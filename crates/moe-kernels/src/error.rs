@@ -1,0 +1,71 @@
+//! The crate's one error type: everything a caller can get wrong when packing weights or calling
+//! a GEMM, with the offending tensor or argument named.
+//!
+//! Kernels themselves never return errors: every shape, length and range is checked here, at
+//! packing time or at the entry of the GEMM driver, and the kernels only `debug_assert!`.
+
+use thiserror::Error;
+
+/// Why a packing or GEMM call was refused.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum KernelError {
+    /// A slice does not hold the number of elements its shape implies.
+    #[error("{tensor}: expected {expected} elements, got {got}")]
+    LengthMismatch {
+        /// Which tensor or argument (`"x"`, `"w_int4"`, `"scales"`, `"bias"`, `"out"`, ...).
+        tensor: &'static str,
+        /// Element count implied by the other arguments.
+        expected: usize,
+        /// Element count supplied.
+        got: usize,
+    },
+    /// Two operands disagree on a shared dimension.
+    #[error("{tensor}: dimension {dim} is {got}, but the {other} has {expected}")]
+    ShapeMismatch {
+        /// The operand whose dimension is wrong.
+        tensor: &'static str,
+        /// The dimension's name (`"K"`, `"N"`, ...).
+        dim: &'static str,
+        /// The operand the value must agree with.
+        other: &'static str,
+        /// The value of that operand.
+        expected: usize,
+        /// The value supplied.
+        got: usize,
+    },
+    /// The weight group size does not fit the reduction dimension.
+    #[error(
+        "group size {group_size} is invalid for K = {k}: it must be a multiple of 32 that divides K"
+    )]
+    InvalidGroupSize {
+        /// Group size supplied.
+        group_size: usize,
+        /// Reduction dimension of the weights.
+        k: usize,
+    },
+    /// A dimension is outside what the kernels support.
+    #[error("{dim} = {got} is not supported: {reason}")]
+    UnsupportedDim {
+        /// The dimension's name.
+        dim: &'static str,
+        /// The value supplied.
+        got: usize,
+        /// Why the value is refused.
+        reason: &'static str,
+    },
+    /// An integer code lies outside the range of its format.
+    #[error("{tensor}: value {value} at index {index} is outside [{min}, {max}]")]
+    ValueOutOfRange {
+        /// Which tensor.
+        tensor: &'static str,
+        /// Flat index of the first offending element.
+        index: usize,
+        /// The offending value.
+        value: i64,
+        /// Smallest allowed value.
+        min: i64,
+        /// Largest allowed value.
+        max: i64,
+    },
+}

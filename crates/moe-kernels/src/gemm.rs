@@ -1,0 +1,415 @@
+//! The GEMM driver: validates arguments, quantises and encodes the activation rows for the
+//! chosen kernel, splits the output channels into panel ranges, and runs them sequentially or
+//! on the current rayon pool.
+//!
+//! Every output element is computed by exactly one kernel call in a fixed order, so results are
+//! bitwise independent of the thread count. Scratch memory lives in a caller-owned
+//! [`GemmScratch`] that only grows, so a warmed-up caller allocates nothing.
+
+use std::ops::Range;
+
+use crate::KernelError;
+use crate::dispatch::{KernelSet, W4A8Kernel};
+use crate::packed::{PackedW4A8, PackedW8A8, check_len};
+use crate::ukernel::{ActEncoding, W4A8Job, W4A8Out, W8A8Job};
+use moe_quant::act::{quantize_row_asym_i8, quantize_row_sym_i8};
+
+/// How a GEMM may use threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Par {
+    /// On the calling thread only.
+    Seq,
+    /// Split over the current rayon pool (install a pool with `ThreadPool::install` to choose
+    /// its size; this crate never builds the global pool). Without the `rayon` feature this is
+    /// the same as `Seq`.
+    Rayon,
+}
+
+/// Below this many multiply-accumulates a GEMM runs on one thread: splitting would cost more.
+const PARALLEL_MIN_MACS: usize = 1 << 18;
+
+/// Activation rows already quantised asymmetrically (spec §4.2(a)): `x ≈ (q − zp)·recip`.
+#[derive(Debug, Clone, Copy)]
+pub struct AsymQuantRows<'a> {
+    /// Codes `[M, K]`.
+    pub q: &'a [i8],
+    /// Zero point per row `[M]`, in `[-128, 127]`.
+    pub zero_point: &'a [i32],
+    /// Dequantisation factor per row `[M]`.
+    pub recip: &'a [f32],
+}
+
+/// Activation rows already quantised symmetrically (spec §5.3 stage 0): `x ≈ q·scale`.
+#[derive(Debug, Clone, Copy)]
+pub struct SymQuantRows<'a> {
+    /// Codes `[M, K]` in `[-127, 127]`.
+    pub q: &'a [i8],
+    /// Scale per row `[M]`.
+    pub scale: &'a [f32],
+}
+
+/// Reusable working memory of the GEMM driver; grows to the largest call and is kept.
+#[derive(Debug, Default, Clone)]
+pub struct GemmScratch {
+    q: Vec<i8>,
+    zero_point: Vec<i32>,
+    row_scale: Vec<f32>,
+    encoded: Vec<u8>,
+    corr: Vec<i32>,
+    nan_rows: Vec<usize>,
+}
+
+impl GemmScratch {
+    /// Empty scratch; the first calls allocate.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Scratch already sized for `m` rows of `k` values, so calls up to that size never allocate.
+    pub fn with_capacity(m: usize, k: usize) -> Self {
+        let k_pad = k.next_multiple_of(crate::packed::w4a8::K_STEP);
+        Self {
+            q: Vec::with_capacity(m * k),
+            zero_point: Vec::with_capacity(m),
+            row_scale: Vec::with_capacity(m),
+            encoded: Vec::with_capacity(m * k_pad),
+            corr: Vec::with_capacity(m),
+            nan_rows: Vec::new(),
+        }
+    }
+}
+
+/// `out[M, N] = W4A8(x[M, K], w)`: quantises each row of `x` per spec §4.2(a) and runs the
+/// W4A8 GEMM of spec §4.5 with the kernels of `ks`.
+///
+/// Non-finite inputs (spec §4.6): a row containing NaN yields an all-NaN output row; a row
+/// whose range overflows the scale (an infinity, or a range too tiny for `255/range`) is
+/// quantised as an all-zero row by `moe_quant`, so its output is the bias.
+pub fn w4a8_gemm(
+    ks: &KernelSet,
+    m: usize,
+    x: &[f32],
+    w: &PackedW4A8,
+    out: &mut [f32],
+    scratch: &mut GemmScratch,
+    par: Par,
+) -> Result<(), KernelError> {
+    let k = w.k();
+    check_len("x", m * k, x.len())?;
+    check_len("out", m * w.n(), out.len())?;
+    let kernel = ks.w4a8_for(m);
+    if let (Some(quantize), ActEncoding::U8Offset128) = (ks.act_asym_u8(), kernel.encoding) {
+        // Fused path: the SIMD quantiser writes the kernel's encoding directly.
+        let k_pad = w.k_pad();
+        scratch.encoded.clear();
+        scratch.encoded.resize(m * k_pad, kernel.encoding.pad());
+        scratch.corr.clear();
+        scratch.row_scale.clear();
+        scratch.nan_rows.clear();
+        for (i, (row, dst)) in x
+            .chunks_exact(k)
+            .zip(scratch.encoded.chunks_exact_mut(k_pad))
+            .enumerate()
+        {
+            // SAFETY: the quantiser comes from the same `KernelSet`, built from its rung's
+            // token; `dst` holds `k_pad ≥ k` bytes.
+            let r = unsafe { quantize(row, dst) };
+            scratch
+                .corr
+                .push(kernel.encoding.w4a8_row_corr(r.zero_point));
+            scratch.row_scale.push(r.recip);
+            if row.iter().any(|v| v.is_nan()) {
+                scratch.nan_rows.push(i);
+            }
+        }
+        let s = &mut *scratch;
+        run_w4a8(kernel, m, w, &s.encoded, &s.corr, &s.row_scale, out, par);
+        poison_nan_rows(&scratch.nan_rows, w.n(), out);
+        return Ok(());
+    }
+    let mut q = std::mem::take(&mut scratch.q);
+    let mut zero_point = std::mem::take(&mut scratch.zero_point);
+    let mut recip = std::mem::take(&mut scratch.row_scale);
+    q.resize(m * k, 0);
+    zero_point.clear();
+    recip.clear();
+    scratch.nan_rows.clear();
+    for (i, (row, q_row)) in x.chunks_exact(k).zip(q.chunks_exact_mut(k)).enumerate() {
+        let r = quantize_row_asym_i8(row, q_row);
+        zero_point.push(r.zero_point);
+        recip.push(r.recip);
+        if row.iter().any(|v| v.is_nan()) {
+            scratch.nan_rows.push(i);
+        }
+    }
+    let a = AsymQuantRows {
+        q: &q,
+        zero_point: &zero_point,
+        recip: &recip,
+    };
+    let result = w4a8_gemm_quantized(ks, m, a, w, out, scratch, par);
+    poison_nan_rows(&scratch.nan_rows, w.n(), out);
+    scratch.q = q;
+    scratch.zero_point = zero_point;
+    scratch.row_scale = recip;
+    result
+}
+
+/// `out[M, N]` from activation rows the caller already quantised (the microkernel boundary).
+pub fn w4a8_gemm_quantized(
+    ks: &KernelSet,
+    m: usize,
+    a: AsymQuantRows<'_>,
+    w: &PackedW4A8,
+    out: &mut [f32],
+    scratch: &mut GemmScratch,
+    par: Par,
+) -> Result<(), KernelError> {
+    check_len("out", m * w.n(), out.len())?;
+    let kernel = ks.w4a8_for(m);
+    prepare_w4a8(m, a, w, kernel.encoding, scratch)?;
+    run_w4a8(
+        kernel,
+        m,
+        w,
+        &scratch.encoded,
+        &scratch.corr,
+        a.recip,
+        out,
+        par,
+    );
+    Ok(())
+}
+
+/// Runs the kernel on rows already encoded for it.
+///
+/// Callers guarantee (and this function's safety argument relies on): `encoded` holds `m` rows
+/// of `w.k_pad()` bytes in `kernel.encoding`, `corr` and `recip` hold `m` values with the zero
+/// points in `[-128, 127]`, and `out` holds `m·N` elements.
+#[allow(clippy::too_many_arguments)] // internal seam between the two public entry points
+fn run_w4a8(
+    kernel: W4A8Kernel,
+    m: usize,
+    w: &PackedW4A8,
+    encoded: &[u8],
+    corr: &[i32],
+    recip: &[f32],
+    out: &mut [f32],
+    par: Par,
+) {
+    assert!(
+        encoded.len() == m * w.k_pad() && corr.len() == m && recip.len() == m,
+        "run_w4a8: rows not prepared"
+    );
+    assert_eq!(out.len(), m * w.n(), "run_w4a8: output length");
+    let job = W4A8Job {
+        w,
+        a: encoded,
+        row_corr: corr,
+        row_recip: recip,
+        m,
+        out: W4A8Out::Values {
+            ptr: out.as_mut_ptr(),
+            ld: w.n(),
+        },
+    };
+    let macs = m * w.n() * w.k();
+    split_panels(w.n_panels(), par, macs, |panels| {
+        // SAFETY: `kernel` comes from a `KernelSet`, which only exists for rungs this CPU
+        // supports; the rows were validated and encoded for this kernel (asserted above, zero
+        // points checked by the callers); `out` holds exactly `m·N` elements and is borrowed
+        // mutably for this whole call; `split_panels` hands out disjoint panel ranges inside
+        // `0..n_panels`.
+        unsafe { (kernel.entry)(&job, panels) }
+    });
+}
+
+/// The int32 block accumulators `[m][n_blocks][16·n_panels]` (padded channels included), for
+/// comparing rungs with the reference exactly.
+#[cfg(test)]
+pub(crate) fn w4a8_block_acc(
+    ks: &KernelSet,
+    m: usize,
+    a: AsymQuantRows<'_>,
+    w: &PackedW4A8,
+) -> Result<Vec<i32>, KernelError> {
+    let mut scratch = GemmScratch::new();
+    let kernel = ks.w4a8_for(m);
+    prepare_w4a8(m, a, w, kernel.encoding, &mut scratch)?;
+    let mut acc = vec![0i32; m * w.n_blocks() * w.n_panels() * crate::packed::PANEL];
+    let job = W4A8Job {
+        w,
+        a: &scratch.encoded,
+        row_corr: &scratch.corr,
+        row_recip: a.recip,
+        m,
+        out: W4A8Out::BlockAcc {
+            ptr: acc.as_mut_ptr(),
+        },
+    };
+    // SAFETY: as in `w4a8_gemm_quantized`; `acc` holds the whole `[m][n_blocks][n_pad]` buffer.
+    unsafe { (kernel.entry)(&job, 0..w.n_panels()) };
+    Ok(acc)
+}
+
+/// Validates quantised rows and writes the kernel's encoding and row corrections into scratch.
+fn prepare_w4a8(
+    m: usize,
+    a: AsymQuantRows<'_>,
+    w: &PackedW4A8,
+    encoding: ActEncoding,
+    scratch: &mut GemmScratch,
+) -> Result<(), KernelError> {
+    let (k, k_pad) = (w.k(), w.k_pad());
+    check_len("q", m * k, a.q.len())?;
+    check_len("zero_point", m, a.zero_point.len())?;
+    check_len("recip", m, a.recip.len())?;
+    if let Some(index) = a
+        .zero_point
+        .iter()
+        .position(|zp| !(-128..=127).contains(zp))
+    {
+        return Err(KernelError::ValueOutOfRange {
+            tensor: "zero_point",
+            index,
+            value: i64::from(a.zero_point[index]),
+            min: -128,
+            max: 127,
+        });
+    }
+    encode_rows(a.q, m, k, k_pad, encoding, &mut scratch.encoded);
+    scratch.corr.clear();
+    scratch
+        .corr
+        .extend(a.zero_point.iter().map(|&zp| encoding.w4a8_row_corr(zp)));
+    Ok(())
+}
+
+/// Copies `m` rows of `k` codes into `[m][k_pad]` bytes in the kernel's encoding.
+fn encode_rows(q: &[i8], m: usize, k: usize, k_pad: usize, enc: ActEncoding, dst: &mut Vec<u8>) {
+    dst.clear();
+    dst.resize(m * k_pad, enc.pad());
+    if k == 0 {
+        return;
+    }
+    for (src, row) in q.chunks_exact(k).zip(dst.chunks_exact_mut(k_pad)) {
+        for (d, &s) in row.iter_mut().zip(src) {
+            *d = enc.encode(s);
+        }
+    }
+}
+
+/// `out[M, N] = W8A8(x[M, K], w)`: quantises each row of `x` symmetrically per spec §5.3
+/// stage 0 and multiplies with the int8 weights. A row containing NaN yields an all-NaN row.
+pub fn w8a8_gemm(
+    ks: &KernelSet,
+    m: usize,
+    x: &[f32],
+    w: &PackedW8A8,
+    out: &mut [f32],
+    scratch: &mut GemmScratch,
+    par: Par,
+) -> Result<(), KernelError> {
+    let k = w.k();
+    check_len("x", m * k, x.len())?;
+    check_len("out", m * w.n(), out.len())?;
+    let mut q = std::mem::take(&mut scratch.q);
+    let mut scale = std::mem::take(&mut scratch.row_scale);
+    q.resize(m * k, 0);
+    scale.clear();
+    scratch.nan_rows.clear();
+    for (i, (row, q_row)) in x.chunks_exact(k).zip(q.chunks_exact_mut(k)).enumerate() {
+        scale.push(quantize_row_sym_i8(row, q_row));
+        if row.iter().any(|v| v.is_nan()) {
+            scratch.nan_rows.push(i);
+        }
+    }
+    let rows = SymQuantRows {
+        q: &q,
+        scale: &scale,
+    };
+    let result = w8a8_gemm_quantized(ks, m, rows, w, out, scratch, par);
+    poison_nan_rows(&scratch.nan_rows, w.n(), out);
+    scratch.q = q;
+    scratch.row_scale = scale;
+    result
+}
+
+/// Sets every listed output row to NaN (rows whose input held a NaN, spec §4.6).
+fn poison_nan_rows(rows: &[usize], n: usize, out: &mut [f32]) {
+    for &row in rows {
+        out[row * n..][..n].fill(f32::NAN);
+    }
+}
+
+/// `out[M, N]` from symmetric activation rows the caller already quantised.
+pub fn w8a8_gemm_quantized(
+    ks: &KernelSet,
+    m: usize,
+    a: SymQuantRows<'_>,
+    w: &PackedW8A8,
+    out: &mut [f32],
+    scratch: &mut GemmScratch,
+    par: Par,
+) -> Result<(), KernelError> {
+    let (k, k_pad) = (w.k(), w.k_pad());
+    check_len("out", m * w.n(), out.len())?;
+    check_len("q", m * k, a.q.len())?;
+    check_len("scale", m, a.scale.len())?;
+    if let Some(index) = a.q.iter().position(|&v| v == i8::MIN) {
+        return Err(KernelError::ValueOutOfRange {
+            tensor: "q",
+            index,
+            value: -128,
+            min: -127,
+            max: 127,
+        });
+    }
+    let kernel = ks.w8a8();
+    encode_rows(a.q, m, k, k_pad, kernel.encoding, &mut scratch.encoded);
+    let job = W8A8Job {
+        w,
+        a: &scratch.encoded,
+        row_scale: a.scale,
+        m,
+        out: out.as_mut_ptr(),
+        ld: w.n(),
+    };
+    split_panels(w.n_panels(), par, m * w.n() * k, |panels| {
+        // SAFETY: as in `w4a8_gemm_quantized`: the kernel's rung is available, the rows were
+        // validated and encoded for it, `out` holds `m·N` elements and the panel ranges are
+        // disjoint and in bounds.
+        unsafe { (kernel.entry)(&job, panels) }
+    });
+    Ok(())
+}
+
+/// Runs `f` over a partition of `0..n_panels` into contiguous ranges.
+fn split_panels(n_panels: usize, par: Par, macs: usize, f: impl Fn(Range<usize>) + Sync) {
+    if n_panels == 0 {
+        return;
+    }
+    match par {
+        Par::Rayon if macs >= PARALLEL_MIN_MACS && n_panels > 1 => par_split(n_panels, &f),
+        _ => f(0..n_panels),
+    }
+}
+
+#[cfg(feature = "rayon")]
+fn par_split(n_panels: usize, f: &(impl Fn(Range<usize>) + Sync)) {
+    use rayon::prelude::*;
+    let threads = rayon::current_num_threads();
+    if threads <= 1 {
+        return f(0..n_panels);
+    }
+    // A few chunks per thread balance uneven progress without making chunks tiny.
+    let chunks = n_panels.min(threads * 4);
+    (0..chunks)
+        .into_par_iter()
+        .for_each(|c| f(c * n_panels / chunks..(c + 1) * n_panels / chunks));
+}
+
+#[cfg(not(feature = "rayon"))]
+fn par_split(n_panels: usize, f: &(impl Fn(Range<usize>) + Sync)) {
+    f(0..n_panels)
+}

@@ -1,0 +1,43 @@
+//! Our packed weight formats, built once at load time and read by every rung's microkernels.
+//!
+//! Both formats cut the `[N, K]` weight matrix into panels of [`PANEL`] output channels; inside a
+//! panel, K runs in steps whose bytes form exactly one 64-byte vector: 16 channels × 4
+//! consecutive K values, the operand layout of `vpdpbusd` (one i32 lane per channel) and also one
+//! row of an AMX B tile. See `docs/kernels.md` for the tables.
+
+pub mod w4a8;
+pub mod w8a8;
+
+pub use w4a8::{PackedW4A8, W4A8Scales};
+pub use w8a8::PackedW8A8;
+
+/// Output channels per panel: one 16-lane i32 vector, or two 8-lane ones.
+pub const PANEL: usize = 16;
+
+/// Bytes of one K step of a panel: 16 channels × 4 bytes.
+pub const STEP_BYTES: usize = 64;
+
+// One step is one 512-bit vector and one AMX B-tile row: 16 i32 lanes of 4 bytes.
+const _: () = assert!(STEP_BYTES == PANEL * 4 && STEP_BYTES == 512 / 8);
+
+/// Rounds `x` up to a multiple of `to`.
+pub(crate) const fn round_up(x: usize, to: usize) -> usize {
+    x.div_ceil(to) * to
+}
+
+/// Checks `got == expected` for the slice named `tensor`.
+pub(crate) fn check_len(
+    tensor: &'static str,
+    expected: usize,
+    got: usize,
+) -> Result<(), crate::KernelError> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(crate::KernelError::LengthMismatch {
+            tensor,
+            expected,
+            got,
+        })
+    }
+}

@@ -1,0 +1,386 @@
+//! The packed int4 weight format of the W4A8 GEMM: nibble panels, per-block weight sums and f32
+//! scales, built once from int4 values stored as i8.
+//!
+//! Layout (per matrix; `P = ceil(N/16)` panels, `Kp = K` rounded up to 8, `B` blocks per row):
+//!
+//! - `nibbles[(p·Kp/8 + s)·64 + j]`, for panel `p`, step `s` (K values `8s..8s+8`) and byte `j`:
+//!   channel `16p + j/4`, low nibble = `w[8s + j%4] + 8`, high nibble = `w[8s + 4 + j%4] + 8`.
+//!   Unpacking the low nibbles of 64 bytes therefore gives the `vpdpbusd` operand for K values
+//!   `8s..8s+4` of 16 channels, the high nibbles the one for `8s+4..8s+8`.
+//! - `wsum[(p·B + b)·16 + c]`: `Σ_{k∈b} w` of channel `16p + c`, so kernels that take the
+//!   activations as `u8 = q + 128` can subtract `(128 + zp)·Σw` per block and stay exact.
+//! - `scales[(p·B + b)·16 + c]`: the f32 scale (bf16 group scales widen exactly).
+//! - `bias[16p + c]` when present.
+//!
+//! Channels past `N` and K values past `K` are zero weights with zero scale, sum and bias.
+
+use half::bf16;
+
+use super::{PANEL, STEP_BYTES, check_len, round_up};
+use crate::KernelError;
+
+/// K values per packed step (one 64-byte vector of nibbles).
+pub(crate) const K_STEP: usize = 8;
+
+/// Largest supported K: int32 block sums stay exact while `K·255·8 < 2^31` (spec §4.6).
+pub const MAX_K: usize = (1 << 20) - 1;
+
+/// Looks up the f32 scale of (row, block) in the caller's scales while packing.
+type BlockScale<'a> = Box<dyn Fn(usize, usize) -> f32 + 'a>;
+
+/// The weight scales of a W4A8 matrix, as the spec stores them (§4.3).
+#[derive(Debug, Clone, Copy)]
+pub enum W4A8Scales<'a> {
+    /// One f32 scale per output channel, `[N]` (equivalently `[N, 1]`).
+    Channelwise(&'a [f32]),
+    /// bf16 scales `[N, K / group_size]` for groups of `group_size` K values; `group_size` must
+    /// be a multiple of 32 dividing K. `group_size == K` is channelwise.
+    Grouped {
+        /// K values per group.
+        group_size: usize,
+        /// Row-major `[N, K / group_size]`.
+        scales: &'a [bf16],
+    },
+}
+
+/// An int4 weight matrix `[N, K]` packed for the W4A8 kernels; immutable once built.
+#[derive(Debug, Clone)]
+pub struct PackedW4A8 {
+    n: usize,
+    k: usize,
+    k_pad: usize,
+    group_size: Option<usize>,
+    block_len: usize,
+    n_blocks: usize,
+    n_panels: usize,
+    nibbles: Vec<u8>,
+    wsum: Vec<i32>,
+    scales: Vec<f32>,
+    bias: Option<Vec<f32>>,
+}
+
+impl PackedW4A8 {
+    /// Packs `w` (`[N, K]` row-major, values in `[-8, 7]`) with its scales and optional f32
+    /// bias `[N]`. Every shape, length and value is checked here, so the kernels need not.
+    pub fn pack(
+        n: usize,
+        k: usize,
+        w: &[i8],
+        scales: W4A8Scales<'_>,
+        bias: Option<&[f32]>,
+    ) -> Result<Self, KernelError> {
+        if k == 0 || k > MAX_K {
+            return Err(KernelError::UnsupportedDim {
+                dim: "K",
+                got: k,
+                reason: "K must be in 1..2^20 (int32 block sums must stay exact)",
+            });
+        }
+        let expected_len = n.checked_mul(k).ok_or(KernelError::UnsupportedDim {
+            dim: "N",
+            got: n,
+            reason: "N·K overflows usize",
+        })?;
+        check_len("w_int4", expected_len, w.len())?;
+        if let Some(index) = w.iter().position(|v| !(-8..=7).contains(v)) {
+            return Err(KernelError::ValueOutOfRange {
+                tensor: "w_int4",
+                index,
+                value: i64::from(w[index]),
+                min: -8,
+                max: 7,
+            });
+        }
+        if let Some(b) = bias {
+            check_len("bias", n, b.len())?;
+        }
+
+        // Resolve the grouping to (group size if grouped, per-block f32 scale lookup).
+        let (group_size, block_scale): (Option<usize>, BlockScale<'_>) = match scales {
+            W4A8Scales::Channelwise(s) => {
+                check_len("scales", n, s.len())?;
+                (None, Box::new(move |row, _| s[row]))
+            }
+            W4A8Scales::Grouped {
+                group_size,
+                scales: s,
+            } => {
+                if group_size == 0 || group_size % 32 != 0 || !k.is_multiple_of(group_size) {
+                    return Err(KernelError::InvalidGroupSize { group_size, k });
+                }
+                let per_row = k / group_size;
+                check_len("scales", n * per_row, s.len())?;
+                let g = (group_size < k).then_some(group_size);
+                (g, Box::new(move |row, b| s[row * per_row + b].to_f32()))
+            }
+        };
+        if group_size.is_none() && !k.is_multiple_of(2) {
+            return Err(KernelError::UnsupportedDim {
+                dim: "K",
+                got: k,
+                reason: "channelwise int4 weights need an even K (values are packed in pairs)",
+            });
+        }
+
+        let k_pad = round_up(k, K_STEP);
+        let block_len = group_size.unwrap_or(k_pad);
+        let n_blocks = k_pad / block_len;
+        let n_panels = n.div_ceil(PANEL);
+        let steps = k_pad / K_STEP;
+        let weight = |row: usize, col: usize| -> i8 {
+            if row < n && col < k {
+                w[row * k + col]
+            } else {
+                0
+            }
+        };
+
+        let mut nibbles = vec![0u8; n_panels * steps * STEP_BYTES];
+        let mut wsum = vec![0i32; n_panels * n_blocks * PANEL];
+        let mut block_scales = vec![0f32; n_panels * n_blocks * PANEL];
+        for p in 0..n_panels {
+            for s in 0..steps {
+                let chunk = &mut nibbles[(p * steps + s) * STEP_BYTES..][..STEP_BYTES];
+                for (j, byte) in chunk.iter_mut().enumerate() {
+                    let row = p * PANEL + j / 4;
+                    let lo = (weight(row, K_STEP * s + j % 4) + 8) as u8;
+                    let hi = (weight(row, K_STEP * s + 4 + j % 4) + 8) as u8;
+                    *byte = lo | (hi << 4);
+                }
+            }
+            for b in 0..n_blocks {
+                for c in 0..PANEL {
+                    let row = p * PANEL + c;
+                    if row >= n {
+                        continue;
+                    }
+                    let at = (p * n_blocks + b) * PANEL + c;
+                    wsum[at] = (b * block_len..(b + 1) * block_len)
+                        .map(|col| i32::from(weight(row, col)))
+                        .sum();
+                    block_scales[at] = block_scale(row, b);
+                }
+            }
+        }
+        let bias = bias.map(|b| {
+            let mut padded = vec![0f32; n_panels * PANEL];
+            padded[..n].copy_from_slice(b);
+            padded
+        });
+        Ok(Self {
+            n,
+            k,
+            k_pad,
+            group_size,
+            block_len,
+            n_blocks,
+            n_panels,
+            nibbles,
+            wsum,
+            scales: block_scales,
+            bias,
+        })
+    }
+
+    /// Output channels N.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Reduction dimension K.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// The group size, or `None` for channelwise scales (including `group_size == K`).
+    pub fn group_size(&self) -> Option<usize> {
+        self.group_size
+    }
+
+    /// Whether a bias is added.
+    pub fn has_bias(&self) -> bool {
+        self.bias.is_some()
+    }
+
+    /// Scale blocks per output channel (1 for channelwise).
+    pub fn n_blocks(&self) -> usize {
+        self.n_blocks
+    }
+
+    /// Bytes of packed data (nibbles, sums, scales, bias).
+    pub fn packed_bytes(&self) -> usize {
+        self.nibbles.len()
+            + 4 * (self.wsum.len() + self.scales.len() + self.bias.as_ref().map_or(0, Vec::len))
+    }
+
+    /// Rebuilds the `[N, K]` int4 values: the inverse of [`PackedW4A8::pack`] for the weights,
+    /// used by tests and inspection tools.
+    pub fn unpack_int4(&self) -> Vec<i8> {
+        let steps = self.k_pad / K_STEP;
+        let mut w = vec![0i8; self.n * self.k];
+        for row in 0..self.n {
+            let (p, c) = (row / PANEL, row % PANEL);
+            for col in 0..self.k {
+                let (s, r) = (col / K_STEP, col % K_STEP);
+                let byte = self.nibbles[(p * steps + s) * STEP_BYTES + c * 4 + r % 4];
+                let nib = if r < 4 { byte & 0x0F } else { byte >> 4 };
+                w[row * self.k + col] = nib as i8 - 8;
+            }
+        }
+        w
+    }
+
+    /// K rounded up to the packed step; activation rows are padded to this length.
+    pub(crate) fn k_pad(&self) -> usize {
+        self.k_pad
+    }
+
+    /// K values per scale block (`k_pad` for channelwise).
+    pub(crate) fn block_len(&self) -> usize {
+        self.block_len
+    }
+
+    /// Number of 16-channel panels.
+    pub(crate) fn n_panels(&self) -> usize {
+        self.n_panels
+    }
+
+    /// The nibbles of panel `p`: `k_pad/8` steps of 64 bytes.
+    pub(crate) fn panel_nibbles(&self, p: usize) -> &[u8] {
+        let len = self.k_pad / K_STEP * STEP_BYTES;
+        &self.nibbles[p * len..][..len]
+    }
+
+    /// The weight sums of panel `p`: `[n_blocks][16]`.
+    pub(crate) fn panel_wsum(&self, p: usize) -> &[i32] {
+        &self.wsum[p * self.n_blocks * PANEL..][..self.n_blocks * PANEL]
+    }
+
+    /// The scales of panel `p`: `[n_blocks][16]`.
+    pub(crate) fn panel_scales(&self, p: usize) -> &[f32] {
+        &self.scales[p * self.n_blocks * PANEL..][..self.n_blocks * PANEL]
+    }
+
+    /// The bias of panel `p`: 16 values, if any.
+    pub(crate) fn panel_bias(&self, p: usize) -> Option<&[f32]> {
+        self.bias.as_deref().map(|b| &b[p * PANEL..][..PANEL])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use moe_testutil::SplitMix64;
+
+    #[test]
+    fn unpack_inverts_pack() {
+        let mut rng = SplitMix64::new(7);
+        for &(n, k, g) in &[
+            (1, 2, None),
+            (17, 70, None),
+            (33, 64, Some(32)),
+            (16, 256, Some(128)),
+        ] {
+            let w: Vec<i8> = (0..n * k).map(|_| rng.range_i64(-8, 7) as i8).collect();
+            let packed = match g {
+                None => {
+                    let s = vec![1.0f32; n];
+                    PackedW4A8::pack(n, k, &w, W4A8Scales::Channelwise(&s), None)
+                }
+                Some(g) => {
+                    let s = vec![bf16::ONE; n * k / g];
+                    let scales = W4A8Scales::Grouped {
+                        group_size: g,
+                        scales: &s,
+                    };
+                    PackedW4A8::pack(n, k, &w, scales, None)
+                }
+            }
+            .unwrap();
+            assert_eq!(packed.unpack_int4(), w, "n={n} k={k} g={g:?}");
+        }
+    }
+
+    #[test]
+    fn bad_inputs_are_typed_errors() {
+        let w = vec![0i8; 4 * 64];
+        let s = vec![bf16::ONE; 4 * 2];
+        let grouped = |g| W4A8Scales::Grouped {
+            group_size: g,
+            scales: &s,
+        };
+        assert_eq!(
+            PackedW4A8::pack(4, 64, &w, grouped(48), None).unwrap_err(),
+            KernelError::InvalidGroupSize {
+                group_size: 48,
+                k: 64
+            }
+        );
+        assert!(matches!(
+            PackedW4A8::pack(4, 64, &w, grouped(0), None),
+            Err(KernelError::InvalidGroupSize { .. })
+        ));
+        assert!(matches!(
+            PackedW4A8::pack(4, 96, &[0; 4 * 96], grouped(64), None),
+            Err(KernelError::InvalidGroupSize { .. })
+        ));
+        assert!(matches!(
+            PackedW4A8::pack(4, 64, &w, grouped(64), None),
+            Err(KernelError::LengthMismatch {
+                tensor: "scales",
+                ..
+            })
+        ));
+        assert!(matches!(
+            PackedW4A8::pack(5, 64, &w, grouped(32), None),
+            Err(KernelError::LengthMismatch {
+                tensor: "w_int4",
+                ..
+            })
+        ));
+        assert!(matches!(
+            PackedW4A8::pack(4, 64, &w, grouped(32), Some(&[0.0; 3])),
+            Err(KernelError::LengthMismatch { tensor: "bias", .. })
+        ));
+        let mut bad = w.clone();
+        bad[5] = 8;
+        assert!(matches!(
+            PackedW4A8::pack(4, 64, &bad, grouped(32), None),
+            Err(KernelError::ValueOutOfRange {
+                index: 5,
+                value: 8,
+                ..
+            })
+        ));
+        let cs = [1.0f32; 1];
+        assert!(matches!(
+            PackedW4A8::pack(1, 3, &[0, 0, 0], W4A8Scales::Channelwise(&cs), None),
+            Err(KernelError::UnsupportedDim { dim: "K", .. })
+        ));
+        assert!(matches!(
+            PackedW4A8::pack(1, 0, &[], W4A8Scales::Channelwise(&cs), None),
+            Err(KernelError::UnsupportedDim { dim: "K", .. })
+        ));
+    }
+
+    #[test]
+    fn group_equal_to_k_is_channelwise() {
+        let w = vec![1i8; 2 * 64];
+        let s = vec![bf16::from_f32(0.5); 2];
+        let p = PackedW4A8::pack(
+            2,
+            64,
+            &w,
+            W4A8Scales::Grouped {
+                group_size: 64,
+                scales: &s,
+            },
+            None,
+        )
+        .unwrap();
+        assert_eq!(p.group_size(), None);
+        assert_eq!(p.n_blocks(), 1);
+        assert_eq!(p.panel_scales(0)[..2], [0.5, 0.5]);
+        assert_eq!(p.panel_wsum(0)[..3], [64, 64, 0]);
+    }
+}

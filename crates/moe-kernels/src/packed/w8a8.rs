@@ -1,0 +1,173 @@
+//! The packed int8 weight format of the W8A8 GEMM: byte panels, per-channel weight sums and
+//! f32 scales, built once from i8 weights with one scale per output channel (spec §5.1).
+//!
+//! Layout (`P = ceil(N/16)` panels, `Kp = K` rounded up to 4):
+//!
+//! - `bytes[(p·Kp/4 + s)·64 + j]` = `w[16p + j/4][4s + j%4]`: one `vpdpbusd` operand per step.
+//! - `wsum[16p + c]` = `Σ_k w` of the channel, for kernels that take activations as `q + 128`.
+//! - `scales[16p + c]` = the channel's f32 scale.
+//!
+//! Channels past `N` and K values past `K` are zero.
+
+use super::{PANEL, STEP_BYTES, check_len, round_up};
+use crate::KernelError;
+
+/// K values per packed step.
+pub(crate) const K_STEP: usize = 4;
+
+/// Largest supported K: `Σ (q + 128)·w` must fit in i32 (`255·128·K < 2^31`).
+pub const MAX_K: usize = 1 << 16;
+
+/// An int8 weight matrix `[N, K]` with per-channel scales, packed for the W8A8 kernels.
+#[derive(Debug, Clone)]
+pub struct PackedW8A8 {
+    n: usize,
+    k: usize,
+    k_pad: usize,
+    n_panels: usize,
+    bytes: Vec<i8>,
+    wsum: Vec<i32>,
+    scales: Vec<f32>,
+}
+
+impl PackedW8A8 {
+    /// Packs `w` (`[N, K]` row-major i8) with its f32 per-channel scales `[N]`.
+    pub fn pack(n: usize, k: usize, w: &[i8], scales: &[f32]) -> Result<Self, KernelError> {
+        if k == 0 || k > MAX_K {
+            return Err(KernelError::UnsupportedDim {
+                dim: "K",
+                got: k,
+                reason: "K must be in 1..=65536 (int32 sums must stay exact)",
+            });
+        }
+        let expected_len = n.checked_mul(k).ok_or(KernelError::UnsupportedDim {
+            dim: "N",
+            got: n,
+            reason: "N·K overflows usize",
+        })?;
+        check_len("w_int8", expected_len, w.len())?;
+        check_len("scales", n, scales.len())?;
+        let k_pad = round_up(k, K_STEP);
+        let n_panels = n.div_ceil(PANEL);
+        let steps = k_pad / K_STEP;
+        let weight = |row: usize, col: usize| {
+            if row < n && col < k {
+                w[row * k + col]
+            } else {
+                0
+            }
+        };
+        let mut bytes = vec![0i8; n_panels * steps * STEP_BYTES];
+        for p in 0..n_panels {
+            for s in 0..steps {
+                let chunk = &mut bytes[(p * steps + s) * STEP_BYTES..][..STEP_BYTES];
+                for (j, byte) in chunk.iter_mut().enumerate() {
+                    *byte = weight(p * PANEL + j / 4, K_STEP * s + j % 4);
+                }
+            }
+        }
+        let mut wsum = vec![0i32; n_panels * PANEL];
+        let mut padded_scales = vec![0f32; n_panels * PANEL];
+        for row in 0..n {
+            wsum[row] = w[row * k..][..k].iter().map(|&v| i32::from(v)).sum();
+            padded_scales[row] = scales[row];
+        }
+        Ok(Self {
+            n,
+            k,
+            k_pad,
+            n_panels,
+            bytes,
+            wsum,
+            scales: padded_scales,
+        })
+    }
+
+    /// Output channels N.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Reduction dimension K.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Rebuilds the `[N, K]` weights (inverse of [`PackedW8A8::pack`]), for tests and tools.
+    pub fn unpack_int8(&self) -> Vec<i8> {
+        let steps = self.k_pad / K_STEP;
+        let mut w = vec![0i8; self.n * self.k];
+        for row in 0..self.n {
+            let (p, c) = (row / PANEL, row % PANEL);
+            for col in 0..self.k {
+                let (s, r) = (col / K_STEP, col % K_STEP);
+                w[row * self.k + col] = self.bytes[(p * steps + s) * STEP_BYTES + c * 4 + r];
+            }
+        }
+        w
+    }
+
+    /// K rounded up to the packed step; activation rows are padded to this length.
+    pub(crate) fn k_pad(&self) -> usize {
+        self.k_pad
+    }
+
+    /// Number of 16-channel panels.
+    pub(crate) fn n_panels(&self) -> usize {
+        self.n_panels
+    }
+
+    /// The bytes of panel `p`: `k_pad/4` steps of 64.
+    pub(crate) fn panel_bytes(&self, p: usize) -> &[i8] {
+        let len = self.k_pad / K_STEP * STEP_BYTES;
+        &self.bytes[p * len..][..len]
+    }
+
+    /// The weight sums of panel `p` (16 values).
+    pub(crate) fn panel_wsum(&self, p: usize) -> &[i32] {
+        &self.wsum[p * PANEL..][..PANEL]
+    }
+
+    /// The scales of panel `p` (16 values).
+    pub(crate) fn panel_scales(&self, p: usize) -> &[f32] {
+        &self.scales[p * PANEL..][..PANEL]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use moe_testutil::SplitMix64;
+
+    #[test]
+    fn unpack_inverts_pack() {
+        let mut rng = SplitMix64::new(3);
+        for &(n, k) in &[(1, 1), (17, 33), (32, 64)] {
+            let w: Vec<i8> = (0..n * k).map(|_| rng.range_i64(-128, 127) as i8).collect();
+            let p = PackedW8A8::pack(n, k, &w, &vec![1.0; n]).unwrap();
+            assert_eq!(p.unpack_int8(), w);
+        }
+    }
+
+    #[test]
+    fn bad_inputs_are_typed_errors() {
+        assert!(matches!(
+            PackedW8A8::pack(2, 4, &[0; 7], &[1.0; 2]),
+            Err(KernelError::LengthMismatch {
+                tensor: "w_int8",
+                ..
+            })
+        ));
+        assert!(matches!(
+            PackedW8A8::pack(2, 4, &[0; 8], &[1.0; 3]),
+            Err(KernelError::LengthMismatch {
+                tensor: "scales",
+                ..
+            })
+        ));
+        assert!(matches!(
+            PackedW8A8::pack(2, 0, &[], &[1.0; 2]),
+            Err(KernelError::UnsupportedDim { dim: "K", .. })
+        ));
+    }
+}

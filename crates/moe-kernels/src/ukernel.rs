@@ -1,0 +1,201 @@
+//! The microkernel contract shared by every rung: the argument structs the driver hands over,
+//! the trait a rung implements, and the panel loop that walks row tiles of one panel.
+//!
+//! Maths contract of a W4A8 tile (rows `m0..m0+mr`, 16 channels of panel `p`): for every scale
+//! block `b`, the kernel forms the exact int32 `acc_i = Σ_{k∈b} (q_k − zp)·w_k` (however it
+//! gets there, e.g. as `Σ (q+128)·w − (128+zp)·Σw`), then in f32 and in this order
+//! `acc_f = acc_f + f32(acc_i) · scale[b]` from `acc_f = 0`, and finally
+//! `y = acc_f · recip (+ bias)`, without fused multiply-adds. The result **overwrites** the
+//! output elements. Because every rung follows this order the f32 outputs are bit-identical to
+//! the scalar reference (spec §4.5). In block-accumulator mode the kernel instead stores each
+//! `acc_i` (used by the tests to compare integer sums exactly).
+//!
+//! W8A8 tiles form `acc = Σ_k q_k·w_k` exactly in int32 and write `f32(acc) · (xs[m] · ws[n])`.
+
+use std::ops::Range;
+
+use crate::packed::{PackedW4A8, PackedW8A8};
+
+/// How a kernel wants the int8 activation codes laid out in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ActEncoding {
+    /// The codes as they are (`q` as i8 bytes); W4A8 row correction is `zp`.
+    I8,
+    /// `q + 128` as u8 (`q ^ 0x80`), for `vpdpbusd`/`vpmaddubsw` whose first operand is
+    /// unsigned; W4A8 row correction is `128 + zp`.
+    U8Offset128,
+}
+
+impl ActEncoding {
+    /// Encodes one code.
+    #[inline]
+    pub(crate) fn encode(self, q: i8) -> u8 {
+        match self {
+            ActEncoding::I8 => q as u8,
+            ActEncoding::U8Offset128 => (q as u8) ^ 0x80,
+        }
+    }
+
+    /// The encoded byte for padding K values (their weights are zero, so any value works).
+    pub(crate) fn pad(self) -> u8 {
+        self.encode(0)
+    }
+
+    /// The per-row W4A8 correction for zero point `zp`.
+    pub(crate) fn w4a8_row_corr(self, zp: i32) -> i32 {
+        match self {
+            ActEncoding::I8 => zp,
+            ActEncoding::U8Offset128 => 128 + zp,
+        }
+    }
+}
+
+/// Where a W4A8 kernel writes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum W4A8Out {
+    /// The f32 outputs, row-major with row stride `ld` (only channels `< N` are written).
+    Values {
+        /// Element `[m, n]` is at `ptr + m·ld + n`.
+        ptr: *mut f32,
+        /// Row stride in elements.
+        ld: usize,
+    },
+    /// The int32 block accumulators, `[m][n_blocks][16·n_panels]` (all padded channels).
+    #[cfg_attr(not(test), allow(dead_code))] // only the exactness tests ask for them
+    BlockAcc {
+        /// Element `[m, b, n]` is at `ptr + (m·n_blocks + b)·16·n_panels + n`.
+        ptr: *mut i32,
+    },
+}
+
+/// One W4A8 GEMM as the kernels see it, after validation and activation encoding.
+#[derive(Debug)]
+pub(crate) struct W4A8Job<'a> {
+    /// The packed weights.
+    pub w: &'a PackedW4A8,
+    /// Encoded activation rows, `[m][w.k_pad()]`.
+    pub a: &'a [u8],
+    /// Per-row correction (see [`ActEncoding::w4a8_row_corr`]).
+    pub row_corr: &'a [i32],
+    /// Per-row dequantization factor `recip`.
+    pub row_recip: &'a [f32],
+    /// Rows.
+    pub m: usize,
+    /// Destination.
+    pub out: W4A8Out,
+}
+
+// SAFETY: the raw output pointer is only written through by kernels working on disjoint panels
+// (the driver's partition), so sharing the job between threads creates no data race.
+unsafe impl Sync for W4A8Job<'_> {}
+
+/// One W8A8 GEMM as the kernels see it.
+#[derive(Debug)]
+pub(crate) struct W8A8Job<'a> {
+    /// The packed weights.
+    pub w: &'a PackedW8A8,
+    /// Encoded activation rows, `[m][w.k_pad()]`.
+    pub a: &'a [u8],
+    /// Per-row activation scale `xs`.
+    pub row_scale: &'a [f32],
+    /// Rows.
+    pub m: usize,
+    /// Output, row-major `[m][ld]`; only channels `< N` are written.
+    pub out: *mut f32,
+    /// Output row stride in elements.
+    pub ld: usize,
+}
+
+// SAFETY: as for `W4A8Job`: kernels write disjoint panels only.
+unsafe impl Sync for W8A8Job<'_> {}
+
+/// A rung's entry point for the W4A8 GEMM over a range of panels.
+///
+/// # Safety (for callers)
+/// - The CPU supports the rung's ISA (the `KernelSet` holding the pointer was built from its
+///   token).
+/// - The job was validated by the driver: `a`, `row_corr`, `row_recip` hold `m` rows, the
+///   activations use the rung's encoding, and `out` is valid for writes of every element of
+///   rows `0..m` in the channels of `panels`, which no other thread accesses meanwhile.
+/// - `panels` lies within `0..w.n_panels()`.
+pub(crate) type W4A8PanelsFn = unsafe fn(&W4A8Job<'_>, Range<usize>);
+
+/// A rung's entry point for the W8A8 GEMM over a range of panels; same contract as
+/// [`W4A8PanelsFn`].
+pub(crate) type W8A8PanelsFn = unsafe fn(&W8A8Job<'_>, Range<usize>);
+
+/// A W4A8 microkernel: `MR` rows by one 16-channel panel.
+pub(crate) trait W4A8Microkernel: Copy {
+    /// Rows per tile.
+    const MR: usize;
+    /// Channels per tile (the panel width of the packed format).
+    const NR: usize = crate::packed::PANEL;
+    /// K granularity the packed format guarantees.
+    const KC_ALIGN: usize = crate::packed::w4a8::K_STEP;
+
+    /// Computes rows `m0..m0 + mr` (`1 ≤ mr ≤ MR`) of panel `p` per the module contract.
+    ///
+    /// # Safety
+    /// - `self` proves the ISA; the job satisfies [`W4A8PanelsFn`]'s contract for panel `p`;
+    /// - `m0 + mr ≤ job.m`.
+    unsafe fn tile(self, job: &W4A8Job<'_>, p: usize, m0: usize, mr: usize);
+}
+
+/// A W8A8 microkernel: `MR` rows by one 16-channel panel.
+pub(crate) trait W8A8Microkernel: Copy {
+    /// Rows per tile.
+    const MR: usize;
+    /// K granularity the packed format guarantees.
+    const KC_ALIGN: usize = crate::packed::w8a8::K_STEP;
+
+    /// Computes rows `m0..m0 + mr` (`1 ≤ mr ≤ MR`) of panel `p`.
+    ///
+    /// # Safety
+    /// - `self` proves the ISA; the job satisfies [`W8A8PanelsFn`]'s contract for panel `p`;
+    /// - `m0 + mr ≤ job.m`.
+    unsafe fn tile(self, job: &W8A8Job<'_>, p: usize, m0: usize, mr: usize);
+}
+
+/// Walks the panels and, inside each, the row tiles; the body every rung's entry inlines.
+///
+/// # Safety
+/// - As [`W4A8PanelsFn`], with `kern` proving the ISA.
+#[inline(always)]
+pub(crate) unsafe fn w4a8_panels<K: W4A8Microkernel>(
+    kern: K,
+    job: &W4A8Job<'_>,
+    panels: Range<usize>,
+) {
+    debug_assert!(K::NR == crate::packed::PANEL && job.w.k_pad().is_multiple_of(K::KC_ALIGN));
+    for p in panels {
+        let mut m0 = 0;
+        while m0 < job.m {
+            let mr = K::MR.min(job.m - m0);
+            // SAFETY: forwarded from this function's contract; `m0 + mr ≤ m` by construction.
+            unsafe { kern.tile(job, p, m0, mr) };
+            m0 += mr;
+        }
+    }
+}
+
+/// W8A8 counterpart of [`w4a8_panels`].
+///
+/// # Safety
+/// - As [`W8A8PanelsFn`], with `kern` proving the ISA.
+#[inline(always)]
+pub(crate) unsafe fn w8a8_panels<K: W8A8Microkernel>(
+    kern: K,
+    job: &W8A8Job<'_>,
+    panels: Range<usize>,
+) {
+    debug_assert!(job.w.k_pad().is_multiple_of(K::KC_ALIGN));
+    for p in panels {
+        let mut m0 = 0;
+        while m0 < job.m {
+            let mr = K::MR.min(job.m - m0);
+            // SAFETY: forwarded from this function's contract; `m0 + mr ≤ m` by construction.
+            unsafe { kern.tile(job, p, m0, mr) };
+            m0 += mr;
+        }
+    }
+}

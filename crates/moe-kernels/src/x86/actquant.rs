@@ -1,0 +1,174 @@
+//! AVX-512 activation quantiser for the W4A8 driver: the asymmetric per-row quantisation of
+//! `moe_quant::act::quantize_row_asym_i8` (spec §4.2(a)), fused with the `q + 128` encoding the
+//! x86 kernels read, and equal to the scalar one bit for bit.
+//!
+//! The range pass uses `vminps`/`vmaxps` with the accumulator second, so a NaN element leaves it
+//! unchanged, as `f32::min`/`f32::max` do in the scalar code. Codes are `t + sign(p)` where
+//! `t = trunc(p)` and `|p − t| ≥ 0.5` (that difference is exact), i.e. round half away from
+//! zero like `f32::round`; NaN products become code `zp`, like the scalar `as i32`. The row
+//! parameters (scale, zero point) are computed with the same scalar f32 operations as in
+//! `moe_quant`.
+
+use std::arch::x86_64::*;
+
+use moe_quant::act::AsymRowQuant;
+
+/// Quantises `x` and writes `q + 128` into `dst[..x.len()]`.
+///
+/// # Safety
+/// - The CPU supports AVX-512 F (the caller holds an `Avx512Vnni` token).
+pub(crate) unsafe fn quantize_row_asym_u8(x: &[f32], dst: &mut [u8]) -> AsymRowQuant {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { quantize_row_asym_u8_avx512(x, dst) }
+}
+
+#[target_feature(enable = "avx512f")]
+fn quantize_row_asym_u8_avx512(x: &[f32], dst: &mut [u8]) -> AsymRowQuant {
+    let dst = &mut dst[..x.len()];
+    let (chunks, tail) = x.as_chunks::<16>();
+    let mut lo = _mm512_setzero_ps();
+    let mut hi = _mm512_setzero_ps();
+    for c in chunks {
+        let v = load16(c);
+        lo = _mm512_min_ps(v, lo);
+        hi = _mm512_max_ps(v, hi);
+    }
+    let (mut rmin, mut rmax) = (0.0f32, 0.0f32);
+    for (&a, &b) in lanes(lo).iter().zip(&lanes(hi)) {
+        rmin = rmin.min(a);
+        rmax = rmax.max(b);
+    }
+    for &v in tail {
+        rmin = rmin.min(v);
+        rmax = rmax.max(v);
+    }
+    let s = if rmin == rmax {
+        1.0
+    } else {
+        255.0 / (rmax - rmin)
+    };
+    if !(s.is_finite() && s > 0.0) {
+        // The all-zero row of the scalar quantiser: every code 127, encoded 255.
+        dst.fill(255);
+        return AsymRowQuant {
+            recip: 1.0,
+            zero_point: 127,
+        };
+    }
+    let dmin = rmin * s;
+    let dmax = rmax * s;
+    let zp_f = if (-128.0 + dmin) + (127.0 + dmax) > 0.0 {
+        -128.0 - dmin
+    } else {
+        127.0 - dmax
+    };
+    let zero_point = zp_f.clamp(-128.0, 127.0).round_ties_even() as i32;
+
+    let (dst_chunks, dst_tail) = dst.as_chunks_mut::<16>();
+    for (c, d) in chunks.iter().zip(dst_chunks) {
+        *d = encode16(load16(c), s, zero_point);
+    }
+    if !tail.is_empty() {
+        let mut padded = [0f32; 16];
+        padded[..tail.len()].copy_from_slice(tail);
+        let codes = encode16(load16(&padded), s, zero_point);
+        dst_tail.copy_from_slice(&codes[..tail.len()]);
+    }
+    AsymRowQuant {
+        recip: 1.0 / s,
+        zero_point,
+    }
+}
+
+/// 16 codes `clamp(rna(v·s) + zp, −128, 127) + 128`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn encode16(v: __m512, s: f32, zero_point: i32) -> [u8; 16] {
+    let p = _mm512_mul_ps(v, _mm512_set1_ps(s));
+    let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(p);
+    let away =
+        _mm512_cmp_ps_mask::<_CMP_GE_OQ>(_mm512_abs_ps(_mm512_sub_ps(p, t)), _mm512_set1_ps(0.5));
+    let sign = _mm512_and_si512(_mm512_castps_si512(p), _mm512_set1_epi32(i32::MIN));
+    let unit = _mm512_castsi512_ps(_mm512_or_si512(
+        sign,
+        _mm512_castps_si512(_mm512_set1_ps(1.0)),
+    ));
+    let rounded = _mm512_mask_add_ps(t, away, t, unit);
+    let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(p, p);
+    let q = _mm512_mask_mov_epi32(_mm512_cvttps_epi32(rounded), nan, _mm512_setzero_si512());
+    let q = _mm512_add_epi32(q, _mm512_set1_epi32(zero_point));
+    let q = _mm512_min_epi32(
+        _mm512_max_epi32(q, _mm512_set1_epi32(-128)),
+        _mm512_set1_epi32(127),
+    );
+    let u = _mm512_add_epi32(q, _mm512_set1_epi32(128));
+    let bytes = _mm512_cvtepi32_epi8(u);
+    let mut out = [0u8; 16];
+    // SAFETY: `out` holds 16 bytes, exactly what this unaligned 128-bit store writes.
+    unsafe { _mm_storeu_si128(out.as_mut_ptr().cast(), bytes) };
+    out
+}
+
+/// Loads 16 f32.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn load16(v: &[f32; 16]) -> __m512 {
+    // SAFETY: the reference covers 16 readable f32; the load is unaligned.
+    unsafe { _mm512_loadu_ps(v.as_ptr()) }
+}
+
+/// The 16 lanes of a vector.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn lanes(v: __m512) -> [f32; 16] {
+    let mut out = [0f32; 16];
+    // SAFETY: `out` holds 16 f32, exactly what this unaligned store writes.
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), v) };
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use moe_testutil::SplitMix64;
+
+    #[test]
+    fn equals_moe_quant_exactly() {
+        if !super::super::Avx512Vnni::is_available() {
+            eprintln!("note: skipping the AVX-512 quantiser test: no AVX-512 on this CPU");
+            return;
+        }
+        let mut rng = SplitMix64::new(0xac7);
+        let mut rows: Vec<Vec<f32>> = vec![
+            vec![0.5, -1.0, 2.0, 0.25],
+            vec![0.0; 37],
+            vec![1.0; 16],
+            vec![-3.0; 17],
+            vec![f32::NAN, 1.0, -2.0, 0.5],
+            vec![f32::INFINITY, 1.0],
+            vec![1e-40, -1e-40, 0.0],
+            vec![],
+        ];
+        for len in [1usize, 15, 16, 17, 31, 33, 64, 100, 255, 2048] {
+            rows.push((0..len).map(|_| rng.normal() * 4.0).collect());
+            // Many exact .5 products: multiples of 1/(2s) with s = 255/range.
+            let mut tie: Vec<f32> = (0..len)
+                .map(|i| (i as f32 - len as f32 / 2.0) / 2.0)
+                .collect();
+            tie.push(255.0 / 2.0);
+            tie.push(0.0);
+            rows.push(tie);
+        }
+        for row in rows {
+            let mut want_q = vec![0i8; row.len()];
+            let want = moe_quant::act::quantize_row_asym_i8(&row, &mut want_q);
+            let mut got = vec![0u8; row.len()];
+            // SAFETY: AVX-512 was detected above.
+            let r = unsafe { quantize_row_asym_u8(&row, &mut got) };
+            assert_eq!(r.zero_point, want.zero_point, "{row:?}");
+            assert_eq!(r.recip.to_bits(), want.recip.to_bits(), "{row:?}");
+            let got_q: Vec<i8> = got.iter().map(|&u| (u ^ 0x80) as i8).collect();
+            assert_eq!(got_q, want_q, "{row:?}");
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! AVX-512 VNNI microkernels: 8 rows × 16 channels, one zmm accumulator per row, `vpdpbusd`
+//! with the activations as `u8 = q + 128` and the weights as s8.
+//!
+//! W4A8: each 64-byte packed step yields two s8 weight vectors (low nibbles: K values 0..4 of
+//! the step, high nibbles: 4..8, each minus 8); each row broadcasts its matching 4 activation
+//! bytes. After a scale block, `acc_i = acc − (128 + zp)·Σw` is exact and the f32 epilogue runs
+//! in the reference order (no FMA), so outputs equal the scalar reference bit for bit.
+//! W8A8: one weight vector per 4 K values; `acc − 128·Σw` is `Σ q·w` exactly.
+
+// Register arrays are indexed by row in lockstep; index loops read clearer than zips here.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::Avx512Vnni;
+use crate::packed::PANEL;
+use crate::ukernel::{
+    W4A8Job, W4A8Microkernel, W4A8Out, W8A8Job, W8A8Microkernel, w4a8_panels, w8a8_panels,
+};
+
+/// Rows per tile.
+const MR: usize = 8;
+
+/// Loads 64 bytes.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn load_bytes(bytes: &[u8; 64]) -> __m512i {
+    // SAFETY: the reference covers 64 readable bytes, and the load is unaligned.
+    unsafe { _mm512_loadu_si512(bytes.as_ptr().cast()) }
+}
+
+/// Loads 16 i32.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn load_i32(v: &[i32; 16]) -> __m512i {
+    // SAFETY: the reference covers 64 readable bytes, and the load is unaligned.
+    unsafe { _mm512_loadu_si512(v.as_ptr().cast()) }
+}
+
+/// Loads 16 f32.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn load_f32(v: &[f32; 16]) -> __m512 {
+    // SAFETY: the reference covers 16 readable f32, and the load is unaligned.
+    unsafe { _mm512_loadu_ps(v.as_ptr()) }
+}
+
+/// The W4A8 tile body for `R` rows; `ACC` selects block-accumulator output.
+///
+/// # Safety
+/// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`
+///   (see [`crate::ukernel::W4A8PanelsFn`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize, m0: usize) {
+    let w = job.w;
+    let (k_pad, steps_per_block, n_blocks) = (w.k_pad(), w.block_len() / 8, w.n_blocks());
+    let nibbles = w.panel_nibbles(p);
+    let (wsum, scales) = (w.panel_wsum(p), w.panel_scales(p));
+    // Steps as fixed-size chunks, so the inner loop indexes arrays with one proven bound.
+    let (weight_steps, _) = nibbles.as_chunks::<64>();
+    let row_steps: [&[[u8; 8]]; R] =
+        std::array::from_fn(|r| job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<8>().0);
+    let mask = _mm512_set1_epi8(0x0F);
+    let eight = _mm512_set1_epi8(8);
+    let mut acc_f = [_mm512_setzero_ps(); R];
+    for b in 0..n_blocks {
+        let steps = b * steps_per_block..(b + 1) * steps_per_block;
+        let w_block = &weight_steps[steps.clone()];
+        let a_block: [&[[u8; 8]]; R] = std::array::from_fn(|r| &row_steps[r][steps.clone()]);
+        for a in &a_block {
+            assert_eq!(a.len(), w_block.len());
+        }
+        // Two accumulators per row (K values 0..4 and 4..8 of each step) halve the dependency
+        // chain, which matters when few rows share a weight vector.
+        let mut acc_lo = [_mm512_setzero_si512(); R];
+        let mut acc_hi = [_mm512_setzero_si512(); R];
+        for (i, w_step) in w_block.iter().enumerate() {
+            let v = load_bytes(w_step);
+            let lo = _mm512_sub_epi8(_mm512_and_si512(v, mask), eight);
+            let hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16::<4>(v), mask), eight);
+            for r in 0..R {
+                let a = &a_block[r][i];
+                let a_lo = _mm512_set1_epi32(i32::from_le_bytes([a[0], a[1], a[2], a[3]]));
+                let a_hi = _mm512_set1_epi32(i32::from_le_bytes([a[4], a[5], a[6], a[7]]));
+                acc_lo[r] = _mm512_dpbusd_epi32(acc_lo[r], a_lo, lo);
+                acc_hi[r] = _mm512_dpbusd_epi32(acc_hi[r], a_hi, hi);
+            }
+        }
+        let acc: [__m512i; R] = std::array::from_fn(|r| _mm512_add_epi32(acc_lo[r], acc_hi[r]));
+        let ws = load_i32(wsum[b * PANEL..][..PANEL].try_into().unwrap());
+        let sc = load_f32(scales[b * PANEL..][..PANEL].try_into().unwrap());
+        for r in 0..R {
+            let corr = _mm512_set1_epi32(job.row_corr[m0 + r]);
+            let acc_i = _mm512_sub_epi32(acc[r], _mm512_mullo_epi32(corr, ws));
+            match job.out {
+                W4A8Out::BlockAcc { ptr } if ACC => {
+                    let at = ((m0 + r) * n_blocks + b) * PANEL * w.n_panels() + p * PANEL;
+                    // SAFETY: the driver sized the accumulator buffer `[m][n_blocks][n_pad]`;
+                    // these 16 channels of row `m0 + r` belong to this call alone.
+                    unsafe { _mm512_storeu_si512(ptr.wrapping_add(at).cast(), acc_i) };
+                }
+                _ => {
+                    acc_f[r] =
+                        _mm512_add_ps(acc_f[r], _mm512_mul_ps(_mm512_cvtepi32_ps(acc_i), sc));
+                }
+            }
+        }
+    }
+    if let W4A8Out::Values { ptr, ld } = job.out {
+        let valid = PANEL.min(w.n() - p * PANEL);
+        let keep: __mmask16 = if valid == PANEL { !0 } else { (1 << valid) - 1 };
+        let bias = w.panel_bias(p).map(|b| load_f32(b.try_into().unwrap()));
+        for r in 0..R {
+            let mut y = _mm512_mul_ps(acc_f[r], _mm512_set1_ps(job.row_recip[m0 + r]));
+            if let Some(bias) = bias {
+                y = _mm512_add_ps(y, bias);
+            }
+            // SAFETY: row `m0 + r < m` and the masked-in channels `16p..16p + valid` are `< N`,
+            // inside the validated output and owned by this call; masked-out lanes are not
+            // accessed.
+            unsafe { _mm512_mask_storeu_ps(ptr.wrapping_add((m0 + r) * ld + p * PANEL), keep, y) };
+        }
+    }
+}
+
+/// The W8A8 tile body for `R` rows.
+///
+/// # Safety
+/// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
+    let w = job.w;
+    let k_pad = w.k_pad();
+    let bytes = w.panel_bytes(p);
+    let (weight_steps, _) = bytes.as_chunks::<64>();
+    let row_steps: [&[[u8; 4]]; R] =
+        std::array::from_fn(|r| job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<4>().0);
+    for a in &row_steps {
+        assert_eq!(a.len(), weight_steps.len());
+    }
+    let mut acc = [_mm512_setzero_si512(); R];
+    for (i, step) in weight_steps.iter().enumerate() {
+        // SAFETY: `[i8; 64]` and `[u8; 64]` have the same size, alignment and validity.
+        let v = load_bytes(unsafe { &*(step as *const [i8; 64]).cast::<[u8; 64]>() });
+        for r in 0..R {
+            let a = _mm512_set1_epi32(i32::from_le_bytes(row_steps[r][i]));
+            acc[r] = _mm512_dpbusd_epi32(acc[r], a, v);
+        }
+    }
+    let comp = _mm512_slli_epi32::<7>(load_i32(w.panel_wsum(p).try_into().unwrap()));
+    let scales = load_f32(w.panel_scales(p).try_into().unwrap());
+    let valid = PANEL.min(w.n() - p * PANEL);
+    let keep: __mmask16 = if valid == PANEL { !0 } else { (1 << valid) - 1 };
+    for r in 0..R {
+        let exact = _mm512_sub_epi32(acc[r], comp);
+        let dequant = _mm512_mul_ps(_mm512_set1_ps(job.row_scale[m0 + r]), scales);
+        let y = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), dequant);
+        // SAFETY: row `m0 + r < m`, channels `16p..16p + valid < N`, owned by this call; masked
+        // lanes are not accessed.
+        unsafe {
+            _mm512_mask_storeu_ps(job.out.wrapping_add((m0 + r) * job.ld + p * PANEL), keep, y)
+        };
+    }
+}
+
+macro_rules! by_rows {
+    ($mr:expr, $call:ident, [$($n:literal)*]) => {
+        match $mr {
+            $($n => $call!($n),)*
+            _ => unreachable!("tile rows out of range"),
+        }
+    };
+}
+
+impl W4A8Microkernel for Avx512Vnni {
+    const MR: usize = MR;
+
+    #[inline(always)]
+    unsafe fn tile(self, job: &W4A8Job<'_>, p: usize, m0: usize, mr: usize) {
+        let acc = matches!(job.out, W4A8Out::BlockAcc { .. });
+        macro_rules! run {
+            ($n:literal) => {
+                if acc {
+                    // SAFETY: `self` proves AVX-512 F/BW/VNNI; the output contract is forwarded.
+                    unsafe { w4a8_tile::<$n, true>(job, p, m0) }
+                } else {
+                    // SAFETY: as above.
+                    unsafe { w4a8_tile::<$n, false>(job, p, m0) }
+                }
+            };
+        }
+        by_rows!(mr, run, [1 2 3 4 5 6 7 8])
+    }
+}
+
+impl W8A8Microkernel for Avx512Vnni {
+    const MR: usize = MR;
+
+    #[inline(always)]
+    unsafe fn tile(self, job: &W8A8Job<'_>, p: usize, m0: usize, mr: usize) {
+        macro_rules! run {
+            ($n:literal) => {
+                // SAFETY: `self` proves AVX-512 F/BW/VNNI; the output contract is forwarded.
+                unsafe { w8a8_tile::<$n>(job, p, m0) }
+            };
+        }
+        by_rows!(mr, run, [1 2 3 4 5 6 7 8])
+    }
+}
+
+/// The W4A8 entry point of this rung.
+///
+/// # Safety
+/// - [`crate::ukernel::W4A8PanelsFn`]'s contract, including AVX-512 F/BW/VL/VNNI support.
+pub(crate) unsafe fn w4a8_entry(job: &W4A8Job<'_>, panels: Range<usize>) {
+    // SAFETY: the caller guarantees the CPU features (the `KernelSet` was built from the token).
+    let token = unsafe { Avx512Vnni::new_unchecked() };
+    // SAFETY: the job contract is forwarded from our caller.
+    unsafe { w4a8_panels(token, job, panels) }
+}
+
+/// The W8A8 entry point of this rung.
+///
+/// # Safety
+/// - [`crate::ukernel::W8A8PanelsFn`]'s contract, including AVX-512 F/BW/VL/VNNI support.
+pub(crate) unsafe fn w8a8_entry(job: &W8A8Job<'_>, panels: Range<usize>) {
+    // SAFETY: the caller guarantees the CPU features (the `KernelSet` was built from the token).
+    let token = unsafe { Avx512Vnni::new_unchecked() };
+    // SAFETY: the job contract is forwarded from our caller.
+    unsafe { w8a8_panels(token, job, panels) }
+}

@@ -1,0 +1,287 @@
+//! x86-64 CPU detection and the ISA tokens that prove it, plus one module per x86 rung.
+//!
+//! A token is a zero-sized value that can only be obtained when the CPU (and, for AMX, the
+//! operating system) supports its features. Kernels take the token by value, so holding one is
+//! the proof that discharges the `#[target_feature]` call obligation. The AMX token also performs
+//! the Linux permission request for the tile data state, once per process.
+
+mod actquant;
+pub(crate) mod amx;
+pub(crate) mod avx2;
+pub(crate) mod avx512vnni;
+pub(crate) mod avxvnni;
+mod ymm;
+
+use std::sync::OnceLock;
+
+use crate::Isa;
+
+/// Proof that AVX2 (and FMA/BMI-era baseline SSE) can be used.
+#[derive(Debug, Clone, Copy)]
+pub struct Avx2(());
+
+/// Proof that AVX-VNNI (VEX-encoded `vpdpbusd` on ymm) and AVX2 can be used.
+#[derive(Debug, Clone, Copy)]
+pub struct AvxVnni(());
+
+/// Proof that AVX-512 F, BW, VL and VNNI can be used.
+#[derive(Debug, Clone, Copy)]
+pub struct Avx512Vnni(());
+
+/// Proof that AMX-TILE and AMX-INT8 can be used: the CPU has them, the OS enables their state
+/// in XCR0, and this process was granted the tile data permission. Implies [`Avx512Vnni`].
+#[derive(Debug, Clone, Copy)]
+pub struct Amx(());
+
+impl Avx2 {
+    /// The token, when the CPU has AVX2.
+    pub fn try_new() -> Option<Self> {
+        Self::is_available().then_some(Self(()))
+    }
+
+    /// The token without checking.
+    ///
+    /// # Safety
+    /// - The CPU running the program must support AVX2.
+    pub unsafe fn new_unchecked() -> Self {
+        Self(())
+    }
+
+    /// Whether the CPU has AVX2.
+    pub fn is_available() -> bool {
+        std::is_x86_feature_detected!("avx2")
+    }
+}
+
+impl AvxVnni {
+    /// The token, when the CPU has AVX-VNNI and AVX2.
+    pub fn try_new() -> Option<Self> {
+        Self::is_available().then_some(Self(()))
+    }
+
+    /// The token without checking.
+    ///
+    /// # Safety
+    /// - The CPU running the program must support AVX2 and AVX-VNNI.
+    pub unsafe fn new_unchecked() -> Self {
+        Self(())
+    }
+
+    /// Whether the CPU has AVX-VNNI and AVX2.
+    pub fn is_available() -> bool {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("avxvnni")
+    }
+}
+
+impl Avx512Vnni {
+    /// The token, when the CPU has AVX-512 F, BW, VL and VNNI.
+    pub fn try_new() -> Option<Self> {
+        Self::is_available().then_some(Self(()))
+    }
+
+    /// The token without checking.
+    ///
+    /// # Safety
+    /// - The CPU running the program must support AVX-512 F, BW, VL and VNNI.
+    pub unsafe fn new_unchecked() -> Self {
+        Self(())
+    }
+
+    /// Whether the CPU has AVX-512 F, BW, VL and VNNI.
+    pub fn is_available() -> bool {
+        std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("avx512vnni")
+    }
+
+    /// The AVX2 token that AVX-512 implies.
+    pub fn avx2(self) -> Avx2 {
+        Avx2(())
+    }
+}
+
+impl Amx {
+    /// The token, when AMX-INT8 is usable: CPU support, OS support (XCR0) and the Linux tile
+    /// data permission, which this call requests the first time (the answer is cached).
+    pub fn try_new() -> Option<Self> {
+        Self::is_available().then_some(Self(()))
+    }
+
+    /// The token without checking.
+    ///
+    /// # Safety
+    /// - The CPU must support AMX-TILE, AMX-INT8 and AVX-512 VNNI, the OS must enable the tile
+    ///   state, and the process must hold the tile data permission (see [`Amx::try_new`]).
+    pub unsafe fn new_unchecked() -> Self {
+        Self(())
+    }
+
+    /// Whether AMX-INT8 is usable, requesting the tile data permission the first time.
+    pub fn is_available() -> bool {
+        static GRANTED: OnceLock<bool> = OnceLock::new();
+        *GRANTED.get_or_init(|| {
+            let f = detect();
+            f.amx_tile && f.amx_int8 && f.os_tile_state && Avx512Vnni::is_available() && {
+                request_tile_permission()
+            }
+        })
+    }
+
+    /// The AVX-512 VNNI token that AMX implies (checked by [`Amx::is_available`]).
+    pub fn avx512vnni(self) -> Avx512Vnni {
+        Avx512Vnni(())
+    }
+}
+
+/// What CPUID and XCR0 say about the x86 features the ladder cares about.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct X86Features {
+    /// AVX2.
+    pub avx2: bool,
+    /// FMA.
+    pub fma: bool,
+    /// AVX-VNNI (VEX).
+    pub avx_vnni: bool,
+    /// AVX-512 Foundation.
+    pub avx512f: bool,
+    /// AVX-512 byte/word.
+    pub avx512bw: bool,
+    /// AVX-512 vector length extensions.
+    pub avx512vl: bool,
+    /// AVX-512 VNNI.
+    pub avx512vnni: bool,
+    /// AVX-512 BF16.
+    pub avx512bf16: bool,
+    /// AMX-TILE (CPUID.(7,0):EDX bit 24).
+    pub amx_tile: bool,
+    /// AMX-INT8 (CPUID.(7,0):EDX bit 25).
+    pub amx_int8: bool,
+    /// AMX-BF16 (CPUID.(7,0):EDX bit 22).
+    pub amx_bf16: bool,
+    /// The OS enables XTILECFG and XTILEDATA in XCR0 (bits 17 and 18).
+    pub os_tile_state: bool,
+}
+
+/// Reads CPUID and XCR0 (no side effects; the AMX permission is not requested here).
+pub fn detect() -> X86Features {
+    use std::arch::x86_64::__cpuid_count;
+    let max_leaf = __cpuid_count(0, 0).eax;
+    let (leaf7_edx, osxsave) = if max_leaf >= 7 {
+        (
+            __cpuid_count(7, 0).edx,
+            __cpuid_count(1, 0).ecx & (1 << 27) != 0,
+        )
+    } else {
+        (0, false)
+    };
+    let xcr0 = if osxsave { read_xcr0() } else { 0 };
+    let tile_bits = (1u64 << 17) | (1u64 << 18);
+    X86Features {
+        avx2: std::is_x86_feature_detected!("avx2"),
+        fma: std::is_x86_feature_detected!("fma"),
+        avx_vnni: std::is_x86_feature_detected!("avxvnni"),
+        avx512f: std::is_x86_feature_detected!("avx512f"),
+        avx512bw: std::is_x86_feature_detected!("avx512bw"),
+        avx512vl: std::is_x86_feature_detected!("avx512vl"),
+        avx512vnni: std::is_x86_feature_detected!("avx512vnni"),
+        avx512bf16: std::is_x86_feature_detected!("avx512bf16"),
+        amx_tile: leaf7_edx & (1 << 24) != 0,
+        amx_int8: leaf7_edx & (1 << 25) != 0,
+        amx_bf16: leaf7_edx & (1 << 22) != 0,
+        os_tile_state: xcr0 & tile_bits == tile_bits,
+    }
+}
+
+/// Reads XCR0 with `xgetbv`; only called when CPUID reports OSXSAVE.
+fn read_xcr0() -> u64 {
+    let (lo, hi): (u32, u32);
+    // SAFETY: the caller checked CPUID.1:ECX.OSXSAVE, which makes `xgetbv` with ECX = 0 a valid
+    // instruction; it only writes EAX and EDX, declared as outputs.
+    unsafe {
+        std::arch::asm!("xgetbv", in("ecx") 0u32, out("eax") lo, out("edx") hi,
+            options(nomem, nostack, preserves_flags));
+    }
+    (u64::from(hi) << 32) | u64::from(lo)
+}
+
+/// Asks Linux for permission to use the AMX tile data state (`ARCH_REQ_XCOMP_PERM`,
+/// `XFEATURE_XTILEDATA`). Without it the first tile instruction raises SIGILL.
+#[cfg(target_os = "linux")]
+fn request_tile_permission() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: `arch_prctl(ARCH_REQ_XCOMP_PERM, feature)` takes two integers, touches no memory of
+    // ours, and only changes which XSAVE features this process may use; a refusal is an error
+    // return, handled below.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        )
+    };
+    rc == 0
+}
+
+/// Other x86-64 systems: no known permission protocol, so AMX is not used.
+#[cfg(not(target_os = "linux"))]
+fn request_tile_permission() -> bool {
+    false
+}
+
+/// The kernel set of rung `isa` if this CPU supports it, built from the rung's token.
+pub(crate) fn kernel_set(isa: crate::Isa) -> Option<crate::KernelSet> {
+    match isa {
+        Isa::Avx2 => Avx2::try_new().map(avx2::kernel_set),
+        Isa::AvxVnni => AvxVnni::try_new().map(avxvnni::kernel_set),
+        Isa::Avx512Vnni => Avx512Vnni::try_new().map(avx512vnni_kernel_set),
+        Isa::Amx => Amx::try_new().map(amx::kernel_set),
+        _ => None,
+    }
+}
+
+/// The AVX-512 VNNI kernels.
+pub(crate) fn avx512vnni_kernel_set(_token: Avx512Vnni) -> crate::KernelSet {
+    use crate::ukernel::ActEncoding::U8Offset128;
+    // SAFETY: the token proves AVX-512 F/BW/VL/VNNI, all these entries need.
+    let ks = unsafe {
+        crate::KernelSet::from_entries(
+            Isa::Avx512Vnni,
+            (Isa::Avx512Vnni, U8Offset128, avx512vnni::w4a8_entry),
+            (Isa::Avx512Vnni, U8Offset128, avx512vnni::w8a8_entry),
+        )
+    };
+    // SAFETY: the token proves AVX-512 F, all the quantiser needs.
+    unsafe { ks.with_act_quant(Isa::Avx512Vnni, actquant::quantize_row_asym_u8) }
+}
+
+/// The detected features as `(name, detected)` pairs (AMX availability includes the OS
+/// permission, requested here if not yet done).
+pub(crate) fn feature_report() -> Vec<(&'static str, bool)> {
+    let f = detect();
+    vec![
+        ("avx2", f.avx2),
+        ("fma", f.fma),
+        ("avx-vnni", f.avx_vnni),
+        ("avx512f", f.avx512f),
+        ("avx512bw", f.avx512bw),
+        ("avx512vl", f.avx512vl),
+        ("avx512-vnni", f.avx512vnni),
+        ("avx512-bf16", f.avx512bf16),
+        ("amx-tile", f.amx_tile),
+        ("amx-int8", f.amx_int8),
+        ("amx-bf16", f.amx_bf16),
+        ("os tile state (XCR0 17/18)", f.os_tile_state),
+        ("amx permission granted", Amx::is_available()),
+    ]
+}
+
+/// Kernel sets that only tests use: the AVX-VNNI bodies on EVEX `vpdpbusd ymm`, when available.
+#[cfg(test)]
+pub(crate) fn test_only_kernel_sets() -> Vec<(&'static str, crate::KernelSet)> {
+    avxvnni::evex_twin::kernel_set()
+        .map(|ks| ("avx-vnni bodies on evex vpdpbusd ymm", ks))
+        .into_iter()
+        .collect()
+}
