@@ -30,13 +30,22 @@ fn quantize_stack<W: ModelFloat>(
         return Err(format!("{name}: int8 codes differ from {want_codes}"));
     }
     let scales = case.f32s(want_scales);
-    if q.scales.iter().zip(&scales).any(|(a, b)| a.to_bits() != b.to_bits()) {
+    if q.scales
+        .iter()
+        .zip(&scales)
+        .any(|(a, b)| a.to_bits() != b.to_bits())
+    {
         return Err(format!("{name}: scales differ from {want_scales}"));
     }
     (0..e)
         .map(|ex| {
-            PackedW8A8::pack(n, k, &q.codes[ex * n * k..][..n * k], &q.scales[ex * n..][..n])
-                .map_err(|err| format!("{name}[{ex}]: {err}"))
+            PackedW8A8::pack(
+                n,
+                k,
+                &q.codes[ex * n * k..][..n * k],
+                &q.scales[ex * n..][..n],
+            )
+            .map_err(|err| format!("{name}[{ex}]: {err}"))
         })
         .collect()
 }
