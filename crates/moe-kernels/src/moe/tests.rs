@@ -566,6 +566,7 @@ fn a_nan_row_poisons_only_its_token() {
 // ---------------------------------------------------------------------------------------------
 // Thread-count independence.
 
+#[cfg(feature = "rayon")]
 #[test]
 fn results_do_not_depend_on_threads_or_lanes() {
     let mut rng = SplitMix64::new(41);
