@@ -223,10 +223,12 @@ impl<W: ExpertMatrix> FusedMoe<W> {
             topk_weights,
         } = input;
         scratch.check_fits(tokens, top_k, (h, i, e))?;
-        check_len("x", tokens * h, x.len())?;
-        check_len("topk_ids", tokens * top_k, topk_ids.len())?;
-        check_len("topk_weights", tokens * top_k, topk_weights.len())?;
-        check_len("out", tokens * h, out.len())?;
+        // Saturating products: an absurd size must fail the check, not overflow.
+        let (x_len, pairs) = (tokens.saturating_mul(h), tokens.saturating_mul(top_k));
+        check_len("x", x_len, x.len())?;
+        check_len("topk_ids", pairs, topk_ids.len())?;
+        check_len("topk_weights", pairs, topk_weights.len())?;
+        check_len("out", x_len, out.len())?;
         let routing = Routing {
             ids: topk_ids,
             weights: topk_weights,
