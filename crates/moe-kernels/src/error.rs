@@ -68,4 +68,58 @@ pub enum KernelError {
         /// Largest allowed value.
         max: i64,
     },
+    /// A routed expert id lies outside the experts the layer knows (vLLM: "expert id out of
+    /// range").
+    #[error("expert id out of range: {tensor}[{index}] = {id}, expected 0..{num_experts}")]
+    ExpertIdOutOfRange {
+        /// Which tensor (`"topk_ids"`).
+        tensor: &'static str,
+        /// Flat index of the first offending id.
+        index: usize,
+        /// The offending id.
+        id: i64,
+        /// Number of (global) experts; valid ids are `0..num_experts`.
+        num_experts: usize,
+    },
+    /// One expert's weight matrix has the wrong shape.
+    #[error("{tensor}[{expert}]: dimension {dim} is {got}, expected {expected}")]
+    ExpertShapeMismatch {
+        /// Which stacked tensor (`"w13"`, `"w2"`).
+        tensor: &'static str,
+        /// The expert (local index).
+        expert: usize,
+        /// The dimension's name (`"N"`, `"K"`).
+        dim: &'static str,
+        /// Value implied by the layer's hidden and intermediate sizes.
+        expected: usize,
+        /// Value of the matrix.
+        got: usize,
+    },
+    /// A call needs more working memory than its scratch was sized for; the scratch never
+    /// grows on the hot path, so the caller must size a larger one (or split the call).
+    #[error("scratch was sized for {what} = {capacity}, but this call needs {needed}")]
+    ScratchTooSmall {
+        /// The sized quantity (`"tokens"`, `"token-expert pairs"`).
+        what: &'static str,
+        /// What the scratch holds.
+        capacity: usize,
+        /// What the call needs.
+        needed: usize,
+    },
+    /// A scratch was sized for a layer of another shape.
+    #[error("scratch was sized for {dim} = {scratch}, but the layer has {layer}")]
+    ScratchMismatch {
+        /// The dimension's name (`"H"`, `"I"`, `"E"`).
+        dim: &'static str,
+        /// The value the scratch was sized for.
+        scratch: usize,
+        /// The layer's value.
+        layer: usize,
+    },
+    /// A combination of options the pipeline does not support.
+    #[error("unsupported configuration: {reason}")]
+    Unsupported {
+        /// What is refused and why.
+        reason: &'static str,
+    },
 }

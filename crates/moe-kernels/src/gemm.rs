@@ -74,7 +74,7 @@ impl GemmScratch {
             row_scale: Vec::with_capacity(m),
             encoded: Vec::with_capacity(m * k_pad),
             corr: Vec::with_capacity(m),
-            nan_rows: Vec::new(),
+            nan_rows: Vec::with_capacity(m),
         }
     }
 }

@@ -10,6 +10,8 @@
 //! - The GEMM driver ([`w4a8_gemm`], [`w8a8_gemm`] and their `_quantized` forms) quantises the
 //!   activation rows, encodes them for the chosen kernel and splits the output channels over
 //!   threads ([`Par`]); results do not depend on the thread count.
+//! - [`moe`]: the fused expert pipeline ([`FusedMoe`]) on top of the GEMMs: bucketing by
+//!   expert, gate/up GEMM, activation, down GEMM, gating and the ordered per-token sum.
 //! - [`scalar`] is always compiled: the literal reference of spec §4.5 (the oracle) and the
 //!   portable fallback kernels. Every SIMD rung reproduces it bit for bit.
 //!
@@ -21,6 +23,7 @@ mod dispatch;
 mod error;
 mod gemm;
 mod isa;
+pub mod moe;
 pub mod packed;
 pub mod scalar;
 mod ukernel;
@@ -46,6 +49,10 @@ pub use gemm::{
     w8a8_gemm_quantized,
 };
 pub use isa::{ALL_ISAS, Isa, IsaArch, IsaCap, MAX_ISA_ENV, UnknownIsa};
+pub use moe::{
+    Activation, ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, Int4ActivationKind,
+    MoeInput, MoeScratch, MoeScratchDims,
+};
 pub use packed::{PackedW4A8, PackedW8A8, W4A8Scales};
 
 /// The CPU features this binary's architecture cares about, as `(name, detected)` pairs.

@@ -1,0 +1,102 @@
+//! The weight formats an expert can hold ([`PackedW4A8`], [`PackedW8A8`]) behind one sealed
+//! trait, so the pipeline is written once and each format brings its GEMM and its numerics.
+
+use crate::{GemmScratch, KernelError, KernelSet, PackedW4A8, PackedW8A8, Par};
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for crate::PackedW4A8 {}
+    impl Sealed for crate::PackedW8A8 {}
+}
+
+/// Which quantised GEMM family a weight format uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightFormat {
+    /// int4 weights, dynamic asymmetric per-row int8 activations (spec §4).
+    W4A8,
+    /// int8 per-channel weights, dynamic symmetric per-token int8 activations (spec §5.3).
+    W8A8,
+}
+
+/// A packed expert weight matrix `[N, K]` the fused pipeline can multiply with.
+pub trait ExpertMatrix: Send + Sync + sealed::Sealed {
+    /// The GEMM family.
+    const FORMAT: WeightFormat;
+
+    /// Output channels N.
+    fn n(&self) -> usize;
+
+    /// Reduction dimension K.
+    fn k(&self) -> usize;
+
+    /// Whether the scales are one per output channel (no groups).
+    fn is_channelwise(&self) -> bool;
+
+    /// `out[m, N] = GEMM(x[m, K])`, quantising the rows of `x` dynamically.
+    #[doc(hidden)]
+    fn gemm(
+        &self,
+        ks: &KernelSet,
+        m: usize,
+        x: &[f32],
+        out: &mut [f32],
+        scratch: &mut GemmScratch,
+        par: Par,
+    ) -> Result<(), KernelError>;
+}
+
+impl ExpertMatrix for PackedW4A8 {
+    const FORMAT: WeightFormat = WeightFormat::W4A8;
+
+    fn n(&self) -> usize {
+        PackedW4A8::n(self)
+    }
+
+    fn k(&self) -> usize {
+        PackedW4A8::k(self)
+    }
+
+    fn is_channelwise(&self) -> bool {
+        self.group_size().is_none()
+    }
+
+    fn gemm(
+        &self,
+        ks: &KernelSet,
+        m: usize,
+        x: &[f32],
+        out: &mut [f32],
+        scratch: &mut GemmScratch,
+        par: Par,
+    ) -> Result<(), KernelError> {
+        crate::w4a8_gemm(ks, m, x, self, out, scratch, par)
+    }
+}
+
+impl ExpertMatrix for PackedW8A8 {
+    const FORMAT: WeightFormat = WeightFormat::W8A8;
+
+    fn n(&self) -> usize {
+        PackedW8A8::n(self)
+    }
+
+    fn k(&self) -> usize {
+        PackedW8A8::k(self)
+    }
+
+    fn is_channelwise(&self) -> bool {
+        true
+    }
+
+    fn gemm(
+        &self,
+        ks: &KernelSet,
+        m: usize,
+        x: &[f32],
+        out: &mut [f32],
+        scratch: &mut GemmScratch,
+        par: Par,
+    ) -> Result<(), KernelError> {
+        crate::w8a8_gemm(ks, m, x, self, out, scratch, par)
+    }
+}

@@ -1,0 +1,563 @@
+//! [`FusedMoe`]: a layer's packed expert weights plus the fused expert pipeline of spec §4.1
+//! (bucket, gather, gate/up GEMM, activation, down GEMM, gating, ordered per-token sum).
+//!
+//! Threads: experts are cut into contiguous groups ("lanes", balanced by row count), lanes run
+//! as rayon tasks, and every GEMM may further split its output channels ([`Par::Rayon`]).
+//! Every output element is produced by one fixed sequence of operations whatever the split,
+//! and the per-token sum runs in ascending expert order afterwards, so results are bitwise
+//! independent of the thread count and of the number of lanes.
+
+use super::activation::{Activation, GateUpLayout};
+use super::bucket::Routing;
+use super::experts::{ExpertMatrix, WeightFormat};
+use super::numerics::{ExpertId, MoeFloat, Numerics, Round, SumMode};
+use super::scratch::{MoeScratch, MoeScratchDims, NOT_LOCAL};
+use crate::packed::check_len;
+use crate::{GemmScratch, KernelError, KernelSet, Par};
+
+/// The per-expert weights of one layer, local experts only.
+#[derive(Debug, Clone)]
+pub struct ExpertWeights<W> {
+    /// Gate/up projections, one `[2I, H]` matrix per expert.
+    pub w13: Vec<W>,
+    /// Down projections, one `[H, I]` matrix per expert.
+    pub w2: Vec<W>,
+    /// Optional f32 bias of `w13`, `[E, 2I]` (added after the GEMM, before any rounding; for
+    /// W4A8 it may equally be packed into the matrices).
+    pub w13_bias: Option<Vec<f32>>,
+    /// Optional f32 bias of `w2`, `[E, H]`.
+    pub w2_bias: Option<Vec<f32>>,
+}
+
+/// What the layer computes besides its weights.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FusedMoeConfig {
+    /// Hidden size H.
+    pub hidden_size: usize,
+    /// Intermediate size I per expert (this partition's).
+    pub intermediate_size: usize,
+    /// The gated activation.
+    pub activation: Activation,
+    /// How gate and up rows are arranged in `w13`.
+    pub gate_up_layout: GateUpLayout,
+    /// Multiply the router weight into the gathered input rows instead of the expert outputs.
+    pub apply_router_weight_on_input: bool,
+    /// Number of experts of the whole model; `topk_ids` must lie in `0..global_num_experts`.
+    /// Without an expert map it must equal the number of local experts.
+    pub global_num_experts: usize,
+    /// Expert parallelism (spec §7.5): global id → local id, or −1 for an expert held by
+    /// another rank (its contributions are skipped). Length `global_num_experts`.
+    pub expert_map: Option<Vec<i32>>,
+}
+
+/// One call's routed tokens.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeInput<'a, X, Id> {
+    /// Number of tokens T.
+    pub tokens: usize,
+    /// Experts per token k.
+    pub top_k: usize,
+    /// Hidden states `[T, H]`.
+    pub x: &'a [X],
+    /// Global expert ids `[T, k]`.
+    pub topk_ids: &'a [Id],
+    /// Router weights `[T, k]`.
+    pub topk_weights: &'a [f32],
+}
+
+/// A MoE layer's experts, ready to apply; immutable and shareable between threads.
+#[derive(Debug, Clone)]
+pub struct FusedMoe<W> {
+    config: FusedMoeConfig,
+    weights: ExpertWeights<W>,
+    all_channelwise: bool,
+    kernels: KernelSet,
+}
+
+impl<W: ExpertMatrix> FusedMoe<W> {
+    /// Validates the weights against the configuration and keeps the kernel set that
+    /// [`FusedMoe::apply`] will use (normally `*moe_kernels::kernels()`).
+    pub fn new(
+        weights: ExpertWeights<W>,
+        config: FusedMoeConfig,
+        kernels: KernelSet,
+    ) -> Result<Self, KernelError> {
+        let (h, i) = (config.hidden_size, config.intermediate_size);
+        let e = weights.w13.len();
+        for (dim, got) in [("H", h), ("I", i), ("E", e)] {
+            if got == 0 {
+                return Err(KernelError::UnsupportedDim {
+                    dim,
+                    got,
+                    reason: "a MoE layer needs at least one expert, hidden and intermediate value",
+                });
+            }
+        }
+        if weights.w2.len() != e {
+            return Err(KernelError::ShapeMismatch {
+                tensor: "w2",
+                dim: "E",
+                other: "w13",
+                expected: e,
+                got: weights.w2.len(),
+            });
+        }
+        let two_i = i.checked_mul(2).ok_or(KernelError::UnsupportedDim {
+            dim: "I",
+            got: i,
+            reason: "2·I overflows usize",
+        })?;
+        check_experts("w13", &weights.w13, two_i, h)?;
+        check_experts("w2", &weights.w2, h, i)?;
+        if let Some(b) = &weights.w13_bias {
+            check_len("w13_bias", e * two_i, b.len())?;
+        }
+        if let Some(b) = &weights.w2_bias {
+            check_len("w2_bias", e * h, b.len())?;
+        }
+        config.activation.validate(config.gate_up_layout)?;
+        if W::FORMAT == WeightFormat::W8A8
+            && matches!(config.activation, Activation::VllmCpuInt4Compat(_))
+        {
+            return Err(KernelError::Unsupported {
+                reason: "the vLLM CPU int4 compatibility activation applies to W4A8 weights only",
+            });
+        }
+        match &config.expert_map {
+            None if config.global_num_experts != e => {
+                return Err(KernelError::ShapeMismatch {
+                    tensor: "global_num_experts",
+                    dim: "E",
+                    other: "w13 (no expert map)",
+                    expected: e,
+                    got: config.global_num_experts,
+                });
+            }
+            None => {}
+            Some(map) => {
+                check_len("expert_map", config.global_num_experts, map.len())?;
+                if let Some(index) = map.iter().position(|&l| l < -1 || l as i64 >= e as i64) {
+                    return Err(KernelError::ValueOutOfRange {
+                        tensor: "expert_map",
+                        index,
+                        value: i64::from(map[index]),
+                        min: -1,
+                        max: e as i64 - 1,
+                    });
+                }
+            }
+        }
+        let all_channelwise = weights
+            .w13
+            .iter()
+            .chain(&weights.w2)
+            .all(ExpertMatrix::is_channelwise);
+        Ok(Self {
+            config,
+            weights,
+            all_channelwise,
+            kernels,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &FusedMoeConfig {
+        &self.config
+    }
+
+    /// Number of local experts E.
+    pub fn num_experts(&self) -> usize {
+        self.weights.w13.len()
+    }
+
+    /// The kernel set the pipeline calls.
+    pub fn kernels(&self) -> &KernelSet {
+        &self.kernels
+    }
+
+    /// A scratch for calls of up to `max_tokens` tokens with `top_k` experts each, running up
+    /// to `lanes` expert groups at once (the rayon pool size is a good choice).
+    pub fn scratch(
+        &self,
+        max_tokens: usize,
+        top_k: usize,
+        lanes: usize,
+    ) -> Result<MoeScratch, KernelError> {
+        MoeScratch::new(MoeScratchDims {
+            max_tokens,
+            top_k,
+            hidden_size: self.config.hidden_size,
+            intermediate_size: self.config.intermediate_size,
+            num_experts: self.num_experts(),
+            lanes,
+        })
+    }
+
+    /// `out[T, H] = Σ_j topk_weights[t, j] · expert_{topk_ids[t, j]}(x[t])` per spec §4.1.
+    ///
+    /// `X` is f32, bf16 or f16; the output has the input's dtype and the rounding rules of the
+    /// weight format (see `numerics`). A token whose row holds a NaN gets an all-NaN output row
+    /// (spec §4.6); NaN router weights poison the rows they touch. Pairs whose expert maps to
+    /// −1 contribute nothing; a token with no local expert gets zeros.
+    ///
+    /// Allocates nothing: every buffer comes from `scratch`, and a call that does not fit it is
+    /// refused with [`KernelError::ScratchTooSmall`]. All arguments are checked before `out`
+    /// is written.
+    pub fn apply<X: MoeFloat, Id: ExpertId>(
+        &self,
+        input: MoeInput<'_, X, Id>,
+        out: &mut [X],
+        scratch: &mut MoeScratch,
+        par: Par,
+    ) -> Result<(), KernelError> {
+        let (h, i, e) = (
+            self.config.hidden_size,
+            self.config.intermediate_size,
+            self.num_experts(),
+        );
+        let MoeInput {
+            tokens,
+            top_k,
+            x,
+            topk_ids,
+            topk_weights,
+        } = input;
+        scratch.check_fits(tokens, top_k, (h, i, e))?;
+        // Saturating products: an absurd size must fail the check, not overflow.
+        let (x_len, pairs) = (tokens.saturating_mul(h), tokens.saturating_mul(top_k));
+        check_len("x", x_len, x.len())?;
+        check_len("topk_ids", pairs, topk_ids.len())?;
+        check_len("topk_weights", pairs, topk_weights.len())?;
+        check_len("out", x_len, out.len())?;
+        let routing = Routing {
+            ids: topk_ids,
+            weights: topk_weights,
+            top_k,
+            expert_map: self.config.expert_map.as_deref(),
+            global_experts: self.config.global_num_experts,
+            local_experts: e,
+        };
+        let rows = routing.bucket(scratch)?;
+        if tokens == 0 {
+            return Ok(());
+        }
+        if top_k == 0 || rows == 0 {
+            out.fill(X::from_f32(0.0));
+            return Ok(());
+        }
+
+        let numerics = match W::FORMAT {
+            WeightFormat::W4A8 => Numerics::w4a8::<X>(self.all_channelwise),
+            WeightFormat::W8A8 => Numerics::w8a8::<X>(),
+        };
+        let MoeScratch {
+            offsets,
+            tok,
+            gate,
+            order,
+            lane_bounds,
+            xy,
+            h: hbuf,
+            a: abuf,
+            gemm,
+            ..
+        } = scratch;
+        let active = offsets.windows(2).filter(|w| w[1] > w[0]).count();
+        let lanes = match par {
+            Par::Seq => 1,
+            Par::Rayon => gemm.len().min(pool_threads()).min(active).max(1),
+        };
+        split_lanes(&offsets[..=e], rows, &mut lane_bounds[..=lanes]);
+        let ctx = ExpertCtx {
+            moe: self,
+            x,
+            tok: &tok[..rows],
+            gate: &gate[..rows],
+            offsets: &offsets[..=e],
+            numerics,
+            par,
+        };
+        ctx.run_lanes(
+            &lane_bounds[..=lanes],
+            LaneBufs {
+                xy: &mut xy[..rows * h],
+                h: &mut hbuf[..rows * 2 * i],
+                a: &mut abuf[..rows * i],
+                gemm: &mut gemm[..lanes],
+            },
+        )?;
+        Reduce {
+            y: &xy[..rows * h],
+            order: &order[..tokens * top_k],
+            top_k,
+            hidden: h,
+            sum: numerics.sum,
+        }
+        .run(out, par);
+        Ok(())
+    }
+}
+
+/// Checks every expert matrix of a stack against `[n, k]`.
+fn check_experts<W: ExpertMatrix>(
+    tensor: &'static str,
+    stack: &[W],
+    n: usize,
+    k: usize,
+) -> Result<(), KernelError> {
+    for (expert, w) in stack.iter().enumerate() {
+        for (dim, expected, got) in [("N", n, w.n()), ("K", k, w.k())] {
+            if expected != got {
+                return Err(KernelError::ExpertShapeMismatch {
+                    tensor,
+                    expert,
+                    dim,
+                    expected,
+                    got,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Cuts experts `0..E` into `bounds.len() − 1` contiguous groups of roughly equal row counts:
+/// `bounds[l]` is the first expert of lane `l`.
+fn split_lanes(offsets: &[usize], rows: usize, bounds: &mut [usize]) {
+    let lanes = bounds.len() - 1;
+    let e = offsets.len() - 1;
+    for (l, b) in bounds.iter_mut().enumerate() {
+        *b = if l == lanes {
+            e
+        } else {
+            let target = l * rows / lanes;
+            offsets[..e].partition_point(|&o| o < target)
+        };
+    }
+}
+
+/// The read-only state shared by all lanes of one call.
+struct ExpertCtx<'a, W, X> {
+    moe: &'a FusedMoe<W>,
+    x: &'a [X],
+    tok: &'a [usize],
+    gate: &'a [f32],
+    offsets: &'a [usize],
+    numerics: Numerics,
+    par: Par,
+}
+
+/// The mutable buffers of a run of lanes: rows of the lanes' experts only.
+struct LaneBufs<'s> {
+    xy: &'s mut [f32],
+    h: &'s mut [f32],
+    a: &'s mut [f32],
+    gemm: &'s mut [GemmScratch],
+}
+
+impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
+    /// Runs the lanes of `bounds` (expert boundaries), splitting them in halves over rayon.
+    fn run_lanes(&self, bounds: &[usize], bufs: LaneBufs<'_>) -> Result<(), KernelError> {
+        let lanes = bounds.len() - 1;
+        if lanes == 1 {
+            return self.run_experts(bounds[0], bounds[1], bufs.xy, bufs.h, bufs.a, bufs.gemm);
+        }
+        let mid = lanes / 2;
+        let split_row = self.offsets[bounds[mid]] - self.offsets[bounds[0]];
+        let (h, i) = (
+            self.moe.config.hidden_size,
+            self.moe.config.intermediate_size,
+        );
+        let (xy_l, xy_r) = bufs.xy.split_at_mut(split_row * h);
+        let (h_l, h_r) = bufs.h.split_at_mut(split_row * 2 * i);
+        let (a_l, a_r) = bufs.a.split_at_mut(split_row * i);
+        let (g_l, g_r) = bufs.gemm.split_at_mut(mid);
+        let left = LaneBufs {
+            xy: xy_l,
+            h: h_l,
+            a: a_l,
+            gemm: g_l,
+        };
+        let right = LaneBufs {
+            xy: xy_r,
+            h: h_r,
+            a: a_r,
+            gemm: g_r,
+        };
+        let (l, r) = join(
+            || self.run_lanes(&bounds[..=mid], left),
+            || self.run_lanes(&bounds[mid..], right),
+        );
+        l.and(r)
+    }
+
+    /// Experts `e0..e1` one after another; the buffers start at expert `e0`'s first row.
+    fn run_experts(
+        &self,
+        e0: usize,
+        e1: usize,
+        xy: &mut [f32],
+        hbuf: &mut [f32],
+        abuf: &mut [f32],
+        gemm: &mut [GemmScratch],
+    ) -> Result<(), KernelError> {
+        let cfg = &self.moe.config;
+        let weights = &self.moe.weights;
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        let nm = self.numerics;
+        let on_input = cfg.apply_router_weight_on_input;
+        let scratch = &mut gemm[0];
+        let base = self.offsets[e0];
+        for e in e0..e1 {
+            let (start, end) = (self.offsets[e], self.offsets[e + 1]);
+            let n_e = end - start;
+            if n_e == 0 {
+                continue;
+            }
+            let r0 = start - base;
+            let xy_e = &mut xy[r0 * h..][..n_e * h];
+            let h_e = &mut hbuf[r0 * 2 * i..][..n_e * 2 * i];
+            let a_e = &mut abuf[r0 * i..][..n_e * i];
+
+            // Gather (and optionally gate) the input rows.
+            for (pos, row) in (start..end).zip(xy_e.chunks_exact_mut(h)) {
+                let src = &self.x[self.tok[pos] * h..][..h];
+                if on_input {
+                    let g = nm.gate(self.gate[pos]);
+                    for (d, s) in row.iter_mut().zip(src) {
+                        *d = nm.compute.apply(s.to_f32() * g);
+                    }
+                } else {
+                    for (d, s) in row.iter_mut().zip(src) {
+                        *d = s.to_f32();
+                    }
+                }
+            }
+
+            // Gate/up projection, bias, activation.
+            weights.w13[e].gemm(&self.moe.kernels, n_e, xy_e, h_e, scratch, self.par)?;
+            let b13 = weights
+                .w13_bias
+                .as_deref()
+                .map(|b| &b[e * 2 * i..][..2 * i]);
+            finish_gemm_rows(h_e, 2 * i, b13, &nm);
+            for (hr, ar) in h_e.chunks_exact(2 * i).zip(a_e.chunks_exact_mut(i)) {
+                cfg.activation
+                    .apply_row(cfg.gate_up_layout, hr, ar, nm.compute);
+            }
+
+            // Down projection into the gathered rows' place, bias, gating, output dtype.
+            weights.w2[e].gemm(&self.moe.kernels, n_e, a_e, xy_e, scratch, self.par)?;
+            let b2 = weights.w2_bias.as_deref().map(|b| &b[e * h..][..h]);
+            finish_gemm_rows(xy_e, h, b2, &nm);
+            for (pos, row) in (start..end).zip(xy_e.chunks_exact_mut(h)) {
+                if on_input {
+                    row.iter_mut().for_each(|v| *v = nm.out.apply(*v));
+                } else {
+                    let g = nm.gate(self.gate[pos]);
+                    row.iter_mut()
+                        .for_each(|v| *v = nm.out.apply(nm.compute.apply(*v * g)));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Adds the bias (if any) to each row of `width` values and applies the format's GEMM-output
+/// rounding.
+fn finish_gemm_rows(rows: &mut [f32], width: usize, bias: Option<&[f32]>, nm: &Numerics) {
+    match bias {
+        Some(b) => {
+            for row in rows.chunks_exact_mut(width) {
+                for (v, &bv) in row.iter_mut().zip(b) {
+                    *v = nm.gemm_out.apply(*v + bv);
+                }
+            }
+        }
+        None if nm.gemm_out != Round::F32 => {
+            rows.iter_mut().for_each(|v| *v = nm.gemm_out.apply(*v));
+        }
+        None => {}
+    }
+}
+
+/// Below this many output elements × contributions the sum runs on one thread.
+const PARALLEL_REDUCE_MIN: usize = 1 << 16;
+
+/// Step 5 of spec §4.1: each token's contributions, in ascending expert order, into `out`.
+struct Reduce<'a> {
+    /// Expert outputs `[rows, H]`, already gated and in the output dtype.
+    y: &'a [f32],
+    /// Per token, its rows in ascending order, [`NOT_LOCAL`] last, `[T, k]`.
+    order: &'a [usize],
+    top_k: usize,
+    hidden: usize,
+    sum: SumMode,
+}
+
+impl Reduce<'_> {
+    /// One token's output row.
+    fn token<X: MoeFloat>(&self, dst: &mut [X], slots: &[usize]) {
+        for (c, d) in dst.iter_mut().enumerate() {
+            let mut acc = 0.0f32;
+            for &pos in slots.iter().take_while(|&&p| p != NOT_LOCAL) {
+                let v = self.y[pos * self.hidden + c];
+                acc = match self.sum {
+                    SumMode::RoundEachAdd => X::round_f32(acc + v),
+                    SumMode::F32ThenRound => acc + v,
+                };
+            }
+            *d = X::from_f32(acc);
+        }
+    }
+
+    /// Every token, in parallel when asked and worth it (rows are independent).
+    fn run<X: MoeFloat>(&self, out: &mut [X], par: Par) {
+        if par == Par::Rayon && out.len() * self.top_k >= PARALLEL_REDUCE_MIN {
+            self.run_parallel(out);
+        } else {
+            for (dst, slots) in out
+                .chunks_exact_mut(self.hidden)
+                .zip(self.order.chunks_exact(self.top_k))
+            {
+                self.token(dst, slots);
+            }
+        }
+    }
+
+    #[cfg(feature = "rayon")]
+    fn run_parallel<X: MoeFloat>(&self, out: &mut [X]) {
+        use rayon::prelude::*;
+        out.par_chunks_exact_mut(self.hidden)
+            .zip(self.order.par_chunks_exact(self.top_k))
+            .for_each(|(dst, slots)| self.token(dst, slots));
+    }
+
+    #[cfg(not(feature = "rayon"))]
+    fn run_parallel<X: MoeFloat>(&self, out: &mut [X]) {
+        self.run(out, Par::Seq)
+    }
+}
+
+/// Runs both closures, on two rayon tasks when the feature is on.
+#[cfg(feature = "rayon")]
+fn join<A: Send, B: Send>(a: impl FnOnce() -> A + Send, b: impl FnOnce() -> B + Send) -> (A, B) {
+    rayon::join(a, b)
+}
+
+#[cfg(not(feature = "rayon"))]
+fn join<A: Send, B: Send>(a: impl FnOnce() -> A + Send, b: impl FnOnce() -> B + Send) -> (A, B) {
+    (a(), b())
+}
+
+/// Threads of the current rayon pool (1 without the feature).
+#[cfg(feature = "rayon")]
+fn pool_threads() -> usize {
+    rayon::current_num_threads()
+}
+
+#[cfg(not(feature = "rayon"))]
+fn pool_threads() -> usize {
+    1
+}

@@ -1,0 +1,149 @@
+//! The fused pipeline's working memory, sized once from the layer shape and the largest call,
+//! so that [`FusedMoe::apply`](super::FusedMoe::apply) allocates nothing.
+//!
+//! A call larger than the scratch was sized for is refused with
+//! [`KernelError::ScratchTooSmall`]; the scratch never grows behind the caller's back. One
+//! scratch serves one call at a time (`&mut`); concurrent callers of the same `FusedMoe` each
+//! bring their own.
+
+use crate::{GemmScratch, KernelError};
+
+/// The sizes a [`MoeScratch`] is built for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeScratchDims {
+    /// Largest token count T of a call.
+    pub max_tokens: usize,
+    /// Largest top-k of a call (calls may trade T for k: the limit is `T·k`).
+    pub top_k: usize,
+    /// Hidden size H of the layer.
+    pub hidden_size: usize,
+    /// Intermediate size I of the layer (per expert, per partition).
+    pub intermediate_size: usize,
+    /// Local expert count E of the layer.
+    pub num_experts: usize,
+    /// How many expert groups may run at once (one GEMM scratch each); 1 runs experts one
+    /// after another (each GEMM may still split its output channels over threads).
+    pub lanes: usize,
+}
+
+/// Index marking a (token, slot) pair routed to no local expert.
+pub(crate) const NOT_LOCAL: usize = usize::MAX;
+
+/// Preallocated buffers of the fused pipeline; see the module docs.
+#[derive(Debug, Clone)]
+pub struct MoeScratch {
+    pub(crate) dims: MoeScratchDims,
+    /// Largest number of (token, slot) pairs, `max_tokens·top_k`.
+    pub(crate) max_pairs: usize,
+    /// Bucket starts per expert, `[E + 1]`.
+    pub(crate) offsets: Vec<usize>,
+    /// Per-expert counts, then fill cursors, `[E]`.
+    pub(crate) cursor: Vec<usize>,
+    /// Token of each bucketed row, `[pairs]`.
+    pub(crate) tok: Vec<usize>,
+    /// Router weight of each bucketed row, `[pairs]`.
+    pub(crate) gate: Vec<f32>,
+    /// Per token, the bucketed rows of its slots in ascending order ([`NOT_LOCAL`] last),
+    /// `[T, k]`.
+    pub(crate) order: Vec<usize>,
+    /// Expert boundaries of the lanes, `[lanes + 1]`.
+    pub(crate) lane_bounds: Vec<usize>,
+    /// Gathered input rows, overwritten in place by the expert outputs, `[pairs, H]`.
+    pub(crate) xy: Vec<f32>,
+    /// Gate/up projections, `[pairs, 2I]`.
+    pub(crate) h: Vec<f32>,
+    /// Activation outputs, `[pairs, I]`.
+    pub(crate) a: Vec<f32>,
+    /// One GEMM scratch per lane.
+    pub(crate) gemm: Vec<GemmScratch>,
+}
+
+impl MoeScratch {
+    /// Allocates every buffer for calls up to `dims`.
+    ///
+    /// Memory: about `max_tokens·top_k·(3H + 3I)·4` bytes plus `lanes·max_tokens·top_k·2·max(H, I)`
+    /// bytes of quantised rows; split very large batches into several calls instead.
+    pub fn new(dims: MoeScratchDims) -> Result<Self, KernelError> {
+        let overflow = |dim| KernelError::UnsupportedDim {
+            dim,
+            got: dims.max_tokens,
+            reason: "scratch size overflows usize",
+        };
+        if dims.lanes == 0 {
+            return Err(KernelError::UnsupportedDim {
+                dim: "lanes",
+                got: 0,
+                reason: "a scratch needs at least one lane",
+            });
+        }
+        let max_pairs = dims
+            .max_tokens
+            .checked_mul(dims.top_k)
+            .ok_or(overflow("max_tokens·top_k"))?;
+        let (h, i, e) = (dims.hidden_size, dims.intermediate_size, dims.num_experts);
+        let rows = |width: usize| {
+            max_pairs
+                .checked_mul(width)
+                .ok_or(overflow("max_tokens·top_k·width"))
+        };
+        Ok(Self {
+            dims,
+            max_pairs,
+            offsets: vec![0; e + 1],
+            cursor: vec![0; e],
+            tok: vec![0; max_pairs],
+            gate: vec![0.0; max_pairs],
+            order: vec![NOT_LOCAL; max_pairs],
+            lane_bounds: vec![0; dims.lanes + 1],
+            xy: vec![0.0; rows(h)?],
+            h: vec![0.0; rows(i.saturating_mul(2))?],
+            a: vec![0.0; rows(i)?],
+            gemm: (0..dims.lanes)
+                .map(|_| GemmScratch::with_capacity(max_pairs, h.max(i)))
+                .collect(),
+        })
+    }
+
+    /// The sizes this scratch was built for.
+    pub fn dims(&self) -> MoeScratchDims {
+        self.dims
+    }
+
+    /// Refuses a call of `tokens × top_k` on a layer of shape `(h, i, e)` that does not fit.
+    pub(crate) fn check_fits(
+        &self,
+        tokens: usize,
+        top_k: usize,
+        (h, i, e): (usize, usize, usize),
+    ) -> Result<(), KernelError> {
+        for (dim, scratch, layer) in [
+            ("H", self.dims.hidden_size, h),
+            ("I", self.dims.intermediate_size, i),
+            ("E", self.dims.num_experts, e),
+        ] {
+            if scratch != layer {
+                return Err(KernelError::ScratchMismatch {
+                    dim,
+                    scratch,
+                    layer,
+                });
+            }
+        }
+        if tokens > self.dims.max_tokens {
+            return Err(KernelError::ScratchTooSmall {
+                what: "tokens",
+                capacity: self.dims.max_tokens,
+                needed: tokens,
+            });
+        }
+        let pairs = tokens.saturating_mul(top_k);
+        if pairs > self.max_pairs {
+            return Err(KernelError::ScratchTooSmall {
+                what: "token-expert pairs",
+                capacity: self.max_pairs,
+                needed: pairs,
+            });
+        }
+        Ok(())
+    }
+}
