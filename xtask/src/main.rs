@@ -1,6 +1,56 @@
-//! Project automation (`cargo xtask <command>`); see `cargo xtask help`.
+//! Project automation for moe-rs, run as `cargo xtask <command>`; `cargo xtask help` lists the
+//! commands.
+//!
+//! xtask is the single front door for anything beyond a plain `cargo` call: the aarch64 test
+//! ladder under QEMU, the capped x86 ISA ladder, and the CI sequence that `.ci/run` executes. It uses
+//! only std, shells out through `$CARGO` (the cargo that launched it), and always works from the
+//! workspace root, so it behaves the same from any directory.
 
-fn main() {
-    eprintln!("usage: cargo xtask <test-arm|ci>");
-    std::process::exit(2);
+mod ci;
+mod flags;
+mod test_arm;
+mod test_x86;
+mod util;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use flags::Command;
+
+fn main() -> ExitCode {
+    let command = match flags::parse(std::env::args().skip(1)) {
+        Ok(command) => command,
+        Err(message) => {
+            eprintln!("error: {message}\n\n{}", flags::HELP);
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = std::env::set_current_dir(project_root()) {
+        eprintln!("error: cannot enter the workspace root: {e}");
+        return ExitCode::FAILURE;
+    }
+    let outcome = match command {
+        Command::Help => {
+            println!("{}", flags::HELP);
+            Ok(())
+        }
+        Command::TestArm(opts) => test_arm::run(&opts),
+        Command::TestX86Ladder(opts) => test_x86::run(&opts),
+        Command::Ci => ci::run(),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The workspace root: the parent of this crate's directory.
+pub fn project_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
 }

@@ -1,0 +1,109 @@
+//! `cargo xtask ci`: the CI sequence, which is all `.ci/run` does.
+//!
+//! The steps run in a fixed order, cheapest first where that does not change the meaning, and stop
+//! at the first failure. Each step prints a banner and its time, and a table of step times closes
+//! the run, so a CI log shows at a glance what ran and where the time went.
+
+use std::time::{Duration, Instant};
+
+use crate::flags::{TestArm, TestX86Ladder};
+use crate::util::{Cmd, Result, banner, fmt_duration};
+use crate::{test_arm, test_x86};
+
+/// One CI step.
+enum Step {
+    /// A cargo command with extra environment variables.
+    Cargo {
+        args: &'static [&'static str],
+        env: &'static [(&'static str, &'static str)],
+    },
+    /// The x86 ISA ladder, run in this process.
+    X86Ladder,
+    /// The aarch64 QEMU ladder, run in this process.
+    Arm,
+}
+
+impl Step {
+    fn title(&self) -> String {
+        match self {
+            Step::Cargo { args, env } => {
+                let env: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+                format!("{}cargo {}", env.concat(), args.join(" "))
+            }
+            Step::X86Ladder => "cargo xtask test-x86-ladder".to_string(),
+            Step::Arm => "cargo xtask test-arm".to_string(),
+        }
+    }
+
+    fn run(&self) -> Result<()> {
+        match self {
+            Step::Cargo { args, env } => {
+                let mut cmd = Cmd::cargo(*args);
+                for (key, value) in *env {
+                    cmd = cmd.env(key, value);
+                }
+                cmd.run()
+            }
+            Step::X86Ladder => test_x86::run(&TestX86Ladder::default()),
+            Step::Arm => test_arm::run(&TestArm::default()),
+        }
+    }
+}
+
+/// The CI sequence. `cargo test --workspace` is the test command the README gives.
+const STEPS: [Step; 6] = [
+    Step::Cargo {
+        args: &["fmt", "--all", "--", "--check"],
+        env: &[],
+    },
+    Step::Cargo {
+        args: &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        env: &[],
+    },
+    Step::Cargo {
+        args: &["test", "--workspace"],
+        env: &[],
+    },
+    Step::X86Ladder,
+    Step::Arm,
+    // Reductions must not depend on the thread count (style item 11).
+    Step::Cargo {
+        args: &["test", "--workspace"],
+        env: &[("RAYON_NUM_THREADS", "1")],
+    },
+];
+
+/// Runs every step in order and stops at the first failure.
+pub fn run() -> Result<()> {
+    let start = Instant::now();
+    let mut times: Vec<(String, Duration, &str)> = Vec::new();
+    for (i, step) in STEPS.iter().enumerate() {
+        let title = step.title();
+        banner(&format!("CI step {}/{}: {title}", i + 1, STEPS.len()));
+        let step_start = Instant::now();
+        let outcome = step.run();
+        let result = if outcome.is_ok() { "ok" } else { "FAILED" };
+        times.push((title, step_start.elapsed(), result));
+        if outcome.is_err() {
+            print_times(&times, start.elapsed());
+            return outcome.map_err(|e| format!("CI step {} failed: {e}", i + 1).into());
+        }
+    }
+    print_times(&times, start.elapsed());
+    Ok(())
+}
+
+fn print_times(times: &[(String, Duration, &str)], total: Duration) {
+    banner("CI summary");
+    for (title, elapsed, result) in times {
+        println!("{:>8}  {result:<6}  {title}", fmt_duration(*elapsed));
+    }
+    println!("{:>8}  total", fmt_duration(total));
+}

@@ -1,0 +1,172 @@
+//! Command-line parsing for xtask: a hand-written parser over the few flags we have, so xtask
+//! needs no dependency.
+
+use std::time::Duration;
+
+/// The text `cargo xtask help` prints.
+pub const HELP: &str = "\
+cargo xtask <command> [options]
+
+Commands:
+  test-arm [--rung <cpu>]... [--no-install] [--timeout-minutes <n>] [-- <test args>]
+      Build the library crates' tests for aarch64-unknown-linux-gnu (static, with Debian's
+      rustc-web) and run every test binary under qemu-aarch64 once per CPU rung:
+      cortex-a53 (neon), neoverse-n1 (dotprod), max (i8mm). Installs the Debian packages it
+      needs when they are missing (needs root or passwordless sudo).
+        --rung <cpu>            run only this rung (repeatable)
+        --no-install            fail instead of installing missing packages
+        --timeout-minutes <n>   limit for each QEMU run (default 20)
+  test-x86-ladder [-- <test args>]
+      Run the moe-kernels tests natively with MOE_KERNELS_MAX_ISA capped to avx512-vnni,
+      avx-vnni, avx2 and scalar (rungs the host lacks are skipped).
+  ci
+      Run the CI sequence (what .ci/run runs), stopping at the first failure: fmt check,
+      clippy, cargo test --workspace, test-x86-ladder, test-arm, and cargo test --workspace
+      again with RAYON_NUM_THREADS=1.
+  help
+      Print this text.";
+
+/// A parsed xtask invocation.
+#[derive(Debug)]
+pub enum Command {
+    /// Print the help text.
+    Help,
+    /// Run the aarch64 ladder under QEMU.
+    TestArm(TestArm),
+    /// Run the moe-kernels tests under each x86 ISA cap.
+    TestX86Ladder(TestX86Ladder),
+    /// Run the whole CI sequence.
+    Ci,
+}
+
+/// Options of `test-arm`.
+#[derive(Debug)]
+pub struct TestArm {
+    /// QEMU CPU models to run; empty means every rung of the ladder.
+    pub rungs: Vec<String>,
+    /// Refuse to install missing Debian packages (report what is missing instead).
+    pub no_install: bool,
+    /// Upper bound for one test binary under QEMU, so a hang cannot stall CI.
+    pub timeout: Duration,
+    /// Extra arguments for every test binary (a filter, `--nocapture`, ...).
+    pub test_args: Vec<String>,
+}
+
+impl Default for TestArm {
+    fn default() -> Self {
+        Self {
+            rungs: Vec::new(),
+            no_install: false,
+            timeout: Duration::from_secs(20 * 60),
+            test_args: Vec::new(),
+        }
+    }
+}
+
+/// Options of `test-x86-ladder`.
+#[derive(Debug, Default)]
+pub struct TestX86Ladder {
+    /// Extra arguments for the test binaries (after cargo's `--`).
+    pub test_args: Vec<String>,
+}
+
+/// Parses the arguments that follow `cargo xtask`.
+pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Command, String> {
+    let Some(command) = args.next() else {
+        return Ok(Command::Help);
+    };
+    match command.as_str() {
+        "help" | "--help" | "-h" => no_more_args(args, Command::Help),
+        "ci" => no_more_args(args, Command::Ci),
+        "test-arm" => parse_test_arm(args).map(Command::TestArm),
+        "test-x86-ladder" => {
+            let test_args = after_double_dash(&mut args, "test-x86-ladder")?;
+            Ok(Command::TestX86Ladder(TestX86Ladder { test_args }))
+        }
+        other => Err(format!("unknown command {other:?}")),
+    }
+}
+
+fn parse_test_arm(mut args: impl Iterator<Item = String>) -> Result<TestArm, String> {
+    let mut opts = TestArm::default();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--rung" => opts.rungs.push(value_of(&mut args, "--rung")?),
+            "--no-install" => opts.no_install = true,
+            "--timeout-minutes" => {
+                let raw = value_of(&mut args, "--timeout-minutes")?;
+                let minutes: u64 = raw
+                    .parse()
+                    .map_err(|_| format!("--timeout-minutes wants a whole number, got {raw:?}"))?;
+                opts.timeout = Duration::from_secs(minutes * 60);
+            }
+            "--" => {
+                opts.test_args = args.collect();
+                break;
+            }
+            other => return Err(format!("test-arm: unknown option {other:?}")),
+        }
+    }
+    Ok(opts)
+}
+
+/// Collects the arguments after a leading `--`; anything else is an error.
+fn after_double_dash(
+    args: &mut impl Iterator<Item = String>,
+    command: &str,
+) -> Result<Vec<String>, String> {
+    match args.next() {
+        None => Ok(Vec::new()),
+        Some(dash) if dash == "--" => Ok(args.collect()),
+        Some(other) => Err(format!("{command}: unknown option {other:?}")),
+    }
+}
+
+fn value_of(args: &mut impl Iterator<Item = String>, flag: &str) -> Result<String, String> {
+    args.next().ok_or_else(|| format!("{flag} needs a value"))
+}
+
+fn no_more_args(
+    mut args: impl Iterator<Item = String>,
+    command: Command,
+) -> Result<Command, String> {
+    match args.next() {
+        None => Ok(command),
+        Some(extra) => Err(format!("unexpected argument {extra:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_str(line: &str) -> Result<Command, String> {
+        parse(line.split_whitespace().map(String::from))
+    }
+
+    #[test]
+    fn test_arm_flags_are_read() {
+        let Ok(Command::TestArm(opts)) =
+            parse_str("test-arm --rung max --no-install --timeout-minutes 3 -- golden --nocapture")
+        else {
+            panic!("test-arm did not parse");
+        };
+        assert_eq!(opts.rungs, ["max"]);
+        assert!(opts.no_install);
+        assert_eq!(opts.timeout, Duration::from_secs(180));
+        assert_eq!(opts.test_args, ["golden", "--nocapture"]);
+    }
+
+    #[test]
+    fn unknown_input_is_an_error() {
+        assert!(parse_str("frobnicate").is_err());
+        assert!(parse_str("ci --fast").is_err());
+        assert!(parse_str("test-arm --rung").is_err());
+        assert!(parse_str("test-x86-ladder --fast").is_err());
+    }
+
+    #[test]
+    fn no_command_means_help() {
+        assert!(matches!(parse_str(""), Ok(Command::Help)));
+    }
+}
