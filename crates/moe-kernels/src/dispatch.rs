@@ -2,9 +2,10 @@
 //! chosen [`KernelSet`] of function pointers in a `static OnceLock`.
 //!
 //! A `KernelSet` names the rung it was selected for **and**, per operation, the rung whose code
-//! actually runs. The two differ where a rung has no kernel of its own yet (the aarch64 rungs
-//! use the scalar kernels for now; the AMX rung uses AVX-512 VNNI below its M threshold), so
-//! reports and the `MOE_EXPECT_ISA` guard never claim more than what runs.
+//! actually runs. The two differ where a rung has no kernel of its own yet (the AMX rung uses
+//! AVX-512 VNNI below its M threshold), so reports and the `MOE_EXPECT_ISA` guard never claim
+//! more than what runs. Each architecture module registers its rungs' kernels
+//! (`x86::kernel_set`, `aarch64::kernel_set`, each built from the rung's token).
 
 use std::fmt;
 use std::sync::OnceLock;
@@ -80,6 +81,7 @@ impl KernelSet {
 
     /// The same kernels, recorded as selected for rung `rung` (a rung without kernels of its
     /// own for some op keeps the lower rung's, and [`KernelSet::describe_ops`] says so).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the AMX rung borrows today
     pub(crate) fn for_rung(mut self, rung: Isa) -> Self {
         self.rung = rung;
         self

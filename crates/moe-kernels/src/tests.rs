@@ -271,6 +271,73 @@ fn w8a8_every_rung_matches_reference() {
     }
 }
 
+/// Every product at its largest magnitude, with both signs: where narrow intermediate sums
+/// (the NEON rung's i16 stages, `vpmaddubsw` on x86) would overflow first.
+#[test]
+fn extreme_codes_every_rung() {
+    let (m, n) = (5, 17);
+    let rungs = rungs();
+    for (k, wv, qv) in [
+        (64, -128i8, -127i8),
+        (64, -128, 127),
+        (68, 127, 127),
+        (68, 127, -127),
+    ] {
+        let (q, w) = (vec![qv; m * k], vec![wv; n * k]);
+        let (scale, ws) = (vec![0.01f32; m], vec![0.02f32; n]);
+        let packed = PackedW8A8::pack(n, k, &w, &ws).unwrap();
+        let args = W8A8RefArgs {
+            m,
+            n,
+            k,
+            q: &q,
+            row_scale: &scale,
+            w: &w,
+            scales: &ws,
+        };
+        let want = w8a8_reference(&args);
+        for (isa, ks) in &rungs {
+            let mut got = vec![f32::NAN; m * n];
+            let rows = SymQuantRows {
+                q: &q,
+                scale: &scale,
+            };
+            let mut scratch = GemmScratch::new();
+            crate::w8a8_gemm_quantized(ks, m, rows, &packed, &mut got, &mut scratch, Par::Seq)
+                .unwrap();
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(g, w)| g.to_bits() == w.to_bits());
+            assert!(same, "{isa} w8a8 w={wv} q={qv}: {got:?} != {want:?}");
+        }
+    }
+    for (k, wv, qv, zp) in [
+        (64, -8i8, -128i8, 127),
+        (64, -8, 127, -128),
+        (70, 7, -128, 0),
+    ] {
+        let w = vec![wv; n * k];
+        let s = vec![0.05f32; n];
+        let case = W4A8Case {
+            m,
+            n,
+            k,
+            block_len: k,
+            q: vec![qv; m * k],
+            zp: vec![zp; m],
+            recip: vec![0.25; m],
+            packed: PackedW4A8::pack(n, k, &w, W4A8Scales::Channelwise(&s), None).unwrap(),
+            w,
+            scales_f32: s,
+            bias: None,
+        };
+        for (isa, ks) in &rungs {
+            check_w4a8(isa, ks, &case, Par::Seq).unwrap();
+        }
+    }
+}
+
 #[test]
 fn w4a8_edge_rows_all_zero_nan_and_inf() {
     let (n, k) = (17, 64);

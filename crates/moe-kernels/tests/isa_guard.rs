@@ -1,7 +1,7 @@
 //! Proves which rung ran: fails when `MOE_EXPECT_ISA` names another rung than the selected one,
 //! and prints what was detected (run with `--nocapture`).
 
-use moe_kernels::{Isa, cpu_features, isa_cap, kernels, selected_isa};
+use moe_kernels::{Isa, IsaArch, cpu_features, isa_cap, kernels, selected_isa};
 
 #[test]
 fn selected_isa_matches_moe_expect_isa() {
@@ -10,9 +10,8 @@ fn selected_isa_matches_moe_expect_isa() {
         return;
     };
     let expected: Isa = expected.parse().expect("MOE_EXPECT_ISA must name a rung");
-    // The rung is what detection (under the cap) selected. Where a rung has no kernels of its
-    // own yet (the aarch64 rungs), the ops report the scalar kernels; that is checked below so
-    // the guard never claims more than what runs.
+    // The rung is what detection (under the cap) selected. A rung may borrow a lower rung's
+    // kernels for some op (AMX below its M threshold), which `describe_ops` reports.
     assert_eq!(
         selected_isa(),
         expected,
@@ -20,6 +19,14 @@ fn selected_isa_matches_moe_expect_isa() {
     );
     for line in kernels().describe_ops() {
         eprintln!("  {line}");
+    }
+    // Every aarch64 rung has kernels of its own for every op: prove that they are what runs,
+    // so a silent fallback to a lower rung's code cannot pass.
+    if expected.arch() == IsaArch::Aarch64 {
+        for m in [1, 64] {
+            assert_eq!(kernels().w4a8_isa(m), expected, "w4a8 kernels for m = {m}");
+        }
+        assert_eq!(kernels().w8a8_isa(), expected, "w8a8 kernels");
     }
 }
 

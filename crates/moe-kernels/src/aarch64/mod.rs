@@ -1,8 +1,18 @@
-//! aarch64 CPU detection and the ISA tokens that prove it.
+//! aarch64 CPU detection and the ISA tokens that prove it, plus one module per aarch64 rung.
 //!
-//! The kernels for these rungs are not written yet: until they are, the dispatcher selects the
-//! best detected aarch64 rung but records the scalar kernels as the implementation of every op
-//! (see `dispatch.rs`), so reports and the `MOE_EXPECT_ISA` guard stay truthful.
+//! The rungs are NEON (`neon.rs`, widening multiplies), dot product (`dotprod.rs`, `sdot`) and
+//! int8 matrix multiply (`i8mm.rs`, `smmla`). They share their loads and epilogues
+//! (`common.rs`); `sdot` and `smmla` are emitted only by `asm.rs` until their intrinsics are
+//! stable. Every rung takes the activations as signed codes (`ActEncoding::I8`) and reproduces
+//! the scalar reference bit for bit.
+
+mod asm;
+mod common;
+pub(crate) mod dotprod;
+pub(crate) mod i8mm;
+pub(crate) mod neon;
+
+use crate::Isa;
 
 /// Proof that Advanced SIMD (NEON) can be used; always true on aarch64 Linux.
 #[derive(Debug, Clone, Copy)]
@@ -100,17 +110,14 @@ pub fn detect() -> Aarch64Features {
     }
 }
 
-/// The kernel set of rung `isa` if this CPU supports it. No aarch64 kernels exist yet, so every
-/// aarch64 rung runs the scalar kernels, and the set says so.
-pub(crate) fn kernel_set(isa: crate::Isa) -> Option<crate::KernelSet> {
-    use crate::Isa;
-    let available = match isa {
-        Isa::Neon => Neon::is_available(),
-        Isa::NeonDot => NeonDot::is_available(),
-        Isa::NeonI8mm => NeonI8mm::is_available(),
-        _ => false,
-    };
-    available.then(|| crate::KernelSet::scalar().for_rung(isa))
+/// The kernel set of rung `isa` if this CPU supports it, built from the rung's token.
+pub(crate) fn kernel_set(isa: Isa) -> Option<crate::KernelSet> {
+    match isa {
+        Isa::Neon => Neon::try_new().map(neon::kernel_set),
+        Isa::NeonDot => NeonDot::try_new().map(dotprod::kernel_set),
+        Isa::NeonI8mm => NeonI8mm::try_new().map(i8mm::kernel_set),
+        _ => None,
+    }
 }
 
 /// The detected features as `(name, detected)` pairs.

@@ -26,6 +26,7 @@ pub struct PackedW8A8 {
     k_pad: usize,
     n_panels: usize,
     bytes: Vec<i8>,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // for `q + 128` kernels (x86)
     wsum: Vec<i32>,
     scales: Vec<f32>,
 }
@@ -124,6 +125,7 @@ impl PackedW8A8 {
     }
 
     /// The weight sums of panel `p` (16 values).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // for `q + 128` kernels (x86)
     pub(crate) fn panel_wsum(&self, p: usize) -> &[i32] {
         &self.wsum[p * PANEL..][..PANEL]
     }

@@ -1,0 +1,222 @@
+//! NEON helpers shared by the three aarch64 rungs: loads, nibble unpacking, and the W4A8 and
+//! W8A8 epilogues, written once.
+//!
+//! Every rung reduces a tile to [`RowSums`] (exact i32 sums of one row over the 16 channels of
+//! a panel) and hands them here. The epilogues follow the reference order of spec §4.5 with a
+//! separate `fmul` and `fadd` (never `vfmaq`, and Rust does not contract `vmulq` + `vaddq` into
+//! `fmla`), so the f32 outputs equal the scalar reference bit for bit.
+
+use std::arch::aarch64::*;
+
+use crate::packed::PANEL;
+use crate::ukernel::{W4A8Job, W4A8Out, W8A8Job};
+
+/// Exact i32 sums of one row over the 16 channels of a panel: lane `i` of vector `q` is channel
+/// `4q + i`, matching the packed layout (16 bytes of a step = 4 channels × 4 K values).
+pub(super) type RowSums = [int32x4_t; 4];
+
+/// The f32 block accumulators of one row, laid out as [`RowSums`].
+pub(super) type RowAccF = [float32x4_t; 4];
+
+/// Sums that start at zero.
+#[target_feature(enable = "neon")]
+#[inline]
+pub(super) fn zero_sums() -> RowSums {
+    [vdupq_n_s32(0); 4]
+}
+
+/// Loads 16 bytes.
+#[target_feature(enable = "neon")]
+#[inline]
+pub(super) fn load_u8x16(bytes: &[u8; 16]) -> uint8x16_t {
+    // SAFETY: the reference covers 16 readable bytes; `ld1` has no alignment requirement.
+    unsafe { vld1q_u8(bytes.as_ptr()) }
+}
+
+/// Loads 16 signed bytes.
+#[target_feature(enable = "neon")]
+#[inline]
+pub(super) fn load_i8x16(bytes: &[i8; 16]) -> int8x16_t {
+    // SAFETY: the reference covers 16 readable bytes; `ld1` has no alignment requirement.
+    unsafe { vld1q_s8(bytes.as_ptr()) }
+}
+
+/// Loads 8 activation bytes as signed codes (the aarch64 rungs use `ActEncoding::I8`).
+#[target_feature(enable = "neon")]
+#[inline]
+pub(super) fn load_i8x8(bytes: &[u8; 8]) -> int8x8_t {
+    vreinterpret_s8_u8(load_u8x8(bytes))
+}
+
+/// Loads 8 bytes.
+#[target_feature(enable = "neon")]
+#[inline]
+fn load_u8x8(bytes: &[u8; 8]) -> uint8x8_t {
+    // SAFETY: the reference covers 8 readable bytes; `ld1` has no alignment requirement.
+    unsafe { vld1_u8(bytes.as_ptr()) }
+}
+
+/// The 4 activation bytes `word` repeated over 16 bytes, as signed codes.
+#[target_feature(enable = "neon")]
+#[inline]
+pub(super) fn dup4(word: [u8; 4]) -> int8x16_t {
+    vreinterpretq_s8_u32(vdupq_n_u32(u32::from_le_bytes(word)))
+}
+
+/// Loads 4 i32.
+#[target_feature(enable = "neon")]
+#[inline]
+fn load_i32x4(v: &[i32]) -> int32x4_t {
+    let v: &[i32; 4] = v[..4].try_into().unwrap();
+    // SAFETY: the reference covers 4 readable i32; `ld1` has no alignment requirement.
+    unsafe { vld1q_s32(v.as_ptr()) }
+}
+
+/// Loads 4 f32.
+#[target_feature(enable = "neon")]
+#[inline]
+fn load_f32x4(v: &[f32]) -> float32x4_t {
+    let v: &[f32; 4] = v[..4].try_into().unwrap();
+    // SAFETY: the reference covers 4 readable f32; `ld1` has no alignment requirement.
+    unsafe { vld1q_f32(v.as_ptr()) }
+}
+
+/// The signed int4 weights of 16 packed bytes (4 channels × 4 byte positions): the low
+/// nibbles (K values 0..4 of the step) and the high nibbles (K values 4..8), each minus 8.
+#[target_feature(enable = "neon")]
+#[inline]
+pub(super) fn unpack_nibbles(v: uint8x16_t) -> [int8x16_t; 2] {
+    let eight = vdupq_n_s8(8);
+    let lo = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0F)));
+    let hi = vreinterpretq_s8_u8(vshrq_n_u8::<4>(v));
+    [vsubq_s8(lo, eight), vsubq_s8(hi, eight)]
+}
+
+/// Closes scale block `b` of a W4A8 tile (rows `m0..m0 + R` of panel `p`): forms the exact
+/// `acc_i = Σ q·w − zp·Σw` from the signed-code sums, then either stores it (block-accumulator
+/// mode, `ACC`) or adds `f32(acc_i) · scale` to `acc_f`, multiply then add.
+///
+/// # Safety
+/// - In block-accumulator mode the job's pointer is valid for the whole
+///   `[m][n_blocks][16·n_panels]` buffer and these rows' channels of panel `p` are ours alone.
+#[target_feature(enable = "neon")]
+#[inline]
+pub(super) unsafe fn w4a8_block_end<const R: usize, const ACC: bool>(
+    job: &W4A8Job<'_>,
+    p: usize,
+    m0: usize,
+    b: usize,
+    sums: &[RowSums; R],
+    acc_f: &mut [RowAccF; R],
+) {
+    let w = job.w;
+    let n_blocks = w.n_blocks();
+    let wsum = &w.panel_wsum(p)[b * PANEL..][..PANEL];
+    let scales = &w.panel_scales(p)[b * PANEL..][..PANEL];
+    let ws: [int32x4_t; 4] = std::array::from_fn(|q| load_i32x4(&wsum[4 * q..]));
+    let sc: [float32x4_t; 4] = std::array::from_fn(|q| load_f32x4(&scales[4 * q..]));
+    for (r, (row_sums, row_acc)) in sums.iter().zip(acc_f.iter_mut()).enumerate() {
+        let corr = vdupq_n_s32(job.row_corr[m0 + r]);
+        for (q, (&sum, acc)) in row_sums.iter().zip(row_acc.iter_mut()).enumerate() {
+            let acc_i = vsubq_s32(sum, vmulq_s32(corr, ws[q]));
+            match job.out {
+                W4A8Out::BlockAcc { ptr } if ACC => {
+                    let at = ((m0 + r) * n_blocks + b) * PANEL * w.n_panels() + p * PANEL + 4 * q;
+                    // SAFETY: the driver sized the buffer `[m][n_blocks][n_pad]`; these 4
+                    // channels of row `m0 + r` belong to this call alone.
+                    unsafe { vst1q_s32(ptr.wrapping_add(at), acc_i) };
+                }
+                _ => *acc = vaddq_f32(*acc, vmulq_f32(vcvtq_f32_s32(acc_i), sc[q])),
+            }
+        }
+    }
+}
+
+/// Writes the W4A8 outputs of a tile: `y = acc_f · recip (+ bias)`, multiply then add.
+///
+/// # Safety
+/// - When the job writes values, its pointer is valid for rows `m0..m0 + R` and the channels
+///   of panel `p` that are `< N`, which no one else accesses meanwhile.
+#[target_feature(enable = "neon")]
+#[inline]
+pub(super) unsafe fn w4a8_store<const R: usize>(
+    job: &W4A8Job<'_>,
+    p: usize,
+    m0: usize,
+    acc_f: &[RowAccF; R],
+) {
+    let W4A8Out::Values { ptr, ld } = job.out else {
+        return;
+    };
+    let w = job.w;
+    let valid = PANEL.min(w.n() - p * PANEL);
+    let bias = w
+        .panel_bias(p)
+        .map(|b| -> [float32x4_t; 4] { std::array::from_fn(|q| load_f32x4(&b[4 * q..])) });
+    for (r, row_acc) in acc_f.iter().enumerate() {
+        let recip = vdupq_n_f32(job.row_recip[m0 + r]);
+        let mut y: RowAccF = std::array::from_fn(|q| vmulq_f32(row_acc[q], recip));
+        if let Some(bias) = bias {
+            y = std::array::from_fn(|q| vaddq_f32(y[q], bias[q]));
+        }
+        // SAFETY: row `m0 + r < m`, channels `16p..16p + valid < N`, inside the validated
+        // output and owned by this call.
+        unsafe { store16(ptr.wrapping_add((m0 + r) * ld + p * PANEL), &y, valid) };
+    }
+}
+
+/// Writes the W8A8 outputs of a tile: `y = f32(Σ q·w) · (xs[m] · ws[n])`.
+///
+/// # Safety
+/// - The job's pointer is valid for rows `m0..m0 + R` and the channels of panel `p` that are
+///   `< N`, which no one else accesses meanwhile.
+#[target_feature(enable = "neon")]
+#[inline]
+pub(super) unsafe fn w8a8_store<const R: usize>(
+    job: &W8A8Job<'_>,
+    p: usize,
+    m0: usize,
+    sums: &[RowSums; R],
+) {
+    let w = job.w;
+    let valid = PANEL.min(w.n() - p * PANEL);
+    let scales = w.panel_scales(p);
+    let sc: [float32x4_t; 4] = std::array::from_fn(|q| load_f32x4(&scales[4 * q..]));
+    for (r, row_sums) in sums.iter().enumerate() {
+        let xs = vdupq_n_f32(job.row_scale[m0 + r]);
+        let y: RowAccF =
+            std::array::from_fn(|q| vmulq_f32(vcvtq_f32_s32(row_sums[q]), vmulq_f32(xs, sc[q])));
+        // SAFETY: row `m0 + r < m`, channels `16p..16p + valid < N`, inside the validated
+        // output and owned by this call.
+        unsafe {
+            store16(
+                job.out.wrapping_add((m0 + r) * job.ld + p * PANEL),
+                &y,
+                valid,
+            )
+        };
+    }
+}
+
+/// Writes the first `valid` of the 16 values in `y` to `dst`.
+///
+/// # Safety
+/// - `dst` is valid for `valid` f32 writes that no one else accesses meanwhile.
+#[target_feature(enable = "neon")]
+#[inline]
+unsafe fn store16(dst: *mut f32, y: &RowAccF, valid: usize) {
+    if valid == PANEL {
+        for (q, v) in y.iter().enumerate() {
+            // SAFETY: elements `4q..4q + 4 ≤ 16 = valid` of the caller's destination.
+            unsafe { vst1q_f32(dst.wrapping_add(4 * q), *v) };
+        }
+    } else {
+        let mut tmp = [0f32; PANEL];
+        for (q, v) in y.iter().enumerate() {
+            // SAFETY: `tmp` holds 16 f32; this store covers elements `4q..4q + 4`.
+            unsafe { vst1q_f32(tmp[4 * q..].as_mut_ptr(), *v) };
+        }
+        // SAFETY: `valid < 16` values from a local array to the caller's valid destination.
+        unsafe { std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, valid) };
+    }
+}

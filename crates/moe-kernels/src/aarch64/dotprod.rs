@@ -1,0 +1,200 @@
+//! The dot-product rung (`sdot`, FEAT_DotProd): 4 rows × 16 channels, signed activations.
+//!
+//! One packed 16-byte vector holds 4 channels × 4 K values, which is exactly the operand of
+//! `sdot` by element: each i32 lane (a channel) gains the dot product of its 4 weight bytes with
+//! one 4-byte group of the row's activations, selected by lane index, so no activation
+//! broadcast is needed. W4A8 loads 8 activation bytes per packed step (groups 0 and 1 for the
+//! low and high nibbles); W8A8 loads 16 bytes per 4 steps. The sums are exact in i32 and the
+//! shared epilogue (`common.rs`) reproduces the scalar reference bit for bit.
+
+use std::arch::aarch64::*;
+use std::ops::Range;
+
+use super::NeonDot;
+use super::asm::{sdot_lane, sdot_lane_d};
+use super::common::{
+    RowAccF, RowSums, dup4, load_i8x8, load_i8x16, load_u8x16, unpack_nibbles, w4a8_block_end,
+    w4a8_store, w8a8_store, zero_sums,
+};
+use crate::ukernel::{
+    W4A8Job, W4A8Microkernel, W4A8Out, W8A8Job, W8A8Microkernel, w4a8_panels, w8a8_panels,
+};
+
+/// Rows per tile.
+const MR: usize = 4;
+
+/// The W4A8 tile body for `R` rows; `ACC` selects block-accumulator output.
+///
+/// # Safety
+/// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`
+///   (see [`crate::ukernel::W4A8PanelsFn`]).
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize, m0: usize) {
+    let w = job.w;
+    let (k_pad, steps_per_block, n_blocks) = (w.k_pad(), w.block_len() / 8, w.n_blocks());
+    let (weight_steps, _) = w.panel_nibbles(p).as_chunks::<64>();
+    let row_steps: [&[[u8; 8]]; R] =
+        std::array::from_fn(|r| job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<8>().0);
+    let mut acc_f: [RowAccF; R] = [[vdupq_n_f32(0.0); 4]; R];
+    for b in 0..n_blocks {
+        let steps = b * steps_per_block..(b + 1) * steps_per_block;
+        let w_block = &weight_steps[steps.clone()];
+        let a_block: [&[[u8; 8]]; R] = std::array::from_fn(|r| &row_steps[r][steps.clone()]);
+        for a in &a_block {
+            assert_eq!(a.len(), w_block.len());
+        }
+        let mut sums: [RowSums; R] = [zero_sums(); R];
+        for (i, step) in w_block.iter().enumerate() {
+            let a: [int8x8_t; R] = std::array::from_fn(|r| load_i8x8(&a_block[r][i]));
+            let (quarters, _) = step.as_chunks::<16>();
+            for (q, quarter) in quarters.iter().enumerate() {
+                let [lo, hi] = unpack_nibbles(load_u8x16(quarter));
+                for (row, &a) in sums.iter_mut().zip(&a) {
+                    row[q] = sdot_lane_d::<1>(sdot_lane_d::<0>(row[q], lo, a), hi, a);
+                }
+            }
+        }
+        // SAFETY: the output contract is forwarded from our caller.
+        unsafe { w4a8_block_end::<R, ACC>(job, p, m0, b, &sums, &mut acc_f) };
+    }
+    // SAFETY: as above.
+    unsafe { w4a8_store::<R>(job, p, m0, &acc_f) };
+}
+
+/// Adds one W8A8 step (4 K values × 16 channels) to `sums`, taking each row's activations from
+/// 4-byte group `LANE` of `a`.
+#[target_feature(enable = "neon,dotprod")]
+#[inline]
+fn w8_step<const LANE: u32, const R: usize>(
+    sums: &mut [RowSums; R],
+    step: &[i8; 64],
+    a: &[int8x16_t; R],
+) {
+    let (quarters, _) = step.as_chunks::<16>();
+    for (q, quarter) in quarters.iter().enumerate() {
+        let v = load_i8x16(quarter);
+        for (row, &a) in sums.iter_mut().zip(a) {
+            row[q] = sdot_lane::<LANE>(row[q], v, a);
+        }
+    }
+}
+
+/// The W8A8 tile body for `R` rows.
+///
+/// # Safety
+/// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`.
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
+    let w = job.w;
+    let k_pad = w.k_pad();
+    // Groups of 4 steps share one 16-byte activation load per row; the remaining 0..3 steps
+    // broadcast their 4 bytes.
+    let (weight_groups, weight_tail) = w.panel_bytes(p).as_chunks::<256>();
+    let rows: [(&[[u8; 16]], &[u8]); R] =
+        std::array::from_fn(|r| job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<16>());
+    let (tail_steps, _) = weight_tail.as_chunks::<64>();
+    for (groups, tail) in &rows {
+        assert_eq!(groups.len(), weight_groups.len());
+        assert_eq!(tail.len(), 4 * tail_steps.len());
+    }
+    let mut sums: [RowSums; R] = [zero_sums(); R];
+    for (g, group) in weight_groups.iter().enumerate() {
+        let a: [int8x16_t; R] =
+            std::array::from_fn(|r| vreinterpretq_s8_u8(load_u8x16(&rows[r].0[g])));
+        let (steps, _) = group.as_chunks::<64>();
+        w8_step::<0, R>(&mut sums, &steps[0], &a);
+        w8_step::<1, R>(&mut sums, &steps[1], &a);
+        w8_step::<2, R>(&mut sums, &steps[2], &a);
+        w8_step::<3, R>(&mut sums, &steps[3], &a);
+    }
+    for (i, step) in tail_steps.iter().enumerate() {
+        let a: [int8x16_t; R] = std::array::from_fn(|r| {
+            let t = &rows[r].1[4 * i..];
+            dup4([t[0], t[1], t[2], t[3]])
+        });
+        w8_step::<0, R>(&mut sums, step, &a);
+    }
+    // SAFETY: the output contract is forwarded from our caller.
+    unsafe { w8a8_store::<R>(job, p, m0, &sums) };
+}
+
+impl W4A8Microkernel for NeonDot {
+    const MR: usize = MR;
+
+    #[inline(always)]
+    unsafe fn tile(self, job: &W4A8Job<'_>, p: usize, m0: usize, mr: usize) {
+        let acc = matches!(job.out, W4A8Out::BlockAcc { .. });
+        macro_rules! run {
+            ($n:literal) => {
+                if acc {
+                    // SAFETY: `self` proves dotprod; the output contract is forwarded.
+                    unsafe { w4a8_tile::<$n, true>(job, p, m0) }
+                } else {
+                    // SAFETY: as above.
+                    unsafe { w4a8_tile::<$n, false>(job, p, m0) }
+                }
+            };
+        }
+        match mr {
+            1 => run!(1),
+            2 => run!(2),
+            3 => run!(3),
+            4 => run!(4),
+            _ => unreachable!("tile rows out of range"),
+        }
+    }
+}
+
+impl W8A8Microkernel for NeonDot {
+    const MR: usize = MR;
+
+    #[inline(always)]
+    unsafe fn tile(self, job: &W8A8Job<'_>, p: usize, m0: usize, mr: usize) {
+        macro_rules! run {
+            ($n:literal) => {
+                // SAFETY: `self` proves dotprod; the output contract is forwarded.
+                unsafe { w8a8_tile::<$n>(job, p, m0) }
+            };
+        }
+        match mr {
+            1 => run!(1),
+            2 => run!(2),
+            3 => run!(3),
+            4 => run!(4),
+            _ => unreachable!("tile rows out of range"),
+        }
+    }
+}
+
+/// The W4A8 entry point of this rung.
+///
+/// # Safety
+/// - [`crate::ukernel::W4A8PanelsFn`]'s contract, including dot-product support.
+pub(crate) unsafe fn w4a8_entry(job: &W4A8Job<'_>, panels: Range<usize>) {
+    // SAFETY: the caller guarantees the CPU features (the `KernelSet` was built from the token).
+    let token = unsafe { NeonDot::new_unchecked() };
+    // SAFETY: the job contract is forwarded from our caller.
+    unsafe { w4a8_panels(token, job, panels) }
+}
+
+/// The W8A8 entry point of this rung.
+///
+/// # Safety
+/// - [`crate::ukernel::W8A8PanelsFn`]'s contract, including dot-product support.
+pub(crate) unsafe fn w8a8_entry(job: &W8A8Job<'_>, panels: Range<usize>) {
+    // SAFETY: the caller guarantees the CPU features (the `KernelSet` was built from the token).
+    let token = unsafe { NeonDot::new_unchecked() };
+    // SAFETY: the job contract is forwarded from our caller.
+    unsafe { w8a8_panels(token, job, panels) }
+}
+
+/// The kernels of the dot-product rung.
+pub(crate) fn kernel_set(_token: NeonDot) -> crate::KernelSet {
+    use crate::dispatch::{W4A8Kernel, W8A8Kernel};
+    use crate::ukernel::ActEncoding::I8;
+    // SAFETY: the token proves NEON and dotprod, all this entry needs.
+    let w4 = unsafe { W4A8Kernel::new(crate::Isa::NeonDot, I8, w4a8_entry) };
+    // SAFETY: as above.
+    let w8 = unsafe { W8A8Kernel::new(crate::Isa::NeonDot, I8, w8a8_entry) };
+    crate::KernelSet::new(crate::Isa::NeonDot, w4, w8)
+}

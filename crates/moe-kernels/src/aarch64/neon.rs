@@ -1,0 +1,210 @@
+//! The baseline NEON rung (every aarch64 CPU): 4 rows × 16 channels with widening multiplies.
+//!
+//! Activations stay signed (`ActEncoding::I8`). One packed 16-byte vector holds 4 channels × 4
+//! K values; each row's 4 matching activation bytes are repeated over a vector, `smull`/`smull2`
+//! give the i16 products of 2 channels each, `addp` adds neighbouring products and `sadalp`
+//! widens the pair sums into one i32 lane per channel, so the accumulators need no final
+//! reduction. The i16 stages cannot overflow:
+//!
+//! - W4A8 adds the low- and high-nibble products first (`smlal`): `|q·w| ≤ 128·8`, so a lane
+//!   holds at most `2·1024`, and after `addp` at most `4096`;
+//! - W8A8 products are at most `128·127 = 16256` in magnitude (the driver rejects the code
+//!   `−128`), so after `addp` at most `32512 < 2^15`.
+//!
+//! Block sums are then exact, and the shared epilogue (`common.rs`) makes the f32 outputs equal
+//! the scalar reference bit for bit.
+
+use std::arch::aarch64::*;
+use std::ops::Range;
+
+use super::Neon;
+use super::common::{
+    RowAccF, RowSums, dup4, load_i8x16, load_u8x16, unpack_nibbles, w4a8_block_end, w4a8_store,
+    w8a8_store, zero_sums,
+};
+use crate::ukernel::{
+    W4A8Job, W4A8Microkernel, W4A8Out, W8A8Job, W8A8Microkernel, w4a8_panels, w8a8_panels,
+};
+
+/// Rows per tile.
+const MR: usize = 4;
+
+/// `sums + Σ` of 4 channels × 4 K values (`w`) against the 4 bytes repeated in `a`, for both
+/// nibble halves of a W4A8 step (see the module docs for the i16 bounds).
+#[target_feature(enable = "neon")]
+#[inline]
+fn w4_dot(
+    sums: int32x4_t,
+    lo: int8x16_t,
+    a_lo: int8x16_t,
+    hi: int8x16_t,
+    a_hi: int8x16_t,
+) -> int32x4_t {
+    let ch01 = vmlal_s8(
+        vmull_s8(vget_low_s8(lo), vget_low_s8(a_lo)),
+        vget_low_s8(hi),
+        vget_low_s8(a_hi),
+    );
+    let ch23 = vmlal_high_s8(vmull_high_s8(lo, a_lo), hi, a_hi);
+    vpadalq_s16(sums, vpaddq_s16(ch01, ch23))
+}
+
+/// `sums + Σ` of 4 channels × 4 K values (`w`) against the 4 bytes repeated in `a` (W8A8).
+#[target_feature(enable = "neon")]
+#[inline]
+fn w8_dot(sums: int32x4_t, w: int8x16_t, a: int8x16_t) -> int32x4_t {
+    let ch01 = vmull_s8(vget_low_s8(w), vget_low_s8(a));
+    let ch23 = vmull_high_s8(w, a);
+    vpadalq_s16(sums, vpaddq_s16(ch01, ch23))
+}
+
+/// The W4A8 tile body for `R` rows; `ACC` selects block-accumulator output.
+///
+/// # Safety
+/// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`
+///   (see [`crate::ukernel::W4A8PanelsFn`]).
+#[target_feature(enable = "neon")]
+unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize, m0: usize) {
+    let w = job.w;
+    let (k_pad, steps_per_block, n_blocks) = (w.k_pad(), w.block_len() / 8, w.n_blocks());
+    let (weight_steps, _) = w.panel_nibbles(p).as_chunks::<64>();
+    let row_steps: [&[[u8; 8]]; R] =
+        std::array::from_fn(|r| job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<8>().0);
+    let mut acc_f: [RowAccF; R] = [[vdupq_n_f32(0.0); 4]; R];
+    for b in 0..n_blocks {
+        let steps = b * steps_per_block..(b + 1) * steps_per_block;
+        let w_block = &weight_steps[steps.clone()];
+        let a_block: [&[[u8; 8]]; R] = std::array::from_fn(|r| &row_steps[r][steps.clone()]);
+        for a in &a_block {
+            assert_eq!(a.len(), w_block.len());
+        }
+        let mut sums: [RowSums; R] = [zero_sums(); R];
+        for (i, step) in w_block.iter().enumerate() {
+            let a: [[int8x16_t; 2]; R] = std::array::from_fn(|r| {
+                let [a0, a1, a2, a3, a4, a5, a6, a7] = a_block[r][i];
+                [dup4([a0, a1, a2, a3]), dup4([a4, a5, a6, a7])]
+            });
+            let (quarters, _) = step.as_chunks::<16>();
+            for (q, quarter) in quarters.iter().enumerate() {
+                let [lo, hi] = unpack_nibbles(load_u8x16(quarter));
+                for (row, [a_lo, a_hi]) in sums.iter_mut().zip(a) {
+                    row[q] = w4_dot(row[q], lo, a_lo, hi, a_hi);
+                }
+            }
+        }
+        // SAFETY: the output contract is forwarded from our caller.
+        unsafe { w4a8_block_end::<R, ACC>(job, p, m0, b, &sums, &mut acc_f) };
+    }
+    // SAFETY: as above.
+    unsafe { w4a8_store::<R>(job, p, m0, &acc_f) };
+}
+
+/// The W8A8 tile body for `R` rows.
+///
+/// # Safety
+/// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`.
+#[target_feature(enable = "neon")]
+unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
+    let w = job.w;
+    let k_pad = w.k_pad();
+    let (weight_steps, _) = w.panel_bytes(p).as_chunks::<64>();
+    let row_steps: [&[[u8; 4]]; R] =
+        std::array::from_fn(|r| job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<4>().0);
+    for a in &row_steps {
+        assert_eq!(a.len(), weight_steps.len());
+    }
+    let mut sums: [RowSums; R] = [zero_sums(); R];
+    for (i, step) in weight_steps.iter().enumerate() {
+        let a: [int8x16_t; R] = std::array::from_fn(|r| dup4(row_steps[r][i]));
+        let (quarters, _) = step.as_chunks::<16>();
+        for (q, quarter) in quarters.iter().enumerate() {
+            let v = load_i8x16(quarter);
+            for (row, &a) in sums.iter_mut().zip(&a) {
+                row[q] = w8_dot(row[q], v, a);
+            }
+        }
+    }
+    // SAFETY: the output contract is forwarded from our caller.
+    unsafe { w8a8_store::<R>(job, p, m0, &sums) };
+}
+
+impl W4A8Microkernel for Neon {
+    const MR: usize = MR;
+
+    #[inline(always)]
+    unsafe fn tile(self, job: &W4A8Job<'_>, p: usize, m0: usize, mr: usize) {
+        let acc = matches!(job.out, W4A8Out::BlockAcc { .. });
+        macro_rules! run {
+            ($n:literal) => {
+                if acc {
+                    // SAFETY: `self` proves NEON; the output contract is forwarded.
+                    unsafe { w4a8_tile::<$n, true>(job, p, m0) }
+                } else {
+                    // SAFETY: as above.
+                    unsafe { w4a8_tile::<$n, false>(job, p, m0) }
+                }
+            };
+        }
+        match mr {
+            1 => run!(1),
+            2 => run!(2),
+            3 => run!(3),
+            4 => run!(4),
+            _ => unreachable!("tile rows out of range"),
+        }
+    }
+}
+
+impl W8A8Microkernel for Neon {
+    const MR: usize = MR;
+
+    #[inline(always)]
+    unsafe fn tile(self, job: &W8A8Job<'_>, p: usize, m0: usize, mr: usize) {
+        macro_rules! run {
+            ($n:literal) => {
+                // SAFETY: `self` proves NEON; the output contract is forwarded.
+                unsafe { w8a8_tile::<$n>(job, p, m0) }
+            };
+        }
+        match mr {
+            1 => run!(1),
+            2 => run!(2),
+            3 => run!(3),
+            4 => run!(4),
+            _ => unreachable!("tile rows out of range"),
+        }
+    }
+}
+
+/// The W4A8 entry point of this rung.
+///
+/// # Safety
+/// - [`crate::ukernel::W4A8PanelsFn`]'s contract, including NEON support.
+pub(crate) unsafe fn w4a8_entry(job: &W4A8Job<'_>, panels: Range<usize>) {
+    // SAFETY: the caller guarantees the CPU features (the `KernelSet` was built from the token).
+    let token = unsafe { Neon::new_unchecked() };
+    // SAFETY: the job contract is forwarded from our caller.
+    unsafe { w4a8_panels(token, job, panels) }
+}
+
+/// The W8A8 entry point of this rung.
+///
+/// # Safety
+/// - [`crate::ukernel::W8A8PanelsFn`]'s contract, including NEON support.
+pub(crate) unsafe fn w8a8_entry(job: &W8A8Job<'_>, panels: Range<usize>) {
+    // SAFETY: the caller guarantees the CPU features (the `KernelSet` was built from the token).
+    let token = unsafe { Neon::new_unchecked() };
+    // SAFETY: the job contract is forwarded from our caller.
+    unsafe { w8a8_panels(token, job, panels) }
+}
+
+/// The kernels of the NEON rung.
+pub(crate) fn kernel_set(_token: Neon) -> crate::KernelSet {
+    use crate::dispatch::{W4A8Kernel, W8A8Kernel};
+    use crate::ukernel::ActEncoding::I8;
+    // SAFETY: the token proves NEON, all this entry needs.
+    let w4 = unsafe { W4A8Kernel::new(crate::Isa::Neon, I8, w4a8_entry) };
+    // SAFETY: as above.
+    let w8 = unsafe { W8A8Kernel::new(crate::Isa::Neon, I8, w8a8_entry) };
+    crate::KernelSet::new(crate::Isa::Neon, w4, w8)
+}
