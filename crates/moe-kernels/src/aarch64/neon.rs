@@ -200,11 +200,13 @@ pub(crate) unsafe fn w8a8_entry(job: &W8A8Job<'_>, panels: Range<usize>) {
 
 /// The kernels of the NEON rung.
 pub(crate) fn kernel_set(_token: Neon) -> crate::KernelSet {
-    use crate::dispatch::{W4A8Kernel, W8A8Kernel};
     use crate::ukernel::ActEncoding::I8;
-    // SAFETY: the token proves NEON, all this entry needs.
-    let w4 = unsafe { W4A8Kernel::new(crate::Isa::Neon, I8, w4a8_entry) };
-    // SAFETY: as above.
-    let w8 = unsafe { W8A8Kernel::new(crate::Isa::Neon, I8, w8a8_entry) };
-    crate::KernelSet::new(crate::Isa::Neon, w4, w8)
+    // SAFETY: the token proves NEON, all these entries need.
+    unsafe {
+        crate::KernelSet::from_entries(
+            crate::Isa::Neon,
+            (crate::Isa::Neon, I8, w4a8_entry),
+            (crate::Isa::Neon, I8, w8a8_entry),
+        )
+    }
 }
