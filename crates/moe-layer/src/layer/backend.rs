@@ -1,0 +1,76 @@
+//! Choosing the kernel for a processed layer through moe-oracle (native rules), on the ISA
+//! rungs moe-kernels reports for this machine.
+
+use moe_kernels::{Isa as KernelIsa, KernelSet};
+use moe_oracle::{
+    CpuArch, MoEActivation, MoeConfig, MoeShape, ParallelConfig, ParallelRequest, Platform,
+    SelectOptions, Selection, select_w4a8_int8_moe_backend, w4a8_weight_key,
+};
+use moe_router::Router;
+
+use super::config::{LayerQuant, MoeLayerConfig};
+use crate::LayerError;
+
+/// The oracle's view of this machine: the architecture and the rungs moe-kernels can run
+/// (within `MOE_KERNELS_MAX_ISA`).
+pub fn native_platform() -> Result<Platform, LayerError> {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => CpuArch::X86_64,
+        "aarch64" => CpuArch::Aarch64,
+        _ => CpuArch::Other,
+    };
+    let cap = moe_kernels::isa_cap();
+    let names: Vec<&str> = moe_kernels::available_isas()
+        .into_iter()
+        .filter(|isa| cap.allows(*isa))
+        .map(KernelIsa::name)
+        .collect();
+    Ok(Platform::cpu_from_names(arch, &names)?)
+}
+
+/// Selects the backend for `cfg` and returns it with the kernel set of the chosen rung.
+pub(crate) fn select(
+    cfg: &MoeLayerConfig,
+    router: &Router,
+) -> Result<(Selection, KernelSet), LayerError> {
+    let shape = MoeShape {
+        num_experts: cfg.num_experts,
+        experts_per_token: cfg.top_k,
+        hidden_dim: cfg.hidden,
+        intermediate_size: cfg.intermediate,
+    };
+    let parallel = ParallelConfig::make(&ParallelRequest::tp(cfg.tp_size, cfg.tp_rank))?;
+    let activation = match cfg.activation {
+        moe_kernels::Activation::Silu { .. } => MoEActivation::Silu,
+        moe_kernels::Activation::SwigluOai { .. } => MoEActivation::Swigluoai,
+        moe_kernels::Activation::SwigluStep => MoEActivation::Swiglustep,
+        moe_kernels::Activation::Gelu => MoEActivation::Gelu,
+        moe_kernels::Activation::GeluTanh => MoEActivation::GeluTanh,
+        _ => MoEActivation::Silu,
+    };
+    let config = MoeConfig::new(
+        shape,
+        activation,
+        router.routing_method_type(),
+        cfg.in_dtype,
+        parallel,
+    )?;
+    let platform = native_platform()?;
+    let LayerQuant::W4A8 { group_size } = cfg.quant;
+    let g = group_size.map_or(-1, |g| g as i64);
+    let key = w4a8_weight_key(g)?;
+    let selection = select_w4a8_int8_moe_backend(
+        &config,
+        Some(&key),
+        None,
+        &platform,
+        &SelectOptions::native(),
+    )?;
+    let kernels = selection
+        .kernel
+        .isa
+        .and_then(|isa| isa.name().parse::<KernelIsa>().ok())
+        .and_then(KernelSet::for_isa)
+        .unwrap_or(*moe_kernels::kernels());
+    Ok((selection, kernels))
+}
