@@ -220,3 +220,96 @@ fn write_output(
         .map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    //! `moe run` on every W4A8 fixture: the written output matches `out_vllm` within the
+    //! fixtures README's tolerance, and the routing matches vLLM's ids as sets.
+
+    use super::*;
+
+    fn fixtures() -> PathBuf {
+        match std::env::var_os("MOE_FIXTURES") {
+            Some(d) if !d.is_empty() => PathBuf::from(d),
+            _ => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"),
+        }
+    }
+
+    fn f32s(t: &TensorView<'_>) -> Vec<f32> {
+        match t.dtype() {
+            Dtype::BF16 => decode(t.data(), |b| bf16::from_le_bytes(b).to_f32()),
+            Dtype::F32 => decode(t.data(), f32::from_le_bytes),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn run_matches_out_vllm_on_w4a8_fixtures() {
+        let mut seen = 0;
+        for entry in std::fs::read_dir(fixtures()).unwrap() {
+            let dir = entry.unwrap().path();
+            let Ok(config) = std::fs::read_to_string(dir.join("config.json")) else {
+                continue;
+            };
+            if !config.contains("int-quantized") {
+                continue;
+            }
+            seen += 1;
+            let output = std::env::temp_dir().join(format!(
+                "moe_run_test_{}_{}.safetensors",
+                std::process::id(),
+                seen
+            ));
+            let args = RunArgs {
+                model: dir.clone(),
+                layer: None,
+                input: dir.join("expected.safetensors"),
+                input_tensor: "x".into(),
+                output: output.clone(),
+                json: true,
+            };
+            let report = run(&args).unwrap();
+            let got_bytes = std::fs::read(&output).unwrap();
+            let _ = std::fs::remove_file(&output);
+            let got = SafeTensors::deserialize(&got_bytes).unwrap();
+            let want_bytes = std::fs::read(dir.join("expected.safetensors")).unwrap();
+            let want = SafeTensors::deserialize(&want_bytes).unwrap();
+            let out = f32s(&got.tensor("output").unwrap());
+            let vllm = f32s(&want.tensor("out_vllm").unwrap());
+            let scale = vllm.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let diff = out
+                .iter()
+                .zip(&vllm)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(diff <= 1e-2 * scale, "{}: {diff} vs {scale}", dir.display());
+            let ids: Vec<i32> = decode(got.tensor("topk_ids").unwrap().data(), i32::from_le_bytes);
+            let want_ids: Vec<i32> =
+                decode(want.tensor("topk_ids").unwrap().data(), i32::from_le_bytes);
+            for (a, b) in ids.chunks(report.top_k).zip(want_ids.chunks(report.top_k)) {
+                let (mut a, mut b) = (a.to_vec(), b.to_vec());
+                a.sort_unstable();
+                b.sort_unstable();
+                assert_eq!(a, b, "{}", dir.display());
+            }
+        }
+        assert!(seen > 0, "no W4A8 fixture under {}", fixtures().display());
+    }
+
+    #[test]
+    fn missing_input_tensor_is_an_error() {
+        let dir = fixtures().join("qwen3moe-w4a8-g32");
+        if !dir.is_dir() {
+            return;
+        }
+        let args = RunArgs {
+            model: dir.clone(),
+            layer: None,
+            input: dir.join("expected.safetensors"),
+            input_tensor: "no_such_tensor".into(),
+            output: std::env::temp_dir().join("moe_run_never_written.safetensors"),
+            json: false,
+        };
+        let e = run(&args).unwrap_err().to_string();
+        assert!(e.contains("no_such_tensor"), "{e}");
+    }
+}
