@@ -4,7 +4,8 @@
 use moe_kernels::{Isa as KernelIsa, KernelSet};
 use moe_oracle::{
     CpuArch, MoEActivation, MoeConfig, MoeShape, ParallelConfig, ParallelRequest, Platform,
-    SelectOptions, Selection, select_w4a8_int8_moe_backend, w4a8_weight_key,
+    SelectOptions, Selection, select_int8_moe_backend, select_w4a8_int8_moe_backend,
+    w4a8_weight_key,
 };
 use moe_router::Router;
 
@@ -56,16 +57,14 @@ pub(crate) fn select(
         parallel,
     )?;
     let platform = native_platform()?;
-    let LayerQuant::W4A8 { group_size } = cfg.quant;
-    let g = group_size.map_or(-1, |g| g as i64);
-    let key = w4a8_weight_key(g)?;
-    let selection = select_w4a8_int8_moe_backend(
-        &config,
-        Some(&key),
-        None,
-        &platform,
-        &SelectOptions::native(),
-    )?;
+    let opts = SelectOptions::native();
+    let selection = match cfg.quant {
+        LayerQuant::W4A8 { group_size } => {
+            let key = w4a8_weight_key(group_size.map_or(-1, |g| g as i64))?;
+            select_w4a8_int8_moe_backend(&config, Some(&key), None, &platform, &opts)?
+        }
+        LayerQuant::Int8Online => select_int8_moe_backend(&config, &platform, &opts)?,
+    };
     let kernels = selection
         .kernel
         .isa

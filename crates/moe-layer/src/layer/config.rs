@@ -20,6 +20,11 @@ pub enum LayerQuant {
         /// Input columns per scale group; `None` = one scale per output channel.
         group_size: Option<usize>,
     },
+    /// vLLM's online int8 method (seed 004): bf16/f16/f32 weights are loaded and quantized per
+    /// output row to int8 in `process` (moe-quant's `int8` module, bit-exact with vLLM), then
+    /// run on the W8A8 kernels with dynamic per-token int8 activations. The `w2` rows' scale
+    /// uses the amax of the whole (unsharded) row, as the newest vLLM all-reduces it.
+    Int8Online,
 }
 
 impl LayerQuant {
@@ -29,7 +34,7 @@ impl LayerQuant {
             Self::W4A8 {
                 group_size: Some(g),
             } => k / g,
-            Self::W4A8 { group_size: None } => 1,
+            Self::W4A8 { group_size: None } | Self::Int8Online => 1,
         }
     }
 
@@ -37,6 +42,7 @@ impl LayerQuant {
     pub fn name(self) -> &'static str {
         match self {
             Self::W4A8 { .. } => "w4a8-int8",
+            Self::Int8Online => "int8-online",
         }
     }
 }
@@ -133,8 +139,10 @@ impl MoeLayerConfig {
                 ),
             });
         }
-        let LayerQuant::W4A8 { group_size } = self.quant;
-        if let Some(g) = group_size {
+        if let LayerQuant::W4A8 {
+            group_size: Some(g),
+        } = self.quant
+        {
             let i = self.intermediate_per_rank();
             if g == 0 || !self.hidden.is_multiple_of(g) {
                 return Err(LayerError::GroupSizeNotDividing {

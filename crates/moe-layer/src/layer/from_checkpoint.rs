@@ -165,7 +165,9 @@ fn copy_layer(cfg: &MoeLayerConfig, p: &mut Params, t: &MoeLayerTensors) -> Resu
     let ExpertWeights::Int(q) = &ex.weights else {
         return mismatch("weights", "int4 codes".into(), "float weights".into());
     };
-    let LayerQuant::W4A8 { group_size } = cfg.quant;
+    let LayerQuant::W4A8 { group_size } = cfg.quant else {
+        return mismatch("weights", "float weights".into(), "int4 codes".into());
+    };
     if q.bits != 4 || q.group_size != group_size || q.act_order.is_some() {
         return mismatch(
             "weights",

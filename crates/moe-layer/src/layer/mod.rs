@@ -11,12 +11,15 @@
 //! of threads or of concurrent calls.
 //!
 //! Supported today: compressed-tensors W4A8 (int4 codes stored as int8, channelwise or group
-//! scales) on the packed W4A8 kernels.
+//! scales) on the packed W4A8 kernels, and vLLM's online int8 method (float weights quantized
+//! per row in `process`) on the W8A8 kernels. Not yet: expert biases, float (unquantized)
+//! execution, WNA16 / GPTQ (Marlin) weights, shared experts.
 
 mod backend;
 mod config;
 #[cfg(feature = "checkpoint")]
 mod from_checkpoint;
+mod online;
 mod params;
 
 use std::sync::Mutex;
@@ -24,8 +27,8 @@ use std::sync::Mutex;
 use half::{bf16, f16};
 use moe_kernels::moe::MoeFloat;
 use moe_kernels::{
-    ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, MoeInput, MoeScratch, PackedW4A8, Par,
-    W4A8Scales,
+    ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, MoeInput, MoeScratch, PackedW4A8,
+    PackedW8A8, Par, W4A8Scales,
 };
 use moe_oracle::Selection;
 use moe_quant::DType;
@@ -49,10 +52,50 @@ pub struct BackendInfo {
     pub isa: String,
 }
 
+/// The packed experts of a processed layer, per weight format.
+#[derive(Debug)]
+enum Experts {
+    W4A8(FusedMoe<PackedW4A8>),
+    W8A8(FusedMoe<PackedW8A8>),
+}
+
+impl Experts {
+    fn kernels(&self) -> &moe_kernels::KernelSet {
+        match self {
+            Self::W4A8(m) => m.kernels(),
+            Self::W8A8(m) => m.kernels(),
+        }
+    }
+
+    fn scratch(
+        &self,
+        max_tokens: usize,
+        top_k: usize,
+        lanes: usize,
+    ) -> Result<MoeScratch, LayerError> {
+        Ok(match self {
+            Self::W4A8(m) => m.scratch(max_tokens, top_k, lanes)?,
+            Self::W8A8(m) => m.scratch(max_tokens, top_k, lanes)?,
+        })
+    }
+
+    fn apply<X: MoeFloat>(
+        &self,
+        input: MoeInput<'_, X, i32>,
+        out: &mut [X],
+        scratch: &mut MoeScratch,
+    ) -> Result<(), moe_kernels::KernelError> {
+        match self {
+            Self::W4A8(m) => m.apply(input, out, scratch, Par::Rayon),
+            Self::W8A8(m) => m.apply(input, out, scratch, Par::Rayon),
+        }
+    }
+}
+
 /// A processed layer's kernels and scratch pool.
 #[derive(Debug)]
 struct Ready {
-    moe: FusedMoe<PackedW4A8>,
+    moe: Experts,
     selection: Selection,
     pool: Mutex<Vec<MoeScratch>>,
     lanes: usize,
@@ -182,7 +225,7 @@ impl MoeLayer {
     }
 
     /// Checks that every parameter was loaded, packs the experts for the W4A8 kernels (bf16
-    /// group scales), selects the backend through moe-oracle, frees the unpacked tensors and
+    /// group scales) or quantizes them per row for the W8A8 kernels (online int8), selects the backend through moe-oracle, frees the unpacked tensors and
     /// readies the scratch pool. Idempotent; a failure leaves the layer unusable.
     pub fn process(&mut self) -> Result<(), LayerError> {
         let params = match std::mem::replace(
@@ -218,62 +261,44 @@ impl MoeLayer {
         }
         let cfg = &self.cfg;
         let (h, i) = (cfg.hidden, cfg.intermediate_per_rank());
-        let e = cfg.local_experts().len();
-        let LayerQuant::W4A8 { group_size } = cfg.quant;
-        let pack = |w: &[i8], s: &[f32], n: usize, k: usize| -> Result<PackedW4A8, LayerError> {
-            Ok(match group_size {
-                None => PackedW4A8::pack(n, k, w, W4A8Scales::Channelwise(s), None)?,
-                Some(g) => {
-                    let scales: Vec<bf16> = s.iter().map(|&v| bf16::from_f32(v)).collect();
-                    PackedW4A8::pack(
-                        n,
-                        k,
-                        w,
-                        W4A8Scales::Grouped {
-                            group_size: g,
-                            scales: &scales,
-                        },
-                        None,
-                    )?
-                }
-            })
-        };
-        let (s13, s2) = (cfg.quant.scale_cols(h), cfg.quant.scale_cols(i));
-        let mut w13 = Vec::with_capacity(e);
-        let mut w2 = Vec::with_capacity(e);
-        for x in 0..e {
-            w13.push(pack(
-                &params.w13[x * 2 * i * h..][..2 * i * h],
-                &params.w13_scale[x * 2 * i * s13..][..2 * i * s13],
-                2 * i,
-                h,
-            )?);
-            w2.push(pack(
-                &params.w2[x * h * i..][..h * i],
-                &params.w2_scale[x * h * s2..][..h * s2],
-                h,
-                i,
-            )?);
-        }
         let (selection, kernels) = backend::select(cfg, &self.router)?;
-        let moe = FusedMoe::new(
-            ExpertWeights {
-                w13,
-                w2,
-                w13_bias: None,
-                w2_bias: None,
-            },
-            FusedMoeConfig {
-                hidden_size: h,
-                intermediate_size: i,
-                activation: cfg.activation,
-                gate_up_layout: GateUpLayout::Concatenated,
-                apply_router_weight_on_input: self.router.apply_router_weight_on_input(),
-                global_num_experts: cfg.num_experts,
-                expert_map: cfg.expert_map.clone(),
-            },
-            kernels,
-        )?;
+        let moe_cfg = FusedMoeConfig {
+            hidden_size: h,
+            intermediate_size: i,
+            activation: cfg.activation,
+            gate_up_layout: GateUpLayout::Concatenated,
+            apply_router_weight_on_input: self.router.apply_router_weight_on_input(),
+            global_num_experts: cfg.num_experts,
+            expert_map: cfg.expert_map.clone(),
+        };
+        let moe = match cfg.quant {
+            LayerQuant::W4A8 { group_size } => {
+                let (w13, w2) = pack_w4a8(params, group_size, h, i)?;
+                Experts::W4A8(FusedMoe::new(
+                    ExpertWeights {
+                        w13,
+                        w2,
+                        w13_bias: None,
+                        w2_bias: None,
+                    },
+                    moe_cfg,
+                    kernels,
+                )?)
+            }
+            LayerQuant::Int8Online => {
+                let (w13, w2) = online::quantize_and_pack(params, h, i)?;
+                Experts::W8A8(FusedMoe::new(
+                    ExpertWeights {
+                        w13,
+                        w2,
+                        w13_bias: None,
+                        w2_bias: None,
+                    },
+                    moe_cfg,
+                    kernels,
+                )?)
+            }
+        };
         let lanes = std::thread::available_parallelism().map_or(1, |n| n.get());
         // One scratch up front so that the first call does not allocate it.
         let first = moe.scratch(cfg.max_tokens, cfg.top_k, lanes)?;
@@ -429,7 +454,7 @@ impl MoeLayer {
             };
             result = ready
                 .moe
-                .apply(input, &mut out[t0 * h..][..t * h], &mut scratch, Par::Rayon);
+                .apply(input, &mut out[t0 * h..][..t * h], &mut scratch);
             if result.is_err() {
                 break;
             }
@@ -441,6 +466,54 @@ impl MoeLayer {
             .push(scratch);
         Ok(result?)
     }
+}
+
+/// Packs the int4 experts (bf16 group scales or f32 channel scales) for the W4A8 kernels.
+type Stacks<W> = (Vec<W>, Vec<W>);
+fn pack_w4a8(
+    params: &Params,
+    group_size: Option<usize>,
+    h: usize,
+    i: usize,
+) -> Result<Stacks<PackedW4A8>, LayerError> {
+    let quant = LayerQuant::W4A8 { group_size };
+    let e = params.w2.len() / (h * i);
+    let pack = |w: &[i8], s: &[f32], n: usize, k: usize| -> Result<PackedW4A8, LayerError> {
+        Ok(match group_size {
+            None => PackedW4A8::pack(n, k, w, W4A8Scales::Channelwise(s), None)?,
+            Some(g) => {
+                let scales: Vec<bf16> = s.iter().map(|&v| bf16::from_f32(v)).collect();
+                PackedW4A8::pack(
+                    n,
+                    k,
+                    w,
+                    W4A8Scales::Grouped {
+                        group_size: g,
+                        scales: &scales,
+                    },
+                    None,
+                )?
+            }
+        })
+    };
+    let (s13, s2) = (quant.scale_cols(h), quant.scale_cols(i));
+    let mut w13 = Vec::with_capacity(e);
+    let mut w2 = Vec::with_capacity(e);
+    for x in 0..e {
+        w13.push(pack(
+            &params.w13[x * 2 * i * h..][..2 * i * h],
+            &params.w13_scale[x * 2 * i * s13..][..2 * i * s13],
+            2 * i,
+            h,
+        )?);
+        w2.push(pack(
+            &params.w2[x * h * i..][..h * i],
+            &params.w2_scale[x * h * s2..][..h * s2],
+            h,
+            i,
+        )?);
+    }
+    Ok((w13, w2))
 }
 
 /// `len / width`, or an error when `len` is not whole rows.

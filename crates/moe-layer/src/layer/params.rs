@@ -119,6 +119,12 @@ pub(crate) struct Params {
     pub(crate) w2: Vec<i8>,
     pub(crate) w13_scale: Vec<f32>,
     pub(crate) w2_scale: Vec<f32>,
+    /// Online int8 only: float weights `[E_local, 2I, H]` / `[E_local, H, I]` widened to f32,
+    /// their stored dtype, and the amax of each whole (unsharded) `w2` row `[E_local, H]`.
+    pub(crate) w13_f: Vec<f32>,
+    pub(crate) w2_f: Vec<f32>,
+    pub(crate) float_dtype: Option<moe_quant::DType>,
+    pub(crate) w2_amax: Vec<f32>,
     /// `[E_local][shard][kind]`: whether it was written.
     loaded: Vec<bool>,
     local_experts: Vec<usize>,
@@ -140,12 +146,37 @@ impl Params {
         let local_experts = cfg.local_experts();
         let e = local_experts.len();
         let (h, i) = (cfg.hidden, cfg.intermediate_per_rank());
+        let mut loaded = vec![false; e * ExpertShard::ALL.len() * TensorKind::REQUIRED.len()];
+        if cfg.quant == LayerQuant::Int8Online {
+            // Online int8 computes its scales; only the float weights are loaded.
+            for local in 0..e {
+                for shard in ExpertShard::ALL {
+                    loaded[Self::slot(local, shard, TensorKind::Scale)] = true;
+                }
+            }
+            return Self {
+                w13: Vec::new(),
+                w2: Vec::new(),
+                w13_scale: Vec::new(),
+                w2_scale: Vec::new(),
+                w13_f: vec![0.0; e * 2 * i * h],
+                w2_f: vec![0.0; e * h * i],
+                float_dtype: None,
+                w2_amax: vec![0.0; e * h],
+                loaded,
+                local_experts,
+            };
+        }
         Self {
             w13: vec![0; e * 2 * i * h],
             w2: vec![0; e * h * i],
             w13_scale: vec![0.0; e * 2 * i * cfg.quant.scale_cols(h)],
             w2_scale: vec![0.0; e * h * cfg.quant.scale_cols(i)],
-            loaded: vec![false; e * ExpertShard::ALL.len() * TensorKind::REQUIRED.len()],
+            w13_f: Vec::new(),
+            w2_f: Vec::new(),
+            float_dtype: None,
+            w2_amax: Vec::new(),
+            loaded,
             local_experts,
         }
     }
@@ -215,6 +246,12 @@ impl Params {
                 reason: format!("{}: expert biases are not supported yet", view.name),
             });
         }
+        if d.quant == LayerQuant::Int8Online && kind == TensorKind::Scale {
+            return Err(LayerError::InvalidArgument {
+                field: "kind",
+                reason: format!("{}: online int8 computes its own scales", view.name),
+            });
+        }
         // The whole tensor's shape, and the window this rank keeps: (row0, rows, col0, cols).
         let (full, window) = d.window(shard, kind);
         if view.shape != full {
@@ -235,6 +272,9 @@ impl Params {
         let width = full[1];
         let dst_row0 = if shard == ExpertShard::W3 { d.i } else { 0 };
         match kind {
+            TensorKind::Weight if d.quant == LayerQuant::Int8Online => {
+                self.load_float_weight(local, shard, view, &d, window)?;
+            }
             TensorKind::Weight => {
                 let TensorData::I8(src) = view.data else {
                     return Err(LayerError::ParamDtype {
@@ -307,6 +347,71 @@ impl Params {
     }
 }
 
+impl Params {
+    /// Online int8: widens a float weight, checks it is finite and of the layer's one float
+    /// dtype, and writes this rank's window (plus, for `w2`, each whole row's amax).
+    fn load_float_weight(
+        &mut self,
+        local: usize,
+        shard: ExpertShard,
+        view: &TensorView<'_>,
+        d: &Dims,
+        window: (usize, usize, usize, usize),
+    ) -> Result<(), LayerError> {
+        let dtype = match view.data {
+            TensorData::Bf16(_) => moe_quant::DType::BF16,
+            TensorData::F16(_) => moe_quant::DType::F16,
+            TensorData::F32(_) => moe_quant::DType::F32,
+            TensorData::I8(_) => {
+                return Err(LayerError::ParamDtype {
+                    tensor: view.name.to_string(),
+                    expected: "bf16, f16 or f32".into(),
+                    actual: "i8".into(),
+                });
+            }
+        };
+        if let Some(prev) = self.float_dtype
+            && prev != dtype
+        {
+            return Err(LayerError::ParamDtype {
+                tensor: view.name.to_string(),
+                expected: format!("{prev:?} (the dtype of the weights loaded before)"),
+                actual: view.data.dtype_name().into(),
+            });
+        }
+        let mut src = Vec::with_capacity(view.data.len());
+        for index in 0..view.data.len() {
+            let v = view.data.float_at(index).unwrap_or(f32::NAN);
+            if !v.is_finite() {
+                return Err(LayerError::ParamValue {
+                    tensor: view.name.to_string(),
+                    index,
+                    value: f64::from(v),
+                    reason: "weights must be finite",
+                });
+            }
+            src.push(v);
+        }
+        self.float_dtype = Some(dtype);
+        let width = view.shape[1];
+        let (dst, dst_rows, dst_row0) = match shard {
+            ExpertShard::W2 => {
+                for (r, row) in src.chunks_exact(width).enumerate() {
+                    self.w2_amax[local * d.h + r] = moe_quant::int8::row_amax(row);
+                }
+                (&mut self.w2_f[local * d.h * d.i..][..d.h * d.i], d.h, 0)
+            }
+            _ => (
+                &mut self.w13_f[local * 2 * d.i * d.h..][..2 * d.i * d.h],
+                2 * d.i,
+                if shard == ExpertShard::W3 { d.i } else { 0 },
+            ),
+        };
+        copy_window(&src, width, window, dst, dst_row0, dst_rows);
+        Ok(())
+    }
+}
+
 impl Dims {
     /// The whole checkpoint tensor's shape and the `(row0, rows, col0, cols)` window of it this
     /// rank keeps.
@@ -323,7 +428,9 @@ impl Dims {
             }
             (ExpertShard::W1 | ExpertShard::W3, _) => ([i_full, h], (r * i, i, 0, h)),
             (ExpertShard::W2, TensorKind::Scale) => match self.quant {
-                LayerQuant::W4A8 { group_size: None } => ([h, 1], (0, h, 0, 1)),
+                LayerQuant::W4A8 { group_size: None } | LayerQuant::Int8Online => {
+                    ([h, 1], (0, h, 0, 1))
+                }
                 LayerQuant::W4A8 {
                     group_size: Some(g),
                 } => ([h, i_full / g], (0, h, r * (i / g), i / g)),
