@@ -396,3 +396,98 @@ fn expert_parallel_ranks_sum_to_the_single_rank_output() {
         assert!((a - b).abs() <= 1e-5 * scale, "{a} vs {b}");
     }
 }
+
+fn int8_config() -> MoeLayerConfig {
+    MoeLayerConfig {
+        quant: LayerQuant::Int8Online,
+        ..config(None)
+    }
+}
+
+#[test]
+fn online_int8_refuses_scales_codes_mixed_dtypes_and_non_finite_weights() {
+    let w = vec![bf16::from_f32(0.5); I * H];
+    let codes = vec![0i8; I * H];
+    let mut layer = MoeLayer::create(int8_config()).unwrap();
+    let e = layer
+        .load_expert_tensor(
+            0,
+            ExpertShard::W1,
+            TensorKind::Scale,
+            &view("s", &[I, 2], TensorData::Bf16(&w[..2 * I])),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(e, LayerError::InvalidArgument { field: "kind", .. }),
+        "{e:?}"
+    );
+
+    let mut layer = MoeLayer::create(int8_config()).unwrap();
+    let e = layer
+        .load_expert_tensor(
+            0,
+            ExpertShard::W1,
+            TensorKind::Weight,
+            &view("codes", &[I, H], TensorData::I8(&codes)),
+        )
+        .unwrap_err();
+    assert!(matches!(e, LayerError::ParamDtype { .. }), "{e:?}");
+
+    let mut layer = MoeLayer::create(int8_config()).unwrap();
+    layer
+        .load_expert_tensor(
+            0,
+            ExpertShard::W1,
+            TensorKind::Weight,
+            &view("w1", &[I, H], TensorData::Bf16(&w)),
+        )
+        .unwrap();
+    let f = vec![0.5f32; I * H];
+    let e = layer
+        .load_expert_tensor(
+            0,
+            ExpertShard::W3,
+            TensorKind::Weight,
+            &view("w3", &[I, H], TensorData::F32(&f)),
+        )
+        .unwrap_err();
+    assert!(matches!(e, LayerError::ParamDtype { .. }), "{e:?}");
+    assert!(matches!(layer.process(), Err(LayerError::Unusable { .. })));
+
+    let mut bad = w.clone();
+    bad[9] = bf16::NAN;
+    let mut layer = MoeLayer::create(int8_config()).unwrap();
+    let e = layer
+        .load_expert_tensor(
+            0,
+            ExpertShard::W1,
+            TensorKind::Weight,
+            &view("w1", &[I, H], TensorData::Bf16(&bad)),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(e, LayerError::ParamValue { index: 9, .. }),
+        "{e:?}"
+    );
+
+    // Only weights are required: a layer missing one names the weight, not a scale.
+    let mut layer = MoeLayer::create(int8_config()).unwrap();
+    match layer.process() {
+        Err(LayerError::MissingParams { missing }) => {
+            assert_eq!(missing.len(), 3 * E, "{missing:?}");
+            assert!(
+                missing.iter().all(|m| m.ends_with(".weight")),
+                "{missing:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_bad_router_weight_poisons_the_layer() {
+    let mut layer = loaded(None, &experts(6));
+    let e = layer.load_router_weight(&[0.0; 3]).unwrap_err();
+    assert!(matches!(e, LayerError::ParamShape { .. }), "{e:?}");
+    assert!(matches!(layer.process(), Err(LayerError::Unusable { .. })));
+}

@@ -294,3 +294,46 @@ fn per_tensor_loading_matches_the_checkpoint_path_and_tp_ranks_sum_up() {
         assert!(r < 1e-2, "{}: tp=2 sum vs tp=1: rel L2 {r}", dir.display());
     }
 }
+
+#[test]
+fn schemes_the_layer_cannot_run_are_refused_with_their_name() {
+    let root = fixtures_dir();
+    for entry in std::fs::read_dir(&root).unwrap() {
+        let dir = entry.unwrap().path();
+        if !dir.join("config.json").is_file() {
+            continue;
+        }
+        let ckpt = open(&dir);
+        if matches!(ckpt.spec().quant, QuantScheme::CompressedTensorsW4A8 { .. }) {
+            continue;
+        }
+        let layer = ckpt.spec().moe_layers[0];
+        match MoeLayer::from_checkpoint(&ckpt, layer, 8) {
+            Err(moe_layer::LayerError::UnsupportedScheme { scheme, .. }) => {
+                assert_eq!(scheme, ckpt.spec().quant.name(), "{}", dir.display());
+            }
+            other => panic!("{}: {other:?}", dir.display()),
+        }
+    }
+}
+
+#[test]
+fn a_layer_that_is_not_moe_is_refused_and_leaves_the_layer_unusable() {
+    for dir in w4a8_fixtures() {
+        let ckpt = open(&dir);
+        let spec = ckpt.spec();
+        let cfg = MoeLayerConfig::from_spec(spec, 0, 1, None, 8).unwrap();
+        let mut moe = MoeLayer::create(cfg).unwrap();
+        let e = moe
+            .load_from_checkpoint(&ckpt, spec.num_layers + 3)
+            .unwrap_err();
+        assert!(
+            matches!(e, moe_layer::LayerError::NotMoeLayer { .. }),
+            "{e:?}"
+        );
+        assert!(matches!(
+            moe.process(),
+            Err(moe_layer::LayerError::Unusable { .. })
+        ));
+    }
+}

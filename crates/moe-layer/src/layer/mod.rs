@@ -202,8 +202,18 @@ impl MoeLayer {
         self.guarded(|cfg, p| p.load_expert_tensor(cfg, expert, shard, kind, view))
     }
 
-    /// Sets the router's gate weight `[E, H]` (used by [`Self::route_hidden`]).
+    /// Sets the router's gate weight `[E, H]` (used by [`Self::route_hidden`]). A wrong size
+    /// or a non-finite value leaves the layer unusable, like any failed load.
     pub fn load_router_weight(&mut self, weight: &[f32]) -> Result<(), LayerError> {
+        let result = self.check_router_weight(weight);
+        match result {
+            Ok(()) => self.router_weight = Some(weight.to_vec()),
+            Err(ref e) => self.state = State::Unusable(e.to_string()),
+        }
+        result
+    }
+
+    fn check_router_weight(&self, weight: &[f32]) -> Result<(), LayerError> {
         let expected = self.cfg.num_experts * self.cfg.hidden;
         if weight.len() != expected {
             return Err(LayerError::ParamShape {
@@ -220,7 +230,6 @@ impl MoeLayer {
                 reason: "router weights must be finite",
             });
         }
-        self.router_weight = Some(weight.to_vec());
         Ok(())
     }
 
