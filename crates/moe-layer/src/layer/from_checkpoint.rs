@@ -16,8 +16,9 @@ use crate::checkpoint::{
 
 impl MoeLayerConfig {
     /// The layer configuration of a model for one rank: sizes and routing from the spec,
-    /// vLLM's CPU softmax router, SiLU experts, W4A8 weights. Refuses schemes, activations and
-    /// routings not supported here.
+    /// vLLM's CPU softmax router, SiLU experts, W4A8 weights. Refuses schemes, activations,
+    /// routings (non-softmax, grouped, biased, scaled) and shared experts not supported here,
+    /// rather than computing something else.
     pub fn from_spec(
         spec: &MoeModelSpec,
         tp_rank: usize,
@@ -57,6 +58,24 @@ impl MoeLayerConfig {
                 file: spec.config_path.clone(),
                 field: "scoring_func",
                 reason: "the layer routes softmax top-k models only so far".into(),
+            });
+        }
+        if r.routed_scaling_factor != 1.0 {
+            return Err(LayerError::ConfigField {
+                file: spec.config_path.clone(),
+                field: "routed_scaling_factor",
+                reason: format!(
+                    "{} is not applied by the layer yet (only 1.0 is supported)",
+                    r.routed_scaling_factor
+                ),
+            });
+        }
+        if spec.shared_experts.is_some() {
+            // Refused rather than silently dropped: the block's output would lack them.
+            return Err(LayerError::ConfigField {
+                file: spec.config_path.clone(),
+                field: "shared_expert_intermediate_size",
+                reason: "shared experts are not run by the layer yet".into(),
             });
         }
         Ok(Self {
