@@ -74,7 +74,7 @@ impl MoeLayerConfig {
             // Refused rather than silently dropped: the block's output would lack them.
             return Err(LayerError::ConfigField {
                 file: spec.config_path.clone(),
-                field: "shared_expert_intermediate_size",
+                field: "shared experts (shared_expert_intermediate_size, n_shared_experts)",
                 reason: "shared experts are not run by the layer yet".into(),
             });
         }
