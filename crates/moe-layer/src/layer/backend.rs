@@ -1,33 +1,16 @@
 //! Choosing the kernel for a processed layer through moe-oracle (native rules), on the ISA
-//! rungs moe-kernels reports for this machine.
+//! rungs moe-kernels reports for this machine (`Platform::detect`, within
+//! `MOE_KERNELS_MAX_ISA`).
 
-use moe_kernels::{Isa as KernelIsa, KernelSet};
+use moe_kernels::KernelSet;
 use moe_oracle::{
-    CpuArch, MoEActivation, MoeConfig, MoeShape, ParallelConfig, ParallelRequest, Platform,
-    SelectOptions, Selection, select_int8_moe_backend, select_w4a8_int8_moe_backend,
-    w4a8_weight_key,
+    MoEActivation, MoeConfig, MoeShape, ParallelConfig, ParallelRequest, Platform, SelectOptions,
+    Selection, select_int8_moe_backend, select_w4a8_int8_moe_backend, w4a8_weight_key,
 };
 use moe_router::Router;
 
 use super::config::{LayerQuant, MoeLayerConfig};
 use crate::LayerError;
-
-/// The oracle's view of this machine: the architecture and the rungs moe-kernels can run
-/// (within `MOE_KERNELS_MAX_ISA`).
-pub fn native_platform() -> Result<Platform, LayerError> {
-    let arch = match std::env::consts::ARCH {
-        "x86_64" => CpuArch::X86_64,
-        "aarch64" => CpuArch::Aarch64,
-        _ => CpuArch::Other,
-    };
-    let cap = moe_kernels::isa_cap();
-    let names: Vec<&str> = moe_kernels::available_isas()
-        .into_iter()
-        .filter(|isa| cap.allows(*isa))
-        .map(KernelIsa::name)
-        .collect();
-    Ok(Platform::cpu_from_names(arch, &names)?)
-}
 
 /// Selects the backend for `cfg` and returns it with the kernel set of the chosen rung.
 pub(crate) fn select(
@@ -56,7 +39,7 @@ pub(crate) fn select(
         cfg.in_dtype,
         parallel,
     )?;
-    let platform = native_platform()?;
+    let platform = Platform::detect();
     let opts = SelectOptions::native();
     let selection = match cfg.quant {
         LayerQuant::W4A8 { group_size } => {
@@ -68,7 +51,6 @@ pub(crate) fn select(
     let kernels = selection
         .kernel
         .isa
-        .and_then(|isa| isa.name().parse::<KernelIsa>().ok())
         .and_then(KernelSet::for_isa)
         .unwrap_or(*moe_kernels::kernels());
     Ok((selection, kernels))

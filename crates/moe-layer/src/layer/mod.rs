@@ -34,7 +34,6 @@ use moe_oracle::Selection;
 use moe_quant::DType;
 use moe_router::{IdsOut, Logits, Router, RouterScratch};
 
-pub use backend::native_platform;
 pub use config::{LayerQuant, MoeLayerConfig, vllm_cpu_softmax_router};
 pub use params::{ExpertShard, TensorData, TensorKind, TensorView};
 
