@@ -4,9 +4,26 @@
 
 use moe_kernels::{Isa, IsaCap, KernelSet, available_isas, cpu_features, isa_cap, kernels};
 
+// Temporary wiring of `moe run` until the clap restructuring (branch `cli`) lands.
+mod cmd {
+    pub mod run;
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
+        Some("run") => {
+            #[derive(clap::Parser)]
+            struct Cli {
+                #[command(flatten)]
+                args: cmd::run::RunArgs,
+            }
+            let cli = <Cli as clap::Parser>::parse_from(&args);
+            if let Err(e) = cmd::run::run(&cli.args) {
+                eprintln!("moe run: {e}");
+                std::process::exit(1);
+            }
+        }
         None | Some("cpu") => print_cpu_report(),
         Some("--version" | "-V") => println!("moe {}", env!("CARGO_PKG_VERSION")),
         Some(other) => {

@@ -272,4 +272,84 @@ pub enum LayerError {
         /// moe-quant's error.
         source: moe_quant::QuantError,
     },
+
+    /// A layer parameter given to [`MoeLayer`](crate::MoeLayer) has the wrong shape.
+    #[error("layer parameter {tensor}: expected shape {expected:?}, got {actual:?}")]
+    ParamShape {
+        /// The tensor, as the caller named it.
+        tensor: String,
+        /// The expected shape.
+        expected: Vec<usize>,
+        /// The shape given.
+        actual: Vec<usize>,
+    },
+
+    /// A layer parameter given to [`MoeLayer`](crate::MoeLayer) has a dtype the scheme does
+    /// not allow.
+    #[error("layer parameter {tensor}: expected dtype {expected}, got {actual}")]
+    ParamDtype {
+        /// The tensor, as the caller named it.
+        tensor: String,
+        /// The allowed dtype(s).
+        expected: String,
+        /// The dtype given.
+        actual: String,
+    },
+
+    /// A layer parameter holds a value its scheme does not allow (an int4 code outside
+    /// `[-8, 7]`, a negative or non-finite scale, a group scale not exact in bf16).
+    #[error("layer parameter {tensor}: value {value} at index {index}: {reason}")]
+    ParamValue {
+        /// The tensor, as the caller named it.
+        tensor: String,
+        /// Flat index in the tensor as given.
+        index: usize,
+        /// The value, widened to f64.
+        value: f64,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
+    /// A layer configuration or call argument that makes no sense.
+    #[error("{field}: {reason}")]
+    InvalidArgument {
+        /// The field or argument.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// `process` found parameters that were never loaded.
+    #[error("layer parameters never loaded: {}", missing.join(", "))]
+    MissingParams {
+        /// The missing parameters, e.g. `experts.3.w2.weight_scale`.
+        missing: Vec<String>,
+    },
+
+    /// `apply` called before `process` succeeded.
+    #[error("the layer is not processed yet: call process() after loading")]
+    NotProcessed,
+
+    /// A load or process step failed earlier; the layer holds no usable weights.
+    #[error("the layer is unusable after an earlier failure: {reason}")]
+    Unusable {
+        /// The earlier failure.
+        reason: String,
+    },
+
+    /// A load step after `process` (weights are packed and the originals freed).
+    #[error("the layer is already processed; tensors can no longer be loaded")]
+    AlreadyProcessed,
+
+    /// The kernels refused the weights or a call.
+    #[error("kernels: {0}")]
+    Kernel(#[from] moe_kernels::KernelError),
+
+    /// The router refused its configuration or a call.
+    #[error("router: {0}")]
+    Router(#[from] moe_router::RouterError),
+
+    /// No backend supports the layer configuration.
+    #[error("backend selection: {0}")]
+    Oracle(#[from] moe_oracle::OracleError),
 }

@@ -1,0 +1,57 @@
+//! Choosing the kernel for a processed layer through moe-oracle (native rules), on the ISA
+//! rungs moe-kernels reports for this machine (`Platform::detect`, within
+//! `MOE_KERNELS_MAX_ISA`).
+
+use moe_kernels::KernelSet;
+use moe_oracle::{
+    MoEActivation, MoeConfig, MoeShape, ParallelConfig, ParallelRequest, Platform, SelectOptions,
+    Selection, select_int8_moe_backend, select_w4a8_int8_moe_backend, w4a8_weight_key,
+};
+use moe_router::Router;
+
+use super::config::{LayerQuant, MoeLayerConfig};
+use crate::LayerError;
+
+/// Selects the backend for `cfg` and returns it with the kernel set of the chosen rung.
+pub(crate) fn select(
+    cfg: &MoeLayerConfig,
+    router: &Router,
+) -> Result<(Selection, KernelSet), LayerError> {
+    let shape = MoeShape {
+        num_experts: cfg.num_experts,
+        experts_per_token: cfg.top_k,
+        hidden_dim: cfg.hidden,
+        intermediate_size: cfg.intermediate,
+    };
+    let parallel = ParallelConfig::make(&ParallelRequest::tp(cfg.tp_size, cfg.tp_rank))?;
+    let activation = match cfg.activation {
+        moe_kernels::Activation::Silu { .. } => MoEActivation::Silu,
+        moe_kernels::Activation::SwigluOai { .. } => MoEActivation::Swigluoai,
+        moe_kernels::Activation::SwigluStep => MoEActivation::Swiglustep,
+        moe_kernels::Activation::Gelu => MoEActivation::Gelu,
+        moe_kernels::Activation::GeluTanh => MoEActivation::GeluTanh,
+        _ => MoEActivation::Silu,
+    };
+    let config = MoeConfig::new(
+        shape,
+        activation,
+        router.routing_method_type(),
+        cfg.in_dtype,
+        parallel,
+    )?;
+    let platform = Platform::detect();
+    let opts = SelectOptions::native();
+    let selection = match cfg.quant {
+        LayerQuant::W4A8 { group_size } => {
+            let key = w4a8_weight_key(group_size.map_or(-1, |g| g as i64))?;
+            select_w4a8_int8_moe_backend(&config, Some(&key), None, &platform, &opts)?
+        }
+        LayerQuant::Int8Online => select_int8_moe_backend(&config, &platform, &opts)?,
+    };
+    let kernels = selection
+        .kernel
+        .isa
+        .and_then(KernelSet::for_isa)
+        .unwrap_or(*moe_kernels::kernels());
+    Ok((selection, kernels))
+}

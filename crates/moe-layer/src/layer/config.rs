@@ -1,0 +1,213 @@
+//! [`MoeLayerConfig`]: everything a MoE layer is created from (sizes, parallelism, activation,
+//! routing, quantization scheme, largest call), and its derivation from a checkpoint's
+//! [`MoeModelSpec`](crate::checkpoint::MoeModelSpec).
+
+use moe_kernels::Activation;
+use moe_quant::DType;
+use moe_router::{RoundingProfile, RouterConfig};
+
+use crate::LayerError;
+
+/// How the experts' weights are stored and run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LayerQuant {
+    /// compressed-tensors `int-quantized` W4A8: int4 codes stored as int8, static symmetric
+    /// scales (`group_size` columns per scale, `None` = channelwise), dynamic per-token int8
+    /// activations. Group scales are run as bf16 (the kernels' format), so they must be
+    /// exact in bf16.
+    W4A8 {
+        /// Input columns per scale group; `None` = one scale per output channel.
+        group_size: Option<usize>,
+    },
+    /// vLLM's online int8 method (seed 004): bf16/f16/f32 weights are loaded and quantized per
+    /// output row to int8 in `process` (moe-quant's `int8` module, bit-exact with vLLM), then
+    /// run on the W8A8 kernels with dynamic per-token int8 activations. The `w2` rows' scale
+    /// uses the amax of the whole (unsharded) row, as the newest vLLM all-reduces it.
+    Int8Online,
+}
+
+impl LayerQuant {
+    /// Scale columns per row of a `[rows, k]` weight.
+    pub(crate) fn scale_cols(self, k: usize) -> usize {
+        match self {
+            Self::W4A8 {
+                group_size: Some(g),
+            } => k / g,
+            Self::W4A8 { group_size: None } | Self::Int8Online => 1,
+        }
+    }
+
+    /// A short name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::W4A8 { .. } => "w4a8-int8",
+            Self::Int8Online => "int8-online",
+        }
+    }
+}
+
+/// The description of one MoE layer on one rank.
+#[derive(Debug, Clone)]
+pub struct MoeLayerConfig {
+    /// Experts of the whole model (`E`).
+    pub num_experts: usize,
+    /// Experts per token.
+    pub top_k: usize,
+    /// Hidden size `H`.
+    pub hidden: usize,
+    /// Full intermediate size (before tensor-parallel division).
+    pub intermediate: usize,
+    /// This rank's tensor-parallel index.
+    pub tp_rank: usize,
+    /// Tensor-parallel ranks.
+    pub tp_size: usize,
+    /// Global-to-local expert map (`-1` = another rank's), or `None` for every expert local.
+    pub expert_map: Option<Vec<i32>>,
+    /// The gated activation.
+    pub activation: Activation,
+    /// The router (global expert ids: keep its expert map unset; the layer's `expert_map`
+    /// applies in the kernels).
+    pub router: RouterConfig,
+    /// The weight scheme.
+    pub quant: LayerQuant,
+    /// The model (activation) dtype, for backend selection.
+    pub in_dtype: DType,
+    /// Largest token count of one kernel call: scratch is sized for it, larger calls are cut
+    /// into pieces of this size (which does not change results: every token is independent).
+    pub max_tokens: usize,
+}
+
+impl MoeLayerConfig {
+    /// Intermediate size per tensor-parallel rank.
+    pub fn intermediate_per_rank(&self) -> usize {
+        self.intermediate / self.tp_size.max(1)
+    }
+
+    /// Global ids of the local experts, in local-id order.
+    pub fn local_experts(&self) -> Vec<usize> {
+        match &self.expert_map {
+            None => (0..self.num_experts).collect(),
+            Some(map) => {
+                let mut local: Vec<(i32, usize)> = map
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, l)| **l >= 0)
+                    .map(|(g, l)| (*l, g))
+                    .collect();
+                local.sort_unstable();
+                local.into_iter().map(|(_, g)| g).collect()
+            }
+        }
+    }
+
+    /// Checks sizes, parallelism and the expert map.
+    pub(crate) fn validate(&self) -> Result<(), LayerError> {
+        let bad = |field, reason: String| Err(LayerError::InvalidArgument { field, reason });
+        for (field, v) in [
+            ("num_experts", self.num_experts),
+            ("top_k", self.top_k),
+            ("hidden", self.hidden),
+            ("intermediate", self.intermediate),
+            ("tp_size", self.tp_size),
+            ("max_tokens", self.max_tokens),
+        ] {
+            if v == 0 {
+                return bad(field, "must be at least 1".into());
+            }
+        }
+        if self.top_k > self.num_experts {
+            return bad(
+                "top_k",
+                format!("{} exceeds num_experts {}", self.top_k, self.num_experts),
+            );
+        }
+        if self.tp_rank >= self.tp_size {
+            return Err(LayerError::TensorParallel {
+                tp_rank: self.tp_rank,
+                tp_size: self.tp_size,
+                reason: "rank outside 0..tp_size".into(),
+            });
+        }
+        if !self.intermediate.is_multiple_of(self.tp_size) {
+            return Err(LayerError::TensorParallel {
+                tp_rank: self.tp_rank,
+                tp_size: self.tp_size,
+                reason: format!(
+                    "intermediate size {} does not split into {} equal parts",
+                    self.intermediate, self.tp_size
+                ),
+            });
+        }
+        if let LayerQuant::W4A8 {
+            group_size: Some(g),
+        } = self.quant
+        {
+            let i = self.intermediate_per_rank();
+            if g == 0 || !self.hidden.is_multiple_of(g) {
+                return Err(LayerError::GroupSizeNotDividing {
+                    tensor: "w13".into(),
+                    group_size: g,
+                    k: self.hidden,
+                });
+            }
+            if !i.is_multiple_of(g) {
+                return Err(LayerError::GroupSizeNotDividing {
+                    tensor: "w2 (per tensor-parallel rank)".into(),
+                    group_size: g,
+                    k: i,
+                });
+            }
+        }
+        if self.router.num_experts != self.num_experts || self.router.top_k != self.top_k {
+            return bad(
+                "router",
+                format!(
+                    "router has {} experts / top-{}, layer {} / top-{}",
+                    self.router.num_experts, self.router.top_k, self.num_experts, self.top_k
+                ),
+            );
+        }
+        if self.router.expert_map.is_some() {
+            return bad(
+                "router",
+                "the router must produce global ids (the layer's expert_map applies)".into(),
+            );
+        }
+        if let Some(map) = &self.expert_map {
+            if map.len() != self.num_experts {
+                return Err(LayerError::ExpertMap {
+                    reason: format!(
+                        "length {} but num_experts = {}",
+                        map.len(),
+                        self.num_experts
+                    ),
+                });
+            }
+            let local = self.local_experts();
+            let mut ids: Vec<i32> = map.iter().copied().filter(|&l| l >= 0).collect();
+            ids.sort_unstable();
+            let dense = ids.iter().enumerate().all(|(i, &l)| l as usize == i);
+            if local.is_empty() || !dense || map.iter().any(|&l| l < -1) {
+                return Err(LayerError::ExpertMap {
+                    reason: "local ids must be 0..n_local, each once, others -1".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The router vLLM's CPU path uses for softmax models (Qwen2/3-MoE, Mixtral):
+/// `cpu_router._softmax_topk`, renormalized when the model says so, with every op rounded to
+/// the logits dtype as eager PyTorch does ([`RoundingProfile::TorchEager`]; identical to f32
+/// for f32 logits).
+pub fn vllm_cpu_softmax_router(
+    num_experts: usize,
+    top_k: usize,
+    renormalize: bool,
+) -> RouterConfig {
+    RouterConfig::cpu_softmax(num_experts, top_k)
+        .with_renormalize(renormalize)
+        .with_rounding(RoundingProfile::TorchEager)
+}

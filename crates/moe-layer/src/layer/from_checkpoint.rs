@@ -1,0 +1,230 @@
+//! Building and loading a [`MoeLayer`] from a [`Checkpoint`]: the layer configuration derived
+//! from the model's [`MoeModelSpec`], and the copy of the reader's [`MoeLayerTensors`] (already
+//! fused, sliced for tensor parallelism and filtered by the expert map) into the parameters.
+
+use moe_kernels::Activation;
+use moe_quant::DType;
+use moe_router::ScoringFunc;
+
+use super::MoeLayer;
+use super::config::{LayerQuant, MoeLayerConfig, vllm_cpu_softmax_router};
+use super::params::{Params, check_scale};
+use crate::LayerError;
+use crate::checkpoint::{
+    Checkpoint, ExpertWeights, MoeLayerTensors, MoeModelSpec, QuantScheme, ReadOptions,
+};
+
+impl MoeLayerConfig {
+    /// The layer configuration of a model for one rank: sizes and routing from the spec,
+    /// vLLM's CPU softmax router, SiLU experts, W4A8 weights. Refuses schemes, activations,
+    /// routings (non-softmax, grouped, biased, scaled) and shared experts not supported here,
+    /// rather than computing something else.
+    pub fn from_spec(
+        spec: &MoeModelSpec,
+        tp_rank: usize,
+        tp_size: usize,
+        expert_map: Option<Vec<i32>>,
+        max_tokens: usize,
+    ) -> Result<Self, LayerError> {
+        let quant = match &spec.quant {
+            QuantScheme::CompressedTensorsW4A8 { group_size, .. } => LayerQuant::W4A8 {
+                group_size: *group_size,
+            },
+            other => {
+                return Err(LayerError::UnsupportedScheme {
+                    file: spec.config_path.clone(),
+                    scheme: other.name().to_string(),
+                    reason: "the layer runs compressed-tensors W4A8 (int-quantized) only so far"
+                        .into(),
+                });
+            }
+        };
+        let activation = match spec.activation.as_str() {
+            "silu" | "swiglu" => Activation::SILU,
+            other => {
+                return Err(LayerError::ConfigField {
+                    file: spec.config_path.clone(),
+                    field: "hidden_act",
+                    reason: format!("activation {other:?} is not supported by the layer yet"),
+                });
+            }
+        };
+        let r = &spec.routing;
+        if r.scoring != ScoringFunc::Softmax
+            || r.num_expert_group.is_some_and(|g| g > 1)
+            || r.has_correction_bias
+        {
+            return Err(LayerError::ConfigField {
+                file: spec.config_path.clone(),
+                field: "scoring_func",
+                reason: "the layer routes softmax top-k models only so far".into(),
+            });
+        }
+        if r.routed_scaling_factor != 1.0 {
+            return Err(LayerError::ConfigField {
+                file: spec.config_path.clone(),
+                field: "routed_scaling_factor",
+                reason: format!(
+                    "{} is not applied by the layer yet (only 1.0 is supported)",
+                    r.routed_scaling_factor
+                ),
+            });
+        }
+        if spec.shared_experts.is_some() {
+            // Refused rather than silently dropped: the block's output would lack them.
+            return Err(LayerError::ConfigField {
+                file: spec.config_path.clone(),
+                field: "shared experts (shared_expert_intermediate_size, n_shared_experts)",
+                reason: "shared experts are not run by the layer yet".into(),
+            });
+        }
+        Ok(Self {
+            num_experts: spec.num_experts,
+            top_k: spec.top_k,
+            hidden: spec.hidden,
+            intermediate: spec.intermediate,
+            tp_rank,
+            tp_size,
+            expert_map,
+            activation,
+            router: vllm_cpu_softmax_router(spec.num_experts, spec.top_k, r.renormalize),
+            quant,
+            in_dtype: spec.dtype.unwrap_or(DType::BF16),
+            max_tokens,
+        })
+    }
+}
+
+impl MoeLayer {
+    /// Creates, loads and processes layer `layer` of `ckpt` on a single rank holding every
+    /// expert, for calls of up to `max_tokens` tokens.
+    pub fn from_checkpoint(
+        ckpt: &Checkpoint,
+        layer: usize,
+        max_tokens: usize,
+    ) -> Result<Self, LayerError> {
+        let cfg = MoeLayerConfig::from_spec(ckpt.spec(), 0, 1, None, max_tokens)?;
+        let mut moe = Self::create(cfg)?;
+        moe.load_from_checkpoint(ckpt, layer)?;
+        moe.process()?;
+        Ok(moe)
+    }
+
+    /// Loads every expert tensor and the router weight of `layer` from `ckpt`, through the
+    /// checkpoint reader (which fuses, slices this rank's shard and skips other ranks'
+    /// experts). A failure leaves the layer unusable.
+    pub fn load_from_checkpoint(
+        &mut self,
+        ckpt: &Checkpoint,
+        layer: usize,
+    ) -> Result<(), LayerError> {
+        let cfg = self.cfg.clone();
+        let opts = ReadOptions {
+            tp_rank: cfg.tp_rank,
+            tp_size: cfg.tp_size,
+            expert_map: cfg.expert_map.as_deref(),
+            shared_experts: false,
+        };
+        let tensors = match ckpt.read_layer(layer, &opts) {
+            Ok(t) => t,
+            Err(e) => {
+                self.state = super::State::Unusable(e.to_string());
+                return Err(e);
+            }
+        };
+        self.load_layer_tensors(&tensors)
+    }
+
+    /// Loads a whole layer as the checkpoint reader returns it (see
+    /// [`Self::load_from_checkpoint`]). A failure leaves the layer unusable.
+    pub fn load_layer_tensors(&mut self, t: &MoeLayerTensors) -> Result<(), LayerError> {
+        let router = t.router.weight.to_f32_vec();
+        if let Err(e) = self.load_router_weight(&router) {
+            self.state = super::State::Unusable(e.to_string());
+            return Err(e);
+        }
+        self.guarded(|cfg, p| copy_layer(cfg, p, t))
+    }
+}
+
+/// Checks the reader's tensors against the layer's shapes and copies them in.
+fn copy_layer(cfg: &MoeLayerConfig, p: &mut Params, t: &MoeLayerTensors) -> Result<(), LayerError> {
+    let mismatch = |field: &'static str, expected: String, actual: String| {
+        Err(LayerError::InvalidArgument {
+            field,
+            reason: format!(
+                "layer {}: expected {expected}, checkpoint has {actual}",
+                t.layer
+            ),
+        })
+    };
+    let local = cfg.local_experts();
+    if t.local_experts != local {
+        return mismatch(
+            "local_experts",
+            format!("{local:?}"),
+            format!("{:?}", t.local_experts),
+        );
+    }
+    let ex = &t.experts;
+    let (h, i) = (cfg.hidden, cfg.intermediate_per_rank());
+    if (ex.num_experts, ex.hidden, ex.intermediate) != (local.len(), h, i) {
+        return mismatch(
+            "experts",
+            format!("[E {}, H {h}, I {i}]", local.len()),
+            format!(
+                "[E {}, H {}, I {}]",
+                ex.num_experts, ex.hidden, ex.intermediate
+            ),
+        );
+    }
+    if ex.w13_bias.is_some() || ex.w2_bias.is_some() {
+        return mismatch("bias", "no expert biases".into(), "biases".into());
+    }
+    let ExpertWeights::Int(q) = &ex.weights else {
+        return mismatch("weights", "int4 codes".into(), "float weights".into());
+    };
+    let LayerQuant::W4A8 { group_size } = cfg.quant else {
+        return mismatch("weights", "float weights".into(), "int4 codes".into());
+    };
+    if q.bits != 4 || q.group_size != group_size || q.act_order.is_some() {
+        return mismatch(
+            "weights",
+            format!("int4, group size {group_size:?}, no act-order"),
+            format!(
+                "int{}, group size {:?}, act-order {}",
+                q.bits,
+                q.group_size,
+                q.act_order.is_some()
+            ),
+        );
+    }
+    for (name, got, want) in [
+        ("w13", q.w13.len(), p.w13.len()),
+        ("w2", q.w2.len(), p.w2.len()),
+        ("w13_weight_scale", q.w13_scales.len(), p.w13_scale.len()),
+        ("w2_weight_scale", q.w2_scales.len(), p.w2_scale.len()),
+    ] {
+        if got != want {
+            return Err(LayerError::ParamShape {
+                tensor: name.into(),
+                expected: vec![want],
+                actual: vec![got],
+            });
+        }
+    }
+    for (name, s) in [
+        ("w13_weight_scale", &q.w13_scales),
+        ("w2_weight_scale", &q.w2_scales),
+    ] {
+        for (index, &v) in s.iter().enumerate() {
+            check_scale(name, index, v, cfg.quant)?;
+        }
+    }
+    p.w13.copy_from_slice(&q.w13);
+    p.w2.copy_from_slice(&q.w2);
+    p.w13_scale.copy_from_slice(&q.w13_scales);
+    p.w2_scale.copy_from_slice(&q.w2_scales);
+    p.mark_all_loaded();
+    Ok(())
+}

@@ -1,0 +1,537 @@
+//! [`MoeLayer`]: the lifecycle of one MoE layer (spec section 7.8): `create` allocates the
+//! parameters with their local shapes, `load_*` writes checkpoint tensors into them (cutting the
+//! tensor-parallel shard), `process` packs them for our kernels and picks the backend through
+//! moe-oracle, and `apply` routes and runs the experts.
+//!
+//! States: loading → processed, or unusable after any failed load or process (a half-written
+//! layer must never compute). `process` is idempotent. Both `apply` forms take `&self` and may be
+//! called from many threads at once: each call takes a kernel scratch from a small
+//! mutex-protected pool (allocating one when the pool is empty) and returns it afterwards, so
+//! steady-state calls allocate only their routing buffers. Results do not depend on the number
+//! of threads or of concurrent calls.
+//!
+//! Supported today: compressed-tensors W4A8 (int4 codes stored as int8, channelwise or group
+//! scales) on the packed W4A8 kernels, and vLLM's online int8 method (float weights quantized
+//! per row in `process`) on the W8A8 kernels. Not yet: expert biases, float (unquantized)
+//! execution, WNA16 / GPTQ (Marlin) weights, shared experts.
+
+mod backend;
+mod config;
+#[cfg(feature = "checkpoint")]
+mod from_checkpoint;
+mod online;
+mod params;
+
+use std::sync::Mutex;
+
+use half::{bf16, f16};
+use moe_kernels::moe::MoeFloat;
+use moe_kernels::{
+    ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, MoeInput, MoeScratch, PackedW4A8,
+    PackedW8A8, Par, W4A8Scales,
+};
+use moe_oracle::Selection;
+use moe_quant::DType;
+use moe_router::{IdsOut, Logits, Router, RouterScratch};
+
+pub use config::{LayerQuant, MoeLayerConfig, vllm_cpu_softmax_router};
+pub use params::{ExpertShard, TensorData, TensorKind, TensorView};
+
+use crate::LayerError;
+use params::Params;
+
+/// What a processed layer runs on, for reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendInfo {
+    /// The oracle's backend (`"cpu"`, ...).
+    pub backend: String,
+    /// The kernel and its rung (`"cpu-int4-w4a8/avx512-vnni"`).
+    pub kernel: String,
+    /// The ISA rung of the kernel set the experts call.
+    pub isa: String,
+}
+
+/// The packed experts of a processed layer, per weight format.
+#[derive(Debug)]
+enum Experts {
+    W4A8(FusedMoe<PackedW4A8>),
+    W8A8(FusedMoe<PackedW8A8>),
+}
+
+impl Experts {
+    fn kernels(&self) -> &moe_kernels::KernelSet {
+        match self {
+            Self::W4A8(m) => m.kernels(),
+            Self::W8A8(m) => m.kernels(),
+        }
+    }
+
+    fn scratch(
+        &self,
+        max_tokens: usize,
+        top_k: usize,
+        lanes: usize,
+    ) -> Result<MoeScratch, LayerError> {
+        Ok(match self {
+            Self::W4A8(m) => m.scratch(max_tokens, top_k, lanes)?,
+            Self::W8A8(m) => m.scratch(max_tokens, top_k, lanes)?,
+        })
+    }
+
+    fn apply<X: MoeFloat>(
+        &self,
+        input: MoeInput<'_, X, i32>,
+        out: &mut [X],
+        scratch: &mut MoeScratch,
+    ) -> Result<(), moe_kernels::KernelError> {
+        match self {
+            Self::W4A8(m) => m.apply(input, out, scratch, Par::Rayon),
+            Self::W8A8(m) => m.apply(input, out, scratch, Par::Rayon),
+        }
+    }
+}
+
+/// A processed layer's kernels and scratch pool.
+#[derive(Debug)]
+struct Ready {
+    moe: Experts,
+    selection: Selection,
+    pool: Mutex<Vec<MoeScratch>>,
+    lanes: usize,
+}
+
+#[derive(Debug)]
+enum State {
+    Loading(Box<Params>),
+    Ready(Box<Ready>),
+    Unusable(String),
+}
+
+/// One MoE layer on one rank; see the module docs.
+#[derive(Debug)]
+pub struct MoeLayer {
+    cfg: MoeLayerConfig,
+    router: Router,
+    /// Gate weight `[E, H]`, widened to f32, when loaded (needed only to route from hidden
+    /// states; `apply` takes logits).
+    router_weight: Option<Vec<f32>>,
+    state: State,
+}
+
+impl MoeLayer {
+    /// Validates `cfg` and allocates zeroed parameters with local shapes: `w13`
+    /// `[E_local, 2I/tp, H]`, `w2` `[E_local, H, I/tp]` and their scales.
+    pub fn create(cfg: MoeLayerConfig) -> Result<Self, LayerError> {
+        cfg.validate()?;
+        let router = Router::new(cfg.router.clone())?;
+        let params = Params::create(&cfg);
+        Ok(Self {
+            cfg,
+            router,
+            router_weight: None,
+            state: State::Loading(Box::new(params)),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &MoeLayerConfig {
+        &self.cfg
+    }
+
+    /// The router.
+    pub fn router(&self) -> &Router {
+        &self.router
+    }
+
+    /// Whether `process` has succeeded.
+    pub fn is_processed(&self) -> bool {
+        matches!(self.state, State::Ready(_))
+    }
+
+    /// The chosen backend and kernel, once processed.
+    pub fn backend(&self) -> Option<BackendInfo> {
+        match &self.state {
+            State::Ready(r) => Some(BackendInfo {
+                backend: r.selection.backend.value().to_string(),
+                kernel: r.selection.kernel.to_string(),
+                isa: r.moe.kernels().isa().name().to_string(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// The parameters while loading, or why there are none.
+    fn params_mut(&mut self) -> Result<&mut Params, LayerError> {
+        match &mut self.state {
+            State::Loading(p) => Ok(p),
+            State::Ready(_) => Err(LayerError::AlreadyProcessed),
+            State::Unusable(reason) => Err(LayerError::Unusable {
+                reason: reason.clone(),
+            }),
+        }
+    }
+
+    /// Runs a load step; any failure leaves the layer unusable.
+    fn guarded<T>(
+        &mut self,
+        step: impl FnOnce(&MoeLayerConfig, &mut Params) -> Result<T, LayerError>,
+    ) -> Result<T, LayerError> {
+        let cfg = self.cfg.clone();
+        let params = self.params_mut()?;
+        let result = step(&cfg, params);
+        if let Err(e) = &result {
+            self.state = State::Unusable(e.to_string());
+        }
+        result
+    }
+
+    /// Loads one whole checkpoint tensor of global expert `expert` (vLLM's `weight_loader`,
+    /// spec 6.3): experts of other ranks are skipped; `w1`/`w3` keep rows
+    /// `[r·I, (r+1)·I)` and land in rows `0..I` / `I..2I` of `w13`; `w2` keeps columns
+    /// `[r·I, (r+1)·I)` (group scales `[r·I/g, (r+1)·I/g)`, channelwise scales whole).
+    /// Weights are i8 int4 codes; scales f32, bf16 or f16. A wrong shape, dtype or value is
+    /// a typed error naming the tensor, and leaves the layer unusable.
+    pub fn load_expert_tensor(
+        &mut self,
+        expert: usize,
+        shard: ExpertShard,
+        kind: TensorKind,
+        view: &TensorView<'_>,
+    ) -> Result<(), LayerError> {
+        self.guarded(|cfg, p| p.load_expert_tensor(cfg, expert, shard, kind, view))
+    }
+
+    /// Sets the router's gate weight `[E, H]` (used by [`Self::route_hidden`]). A wrong size
+    /// or a non-finite value leaves the layer unusable, like any failed load.
+    pub fn load_router_weight(&mut self, weight: &[f32]) -> Result<(), LayerError> {
+        let result = self.check_router_weight(weight);
+        match result {
+            Ok(()) => self.router_weight = Some(weight.to_vec()),
+            Err(ref e) => self.state = State::Unusable(e.to_string()),
+        }
+        result
+    }
+
+    fn check_router_weight(&self, weight: &[f32]) -> Result<(), LayerError> {
+        let expected = self.cfg.num_experts * self.cfg.hidden;
+        if weight.len() != expected {
+            return Err(LayerError::ParamShape {
+                tensor: "router.weight".into(),
+                expected: vec![self.cfg.num_experts, self.cfg.hidden],
+                actual: vec![weight.len()],
+            });
+        }
+        if let Some(index) = weight.iter().position(|v| !v.is_finite()) {
+            return Err(LayerError::ParamValue {
+                tensor: "router.weight".into(),
+                index,
+                value: f64::from(weight[index]),
+                reason: "router weights must be finite",
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks that every parameter was loaded, packs the experts for the W4A8 kernels (bf16
+    /// group scales) or quantizes them per row for the W8A8 kernels (online int8), selects the backend through moe-oracle, frees the unpacked tensors and
+    /// readies the scratch pool. Idempotent; a failure leaves the layer unusable.
+    pub fn process(&mut self) -> Result<(), LayerError> {
+        let params = match std::mem::replace(
+            &mut self.state,
+            State::Unusable("process did not finish".into()),
+        ) {
+            State::Loading(p) => p,
+            ready @ State::Ready(_) => {
+                self.state = ready;
+                return Ok(());
+            }
+            State::Unusable(reason) => {
+                self.state = State::Unusable(reason.clone());
+                return Err(LayerError::Unusable { reason });
+            }
+        };
+        match self.build(&params) {
+            Ok(ready) => {
+                self.state = State::Ready(Box::new(ready));
+                Ok(())
+            }
+            Err(e) => {
+                self.state = State::Unusable(e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    fn build(&self, params: &Params) -> Result<Ready, LayerError> {
+        let missing = params.missing();
+        if !missing.is_empty() {
+            return Err(LayerError::MissingParams { missing });
+        }
+        let cfg = &self.cfg;
+        let (h, i) = (cfg.hidden, cfg.intermediate_per_rank());
+        let (selection, kernels) = backend::select(cfg, &self.router)?;
+        let moe_cfg = FusedMoeConfig {
+            hidden_size: h,
+            intermediate_size: i,
+            activation: cfg.activation,
+            gate_up_layout: GateUpLayout::Concatenated,
+            apply_router_weight_on_input: self.router.apply_router_weight_on_input(),
+            global_num_experts: cfg.num_experts,
+            expert_map: cfg.expert_map.clone(),
+        };
+        let moe = match cfg.quant {
+            LayerQuant::W4A8 { group_size } => {
+                let (w13, w2) = pack_w4a8(params, group_size, h, i)?;
+                Experts::W4A8(FusedMoe::new(
+                    ExpertWeights {
+                        w13,
+                        w2,
+                        w13_bias: None,
+                        w2_bias: None,
+                    },
+                    moe_cfg,
+                    kernels,
+                )?)
+            }
+            LayerQuant::Int8Online => {
+                let (w13, w2) = online::quantize_and_pack(params, h, i)?;
+                Experts::W8A8(FusedMoe::new(
+                    ExpertWeights {
+                        w13,
+                        w2,
+                        w13_bias: None,
+                        w2_bias: None,
+                    },
+                    moe_cfg,
+                    kernels,
+                )?)
+            }
+        };
+        let lanes = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // One scratch up front so that the first call does not allocate it.
+        let first = moe.scratch(cfg.max_tokens, cfg.top_k, lanes)?;
+        Ok(Ready {
+            moe,
+            selection,
+            pool: Mutex::new(vec![first]),
+            lanes,
+        })
+    }
+
+    fn ready(&self) -> Result<&Ready, LayerError> {
+        match &self.state {
+            State::Ready(r) => Ok(r),
+            State::Loading(_) => Err(LayerError::NotProcessed),
+            State::Unusable(reason) => Err(LayerError::Unusable {
+                reason: reason.clone(),
+            }),
+        }
+    }
+
+    /// Routes `router_logits` `[T, E]` into `topk_ids` / `topk_weights` `[T, k]` (global ids);
+    /// returns `T`.
+    pub fn route(
+        &self,
+        router_logits: Logits<'_>,
+        topk_ids: &mut [i32],
+        topk_weights: &mut [f32],
+    ) -> Result<usize, LayerError> {
+        let mut scratch = RouterScratch::new(self.router.config());
+        Ok(self.router.route_into(
+            router_logits,
+            topk_weights,
+            IdsOut::I32(topk_ids),
+            &mut scratch,
+        )?)
+    }
+
+    /// Computes the router logits of `x` `[T, H]` with the loaded gate weight, as the
+    /// unquantized gate does in the model dtype (f32 dot products rounded once to `X`), and
+    /// routes them.
+    pub fn route_hidden<X: MoeFloat>(
+        &self,
+        x: &[X],
+        topk_ids: &mut [i32],
+        topk_weights: &mut [f32],
+    ) -> Result<usize, LayerError> {
+        let logits = self.router_logits(x)?;
+        match X::DTYPE {
+            DType::BF16 => {
+                let l: Vec<bf16> = logits.iter().map(|&v| bf16::from_f32(v)).collect();
+                self.route(Logits::Bf16(&l), topk_ids, topk_weights)
+            }
+            DType::F16 => {
+                let l: Vec<f16> = logits.iter().map(|&v| f16::from_f32(v)).collect();
+                self.route(Logits::F16(&l), topk_ids, topk_weights)
+            }
+            _ => self.route(Logits::F32(&logits), topk_ids, topk_weights),
+        }
+    }
+
+    /// `x · gateᵀ` `[T, E]` with f32 accumulation, each value rounded to `X` (as f32).
+    pub fn router_logits<X: MoeFloat>(&self, x: &[X]) -> Result<Vec<f32>, LayerError> {
+        let (h, e) = (self.cfg.hidden, self.cfg.num_experts);
+        let w = self
+            .router_weight
+            .as_deref()
+            .ok_or(LayerError::MissingParams {
+                missing: vec!["router.weight".into()],
+            })?;
+        check_rows("hidden_states", x.len(), h)?;
+        let mut out = Vec::with_capacity(x.len() / h * e);
+        for row in x.chunks_exact(h) {
+            for wr in w.chunks_exact(h) {
+                let dot: f32 = row.iter().zip(wr).map(|(a, b)| a.to_f32() * b).sum();
+                out.push(X::round_f32(dot));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Routes `router_logits` `[T, E]` (vLLM's CPU softmax path for softmax models) and runs
+    /// the experts on `hidden_states` `[T, H]`, writing `out` `[T, H]`.
+    pub fn apply<X: MoeFloat>(
+        &self,
+        hidden_states: &[X],
+        router_logits: Logits<'_>,
+        out: &mut [X],
+    ) -> Result<(), LayerError> {
+        self.ready()?;
+        let tokens = check_rows("hidden_states", hidden_states.len(), self.cfg.hidden)?;
+        let expected = tokens * self.cfg.num_experts;
+        if router_logits.len() != expected {
+            return Err(LayerError::InvalidArgument {
+                field: "router_logits",
+                reason: format!(
+                    "{} values for {tokens} tokens of {} experts",
+                    router_logits.len(),
+                    self.cfg.num_experts
+                ),
+            });
+        }
+        let pairs = tokens * self.cfg.top_k;
+        let (mut ids, mut weights) = (vec![0i32; pairs], vec![0f32; pairs]);
+        self.route(router_logits, &mut ids, &mut weights)?;
+        self.apply_with_topk(hidden_states, &ids, &weights, out)
+    }
+
+    /// Runs the experts on `x` `[T, H]` for precomputed routing (`topk_ids` global,
+    /// `topk_weights` `[T, k]`), writing `out` `[T, H]`. Calls longer than `max_tokens` are
+    /// cut into pieces (tokens are independent, so results do not change).
+    pub fn apply_with_topk<X: MoeFloat>(
+        &self,
+        x: &[X],
+        topk_ids: &[i32],
+        topk_weights: &[f32],
+        out: &mut [X],
+    ) -> Result<(), LayerError> {
+        let ready = self.ready()?;
+        let (h, k) = (self.cfg.hidden, self.cfg.top_k);
+        let tokens = check_rows("hidden_states", x.len(), h)?;
+        for (field, len) in [
+            ("topk_ids", topk_ids.len()),
+            ("topk_weights", topk_weights.len()),
+        ] {
+            if len != tokens * k {
+                return Err(LayerError::InvalidArgument {
+                    field,
+                    reason: format!("{len} values for {tokens} tokens of top-{k}"),
+                });
+            }
+        }
+        if out.len() != x.len() {
+            return Err(LayerError::InvalidArgument {
+                field: "out",
+                reason: format!("{} values, hidden_states has {}", out.len(), x.len()),
+            });
+        }
+        let mut scratch = match ready.pool.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            Some(s) => s,
+            None => ready.moe.scratch(self.cfg.max_tokens, k, ready.lanes)?,
+        };
+        let step = self.cfg.max_tokens;
+        let mut result = Ok(());
+        for t0 in (0..tokens).step_by(step) {
+            let t = step.min(tokens - t0);
+            let input = MoeInput {
+                tokens: t,
+                top_k: k,
+                x: &x[t0 * h..][..t * h],
+                topk_ids: &topk_ids[t0 * k..][..t * k],
+                topk_weights: &topk_weights[t0 * k..][..t * k],
+            };
+            result = ready
+                .moe
+                .apply(input, &mut out[t0 * h..][..t * h], &mut scratch);
+            if result.is_err() {
+                break;
+            }
+        }
+        ready
+            .pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(scratch);
+        Ok(result?)
+    }
+}
+
+/// Packs the int4 experts (bf16 group scales or f32 channel scales) for the W4A8 kernels.
+type Stacks<W> = (Vec<W>, Vec<W>);
+fn pack_w4a8(
+    params: &Params,
+    group_size: Option<usize>,
+    h: usize,
+    i: usize,
+) -> Result<Stacks<PackedW4A8>, LayerError> {
+    let quant = LayerQuant::W4A8 { group_size };
+    let e = params.w2.len() / (h * i);
+    let pack = |w: &[i8], s: &[f32], n: usize, k: usize| -> Result<PackedW4A8, LayerError> {
+        Ok(match group_size {
+            None => PackedW4A8::pack(n, k, w, W4A8Scales::Channelwise(s), None)?,
+            Some(g) => {
+                let scales: Vec<bf16> = s.iter().map(|&v| bf16::from_f32(v)).collect();
+                PackedW4A8::pack(
+                    n,
+                    k,
+                    w,
+                    W4A8Scales::Grouped {
+                        group_size: g,
+                        scales: &scales,
+                    },
+                    None,
+                )?
+            }
+        })
+    };
+    let (s13, s2) = (quant.scale_cols(h), quant.scale_cols(i));
+    let mut w13 = Vec::with_capacity(e);
+    let mut w2 = Vec::with_capacity(e);
+    for x in 0..e {
+        w13.push(pack(
+            &params.w13[x * 2 * i * h..][..2 * i * h],
+            &params.w13_scale[x * 2 * i * s13..][..2 * i * s13],
+            2 * i,
+            h,
+        )?);
+        w2.push(pack(
+            &params.w2[x * h * i..][..h * i],
+            &params.w2_scale[x * h * s2..][..h * s2],
+            h,
+            i,
+        )?);
+    }
+    Ok((w13, w2))
+}
+
+/// `len / width`, or an error when `len` is not whole rows.
+fn check_rows(field: &'static str, len: usize, width: usize) -> Result<usize, LayerError> {
+    if len.is_multiple_of(width) {
+        Ok(len / width)
+    } else {
+        Err(LayerError::InvalidArgument {
+            field,
+            reason: format!("{len} values are not whole rows of {width}"),
+        })
+    }
+}

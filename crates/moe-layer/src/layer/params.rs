@@ -1,0 +1,490 @@
+//! The layer's unpacked parameters between `create` and `process`: the fused `w13` / `w2`
+//! int4 codes and their scales with local shapes, what has been loaded so far, and
+//! [`Params::load_expert_tensor`], which cuts one checkpoint tensor's tensor-parallel shard
+//! and writes it in place (spec section 6.3).
+
+use half::{bf16, f16};
+
+use super::config::{LayerQuant, MoeLayerConfig};
+use crate::LayerError;
+
+/// Which projection of an expert a tensor belongs to (vLLM's shard ids).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ExpertShard {
+    /// Gate projection `[I, H]`: rows `0..I` of `w13`.
+    W1,
+    /// Up projection `[I, H]`: rows `I..2I` of `w13`.
+    W3,
+    /// Down projection `[H, I]`: `w2`.
+    W2,
+}
+
+impl ExpertShard {
+    const ALL: [Self; 3] = [Self::W1, Self::W3, Self::W2];
+
+    /// `w1`, `w3` or `w2`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::W1 => "w1",
+            Self::W3 => "w3",
+            Self::W2 => "w2",
+        }
+    }
+}
+
+/// Which tensor of a projection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TensorKind {
+    /// The (quantized) weight.
+    Weight,
+    /// Its scales.
+    Scale,
+    /// Its bias.
+    Bias,
+}
+
+impl TensorKind {
+    /// The kinds every scheme here requires.
+    const REQUIRED: [Self; 2] = [Self::Weight, Self::Scale];
+
+    /// `weight`, `weight_scale` or `bias`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Weight => "weight",
+            Self::Scale => "weight_scale",
+            Self::Bias => "bias",
+        }
+    }
+}
+
+/// The elements of a tensor handed to the layer, row-major.
+#[derive(Debug, Clone, Copy)]
+pub enum TensorData<'a> {
+    /// int8 values (int4 codes for W4A8).
+    I8(&'a [i8]),
+    /// f32 values.
+    F32(&'a [f32]),
+    /// bf16 values.
+    Bf16(&'a [bf16]),
+    /// f16 values.
+    F16(&'a [f16]),
+}
+
+impl TensorData<'_> {
+    fn dtype_name(&self) -> &'static str {
+        match self {
+            Self::I8(_) => "i8",
+            Self::F32(_) => "f32",
+            Self::Bf16(_) => "bf16",
+            Self::F16(_) => "f16",
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Self::I8(v) => v.len(),
+            Self::F32(v) => v.len(),
+            Self::Bf16(v) => v.len(),
+            Self::F16(v) => v.len(),
+        }
+    }
+
+    fn float_at(&self, i: usize) -> Option<f32> {
+        match self {
+            Self::I8(_) => None,
+            Self::F32(v) => Some(v[i]),
+            Self::Bf16(v) => Some(v[i].to_f32()),
+            Self::F16(v) => Some(v[i].to_f32()),
+        }
+    }
+}
+
+/// One checkpoint tensor of one expert, whole (not yet sliced for tensor parallelism).
+#[derive(Debug, Clone, Copy)]
+pub struct TensorView<'a> {
+    /// Its name, for error messages.
+    pub name: &'a str,
+    /// Its shape: `[I_full, H]` for `w1`/`w3` weights, `[H, I_full]` for `w2`; scales
+    /// `[rows, cols / g]` (or `[rows, 1]` channelwise).
+    pub shape: &'a [usize],
+    /// Its elements; `shape`'s product of them.
+    pub data: TensorData<'a>,
+}
+
+/// Unpacked parameters with local shapes: `w13` `[E_local, 2I, H]`, `w2` `[E_local, H, I]`
+/// (`I` per rank), scales `[E_local, 2I, H/g]` and `[E_local, H, I/g]` widened to f32.
+#[derive(Debug, Clone)]
+pub(crate) struct Params {
+    pub(crate) w13: Vec<i8>,
+    pub(crate) w2: Vec<i8>,
+    pub(crate) w13_scale: Vec<f32>,
+    pub(crate) w2_scale: Vec<f32>,
+    /// Online int8 only: float weights `[E_local, 2I, H]` / `[E_local, H, I]` widened to f32,
+    /// their stored dtype, and the amax of each whole (unsharded) `w2` row `[E_local, H]`.
+    pub(crate) w13_f: Vec<f32>,
+    pub(crate) w2_f: Vec<f32>,
+    pub(crate) float_dtype: Option<moe_quant::DType>,
+    pub(crate) w2_amax: Vec<f32>,
+    /// `[E_local][shard][kind]`: whether it was written.
+    loaded: Vec<bool>,
+    local_experts: Vec<usize>,
+}
+
+/// Per-expert sizes the slicing needs.
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    h: usize,
+    i: usize,
+    i_full: usize,
+    rank: usize,
+    quant: LayerQuant,
+}
+
+impl Params {
+    /// Allocates zeroed parameters for `cfg` (already validated).
+    pub(crate) fn create(cfg: &MoeLayerConfig) -> Self {
+        let local_experts = cfg.local_experts();
+        let e = local_experts.len();
+        let (h, i) = (cfg.hidden, cfg.intermediate_per_rank());
+        let mut loaded = vec![false; e * ExpertShard::ALL.len() * TensorKind::REQUIRED.len()];
+        if cfg.quant == LayerQuant::Int8Online {
+            // Online int8 computes its scales; only the float weights are loaded.
+            for local in 0..e {
+                for shard in ExpertShard::ALL {
+                    loaded[Self::slot(local, shard, TensorKind::Scale)] = true;
+                }
+            }
+            return Self {
+                w13: Vec::new(),
+                w2: Vec::new(),
+                w13_scale: Vec::new(),
+                w2_scale: Vec::new(),
+                w13_f: vec![0.0; e * 2 * i * h],
+                w2_f: vec![0.0; e * h * i],
+                float_dtype: None,
+                w2_amax: vec![0.0; e * h],
+                loaded,
+                local_experts,
+            };
+        }
+        Self {
+            w13: vec![0; e * 2 * i * h],
+            w2: vec![0; e * h * i],
+            w13_scale: vec![0.0; e * 2 * i * cfg.quant.scale_cols(h)],
+            w2_scale: vec![0.0; e * h * cfg.quant.scale_cols(i)],
+            w13_f: Vec::new(),
+            w2_f: Vec::new(),
+            float_dtype: None,
+            w2_amax: Vec::new(),
+            loaded,
+            local_experts,
+        }
+    }
+
+    fn slot(local: usize, shard: ExpertShard, kind: TensorKind) -> usize {
+        let s = ExpertShard::ALL
+            .iter()
+            .position(|x| *x == shard)
+            .unwrap_or(0);
+        let k = usize::from(kind == TensorKind::Scale);
+        (local * 3 + s) * 2 + k
+    }
+
+    /// Every parameter not yet loaded, named `experts.{global}.{shard}.{kind}`.
+    pub(crate) fn missing(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (local, &global) in self.local_experts.iter().enumerate() {
+            for shard in ExpertShard::ALL {
+                for kind in TensorKind::REQUIRED {
+                    if !self.loaded[Self::slot(local, shard, kind)] {
+                        out.push(format!("experts.{global}.{}.{}", shard.name(), kind.name()));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Marks everything loaded (after a whole-layer copy).
+    pub(crate) fn mark_all_loaded(&mut self) {
+        self.loaded.fill(true);
+    }
+
+    /// Writes one expert tensor (see [`crate::MoeLayer::load_expert_tensor`]).
+    pub(crate) fn load_expert_tensor(
+        &mut self,
+        cfg: &MoeLayerConfig,
+        expert: usize,
+        shard: ExpertShard,
+        kind: TensorKind,
+        view: &TensorView<'_>,
+    ) -> Result<(), LayerError> {
+        if expert >= cfg.num_experts {
+            return Err(LayerError::InvalidArgument {
+                field: "expert",
+                reason: format!(
+                    "{}: expert {expert} but the layer has {} experts",
+                    view.name, cfg.num_experts
+                ),
+            });
+        }
+        let local = match &cfg.expert_map {
+            None => expert,
+            Some(map) if map[expert] < 0 => return Ok(()),
+            Some(map) => map[expert] as usize,
+        };
+        let d = Dims {
+            h: cfg.hidden,
+            i: cfg.intermediate_per_rank(),
+            i_full: cfg.intermediate,
+            rank: cfg.tp_rank,
+            quant: cfg.quant,
+        };
+        if kind == TensorKind::Bias {
+            return Err(LayerError::InvalidArgument {
+                field: "kind",
+                reason: format!("{}: expert biases are not supported yet", view.name),
+            });
+        }
+        if d.quant == LayerQuant::Int8Online && kind == TensorKind::Scale {
+            return Err(LayerError::InvalidArgument {
+                field: "kind",
+                reason: format!("{}: online int8 computes its own scales", view.name),
+            });
+        }
+        // The whole tensor's shape, and the window this rank keeps: (row0, rows, col0, cols).
+        let (full, window) = d.window(shard, kind);
+        if view.shape != full {
+            return Err(LayerError::ParamShape {
+                tensor: view.name.to_string(),
+                expected: full.to_vec(),
+                actual: view.shape.to_vec(),
+            });
+        }
+        if view.data.len() != full[0] * full[1] {
+            return Err(LayerError::ParamShape {
+                tensor: view.name.to_string(),
+                expected: full.to_vec(),
+                actual: vec![view.data.len()],
+            });
+        }
+        let (row0, rows, col0, cols) = window;
+        let width = full[1];
+        let dst_row0 = if shard == ExpertShard::W3 { d.i } else { 0 };
+        match kind {
+            TensorKind::Weight if d.quant == LayerQuant::Int8Online => {
+                self.load_float_weight(local, shard, view, &d, window)?;
+            }
+            TensorKind::Weight => {
+                let TensorData::I8(src) = view.data else {
+                    return Err(LayerError::ParamDtype {
+                        tensor: view.name.to_string(),
+                        expected: "i8".into(),
+                        actual: view.data.dtype_name().into(),
+                    });
+                };
+                if let Some(index) = src.iter().position(|v| !(-8..=7).contains(v)) {
+                    return Err(LayerError::ParamValue {
+                        tensor: view.name.to_string(),
+                        index,
+                        value: f64::from(src[index]),
+                        reason: "int4 codes must lie in [-8, 7]",
+                    });
+                }
+                let (dst, dst_rows) = match shard {
+                    ExpertShard::W2 => (&mut self.w2[local * d.h * d.i..][..d.h * d.i], d.h),
+                    _ => (
+                        &mut self.w13[local * 2 * d.i * d.h..][..2 * d.i * d.h],
+                        2 * d.i,
+                    ),
+                };
+                copy_window(
+                    src,
+                    width,
+                    (row0, rows, col0, cols),
+                    dst,
+                    dst_row0,
+                    dst_rows,
+                );
+            }
+            TensorKind::Scale => {
+                if matches!(view.data, TensorData::I8(_)) {
+                    return Err(LayerError::ParamDtype {
+                        tensor: view.name.to_string(),
+                        expected: "f32, bf16 or f16".into(),
+                        actual: "i8".into(),
+                    });
+                }
+                let mut src = Vec::with_capacity(view.data.len());
+                for index in 0..view.data.len() {
+                    let v = view.data.float_at(index).unwrap_or(f32::NAN);
+                    check_scale(view.name, index, v, d.quant)?;
+                    src.push(v);
+                }
+                let (dst, dst_rows) = match shard {
+                    ExpertShard::W2 => {
+                        let n = d.h * d.quant.scale_cols(d.i);
+                        (&mut self.w2_scale[local * n..][..n], d.h)
+                    }
+                    _ => {
+                        let n = 2 * d.i * d.quant.scale_cols(d.h);
+                        (&mut self.w13_scale[local * n..][..n], 2 * d.i)
+                    }
+                };
+                copy_window(
+                    &src,
+                    width,
+                    (row0, rows, col0, cols),
+                    dst,
+                    dst_row0,
+                    dst_rows,
+                );
+            }
+            TensorKind::Bias => {}
+        }
+        self.loaded[Self::slot(local, shard, kind)] = true;
+        Ok(())
+    }
+}
+
+impl Params {
+    /// Online int8: widens a float weight, checks it is finite and of the layer's one float
+    /// dtype, and writes this rank's window (plus, for `w2`, each whole row's amax).
+    fn load_float_weight(
+        &mut self,
+        local: usize,
+        shard: ExpertShard,
+        view: &TensorView<'_>,
+        d: &Dims,
+        window: (usize, usize, usize, usize),
+    ) -> Result<(), LayerError> {
+        let dtype = match view.data {
+            TensorData::Bf16(_) => moe_quant::DType::BF16,
+            TensorData::F16(_) => moe_quant::DType::F16,
+            TensorData::F32(_) => moe_quant::DType::F32,
+            TensorData::I8(_) => {
+                return Err(LayerError::ParamDtype {
+                    tensor: view.name.to_string(),
+                    expected: "bf16, f16 or f32".into(),
+                    actual: "i8".into(),
+                });
+            }
+        };
+        if let Some(prev) = self.float_dtype
+            && prev != dtype
+        {
+            return Err(LayerError::ParamDtype {
+                tensor: view.name.to_string(),
+                expected: format!("{prev:?} (the dtype of the weights loaded before)"),
+                actual: view.data.dtype_name().into(),
+            });
+        }
+        let mut src = Vec::with_capacity(view.data.len());
+        for index in 0..view.data.len() {
+            let v = view.data.float_at(index).unwrap_or(f32::NAN);
+            if !v.is_finite() {
+                return Err(LayerError::ParamValue {
+                    tensor: view.name.to_string(),
+                    index,
+                    value: f64::from(v),
+                    reason: "weights must be finite",
+                });
+            }
+            src.push(v);
+        }
+        self.float_dtype = Some(dtype);
+        let width = view.shape[1];
+        let (dst, dst_rows, dst_row0) = match shard {
+            ExpertShard::W2 => {
+                for (r, row) in src.chunks_exact(width).enumerate() {
+                    self.w2_amax[local * d.h + r] = moe_quant::int8::row_amax(row);
+                }
+                (&mut self.w2_f[local * d.h * d.i..][..d.h * d.i], d.h, 0)
+            }
+            _ => (
+                &mut self.w13_f[local * 2 * d.i * d.h..][..2 * d.i * d.h],
+                2 * d.i,
+                if shard == ExpertShard::W3 { d.i } else { 0 },
+            ),
+        };
+        copy_window(&src, width, window, dst, dst_row0, dst_rows);
+        Ok(())
+    }
+}
+
+impl Dims {
+    /// The whole checkpoint tensor's shape and the `(row0, rows, col0, cols)` window of it this
+    /// rank keeps.
+    fn window(
+        &self,
+        shard: ExpertShard,
+        kind: TensorKind,
+    ) -> ([usize; 2], (usize, usize, usize, usize)) {
+        let (h, i, i_full, r) = (self.h, self.i, self.i_full, self.rank);
+        match (shard, kind) {
+            (ExpertShard::W1 | ExpertShard::W3, TensorKind::Scale) => {
+                let c = self.quant.scale_cols(h);
+                ([i_full, c], (r * i, i, 0, c))
+            }
+            (ExpertShard::W1 | ExpertShard::W3, _) => ([i_full, h], (r * i, i, 0, h)),
+            (ExpertShard::W2, TensorKind::Scale) => match self.quant {
+                LayerQuant::W4A8 { group_size: None } | LayerQuant::Int8Online => {
+                    ([h, 1], (0, h, 0, 1))
+                }
+                LayerQuant::W4A8 {
+                    group_size: Some(g),
+                } => ([h, i_full / g], (0, h, r * (i / g), i / g)),
+            },
+            (ExpertShard::W2, _) => ([h, i_full], (0, h, r * i, i)),
+        }
+    }
+}
+
+/// Copies `src[row0.., col0..]` (`rows × cols` of a `width`-wide matrix) into rows
+/// `dst_row0..` of `dst` (`cols` wide, `dst_rows` rows).
+fn copy_window<T: Copy>(
+    src: &[T],
+    width: usize,
+    (row0, rows, col0, cols): (usize, usize, usize, usize),
+    dst: &mut [T],
+    dst_row0: usize,
+    dst_rows: usize,
+) {
+    debug_assert!(dst_row0 + rows <= dst_rows);
+    for r in 0..rows {
+        let s = &src[(row0 + r) * width + col0..][..cols];
+        dst[(dst_row0 + r) * cols..][..cols].copy_from_slice(s);
+    }
+}
+
+/// A scale must be finite and non-negative; group scales must also be exact in bf16 (the
+/// kernels' group-scale format).
+pub(crate) fn check_scale(
+    tensor: &str,
+    index: usize,
+    v: f32,
+    quant: LayerQuant,
+) -> Result<(), LayerError> {
+    let reason = if !v.is_finite() || v < 0.0 {
+        Some("scales must be finite and non-negative")
+    } else if matches!(
+        quant,
+        LayerQuant::W4A8 {
+            group_size: Some(_)
+        }
+    ) && bf16::from_f32(v).to_f32() != v
+    {
+        Some("group scales must be exact in bf16")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(LayerError::ParamValue {
+            tensor: tensor.to_string(),
+            index,
+            value: f64::from(v),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
