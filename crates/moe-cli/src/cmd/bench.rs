@@ -263,6 +263,7 @@ fn bench_shape(
         let out_m = &mut output[..m * h];
         let mut samples = Vec::with_capacity(args.iters);
         let mut touched = 0usize;
+        let bar = out.progress(args.iters as u64 + 1, &format!("{}: M={m}", shape.name));
         // One untimed call per copy beyond the first few would cost minutes on big shapes;
         // one warm-up call settles the pool and the scratch pages.
         for (it, (ids, weights)) in std::iter::once(&routings[0]).chain(&routings).enumerate() {
@@ -281,7 +282,9 @@ fn bench_shape(
                 samples.push(t0.elapsed());
                 touched += ids.iter().collect::<HashSet<_>>().len();
             }
+            bar.inc(1);
         }
+        bar.finish_and_clear();
         let ms = median_ms(&mut samples);
         let secs = (ms / 1e3).max(f64::MIN_POSITIVE);
         let experts_touched = touched as f64 / args.iters as f64;

@@ -1,7 +1,8 @@
 //! The subcommands of `moe`, one module each, plus what they share: the error type, the
 //! `--json` output switch, progress bars, number parsing and the thread pool.
 //!
-//! - [`cpu`], [`demo`], [`inspect`], [`bench`]: the commands.
+//! - [`cpu`], [`demo`], [`inspect`], [`bench`]: the commands. The layer lifecycle command
+//!   (`moe run`) will live in `run.rs` as `pub mod run;` with `Command::Run(run::RunArgs)`.
 //! - [`backend`]: the oracle's view of this machine and its answer for a layer.
 //! - [`synth`]: seeded random weights, quantized and packed into a [`moe_kernels::FusedMoe`].
 //! - [`reference`]: the f32 MoE on dequantized weights that the demo checks against.
