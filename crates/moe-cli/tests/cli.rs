@@ -147,6 +147,26 @@ fn inspect_wna16_fixture_reports_what_the_oracle_says() {
 }
 
 #[test]
+fn inspect_lists_every_refusal_when_the_kernel_is_disabled() {
+    let dir = fixture("qwen3moe-w4a8-g32");
+    let out = Command::new(env!("CARGO_BIN_EXE_moe"))
+        .args(["inspect", "--json", "--model", dir.to_str().unwrap()])
+        .env("MOE_DISABLED_KERNELS", "cpu-int4-w4a8")
+        .output()
+        .expect("the moe binary runs");
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(v["backend"].is_null(), "{v}");
+    let refusals = v["no_backend"]["refusals"].as_array().expect("refusals");
+    assert!(
+        refusals
+            .iter()
+            .any(|r| r.as_str().unwrap().contains("MOE_DISABLED_KERNELS")),
+        "{v}"
+    );
+}
+
+#[test]
 fn inspect_human_report_names_the_backend() {
     let dir = fixture("qwen3moe-w4a8-g32");
     let out = moe(&["inspect", "--model", dir.to_str().unwrap()]);

@@ -1,10 +1,11 @@
 //! The oracle's view of this machine (a [`Platform`] built from the rungs moe-kernels can run
-//! under the `MOE_KERNELS_MAX_ISA` cap) and its answer for a W4A8 layer shape.
+//! under the `MOE_KERNELS_MAX_ISA` cap, minus the kernels `MOE_DISABLED_KERNELS` names) and its
+//! answer for a W4A8 layer shape.
 
 use moe_kernels::{available_isas, isa_cap};
 use moe_oracle::{
-    CpuArch, MoEActivation, MoeConfig, MoeShape, ParallelConfig, Platform, RoutingMethodType,
-    SelectOptions, Selection, select_w4a8_int8_moe_backend, w4a8_weight_key,
+    CpuArch, DisabledKernels, MoEActivation, MoeConfig, MoeShape, ParallelConfig, Platform,
+    RoutingMethodType, SelectOptions, Selection, select_w4a8_int8_moe_backend, w4a8_weight_key,
 };
 use moe_quant::DType;
 
@@ -27,6 +28,11 @@ pub fn platform() -> Result<Platform, CliError> {
         .map_err(|e| CliError::context("describing this CPU to the oracle", e))
 }
 
+/// Native moe-rs kernels, minus those `MOE_DISABLED_KERNELS` names.
+pub fn select_options() -> SelectOptions {
+    SelectOptions::native().with_disabled(DisabledKernels::from_env())
+}
+
 /// The oracle's choice (native mode) for a W4A8 layer with SiLU experts and renormalized
 /// softmax routing; `group_size` `None` is channelwise.
 pub fn select_w4a8(shape: MoeShape, group_size: Option<usize>) -> Result<Selection, CliError> {
@@ -40,12 +46,6 @@ pub fn select_w4a8(shape: MoeShape, group_size: Option<usize>) -> Result<Selecti
     .map_err(|e| CliError::context("layer configuration", e))?;
     let group = group_size.map_or(-1, |g| g as i64);
     let key = w4a8_weight_key(group).map_err(|e| CliError::context("W4A8 weight key", e))?;
-    select_w4a8_int8_moe_backend(
-        &config,
-        Some(&key),
-        None,
-        &platform()?,
-        &SelectOptions::native(),
-    )
-    .map_err(|e| CliError(format!("no backend serves this layer: {}", e.detailed())))
+    select_w4a8_int8_moe_backend(&config, Some(&key), None, &platform()?, &select_options())
+        .map_err(|e| CliError(format!("no backend serves this layer: {}", e.detailed())))
 }

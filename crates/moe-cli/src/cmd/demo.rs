@@ -129,9 +129,12 @@ pub fn run(args: &DemoArgs, out: Output) -> Result<(), CliError> {
     let threads = pool.current_num_threads();
 
     if !out.json {
-        println!(
-            "moe demo: one MoE layer, E={e} experts, top-k={k}, H={h}, I={i} (Qwen3-30B-A3B shape by default)"
-        );
+        let origin = if (e, k, h, i) == (128, 8, 2048, 768) {
+            " (the shape of a Qwen3-30B-A3B MoE layer)"
+        } else {
+            ""
+        };
+        println!("moe demo: one MoE layer, E={e} experts, top-k={k}, H={h}, I={i}{origin}");
         println!(
             "  weights: seeded random normal(0, 0.02) f32 -> int4, groups of {} with bf16 scales (W4A8: int8 activations)",
             args.group_size

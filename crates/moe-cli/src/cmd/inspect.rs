@@ -10,9 +10,9 @@ use moe_layer::checkpoint::{
     Checkpoint, ExpertWeights, MoeModelSpec, QuantScheme, ReadOptions, ShardAccess,
 };
 use moe_oracle::{
-    MoEActivation, MoeConfig, MoeShape, OracleError, ParallelConfig, RoutingMethodType,
-    SelectOptions, Selection, select_unquantized_moe_backend, select_w4a8_int8_moe_backend,
-    select_wna16_moe_backend, w4a8_weight_key, wna16_weight_key,
+    MoEActivation, MoeConfig, MoeShape, OracleError, ParallelConfig, RoutingMethodType, Selection,
+    select_unquantized_moe_backend, select_w4a8_int8_moe_backend, select_wna16_moe_backend,
+    w4a8_weight_key, wna16_weight_key,
 };
 use moe_quant::DType;
 use serde::Serialize;
@@ -202,7 +202,7 @@ fn select(spec: &MoeModelSpec) -> Result<Selection, OracleError> {
         ParallelConfig::no_parallel(),
     )?;
     let platform = backend::platform().map_err(|e| OracleError::InvalidPlatform { reason: e.0 })?;
-    let opts = SelectOptions::native();
+    let opts = backend::select_options();
     match &spec.quant {
         QuantScheme::CompressedTensorsW4A8 { group_size, .. } => {
             let key = w4a8_weight_key(group_size.map_or(-1, |g| g as i64))?;
