@@ -1,12 +1,12 @@
 //! [`Platform`]: what the oracle knows about the machine, passed in by the caller.
 //!
-//! moe-oracle never detects CPU features itself (only moe-kernels does). The caller builds a
-//! `Platform` from the ISA rungs moe-kernels reports (and, in tests, from a literal), so the
-//! oracle stays a pure function of its inputs. The GPU field exists only because vLLM's Marlin
+//! moe-oracle never detects CPU features itself (only moe-kernels does): [`Platform::detect`]
+//! asks moe-kernels which rungs this CPU runs (honouring `MOE_KERNELS_MAX_ISA`), and tests build
+//! a `Platform` from a literal, so the oracle stays a pure function of its inputs. The GPU field exists only because vLLM's Marlin
 //! and Triton checks ask for the "current device"; moe-rs never has one.
 
-use std::fmt;
-use std::str::FromStr;
+pub use moe_kernels::Isa;
+use moe_kernels::IsaArch;
 
 use crate::error::OracleError;
 
@@ -19,83 +19,6 @@ pub enum CpuArch {
     Aarch64,
     /// Anything else (only the scalar rung).
     Other,
-}
-
-/// One rung of the kernel ISA ladder, named as the project's env vars and reports name them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Isa {
-    /// Portable scalar code, always available.
-    Scalar,
-    /// x86 AVX2.
-    Avx2,
-    /// x86 AVX-VNNI (256-bit VNNI).
-    AvxVnni,
-    /// x86 AVX-512 VNNI.
-    Avx512Vnni,
-    /// x86 AMX-INT8 tiles.
-    Amx,
-    /// AArch64 baseline NEON.
-    Neon,
-    /// AArch64 `sdot`.
-    Dotprod,
-    /// AArch64 `smmla`.
-    I8mm,
-}
-
-impl Isa {
-    /// Every rung, lowest first within each architecture.
-    pub const ALL: [Isa; 8] = [
-        Isa::Scalar,
-        Isa::Avx2,
-        Isa::AvxVnni,
-        Isa::Avx512Vnni,
-        Isa::Amx,
-        Isa::Neon,
-        Isa::Dotprod,
-        Isa::I8mm,
-    ];
-
-    /// The fixed name (`"avx512-vnni"`, `"i8mm"`, ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            Isa::Scalar => "scalar",
-            Isa::Avx2 => "avx2",
-            Isa::AvxVnni => "avx-vnni",
-            Isa::Avx512Vnni => "avx512-vnni",
-            Isa::Amx => "amx",
-            Isa::Neon => "neon",
-            Isa::Dotprod => "dotprod",
-            Isa::I8mm => "i8mm",
-        }
-    }
-
-    /// The architecture the rung belongs to; `None` for scalar, which runs everywhere.
-    pub fn arch(self) -> Option<CpuArch> {
-        match self {
-            Isa::Scalar => None,
-            Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni | Isa::Amx => Some(CpuArch::X86_64),
-            Isa::Neon | Isa::Dotprod | Isa::I8mm => Some(CpuArch::Aarch64),
-        }
-    }
-}
-
-impl fmt::Display for Isa {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Isa {
-    type Err = OracleError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Isa::ALL
-            .into_iter()
-            .find(|i| i.name() == s)
-            .ok_or_else(|| OracleError::InvalidPlatform {
-                reason: format!("unknown ISA rung '{s}'"),
-            })
-    }
 }
 
 /// A CUDA device, only for reproducing vLLM's GPU-kernel device checks.
@@ -122,9 +45,12 @@ impl Platform {
     pub fn cpu(arch: CpuArch, isas: &[Isa]) -> Result<Self, OracleError> {
         let mut list = vec![Isa::Scalar];
         for &isa in isas {
-            if let Some(a) = isa.arch()
-                && a != arch
-            {
+            let foreign = match isa.arch() {
+                IsaArch::Portable => false,
+                IsaArch::X86_64 => arch != CpuArch::X86_64,
+                IsaArch::Aarch64 => arch != CpuArch::Aarch64,
+            };
+            if foreign {
                 return Err(OracleError::InvalidPlatform {
                     reason: format!("ISA rung {isa} does not exist on {arch:?}"),
                 });
@@ -133,7 +59,7 @@ impl Platform {
                 list.push(isa);
             }
         }
-        list.sort();
+        list.sort_by_key(|isa| isa.rank());
         Ok(Self {
             arch,
             isas: list,
@@ -145,9 +71,31 @@ impl Platform {
     pub fn cpu_from_names(arch: CpuArch, names: &[&str]) -> Result<Self, OracleError> {
         let isas = names
             .iter()
-            .map(|n| n.parse())
+            .map(|n| {
+                n.parse::<Isa>().map_err(|_| OracleError::InvalidPlatform {
+                    reason: format!("unknown ISA rung '{n}'"),
+                })
+            })
             .collect::<Result<Vec<Isa>, _>>()?;
         Self::cpu(arch, &isas)
+    }
+
+    /// This machine: its architecture and the rungs moe-kernels can run here, within the
+    /// `MOE_KERNELS_MAX_ISA` cap.
+    pub fn detect() -> Self {
+        let arch = if cfg!(target_arch = "x86_64") {
+            CpuArch::X86_64
+        } else if cfg!(target_arch = "aarch64") {
+            CpuArch::Aarch64
+        } else {
+            CpuArch::Other
+        };
+        let cap = moe_kernels::isa_cap();
+        let isas: Vec<Isa> = moe_kernels::available_isas()
+            .into_iter()
+            .filter(|&isa| cap.allows(isa))
+            .collect();
+        Self::cpu(arch, &isas).expect("moe-kernels reports only rungs of this architecture")
     }
 
     /// The same machine with a GPU as the current device (tests of vLLM's GPU-only kernels).
@@ -186,7 +134,11 @@ impl Platform {
 
     /// The fastest available rung, which our integer kernels will run on.
     pub fn best_isa(&self) -> Isa {
-        self.isas.iter().copied().max().unwrap_or(Isa::Scalar)
+        self.isas
+            .iter()
+            .copied()
+            .max_by_key(|isa| isa.rank())
+            .unwrap_or(Isa::Scalar)
     }
 
     /// Whether a rung is available.
@@ -205,12 +157,20 @@ mod tests {
         assert_eq!(p.best_isa(), Isa::Avx512Vnni);
         assert!(p.has(Isa::Scalar));
         let p = Platform::cpu_from_names(CpuArch::Aarch64, &["neon", "dotprod", "i8mm"]).unwrap();
-        assert_eq!(p.best_isa(), Isa::I8mm);
+        assert_eq!(p.best_isa(), Isa::NeonI8mm);
         assert_eq!(
             Platform::cpu(CpuArch::Other, &[]).unwrap().best_isa(),
             Isa::Scalar
         );
         assert!(Platform::cpu(CpuArch::X86_64, &[Isa::Neon]).is_err());
         assert!(Platform::cpu_from_names(CpuArch::X86_64, &["sse9"]).is_err());
+    }
+
+    #[test]
+    fn detect_names_this_architecture() {
+        let p = Platform::detect();
+        assert!(p.has(Isa::Scalar));
+        assert!(p.is_cpu());
+        assert!(moe_kernels::available_isas().contains(&p.best_isa()));
     }
 }

@@ -40,7 +40,7 @@ fn amx() -> Platform {
     x86(&[Isa::Avx2, Isa::Avx512Vnni, Isa::Amx])
 }
 fn arm() -> Platform {
-    Platform::cpu(CpuArch::Aarch64, &[Isa::Neon, Isa::Dotprod, Isa::I8mm]).unwrap()
+    Platform::cpu(CpuArch::Aarch64, &[Isa::Neon, Isa::NeonDot, Isa::NeonI8mm]).unwrap()
 }
 fn gpu(cc: (u32, u32)) -> Platform {
     x86(&[Isa::Avx2]).with_gpu(Gpu {
