@@ -2,9 +2,8 @@
 //! under the `MOE_KERNELS_MAX_ISA` cap, minus the kernels `MOE_DISABLED_KERNELS` names) and its
 //! answer for a W4A8 layer shape.
 
-use moe_kernels::{available_isas, isa_cap};
 use moe_oracle::{
-    CpuArch, DisabledKernels, MoEActivation, MoeConfig, MoeShape, ParallelConfig, Platform,
+    DisabledKernels, MoEActivation, MoeConfig, MoeShape, ParallelConfig, Platform,
     RoutingMethodType, SelectOptions, Selection, select_w4a8_int8_moe_backend, w4a8_weight_key,
 };
 use moe_quant::DType;
@@ -12,20 +11,8 @@ use moe_quant::DType;
 use super::CliError;
 
 /// This machine as the oracle sees it: the available rungs the cap allows.
-pub fn platform() -> Result<Platform, CliError> {
-    let arch = match std::env::consts::ARCH {
-        "x86_64" => CpuArch::X86_64,
-        "aarch64" => CpuArch::Aarch64,
-        _ => CpuArch::Other,
-    };
-    let cap = isa_cap();
-    let names: Vec<&str> = available_isas()
-        .into_iter()
-        .filter(|isa| cap.allows(*isa))
-        .map(|isa| isa.name())
-        .collect();
-    Platform::cpu_from_names(arch, &names)
-        .map_err(|e| CliError::context("describing this CPU to the oracle", e))
+pub fn platform() -> Platform {
+    Platform::detect()
 }
 
 /// Native moe-rs kernels, minus those `MOE_DISABLED_KERNELS` names.
@@ -46,6 +33,6 @@ pub fn select_w4a8(shape: MoeShape, group_size: Option<usize>) -> Result<Selecti
     .map_err(|e| CliError::context("layer configuration", e))?;
     let group = group_size.map_or(-1, |g| g as i64);
     let key = w4a8_weight_key(group).map_err(|e| CliError::context("W4A8 weight key", e))?;
-    select_w4a8_int8_moe_backend(&config, Some(&key), None, &platform()?, &select_options())
+    select_w4a8_int8_moe_backend(&config, Some(&key), None, &platform(), &select_options())
         .map_err(|e| CliError(format!("no backend serves this layer: {}", e.detailed())))
 }

@@ -201,7 +201,7 @@ fn select(spec: &MoeModelSpec) -> Result<Selection, OracleError> {
         spec.dtype.unwrap_or(DType::BF16),
         ParallelConfig::no_parallel(),
     )?;
-    let platform = backend::platform().map_err(|e| OracleError::InvalidPlatform { reason: e.0 })?;
+    let platform = backend::platform();
     let opts = backend::select_options();
     match &spec.quant {
         QuantScheme::CompressedTensorsW4A8 { group_size, .. } => {
