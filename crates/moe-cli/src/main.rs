@@ -1,77 +1,74 @@
-//! The `moe` command. For now it only reports the CPU it runs on (`moe cpu`, also the default):
-//! the detected features and, per rung of the ISA ladder, whether it is available and which
-//! kernels the dispatcher would run; the layer commands arrive with issue 6.
+//! The `moe` command: reports the CPU (`moe cpu`), runs a demonstration MoE layer end to end
+//! (`moe demo`), describes a checkpoint and the backend that would serve it (`moe inspect`) and
+//! measures the fused W4A8 pipeline on the standard model shapes (`moe bench`).
+//!
+//! Every command takes `--json` (machine-readable output on stdout). Logs go to stderr through
+//! `tracing` (`RUST_LOG=debug` shows the oracle's refusals and the kernel choice). Exit codes:
+//! 0 success, 1 the command failed (message on stderr), 2 bad command-line usage.
 
-use moe_kernels::{Isa, IsaCap, KernelSet, available_isas, cpu_features, isa_cap, kernels};
+mod cmd;
 
-// Temporary wiring of `moe run` until the clap restructuring (branch `cli`) lands.
-mod cmd {
-    pub mod run;
+use clap::{Parser, Subcommand};
+
+use cmd::{CliError, Output};
+
+/// Run, benchmark and inspect quantized Mixture-of-Experts layers on this CPU.
+#[derive(Debug, Parser)]
+#[command(name = "moe", version, about)]
+struct Cli {
+    /// Print machine-readable JSON on stdout instead of the human report.
+    #[arg(long, global = true)]
+    json: bool,
+    /// The command (default: `cpu`).
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Report the CPU features, the ISA ladder and the kernels the dispatcher selects.
+    Cpu(cmd::cpu::CpuArgs),
+    /// Run a Qwen3-30B-A3B-shaped MoE layer (random weights, W4A8) and check it against f32.
+    Demo(cmd::demo::DemoArgs),
+    /// Describe a checkpoint directory and the backend that would serve it.
+    Inspect(cmd::inspect::InspectArgs),
+    /// Time the fused W4A8 pipeline on standard MoE shapes, with weights beyond the caches.
+    Bench(cmd::bench::BenchArgs),
+    /// Run one MoE block (router + experts) of a checkpoint on hidden states from a file.
+    Run(cmd::run::RunArgs),
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("run") => {
-            #[derive(clap::Parser)]
-            struct Cli {
-                #[command(flatten)]
-                args: cmd::run::RunArgs,
-            }
-            let cli = <Cli as clap::Parser>::parse_from(&args);
-            if let Err(e) = cmd::run::run(&cli.args) {
-                eprintln!("moe run: {e}");
-                std::process::exit(1);
-            }
+    init_tracing();
+    let cli = Cli::parse();
+    let out = Output { json: cli.json };
+    let result: Result<(), CliError> = match cli.command {
+        None => cmd::cpu::run(&cmd::cpu::CpuArgs {}, out),
+        Some(Command::Cpu(args)) => cmd::cpu::run(&args, out),
+        Some(Command::Demo(args)) => cmd::demo::run(&args, out),
+        Some(Command::Inspect(args)) => cmd::inspect::run(&args, out),
+        Some(Command::Bench(args)) => cmd::bench::run(&args, out),
+        Some(Command::Run(mut args)) => {
+            args.json = out.json;
+            cmd::run::run(&args)
+                .map(|_| ())
+                .map_err(|e| CliError(e.to_string()))
         }
-        None | Some("cpu") => print_cpu_report(),
-        Some("--version" | "-V") => println!("moe {}", env!("CARGO_PKG_VERSION")),
-        Some(other) => {
-            eprintln!("moe: unknown command {other:?}; available: cpu");
-            std::process::exit(2);
-        }
+    };
+    if let Err(e) = result {
+        eprintln!("moe: error: {e}");
+        std::process::exit(1);
     }
 }
 
-/// Prints the detected features, every rung with its availability and kernels, and the choice.
-fn print_cpu_report() {
-    println!(
-        "moe {} on {}",
-        env!("CARGO_PKG_VERSION"),
-        std::env::consts::ARCH
-    );
-    println!("CPU features:");
-    for (name, present) in cpu_features() {
-        println!("  {name:<28} {}", if present { "yes" } else { "no" });
-    }
-    let available = available_isas();
-    let cap = isa_cap();
-    println!("ISA ladder (kernels each rung would run):");
-    for isa in Isa::native_ladder() {
-        let status = match KernelSet::for_isa(isa) {
-            Some(ks) if available.contains(&isa) => {
-                let capped = if cap.allows(isa) {
-                    ""
-                } else {
-                    " [above the cap]"
-                };
-                format!("available{capped}: {}", ks.describe_ops().join(", "))
-            }
-            _ => "not available".to_string(),
-        };
-        println!("  {:<12} {status}", isa.name());
-    }
-    match cap {
-        IsaCap::None => println!("cap: none (MOE_KERNELS_MAX_ISA unset)"),
-        IsaCap::Capped(isa) => println!("cap: {isa} (MOE_KERNELS_MAX_ISA)"),
-        IsaCap::Ignored { value, reason } => {
-            println!("cap: MOE_KERNELS_MAX_ISA={value:?} ignored: {reason}")
-        }
-    }
-    let chosen = kernels();
-    println!(
-        "selected: {} ({})",
-        chosen.isa(),
-        chosen.describe_ops().join(", ")
-    );
+/// Logs to stderr, filtered by `RUST_LOG` (warnings only by default).
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // A second subscriber can only come from a test harness; keep the first.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }

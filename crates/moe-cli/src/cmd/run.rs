@@ -36,8 +36,8 @@ pub struct RunArgs {
     /// `topk_weights` f32 `[T, k]`.
     #[arg(long, value_name = "FILE")]
     pub output: PathBuf,
-    /// Print the report as JSON instead of text.
-    #[arg(long)]
+    /// Print the report as JSON instead of text (set from the global `--json` flag).
+    #[arg(skip)]
     pub json: bool,
 }
 

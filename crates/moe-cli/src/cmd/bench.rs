@@ -1,0 +1,352 @@
+//! `moe bench`: times the fused W4A8 pipeline (group 32) on standard MoE shapes with uniform
+//! random routing, cycling through enough independent copies of the layer that the weights
+//! cannot stay in the caches, and relates each time to this machine's DRAM bound.
+//!
+//! Weights are random int4 codes and scales drawn directly (values do not change the work), and
+//! the copies are clones of one packed layer in separate allocations: what defeats the caches
+//! is distinct memory, not distinct values.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use clap::Args;
+use moe_kernels::{MoeInput, Par, kernels};
+use serde::Serialize;
+
+use super::synth::{self, LayerShape, Rng};
+use super::{CliError, Output, median_ms, parse_bytes, thread_pool};
+
+/// Sustained DRAM read bandwidth of this machine class with both cores (limits.md: plain
+/// AVX-512 loads over 4 GiB, 2 threads).
+pub const DRAM_BYTES_PER_S: f64 = 28.8e9;
+
+/// A named MoE shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BenchShape {
+    /// Name (`qwen3-30b-a3b`, or `custom` for `eE-kK-hH-iI`).
+    pub name: String,
+    /// Experts E.
+    pub experts: usize,
+    /// Experts per token k.
+    pub top_k: usize,
+    /// Hidden size H.
+    pub hidden: usize,
+    /// Intermediate size I.
+    pub intermediate: usize,
+}
+
+/// The standard shapes, by name.
+const STANDARD: [(&str, [usize; 4]); 3] = [
+    ("qwen3-30b-a3b", [128, 8, 2048, 768]),
+    ("mixtral-8x7b", [8, 2, 4096, 14336]),
+    ("deepseek-v2-lite", [64, 6, 2048, 1408]),
+];
+
+/// Parses a standard shape name or a custom `eE-kK-hH-iI` (e.g. `e8-k2-h128-i64`).
+fn parse_shape(text: &str) -> Result<BenchShape, String> {
+    let make = |name: &str, [experts, top_k, hidden, intermediate]: [usize; 4]| BenchShape {
+        name: name.to_string(),
+        experts,
+        top_k,
+        hidden,
+        intermediate,
+    };
+    if let Some((name, dims)) = STANDARD.iter().find(|(n, _)| *n == text) {
+        return Ok(make(name, *dims));
+    }
+    let usage = || {
+        let names: Vec<&str> = STANDARD.iter().map(|(n, _)| *n).collect();
+        format!(
+            "unknown shape {text:?}: use one of {} or eE-kK-hH-iI (e.g. e8-k2-h128-i64)",
+            names.join(", ")
+        )
+    };
+    let parts: Vec<&str> = text.split('-').collect();
+    if parts.len() != 4 {
+        return Err(usage());
+    }
+    let mut dims = [0usize; 4];
+    for ((part, prefix), dim) in parts.iter().zip(["e", "k", "h", "i"]).zip(&mut dims) {
+        *dim = part
+            .strip_prefix(prefix)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(usage)?;
+    }
+    Ok(make(text, dims))
+}
+
+/// Options of `moe bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Shapes to run (standard names or eE-kK-hH-iI), comma-separated; default: all standard.
+    #[arg(long, value_delimiter = ',', value_parser = parse_shape)]
+    pub shape: Vec<BenchShape>,
+    /// Batch sizes (tokens per call), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,256")]
+    pub batch_sizes: Vec<usize>,
+    /// Timed calls per (shape, batch size); the median is reported.
+    #[arg(long, default_value_t = 10)]
+    pub iters: usize,
+    /// Least total bytes of distinct packed weights to cycle through (K, M, G suffixes).
+    #[arg(long, default_value = "2G", value_parser = parse_bytes)]
+    pub min_bytes: u64,
+    /// Int4 group size.
+    #[arg(long, default_value_t = 32)]
+    pub group_size: usize,
+    /// Worker threads (0 = available parallelism).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Seed of weights, inputs and routing.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// The report, as printed with `--json`.
+#[derive(Debug, Serialize)]
+pub struct BenchReport {
+    /// Worker threads.
+    pub threads: usize,
+    /// The DRAM bandwidth the bound assumes, bytes per second.
+    pub dram_bytes_per_s: f64,
+    /// The rung moe-kernels dispatches to.
+    pub isa: &'static str,
+    /// One row per (shape, batch size).
+    pub rows: Vec<BenchRow>,
+}
+
+/// One measurement.
+#[derive(Debug, Serialize)]
+pub struct BenchRow {
+    /// The shape.
+    pub shape: BenchShape,
+    /// Layer copies cycled through.
+    pub copies: usize,
+    /// Total distinct packed weight bytes (all copies).
+    pub distinct_bytes: u64,
+    /// Tokens per call M.
+    pub batch: usize,
+    /// Median milliseconds per call.
+    pub ms_per_call: f64,
+    /// Tokens per second.
+    pub tokens_per_s: f64,
+    /// Mean distinct experts a call touches.
+    pub experts_touched: f64,
+    /// Mean packed bytes a call reads.
+    pub bytes_touched: f64,
+    /// Weight bytes read per second, GB/s.
+    pub weight_gb_per_s: f64,
+    /// int8 multiply-accumulates per second, `M·k·3·H·I / t`, in G/s.
+    pub gmac_per_s: f64,
+    /// The time reading the touched weights from DRAM takes, ms.
+    pub dram_bound_ms: f64,
+    /// `dram_bound_ms / ms_per_call` (1 = at the DRAM bound; above 1 = partly cache-served).
+    pub dram_ratio: f64,
+}
+
+/// `k` distinct experts out of `e` per token, uniformly, with random renormalized weights.
+fn uniform_routing(rng: &mut Rng, m: usize, e: usize, k: usize) -> (Vec<i32>, Vec<f32>) {
+    let mut ids = Vec::with_capacity(m * k);
+    let mut weights = Vec::with_capacity(m * k);
+    let mut perm: Vec<i32> = (0..e as i32).collect();
+    for _ in 0..m {
+        for j in 0..k {
+            let pick = j + rng.below(e - j);
+            perm.swap(j, pick);
+        }
+        ids.extend_from_slice(&perm[..k]);
+        let w: Vec<f32> = (0..k).map(|_| rng.unit()).collect();
+        let sum: f32 = w.iter().sum();
+        weights.extend(w.iter().map(|v| v / sum));
+    }
+    (ids, weights)
+}
+
+/// Runs `moe bench`.
+pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
+    let shapes: Vec<BenchShape> = if args.shape.is_empty() {
+        STANDARD
+            .iter()
+            .map(|(n, _)| parse_shape(n).map_err(CliError))
+            .collect::<Result<_, _>>()?
+    } else {
+        args.shape.clone()
+    };
+    if args.batch_sizes.is_empty() || args.batch_sizes.contains(&0) {
+        return Err(CliError("--batch-sizes must be positive numbers".into()));
+    }
+    if args.iters == 0 {
+        return Err(CliError("--iters must be at least 1".into()));
+    }
+    let pool = thread_pool(args.threads)?;
+    let threads = pool.current_num_threads();
+    let isa = kernels().isa().name();
+    if !out.json {
+        println!(
+            "moe bench: fused W4A8 MoE (int4 groups of {}), uniform random routing, {threads} threads, rung {isa}",
+            args.group_size
+        );
+        println!(
+            "  cycling through >= {:.0} MiB of distinct weights; DRAM bound = bytes / {:.1} GB/s (limits.md, this machine class, 2 threads)",
+            args.min_bytes as f64 / (1 << 20) as f64,
+            DRAM_BYTES_PER_S / 1e9
+        );
+        println!();
+        println!(
+            "{:<18} {:>5} {:>10} {:>11} {:>8} {:>9} {:>9} {:>10} {:>6}",
+            "shape", "M", "ms/call", "tokens/s", "experts", "GB/s", "GMAC/s", "DRAM ms", "ratio"
+        );
+    }
+    let mut rows = Vec::new();
+    for shape in &shapes {
+        rows.extend(bench_shape(args, shape, &pool, out)?);
+    }
+    if out.json {
+        out.print_json(&BenchReport {
+            threads,
+            dram_bytes_per_s: DRAM_BYTES_PER_S,
+            isa,
+            rows,
+        })?;
+    }
+    Ok(())
+}
+
+/// Generates one shape's layer copies and measures every batch size.
+fn bench_shape(
+    args: &BenchArgs,
+    shape: &BenchShape,
+    pool: &rayon::ThreadPool,
+    out: Output,
+) -> Result<Vec<BenchRow>, CliError> {
+    let (e, k, h, i) = (shape.experts, shape.top_k, shape.hidden, shape.intermediate);
+    if k == 0 || k > e {
+        return Err(CliError(format!(
+            "shape {}: top-k {k} must be between 1 and the expert count {e}",
+            shape.name
+        )));
+    }
+    let layer_shape = LayerShape {
+        experts: e,
+        hidden: h,
+        intermediate: i,
+        group_size: args.group_size,
+    };
+    let bar = out.progress(e as u64, &format!("{}: packing", shape.name));
+    let layer = pool.install(|| synth::random_codes_layer(layer_shape, args.seed, &bar))?;
+    bar.finish_and_clear();
+    let layer_bytes = (layer.expert_bytes * e) as u64;
+    let copies = args.min_bytes.div_ceil(layer_bytes.max(1)).max(1) as usize;
+    let bar = out.progress(copies as u64, &format!("{}: copying layer", shape.name));
+    bar.inc(1);
+    let mut layers = Vec::with_capacity(copies);
+    for _ in 1..copies {
+        layers.push(layer.moe.clone());
+        bar.inc(1);
+    }
+    layers.push(layer.moe);
+    bar.finish_and_clear();
+
+    let max_m = args.batch_sizes.iter().copied().max().unwrap_or(1);
+    let threads = pool.current_num_threads();
+    let mut scratch = layers[0]
+        .scratch(max_m, k, threads)
+        .map_err(|err| CliError::context("scratch", err))?;
+    let mut rng = Rng::stream(args.seed, 0xBE_7C);
+    let mut x = vec![0.0f32; max_m * h];
+    rng.fill_normal(&mut x, 1.0);
+    let mut output = vec![0.0f32; max_m * h];
+    let mut rows = Vec::new();
+    for &m in &args.batch_sizes {
+        let routings: Vec<(Vec<i32>, Vec<f32>)> = (0..args.iters)
+            .map(|_| uniform_routing(&mut rng, m, e, k))
+            .collect();
+        let out_m = &mut output[..m * h];
+        let mut samples = Vec::with_capacity(args.iters);
+        let mut touched = 0usize;
+        let bar = out.progress(args.iters as u64 + 1, &format!("{}: M={m}", shape.name));
+        // One untimed call per copy beyond the first few would cost minutes on big shapes;
+        // one warm-up call settles the pool and the scratch pages.
+        for (it, (ids, weights)) in std::iter::once(&routings[0]).chain(&routings).enumerate() {
+            let input = MoeInput {
+                tokens: m,
+                top_k: k,
+                x: &x[..m * h],
+                topk_ids: ids,
+                topk_weights: weights,
+            };
+            let moe = &layers[it % copies];
+            let t0 = Instant::now();
+            pool.install(|| moe.apply(input, out_m, &mut scratch, Par::Rayon))
+                .map_err(|err| CliError::context("applying the layer", err))?;
+            if it > 0 {
+                samples.push(t0.elapsed());
+                touched += ids.iter().collect::<HashSet<_>>().len();
+            }
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        let ms = median_ms(&mut samples);
+        let secs = (ms / 1e3).max(f64::MIN_POSITIVE);
+        let experts_touched = touched as f64 / args.iters as f64;
+        let bytes = experts_touched * layer.expert_bytes as f64;
+        let macs = (m * k * 3 * h * i) as f64;
+        let dram_ms = bytes / DRAM_BYTES_PER_S * 1e3;
+        let row = BenchRow {
+            shape: shape.clone(),
+            copies,
+            distinct_bytes: layer_bytes * copies as u64,
+            batch: m,
+            ms_per_call: ms,
+            tokens_per_s: m as f64 / secs,
+            experts_touched,
+            bytes_touched: bytes,
+            weight_gb_per_s: bytes / secs / 1e9,
+            gmac_per_s: macs / secs / 1e9,
+            dram_bound_ms: dram_ms,
+            dram_ratio: dram_ms / ms.max(f64::MIN_POSITIVE),
+        };
+        if !out.json {
+            println!(
+                "{:<18} {:>5} {:>10.3} {:>11.1} {:>8.1} {:>9.2} {:>9.2} {:>10.3} {:>6.2}",
+                row.shape.name,
+                m,
+                row.ms_per_call,
+                row.tokens_per_s,
+                row.experts_touched,
+                row.weight_gb_per_s,
+                row.gmac_per_s,
+                row.dram_bound_ms,
+                row.dram_ratio
+            );
+        }
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_parse_by_name_and_by_dimensions() {
+        assert_eq!(parse_shape("mixtral-8x7b").unwrap().intermediate, 14336);
+        let s = parse_shape("e8-k2-h128-i64").unwrap();
+        assert_eq!(
+            (s.experts, s.top_k, s.hidden, s.intermediate),
+            (8, 2, 128, 64)
+        );
+        assert!(parse_shape("llama").is_err());
+        assert!(parse_shape("e8-k2-h128").is_err());
+    }
+
+    #[test]
+    fn uniform_routing_picks_distinct_experts() {
+        let (ids, w) = uniform_routing(&mut Rng::new(1), 50, 8, 3);
+        for (row, wr) in ids.chunks(3).zip(w.chunks(3)) {
+            let set: HashSet<_> = row.iter().collect();
+            assert_eq!(set.len(), 3);
+            assert!((wr.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+        }
+    }
+}

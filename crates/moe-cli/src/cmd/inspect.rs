@@ -1,0 +1,299 @@
+//! `moe inspect --model DIR [--layer N]`: what a checkpoint holds (family, layers, experts,
+//! sizes, quantization, shards, tensors) and which backend would serve its MoE layers according
+//! to the oracle in native mode, or every candidate's reason for refusing.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use clap::Args;
+use moe_layer::checkpoint::{
+    Checkpoint, ExpertWeights, MoeModelSpec, QuantScheme, ReadOptions, ShardAccess,
+};
+use moe_oracle::{
+    MoEActivation, MoeConfig, MoeShape, OracleError, ParallelConfig, RoutingMethodType, Selection,
+    select_unquantized_moe_backend, select_w4a8_int8_moe_backend, select_wna16_moe_backend,
+    w4a8_weight_key, wna16_weight_key,
+};
+use moe_quant::DType;
+use serde::Serialize;
+
+use super::{CliError, Output, backend};
+
+/// Options of `moe inspect`.
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// The model directory (`config.json` plus safetensors shards).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Also read this decoder layer's MoE tensors and describe them.
+    #[arg(long)]
+    pub layer: Option<usize>,
+}
+
+/// The report, as printed with `--json`.
+#[derive(Debug, Serialize)]
+pub struct InspectReport {
+    /// The directory inspected.
+    pub model: String,
+    /// Model family.
+    pub family: String,
+    /// `model_type` as written.
+    pub model_type: String,
+    /// Decoder layers.
+    pub num_layers: usize,
+    /// Indices of the MoE layers.
+    pub moe_layers: Vec<usize>,
+    /// Routed experts per layer.
+    pub experts: usize,
+    /// Experts per token.
+    pub top_k: usize,
+    /// Hidden size.
+    pub hidden: usize,
+    /// Expert intermediate size.
+    pub intermediate: usize,
+    /// Expert activation as written.
+    pub activation: String,
+    /// Model dtype.
+    pub dtype: Option<String>,
+    /// Quantization scheme name.
+    pub quant_scheme: &'static str,
+    /// Quantization details.
+    pub quant_detail: String,
+    /// Shard files.
+    pub shard_files: Vec<String>,
+    /// Number of tensors.
+    pub tensor_count: usize,
+    /// The oracle's choice, when one backend accepts.
+    pub backend: Option<BackendChoice>,
+    /// Why nothing was selected (with every refusal), when nothing accepts.
+    pub no_backend: Option<NoBackend>,
+    /// The layer read with `--layer`.
+    pub layer: Option<LayerReport>,
+}
+
+/// The oracle's accepted backend.
+#[derive(Debug, Serialize)]
+pub struct BackendChoice {
+    /// Family backend.
+    pub backend: String,
+    /// Kernel and rung.
+    pub kernel: String,
+}
+
+/// The oracle's refusal.
+#[derive(Debug, Serialize)]
+pub struct NoBackend {
+    /// The oracle's message.
+    pub message: String,
+    /// One line per refused candidate.
+    pub refusals: Vec<String>,
+}
+
+/// One MoE layer as read from the shards.
+#[derive(Debug, Serialize)]
+pub struct LayerReport {
+    /// Decoder layer index.
+    pub layer: usize,
+    /// Experts read.
+    pub experts: usize,
+    /// Hidden size.
+    pub hidden: usize,
+    /// Intermediate size.
+    pub intermediate: usize,
+    /// How the expert weights are stored.
+    pub weights: String,
+    /// Router weight values.
+    pub router_values: usize,
+    /// Whether shared experts were read.
+    pub shared_experts: bool,
+}
+
+/// Runs `moe inspect`.
+pub fn run(args: &InspectArgs, out: Output) -> Result<(), CliError> {
+    let dir = &args.model;
+    if !dir.is_dir() {
+        return Err(CliError(format!(
+            "--model {}: not a directory (expected a model directory with config.json and safetensors shards)",
+            dir.display()
+        )));
+    }
+    let ckpt = Checkpoint::open(dir, ShardAccess::Mmap)
+        .map_err(|e| CliError::context("opening the checkpoint", e))?;
+    let spec = ckpt.spec();
+    let names: Vec<(&str, &std::path::Path)> = ckpt.source().names().collect();
+    let files: BTreeSet<String> = names
+        .iter()
+        .map(|(_, f)| {
+            f.file_name().map_or_else(
+                || f.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            )
+        })
+        .collect();
+    let (backend, no_backend) = match select(spec) {
+        Ok(s) => (
+            Some(BackendChoice {
+                backend: s.backend.to_string(),
+                kernel: s.kernel.to_string(),
+            }),
+            None,
+        ),
+        Err(e) => (
+            None,
+            Some(NoBackend {
+                message: e.to_string(),
+                refusals: e.refusals().iter().map(ToString::to_string).collect(),
+            }),
+        ),
+    };
+    let layer = match args.layer {
+        None => None,
+        Some(n) => Some(read_layer(&ckpt, n)?),
+    };
+    let report = InspectReport {
+        model: dir.display().to_string(),
+        family: format!("{:?}", spec.family),
+        model_type: spec.model_type.clone(),
+        num_layers: spec.num_layers,
+        moe_layers: spec.moe_layers.clone(),
+        experts: spec.num_experts,
+        top_k: spec.top_k,
+        hidden: spec.hidden,
+        intermediate: spec.intermediate,
+        activation: spec.activation.clone(),
+        dtype: spec.dtype.map(|d| format!("{d:?}")),
+        quant_scheme: spec.quant.name(),
+        quant_detail: format!("{:?}", spec.quant),
+        shard_files: files.into_iter().collect(),
+        tensor_count: names.len(),
+        backend,
+        no_backend,
+        layer,
+    };
+    if out.json {
+        return out.print_json(&report);
+    }
+    print_report(&report);
+    Ok(())
+}
+
+/// The oracle's answer (native mode, this machine) for the checkpoint's MoE layers.
+fn select(spec: &MoeModelSpec) -> Result<Selection, OracleError> {
+    let activation: MoEActivation = spec.activation.parse()?;
+    let r = &spec.routing;
+    let routing = RoutingMethodType::derive(
+        r.scoring,
+        spec.top_k,
+        r.renormalize,
+        r.num_expert_group,
+        r.has_correction_bias,
+        Some(r.routed_scaling_factor),
+    );
+    let config = MoeConfig::new(
+        MoeShape {
+            num_experts: spec.num_experts,
+            experts_per_token: spec.top_k,
+            hidden_dim: spec.hidden,
+            intermediate_size: spec.intermediate,
+        },
+        activation,
+        routing,
+        spec.dtype.unwrap_or(DType::BF16),
+        ParallelConfig::no_parallel(),
+    )?;
+    let platform = backend::platform();
+    let opts = backend::select_options();
+    match &spec.quant {
+        QuantScheme::CompressedTensorsW4A8 { group_size, .. } => {
+            let key = w4a8_weight_key(group_size.map_or(-1, |g| g as i64))?;
+            select_w4a8_int8_moe_backend(&config, Some(&key), None, &platform, &opts)
+        }
+        QuantScheme::CompressedTensorsWna16 { bits, .. } | QuantScheme::Gptq { bits, .. } => {
+            select_wna16_moe_backend(&config, &wna16_weight_key(*bits)?, &platform, &opts)
+        }
+        _ => select_unquantized_moe_backend(&config, &platform, &opts),
+    }
+}
+
+/// Reads one MoE layer and summarizes it.
+fn read_layer(ckpt: &Checkpoint, n: usize) -> Result<LayerReport, CliError> {
+    let t = ckpt
+        .read_layer(n, &ReadOptions::single_rank())
+        .map_err(|e| CliError::context(format!("reading layer {n}"), e))?;
+    let weights = match &t.experts.weights {
+        ExpertWeights::Float { w13, .. } => format!("float {:?}", w13.dtype()),
+        ExpertWeights::Int(q) => format!(
+            "int{} codes, {}, {:?} scales{}",
+            q.bits,
+            q.group_size
+                .map_or_else(|| "channelwise".to_string(), |g| format!("groups of {g}")),
+            q.scale_dtype,
+            if q.act_order.is_some() {
+                ", act-order"
+            } else {
+                ""
+            }
+        ),
+        _ => "other".to_string(),
+    };
+    Ok(LayerReport {
+        layer: t.layer,
+        experts: t.experts.num_experts,
+        hidden: t.experts.hidden,
+        intermediate: t.experts.intermediate,
+        weights,
+        router_values: t.router.weight.len(),
+        shared_experts: t.shared.is_some(),
+    })
+}
+
+/// The human report.
+fn print_report(r: &InspectReport) {
+    println!("checkpoint {}", r.model);
+    println!(
+        "  family:        {} (model_type {})",
+        r.family, r.model_type
+    );
+    println!(
+        "  layers:        {} ({} MoE: {:?})",
+        r.num_layers,
+        r.moe_layers.len(),
+        r.moe_layers
+    );
+    println!(
+        "  experts:       {} routed, top-{}; hidden {}, expert intermediate {}; activation {}",
+        r.experts, r.top_k, r.hidden, r.intermediate, r.activation
+    );
+    println!(
+        "  dtype:         {}",
+        r.dtype.as_deref().unwrap_or("(not stated)")
+    );
+    println!("  quantization:  {} - {}", r.quant_scheme, r.quant_detail);
+    println!(
+        "  files:         {} ({} tensors)",
+        r.shard_files.join(", "),
+        r.tensor_count
+    );
+    match (&r.backend, &r.no_backend) {
+        (Some(b), _) => println!("  backend:       {} -> kernel {}", b.backend, b.kernel),
+        (None, Some(n)) => {
+            println!("  backend:       none - {}", n.message);
+            for refusal in &n.refusals {
+                println!("    - {refusal}");
+            }
+        }
+        (None, None) => {}
+    }
+    if let Some(l) = &r.layer {
+        println!(
+            "  layer {}:       {} experts, H {}, I {}, {}; router {} values; shared experts: {}",
+            l.layer,
+            l.experts,
+            l.hidden,
+            l.intermediate,
+            l.weights,
+            l.router_values,
+            if l.shared_experts { "yes" } else { "no" }
+        );
+    }
+}

@@ -1,0 +1,240 @@
+//! End-to-end tests of the `moe` binary: every command's JSON output at tiny shapes, the
+//! fixtures through `inspect`, and bad input failing with a message instead of a panic.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// Runs `moe` with `args`.
+fn moe(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_moe"))
+        .args(args)
+        .output()
+        .expect("the moe binary runs")
+}
+
+/// Runs `moe` expecting success and JSON on stdout.
+fn moe_json(args: &[&str]) -> Value {
+    let out = moe(args);
+    assert!(
+        out.status.success(),
+        "moe {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "moe {args:?} printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+fn fixture(name: &str) -> PathBuf {
+    moe_testutil::fixtures_dir().join(name)
+}
+
+#[test]
+fn cpu_json_names_the_selected_rung() {
+    let v = moe_json(&["cpu", "--json"]);
+    let isa = v["selected_isa"].as_str().expect("selected_isa");
+    assert!(
+        v["ladder"]
+            .as_array()
+            .expect("ladder")
+            .iter()
+            .any(|r| r["isa"] == isa && r["available"] == true),
+        "{v}"
+    );
+}
+
+#[test]
+fn demo_at_a_tiny_shape_reports_the_kernel_and_a_small_error() {
+    let v = moe_json(&[
+        "demo",
+        "--json",
+        "--experts",
+        "8",
+        "--top-k",
+        "2",
+        "--hidden",
+        "128",
+        "--intermediate",
+        "64",
+        "--batch-sizes",
+        "1,3",
+        "--threads",
+        "2",
+    ]);
+    assert!(
+        v["kernel"]
+            .as_str()
+            .expect("kernel")
+            .starts_with("cpu-int4-w4a8/"),
+        "{v}"
+    );
+    assert_eq!(v["ok"], true);
+    let rows = v["results"].as_array().expect("results");
+    assert_eq!(rows.len(), 2);
+    for row in rows {
+        let rel = row["rel_l2_error"].as_f64().expect("rel_l2_error");
+        assert!(rel < 0.05, "relative error {rel} in {row}");
+        assert!(row["ms_per_call"].as_f64().expect("ms") > 0.0);
+    }
+    assert_eq!(rows[1]["ref_tokens"], 3);
+}
+
+#[test]
+fn demo_results_do_not_depend_on_the_thread_count() {
+    let run = |threads: &str| {
+        moe_json(&[
+            "demo",
+            "--json",
+            "--experts",
+            "8",
+            "--top-k",
+            "2",
+            "--hidden",
+            "64",
+            "--intermediate",
+            "32",
+            "--batch-sizes",
+            "4",
+            "--threads",
+            threads,
+            "--reps",
+            "1",
+        ])["results"][0]["rel_l2_error"]
+            .as_f64()
+            .expect("rel_l2_error")
+    };
+    assert_eq!(run("1"), run("2"));
+}
+
+#[test]
+fn inspect_w4a8_fixture_selects_the_int4_kernel() {
+    let dir = fixture("qwen3moe-w4a8-g32");
+    let v = moe_json(&[
+        "inspect",
+        "--json",
+        "--model",
+        dir.to_str().unwrap(),
+        "--layer",
+        "0",
+    ]);
+    assert_eq!(v["family"], "Qwen3Moe");
+    assert_eq!(v["experts"], 8);
+    assert_eq!(v["top_k"], 2);
+    assert_eq!(v["quant_scheme"], "compressed-tensors/int-quantized");
+    assert!(v["tensor_count"].as_u64().unwrap() > 0);
+    let kernel = v["backend"]["kernel"].as_str().expect("a backend");
+    assert!(kernel.starts_with("cpu-int4-w4a8/"), "{v}");
+    assert_eq!(v["layer"]["experts"], 8);
+}
+
+#[test]
+fn inspect_wna16_fixture_reports_what_the_oracle_says() {
+    let dir = fixture("qwen3moe-w4a16-g32");
+    let v = moe_json(&["inspect", "--json", "--model", dir.to_str().unwrap()]);
+    assert_eq!(v["quant_scheme"], "compressed-tensors/pack-quantized");
+    // Either a backend, or a refusal with every candidate's reason: never silence.
+    let decided = v["backend"]["kernel"].is_string()
+        || !v["no_backend"]["refusals"]
+            .as_array()
+            .expect("refusals")
+            .is_empty();
+    assert!(decided, "{v}");
+}
+
+#[test]
+fn inspect_lists_every_refusal_when_the_kernel_is_disabled() {
+    let dir = fixture("qwen3moe-w4a8-g32");
+    let out = Command::new(env!("CARGO_BIN_EXE_moe"))
+        .args(["inspect", "--json", "--model", dir.to_str().unwrap()])
+        .env("MOE_DISABLED_KERNELS", "cpu-int4-w4a8")
+        .output()
+        .expect("the moe binary runs");
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(v["backend"].is_null(), "{v}");
+    let refusals = v["no_backend"]["refusals"].as_array().expect("refusals");
+    assert!(
+        refusals
+            .iter()
+            .any(|r| r.as_str().unwrap().contains("MOE_DISABLED_KERNELS")),
+        "{v}"
+    );
+}
+
+#[test]
+fn inspect_human_report_names_the_backend() {
+    let dir = fixture("qwen3moe-w4a8-g32");
+    let out = moe(&["inspect", "--model", dir.to_str().unwrap()]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("backend:") && text.contains("Qwen3Moe"),
+        "{text}"
+    );
+}
+
+#[test]
+fn bench_at_a_tiny_shape_reports_every_batch_size() {
+    let v = moe_json(&[
+        "bench",
+        "--json",
+        "--shape",
+        "e8-k2-h128-i64",
+        "--batch-sizes",
+        "1,4",
+        "--min-bytes",
+        "1M",
+        "--iters",
+        "3",
+    ]);
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2);
+    for row in rows {
+        assert!(row["copies"].as_u64().unwrap() >= 2, "{row}");
+        assert!(row["distinct_bytes"].as_u64().unwrap() >= 1 << 20);
+        assert!(row["ms_per_call"].as_f64().unwrap() > 0.0);
+        assert!(row["gmac_per_s"].as_f64().unwrap() > 0.0);
+        assert!(row["dram_ratio"].as_f64().unwrap() > 0.0);
+    }
+}
+
+/// Asserts a failing run with a message on stderr and no panic.
+fn assert_clean_failure(args: &[&str], needle: &str) {
+    let out = moe(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "moe {args:?} succeeded");
+    assert!(
+        !stderr.contains("panicked"),
+        "moe {args:?} panicked: {stderr}"
+    );
+    assert!(
+        stderr.contains(needle),
+        "moe {args:?}: {stderr:?} lacks {needle:?}"
+    );
+}
+
+#[test]
+fn bad_input_fails_with_a_message() {
+    assert_clean_failure(&["inspect"], "--model");
+    assert_clean_failure(
+        &["inspect", "--model", "/nonexistent/moe-model"],
+        "not a directory",
+    );
+    let empty = std::env::temp_dir().join(format!("moe-cli-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    assert_clean_failure(
+        &["inspect", "--model", empty.to_str().unwrap()],
+        "config.json",
+    );
+    std::fs::remove_dir_all(&empty).ok();
+    assert_clean_failure(&["demo", "--hidden", "100"], "--hidden");
+    assert_clean_failure(&["demo", "--experts", "4", "--top-k", "5"], "--top-k");
+    assert_clean_failure(&["bench", "--shape", "llama"], "unknown shape");
+    assert_clean_failure(&["bench", "--min-bytes", "12X"], "suffix");
+    assert_clean_failure(&["frobnicate"], "unrecognized subcommand");
+}
