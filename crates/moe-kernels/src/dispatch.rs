@@ -91,6 +91,7 @@ impl KernelSet {
     ///
     /// # Safety
     /// - `f` may be called on this CPU: the caller holds the token of `isa`.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only AVX-512 has one today
     pub(crate) unsafe fn with_act_quant(mut self, isa: Isa, f: AsymQuantU8Fn) -> Self {
         self.act_asym_u8 = Some((isa, f));
         self

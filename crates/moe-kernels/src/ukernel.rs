@@ -1,5 +1,7 @@
 //! The microkernel contract shared by every rung: the argument structs the driver hands over,
-//! the trait a rung implements, and the panel loop that walks row tiles of one panel.
+//! the trait a rung implements, the panel loop that walks row tiles of one panel, and the
+//! per-rung glue written once as macros (`impl_microkernels!`: the trait impls and entry points
+//! around a rung's tile bodies; `rung_kernel_set!`: the rung's `KernelSet`).
 //!
 //! Maths contract of a W4A8 tile (rows `m0..m0+mr`, 16 channels of panel `p`): for every scale
 //! block `b`, the kernel forms the exact int32 `acc_i = Σ_{k∈b} (q_k − zp)·w_k` (however it
@@ -200,3 +202,161 @@ pub(crate) unsafe fn w8a8_panels<K: W8A8Microkernel>(
         }
     }
 }
+
+/// The per-rung glue around a rung's tile bodies, written once: the [`W4A8Microkernel`] and
+/// [`W8A8Microkernel`] impls for the rung's token, which turn the runtime row count `mr` into
+/// the const-generic tile (`w4a8_tile::<R, ACC>`, `w8a8_tile::<R>`), and the two entry points
+/// `w4a8_entry`/`w8a8_entry` ([`W4A8PanelsFn`]/[`W8A8PanelsFn`]) that rebuild the token and walk
+/// the panels.
+///
+/// The invoking module provides the tile bodies (unsafe fns with the row-tile contract of
+/// [`W4A8Microkernel::tile`]) and names its token, a description of its CPU features for the
+/// entries' docs, its tile height `MR`, and the row counts `1..=MR` (checked at compile time)
+/// its tiles are instantiated for.
+macro_rules! impl_microkernels {
+    (
+        token: $token:ty,
+        features: $features:literal,
+        mr: $mr:expr,
+        rows: [$($n:literal)+],
+        w4a8_tile: $w4a8_tile:ident,
+        w8a8_tile: $w8a8_tile:ident $(,)?
+    ) => {
+        // Every row count `1..=MR` has a tile instantiation, so `tile` never reaches the
+        // `unreachable!` arm for a valid `mr`.
+        const _: () = {
+            let rows: &[usize] = &[$($n),+];
+            assert!(rows.len() == $mr, "one tile instantiation per row count 1..=MR");
+            let mut i = 0;
+            while i < rows.len() {
+                assert!(rows[i] == i + 1, "tile row counts are 1, 2, ..., MR in order");
+                i += 1;
+            }
+        };
+
+        impl $crate::ukernel::W4A8Microkernel for $token {
+            const MR: usize = $mr;
+
+            #[inline(always)]
+            unsafe fn tile(
+                self,
+                job: &$crate::ukernel::W4A8Job<'_>,
+                p: usize,
+                m0: usize,
+                mr: usize,
+            ) {
+                let acc = matches!(job.out, $crate::ukernel::W4A8Out::BlockAcc { .. });
+                match (mr, acc) {
+                    $(
+                        // SAFETY: `self` is this rung's token, so the CPU has the features the
+                        // tile body is compiled for; the output contract is forwarded from our
+                        // caller, and `mr` is the tile's row count.
+                        ($n, true) => unsafe { $w4a8_tile::<$n, true>(job, p, m0) },
+                        // SAFETY: as above.
+                        ($n, false) => unsafe { $w4a8_tile::<$n, false>(job, p, m0) },
+                    )+
+                    _ => unreachable!("tile rows out of range"),
+                }
+            }
+        }
+
+        impl $crate::ukernel::W8A8Microkernel for $token {
+            const MR: usize = $mr;
+
+            #[inline(always)]
+            unsafe fn tile(
+                self,
+                job: &$crate::ukernel::W8A8Job<'_>,
+                p: usize,
+                m0: usize,
+                mr: usize,
+            ) {
+                match mr {
+                    $(
+                        // SAFETY: `self` is this rung's token, so the CPU has the features the
+                        // tile body is compiled for; the output contract is forwarded from our
+                        // caller, and `mr` is the tile's row count.
+                        $n => unsafe { $w8a8_tile::<$n>(job, p, m0) },
+                    )+
+                    _ => unreachable!("tile rows out of range"),
+                }
+            }
+        }
+
+        /// The W4A8 entry point of this rung.
+        ///
+        /// # Safety
+        #[doc = concat!(
+            "- [`crate::ukernel::W4A8PanelsFn`]'s contract, including ", $features, " support."
+        )]
+        pub(crate) unsafe fn w4a8_entry(
+            job: &$crate::ukernel::W4A8Job<'_>,
+            panels: ::std::ops::Range<usize>,
+        ) {
+            // SAFETY: the caller guarantees the CPU features (the `KernelSet` holding this
+            // entry was built from the token).
+            let token = unsafe { <$token>::new_unchecked() };
+            // SAFETY: the job contract is forwarded from our caller.
+            unsafe { $crate::ukernel::w4a8_panels(token, job, panels) }
+        }
+
+        /// The W8A8 entry point of this rung.
+        ///
+        /// # Safety
+        #[doc = concat!(
+            "- [`crate::ukernel::W8A8PanelsFn`]'s contract, including ", $features, " support."
+        )]
+        pub(crate) unsafe fn w8a8_entry(
+            job: &$crate::ukernel::W8A8Job<'_>,
+            panels: ::std::ops::Range<usize>,
+        ) {
+            // SAFETY: the caller guarantees the CPU features (the `KernelSet` holding this
+            // entry was built from the token).
+            let token = unsafe { <$token>::new_unchecked() };
+            // SAFETY: the job contract is forwarded from our caller.
+            unsafe { $crate::ukernel::w8a8_panels(token, job, panels) }
+        }
+    };
+}
+
+pub(crate) use impl_microkernels;
+
+/// The `kernel_set(token)` of a rung whose two entries (from [`impl_microkernels!`]) run on the
+/// rung itself: `isa` names it, and `w4a8`/`w8a8` are the [`ActEncoding`] variants its entries
+/// expect.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(unused_macros)
+)]
+macro_rules! rung_kernel_set {
+    (
+        doc: $doc:literal,
+        token: $token:ty,
+        isa: $isa:expr,
+        w4a8: $w4a8_enc:ident,
+        w8a8: $w8a8_enc:ident $(,)?
+    ) => {
+        #[doc = $doc]
+        pub(crate) fn kernel_set(_token: $token) -> $crate::KernelSet {
+            use $crate::ukernel::ActEncoding;
+            let w4a8 = (
+                $isa,
+                ActEncoding::$w4a8_enc,
+                w4a8_entry as $crate::ukernel::W4A8PanelsFn,
+            );
+            let w8a8 = (
+                $isa,
+                ActEncoding::$w8a8_enc,
+                w8a8_entry as $crate::ukernel::W8A8PanelsFn,
+            );
+            // SAFETY: the token proves this rung's CPU features, all its two entries need.
+            unsafe { $crate::KernelSet::from_entries($isa, w4a8, w8a8) }
+        }
+    };
+}
+
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(unused_imports)
+)]
+pub(crate) use rung_kernel_set;

@@ -17,7 +17,6 @@
 //! the shared epilogue (`common.rs`) turns into outputs bit-identical to the scalar reference.
 
 use std::arch::aarch64::*;
-use std::ops::Range;
 
 use super::NeonI8mm;
 use super::asm::smmla;
@@ -25,9 +24,7 @@ use super::common::{
     RowAccF, RowSums, load_i8x8, load_i8x16, load_u8x16, unpack_nibbles, w4a8_block_end,
     w4a8_store, w8a8_store,
 };
-use crate::ukernel::{
-    W4A8Job, W4A8Microkernel, W4A8Out, W8A8Job, W8A8Microkernel, w4a8_panels, w8a8_panels,
-};
+use crate::ukernel::{W4A8Job, W8A8Job};
 
 /// Rows per tile.
 const MR: usize = 4;
@@ -173,85 +170,19 @@ unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
     unsafe { w8a8_store::<R>(job, p, m0, &sums) };
 }
 
-impl W4A8Microkernel for NeonI8mm {
-    const MR: usize = MR;
-
-    #[inline(always)]
-    unsafe fn tile(self, job: &W4A8Job<'_>, p: usize, m0: usize, mr: usize) {
-        let acc = matches!(job.out, W4A8Out::BlockAcc { .. });
-        macro_rules! run {
-            ($n:literal) => {
-                if acc {
-                    // SAFETY: `self` proves i8mm; the output contract is forwarded.
-                    unsafe { w4a8_tile::<$n, true>(job, p, m0) }
-                } else {
-                    // SAFETY: as above.
-                    unsafe { w4a8_tile::<$n, false>(job, p, m0) }
-                }
-            };
-        }
-        match mr {
-            1 => run!(1),
-            2 => run!(2),
-            3 => run!(3),
-            4 => run!(4),
-            _ => unreachable!("tile rows out of range"),
-        }
-    }
+crate::ukernel::impl_microkernels! {
+    token: NeonI8mm,
+    features: "NEON, dot-product and i8mm",
+    mr: MR,
+    rows: [1 2 3 4],
+    w4a8_tile: w4a8_tile,
+    w8a8_tile: w8a8_tile,
 }
 
-impl W8A8Microkernel for NeonI8mm {
-    const MR: usize = MR;
-
-    #[inline(always)]
-    unsafe fn tile(self, job: &W8A8Job<'_>, p: usize, m0: usize, mr: usize) {
-        macro_rules! run {
-            ($n:literal) => {
-                // SAFETY: `self` proves i8mm; the output contract is forwarded.
-                unsafe { w8a8_tile::<$n>(job, p, m0) }
-            };
-        }
-        match mr {
-            1 => run!(1),
-            2 => run!(2),
-            3 => run!(3),
-            4 => run!(4),
-            _ => unreachable!("tile rows out of range"),
-        }
-    }
-}
-
-/// The W4A8 entry point of this rung.
-///
-/// # Safety
-/// - [`crate::ukernel::W4A8PanelsFn`]'s contract, including i8mm support.
-pub(crate) unsafe fn w4a8_entry(job: &W4A8Job<'_>, panels: Range<usize>) {
-    // SAFETY: the caller guarantees the CPU features (the `KernelSet` was built from the token).
-    let token = unsafe { NeonI8mm::new_unchecked() };
-    // SAFETY: the job contract is forwarded from our caller.
-    unsafe { w4a8_panels(token, job, panels) }
-}
-
-/// The W8A8 entry point of this rung.
-///
-/// # Safety
-/// - [`crate::ukernel::W8A8PanelsFn`]'s contract, including i8mm support.
-pub(crate) unsafe fn w8a8_entry(job: &W8A8Job<'_>, panels: Range<usize>) {
-    // SAFETY: the caller guarantees the CPU features (the `KernelSet` was built from the token).
-    let token = unsafe { NeonI8mm::new_unchecked() };
-    // SAFETY: the job contract is forwarded from our caller.
-    unsafe { w8a8_panels(token, job, panels) }
-}
-
-/// The kernels of the int8 matrix-multiply rung.
-pub(crate) fn kernel_set(_token: NeonI8mm) -> crate::KernelSet {
-    use crate::ukernel::ActEncoding::I8;
-    // SAFETY: the token proves NEON, dotprod and i8mm, all these entries need.
-    unsafe {
-        crate::KernelSet::from_entries(
-            crate::Isa::NeonI8mm,
-            (crate::Isa::NeonI8mm, I8, w4a8_entry),
-            (crate::Isa::NeonI8mm, I8, w8a8_entry),
-        )
-    }
+crate::ukernel::rung_kernel_set! {
+    doc: "The kernels of the int8 matrix-multiply rung.",
+    token: NeonI8mm,
+    isa: crate::Isa::NeonI8mm,
+    w4a8: I8,
+    w8a8: I8,
 }

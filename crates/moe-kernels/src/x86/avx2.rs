@@ -32,15 +32,10 @@ fn w8_dot(acc: __m256i, a: __m256i, w: __m256i) -> __m256i {
     _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
 }
 
-/// The kernels of the AVX2 rung.
-pub(crate) fn kernel_set(_token: Avx2) -> crate::KernelSet {
-    use crate::ukernel::ActEncoding::{I8, U8Offset128};
-    // SAFETY: the token proves AVX2, all these entries need.
-    unsafe {
-        crate::KernelSet::from_entries(
-            crate::Isa::Avx2,
-            (crate::Isa::Avx2, U8Offset128, w4a8_entry),
-            (crate::Isa::Avx2, I8, w8a8_entry),
-        )
-    }
+crate::ukernel::rung_kernel_set! {
+    doc: "The kernels of the AVX2 rung.",
+    token: Avx2,
+    isa: crate::Isa::Avx2,
+    w4a8: U8Offset128,
+    w8a8: I8,
 }

@@ -11,13 +11,10 @@
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
-use std::ops::Range;
 
 use super::Avx512Vnni;
 use crate::packed::PANEL;
-use crate::ukernel::{
-    W4A8Job, W4A8Microkernel, W4A8Out, W8A8Job, W8A8Microkernel, w4a8_panels, w8a8_panels,
-};
+use crate::ukernel::{W4A8Job, W4A8Out, W8A8Job};
 
 /// Rows per tile.
 const MR: usize = 8;
@@ -164,69 +161,11 @@ unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
     }
 }
 
-macro_rules! by_rows {
-    ($mr:expr, $call:ident, [$($n:literal)*]) => {
-        match $mr {
-            $($n => $call!($n),)*
-            _ => unreachable!("tile rows out of range"),
-        }
-    };
-}
-
-impl W4A8Microkernel for Avx512Vnni {
-    const MR: usize = MR;
-
-    #[inline(always)]
-    unsafe fn tile(self, job: &W4A8Job<'_>, p: usize, m0: usize, mr: usize) {
-        let acc = matches!(job.out, W4A8Out::BlockAcc { .. });
-        macro_rules! run {
-            ($n:literal) => {
-                if acc {
-                    // SAFETY: `self` proves AVX-512 F/BW/VNNI; the output contract is forwarded.
-                    unsafe { w4a8_tile::<$n, true>(job, p, m0) }
-                } else {
-                    // SAFETY: as above.
-                    unsafe { w4a8_tile::<$n, false>(job, p, m0) }
-                }
-            };
-        }
-        by_rows!(mr, run, [1 2 3 4 5 6 7 8])
-    }
-}
-
-impl W8A8Microkernel for Avx512Vnni {
-    const MR: usize = MR;
-
-    #[inline(always)]
-    unsafe fn tile(self, job: &W8A8Job<'_>, p: usize, m0: usize, mr: usize) {
-        macro_rules! run {
-            ($n:literal) => {
-                // SAFETY: `self` proves AVX-512 F/BW/VNNI; the output contract is forwarded.
-                unsafe { w8a8_tile::<$n>(job, p, m0) }
-            };
-        }
-        by_rows!(mr, run, [1 2 3 4 5 6 7 8])
-    }
-}
-
-/// The W4A8 entry point of this rung.
-///
-/// # Safety
-/// - [`crate::ukernel::W4A8PanelsFn`]'s contract, including AVX-512 F/BW/VL/VNNI support.
-pub(crate) unsafe fn w4a8_entry(job: &W4A8Job<'_>, panels: Range<usize>) {
-    // SAFETY: the caller guarantees the CPU features (the `KernelSet` was built from the token).
-    let token = unsafe { Avx512Vnni::new_unchecked() };
-    // SAFETY: the job contract is forwarded from our caller.
-    unsafe { w4a8_panels(token, job, panels) }
-}
-
-/// The W8A8 entry point of this rung.
-///
-/// # Safety
-/// - [`crate::ukernel::W8A8PanelsFn`]'s contract, including AVX-512 F/BW/VL/VNNI support.
-pub(crate) unsafe fn w8a8_entry(job: &W8A8Job<'_>, panels: Range<usize>) {
-    // SAFETY: the caller guarantees the CPU features (the `KernelSet` was built from the token).
-    let token = unsafe { Avx512Vnni::new_unchecked() };
-    // SAFETY: the job contract is forwarded from our caller.
-    unsafe { w8a8_panels(token, job, panels) }
+crate::ukernel::impl_microkernels! {
+    token: Avx512Vnni,
+    features: "AVX-512 F/BW/VL/VNNI",
+    mr: MR,
+    rows: [1 2 3 4 5 6 7 8],
+    w4a8_tile: w4a8_tile,
+    w8a8_tile: w8a8_tile,
 }

@@ -25,17 +25,12 @@ fn w8_dot(acc: __m256i, a: __m256i, w: __m256i) -> __m256i {
     _mm256_dpbusd_avx_epi32(acc, a, w)
 }
 
-/// The kernels of the AVX-VNNI rung.
-pub(crate) fn kernel_set(_token: AvxVnni) -> crate::KernelSet {
-    use crate::ukernel::ActEncoding::U8Offset128;
-    // SAFETY: the token proves AVX2 and AVX-VNNI, all these entries need.
-    unsafe {
-        crate::KernelSet::from_entries(
-            crate::Isa::AvxVnni,
-            (crate::Isa::AvxVnni, U8Offset128, w4a8_entry),
-            (crate::Isa::AvxVnni, U8Offset128, w8a8_entry),
-        )
-    }
+crate::ukernel::rung_kernel_set! {
+    doc: "The kernels of the AVX-VNNI rung.",
+    token: AvxVnni,
+    isa: crate::Isa::AvxVnni,
+    w4a8: U8Offset128,
+    w8a8: U8Offset128,
 }
 
 /// The same bodies with the EVEX `vpdpbusd ymm` (AVX-512 VNNI + VL), so the AVX-VNNI code path

@@ -16,12 +16,9 @@
 macro_rules! ymm_kernels {
     ($features:literal, $token:ty, $isa:expr) => {
         use std::arch::x86_64::*;
-        use std::ops::Range;
 
         use crate::packed::PANEL;
-        use crate::ukernel::{
-            W4A8Job, W4A8Microkernel, W4A8Out, W8A8Job, W8A8Microkernel, w4a8_panels, w8a8_panels,
-        };
+        use crate::ukernel::{W4A8Job, W4A8Out, W8A8Job};
 
         /// Rows per tile.
         const MR: usize = 4;
@@ -224,74 +221,13 @@ macro_rules! ymm_kernels {
             }
         }
 
-        impl W4A8Microkernel for $token {
-            const MR: usize = MR;
-
-            #[inline(always)]
-            unsafe fn tile(self, job: &W4A8Job<'_>, p: usize, m0: usize, mr: usize) {
-                let acc = matches!(job.out, W4A8Out::BlockAcc { .. });
-                macro_rules! run {
-                    ($n:literal) => {
-                        if acc {
-                            // SAFETY: `self` proves the features; output contract forwarded.
-                            unsafe { w4a8_tile::<$n, true>(job, p, m0) }
-                        } else {
-                            // SAFETY: as above.
-                            unsafe { w4a8_tile::<$n, false>(job, p, m0) }
-                        }
-                    };
-                }
-                match mr {
-                    1 => run!(1),
-                    2 => run!(2),
-                    3 => run!(3),
-                    4 => run!(4),
-                    _ => unreachable!("tile rows out of range"),
-                }
-            }
-        }
-
-        impl W8A8Microkernel for $token {
-            const MR: usize = MR;
-
-            #[inline(always)]
-            unsafe fn tile(self, job: &W8A8Job<'_>, p: usize, m0: usize, mr: usize) {
-                macro_rules! run {
-                    ($n:literal) => {
-                        // SAFETY: `self` proves the features; output contract forwarded.
-                        unsafe { w8a8_tile::<$n>(job, p, m0) }
-                    };
-                }
-                match mr {
-                    1 => run!(1),
-                    2 => run!(2),
-                    3 => run!(3),
-                    4 => run!(4),
-                    _ => unreachable!("tile rows out of range"),
-                }
-            }
-        }
-
-        /// The W4A8 entry point of this rung.
-        ///
-        /// # Safety
-        /// - [`crate::ukernel::W4A8PanelsFn`]'s contract, including this rung's CPU features.
-        pub(crate) unsafe fn w4a8_entry(job: &W4A8Job<'_>, panels: Range<usize>) {
-            // SAFETY: the caller guarantees the features (the `KernelSet` holds the token).
-            let token = unsafe { <$token>::new_unchecked() };
-            // SAFETY: the job contract is forwarded from our caller.
-            unsafe { w4a8_panels(token, job, panels) }
-        }
-
-        /// The W8A8 entry point of this rung.
-        ///
-        /// # Safety
-        /// - [`crate::ukernel::W8A8PanelsFn`]'s contract, including this rung's CPU features.
-        pub(crate) unsafe fn w8a8_entry(job: &W8A8Job<'_>, panels: Range<usize>) {
-            // SAFETY: the caller guarantees the features (the `KernelSet` holds the token).
-            let token = unsafe { <$token>::new_unchecked() };
-            // SAFETY: the job contract is forwarded from our caller.
-            unsafe { w8a8_panels(token, job, panels) }
+        crate::ukernel::impl_microkernels! {
+            token: $token,
+            features: $features,
+            mr: MR,
+            rows: [1 2 3 4],
+            w4a8_tile: w4a8_tile,
+            w8a8_tile: w8a8_tile,
         }
     };
 }
