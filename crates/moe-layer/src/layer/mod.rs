@@ -83,10 +83,11 @@ impl Experts {
         input: MoeInput<'_, X, i32>,
         out: &mut [X],
         scratch: &mut MoeScratch,
+        par: Par,
     ) -> Result<(), moe_kernels::KernelError> {
         match self {
-            Self::W4A8(m) => m.apply(input, out, scratch, Par::Rayon),
-            Self::W8A8(m) => m.apply(input, out, scratch, Par::Rayon),
+            Self::W4A8(m) => m.apply(input, out, scratch, par),
+            Self::W8A8(m) => m.apply(input, out, scratch, par),
         }
     }
 }
@@ -115,6 +116,8 @@ pub struct MoeLayer {
     /// Gate weight `[E, H]`, widened to f32, when loaded (needed only to route from hidden
     /// states; `apply` takes logits).
     router_weight: Option<Vec<f32>>,
+    /// How `apply` spreads its work over threads.
+    par: Par,
     state: State,
 }
 
@@ -129,6 +132,7 @@ impl MoeLayer {
             cfg,
             router,
             router_weight: None,
+            par: Par::Rayon,
             state: State::Loading(Box::new(params)),
         })
     }
@@ -136,6 +140,20 @@ impl MoeLayer {
     /// The configuration.
     pub fn config(&self) -> &MoeLayerConfig {
         &self.cfg
+    }
+
+    /// How `apply` uses threads: [`Par::Rayon`] (the default) splits each call over the
+    /// *current* rayon pool, which is the pool of the caller's `ThreadPool::install` closure
+    /// when there is one and rayon's global pool otherwise; [`Par::Seq`] runs every call on
+    /// the calling thread only, for hosts that schedule their own threads. The library never
+    /// builds or configures the global pool. Results are identical either way.
+    pub fn set_parallelism(&mut self, par: Par) {
+        self.par = par;
+    }
+
+    /// How `apply` uses threads; see [`Self::set_parallelism`].
+    pub fn parallelism(&self) -> Par {
+        self.par
     }
 
     /// The router.
@@ -462,7 +480,7 @@ impl MoeLayer {
             };
             result = ready
                 .moe
-                .apply(input, &mut out[t0 * h..][..t * h], &mut scratch);
+                .apply(input, &mut out[t0 * h..][..t * h], &mut scratch, self.par);
             if result.is_err() {
                 break;
             }
