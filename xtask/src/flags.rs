@@ -19,6 +19,9 @@ Commands:
   test-x86-ladder [-- <test args>]
       Run the moe-kernels tests natively with MOE_KERNELS_MAX_ISA capped to avx512-vnni,
       avx-vnni, avx2 and scalar (rungs the host lacks are skipped).
+  codegen [--check]
+      Regenerate the committed generated files (the C header crates/moe-capi/include/moe.h,
+      with cbindgen). --check only reports stale files, as the test does.
   ci
       Run the CI sequence (what .ci/run runs), stopping at the first failure: fmt check,
       clippy, cargo test --workspace, test-x86-ladder, test-arm, and cargo test --workspace
@@ -35,6 +38,11 @@ pub enum Command {
     TestArm(TestArm),
     /// Run the moe-kernels tests under each x86 ISA cap.
     TestX86Ladder(TestX86Ladder),
+    /// Regenerate (or with `true`, only check) the generated files.
+    Codegen {
+        /// Compare instead of writing.
+        check: bool,
+    },
     /// Run the whole CI sequence.
     Ci,
 }
@@ -78,6 +86,11 @@ pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Command, String> 
     match command.as_str() {
         "help" | "--help" | "-h" => no_more_args(args, Command::Help),
         "ci" => no_more_args(args, Command::Ci),
+        "codegen" => match args.next().as_deref() {
+            None => Ok(Command::Codegen { check: false }),
+            Some("--check") => no_more_args(args, Command::Codegen { check: true }),
+            Some(other) => Err(format!("codegen: unknown option {other:?}")),
+        },
         "test-arm" => parse_test_arm(args).map(Command::TestArm),
         "test-x86-ladder" => {
             let test_args = after_double_dash(&mut args, "test-x86-ladder")?;

@@ -2,11 +2,13 @@
 //! commands.
 //!
 //! xtask is the single front door for anything beyond a plain `cargo` call: the aarch64 test
-//! ladder under QEMU, the capped x86 ISA ladder, and the CI sequence that `.ci/run` executes. It uses
-//! only std, shells out through `$CARGO` (the cargo that launched it), and always works from the
+//! ladder under QEMU, the capped x86 ISA ladder, the generated C header (`codegen`), and the CI
+//! sequence that `.ci/run` executes. Its one dependency is cbindgen (for the header); otherwise it
+//! uses std, shells out through `$CARGO` (the cargo that launched it), and always works from the
 //! workspace root, so it behaves the same from any directory.
 
 mod ci;
+mod codegen;
 mod flags;
 mod test_arm;
 mod test_binaries;
@@ -37,6 +39,7 @@ fn main() -> ExitCode {
         }
         Command::TestArm(opts) => test_arm::run(&opts),
         Command::TestX86Ladder(opts) => test_x86::run(&opts),
+        Command::Codegen { check } => codegen::run(check),
         Command::Ci => ci::run(),
     };
     match outcome {

@@ -18,10 +18,10 @@ pub mod error;
 pub mod layer;
 
 pub use error::LayerError;
-/// How `apply` spreads work over threads (re-exported from moe-kernels); see
-/// [`MoeLayer::set_parallelism`].
-pub use moe_kernels::Par;
 pub use layer::{
     BackendInfo, ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, TensorData, TensorKind,
     TensorView,
 };
+/// How `apply` spreads work over threads (re-exported from moe-kernels); see
+/// [`MoeLayer::set_parallelism`].
+pub use moe_kernels::Par;

@@ -21,22 +21,20 @@ const I: usize = 64;
 const G: usize = 32;
 
 fn config(expert_map: Option<Vec<i32>>) -> MoeLayerConfig {
-    MoeLayerConfig {
-        num_experts: E,
-        top_k: K,
-        hidden: H,
-        intermediate: I,
-        tp_rank: 0,
-        tp_size: 1,
-        expert_map,
-        activation: Activation::SILU,
-        router: vllm_cpu_softmax_router(E, K, true),
-        quant: LayerQuant::W4A8 {
+    MoeLayerConfig::new(
+        E,
+        K,
+        H,
+        I,
+        LayerQuant::W4A8 {
             group_size: Some(G),
         },
-        in_dtype: DType::BF16,
-        max_tokens: 8,
-    }
+    )
+    .with_expert_map(expert_map)
+    .with_activation(Activation::SILU)
+    .with_router(vllm_cpu_softmax_router(E, K, true))
+    .with_in_dtype(DType::BF16)
+    .with_max_tokens(8)
 }
 
 /// One expert's random checkpoint tensors: `(shard, codes, code shape, scales, scale shape)`.
@@ -398,10 +396,9 @@ fn expert_parallel_ranks_sum_to_the_single_rank_output() {
 }
 
 fn int8_config() -> MoeLayerConfig {
-    MoeLayerConfig {
-        quant: LayerQuant::Int8Online,
-        ..config(None)
-    }
+    let mut cfg = config(None);
+    cfg.quant = LayerQuant::Int8Online;
+    cfg
 }
 
 #[test]

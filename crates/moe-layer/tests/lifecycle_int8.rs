@@ -50,20 +50,11 @@ fn online_int8_layer_matches_vllm_goldens() {
             Dtype::BF16 => DType::BF16,
             _ => DType::F16,
         };
-        let cfg = MoeLayerConfig {
-            num_experts: e,
-            top_k: k,
-            hidden: h,
-            intermediate: i,
-            tp_rank: 0,
-            tp_size: 1,
-            expert_map: None,
-            activation: Activation::SILU,
-            router: vllm_cpu_softmax_router(e, k, true),
-            quant: LayerQuant::Int8Online,
-            in_dtype: dtype,
-            max_tokens: 16,
-        };
+        let cfg = MoeLayerConfig::new(e, k, h, i, LayerQuant::Int8Online)
+            .with_activation(Activation::SILU)
+            .with_router(vllm_cpu_softmax_router(e, k, true))
+            .with_in_dtype(dtype)
+            .with_max_tokens(16);
         let mut layer = MoeLayer::create(cfg).map_err(|e| e.to_string())?;
         let (w13, w2) = (half(case, "w13_weight"), half(case, "w2_weight"));
         for x in 0..e {

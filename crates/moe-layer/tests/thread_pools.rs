@@ -17,7 +17,11 @@ fn apply_runs_on_the_callers_pool_or_sequentially_and_never_builds_the_global_po
     let ckpt = Checkpoint::open(&dir, ShardAccess::Read).expect("fixture checkpoint");
     let layer = ckpt.spec().moe_layers[0];
     let mut moe = MoeLayer::from_checkpoint(&ckpt, layer, 64).expect("layer");
-    assert_eq!(moe.parallelism(), Par::Rayon, "the default splits over the current pool");
+    assert_eq!(
+        moe.parallelism(),
+        Par::Rayon,
+        "the default splits over the current pool"
+    );
     let case = GoldenCase::open(&dir.join("expected.safetensors")).expect("expected file");
     // 13 copies of the fixture's 5 tokens, so that the experts have enough rows to split.
     let x: Vec<f32> = case

@@ -48,7 +48,21 @@ impl LayerQuant {
 }
 
 /// The description of one MoE layer on one rank.
+///
+/// Build it with [`MoeLayerConfig::new`] (one rank, every expert local, SiLU experts, vLLM's
+/// CPU softmax router) and adjust it with the `with_*` methods or by assigning the public
+/// fields; the struct is `#[non_exhaustive]` so that new settings can be added with defaults.
+///
+/// ```
+/// use moe_layer::{LayerQuant, MoeLayerConfig};
+///
+/// let cfg = MoeLayerConfig::new(8, 2, 128, 64, LayerQuant::W4A8 { group_size: Some(32) })
+///     .with_tensor_parallel(1, 2)
+///     .with_max_tokens(16);
+/// assert_eq!(cfg.intermediate_per_rank(), 32);
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct MoeLayerConfig {
     /// Experts of the whole model (`E`).
     pub num_experts: usize,
@@ -79,6 +93,71 @@ pub struct MoeLayerConfig {
 }
 
 impl MoeLayerConfig {
+    /// A layer of `num_experts` experts (`top_k` per token, hidden size `hidden`, full
+    /// intermediate size `intermediate`) stored as `quant`, on a single rank holding every
+    /// expert, with SiLU experts, vLLM's CPU softmax router renormalizing the top-k weights
+    /// ([`vllm_cpu_softmax_router`]), bf16 activations and calls of up to 256 tokens.
+    /// Nothing is checked until [`MoeLayer::create`](crate::MoeLayer::create).
+    pub fn new(
+        num_experts: usize,
+        top_k: usize,
+        hidden: usize,
+        intermediate: usize,
+        quant: LayerQuant,
+    ) -> Self {
+        Self {
+            num_experts,
+            top_k,
+            hidden,
+            intermediate,
+            tp_rank: 0,
+            tp_size: 1,
+            expert_map: None,
+            activation: Activation::SILU,
+            router: vllm_cpu_softmax_router(num_experts, top_k, true),
+            quant,
+            in_dtype: DType::BF16,
+            max_tokens: 256,
+        }
+    }
+
+    /// This rank's place in a tensor-parallel group of `tp_size` ranks.
+    pub fn with_tensor_parallel(mut self, tp_rank: usize, tp_size: usize) -> Self {
+        self.tp_rank = tp_rank;
+        self.tp_size = tp_size;
+        self
+    }
+
+    /// The global-to-local expert map (`-1` = another rank's expert), for expert parallelism.
+    pub fn with_expert_map(mut self, expert_map: Option<Vec<i32>>) -> Self {
+        self.expert_map = expert_map;
+        self
+    }
+
+    /// The gated activation of the experts.
+    pub fn with_activation(mut self, activation: Activation) -> Self {
+        self.activation = activation;
+        self
+    }
+
+    /// The router (it must produce global ids and agree on `num_experts` and `top_k`).
+    pub fn with_router(mut self, router: RouterConfig) -> Self {
+        self.router = router;
+        self
+    }
+
+    /// The model (activation) dtype, used by backend selection.
+    pub fn with_in_dtype(mut self, in_dtype: DType) -> Self {
+        self.in_dtype = in_dtype;
+        self
+    }
+
+    /// The largest token count of one kernel call (scratch is sized for it).
+    pub fn with_max_tokens(mut self, max_tokens: usize) -> Self {
+        self.max_tokens = max_tokens;
+        self
+    }
+
     /// Intermediate size per tensor-parallel rank.
     pub fn intermediate_per_rank(&self) -> usize {
         self.intermediate / self.tp_size.max(1)

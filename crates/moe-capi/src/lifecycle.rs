@@ -1,0 +1,391 @@
+//! Creating, loading, processing and freeing layers over the C ABI: the two ways to get a
+//! handle (`moe_layer_open_checkpoint` for a model directory, `moe_layer_create` for an
+//! explicit [`MoeLayerDesc`] followed by `moe_layer_load_tensor` calls and
+//! `moe_layer_process`), the thread setting, and `moe_layer_free`.
+
+use std::ffi::{c_char, c_void};
+
+use half::{bf16, f16};
+use moe_layer::checkpoint::{Checkpoint, ShardAccess};
+use moe_layer::{
+    ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, Par, TensorData, TensorKind, TensorView,
+};
+use moe_quant::DType;
+
+use crate::args::{slice, utf8, write_out};
+use crate::boundary::guard;
+use crate::registry::{self, MoeLayerHandle, locked};
+use crate::status::{CapiError, MoeDtype, MoeStatus};
+
+/// Pass as `layer` to `moe_layer_open_checkpoint` to pick the model's first MoE layer.
+pub const MOE_FIRST_MOE_LAYER: usize = !0;
+
+/// The description of a layer built tensor by tensor (`moe_layer_create`): one rank holding
+/// every expert, SiLU experts, vLLM's CPU softmax router.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct MoeLayerDesc {
+    /// Experts of the model (`E`).
+    pub num_experts: usize,
+    /// Experts per token.
+    pub top_k: usize,
+    /// Hidden size `H`.
+    pub hidden: usize,
+    /// Intermediate size `I` of one expert.
+    pub intermediate: usize,
+    /// The weight scheme, a `MoeQuant` value.
+    pub quant: u32,
+    /// W4A8 only: input columns per scale group, or 0 for one scale per output channel.
+    pub group_size: usize,
+    /// Non-zero: the top-k routing weights are renormalized to sum to 1 per token.
+    pub renormalize: u32,
+    /// The model's activation dtype (a `MoeDtype` value: f32, bf16 or f16), used to select
+    /// the backend.
+    pub dtype: u32,
+    /// Largest token count of one kernel call; longer `moe_layer_apply` calls are cut into
+    /// pieces of this size.
+    pub max_tokens: usize,
+}
+
+impl MoeLayerDesc {
+    fn to_config(self) -> Result<MoeLayerConfig, CapiError> {
+        let quant = match self.quant {
+            0 => LayerQuant::W4A8 {
+                group_size: (self.group_size != 0).then_some(self.group_size),
+            },
+            1 => LayerQuant::Int8Online,
+            other => {
+                return Err(CapiError::invalid(format!(
+                    "desc.quant: {other} is not a MoeQuant (0 = W4A8, 1 = int8 online)"
+                )));
+            }
+        };
+        let in_dtype = match MoeDtype::from_raw(self.dtype, "desc.dtype")? {
+            MoeDtype::F32 => DType::F32,
+            MoeDtype::Bf16 => DType::BF16,
+            MoeDtype::F16 => DType::F16,
+            MoeDtype::I8 => {
+                return Err(CapiError::invalid(
+                    "desc.dtype: the model dtype must be f32, bf16 or f16",
+                ));
+            }
+        };
+        let router = moe_layer::layer::vllm_cpu_softmax_router(
+            self.num_experts,
+            self.top_k,
+            self.renormalize != 0,
+        );
+        Ok(MoeLayerConfig::new(
+            self.num_experts,
+            self.top_k,
+            self.hidden,
+            self.intermediate,
+            quant,
+        )
+        .with_router(router)
+        .with_in_dtype(in_dtype)
+        .with_max_tokens(self.max_tokens))
+    }
+}
+
+/// Sets `*out` to NULL when `out` is usable, so that a failed create leaves no stale handle.
+///
+/// # Safety
+/// - `out` is NULL or valid for one pointer write.
+unsafe fn clear_out(out: *mut *mut MoeLayerHandle) {
+    if !out.is_null() && out.is_aligned() {
+        // SAFETY: non-NULL and aligned (checked), writable per this function's contract.
+        unsafe { out.write(std::ptr::null_mut()) };
+    }
+}
+
+/// Opens the Hugging Face model directory `model_dir` (`config.json` plus safetensors shards),
+/// builds decoder layer `layer`'s MoE block (or the first MoE layer for
+/// `MOE_FIRST_MOE_LAYER`) for calls of up to `max_tokens` tokens, loads and processes it, and
+/// stores the new handle in `*out` (NULL on failure). The checkpoint files are only read during
+/// this call.
+///
+/// # Safety
+/// - `model_dir` is NULL or a NUL-terminated string; `out` is NULL or valid for one write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn moe_layer_open_checkpoint(
+    model_dir: *const c_char,
+    layer: usize,
+    max_tokens: usize,
+    out: *mut *mut MoeLayerHandle,
+) -> MoeStatus {
+    // SAFETY: `out` is NULL or writable per this function's contract.
+    unsafe { clear_out(out) };
+    guard(|| {
+        // SAFETY: NULL or NUL-terminated per this function's contract.
+        let dir = unsafe { utf8(model_dir, "model_dir")? };
+        if out.is_null() {
+            return Err(CapiError::null("out"));
+        }
+        let ckpt = Checkpoint::open(std::path::Path::new(dir), ShardAccess::Mmap)?;
+        let layer = if layer == MOE_FIRST_MOE_LAYER {
+            *ckpt.spec().moe_layers.first().ok_or_else(|| {
+                CapiError::new(MoeStatus::Unsupported, format!("{dir}: no MoE layer"))
+            })?
+        } else {
+            layer
+        };
+        let moe = MoeLayer::from_checkpoint(&ckpt, layer, max_tokens)?;
+        let handle = registry::insert(moe);
+        // SAFETY: `out` is non-NULL (checked) and writable per this function's contract.
+        unsafe { write_out(out, handle, "out") }.inspect_err(|_| {
+            let _ = registry::remove(handle);
+        })
+    })
+}
+
+/// Creates an empty layer from `*desc`; load its tensors with `moe_layer_load_tensor`, then
+/// call `moe_layer_process`. Stores the new handle in `*out` (NULL on failure).
+///
+/// # Safety
+/// - `desc` is NULL or points to a `MoeLayerDesc`; `out` is NULL or valid for one write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn moe_layer_create(
+    desc: *const MoeLayerDesc,
+    out: *mut *mut MoeLayerHandle,
+) -> MoeStatus {
+    // SAFETY: `out` is NULL or writable per this function's contract.
+    unsafe { clear_out(out) };
+    guard(|| {
+        // SAFETY: NULL or one readable MoeLayerDesc per this function's contract.
+        let desc = unsafe { slice(desc, 1, "desc")? };
+        let desc = desc.first().ok_or_else(|| CapiError::null("desc"))?;
+        if out.is_null() {
+            return Err(CapiError::null("out"));
+        }
+        let moe = MoeLayer::create(desc.to_config()?)?;
+        let handle = registry::insert(moe);
+        // SAFETY: `out` is non-NULL (checked) and writable per this function's contract.
+        unsafe { write_out(out, handle, "out") }.inspect_err(|_| {
+            let _ = registry::remove(handle);
+        })
+    })
+}
+
+/// Where a tensor named by the caller goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    Expert {
+        expert: usize,
+        shard: ExpertShard,
+        kind: TensorKind,
+    },
+    Router,
+}
+
+/// Parses checkpoint-style names: `[...]experts.<e>.<proj>.<weight|weight_scale|bias>` with
+/// `<proj>` one of `gate_proj`/`w1`, `up_proj`/`w3`, `down_proj`/`w2`, and `[...]gate.weight`
+/// for the router.
+fn parse_name(name: &str) -> Result<Target, CapiError> {
+    let bad = || {
+        CapiError::invalid(format!(
+            "tensor name {name:?}: expected [prefix.]experts.<e>.<gate_proj|up_proj|down_proj|w1|w3|w2>.\
+             <weight|weight_scale|bias> or [prefix.]gate.weight"
+        ))
+    };
+    if let Some(pos) = name.rfind("experts.") {
+        let mut parts = name[pos + "experts.".len()..].splitn(3, '.');
+        let expert = parts
+            .next()
+            .and_then(|e| e.parse::<usize>().ok())
+            .ok_or_else(bad)?;
+        let shard = match parts.next() {
+            Some("gate_proj" | "w1") => ExpertShard::W1,
+            Some("up_proj" | "w3") => ExpertShard::W3,
+            Some("down_proj" | "w2") => ExpertShard::W2,
+            _ => return Err(bad()),
+        };
+        let kind = match parts.next() {
+            Some("weight") => TensorKind::Weight,
+            Some("weight_scale") => TensorKind::Scale,
+            Some("bias") => TensorKind::Bias,
+            _ => return Err(bad()),
+        };
+        return Ok(Target::Expert {
+            expert,
+            shard,
+            kind,
+        });
+    }
+    if name == "gate.weight" || name.ends_with(".gate.weight") {
+        return Ok(Target::Router);
+    }
+    Err(bad())
+}
+
+/// Loads one checkpoint tensor: `len` elements of `dtype` at `data`, row-major with shape
+/// `shape[0..ndim]`, named like the checkpoint names it (see `moe_layer_create`): expert
+/// weights (`experts.<e>.gate_proj.weight`, int4 codes as i8 for W4A8, floats for int8
+/// online), their scales (`...weight_scale`, f32/bf16/f16) and the router gate (`gate.weight`
+/// `[E, H]`, float). The data is copied; the buffer may be reused when the call returns. A
+/// failure leaves the layer unusable (free it).
+///
+/// # Safety
+/// - `name` is NULL or a NUL-terminated string; `shape` is NULL or points to `ndim` values;
+///   `data` is NULL or points to `len` readable elements of `dtype`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn moe_layer_load_tensor(
+    layer: *mut MoeLayerHandle,
+    name: *const c_char,
+    dtype: u32,
+    shape: *const usize,
+    ndim: usize,
+    data: *const c_void,
+    len: usize,
+) -> MoeStatus {
+    guard(|| {
+        let entry = registry::get(layer)?;
+        // SAFETY: NULL or NUL-terminated per this function's contract.
+        let name = unsafe { utf8(name, "name")? };
+        // SAFETY: NULL or `ndim` readable values per this function's contract.
+        let shape = unsafe { slice(shape, ndim, "shape")? };
+        let elements = shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .ok_or_else(|| CapiError::invalid(format!("{name}: shape {shape:?} overflows")))?;
+        if elements != len {
+            return Err(CapiError::invalid(format!(
+                "{name}: shape {shape:?} has {elements} elements but len is {len}"
+            )));
+        }
+        let dtype = MoeDtype::from_raw(dtype, "dtype")?;
+        let data = match dtype {
+            // Every bit pattern is valid for these four types.
+            // SAFETY: `len` readable elements of `dtype` per this function's contract.
+            MoeDtype::F32 => TensorData::F32(unsafe { slice(data.cast::<f32>(), len, "data")? }),
+            // SAFETY: as above.
+            MoeDtype::Bf16 => TensorData::Bf16(unsafe { slice(data.cast::<bf16>(), len, "data")? }),
+            // SAFETY: as above.
+            MoeDtype::F16 => TensorData::F16(unsafe { slice(data.cast::<f16>(), len, "data")? }),
+            // SAFETY: as above.
+            MoeDtype::I8 => TensorData::I8(unsafe { slice(data.cast::<i8>(), len, "data")? }),
+        };
+        let mut moe = locked(entry.layer.write())?;
+        match parse_name(name)? {
+            Target::Expert {
+                expert,
+                shard,
+                kind,
+            } => {
+                let view = TensorView { name, shape, data };
+                moe.load_expert_tensor(expert, shard, kind, &view)?;
+            }
+            Target::Router => {
+                let weight: Vec<f32> = match data {
+                    TensorData::F32(v) => v.to_vec(),
+                    TensorData::Bf16(v) => v.iter().map(|x| x.to_f32()).collect(),
+                    TensorData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+                    _ => {
+                        return Err(CapiError::invalid(format!(
+                            "{name}: the router gate must be f32, bf16 or f16"
+                        )));
+                    }
+                };
+                let want = [moe.config().num_experts, moe.config().hidden];
+                if shape != want {
+                    return Err(CapiError::invalid(format!(
+                        "{name}: shape {shape:?}, expected {want:?}"
+                    )));
+                }
+                moe.load_router_weight(&weight)?;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Checks that every tensor was loaded, packs the experts and selects the backend. Calling
+/// it again on a processed layer does nothing.
+///
+/// Any pointer value is accepted: handles are looked up, never dereferenced.
+#[unsafe(no_mangle)]
+pub extern "C" fn moe_layer_process(layer: *mut MoeLayerHandle) -> MoeStatus {
+    guard(|| {
+        let entry = registry::get(layer)?;
+        let mut moe = locked(entry.layer.write())?;
+        moe.process()?;
+        Ok(())
+    })
+}
+
+/// How many threads `moe_layer_apply` uses: 0 = split over the current rayon pool (the
+/// global one unless the call runs inside a Rust host's `ThreadPool::install`; the default),
+/// 1 = only the calling thread, n ≥ 2 = a private pool of n threads owned by this layer.
+///
+/// Any pointer value is accepted: handles are looked up, never dereferenced.
+#[unsafe(no_mangle)]
+pub extern "C" fn moe_layer_set_num_threads(
+    layer: *mut MoeLayerHandle,
+    threads: usize,
+) -> MoeStatus {
+    guard(|| {
+        let entry = registry::get(layer)?;
+        let pool = match threads {
+            0 | 1 => None,
+            n => Some(std::sync::Arc::new(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .thread_name(|i| format!("moe-capi-{i}"))
+                    .build()
+                    .map_err(|e| CapiError::invalid(format!("threads = {n}: {e}")))?,
+            )),
+        };
+        let mut moe = locked(entry.layer.write())?;
+        moe.set_parallelism(if threads == 1 { Par::Seq } else { Par::Rayon });
+        *locked(entry.pool.write())? = pool;
+        Ok(())
+    })
+}
+
+/// Frees the layer. The handle is invalid afterwards: using or freeing it again returns
+/// `MOE_STATUS_INVALID_HANDLE`. Calls still running on other threads finish first (the
+/// memory goes when the last one returns). NULL is an error, as any other invalid handle.
+///
+/// Any pointer value is accepted: handles are looked up, never dereferenced.
+#[unsafe(no_mangle)]
+pub extern "C" fn moe_layer_free(layer: *mut MoeLayerHandle) -> MoeStatus {
+    guard(|| registry::remove(layer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_as_checkpoints_spell_them() {
+        assert_eq!(
+            parse_name("model.layers.0.mlp.experts.3.gate_proj.weight_scale").unwrap(),
+            Target::Expert {
+                expert: 3,
+                shard: ExpertShard::W1,
+                kind: TensorKind::Scale
+            }
+        );
+        assert_eq!(
+            parse_name("experts.0.w2.weight").unwrap(),
+            Target::Expert {
+                expert: 0,
+                shard: ExpertShard::W2,
+                kind: TensorKind::Weight
+            }
+        );
+        assert_eq!(
+            parse_name("model.layers.0.mlp.gate.weight").unwrap(),
+            Target::Router
+        );
+        for bad in [
+            "",
+            "experts.x.w1.weight",
+            "experts.0.w4.weight",
+            "experts.0.w1",
+            "gate",
+        ] {
+            assert!(parse_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! Using a processed layer over the C ABI: `moe_layer_apply` (route and run the experts, on
+//! caller-owned buffers), `moe_layer_info` (sizes and state) and `moe_layer_backend` (what
+//! the oracle chose, as strings owned by the layer).
+
+use std::ffi::{CString, c_char, c_void};
+
+use moe_kernels::moe::MoeFloat;
+use moe_layer::MoeLayer;
+use moe_router::Logits;
+
+use crate::args::{FloatSlice, FloatSliceMut, float_slice, float_slice_mut, write_out};
+use crate::boundary::guard;
+use crate::registry::{self, BackendNames, MoeLayerHandle, locked};
+use crate::status::{CapiError, MoeDtype, MoeStatus};
+
+/// Sizes and state of a layer (`moe_layer_info`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct MoeLayerInfo {
+    /// Experts of the model (`E`); router logits have `E` values per token.
+    pub num_experts: usize,
+    /// Experts per token.
+    pub top_k: usize,
+    /// Hidden size `H`; hidden states and outputs have `H` values per token.
+    pub hidden: usize,
+    /// Intermediate size of one expert on this rank.
+    pub intermediate: usize,
+    /// Largest token count of one kernel call.
+    pub max_tokens: usize,
+    /// Whether `moe_layer_process` has succeeded (`moe_layer_apply` needs it).
+    pub processed: bool,
+}
+
+/// The backend a processed layer runs on (`moe_layer_backend`). The strings belong to the
+/// layer and stay valid until `moe_layer_free`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct MoeBackendInfo {
+    /// The oracle's backend, e.g. `"cpu"`.
+    pub backend: *const c_char,
+    /// The kernel and its ISA rung, e.g. `"cpu-int4-w4a8/avx512-vnni"`.
+    pub kernel: *const c_char,
+    /// The ISA rung of the kernels, e.g. `"avx512-vnni"`.
+    pub isa: *const c_char,
+}
+
+/// Whether two byte ranges overlap.
+fn overlaps(a: *const c_void, a_bytes: usize, b: *const c_void, b_bytes: usize) -> bool {
+    let (a, b) = (a.addr(), b.addr());
+    a_bytes > 0 && b_bytes > 0 && a < b.saturating_add(b_bytes) && b < a.saturating_add(a_bytes)
+}
+
+/// Runs the MoE block on `hidden_len` values (`[T, H]`, row-major) of `hidden_states` and
+/// writes `out_len` (= `hidden_len`) values to `out`; all buffers have dtype `dtype` (f32,
+/// bf16 or f16; the compute follows it as vLLM's does). `router_logits` holds `[T, E]` values
+/// (`logits_len` of them) in the same dtype; when it is NULL (and `logits_len` 0) the layer
+/// computes them with the router gate loaded from the checkpoint. Safe to call from many
+/// threads at once on one layer; results do not depend on threads. `out` must not overlap
+/// the inputs.
+///
+/// # Safety
+/// - `hidden_states` and `router_logits` are NULL or point to `hidden_len` / `logits_len`
+///   readable elements of `dtype`, unchanged during the call; `out` is NULL or points to
+///   `out_len` writable elements of `dtype` that nothing else touches during the call.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)] // The C signature: a pointer and a length per buffer.
+pub unsafe extern "C" fn moe_layer_apply(
+    layer: *mut MoeLayerHandle,
+    dtype: u32,
+    hidden_states: *const c_void,
+    hidden_len: usize,
+    router_logits: *const c_void,
+    logits_len: usize,
+    out: *mut c_void,
+    out_len: usize,
+) -> MoeStatus {
+    guard(|| {
+        let entry = registry::get(layer)?;
+        let dtype = MoeDtype::from_raw(dtype, "dtype")?;
+        let width = if dtype == MoeDtype::F32 { 4 } else { 2 };
+        if overlaps(out, out_len * width, hidden_states, hidden_len * width)
+            || overlaps(out, out_len * width, router_logits, logits_len * width)
+        {
+            return Err(CapiError::invalid("out overlaps an input buffer"));
+        }
+        if hidden_states.is_null() {
+            return Err(CapiError::null("hidden_states"));
+        }
+        if out.is_null() {
+            return Err(CapiError::null("out"));
+        }
+        // SAFETY: readable `hidden_len` elements of `dtype` per this function's contract.
+        let x = unsafe { float_slice(dtype, hidden_states, hidden_len, "hidden_states")? };
+        // SAFETY: NULL or `logits_len` readable elements of `dtype` per the contract.
+        let logits = unsafe { float_slice(dtype, router_logits, logits_len, "router_logits")? };
+        let logits = (!router_logits.is_null()).then_some(logits);
+        // SAFETY: `out_len` writable elements of `dtype`, not aliased (overlap checked above).
+        let y = unsafe { float_slice_mut(dtype, out, out_len, "out")? };
+        let pool = locked(entry.pool.read())?.clone();
+        let moe = locked(entry.layer.read())?;
+        let run = || -> Result<(), CapiError> {
+            match (x, y) {
+                (FloatSlice::F32(x), FloatSliceMut::F32(y)) => apply_typed(&moe, x, logits, y),
+                (FloatSlice::Bf16(x), FloatSliceMut::Bf16(y)) => apply_typed(&moe, x, logits, y),
+                (FloatSlice::F16(x), FloatSliceMut::F16(y)) => apply_typed(&moe, x, logits, y),
+                _ => Err(CapiError::invalid("hidden_states and out differ in dtype")),
+            }
+        };
+        match pool {
+            Some(pool) => pool.install(run),
+            None => run(),
+        }
+    })
+}
+
+/// Routes (from `logits`, or from the hidden states through the router gate) and applies.
+fn apply_typed<X: MoeFloat>(
+    moe: &MoeLayer,
+    x: &[X],
+    logits: Option<FloatSlice<'_>>,
+    out: &mut [X],
+) -> Result<(), CapiError> {
+    match logits {
+        Some(FloatSlice::F32(l)) => moe.apply(x, Logits::F32(l), out)?,
+        Some(FloatSlice::Bf16(l)) => moe.apply(x, Logits::Bf16(l), out)?,
+        Some(FloatSlice::F16(l)) => moe.apply(x, Logits::F16(l), out)?,
+        None => {
+            let cfg = moe.config();
+            let pairs = x.len() / cfg.hidden.max(1) * cfg.top_k;
+            let (mut ids, mut weights) = (vec![0i32; pairs], vec![0f32; pairs]);
+            moe.route_hidden(x, &mut ids, &mut weights)?;
+            moe.apply_with_topk(x, &ids, &weights, out)?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes the layer's sizes and state to `*out`.
+///
+/// # Safety
+/// - `out` is NULL or valid for one `MoeLayerInfo` write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn moe_layer_info(
+    layer: *mut MoeLayerHandle,
+    out: *mut MoeLayerInfo,
+) -> MoeStatus {
+    guard(|| {
+        let entry = registry::get(layer)?;
+        let moe = locked(entry.layer.read())?;
+        let cfg = moe.config();
+        let info = MoeLayerInfo {
+            num_experts: cfg.num_experts,
+            top_k: cfg.top_k,
+            hidden: cfg.hidden,
+            intermediate: cfg.intermediate_per_rank(),
+            max_tokens: cfg.max_tokens,
+            processed: moe.is_processed(),
+        };
+        // SAFETY: NULL (refused) or writable per this function's contract.
+        unsafe { write_out(out, info, "out") }
+    })
+}
+
+/// Writes the chosen backend's names to `*out` (`MOE_STATUS_BAD_STATE` before
+/// `moe_layer_process`). The strings stay valid until the layer is freed.
+///
+/// # Safety
+/// - `out` is NULL or valid for one `MoeBackendInfo` write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn moe_layer_backend(
+    layer: *mut MoeLayerHandle,
+    out: *mut MoeBackendInfo,
+) -> MoeStatus {
+    guard(|| {
+        let entry = registry::get(layer)?;
+        let names = match entry.names.get() {
+            Some(names) => names,
+            None => {
+                let info = locked(entry.layer.read())?.backend().ok_or_else(|| {
+                    CapiError::new(MoeStatus::BadState, "the layer is not processed yet")
+                })?;
+                let c = |s: String| CString::new(s).unwrap_or_default();
+                entry.names.get_or_init(|| BackendNames {
+                    backend: c(info.backend),
+                    kernel: c(info.kernel),
+                    isa: c(info.isa),
+                })
+            }
+        };
+        let info = MoeBackendInfo {
+            backend: names.backend.as_ptr(),
+            kernel: names.kernel.as_ptr(),
+            isa: names.isa.as_ptr(),
+        };
+        // SAFETY: NULL (refused) or writable per this function's contract.
+        unsafe { write_out(out, info, "out") }
+    })
+}
