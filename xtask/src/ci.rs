@@ -50,8 +50,28 @@ impl Step {
     }
 }
 
+/// The library crates users depend on one at a time (docs/embedding.md); each must document
+/// and package on its own.
+const PACKAGE_ARGS: &[&str] = &[
+    "package",
+    "--list",
+    "--allow-dirty",
+    "-p",
+    "moe-quant",
+    "-p",
+    "moe-kernels",
+    "-p",
+    "moe-router",
+    "-p",
+    "moe-oracle",
+    "-p",
+    "moe-layer",
+    "-p",
+    "moe-capi",
+];
+
 /// The CI sequence. `cargo test --workspace` is the test command the README gives.
-const STEPS: [Step; 6] = [
+const STEPS: [Step; 8] = [
     Step::Cargo {
         args: &["fmt", "--all", "--", "--check"],
         env: &[],
@@ -65,6 +85,16 @@ const STEPS: [Step; 6] = [
             "-D",
             "warnings",
         ],
+        env: &[],
+    },
+    // Every public item documented and every intra-doc link resolved.
+    Step::Cargo {
+        args: &["doc", "--workspace", "--no-deps", "--exclude", "xtask"],
+        env: &[("RUSTDOCFLAGS", "-D warnings")],
+    },
+    // The published crates' file lists resolve (path dependencies carry versions).
+    Step::Cargo {
+        args: PACKAGE_ARGS,
         env: &[],
     },
     Step::Cargo {
