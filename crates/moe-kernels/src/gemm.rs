@@ -16,6 +16,7 @@ use moe_quant::act::{quantize_row_asym_i8, quantize_row_sym_i8};
 
 /// How a GEMM may use threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Par {
     /// On the calling thread only.
     Seq,

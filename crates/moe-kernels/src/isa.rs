@@ -10,6 +10,7 @@ use std::str::FromStr;
 
 /// One rung of the ISA ladder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Isa {
     /// Portable Rust, always available: the reference every other rung is tested against.
     Scalar,
@@ -43,6 +44,7 @@ pub const ALL_ISAS: [Isa; 8] = [
 
 /// The CPU architecture a rung belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum IsaArch {
     /// Runs everywhere.
     Portable,
@@ -145,6 +147,7 @@ pub const MAX_ISA_ENV: &str = "MOE_KERNELS_MAX_ISA";
 
 /// What the `MOE_KERNELS_MAX_ISA` value means for this binary.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum IsaCap {
     /// Unset or empty: no cap.
     None,

@@ -16,6 +16,33 @@
 //!   portable fallback kernels. Every SIMD rung reproduces it bit for bit.
 //!
 //! `unsafe` is confined to the kernels, the token constructors and the calls they justify.
+//!
+//! # Example
+//!
+//! One W4A8 GEMM on the best kernels of this CPU: int4 weights `[N, K]` with a bf16 scale per
+//! group of 32 inputs, f32 activations `[M, K]`, f32 output `[M, N]`.
+//!
+//! ```
+//! use half::bf16;
+//! use moe_kernels::{GemmScratch, Par, PackedW4A8, W4A8Scales, kernels, w4a8_gemm};
+//!
+//! let (m, n, k, g) = (2, 8, 64, 32);
+//! let codes: Vec<i8> = (0..n * k).map(|i| (i % 16) as i8 - 8).collect();
+//! let scales = vec![bf16::from_f32(0.01); n * k / g];
+//! let w = PackedW4A8::pack(
+//!     n,
+//!     k,
+//!     &codes,
+//!     W4A8Scales::Grouped { group_size: g, scales: &scales },
+//!     None,
+//! )
+//! .unwrap();
+//! let x: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+//! let mut out = vec![0f32; m * n];
+//! let mut scratch = GemmScratch::new();
+//! w4a8_gemm(kernels(), m, &x, &w, &mut out, &mut scratch, Par::Seq).unwrap();
+//! assert!(out.iter().all(|v| v.is_finite()));
+//! ```
 
 #![deny(clippy::multiple_unsafe_ops_per_block)]
 

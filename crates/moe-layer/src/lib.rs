@@ -8,6 +8,43 @@
 //!
 //! Errors: [`LayerError`], the crate's one error type.
 //!
+//! # Example
+//!
+//! A W4A8 layer of 4 experts built from tensors in memory (a runtime that already holds its
+//! weights), then applied to 3 tokens. With a model directory on disk,
+//! `MoeLayer::from_checkpoint` does the create, load and process steps in one call.
+//!
+//! ```
+//! use half::bf16;
+//! use moe_layer::{
+//!     ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, TensorData, TensorKind, TensorView,
+//! };
+//! use moe_router::Logits;
+//!
+//! let (e, k, h, i, g) = (4, 2, 64, 32, 32);
+//! let cfg = MoeLayerConfig::new(e, k, h, i, LayerQuant::W4A8 { group_size: Some(g) });
+//! let mut layer = MoeLayer::create(cfg)?;
+//! for expert in 0..e {
+//!     for (shard, rows, cols) in [(ExpertShard::W1, i, h), (ExpertShard::W3, i, h), (ExpertShard::W2, h, i)] {
+//!         let codes: Vec<i8> = (0..rows * cols).map(|j| ((j + expert) % 16) as i8 - 8).collect();
+//!         let scales = vec![bf16::from_f32(0.02); rows * cols / g];
+//!         let weight = TensorView { name: "w", shape: &[rows, cols], data: TensorData::I8(&codes) };
+//!         layer.load_expert_tensor(expert, shard, TensorKind::Weight, &weight)?;
+//!         let scale = TensorView { name: "s", shape: &[rows, cols / g], data: TensorData::Bf16(&scales) };
+//!         layer.load_expert_tensor(expert, shard, TensorKind::Scale, &scale)?;
+//!     }
+//! }
+//! layer.process()?;
+//!
+//! let t = 3;
+//! let x: Vec<f32> = (0..t * h).map(|j| (j as f32 * 0.1).cos()).collect();
+//! let logits: Vec<f32> = (0..t * e).map(|j| (j % 5) as f32).collect();
+//! let mut out = vec![0f32; t * h];
+//! layer.apply(&x, Logits::F32(&logits), &mut out)?;
+//! assert!(out.iter().any(|v| *v != 0.0));
+//! # Ok::<(), moe_layer::LayerError>(())
+//! ```
+//!
 //! The crate denies `unsafe` code; the single exception, memory-mapping a shard, is explained
 //! in [`checkpoint`]'s module docs.
 #![deny(unsafe_code)]

@@ -10,6 +10,7 @@ use crate::error::OracleError;
 
 /// An expert activation, named as vLLM's newest `MoEActivation`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum MoEActivation {
     /// `silu(g)·u`.
     Silu,

@@ -14,6 +14,7 @@ use crate::platform::Platform;
 
 /// Which acceptance rules the support checks apply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Strictness {
     /// moe-rs kernels with their (broader) capabilities.
     Native,
@@ -23,6 +24,7 @@ pub enum Strictness {
 
 /// A quantization family: one oracle each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Family {
     /// int4 weights, int8 dynamic activations (`oracle/w4a8_int8.py`).
     W4A8Int8,
@@ -48,6 +50,7 @@ impl fmt::Display for Family {
 
 /// A family backend, named by its vLLM enum value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Backend {
     /// `W4A8Int8MoeBackend.CPU_INT4`.
     W4A8CpuInt4,

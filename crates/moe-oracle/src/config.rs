@@ -225,6 +225,7 @@ impl fmt::Display for ParallelConfig {
 
 /// How global experts are dealt out to EP ranks (`expert_placement_strategy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ExpertPlacement {
     /// Rank `r` owns a contiguous block.
     Linear,

@@ -38,6 +38,7 @@ pub const FLASHINFER_NVLINK_BACKENDS: [&str; 2] =
 
 /// A kernel candidate: one of vLLM's expert classes or one of ours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum KernelId {
     /// vLLM `CPUExpertsInt4` (KleidiAI, AArch64 only).
     VllmCpuExpertsInt4,

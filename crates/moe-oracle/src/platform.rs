@@ -12,6 +12,7 @@ use crate::error::OracleError;
 
 /// CPU architecture family, as vLLM's `CpuArchEnum` distinguishes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum CpuArch {
     /// x86-64.
     X86_64,
@@ -49,6 +50,8 @@ impl Platform {
                 IsaArch::Portable => false,
                 IsaArch::X86_64 => arch != CpuArch::X86_64,
                 IsaArch::Aarch64 => arch != CpuArch::Aarch64,
+                // An architecture this crate does not know is foreign to every CpuArch.
+                _ => true,
             };
             if foreign {
                 return Err(OracleError::InvalidPlatform {

@@ -59,6 +59,7 @@ impl fmt::Display for ScalarQuantKey {
 
 /// The weight key of a quantization scheme, as the support checks receive it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum WeightKey {
     /// A key over a torch dtype (W4A8, int8, fp8 families).
     Quant(QuantKey),
@@ -101,6 +102,7 @@ impl<T: fmt::Display> fmt::Display for PyOpt<'_, T> {
 
 /// The element type of a `FusedMoEQuantDesc`: a torch dtype or one of vLLM's string tags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum DescDtype {
     /// A torch dtype (`torch.int8`, `torch.float8_e4m3fn`).
     Torch(DType),
@@ -240,6 +242,7 @@ pub fn make_w4a8_int8_moe_quant_config(block_shape: Option<GroupShape>) -> MoeQu
 
 /// Which activation scales an int8 config has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Int8ActScales {
     /// No activation scales: `int8_w8a16` (what the online int8 method builds).
     None,

@@ -16,6 +16,7 @@ use crate::quant_config::WeightKey;
 
 /// The layout of activations handed to the experts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ActivationFormat {
     /// `[T, H]` rows.
     Standard,

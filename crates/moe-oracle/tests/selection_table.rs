@@ -1045,6 +1045,7 @@ fn every_activation_and_routing_method_has_an_answer() {
                         ),
                         Family::Wna16 => (int4_gptq(), None),
                         Family::Unquantized => (None, None),
+                        other => panic!("no weight key for {other:?}"),
                     };
                     let opts = SelectOptions {
                         mode,

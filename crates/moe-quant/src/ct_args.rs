@@ -17,6 +17,7 @@ use crate::error::QuantError;
 /// Integer or floating-point quantized values (`"type"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum QuantizationType {
     /// Integer codes.
     Int,
@@ -27,6 +28,7 @@ pub enum QuantizationType {
 /// Scale granularity (`"strategy"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum QuantizationStrategy {
     /// One scale for the tensor.
     Tensor,
@@ -46,6 +48,7 @@ pub enum QuantizationStrategy {
 
 /// Whether scales are fixed or computed at run time (`"dynamic"`: `false`, `true` or `"local"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum DynamicType {
     /// `false`: scales computed at calibration and stored.
     #[default]
@@ -85,6 +88,7 @@ impl<'de> Deserialize<'de> for DynamicType {
 /// Activation ordering of GPTQ-style weights (`"actorder"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum ActivationOrdering {
     /// Columns reordered, groups follow `g_idx` (checkpoint carries `weight_g_idx`).
     Group,

@@ -9,6 +9,7 @@ use std::fmt;
 
 /// How a floating-point format spends its NaN encodings (vLLM `NanRepr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum NanRepr {
     /// No NaN (integer formats, or float formats without NaN).
     None,

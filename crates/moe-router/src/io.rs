@@ -6,6 +6,7 @@ use crate::precision::LogitsDtype;
 
 /// Router logits of shape `[num_tokens, num_experts]`, row-major, in their own dtype.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub enum Logits<'a> {
     /// f32 logits.
     F32(&'a [f32]),
@@ -65,6 +66,7 @@ impl Logits<'_> {
 ///
 /// vLLM returns i32 ids; its CPU W4A8 kernel wants i64.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum IdsOut<'a> {
     /// i32 ids.
     I32(&'a mut [i32]),

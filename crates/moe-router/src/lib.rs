@@ -36,6 +36,24 @@
 //!
 //! With an [`ExpertMap`] (linear or round-robin placement) ids are written as this rank's local
 //! ids and experts of other ranks as [`ExpertMap::NOT_LOCAL`] (`-1`), which the kernels skip.
+//!
+//! # Example
+//!
+//! ```
+//! use moe_router::{IdsOut, Logits, Router, RouterConfig};
+//!
+//! // Two tokens, four experts, top-2 (vLLM's CPU softmax path), weights renormalized.
+//! let router = Router::new(RouterConfig::cpu_softmax(4, 2).with_renormalize(true)).unwrap();
+//! let logits = [0.1f32, 2.0, -1.0, 1.0, /* token 1 */ 3.0, 0.0, 0.0, 0.5];
+//! let (mut weights, mut ids) = ([0f32; 4], [0i32; 4]);
+//! let mut scratch = router.new_scratch();
+//! let tokens = router
+//!     .route_into(Logits::F32(&logits), &mut weights, IdsOut::I32(&mut ids), &mut scratch)
+//!     .unwrap();
+//! assert_eq!(tokens, 2);
+//! assert_eq!(ids, [1, 3, 0, 3]);
+//! assert!((weights[0] + weights[1] - 1.0).abs() < 1e-6);
+//! ```
 
 #![forbid(unsafe_code)]
 

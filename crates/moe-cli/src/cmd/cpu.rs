@@ -74,6 +74,7 @@ pub fn report() -> CpuReport {
         IsaCap::Ignored { value, reason } => {
             format!("MOE_KERNELS_MAX_ISA={value:?} ignored: {reason}")
         }
+        other => format!("{other:?}"),
     };
     let chosen = kernels();
     CpuReport {

@@ -9,6 +9,7 @@ use crate::KernelError;
 
 /// How gate and up rows are arranged in `w13` (and therefore in `h`), spec §1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum GateUpLayout {
     /// Rows `0..I` are the gate, rows `I..2I` the up projection (vLLM's `w13` convention).
     Concatenated,
@@ -18,6 +19,7 @@ pub enum GateUpLayout {
 
 /// What vLLM's CPU int4 MoE kernel is told (`CPUExpertsInt4._activation_kind`, spec §3.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Int4ActivationKind {
     /// Kind 0, requested for `SWIGLUSTEP`; the kernel computes plain `silu(g)·u`.
     SwigluStep,
@@ -57,6 +59,7 @@ impl Int4ActivationKind {
 
 /// A gated activation `a = φ(g) ⊙ u` (spec §3.2), computed in f32.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub enum Activation {
     /// `silu(g)·u`; with a clamp limit `L`: `silu(min(g, L))·clamp(u, −L, L)`.
     Silu {

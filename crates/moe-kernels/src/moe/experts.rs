@@ -11,6 +11,7 @@ mod sealed {
 
 /// Which quantised GEMM family a weight format uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum WeightFormat {
     /// int4 weights, dynamic asymmetric per-row int8 activations (spec §4).
     W4A8,

@@ -30,6 +30,7 @@ type BlockScale<'a> = Box<dyn Fn(usize, usize) -> f32 + 'a>;
 
 /// The weight scales of a W4A8 matrix, as the spec stores them (§4.3).
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub enum W4A8Scales<'a> {
     /// One f32 scale per output channel, `[N]` (equivalently `[N, 1]`).
     Channelwise(&'a [f32]),

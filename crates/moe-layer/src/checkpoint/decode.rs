@@ -15,6 +15,7 @@ pub const FLOAT_DTYPES: &[Dtype] = &[Dtype::BF16, Dtype::F16, Dtype::F32];
 
 /// A floating-point tensor in its stored dtype (row-major; the shape is carried by the owner).
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum FloatData {
     /// 32-bit floats.
     F32(Vec<f32>),

@@ -19,6 +19,7 @@ use super::config::ModelFamily;
 
 /// Which part of the fused expert weights a projection fills.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ShardId {
     /// The gate projection: rows `0..I` of `w13`.
     W1,

@@ -30,6 +30,7 @@ pub const INDEX_FILE: &str = "model.safetensors.index.json";
 
 /// How shard bytes are brought into memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ShardAccess {
     /// `std::fs::read` the whole shard (safe; costs memory and a copy).
     Read,

@@ -10,6 +10,7 @@ use crate::LayerError;
 
 /// Which projection of an expert a tensor belongs to (vLLM's shard ids).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ExpertShard {
     /// Gate projection `[I, H]`: rows `0..I` of `w13`.
     W1,
@@ -34,6 +35,7 @@ impl ExpertShard {
 
 /// Which tensor of a projection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum TensorKind {
     /// The (quantized) weight.
     Weight,
@@ -59,6 +61,7 @@ impl TensorKind {
 
 /// The elements of a tensor handed to the layer, row-major.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub enum TensorData<'a> {
     /// int8 values (int4 codes for W4A8).
     I8(&'a [i8]),
