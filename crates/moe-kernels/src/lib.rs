@@ -4,9 +4,10 @@
 //!
 //! - [`packed`]: our weight formats, built once at load time ([`PackedW4A8`], [`PackedW8A8`]);
 //!   every shape and value is validated there, with typed [`KernelError`]s.
-//! - [`Isa`] names the rungs of the ladder; the CPU tokens ([`x86`] / [`aarch64`] module) prove
-//!   a rung is usable; [`kernels`] picks the best rung once (capped by `MOE_KERNELS_MAX_ISA`)
-//!   and returns a `&'static` [`KernelSet`] of function pointers.
+//! - [`Isa`] names the rungs of the ladder; the CPU tokens (module `x86` or `aarch64`, the
+//!   build's architecture) prove a rung is usable; [`kernels`] picks the best rung once
+//!   (capped by `MOE_KERNELS_MAX_ISA`) and returns a `&'static` [`KernelSet`] of function
+//!   pointers.
 //! - The GEMM driver ([`w4a8_gemm`], [`w8a8_gemm`] and their `_quantized` forms) quantises the
 //!   activation rows, encodes them for the chosen kernel and splits the output channels over
 //!   threads ([`Par`]); results do not depend on the thread count.

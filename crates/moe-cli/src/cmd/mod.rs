@@ -1,10 +1,10 @@
 //! The subcommands of `moe`, one module each, plus what they share: the error type, the
 //! `--json` output switch, progress bars, number parsing and the thread pool.
 //!
-//! - [`cpu`], [`demo`], [`inspect`], [`bench`], [`run`]: the commands.
+//! - [`cpu`], [`demo`], [`inspect`], [`bench`](mod@bench), [`run`]: the commands.
 //! - [`backend`]: the oracle's view of this machine and its answer for a layer.
 //! - [`synth`]: seeded random weights, quantized and packed into a [`moe_kernels::FusedMoe`].
-//! - [`reference`]: the f32 MoE on dequantized weights that the demo checks against.
+//! - [`reference`](mod@reference): the f32 MoE on dequantized weights that the demo checks against.
 
 pub mod backend;
 pub mod bench;
