@@ -71,7 +71,7 @@ const PACKAGE_ARGS: &[&str] = &[
 ];
 
 /// The CI sequence. `cargo test --workspace` is the test command the README gives.
-const STEPS: [Step; 8] = [
+const STEPS: [Step; 9] = [
     Step::Cargo {
         args: &["fmt", "--all", "--", "--check"],
         env: &[],
@@ -91,6 +91,20 @@ const STEPS: [Step; 8] = [
     Step::Cargo {
         args: &["doc", "--workspace", "--no-deps", "--exclude", "xtask"],
         env: &[("RUSTDOCFLAGS", "-D warnings")],
+    },
+    // The optional heavy dependencies stay optional: rayon in moe-kernels, rayon and the
+    // checkpoint reader (safetensors, memmap2) in moe-layer.
+    Step::Cargo {
+        args: &[
+            "check",
+            "-p",
+            "moe-kernels",
+            "-p",
+            "moe-layer",
+            "--no-default-features",
+            "--all-targets",
+        ],
+        env: &[("RUSTFLAGS", "-D warnings")],
     },
     // The published crates' file lists resolve (path dependencies carry versions).
     Step::Cargo {

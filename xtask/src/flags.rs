@@ -24,7 +24,8 @@ Commands:
       with cbindgen). --check only reports stale files, as the test does.
   ci
       Run the CI sequence (what .ci/run runs), stopping at the first failure: fmt check,
-      clippy, cargo doc (-D warnings), cargo package --list of the library crates,
+      clippy, cargo doc (-D warnings), moe-kernels and moe-layer without default features,
+      cargo package --list of the library crates,
       cargo test --workspace, test-x86-ladder, test-arm, and cargo test --workspace
       again with RAYON_NUM_THREADS=1.
   help

@@ -208,7 +208,8 @@ impl Params {
         out
     }
 
-    /// Marks everything loaded (after a whole-layer copy).
+    /// Marks everything loaded (after a whole-layer copy from a checkpoint).
+    #[cfg(feature = "checkpoint")]
     pub(crate) fn mark_all_loaded(&mut self) {
         self.loaded.fill(true);
     }
