@@ -436,11 +436,7 @@ fn codes_outside_int4_and_bad_group_sizes_are_refused() {
 fn tensor_parallel_and_expert_map_requests_are_checked() {
     let dir = temp_dir("parallel");
     w4a8().write(&dir);
-    let tp = |rank, size| ReadOptions {
-        tp_rank: rank,
-        tp_size: size,
-        ..ReadOptions::single_rank()
-    };
+    let tp = |rank, size| ReadOptions::single_rank().with_tensor_parallel(rank, size);
     // I = 8 splits over 2 ranks only into 4 columns, less than a group of 8.
     for opts in [tp(0, 2), tp(0, 3), tp(2, 2), tp(0, 0)] {
         assert!(
@@ -458,10 +454,7 @@ fn tensor_parallel_and_expert_map_requests_are_checked() {
         &[0, -2, 1, -1],
     ];
     for map in maps {
-        let opts = ReadOptions {
-            expert_map: Some(map),
-            ..ReadOptions::single_rank()
-        };
+        let opts = ReadOptions::single_rank().with_expert_map(Some(map));
         assert!(
             matches!(load_with(&dir, &opts), Err(LayerError::ExpertMap { .. })),
             "{map:?}"

@@ -260,11 +260,7 @@ fn tensor_parallel_ranks_cut_the_single_rank_tensors() {
         let tp = 2;
         let i = i_full / tp;
         for rank in 0..tp {
-            let opts = ReadOptions {
-                tp_rank: rank,
-                tp_size: tp,
-                ..ReadOptions::single_rank()
-            };
+            let opts = ReadOptions::single_rank().with_tensor_parallel(rank, tp);
             let part = ckpt.read_layer(layer, &opts).unwrap();
             let p = int_experts(&part);
             assert_eq!(part.experts.intermediate, i);
@@ -310,10 +306,7 @@ fn expert_map_keeps_only_local_experts_in_local_order() {
         for (n, &g) in owned.iter().rev().enumerate() {
             map[g] = n as i32;
         }
-        let opts = ReadOptions {
-            expert_map: Some(&map),
-            ..ReadOptions::single_rank()
-        };
+        let opts = ReadOptions::single_rank().with_expert_map(Some(&map));
         let part = ckpt.read_layer(layer, &opts).unwrap();
         let want_order: Vec<usize> = owned.iter().rev().copied().collect();
         assert_eq!(part.local_experts, want_order);

@@ -113,6 +113,7 @@ pub enum DescDtype {
 /// vLLM's `FusedMoEQuantDesc` without tensors: `dtype = None` means unquantized or already
 /// quantized (packed) data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct QuantDesc {
     /// Quantized element type, if the data is quantized by this config.
     pub dtype: Option<DescDtype>,
@@ -125,6 +126,7 @@ pub struct QuantDesc {
 /// vLLM's `FusedMoEQuantConfig` without tensors: descriptors of the two activations and the
 /// two weights, and derived properties.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[non_exhaustive]
 pub struct MoeQuantConfig {
     /// Input of the first GEMM.
     pub a1: QuantDesc,

@@ -19,8 +19,11 @@ use crate::platform::Platform;
 use crate::quant_config::{ScalarQuantKey, WeightKey};
 use crate::support::{ActivationFormat, SupportQuery, is_supported_config};
 
-/// Knobs of selection that are not part of the layer configuration.
+/// Knobs of selection that are not part of the layer configuration. Start from
+/// [`SelectOptions::native`] or [`SelectOptions::vllm_compat`] and adjust with the `with_*`
+/// methods (the struct is `#[non_exhaustive]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SelectOptions {
     /// Which kernels are candidates and which rules they apply.
     pub mode: Strictness,
@@ -51,6 +54,18 @@ impl SelectOptions {
     /// The same options with a deny-list.
     pub fn with_disabled(mut self, disabled: DisabledKernels) -> Self {
         self.disabled = disabled;
+        self
+    }
+
+    /// The same options with another candidate set and rules.
+    pub fn with_mode(mut self, mode: Strictness) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The same options, requiring batch-invariant kernels or not.
+    pub fn with_batch_invariant(mut self, batch_invariant: bool) -> Self {
+        self.batch_invariant = batch_invariant;
         self
     }
 }

@@ -921,11 +921,10 @@ fn selection_table() {
     assert!(rows.len() >= 40, "table has {} rows", rows.len());
     let mut failures = Vec::new();
     for r in &rows {
-        let opts = SelectOptions {
-            mode: r.mode,
-            disabled: DisabledKernels::parse(r.disabled),
-            batch_invariant: r.batch_invariant,
-        };
+        let opts = SelectOptions::native()
+            .with_mode(r.mode)
+            .with_disabled(DisabledKernels::parse(r.disabled))
+            .with_batch_invariant(r.batch_invariant);
         let got = select_backend(
             r.family,
             &r.config,
@@ -1047,10 +1046,7 @@ fn every_activation_and_routing_method_has_an_answer() {
                         Family::Unquantized => (None, None),
                         other => panic!("no weight key for {other:?}"),
                     };
-                    let opts = SelectOptions {
-                        mode,
-                        ..SelectOptions::native()
-                    };
+                    let opts = SelectOptions::native().with_mode(mode);
                     match select_backend(
                         family,
                         &cfg(act, rm),

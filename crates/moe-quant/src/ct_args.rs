@@ -379,6 +379,7 @@ impl QuantizationScheme {
 
 /// A checkpoint's `quantization_config` (compressed-tensors `QuantizationConfig`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
+#[non_exhaustive]
 pub struct QuantizationConfig {
     /// `"compressed-tensors"` for the checkpoints we load.
     pub quant_method: String,

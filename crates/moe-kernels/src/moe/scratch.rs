@@ -10,6 +10,7 @@ use crate::{GemmScratch, KernelError};
 
 /// The sizes a [`MoeScratch`] is built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MoeScratchDims {
     /// Largest token count T of a call.
     pub max_tokens: usize,

@@ -37,8 +37,10 @@ use super::names::{MoeNames, ParamKind, ShardId};
 use super::shards::{ShardAccess, TensorRef, TensorSource, dtype_name};
 use crate::error::LayerError;
 
-/// Which part of a layer to read.
+/// Which part of a layer to read. Start from [`ReadOptions::single_rank`] and adjust with the
+/// `with_*` methods (the struct is `#[non_exhaustive]`).
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct ReadOptions<'a> {
     /// This rank's tensor-parallel index, `0..tp_size`.
     pub tp_rank: usize,
@@ -51,7 +53,7 @@ pub struct ReadOptions<'a> {
     pub shared_experts: bool,
 }
 
-impl ReadOptions<'_> {
+impl<'a> ReadOptions<'a> {
     /// One rank holding every expert whole, shared experts included.
     pub fn single_rank() -> Self {
         Self {
@@ -60,6 +62,25 @@ impl ReadOptions<'_> {
             expert_map: None,
             shared_experts: true,
         }
+    }
+
+    /// Rank `tp_rank` of `tp_size` tensor-parallel ranks.
+    pub fn with_tensor_parallel(mut self, tp_rank: usize, tp_size: usize) -> Self {
+        self.tp_rank = tp_rank;
+        self.tp_size = tp_size;
+        self
+    }
+
+    /// This expert-parallel rank's global-to-local expert map (`-1` = not local).
+    pub fn with_expert_map(mut self, expert_map: Option<&'a [i32]>) -> Self {
+        self.expert_map = expert_map;
+        self
+    }
+
+    /// Whether to read the shared experts too.
+    pub fn with_shared_experts(mut self, shared_experts: bool) -> Self {
+        self.shared_experts = shared_experts;
+        self
     }
 }
 
