@@ -94,17 +94,22 @@ const STEPS: [Step; 9] = [
     },
     // The optional heavy dependencies stay optional: rayon in moe-kernels, rayon and the
     // checkpoint reader (safetensors, memmap2) in moe-layer.
+    // (clippy rather than check with RUSTFLAGS, so the dependencies' artifacts are shared
+    // with the clippy step above instead of rebuilt.)
     Step::Cargo {
         args: &[
-            "check",
+            "clippy",
             "-p",
             "moe-kernels",
             "-p",
             "moe-layer",
             "--no-default-features",
             "--all-targets",
+            "--",
+            "-D",
+            "warnings",
         ],
-        env: &[("RUSTFLAGS", "-D warnings")],
+        env: &[],
     },
     // The published crates' file lists resolve (path dependencies carry versions).
     Step::Cargo {
