@@ -365,7 +365,7 @@ pub fn w8a8_gemm_quantized(
             max: 127,
         });
     }
-    let kernel = ks.w8a8();
+    let kernel = ks.w8a8_for(m);
     encode_rows(a.q, m, k, k_pad, kernel.encoding, &mut scratch.encoded);
     let job = W8A8Job {
         w,
