@@ -385,7 +385,12 @@ pub fn w8a8_gemm_quantized(
 }
 
 /// Runs `f` over a partition of `0..n_panels` into contiguous ranges.
-fn split_panels(n_panels: usize, par: Par, macs: usize, f: impl Fn(Range<usize>) + Sync) {
+pub(crate) fn split_panels(
+    n_panels: usize,
+    par: Par,
+    macs: usize,
+    f: impl Fn(Range<usize>) + Sync,
+) {
     if n_panels == 0 {
         return;
     }
