@@ -25,6 +25,9 @@ pub enum LayerQuant {
     /// run on the W8A8 kernels with dynamic per-token int8 activations. The `w2` rows' scale
     /// uses the amax of the whole (unsharded) row, as the newest vLLM all-reduces it.
     Int8Online,
+    /// Unquantized experts: bf16/f16/f32 weights kept in their precision (bf16 stays bf16,
+    /// f16 is widened to f32 exactly) and run with f32 compute, no activation quantization.
+    Unquantized,
 }
 
 impl LayerQuant {
@@ -34,8 +37,13 @@ impl LayerQuant {
             Self::W4A8 {
                 group_size: Some(g),
             } => k / g,
-            Self::W4A8 { group_size: None } | Self::Int8Online => 1,
+            Self::W4A8 { group_size: None } | Self::Int8Online | Self::Unquantized => 1,
         }
+    }
+
+    /// Whether the layer loads float expert weights (and no scales).
+    pub(crate) fn loads_float_weights(self) -> bool {
+        matches!(self, Self::Int8Online | Self::Unquantized)
     }
 
     /// A short name for reports.
@@ -43,6 +51,7 @@ impl LayerQuant {
         match self {
             Self::W4A8 { .. } => "w4a8-int8",
             Self::Int8Online => "int8-online",
+            Self::Unquantized => "unquantized",
         }
     }
 }

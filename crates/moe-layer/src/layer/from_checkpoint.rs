@@ -11,12 +11,12 @@ use super::config::{LayerQuant, MoeLayerConfig, vllm_cpu_softmax_router};
 use super::params::{Params, check_scale};
 use crate::LayerError;
 use crate::checkpoint::{
-    Checkpoint, ExpertWeights, MoeLayerTensors, MoeModelSpec, QuantScheme, ReadOptions,
+    Checkpoint, ExpertWeights, FloatData, MoeLayerTensors, MoeModelSpec, QuantScheme, ReadOptions,
 };
 
 impl MoeLayerConfig {
     /// The layer configuration of a model for one rank: sizes and routing from the spec,
-    /// vLLM's CPU softmax router, SiLU experts, W4A8 weights. Refuses schemes, activations,
+    /// vLLM's CPU softmax router, SiLU experts, unquantized or W4A8 weights. Refuses schemes, activations,
     /// routings (non-softmax, grouped, biased, scaled) and shared experts not supported here,
     /// rather than computing something else.
     pub fn from_spec(
@@ -30,11 +30,12 @@ impl MoeLayerConfig {
             QuantScheme::CompressedTensorsW4A8 { group_size, .. } => LayerQuant::W4A8 {
                 group_size: *group_size,
             },
+            QuantScheme::Unquantized(_) => LayerQuant::Unquantized,
             other => {
                 return Err(LayerError::UnsupportedScheme {
                     file: spec.config_path.clone(),
                     scheme: other.name().to_string(),
-                    reason: "the layer runs compressed-tensors W4A8 (int-quantized) only so far"
+                    reason: "the layer runs unquantized and compressed-tensors W4A8 (int-quantized) checkpoints only so far"
                         .into(),
                 });
             }
@@ -181,11 +182,32 @@ fn copy_layer(cfg: &MoeLayerConfig, p: &mut Params, t: &MoeLayerTensors) -> Resu
     if ex.w13_bias.is_some() || ex.w2_bias.is_some() {
         return mismatch("bias", "no expert biases".into(), "biases".into());
     }
+    if let ExpertWeights::Float { w13, w2 } = &ex.weights
+        && cfg.quant.loads_float_weights()
+    {
+        if cfg.quant == LayerQuant::Int8Online && cfg.tp_size > 1 {
+            // The w2 row scales need the amax of the whole row, which a sliced read lacks.
+            return mismatch(
+                "tp_size",
+                "1 for online int8 from a checkpoint".into(),
+                format!("{}", cfg.tp_size),
+            );
+        }
+        return copy_float_experts(p, w13, w2);
+    }
     let ExpertWeights::Int(q) = &ex.weights else {
-        return mismatch("weights", "int4 codes".into(), "float weights".into());
+        return mismatch(
+            "weights",
+            format!("weights for a {} layer", cfg.quant.name()),
+            "float weights".into(),
+        );
     };
     let LayerQuant::W4A8 { group_size } = cfg.quant else {
-        return mismatch("weights", "float weights".into(), "int4 codes".into());
+        return mismatch(
+            "weights",
+            format!("weights for a {} layer", cfg.quant.name()),
+            "integer codes".into(),
+        );
     };
     if q.bits != 4 || q.group_size != group_size || q.act_order.is_some() {
         return mismatch(
@@ -225,6 +247,48 @@ fn copy_layer(cfg: &MoeLayerConfig, p: &mut Params, t: &MoeLayerTensors) -> Resu
     p.w2.copy_from_slice(&q.w2);
     p.w13_scale.copy_from_slice(&q.w13_scales);
     p.w2_scale.copy_from_slice(&q.w2_scales);
+    p.mark_all_loaded();
+    Ok(())
+}
+
+/// Copies float expert weights (already fused and sliced by the reader) into the parameters,
+/// widened to f32, refusing non-finite values.
+fn copy_float_experts(p: &mut Params, w13: &FloatData, w2: &FloatData) -> Result<(), LayerError> {
+    if w13.dtype() != w2.dtype() {
+        return Err(LayerError::ParamDtype {
+            tensor: "w2".into(),
+            expected: format!("{:?} (the dtype of w13)", w13.dtype()),
+            actual: format!("{:?}", w2.dtype()),
+        });
+    }
+    for (name, src, dst) in [("w13", w13, &mut p.w13_f), ("w2", w2, &mut p.w2_f)] {
+        if src.len() != dst.len() {
+            return Err(LayerError::ParamShape {
+                tensor: name.into(),
+                expected: vec![dst.len()],
+                actual: vec![src.len()],
+            });
+        }
+        for (index, (d, v)) in dst.iter_mut().zip(src.to_f32_vec()).enumerate() {
+            if !v.is_finite() {
+                return Err(LayerError::ParamValue {
+                    tensor: name.into(),
+                    index,
+                    value: f64::from(v),
+                    reason: "weights must be finite",
+                });
+            }
+            *d = v;
+        }
+    }
+    // The whole-row amax of w2 (only online int8 reads it; the read is unsharded here).
+    let i = p.w2_f.len() / p.w2_amax.len().max(1);
+    if i > 0 {
+        for (amax, row) in p.w2_amax.iter_mut().zip(p.w2_f.chunks_exact(i)) {
+            *amax = moe_quant::int8::row_amax(row);
+        }
+    }
+    p.float_dtype = Some(w13.dtype());
     p.mark_all_loaded();
     Ok(())
 }

@@ -11,9 +11,10 @@
 //! of threads or of concurrent calls.
 //!
 //! Supported today: compressed-tensors W4A8 (int4 codes stored as int8, channelwise or group
-//! scales) on the packed W4A8 kernels, and vLLM's online int8 method (float weights quantized
-//! per row in `process`) on the W8A8 kernels. Not yet: expert biases, float (unquantized)
-//! execution, WNA16 / GPTQ (Marlin) weights, shared experts.
+//! scales) on the packed W4A8 kernels, vLLM's online int8 method (float weights quantized per
+//! row in `process`) on the W8A8 kernels, and unquantized bf16/f16/f32 experts on the dense
+//! f32-compute GEMM (bf16 kept as bf16). Not yet: expert biases, WNA16 / GPTQ (Marlin) weights,
+//! shared experts.
 
 mod backend;
 mod config;
@@ -27,8 +28,8 @@ use std::sync::Mutex;
 use half::{bf16, f16};
 use moe_kernels::moe::MoeFloat;
 use moe_kernels::{
-    ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, MoeInput, MoeScratch, PackedW4A8,
-    PackedW8A8, Par, W4A8Scales,
+    ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, MoeInput, MoeScratch, PackedDense,
+    PackedW4A8, PackedW8A8, Par, W4A8Scales,
 };
 use moe_oracle::Selection;
 use moe_quant::DType;
@@ -56,6 +57,7 @@ pub struct BackendInfo {
 enum Experts {
     W4A8(FusedMoe<PackedW4A8>),
     W8A8(FusedMoe<PackedW8A8>),
+    Dense(FusedMoe<PackedDense>),
 }
 
 impl Experts {
@@ -63,6 +65,7 @@ impl Experts {
         match self {
             Self::W4A8(m) => m.kernels(),
             Self::W8A8(m) => m.kernels(),
+            Self::Dense(m) => m.kernels(),
         }
     }
 
@@ -75,6 +78,7 @@ impl Experts {
         Ok(match self {
             Self::W4A8(m) => m.scratch(max_tokens, top_k, lanes)?,
             Self::W8A8(m) => m.scratch(max_tokens, top_k, lanes)?,
+            Self::Dense(m) => m.scratch(max_tokens, top_k, lanes)?,
         })
     }
 
@@ -87,6 +91,7 @@ impl Experts {
         match self {
             Self::W4A8(m) => m.apply(input, out, scratch, Par::Rayon),
             Self::W8A8(m) => m.apply(input, out, scratch, Par::Rayon),
+            Self::Dense(m) => m.apply(input, out, scratch, Par::Rayon),
         }
     }
 }
@@ -296,6 +301,19 @@ impl MoeLayer {
             LayerQuant::Int8Online => {
                 let (w13, w2) = online::quantize_and_pack(params, h, i)?;
                 Experts::W8A8(FusedMoe::new(
+                    ExpertWeights {
+                        w13,
+                        w2,
+                        w13_bias: None,
+                        w2_bias: None,
+                    },
+                    moe_cfg,
+                    kernels,
+                )?)
+            }
+            LayerQuant::Unquantized => {
+                let (w13, w2) = pack_dense(params, h, i)?;
+                Experts::Dense(FusedMoe::new(
                     ExpertWeights {
                         w13,
                         w2,
@@ -534,4 +552,26 @@ fn check_rows(field: &'static str, len: usize, width: usize) -> Result<usize, La
             reason: format!("{len} values are not whole rows of {width}"),
         })
     }
+}
+
+/// Packs unquantized experts for the dense GEMM: bf16 weights stay bf16 (exact, half the
+/// bytes), f16 and f32 become f32 (exact).
+fn pack_dense(params: &Params, h: usize, i: usize) -> Result<Stacks<PackedDense>, LayerError> {
+    let e = params.w2_f.len() / (h * i);
+    let keep_bf16 = params.float_dtype == Some(DType::BF16);
+    let pack = |w: &[f32], n: usize, k: usize| -> Result<PackedDense, LayerError> {
+        Ok(if keep_bf16 {
+            let narrow: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
+            PackedDense::pack_bf16(n, k, &narrow)?
+        } else {
+            PackedDense::pack_f32(n, k, w)?
+        })
+    };
+    let mut w13 = Vec::with_capacity(e);
+    let mut w2 = Vec::with_capacity(e);
+    for x in 0..e {
+        w13.push(pack(&params.w13_f[x * 2 * i * h..][..2 * i * h], 2 * i, h)?);
+        w2.push(pack(&params.w2_f[x * h * i..][..h * i], h, i)?);
+    }
+    Ok((w13, w2))
 }
