@@ -42,7 +42,7 @@ impl Round {
     }
 
     /// Rounds `v`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn apply(self, v: f32) -> f32 {
         match self {
             Round::F32 => v,
