@@ -121,3 +121,93 @@ fn bf16_checkpoint_runs_unquantized_and_matches_a_float_reference() {
     let err = rel_l2(&out_r, &want_r);
     assert!(err < 1e-5, "routed: relative L2 {err:e}");
 }
+
+/// DeepSeek-V3-style routing from the checkpoint: sigmoid scores, the correction bias loaded
+/// from the router's tensor (selection only), top-2-sum group scores, one group kept,
+/// renormalized weights times `routed_scaling_factor` 2.5. The layer's output equals the
+/// float64 MoE on routing recomputed here from the definition.
+#[test]
+fn grouped_biased_scaled_routing_from_a_deepseek_v3_checkpoint() {
+    let (mut ck, experts) = Ckpt::build("deepseek_v3", Fmt::Float, 43);
+    // Shared experts are not run by the layer yet: drop them from this model.
+    ck.config
+        .as_object_mut()
+        .unwrap()
+        .remove("n_shared_experts");
+    ck.tensors
+        .retain(|name, _| !name.contains("shared_experts"));
+    let dir = temp_dir("unquantized-deepseek");
+    ck.write(&dir);
+    let ckpt = Checkpoint::open(&dir, ShardAccess::Read).unwrap();
+    let layer = MoeLayer::from_checkpoint(&ckpt, 0, 16).unwrap();
+    let bias = ckpt
+        .read_layer(0, &moe_layer::checkpoint::ReadOptions::single_rank())
+        .unwrap()
+        .router
+        .correction_bias
+        .unwrap();
+
+    let mut rng = SplitMix64::new(9);
+    let tokens = 6;
+    let k = 2;
+    let x = rng.vec_uniform(tokens * H, -1.0, 1.0);
+    let logits = rng.vec_uniform(tokens * E, -3.0, 3.0);
+    let (mut ids, mut gates) = (Vec::new(), Vec::new());
+    for t in 0..tokens {
+        let s: Vec<f64> = (0..E)
+            .map(|e| 1.0 / (1.0 + (-f64::from(logits[t * E + e])).exp()))
+            .collect();
+        let b: Vec<f64> = (0..E).map(|e| s[e] + f64::from(bias[e])).collect();
+        // Two groups of E/2 experts; a group's score is the sum of its two best biased scores.
+        let group_score = |g: usize| -> f64 {
+            let mut v: Vec<f64> = b[g * E / 2..(g + 1) * E / 2].to_vec();
+            v.sort_by(|a, c| c.total_cmp(a));
+            v[0] + v[1]
+        };
+        let g = if group_score(1) > group_score(0) {
+            1
+        } else {
+            0
+        };
+        let mut members: Vec<usize> = (g * E / 2..(g + 1) * E / 2).collect();
+        members.sort_by(|&a, &c| b[c].total_cmp(&b[a]).then(a.cmp(&c)));
+        let chosen = &members[..k];
+        let sum: f64 = chosen.iter().map(|&e| s[e]).sum();
+        for &e in chosen {
+            ids.push(e as i32);
+            gates.push((s[e] / sum * 2.5) as f32);
+        }
+    }
+    let want = reference(&experts, &x, &ids, &gates, k);
+    let mut out = vec![0f32; tokens * H];
+    layer.apply(&x, Logits::F32(&logits), &mut out).unwrap();
+    let err = rel_l2(&out, &want);
+    assert!(err < 1e-5, "relative L2 {err:e}");
+}
+
+/// A checkpoint that promises a correction bias but whose layer was loaded without it never
+/// runs: `process` names the missing tensor.
+#[test]
+fn a_pending_correction_bias_blocks_process() {
+    let (mut ck, _) = Ckpt::build("deepseek_v3", Fmt::Float, 44);
+    ck.config
+        .as_object_mut()
+        .unwrap()
+        .remove("n_shared_experts");
+    ck.tensors
+        .retain(|name, _| !name.contains("shared_experts"));
+    let dir = temp_dir("unquantized-deepseek-pending");
+    ck.write(&dir);
+    let ckpt = Checkpoint::open(&dir, ShardAccess::Read).unwrap();
+    let cfg = moe_layer::MoeLayerConfig::from_spec(ckpt.spec(), 0, 1, None, 4).unwrap();
+    assert!(cfg.router_bias_pending);
+    let mut layer = MoeLayer::create(cfg).unwrap();
+    let t = ckpt
+        .read_layer(0, &moe_layer::checkpoint::ReadOptions::single_rank())
+        .unwrap();
+    let mut no_bias = t.clone();
+    no_bias.router.correction_bias = None;
+    layer.load_layer_tensors(&no_bias).unwrap();
+    let err = layer.process().unwrap_err();
+    assert!(err.to_string().contains("e_score_correction_bias"), "{err}");
+}

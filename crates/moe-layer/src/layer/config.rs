@@ -4,7 +4,7 @@
 
 use moe_kernels::Activation;
 use moe_quant::DType;
-use moe_router::{RoundingProfile, RouterConfig};
+use moe_router::{Grouping, RoundingProfile, RouterConfig, ScalingPlacement, ScoringFunc};
 
 use crate::LayerError;
 
@@ -78,6 +78,11 @@ pub struct MoeLayerConfig {
     /// The router (global expert ids: keep its expert map unset; the layer's `expert_map`
     /// applies in the kernels).
     pub router: RouterConfig,
+    /// The router's `e_score_correction_bias` is a checkpoint tensor still to be loaded
+    /// ([`crate::MoeLayer::load_router_correction_bias`]): `process` refuses to finish until it
+    /// is, because grouped top-k without the bias is a different algorithm, not an
+    /// approximation.
+    pub router_bias_pending: bool,
     /// The weight scheme.
     pub quant: LayerQuant,
     /// The model (activation) dtype, for backend selection.
@@ -219,4 +224,41 @@ pub fn vllm_cpu_softmax_router(
     RouterConfig::cpu_softmax(num_experts, top_k)
         .with_renormalize(renormalize)
         .with_rounding(RoundingProfile::TorchEager)
+}
+
+/// The router a checkpoint's routing calls for (spec section 2): vLLM's CPU softmax top-k for
+/// plain softmax models; otherwise scored top-k (softmax, sigmoid, ...) or grouped top-k
+/// (DeepSeek's `n_group`/`topk_group`, top-2 group sums when the model has a correction
+/// bias), with the routed scaling factor applied to the weights as vLLM's grouped and biased
+/// routers do. The correction bias itself is a tensor, loaded later.
+pub fn router_from_spec(
+    routing: &crate::checkpoint::RoutingSpec,
+    num_experts: usize,
+    top_k: usize,
+) -> Result<RouterConfig, String> {
+    let r = routing;
+    let grouped = r.num_expert_group.filter(|&g| g > 1);
+    let plain_softmax = r.scoring == ScoringFunc::Softmax && !r.has_correction_bias;
+    let cfg = match grouped {
+        Some(groups) => {
+            let topk_group = r
+                .topk_group
+                .ok_or_else(|| format!("n_group = {groups} needs topk_group"))?;
+            RouterConfig::grouped_topk(
+                num_experts,
+                top_k,
+                r.scoring,
+                Grouping::new(groups, topk_group),
+            )
+            .with_renormalize(r.renormalize)
+            .with_rounding(RoundingProfile::TorchCompiled)
+        }
+        None if plain_softmax && r.routed_scaling_factor == 1.0 => {
+            return Ok(vllm_cpu_softmax_router(num_experts, top_k, r.renormalize));
+        }
+        None => RouterConfig::scored_topk(num_experts, top_k, r.scoring)
+            .with_renormalize(r.renormalize)
+            .with_rounding(RoundingProfile::TorchEager),
+    };
+    Ok(cfg.with_routed_scaling(r.routed_scaling_factor, ScalingPlacement::OnWeights))
 }

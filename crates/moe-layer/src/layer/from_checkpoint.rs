@@ -4,10 +4,9 @@
 
 use moe_kernels::Activation;
 use moe_quant::DType;
-use moe_router::ScoringFunc;
 
 use super::MoeLayer;
-use super::config::{LayerQuant, MoeLayerConfig, vllm_cpu_softmax_router};
+use super::config::{LayerQuant, MoeLayerConfig, router_from_spec};
 use super::params::{Params, check_scale};
 use crate::LayerError;
 use crate::checkpoint::{
@@ -16,8 +15,8 @@ use crate::checkpoint::{
 
 impl MoeLayerConfig {
     /// The layer configuration of a model for one rank: sizes and routing from the spec,
-    /// vLLM's CPU softmax router, SiLU experts, unquantized or W4A8 weights. Refuses schemes, activations,
-    /// routings (non-softmax, grouped, biased, scaled) and shared experts not supported here,
+    /// the router its routing calls for ([`router_from_spec`]), SiLU experts, unquantized or
+    /// W4A8 weights. Refuses schemes, activations and shared experts not supported here,
     /// rather than computing something else.
     pub fn from_spec(
         spec: &MoeModelSpec,
@@ -51,26 +50,13 @@ impl MoeLayerConfig {
             }
         };
         let r = &spec.routing;
-        if r.scoring != ScoringFunc::Softmax
-            || r.num_expert_group.is_some_and(|g| g > 1)
-            || r.has_correction_bias
-        {
-            return Err(LayerError::ConfigField {
+        let router = router_from_spec(r, spec.num_experts, spec.top_k).map_err(|reason| {
+            LayerError::ConfigField {
                 file: spec.config_path.clone(),
-                field: "scoring_func",
-                reason: "the layer routes softmax top-k models only so far".into(),
-            });
-        }
-        if r.routed_scaling_factor != 1.0 {
-            return Err(LayerError::ConfigField {
-                file: spec.config_path.clone(),
-                field: "routed_scaling_factor",
-                reason: format!(
-                    "{} is not applied by the layer yet (only 1.0 is supported)",
-                    r.routed_scaling_factor
-                ),
-            });
-        }
+                field: "n_group / topk_group",
+                reason,
+            }
+        })?;
         if spec.shared_experts.is_some() {
             // Refused rather than silently dropped: the block's output would lack them.
             return Err(LayerError::ConfigField {
@@ -88,7 +74,8 @@ impl MoeLayerConfig {
             tp_size,
             expert_map,
             activation,
-            router: vllm_cpu_softmax_router(spec.num_experts, spec.top_k, r.renormalize),
+            router,
+            router_bias_pending: r.has_correction_bias,
             quant,
             in_dtype: spec.dtype.unwrap_or(DType::BF16),
             max_tokens,
@@ -143,6 +130,9 @@ impl MoeLayer {
         if let Err(e) = self.load_router_weight(&router) {
             self.state = super::State::Unusable(e.to_string());
             return Err(e);
+        }
+        if let Some(bias) = &t.router.correction_bias {
+            self.load_router_correction_bias(bias)?;
         }
         self.guarded(|cfg, p| copy_layer(cfg, p, t))
     }

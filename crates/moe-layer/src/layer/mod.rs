@@ -35,7 +35,7 @@ use moe_oracle::Selection;
 use moe_quant::DType;
 use moe_router::{IdsOut, Logits, Router, RouterScratch};
 
-pub use config::{LayerQuant, MoeLayerConfig, vllm_cpu_softmax_router};
+pub use config::{LayerQuant, MoeLayerConfig, router_from_spec, vllm_cpu_softmax_router};
 pub use params::{ExpertShard, TensorData, TensorKind, TensorView};
 
 use crate::LayerError;
@@ -217,6 +217,40 @@ impl MoeLayer {
         result
     }
 
+    /// Sets the router's `e_score_correction_bias` `[E]` (DeepSeek-V3 style grouped routing;
+    /// it steers selection only). A wrong size or a non-finite value leaves the layer unusable.
+    pub fn load_router_correction_bias(&mut self, bias: &[f32]) -> Result<(), LayerError> {
+        let result = self.install_correction_bias(bias);
+        if let Err(e) = &result {
+            self.state = State::Unusable(e.to_string());
+        }
+        result
+    }
+
+    fn install_correction_bias(&mut self, bias: &[f32]) -> Result<(), LayerError> {
+        self.params_mut()?;
+        if bias.len() != self.cfg.num_experts {
+            return Err(LayerError::ParamShape {
+                tensor: "router.e_score_correction_bias".into(),
+                expected: vec![self.cfg.num_experts],
+                actual: vec![bias.len()],
+            });
+        }
+        if let Some(index) = bias.iter().position(|v| !v.is_finite()) {
+            return Err(LayerError::ParamValue {
+                tensor: "router.e_score_correction_bias".into(),
+                index,
+                value: f64::from(bias[index]),
+                reason: "the correction bias must be finite",
+            });
+        }
+        let router_cfg = self.cfg.router.clone().with_correction_bias(bias.to_vec());
+        self.router = Router::new(router_cfg.clone())?;
+        self.cfg.router = router_cfg;
+        self.cfg.router_bias_pending = false;
+        Ok(())
+    }
+
     fn check_router_weight(&self, weight: &[f32]) -> Result<(), LayerError> {
         let expected = self.cfg.num_experts * self.cfg.hidden;
         if weight.len() != expected {
@@ -268,7 +302,10 @@ impl MoeLayer {
     }
 
     fn build(&self, params: &Params) -> Result<Ready, LayerError> {
-        let missing = params.missing();
+        let mut missing = params.missing();
+        if self.cfg.router_bias_pending {
+            missing.push("router.e_score_correction_bias".into());
+        }
         if !missing.is_empty() {
             return Err(LayerError::MissingParams { missing });
         }
