@@ -19,7 +19,7 @@ use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 
-use checkpoint_support::{Ckpt, Fmt, Stored, bf16_bytes, f32_bytes, i8_bytes, i32_bytes};
+use checkpoint_support::{Ckpt, Fmt, Stored, f32_bytes, i32_bytes};
 use moe_layer::checkpoint::{Checkpoint, ReadOptions, ShardAccess};
 use moe_layer::{LayerError, MoeLayer};
 use moe_router::Logits;
@@ -92,70 +92,9 @@ const EXPERTS: &str = "model.layers.0.mlp.experts";
 const ROUTER: &str = "model.layers.0.mlp.gate.weight";
 const PROJ: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
 
-fn ct_w4a8_config() -> Value {
-    json!({
-        "quant_method": "compressed-tensors",
-        "format": "int-quantized",
-        "quantization_status": "compressed",
-        "config_groups": {"group_0": {
-            "targets": ["Linear"],
-            "format": "int-quantized",
-            "weights": {"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group",
-                        "group_size": G, "dynamic": false, "actorder": null},
-            "input_activations": {"num_bits": 8, "type": "int", "symmetric": true,
-                                  "strategy": "token", "dynamic": true},
-        }},
-        "ignore": ["lm_head", "re:.*mlp.gate$"],
-    })
-}
-
 /// A one-layer Qwen3-MoE W4A8 checkpoint with group size `g` that loads, processes and runs.
 fn w4a8_with_group(g: usize) -> Ckpt {
-    let mut rng = SplitMix64::new(0x4057);
-    let mut qc = ct_w4a8_config();
-    qc["config_groups"]["group_0"]["weights"]["group_size"] = json!(g);
-    let config = json!({
-        "model_type": "qwen3_moe",
-        "architectures": ["Qwen3MoeForCausalLM"],
-        "torch_dtype": "bfloat16",
-        "hidden_act": "silu",
-        "hidden_size": H,
-        "num_hidden_layers": 1,
-        "num_experts": E,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": I,
-        "norm_topk_prob": true,
-        "quantization_config": qc,
-    });
-    let mut ck = Ckpt {
-        config,
-        tensors: Default::default(),
-    };
-    ck.put(
-        ROUTER,
-        Dtype::BF16,
-        &[E, H],
-        bf16_bytes(&rng.vec_uniform(E * H, -0.5, 0.5)),
-    );
-    for e in 0..E {
-        for (name, (n, k)) in PROJ.iter().zip([(I, H), (I, H), (H, I)]) {
-            let codes: Vec<i8> = (0..n * k).map(|_| rng.range_i64(-8, 7) as i8).collect();
-            let scales = rng.vec_uniform(n * k / g, 0.002, 0.02);
-            ck.put(
-                &format!("{EXPERTS}.{e}.{name}.weight"),
-                Dtype::I8,
-                &[n, k],
-                i8_bytes(&codes),
-            );
-            ck.put(
-                &format!("{EXPERTS}.{e}.{name}.weight_scale"),
-                Dtype::BF16,
-                &[n, k / g],
-                bf16_bytes(&scales),
-            );
-        }
-    }
-    ck
+    checkpoint_support::runnable_w4a8(E, H, I, g, 0x4057)
 }
 
 fn w4a8() -> Ckpt {
