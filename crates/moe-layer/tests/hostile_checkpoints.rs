@@ -1228,7 +1228,7 @@ fn format_cases(c: &mut Cases) {
         err!(LayerError::BadGroupIndex { .. }),
         |ck| {
             with_g_idx(ck);
-            let g: Vec<i32> = (0..16).map(|kk| ((kk + 1) % 16 / 8) as i32).collect();
+            let g: Vec<i32> = (0..16).map(|kk| (kk + 1) % 16 / 8).collect();
             ck.put(
                 &format!("{EXPERTS}.0.up_proj.weight_g_idx"),
                 Dtype::I32,
@@ -1420,7 +1420,7 @@ fn call_cases(c: &mut Cases) {
         err!(LayerError::InvalidArgument { .. }),
         |l| {
             let x = tokens();
-            l.apply(&x, Logits::F32(&[0.0; 3 * E]), &mut vec![0.0; 5])
+            l.apply(&x, Logits::F32(&[0.0; 3 * E]), &mut [0.0; 5])
         },
     );
 }

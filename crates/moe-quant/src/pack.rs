@@ -178,11 +178,13 @@ pub fn unpack_int4_pairs(bytes: &[u8], rows: usize, cols: usize) -> Result<Vec<i
             len: cols,
         });
     }
-    let expected = rows.checked_mul(cols / 2).ok_or(QuantError::LengthMismatch {
-        what: "bytes",
-        expected: usize::MAX,
-        got: bytes.len(),
-    })?;
+    let expected = rows
+        .checked_mul(cols / 2)
+        .ok_or(QuantError::LengthMismatch {
+            what: "bytes",
+            expected: usize::MAX,
+            got: bytes.len(),
+        })?;
     check_len("bytes", expected, bytes.len())?;
     Ok(bytes
         .iter()
