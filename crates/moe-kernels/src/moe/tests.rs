@@ -644,6 +644,40 @@ fn a_nan_row_poisons_only_its_token() {
     );
 }
 
+/// Non-finite activations follow one rule on every rung (spec §4.6): a NaN row gives a NaN
+/// output row, a row with an infinity is quantised as an all-zero row. Every available rung
+/// must give the scalar rung's output bit for bit (NaN payloads included), so what a caller sees
+/// never depends on the CPU.
+#[test]
+fn non_finite_rows_give_the_same_bits_on_every_rung() {
+    let mut rng = SplitMix64::new(37);
+    let layer = w4a8_layer(38, (4, 64, 32), Some(32), false);
+    let w8 = w8a8_layer(39, (4, 64, 32));
+    let tokens = 6;
+    let r = routed(&mut rng, tokens, 2, |rng| rng.below(4) as i64);
+    let mut x = rng.vec_uniform(tokens * 64, -1.0, 1.0);
+    x[64 + 3] = f32::NAN;
+    x[2 * 64 + 5] = f32::INFINITY;
+    x[3 * 64 + 63] = f32::NEG_INFINITY;
+    x[4 * 64] = f32::MAX;
+    x[4 * 64 + 1] = -f32::MAX;
+    x[5 * 64 + 7] = f32::NAN;
+    x[5 * 64 + 8] = f32::INFINITY;
+    let bits = |v: Vec<f32>| -> Vec<u32> { v.into_iter().map(f32::to_bits).collect() };
+    let want4 = bits(run(&layer.moe(KernelSet::scalar()), &x, &r, 2, Par::Seq).unwrap());
+    let want8 = bits(run(&w8.moe(KernelSet::scalar()), &x, &r, 2, Par::Seq).unwrap());
+    assert!(want4[64..128].iter().all(|&b| f32::from_bits(b).is_nan()));
+    assert!(want4[5 * 64..].iter().all(|&b| f32::from_bits(b).is_nan()));
+    assert!(want4[..64].iter().all(|&b| f32::from_bits(b).is_finite()));
+    for isa in available_isas() {
+        let ks = KernelSet::for_isa(isa).unwrap();
+        let got4 = bits(run(&layer.moe(ks), &x, &r, 2, Par::Rayon).unwrap());
+        assert_eq!(got4, want4, "w4a8 on {isa}");
+        let got8 = bits(run(&w8.moe(ks), &x, &r, 2, Par::Rayon).unwrap());
+        assert_eq!(got8, want8, "w8a8 on {isa}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Thread-count independence.
 

@@ -130,6 +130,22 @@ impl MoeLayerConfig {
                 return bad(field, "must be at least 1".into());
             }
         }
+        // Every parameter buffer `create` allocates (up to 4 bytes per weight element) must be
+        // representable: a hostile or mistaken config is an error, not an overflow or an
+        // abort in the allocator.
+        let i = self.intermediate / self.tp_size;
+        let bytes = [self.num_experts, 2, i, self.hidden, 4]
+            .iter()
+            .try_fold(1usize, |a, &b| a.checked_mul(b));
+        if bytes.is_none_or(|b| b > isize::MAX as usize) {
+            return bad(
+                "hidden",
+                format!(
+                    "expert weights of {} experts × 2·{i} × {} elements do not fit in memory",
+                    self.num_experts, self.hidden
+                ),
+            );
+        }
         if self.top_k > self.num_experts {
             return bad(
                 "top_k",

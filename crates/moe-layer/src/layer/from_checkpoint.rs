@@ -92,8 +92,16 @@ impl MoeLayer {
         max_tokens: usize,
     ) -> Result<Self, LayerError> {
         let cfg = MoeLayerConfig::from_spec(ckpt.spec(), 0, 1, None, max_tokens)?;
+        // Read (and so validate against the files) before `create` allocates parameters sized
+        // by `config.json`: a config declaring huge sizes must fail on the tensors, not abort
+        // on an allocation.
+        let opts = ReadOptions {
+            shared_experts: false,
+            ..ReadOptions::single_rank()
+        };
+        let tensors = ckpt.read_layer(layer, &opts)?;
         let mut moe = Self::create(cfg)?;
-        moe.load_from_checkpoint(ckpt, layer)?;
+        moe.load_layer_tensors(&tensors)?;
         moe.process()?;
         Ok(moe)
     }

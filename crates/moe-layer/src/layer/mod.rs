@@ -445,6 +445,12 @@ impl MoeLayer {
 
     /// Routes `router_logits` `[T, E]` (vLLM's CPU softmax path for softmax models) and runs
     /// the experts on `hidden_states` `[T, H]`, writing `out` `[T, H]`.
+    ///
+    /// Non-finite input is refused, never computed on: a NaN or ±Inf logit is
+    /// [`LayerError::Router`] (`RouterError::NonFiniteLogit`), a NaN or ±Inf hidden state is
+    /// [`LayerError::NonFiniteInput`] naming its row and column. The whole call fails before
+    /// `out` is written. Results are bitwise identical whatever the thread count and however
+    /// many calls run at once (docs/reliability.md).
     pub fn apply<X: MoeFloat>(
         &self,
         hidden_states: &[X],
@@ -473,6 +479,10 @@ impl MoeLayer {
     /// Runs the experts on `x` `[T, H]` for precomputed routing (`topk_ids` global,
     /// `topk_weights` `[T, k]`), writing `out` `[T, H]`. Calls longer than `max_tokens` are
     /// cut into pieces (tokens are independent, so results do not change).
+    ///
+    /// A NaN or ±Inf in `x` or `topk_weights` is refused with
+    /// [`LayerError::NonFiniteInput`] before anything is computed; an id outside
+    /// `0..num_experts` is [`LayerError::Kernel`] (`KernelError::ExpertIdOutOfRange`).
     pub fn apply_with_topk<X: MoeFloat>(
         &self,
         x: &[X],
@@ -500,6 +510,8 @@ impl MoeLayer {
                 reason: format!("{} values, hidden_states has {}", out.len(), x.len()),
             });
         }
+        check_finite("hidden_states", x.iter().map(|v| v.to_f32()), h)?;
+        check_finite("topk_weights", topk_weights.iter().copied(), k)?;
         let mut scratch = match ready.pool.lock().unwrap_or_else(|p| p.into_inner()).pop() {
             Some(s) => s,
             None => ready.moe.scratch(self.cfg.max_tokens, k, ready.lanes)?,
@@ -577,6 +589,26 @@ fn pack_w4a8(
         )?);
     }
     Ok((w13, w2))
+}
+
+/// Rejects the first NaN or infinite value of a row-major `[_, width]` argument, naming its row
+/// and column (one pass, no allocation).
+fn check_finite(
+    field: &'static str,
+    values: impl Iterator<Item = f32>,
+    width: usize,
+) -> Result<(), LayerError> {
+    for (index, value) in values.enumerate() {
+        if !value.is_finite() {
+            return Err(LayerError::NonFiniteInput {
+                field,
+                row: index / width,
+                column: index % width,
+                value,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// `len / width`, or an error when `len` is not whole rows.
