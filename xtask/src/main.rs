@@ -2,13 +2,16 @@
 //! commands.
 //!
 //! xtask is the single front door for anything beyond a plain `cargo` call: the aarch64 test
-//! ladder under QEMU, the capped x86 ISA ladder, fuzzing and Miri, and the CI sequence that `.ci/run` executes. It uses
-//! only std, shells out through `$CARGO` (the cargo that launched it), and always works from the
-//! workspace root, so it behaves the same from any directory.
+//! ladder under QEMU, the capped x86 ISA ladder, fuzzing and Miri, the CI sequence that `.ci/run`
+//! executes, and the side-by-side benchmark against the vLLM CPU peer. It uses only std, shells
+//! out through `$CARGO` (the cargo that launched it), and always works from the workspace root, so
+//! it behaves the same from any directory.
 
+mod bench_peers;
 mod ci;
 mod flags;
 mod fuzz;
+mod json;
 mod miri;
 mod test_arm;
 mod test_binaries;
@@ -42,6 +45,7 @@ fn main() -> ExitCode {
         Command::Fuzz(opts) => fuzz::run(&opts),
         Command::Miri => miri::run(),
         Command::Ci => ci::run(),
+        Command::BenchPeers(opts) => bench_peers::run(&opts),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

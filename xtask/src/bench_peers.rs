@@ -1,0 +1,771 @@
+//! `cargo xtask bench-peers`: our `moe bench` against vLLM's CPU MoE kernels (the peer), on the
+//! same shapes, batch sizes and thread count, in one run, with one table of medians at the end.
+//!
+//! The machine is shared and noisy, so the two sides alternate per shape (ours, peer, ours,
+//! peer, ... for `--rounds` rounds) and the table quotes the median over rounds of each round's
+//! median; the load average is printed before and after. Each peer path runs in its own Python
+//! process, so a path that dies (vLLM's AMX kernels raise SIGILL on CPUs without AMX, or when the
+//! process never asked Linux for tile state) is reported as `failed: <reason>` instead of taking
+//! the other paths down with it. The peer's own correctness check (relative error against a
+//! float32 reference) is carried into the report, so a path that falls back to something wrong
+//! is visible too.
+//!
+//! Both sides are compared on the experts stage: `moe bench` times `apply` with routing drawn
+//! in advance, and the peer script times routing plus experts and also reports the routing
+//! alone, which is subtracted.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::flags::BenchPeers;
+use crate::json::{self, Value};
+use crate::project_root;
+use crate::util::{Cmd, Result, banner, fmt_duration};
+
+/// Issue 8's targets for our pipeline, ms per call at M = 1, 16, 256, 1024 (2 threads, W4A8
+/// group 32, uniform routing, weights cycled beyond the caches).
+const TARGETS_MS: [(&str, [(usize, f64); 4]); 3] = [
+    (
+        "qwen3-30b-a3b",
+        [(1, 0.89), (16, 9.1), (256, 14.2), (1024, 23.6)],
+    ),
+    (
+        "mixtral-8x7b",
+        [(1, 8.3), (16, 32.7), (256, 33.0), (1024, 125.0)],
+    ),
+    (
+        "deepseek-v2-lite",
+        [(1, 1.2), (16, 10.3), (256, 13.0), (1024, 21.6)],
+    ),
+];
+
+/// A peer result whose relative error against the float32 reference exceeds this is reported as
+/// wrong (the paths that work land at 1-2.5 %, see vllm_cpu_probe.md).
+const WRONG_REL_ERR: f64 = 0.1;
+
+/// Upper bound for one `moe bench` or one peer process, so a hang cannot stall the run.
+const RUN_LIMIT: Duration = Duration::from_secs(40 * 60);
+
+/// Upper bound for the peer venv installation.
+const SETUP_LIMIT: Duration = Duration::from_secs(45 * 60);
+
+/// What one peer path gave for one (shape, M) in one round.
+#[derive(Debug, Clone)]
+enum PeerCell {
+    /// It ran: experts-stage ms (routing subtracted), as measured ms, relative error.
+    Ran {
+        experts_ms: f64,
+        total_ms: f64,
+        rel_err: Option<f64>,
+    },
+    /// It did not produce a time, for this reason.
+    Failed(String),
+}
+
+/// Everything measured, keyed by shape then M (ours) or by shape, path, M (peer).
+#[derive(Default)]
+struct Measurements {
+    /// Per (shape, M): the `moe bench` rows of every round.
+    ours: BTreeMap<(String, usize), Vec<Value>>,
+    /// Per shape: why `moe bench` failed, if it did.
+    ours_failed: BTreeMap<String, String>,
+    /// Per (shape, path, M): one cell per round.
+    peer: BTreeMap<(String, String, usize), Vec<PeerCell>>,
+    /// Every raw report, for `--out`.
+    raw: Vec<Value>,
+}
+
+/// Runs `cargo xtask bench-peers`.
+pub fn run(opts: &BenchPeers) -> Result<()> {
+    let start = Instant::now();
+    let shapes = if !opts.shapes.is_empty() {
+        opts.shapes.clone()
+    } else if opts.quick {
+        vec!["qwen3-30b-a3b".to_string()]
+    } else {
+        TARGETS_MS.iter().map(|(s, _)| s.to_string()).collect()
+    };
+    let batch_sizes = if !opts.batch_sizes.is_empty() {
+        opts.batch_sizes.clone()
+    } else if opts.quick {
+        vec![1, 16]
+    } else {
+        vec![1, 16, 256, 1024]
+    };
+    let command = std::iter::once("cargo xtask".to_string())
+        .chain(std::env::args().skip(1))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let machine = machine_line();
+    let load_start = load_line();
+    banner("bench-peers");
+    println!("command: {command}");
+    println!("machine: {machine}");
+    println!("load at start: {load_start}");
+
+    let shared = shared_dir(opts);
+    let peer = prepare_peer(opts, &shared);
+    if let Err(reason) = &peer {
+        println!("peer unavailable: {reason}");
+    }
+
+    banner("building moe (release)");
+    Cmd::cargo(["build", "--release", "-p", "moe-cli", "--bin", "moe"]).run()?;
+    let moe = target_dir().join("release").join("moe");
+
+    let mut m = Measurements::default();
+    let scratch = target_dir().join("bench-peers");
+    std::fs::create_dir_all(&scratch)?;
+    for shape in &shapes {
+        for round in 1..=opts.rounds {
+            banner(&format!("{shape}: round {round}/{}: ours", opts.rounds));
+            run_ours(opts, &moe, shape, &batch_sizes, &mut m);
+            for path in &opts.paths {
+                banner(&format!(
+                    "{shape}: round {round}/{}: peer {path}",
+                    opts.rounds
+                ));
+                let cells = match &peer {
+                    Ok(py) => run_peer(
+                        opts,
+                        py,
+                        &shared,
+                        &scratch,
+                        shape,
+                        path,
+                        &batch_sizes,
+                        &mut m,
+                    ),
+                    Err(reason) => batch_sizes
+                        .iter()
+                        .map(|&b| (b, PeerCell::Failed(format!("peer unavailable: {reason}"))))
+                        .collect(),
+                };
+                for (b, cell) in cells {
+                    m.peer
+                        .entry((shape.clone(), path.clone(), b))
+                        .or_default()
+                        .push(cell);
+                }
+            }
+        }
+    }
+    let load_end = load_line();
+
+    let table = render_table(opts, &shapes, &batch_sizes, &m);
+    banner("bench-peers: result");
+    println!("command: {command}");
+    println!("machine: {machine}");
+    println!(
+        "threads: {}; rounds: {} (ours and the peer alternate per shape); wall {}",
+        opts.threads,
+        opts.rounds,
+        fmt_duration(start.elapsed())
+    );
+    println!("load at start: {load_start}");
+    println!("load at end:   {load_end}");
+    println!();
+    print!("{}", table.text);
+
+    if let Some(out) = &opts.out {
+        let report = Value::obj([
+            ("command", Value::str(&command)),
+            ("machine", Value::str(&machine)),
+            ("load_start", Value::str(&load_start)),
+            ("load_end", Value::str(&load_end)),
+            ("threads", Value::Num(opts.threads as f64)),
+            ("rounds", Value::Num(opts.rounds as f64)),
+            ("wall_s", Value::Num(start.elapsed().as_secs_f64().round())),
+            ("table", Value::Arr(table.rows)),
+            ("raw", Value::Arr(std::mem::take(&mut m.raw))),
+        ]);
+        std::fs::write(out, format!("{report}\n"))
+            .map_err(|e| format!("cannot write {}: {e}", out.display()))?;
+        println!("\nJSON written to {}", out.display());
+    }
+    Ok(())
+}
+
+/// `--shared`, else `$MOE_SHARED`, else `../shared` next to the workspace.
+fn shared_dir(opts: &BenchPeers) -> PathBuf {
+    if let Some(dir) = &opts.shared {
+        return dir.clone();
+    }
+    if let Some(dir) = std::env::var_os("MOE_SHARED") {
+        return dir.into();
+    }
+    project_root().join("..").join("shared")
+}
+
+/// Cargo's target directory (`$CARGO_TARGET_DIR`, else `target/` in the workspace).
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| project_root().join("target"))
+}
+
+/// Checks the peer script and the venv, installing the venv when it is missing. Returns the
+/// venv's python, or why the peer cannot run.
+fn prepare_peer(opts: &BenchPeers, shared: &Path) -> Result<PathBuf, String> {
+    let script = shared.join("peers").join("bench_vllm_cpu.py");
+    if !script.is_file() {
+        return Err(format!(
+            "{} not found (set --shared or MOE_SHARED)",
+            script.display()
+        ));
+    }
+    let python = opts.venv.join("bin").join("python");
+    if python.is_file() {
+        return Ok(python);
+    }
+    let setup = shared.join("peers").join("setup_venv.sh");
+    banner("installing the peer venv");
+    println!(
+        "{} is missing: installing vLLM's CPU build there with {} (takes ~5 min on 2 cores and ~7 GB)",
+        opts.venv.display(),
+        setup.display()
+    );
+    let started = Instant::now();
+    let outcome = Cmd::new("bash")
+        .arg(&setup)
+        .arg(&opts.venv)
+        .timeout(SETUP_LIMIT)
+        .run_outcome()
+        .map_err(|e| e.to_string())?;
+    println!("venv setup took {}", fmt_duration(started.elapsed()));
+    if !outcome.success() {
+        return Err(format!("setup_venv.sh failed: {}", outcome.describe()));
+    }
+    if python.is_file() {
+        Ok(python)
+    } else {
+        Err(format!("setup_venv.sh left no {}", python.display()))
+    }
+}
+
+/// Runs `moe bench --json` for one shape and files its rows (or its failure).
+fn run_ours(
+    opts: &BenchPeers,
+    moe: &Path,
+    shape: &str,
+    batch_sizes: &[usize],
+    m: &mut Measurements,
+) {
+    let cmd = Cmd::new(moe)
+        .args(["--json", "bench", "--shape", shape])
+        .arg("--batch-sizes")
+        .arg(join(batch_sizes))
+        .arg("--threads")
+        .arg(opts.threads.to_string())
+        .arg("--iters")
+        .arg(opts.iters.to_string())
+        .timeout(RUN_LIMIT);
+    println!("$ {}", cmd.display());
+    let parsed = cmd
+        .read_stdout()
+        .map_err(|e| e.to_string())
+        .and_then(|text| json::parse(&text));
+    let report = match parsed {
+        Ok(report) => report,
+        Err(e) => {
+            println!("moe bench failed: {e}");
+            m.ours_failed.insert(shape.to_string(), e);
+            return;
+        }
+    };
+    for row in report.get("rows").map(Value::items).unwrap_or_default() {
+        let (Some(batch), Some(ms), Some(bound)) = (
+            row.get("batch").and_then(Value::as_f64),
+            row.get("ms_per_call").and_then(Value::as_f64),
+            row.get("dram_bound_ms").and_then(Value::as_f64),
+        ) else {
+            continue;
+        };
+        println!("  ours  M={batch:<5} {ms:9.3} ms   (DRAM bound {bound:.3} ms)");
+        m.ours
+            .entry((shape.to_string(), batch as usize))
+            .or_default()
+            .push(row.clone());
+    }
+    m.raw.push(Value::obj([
+        ("side", Value::str("ours")),
+        ("shape", Value::str(shape)),
+        ("load", Value::str(load_line())),
+        ("report", report),
+    ]));
+}
+
+/// Runs the peer script for one shape and one path in its own process. Returns one cell per M.
+#[allow(clippy::too_many_arguments)]
+fn run_peer(
+    opts: &BenchPeers,
+    python: &Path,
+    shared: &Path,
+    scratch: &Path,
+    shape: &str,
+    path: &str,
+    batch_sizes: &[usize],
+    m: &mut Measurements,
+) -> Vec<(usize, PeerCell)> {
+    let out = scratch.join(format!("peer-{shape}-{path}.json"));
+    let _ = std::fs::remove_file(&out);
+    let mut cmd = Cmd::new(python)
+        .arg(shared.join("peers").join("bench_vllm_cpu.py"))
+        .args(["--shapes", shape, "--paths", path, "--m"])
+        .arg(join(batch_sizes))
+        .arg("--threads")
+        .arg(opts.threads.to_string())
+        .arg("--out")
+        .arg(&out)
+        .env("OMP_NUM_THREADS", opts.threads.to_string())
+        .timeout(RUN_LIMIT);
+    if opts.quick {
+        cmd = cmd.arg("--quick");
+    }
+    let failed_all = |reason: String| {
+        batch_sizes
+            .iter()
+            .map(|&b| (b, PeerCell::Failed(reason.clone())))
+            .collect()
+    };
+    let (status, stderr_tail) = match run_keeping_stderr(&cmd) {
+        Ok(done) => done,
+        Err(e) => return failed_all(e),
+    };
+    if let Some(reason) = status {
+        let tail = stderr_tail.map(|t| format!(" ({t})")).unwrap_or_default();
+        println!("  peer {path}: failed: {reason}{tail}");
+        return failed_all(format!("{reason}{tail}"));
+    }
+    let report = match std::fs::read_to_string(&out)
+        .map_err(|e| format!("no report at {}: {e}", out.display()))
+        .and_then(|text| json::parse(&text))
+    {
+        Ok(report) => report,
+        Err(e) => return failed_all(e),
+    };
+    let amx = report
+        .get("meta")
+        .and_then(|meta| meta.get("amx"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    let cells = batch_sizes
+        .iter()
+        .map(|&b| (b, peer_cell(&report, path, b)))
+        .collect();
+    m.raw.push(Value::obj([
+        ("side", Value::str("peer")),
+        ("shape", Value::str(shape)),
+        ("path", Value::str(path)),
+        ("amx_reported", amx),
+        ("report", report),
+    ]));
+    cells
+}
+
+/// Reads the peer result of one path and M out of a peer report.
+fn peer_cell(report: &Value, path: &str, batch: usize) -> PeerCell {
+    let results = report.get("results").map(Value::items).unwrap_or_default();
+    let same_path = |r: &&Value| r.get("path").and_then(Value::as_str) == Some(path);
+    let row = results
+        .iter()
+        .filter(same_path)
+        .find(|r| r.get("M").and_then(Value::as_f64) == Some(batch as f64) || r.get("M").is_none());
+    let Some(row) = row else {
+        return PeerCell::Failed("no result in the peer report".into());
+    };
+    let text = |key: &str| {
+        row.get(key)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    match row.get("status").and_then(Value::as_str) {
+        Some("ok") => {
+            let total = row
+                .get("ms_median")
+                .and_then(Value::as_f64)
+                .unwrap_or(f64::NAN);
+            let route = row
+                .get("route_ms_median")
+                .and_then(Value::as_f64)
+                .unwrap_or(0.0);
+            let rel_err = row.get("check_rel_err").and_then(Value::as_f64);
+            let check_error = row.get("check_rel_err").and_then(Value::as_str);
+            if let Some(err) = check_error {
+                return PeerCell::Failed(format!("check raised: {err}"));
+            }
+            PeerCell::Ran {
+                experts_ms: (total - route).max(0.0),
+                total_ms: total,
+                rel_err,
+            }
+        }
+        Some("skipped") => PeerCell::Failed(format!("skipped: {}", text("reason"))),
+        Some("build_failed") => PeerCell::Failed(format!("build failed: {}", text("error"))),
+        other => PeerCell::Failed(format!("status {other:?}")),
+    }
+}
+
+/// Runs `cmd`, passing its stdout and stderr through (stderr indented) and keeping the last
+/// stderr line. Returns `None` on success or the reason it failed, and that last line.
+fn run_keeping_stderr(cmd: &Cmd) -> Result<(Option<String>, Option<String>), String> {
+    println!("$ {}", cmd.display());
+    let mut child = cmd
+        .std_command()
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start the peer: {e}"))?;
+    let stderr = child.stderr.take().expect("stderr was piped");
+    let reader = thread::spawn(move || {
+        let mut last = None;
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            eprintln!("  | {line}");
+            if !line.trim().is_empty() {
+                last = Some(line);
+            }
+        }
+        last
+    });
+    let limit = cmd.time_limit().unwrap_or(RUN_LIMIT);
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if started.elapsed() >= limit => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            Ok(None) => thread::sleep(Duration::from_millis(100)),
+            Err(e) => return Err(format!("waiting for the peer: {e}")),
+        }
+    };
+    let last = reader.join().unwrap_or_default();
+    let reason = match status {
+        None => Some(format!("killed after the {} s limit", limit.as_secs())),
+        Some(status) if status.success() => None,
+        Some(status) => Some(describe_exit(status)),
+    };
+    Ok((reason, last))
+}
+
+/// "exit status 1", or "killed by SIGILL (signal 4)" for a signal.
+fn describe_exit(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt as _;
+    match status.signal() {
+        Some(sig) => {
+            let name = match sig {
+                4 => "SIGILL",
+                6 => "SIGABRT",
+                7 => "SIGBUS",
+                9 => "SIGKILL",
+                11 => "SIGSEGV",
+                _ => "a signal",
+            };
+            format!("killed by {name} (signal {sig})")
+        }
+        None => format!("exit status {}", status.code().unwrap_or(-1)),
+    }
+}
+
+/// The table and its rows as JSON.
+struct Table {
+    text: String,
+    rows: Vec<Value>,
+}
+
+/// The median of `values` (upper middle for an even count is avoided: the mean of the middle two).
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    Some(if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    })
+}
+
+/// A peer path's display name.
+fn path_label(path: &str) -> String {
+    match path {
+        "int4_amx_g32" => "vLLM int4 g32".into(),
+        "int4_amx_g128" => "vLLM int4 g128".into(),
+        "int4_amx_ch" => "vLLM int4 ch".into(),
+        "int8_w8a8" => "vLLM int8".into(),
+        other => format!("vLLM {other}"),
+    }
+}
+
+fn target_ms(shape: &str, batch: usize) -> Option<f64> {
+    TARGETS_MS
+        .iter()
+        .find(|(s, _)| *s == shape)
+        .and_then(|(_, t)| t.iter().find(|(m, _)| *m == batch))
+        .map(|(_, ms)| *ms)
+}
+
+/// Builds the final table: one line per (shape, M); per peer path its median experts-stage time
+/// and peer/ours; then one status line per peer path.
+fn render_table(
+    opts: &BenchPeers,
+    shapes: &[String],
+    batches: &[usize],
+    m: &Measurements,
+) -> Table {
+    let mut text = String::new();
+    let mut rows = Vec::new();
+    let mut header = format!(
+        "| {:<16} | {:>5} | {:>9} | {:>9} | {:>10} | {:>9} |",
+        "shape", "M", "ours ms", "bound ms", "ours/bound", "target ms"
+    );
+    let mut rule = "|---|---:|---:|---:|---:|---:|".to_string();
+    for path in &opts.paths {
+        write!(
+            header,
+            " {:>22} |",
+            format!("{} ms (peer/ours)", path_label(path))
+        )
+        .expect("writing to a String");
+        rule.push_str("---:|");
+    }
+    writeln!(text, "{header}\n{rule}").expect("writing to a String");
+    // Per path: (rounds that ran, worst rel_err, distinct failure reasons).
+    let mut status: BTreeMap<&str, (usize, Option<f64>, Vec<String>)> = BTreeMap::new();
+    for shape in shapes {
+        for &b in batches {
+            let key = (shape.clone(), b);
+            let ours_rows = m.ours.get(&key).map(Vec::as_slice).unwrap_or_default();
+            let field = |name: &str| {
+                median(
+                    ours_rows
+                        .iter()
+                        .filter_map(|r| r.get(name).and_then(Value::as_f64))
+                        .collect(),
+                )
+            };
+            let ours = field("ms_per_call");
+            let bound = field("dram_bound_ms");
+            let target = target_ms(shape, b);
+            let fmt = |v: Option<f64>| v.map_or_else(|| "-".to_string(), fmt_ms);
+            let ours_cell = match (ours, m.ours_failed.get(shape)) {
+                (None, Some(_)) => "failed".to_string(),
+                (v, _) => fmt(v),
+            };
+            let ratio = ours.zip(bound).map(|(o, d)| o / d);
+            let mut line = format!(
+                "| {:<16} | {:>5} | {:>9} | {:>9} | {:>10} | {:>9} |",
+                shape,
+                b,
+                ours_cell,
+                fmt(bound),
+                ratio.map_or("-".into(), |r| format!("{r:.2}")),
+                fmt(target),
+            );
+            let mut peer_json = Vec::new();
+            for path in &opts.paths {
+                let cells = m
+                    .peer
+                    .get(&(shape.clone(), path.clone(), b))
+                    .map(Vec::as_slice)
+                    .unwrap_or_default();
+                let entry = status.entry(path.as_str()).or_default();
+                let mut ran = Vec::new();
+                let mut totals = Vec::new();
+                for cell in cells {
+                    match cell {
+                        PeerCell::Ran {
+                            experts_ms,
+                            total_ms,
+                            rel_err,
+                        } => {
+                            ran.push(*experts_ms);
+                            totals.push(*total_ms);
+                            entry.0 += 1;
+                            if let Some(e) = rel_err {
+                                entry.1 = Some(entry.1.map_or(*e, |w: f64| w.max(*e)));
+                            }
+                        }
+                        PeerCell::Failed(reason) => {
+                            if !entry.2.contains(reason) {
+                                entry.2.push(reason.clone());
+                            }
+                        }
+                    }
+                }
+                let peer = median(ran);
+                let cell = match (peer, ours) {
+                    (Some(p), Some(o)) => format!("{} ({:.2}x)", fmt_ms(p), p / o),
+                    (Some(p), None) => fmt_ms(p),
+                    (None, _) if cells.is_empty() => "-".into(),
+                    (None, _) => "failed".into(),
+                };
+                write!(line, " {cell:>22} |").expect("writing to a String");
+                peer_json.push(Value::obj([
+                    ("path", Value::str(path)),
+                    ("experts_ms", Value::num_or_null(peer)),
+                    (
+                        "measured_ms_incl_routing",
+                        Value::num_or_null(median(totals)),
+                    ),
+                    (
+                        "peer_over_ours",
+                        Value::num_or_null(peer.zip(ours).map(|(p, o)| p / o)),
+                    ),
+                ]));
+            }
+            writeln!(text, "{line}").expect("writing to a String");
+            rows.push(Value::obj([
+                ("shape", Value::str(shape)),
+                ("M", Value::Num(b as f64)),
+                ("ours_ms", Value::num_or_null(ours)),
+                ("dram_bound_ms", Value::num_or_null(bound)),
+                ("ours_over_bound", Value::num_or_null(ratio)),
+                ("target_ms", Value::num_or_null(target)),
+                ("peer", Value::Arr(peer_json)),
+            ]));
+        }
+    }
+    writeln!(
+        text,
+        "\nours = `moe bench` (W4A8, int4 groups of 32, bf16 scales; weights cycled beyond the caches), \
+         median over rounds of the median of {} calls; bound = touched int4 weight and scale bytes / \
+         28.8 GB/s; target = issue 8.\npeer = bench_vllm_cpu.py, experts stage (its routing median \
+         subtracted), median over rounds; peer/ours > 1 means ours is faster.\n\npeer paths:",
+        opts.iters
+    )
+    .expect("writing to a String");
+    for path in &opts.paths {
+        let (ran, rel_err, reasons) = status.get(path.as_str()).cloned().unwrap_or_default();
+        let mut line = if ran > 0 {
+            let check = rel_err.map_or(String::new(), |e| {
+                let verdict = if e > WRONG_REL_ERR {
+                    ", WRONG output"
+                } else {
+                    ""
+                };
+                format!(", rel_err vs f32 reference {e:.4}{verdict}")
+            });
+            format!("  {path}: ran ({ran} measurements{check})")
+        } else {
+            format!("  {path}: did not run")
+        };
+        for reason in &reasons {
+            write!(line, "; failed: {reason}").expect("writing to a String");
+        }
+        writeln!(text, "{line}").expect("writing to a String");
+    }
+    Table { text, rows }
+}
+
+/// Milliseconds with three significant digits or more.
+fn fmt_ms(ms: f64) -> String {
+    if ms < 10.0 {
+        format!("{ms:.3}")
+    } else if ms < 100.0 {
+        format!("{ms:.2}")
+    } else {
+        format!("{ms:.1}")
+    }
+}
+
+fn join(values: &[usize]) -> String {
+    values
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// CPU model and the ISA facts that matter for the comparison.
+fn machine_line() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        info.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+            .unwrap_or_default()
+    };
+    let flags = field("flags");
+    let has = |f: &str| flags.split_whitespace().any(|x| x == f);
+    let cpus = info.lines().filter(|l| l.starts_with("processor")).count();
+    format!(
+        "{} ({cpus} CPUs; avx512_vnni: {}, amx_int8: {})",
+        field("model name"),
+        if has("avx512_vnni") { "yes" } else { "no" },
+        if has("amx_int8") { "yes" } else { "no" }
+    )
+}
+
+/// `uptime`'s load averages, read from /proc/loadavg.
+fn load_line() -> String {
+    let raw = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let parts: Vec<&str> = raw.split_whitespace().take(3).collect();
+    format!("load average {} (1, 5, 15 min)", parts.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(results: &str) -> Value {
+        json::parse(&format!(
+            r#"{{"meta": {{"amx": false}}, "results": [{results}]}}"#
+        ))
+        .expect("test report parses")
+    }
+
+    #[test]
+    fn peer_rows_become_cells() {
+        let r = report(
+            r#"{"path": "int8_w8a8", "M": 1, "status": "ok", "ms_median": 2.0,
+                "route_ms_median": 0.25, "check_rel_err": 0.016},
+               {"path": "int8_w8a8", "M": 16, "status": "skipped", "reason": "estimated 9s/call"},
+               {"path": "int4_amx_g32", "status": "build_failed", "error": "RuntimeError: no AMX"}"#,
+        );
+        match peer_cell(&r, "int8_w8a8", 1) {
+            PeerCell::Ran {
+                experts_ms,
+                rel_err,
+                ..
+            } => assert_eq!((experts_ms, rel_err), (1.75, Some(0.016))),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(
+            matches!(peer_cell(&r, "int8_w8a8", 16), PeerCell::Failed(s) if s.starts_with("skipped"))
+        );
+        assert!(
+            matches!(peer_cell(&r, "int4_amx_g32", 256), PeerCell::Failed(s) if s.contains("no AMX"))
+        );
+        assert!(matches!(peer_cell(&r, "bf16_amx", 1), PeerCell::Failed(_)));
+    }
+
+    #[test]
+    fn medians_and_targets() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0]), Some(2.5));
+        assert_eq!(median(Vec::new()), None);
+        assert_eq!(target_ms("mixtral-8x7b", 1024), Some(125.0));
+        assert_eq!(target_ms("custom", 1), None);
+    }
+
+    #[test]
+    fn signals_are_named() {
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(
+            describe_exit(ExitStatus::from_raw(4)),
+            "killed by SIGILL (signal 4)"
+        );
+        assert_eq!(describe_exit(ExitStatus::from_raw(1 << 8)), "exit status 1");
+    }
+}
