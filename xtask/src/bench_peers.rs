@@ -57,10 +57,12 @@ const SETUP_LIMIT: Duration = Duration::from_secs(45 * 60);
 /// What one peer path gave for one (shape, M) in one round.
 #[derive(Debug, Clone)]
 enum PeerCell {
-    /// It ran: experts-stage ms (routing subtracted), as measured ms, relative error.
+    /// It ran: experts-stage ms (routing subtracted), as measured ms, the fastest call (as
+    /// measured), relative error.
     Ran {
         experts_ms: f64,
         total_ms: f64,
+        best_ms: f64,
         rel_err: Option<f64>,
     },
     /// It did not produce a time, for this reason.
@@ -403,6 +405,10 @@ fn peer_cell(report: &Value, path: &str, batch: usize) -> PeerCell {
             PeerCell::Ran {
                 experts_ms: (total - route).max(0.0),
                 total_ms: total,
+                best_ms: row
+                    .get("ms_min")
+                    .and_then(Value::as_f64)
+                    .unwrap_or(f64::NAN),
                 rel_err,
             }
         }
@@ -581,15 +587,18 @@ fn render_table(
                 let entry = status.entry(path.as_str()).or_default();
                 let mut ran = Vec::new();
                 let mut totals = Vec::new();
+                let mut best: Option<f64> = None;
                 for cell in cells {
                     match cell {
                         PeerCell::Ran {
                             experts_ms,
                             total_ms,
+                            best_ms,
                             rel_err,
                         } => {
                             ran.push(*experts_ms);
                             totals.push(*total_ms);
+                            best = Some(best.map_or(*best_ms, |b| b.min(*best_ms)));
                             entry.0 += 1;
                             if let Some(e) = rel_err {
                                 entry.1 = Some(entry.1.map_or(*e, |w: f64| w.max(*e)));
