@@ -48,6 +48,9 @@ const TARGETS_MS: [(&str, [(usize, f64); 4]); 3] = [
 /// wrong (the paths that work land at 1-2.5 %, see vllm_cpu_probe.md).
 const WRONG_REL_ERR: f64 = 0.1;
 
+/// Both cores' DRAM read bandwidth (../shared/limits.md), the figure `moe bench` also uses.
+const DRAM_BYTES_PER_S: f64 = 28.8e9;
+
 /// Upper bound for one `moe bench` or one peer process, so a hang cannot stall the run.
 const RUN_LIMIT: Duration = Duration::from_secs(40 * 60);
 
@@ -84,6 +87,9 @@ struct Measurements {
 
 /// Runs `cargo xtask bench-peers`.
 pub fn run(opts: &BenchPeers) -> Result<()> {
+    if let Some(file) = &opts.render {
+        return render_file(file);
+    }
     let start = Instant::now();
     let shapes = if !opts.shapes.is_empty() {
         opts.shapes.clone()
@@ -111,6 +117,7 @@ pub fn run(opts: &BenchPeers) -> Result<()> {
     println!("load at start: {load_start}");
 
     let shared = shared_dir(opts);
+    println!("shared: {}", shared.display());
     let peer = prepare_peer(opts, &shared);
     if let Err(reason) = &peer {
         println!("peer unavailable: {reason}");
@@ -159,37 +166,152 @@ pub fn run(opts: &BenchPeers) -> Result<()> {
     }
     let load_end = load_line();
 
-    let table = render_table(opts, &shapes, &batch_sizes, &m);
-    banner("bench-peers: result");
-    println!("command: {command}");
-    println!("machine: {machine}");
-    println!(
-        "threads: {}; rounds: {} (ours and the peer alternate per shape); wall {}",
-        opts.threads,
-        opts.rounds,
-        fmt_duration(start.elapsed())
-    );
-    println!("load at start: {load_start}");
-    println!("load at end:   {load_end}");
-    println!();
-    print!("{}", table.text);
+    let run = Value::obj([
+        ("command", Value::str(&command)),
+        ("machine", Value::str(&machine)),
+        ("load_start", Value::str(&load_start)),
+        ("load_end", Value::str(&load_end)),
+        ("threads", Value::Num(opts.threads as f64)),
+        ("rounds", Value::Num(opts.rounds as f64)),
+        ("iters", Value::Num(opts.iters as f64)),
+        ("wall_s", Value::Num(start.elapsed().as_secs_f64().round())),
+        (
+            "shapes",
+            Value::Arr(shapes.iter().map(Value::str).collect()),
+        ),
+        (
+            "batch_sizes",
+            Value::Arr(batch_sizes.iter().map(|&b| Value::Num(b as f64)).collect()),
+        ),
+        (
+            "paths",
+            Value::Arr(opts.paths.iter().map(Value::str).collect()),
+        ),
+    ]);
+    let table = render_table(&opts.paths, opts.iters, &shapes, &batch_sizes, &m);
+    print_result(&run, &table);
 
     if let Some(out) = &opts.out {
-        let report = Value::obj([
-            ("command", Value::str(&command)),
-            ("machine", Value::str(&machine)),
-            ("load_start", Value::str(&load_start)),
-            ("load_end", Value::str(&load_end)),
-            ("threads", Value::Num(opts.threads as f64)),
-            ("rounds", Value::Num(opts.rounds as f64)),
-            ("wall_s", Value::Num(start.elapsed().as_secs_f64().round())),
-            ("table", Value::Arr(table.rows)),
-            ("raw", Value::Arr(std::mem::take(&mut m.raw))),
-        ]);
-        std::fs::write(out, format!("{report}\n"))
+        let Value::Obj(mut members) = run else {
+            unreachable!("run is built as an object above");
+        };
+        members.push(("table".into(), Value::Arr(table.rows)));
+        members.push(("raw".into(), Value::Arr(std::mem::take(&mut m.raw))));
+        std::fs::write(out, format!("{}\n", Value::Obj(members)))
             .map_err(|e| format!("cannot write {}: {e}", out.display()))?;
         println!("\nJSON written to {}", out.display());
     }
+    Ok(())
+}
+
+/// Prints the closing block: how the run was made, then the table.
+fn print_result(run: &Value, table: &Table) {
+    let text = |key: &str| {
+        run.get(key)
+            .and_then(Value::as_str)
+            .unwrap_or("?")
+            .to_string()
+    };
+    let num = |key: &str| run.get(key).and_then(Value::as_f64).unwrap_or(f64::NAN);
+    banner("bench-peers: result");
+    println!("command: {}", text("command"));
+    println!("machine: {}", text("machine"));
+    println!(
+        "threads: {}; rounds: {} (ours and the peer alternate per shape); wall {}",
+        num("threads"),
+        num("rounds"),
+        fmt_duration(Duration::from_secs_f64(num("wall_s").max(0.0)))
+    );
+    println!("load at start: {}", text("load_start"));
+    println!("load at end:   {}", text("load_end"));
+    println!();
+    print!("{}", table.text);
+}
+
+/// `--render FILE`: prints the table of an earlier run from its `--out` JSON.
+fn render_file(file: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let run = json::parse(&text)?;
+    let strings = |key: &str| -> Vec<String> {
+        run.get(key)
+            .map(Value::items)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|v| v.as_str().map(String::from))
+            .collect()
+    };
+    let mut m = Measurements::default();
+    let (mut shapes, mut paths, mut batches) = (strings("shapes"), strings("paths"), Vec::new());
+    if let Some(list) = run.get("batch_sizes") {
+        batches = list
+            .items()
+            .iter()
+            .filter_map(Value::as_f64)
+            .map(|b| b as usize)
+            .collect();
+    }
+    for entry in run.get("raw").map(Value::items).unwrap_or_default() {
+        let field = |key: &str| {
+            entry
+                .get(key)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        let shape = field("shape");
+        if !shapes.contains(&shape) {
+            shapes.push(shape.clone());
+        }
+        let failed = entry
+            .get("failed")
+            .and_then(Value::as_str)
+            .map(String::from);
+        if field("side") == "ours" {
+            if let Some(reason) = failed {
+                m.ours_failed.insert(shape, reason);
+                continue;
+            }
+            for row in entry
+                .get("report")
+                .and_then(|r| r.get("rows"))
+                .map(Value::items)
+                .unwrap_or_default()
+            {
+                let b = row.get("batch").and_then(Value::as_f64).unwrap_or(0.0) as usize;
+                if !batches.contains(&b) {
+                    batches.push(b);
+                }
+                m.ours
+                    .entry((shape.clone(), b))
+                    .or_default()
+                    .push(row.clone());
+            }
+            continue;
+        }
+        let path = field("path");
+        if !paths.contains(&path) {
+            paths.push(path.clone());
+        }
+        for &b in &batches {
+            let cell = match (&failed, entry.get("report")) {
+                (Some(reason), _) => PeerCell::Failed(reason.clone()),
+                (None, Some(report)) => peer_cell(report, &path, b),
+                (None, None) => PeerCell::Failed("no report".into()),
+            };
+            m.peer
+                .entry((shape.clone(), path.clone(), b))
+                .or_default()
+                .push(cell);
+        }
+    }
+    let iters = run
+        .get("iters")
+        .and_then(Value::as_f64)
+        .map_or(20, |v| v as usize);
+    let table = render_table(&paths, iters, &shapes, &batches, &m);
+    print_result(&run, &table);
+    println!("\n(rendered from {})", file.display());
     Ok(())
 }
 
@@ -266,6 +388,7 @@ fn run_ours(
         .arg(opts.threads.to_string())
         .arg("--iters")
         .arg(opts.iters.to_string())
+        .args(["--group-size", "32"])
         .timeout(RUN_LIMIT);
     println!("$ {}", cmd.display());
     let parsed = cmd
@@ -276,6 +399,11 @@ fn run_ours(
         Ok(report) => report,
         Err(e) => {
             println!("moe bench failed: {e}");
+            m.raw.push(Value::obj([
+                ("side", Value::str("ours")),
+                ("shape", Value::str(shape)),
+                ("failed", Value::str(&e)),
+            ]));
             m.ours_failed.insert(shape.to_string(), e);
             return;
         }
@@ -329,7 +457,13 @@ fn run_peer(
     if opts.quick {
         cmd = cmd.arg("--quick");
     }
-    let failed_all = |reason: String| {
+    let mut failed_all = |reason: String| {
+        m.raw.push(Value::obj([
+            ("side", Value::str("peer")),
+            ("shape", Value::str(shape)),
+            ("path", Value::str(path)),
+            ("failed", Value::str(&reason)),
+        ]));
         batch_sizes
             .iter()
             .map(|&b| (b, PeerCell::Failed(reason.clone())))
@@ -523,7 +657,8 @@ fn target_ms(shape: &str, batch: usize) -> Option<f64> {
 /// Builds the final table: one line per (shape, M); per peer path its median experts-stage time
 /// and peer/ours; then one status line per peer path.
 fn render_table(
-    opts: &BenchPeers,
+    paths: &[String],
+    iters: usize,
     shapes: &[String],
     batches: &[usize],
     m: &Measurements,
@@ -531,11 +666,11 @@ fn render_table(
     let mut text = String::new();
     let mut rows = Vec::new();
     let mut header = format!(
-        "| {:<16} | {:>5} | {:>9} | {:>9} | {:>10} | {:>9} |",
-        "shape", "M", "ours ms", "bound ms", "ours/bound", "target ms"
+        "| {:<16} | {:>5} | {:>9} | {:>9} | {:>10} | {:>9} | {:>9} |",
+        "shape", "M", "ours ms", "bound ms", "ours/bound", "packed ms", "target ms"
     );
-    let mut rule = "|---|---:|---:|---:|---:|---:|".to_string();
-    for path in &opts.paths {
+    let mut rule = "|---|---:|---:|---:|---:|---:|---:|".to_string();
+    for path in paths {
         write!(
             header,
             " {:>22} |",
@@ -560,7 +695,8 @@ fn render_table(
                 )
             };
             let ours = field("ms_per_call");
-            let bound = field("dram_bound_ms");
+            let packed = field("dram_bound_ms");
+            let bound = median(ours_rows.iter().filter_map(nominal_bound_ms).collect());
             let target = target_ms(shape, b);
             let fmt = |v: Option<f64>| v.map_or_else(|| "-".to_string(), fmt_ms);
             let ours_cell = match (ours, m.ours_failed.get(shape)) {
@@ -569,16 +705,17 @@ fn render_table(
             };
             let ratio = ours.zip(bound).map(|(o, d)| o / d);
             let mut line = format!(
-                "| {:<16} | {:>5} | {:>9} | {:>9} | {:>10} | {:>9} |",
+                "| {:<16} | {:>5} | {:>9} | {:>9} | {:>10} | {:>9} | {:>9} |",
                 shape,
                 b,
                 ours_cell,
                 fmt(bound),
                 ratio.map_or("-".into(), |r| format!("{r:.2}")),
+                fmt(packed),
                 fmt(target),
             );
             let mut peer_json = Vec::new();
-            for path in &opts.paths {
+            for path in paths {
                 let cells = m
                     .peer
                     .get(&(shape.clone(), path.clone(), b))
@@ -638,6 +775,7 @@ fn render_table(
                 ("M", Value::Num(b as f64)),
                 ("ours_ms", Value::num_or_null(ours)),
                 ("dram_bound_ms", Value::num_or_null(bound)),
+                ("packed_dram_bound_ms", Value::num_or_null(packed)),
                 ("ours_over_bound", Value::num_or_null(ratio)),
                 ("target_ms", Value::num_or_null(target)),
                 ("peer", Value::Arr(peer_json)),
@@ -647,13 +785,15 @@ fn render_table(
     writeln!(
         text,
         "\nours = `moe bench` (W4A8, int4 groups of 32, bf16 scales; weights cycled beyond the caches), \
-         median over rounds of the median of {} calls; bound = touched int4 weight and scale bytes / \
-         28.8 GB/s; target = issue 8.\npeer = bench_vllm_cpu.py, experts stage (its routing median \
-         subtracted), median over rounds; peer/ours > 1 means ours is faster.\n\npeer paths:",
-        opts.iters
+         median over rounds of the median of {iters} calls.\nbound = the touched experts' int4 weights \
+         and bf16 group scales (0.5625 B per weight) / 28.8 GB/s; packed = the same for the bytes our \
+         packed layout reads (f32 scale and f32 group sum per 32 weights: 0.75 B per weight), \
+         moe bench's own bound; target = issue 8.\npeer = bench_vllm_cpu.py, experts stage (its \
+         routing median subtracted), median over rounds; peer/ours > 1 means ours is faster.\n\n\
+         peer paths:"
     )
     .expect("writing to a String");
-    for path in &opts.paths {
+    for path in paths {
         let (ran, rel_err, reasons) = status.get(path.as_str()).cloned().unwrap_or_default();
         let mut line = if ran > 0 {
             let check = rel_err.map_or(String::new(), |e| {
@@ -674,6 +814,16 @@ fn render_table(
         writeln!(text, "{line}").expect("writing to a String");
     }
     Table { text, rows }
+}
+
+/// The DRAM time of the bytes a `moe bench` row's call touches in the checkpoint's own format:
+/// int4 weights plus one bf16 scale per group of 32 (what issue 8's targets are measured against).
+fn nominal_bound_ms(row: &Value) -> Option<f64> {
+    let shape = row.get("shape")?;
+    let dim = |key: &str| shape.get(key).and_then(Value::as_f64);
+    let touched = row.get("experts_touched").and_then(Value::as_f64)?;
+    let weights = 3.0 * dim("hidden")? * dim("intermediate")?;
+    Some(touched * weights * (0.5 + 2.0 / 32.0) / DRAM_BYTES_PER_S * 1e3)
 }
 
 /// Milliseconds with three significant digits or more.
@@ -766,6 +916,17 @@ mod tests {
         assert_eq!(median(Vec::new()), None);
         assert_eq!(target_ms("mixtral-8x7b", 1024), Some(125.0));
         assert_eq!(target_ms("custom", 1), None);
+    }
+
+    #[test]
+    fn nominal_bound_counts_int4_and_bf16_scales() {
+        let row = json::parse(
+            r#"{"shape": {"hidden": 2048, "intermediate": 768}, "experts_touched": 8}"#,
+        )
+        .expect("row parses");
+        // 8 experts x 3·2048·768 weights x 0.5625 B = 21.2 MB, / 28.8 GB/s.
+        let ms = nominal_bound_ms(&row).expect("bound");
+        assert!((ms - 0.7373).abs() < 1e-3, "{ms}");
     }
 
     #[test]

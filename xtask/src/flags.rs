@@ -29,7 +29,7 @@ Commands:
       (MOE_KERNELS_MAX_ISA=scalar). Installs the miri component when missing.
   bench-peers [--quick] [--venv <dir>] [--shared <dir>] [--shape <name,...>]
               [--batch-sizes <m,...>] [--threads <n>] [--rounds <n>] [--iters <n>]
-              [--paths <path,...>] [--out <file.json>]
+              [--paths <path,...>] [--out <file.json>] [--render <file.json>]
       Time `moe bench` (our W4A8 group-32 pipeline) and vLLM's CPU MoE paths (the peer, run by
       <shared>/peers/bench_vllm_cpu.py in its own venv) back to back on the same shapes, batch
       sizes and thread count, alternating ours and the peer round by round, and print one table
@@ -46,6 +46,7 @@ Commands:
         --iters <n>             timed calls per moe bench row (default 20)
         --paths <list>          peer paths (default int4_amx_g32,int4_amx_g128,int8_w8a8)
         --out <file.json>       also write every raw report and the table as JSON
+        --render <file.json>    print the table of an earlier run's --out file and exit
   ci
       Run the CI sequence (what .ci/run runs), stopping at the first failure: fmt check,
       clippy, cargo test --workspace, test-x86-ladder, test-arm, cargo test --workspace
@@ -95,6 +96,8 @@ pub struct BenchPeers {
     pub paths: Vec<String>,
     /// Where to write the merged JSON report.
     pub out: Option<PathBuf>,
+    /// Print the table of this earlier `--out` report instead of measuring.
+    pub render: Option<PathBuf>,
 }
 
 impl Default for BenchPeers {
@@ -112,6 +115,7 @@ impl Default for BenchPeers {
                 .map(String::from)
                 .to_vec(),
             out: None,
+            render: None,
         }
     }
 }
@@ -223,6 +227,7 @@ fn parse_bench_peers(mut args: impl Iterator<Item = String>) -> Result<BenchPeer
             "--iters" => opts.iters = positive(&value_of(&mut args, "--iters")?, "--iters")?,
             "--paths" => opts.paths = list_of(&value_of(&mut args, "--paths")?),
             "--out" => opts.out = Some(value_of(&mut args, "--out")?.into()),
+            "--render" => opts.render = Some(value_of(&mut args, "--render")?.into()),
             other => return Err(format!("bench-peers: unknown option {other:?}")),
         }
     }
@@ -344,6 +349,10 @@ mod tests {
         assert_eq!(opts.shapes, ["qwen3-30b-a3b"]);
         assert_eq!((opts.threads, opts.rounds), (1, 2));
         assert_eq!(opts.out, Some(PathBuf::from("o.json")));
+        let Ok(Command::BenchPeers(opts)) = parse_str("bench-peers --render o.json") else {
+            panic!("bench-peers --render did not parse");
+        };
+        assert_eq!(opts.render, Some(PathBuf::from("o.json")));
         assert!(parse_str("bench-peers --batch-sizes 0").is_err());
         assert!(parse_str("bench-peers --threads").is_err());
     }
