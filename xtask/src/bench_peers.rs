@@ -54,6 +54,12 @@ const DRAM_BYTES_PER_S: f64 = 28.8e9;
 /// Upper bound for one `moe bench` or one peer process, so a hang cannot stall the run.
 const RUN_LIMIT: Duration = Duration::from_secs(40 * 60);
 
+/// The peer script's `--combo-budget` (seconds per shape, path and M). Its default of 22 s
+/// makes a call slower than a third of it (Mixtral at M = 1024 without AMX) end the whole
+/// process with `StatisticsError: no median for empty data`, because such a combination gets
+/// no timed repetitions; 60 s keeps calls up to 20 s measured and skips slower ones.
+const PEER_COMBO_BUDGET_S: u32 = 60;
+
 /// Upper bound for the peer venv installation.
 const SETUP_LIMIT: Duration = Duration::from_secs(45 * 60);
 
@@ -450,6 +456,8 @@ fn run_peer(
         .arg(join(batch_sizes))
         .arg("--threads")
         .arg(opts.threads.to_string())
+        .arg("--combo-budget")
+        .arg(PEER_COMBO_BUDGET_S.to_string())
         .arg("--out")
         .arg(&out)
         .env("OMP_NUM_THREADS", opts.threads.to_string())
@@ -469,14 +477,29 @@ fn run_peer(
             .map(|&b| (b, PeerCell::Failed(reason.clone())))
             .collect()
     };
-    let (status, stderr_tail) = match run_keeping_stderr(&cmd) {
+    let (status, log) = match run_keeping_stderr(&cmd) {
         Ok(done) => done,
         Err(e) => return failed_all(e),
     };
     if let Some(reason) = status {
-        let tail = stderr_tail.map(|t| format!(" ({t})")).unwrap_or_default();
-        println!("  peer {path}: failed: {reason}{tail}");
-        return failed_all(format!("{reason}{tail}"));
+        let tail = log
+            .iter()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .map(|t| format!(" ({})", t.trim()))
+            .unwrap_or_default();
+        let reason = format!("{reason}{tail}");
+        println!("  peer {path}: failed: {reason}");
+        // The script writes its JSON only at the end; keep what its log shows had finished.
+        let cells = cells_from_log(&log, shape, path, batch_sizes, &reason);
+        m.raw.push(Value::obj([
+            ("side", Value::str("peer")),
+            ("shape", Value::str(shape)),
+            ("path", Value::str(path)),
+            ("failed", Value::str(&reason)),
+            ("log", Value::Arr(log.iter().map(Value::str).collect())),
+        ]));
+        return cells;
     }
     let report = match std::fs::read_to_string(&out)
         .map_err(|e| format!("no report at {}: {e}", out.display()))
@@ -552,9 +575,9 @@ fn peer_cell(report: &Value, path: &str, batch: usize) -> PeerCell {
     }
 }
 
-/// Runs `cmd`, passing its stdout and stderr through (stderr indented) and keeping the last
-/// stderr line. Returns `None` on success or the reason it failed, and that last line.
-fn run_keeping_stderr(cmd: &Cmd) -> Result<(Option<String>, Option<String>), String> {
+/// Runs `cmd`, passing its stdout and stderr through (stderr indented) and keeping the stderr
+/// lines. Returns `None` on success or the reason it failed, and those lines.
+fn run_keeping_stderr(cmd: &Cmd) -> Result<(Option<String>, Vec<String>), String> {
     println!("$ {}", cmd.display());
     let mut child = cmd
         .std_command()
@@ -563,15 +586,13 @@ fn run_keeping_stderr(cmd: &Cmd) -> Result<(Option<String>, Option<String>), Str
         .map_err(|e| format!("cannot start the peer: {e}"))?;
     let stderr = child.stderr.take().expect("stderr was piped");
     let reader = thread::spawn(move || {
-        let mut last = None;
+        let mut lines = Vec::new();
         for line in BufReader::new(stderr).lines() {
             let Ok(line) = line else { break };
             eprintln!("  | {line}");
-            if !line.trim().is_empty() {
-                last = Some(line);
-            }
+            lines.push(line);
         }
-        last
+        lines
     });
     let limit = cmd.time_limit().unwrap_or(RUN_LIMIT);
     let started = Instant::now();
@@ -594,6 +615,45 @@ fn run_keeping_stderr(cmd: &Cmd) -> Result<(Option<String>, Option<String>), Str
         Some(status) => Some(describe_exit(status)),
     };
     Ok((reason, last))
+}
+
+/// The cells of a peer process that died: each M whose timing line (`[shape path M=16]
+/// 35.412 ms ...`) made it into the log gets that median (routing not subtracted: the routing
+/// time is only in the JSON), the others get `reason`.
+fn cells_from_log(
+    log: &[String],
+    shape: &str,
+    path: &str,
+    batch_sizes: &[usize],
+    reason: &str,
+) -> Vec<(usize, PeerCell)> {
+    let check_prefix = format!("[{shape} {path}] check rel_err vs fp32 reference: ");
+    let rel_err = log
+        .iter()
+        .find_map(|l| l.strip_prefix(&check_prefix))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    let timed = |batch: usize| {
+        let prefix = format!("[{shape} {path} M={batch}]");
+        log.iter().find_map(|l| {
+            let rest = l.strip_prefix(&prefix)?.trim_start();
+            rest.split_whitespace().next()?.parse::<f64>().ok()
+        })
+    };
+    batch_sizes
+        .iter()
+        .map(|&b| {
+            let cell = match timed(b) {
+                Some(ms) => PeerCell::Ran {
+                    experts_ms: ms,
+                    total_ms: ms,
+                    best_ms: f64::NAN,
+                    rel_err,
+                },
+                None => PeerCell::Failed(reason.to_string()),
+            };
+            (b, cell)
+        })
+        .collect()
 }
 
 /// "exit status 1", or "killed by SIGILL (signal 4)" for a signal.
@@ -927,6 +987,24 @@ mod tests {
         // 8 experts x 3·2048·768 weights x 0.5625 B = 21.2 MB, / 28.8 GB/s.
         let ms = nominal_bound_ms(&row).expect("bound");
         assert!((ms - 0.7373).abs() < 1e-3, "{ms}");
+    }
+
+    #[test]
+    fn a_dead_peer_keeps_the_rows_its_log_shows() {
+        let log: Vec<String> = [
+            "[mixtral-8x7b int4_amx_g32] setup 9.1s",
+            "[mixtral-8x7b int4_amx_g32] check rel_err vs fp32 reference: 0.0234",
+            "[mixtral-8x7b int4_amx_g32 M=1]    84.000 ms       11.9 tok/s     2.42 GB/s",
+            "statistics.StatisticsError: no median for empty data",
+        ]
+        .map(String::from)
+        .to_vec();
+        let cells = cells_from_log(&log, "mixtral-8x7b", "int4_amx_g32", &[1, 1024], "exit 1");
+        assert!(matches!(
+            cells[0].1,
+            PeerCell::Ran { experts_ms, rel_err: Some(e), .. } if experts_ms == 84.0 && e == 0.0234
+        ));
+        assert!(matches!(&cells[1].1, PeerCell::Failed(r) if r == "exit 1"));
     }
 
     #[test]
