@@ -823,6 +823,7 @@ fn render_table(
                         "measured_ms_incl_routing",
                         Value::num_or_null(median(totals)),
                     ),
+                    ("fastest_call_ms_incl_routing", Value::num_or_null(best)),
                     (
                         "peer_over_ours",
                         Value::num_or_null(peer.zip(ours).map(|(p, o)| p / o)),
