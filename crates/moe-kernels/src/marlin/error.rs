@@ -68,8 +68,11 @@ pub enum MarlinError {
         /// Reduction dimension K supplied.
         size_k: usize,
     },
-    /// A permutation has the wrong length (project rule).
-    #[error("{tensor}[{expert}] has {got} entries, expected size_k = {expected}")]
+    /// A permutation has the wrong length (project rule): K per expert, or `E·K` for a
+    /// batched call (then `expert` is 0).
+    #[error(
+        "{tensor} (from expert {expert}) has {got} entries, expected {expected} (size_k per expert)"
+    )]
     PermLength {
         /// Which tensor (`"perm"`, `"w13_sort_indices"`, ...).
         tensor: &'static str,

@@ -110,7 +110,15 @@ fn validate(
     check_len("qweight", words, qweight.len())?;
     check_len("out", words, out_len)?;
     if !perm.is_empty() {
-        check_len("perm", experts * size_k, perm.len())?;
+        let expected = checked_product("E·K", &[experts, size_k])?;
+        if perm.len() != expected {
+            return Err(MarlinError::PermLength {
+                tensor: "perm",
+                expert: 0,
+                expected,
+                got: perm.len(),
+            });
+        }
         for (e, p) in perm.chunks_exact(size_k.max(1)).enumerate() {
             check_perm("perm", e, p, size_k)?;
         }
