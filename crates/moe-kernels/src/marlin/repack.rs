@@ -162,29 +162,34 @@ pub fn repack_experts(
     }
     let bands = k / layout.tile_k();
     let table = BandTable::new(layout, n);
-    for_each_chunk(
-        out,
-        band_words,
-        par,
-        Vec::new,
-        |codes: &mut Vec<u8>, band, dst| {
-            let (e, kt) = (band / bands, band % bands);
-            let src = &qweight[e * expert_words..(e + 1) * expert_words];
-            let perm = if perm.is_empty() {
-                None
-            } else {
-                Some(&perm[e * k..(e + 1) * k])
-            };
-            match (layout.bits, layout.a8, perm) {
-                (WeightBits::B4, false, None) => band_b4(src, n, kt, dst),
-                (WeightBits::B8, false, None) => band_b8(src, n, kt, dst),
-                _ => {
-                    gather_band_codes(src, n, layout, kt, perm, codes);
-                    table.pack(codes, dst);
+    let scratch = || (Vec::<u8>::new(), Vec::<u32>::new());
+    for_each_chunk(out, band_words, par, scratch, |scratch, band, dst| {
+        let (e, kt) = (band / bands, band % bands);
+        let src = &qweight[e * expert_words..(e + 1) * expert_words];
+        let perm = if perm.is_empty() {
+            None
+        } else {
+            Some(&perm[e * k..(e + 1) * k])
+        };
+        match (layout.bits, layout.a8, perm) {
+            (WeightBits::B4, false, None) => band_b4(src, n, kt, dst),
+            (WeightBits::B8, false, None) => band_b8(src, n, kt, dst),
+            // Act-order: gather the band's rows into GPTQ words, then the byte-moving path.
+            (bits, false, Some(p)) => {
+                let rows = &mut scratch.1;
+                gather_band_words(src, n, bits, kt, p, rows);
+                match bits {
+                    WeightBits::B4 => band_b4(rows, n, 0, dst),
+                    WeightBits::B8 => band_b8(rows, n, 0, dst),
                 }
             }
-        },
-    );
+            _ => {
+                let codes = &mut scratch.0;
+                gather_band_codes(src, n, layout, kt, perm, codes);
+                table.pack(codes, dst);
+            }
+        }
+    });
     Ok(layout)
 }
 
@@ -276,6 +281,32 @@ fn gather_band_codes(
         let packed = &src[(k_src / pf) * n..(k_src / pf + 1) * n];
         for (c, &w) in row.iter_mut().zip(packed) {
             *c = ((w >> shift) & mask) as u8;
+        }
+    }
+}
+
+/// Fills `rows` with the GPTQ words (`16 / pf` rows of N) of band `kt` of the permuted matrix:
+/// row `k` of the band is checkpoint row `perm[16·kt + k]`.
+fn gather_band_words(
+    src: &[u32],
+    n: usize,
+    bits: WeightBits,
+    kt: usize,
+    perm: &[u32],
+    rows: &mut Vec<u32>,
+) {
+    let pf = bits.pack_factor();
+    let (b, mask) = (bits.bits(), bits.mask());
+    rows.clear();
+    rows.resize(16 / pf * n, 0);
+    for kl in 0..16 {
+        let k_src = perm[16 * kt + kl] as usize;
+        let shift_in = b * (k_src % pf) as u32;
+        let shift_out = b * (kl % pf) as u32;
+        let packed = &src[(k_src / pf) * n..(k_src / pf + 1) * n];
+        let dst = &mut rows[(kl / pf) * n..(kl / pf + 1) * n];
+        for (d, &w) in dst.iter_mut().zip(packed) {
+            *d |= ((w >> shift_in) & mask) << shift_out;
         }
     }
 }
@@ -516,9 +547,10 @@ mod tests {
     #[test]
     fn fast_paths_equal_the_table_path() {
         let mut state = 0x1234_5678_9abc_def0u64;
-        for bits in [4u32, 8] {
+        for bits in [WeightBits::B4, WeightBits::B8] {
             let (k, n) = (48, 192);
-            let words: Vec<u32> = (0..k * n * bits as usize / 32)
+            let pf = bits.pack_factor();
+            let words: Vec<u32> = (0..k * n / pf)
                 .map(|_| {
                     state = state
                         .wrapping_mul(6364136223846793005)
@@ -526,35 +558,28 @@ mod tests {
                     (state >> 32) as u32
                 })
                 .collect();
-            let spec = RepackSpec {
-                size_k: k,
-                size_n: n,
-                num_bits: bits,
-                is_a_8bit: false,
-            };
-            let mut fast = vec![0; spec.words().unwrap()];
-            repack(
-                &words,
-                [k * bits as usize / 32, n],
-                &[],
-                spec,
-                &mut fast,
-                Par::Seq,
-            )
-            .unwrap();
-            // The identity permutation forces the table path.
-            let identity: Vec<u32> = (0..k as u32).collect();
-            let mut slow = vec![0; fast.len()];
-            repack(
-                &words,
-                [k * bits as usize / 32, n],
-                &identity,
-                spec,
-                &mut slow,
-                Par::Rayon,
-            )
-            .unwrap();
-            assert_eq!(fast, slow, "b{bits}");
+            let layout = MarlinLayout { bits, a8: false };
+            let table = BandTable::new(layout, n);
+            let reversed: Vec<u32> = (0..k as u32).rev().collect();
+            let band = 16 * n / pf;
+            for perm in [None, Some(&reversed[..])] {
+                for kt in 0..k / 16 {
+                    let (mut fast, mut slow) = (vec![0; band], vec![0; band]);
+                    let mut rows = Vec::new();
+                    match perm {
+                        None => rows.extend_from_slice(&words[kt * band..(kt + 1) * band]),
+                        Some(p) => gather_band_words(&words, n, bits, kt, p, &mut rows),
+                    }
+                    match bits {
+                        WeightBits::B4 => band_b4(&rows, n, 0, &mut fast),
+                        WeightBits::B8 => band_b8(&rows, n, 0, &mut fast),
+                    }
+                    let mut codes = Vec::new();
+                    gather_band_codes(&words, n, layout, kt, perm, &mut codes);
+                    table.pack(&codes, &mut slow);
+                    assert_eq!(fast, slow, "{bits:?} band {kt} perm {}", perm.is_some());
+                }
+            }
         }
     }
 }
