@@ -3,10 +3,10 @@
 //!
 //! The output is cut into bands of one tile height (16 rows of K, or 32 with 8-bit
 //! activations); a band's words are contiguous in the output, so bands are independent jobs for
-//! rayon and each writes straight into the caller's preallocated buffer. Two hot cases (4- and
-//! 8-bit weights, 16-bit activations, no act-order) move whole bytes with shifts and masks; every
-//! other case gathers the band's codes into a byte buffer and packs them through the tile table
-//! of [`MarlinLayout::field_coords`]. Tests check the fast paths against the table path.
+//! rayon and each writes straight into the caller's preallocated buffer. Each of the four
+//! layouts has a path that moves whole bytes with shifts and masks (act-order first gathers the
+//! band's rows); the reference path gathers the band's codes into bytes and packs them through
+//! the tile table of [`MarlinLayout::field_coords`]. Tests check every fast path against it.
 
 use super::error::{MarlinError, check_len, checked_product};
 use super::layout::{MarlinLayout, WeightBits, check_tile_shape};
@@ -174,6 +174,8 @@ pub fn repack_experts(
         match (layout.bits, layout.a8, perm) {
             (WeightBits::B4, false, None) => band_b4(src, n, kt, dst),
             (WeightBits::B8, false, None) => band_b8(src, n, kt, dst),
+            (WeightBits::B4, true, None) => band_b4_a8(src, n, kt, dst),
+            (WeightBits::B8, true, None) => band_b8_a8(src, n, kt, dst),
             // Act-order: gather the band's rows into GPTQ words, then the byte-moving path.
             (bits, false, Some(p)) => {
                 let rows = &mut scratch.1;
@@ -371,6 +373,59 @@ fn band_b8(src: &[u32], n: usize, kt: usize, dst: &mut [u32]) {
     }
 }
 
+/// Spreads the four nibbles of a half-word into the low nibbles of the four bytes of a word.
+#[inline(always)]
+fn spread_nibbles(half: u32) -> u32 {
+    let x = (half | (half << 8)) & 0x00ff_00ff;
+    (x | (x << 4)) & 0x0f0f_0f0f
+}
+
+/// 4-bit, 8-bit activations (32×32 tiles): band `kt` from GPTQ rows `4kt .. 4kt + 4`.
+///
+/// Word `w = 4i + 2j + c` holds, for `p = i mod 4`, half-word `p mod 2` (four codes) of the GPTQ
+/// words at rows `4kt + p div 2` and `+ 2`, column `16j + i div 4 + 8c`, nibbles interleaved
+/// `[a0, b0, a1, b1, a2, b2, a3, b3]`.
+fn band_b4_a8(src: &[u32], n: usize, kt: usize, dst: &mut [u32]) {
+    let rows: [&[u32]; 4] = std::array::from_fn(|q| &src[(4 * kt + q) * n..(4 * kt + q + 1) * n]);
+    for (nt, tile) in dst.chunks_exact_mut(128).enumerate() {
+        for i4 in 0..8 {
+            for j in 0..2 {
+                for c in 0..2 {
+                    let col = 32 * nt + 16 * j + i4 + 8 * c;
+                    for p in 0..4 {
+                        let h = 16 * (p % 2);
+                        let a = (rows[p / 2][col] >> h) & 0xffff;
+                        let b = (rows[p / 2 + 2][col] >> h) & 0xffff;
+                        tile[4 * (4 * i4 + p) + 2 * j + c] =
+                            spread_nibbles(a) | (spread_nibbles(b) << 4);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// 8-bit, 8-bit activations (32×32 tiles): band `kt` from GPTQ rows `8kt .. 8kt + 8`. Word
+/// `w = 8i + 4j + 2c + h` is the GPTQ word at row `8kt + (i mod 4) + 4h`, column
+/// `16j + i div 4 + 8c`, unchanged.
+fn band_b8_a8(src: &[u32], n: usize, kt: usize, dst: &mut [u32]) {
+    let rows: [&[u32]; 8] = std::array::from_fn(|q| &src[(8 * kt + q) * n..(8 * kt + q + 1) * n]);
+    for (nt, tile) in dst.chunks_exact_mut(256).enumerate() {
+        for i4 in 0..8 {
+            for j in 0..2 {
+                for c in 0..2 {
+                    let col = 32 * nt + 16 * j + i4 + 8 * c;
+                    for p in 0..4 {
+                        for h in 0..2 {
+                            tile[8 * (4 * i4 + p) + 4 * j + 2 * c + h] = rows[p + 4 * h][col];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Unpacks one Marlin matrix into its codes `[K, N]` (row `k` = repacked row `k`, i.e. checkpoint
 /// row `perm[k]` when the repack had a permutation). The inverse of [`repack`] up to `perm`.
 pub fn unpack_codes(words: &[u32], spec: RepackSpec) -> Result<Vec<u8>, MarlinError> {
@@ -548,7 +603,7 @@ mod tests {
     fn fast_paths_equal_the_table_path() {
         let mut state = 0x1234_5678_9abc_def0u64;
         for bits in [WeightBits::B4, WeightBits::B8] {
-            let (k, n) = (48, 192);
+            let (k, n) = (64, 192);
             let pf = bits.pack_factor();
             let words: Vec<u32> = (0..k * n / pf)
                 .map(|_| {
@@ -560,6 +615,21 @@ mod tests {
                 .collect();
             let layout = MarlinLayout { bits, a8: false };
             let table = BandTable::new(layout, n);
+            // The 8-bit-activation paths (no permutation) against the table path.
+            let a8 = MarlinLayout { bits, a8: true };
+            let a8_table = BandTable::new(a8, n);
+            let a8_band = 32 * n / pf;
+            for kt in 0..k / 32 {
+                let (mut fast, mut slow) = (vec![0; a8_band], vec![0; a8_band]);
+                match bits {
+                    WeightBits::B4 => band_b4_a8(&words, n, kt, &mut fast),
+                    WeightBits::B8 => band_b8_a8(&words, n, kt, &mut fast),
+                }
+                let mut codes = Vec::new();
+                gather_band_codes(&words, n, a8, kt, None, &mut codes);
+                a8_table.pack(&codes, &mut slow);
+                assert_eq!(fast, slow, "{bits:?} a8 band {kt}");
+            }
             let reversed: Vec<u32> = (0..k as u32).rev().collect();
             let band = 16 * n / pf;
             for perm in [None, Some(&reversed[..])] {
