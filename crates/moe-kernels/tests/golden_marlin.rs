@@ -170,6 +170,15 @@ fn check_stable_argsort(expert: usize, g_idx: &[u32], gs: usize) -> Result<(), S
     Ok(())
 }
 
+/// One projection's golden inputs.
+struct ProjInput<S> {
+    qweight: Vec<u32>,
+    scales: Vec<S>,
+    g_idx: Vec<u32>,
+    sort: Vec<u32>,
+    bias: Option<Vec<S>>,
+}
+
 /// Family B: the seed's whole post-processing, both scale rules.
 fn check_moe(case: &GoldenCase) -> Result<(), String> {
     match case.dtype("w13_scales") {
@@ -197,23 +206,23 @@ fn check_moe_typed<S: Scale16>(case: &GoldenCase) -> Result<(), String> {
             let bias = case
                 .has(&format!("{p}_bias"))
                 .then(|| scales_of::<S>(case, &format!("{p}_bias")));
-            (
-                words(case, &format!("{p}_qweight")),
-                scales_of::<S>(case, &format!("{p}_scales")),
-                words(case, &format!("{p}_g_idx")),
-                words(case, &format!("{p}_sort_indices")),
+            ProjInput {
+                qweight: words(case, &format!("{p}_qweight")),
+                scales: scales_of::<S>(case, &format!("{p}_scales")),
+                g_idx: words(case, &format!("{p}_g_idx")),
+                sort: words(case, &format!("{p}_sort_indices")),
                 bias,
-            )
+            }
         })
         .collect();
     let tensor = |i: usize| {
-        let (q, s, g, p, b) = &owned[i];
+        let t = &owned[i];
         Wna16Tensor {
-            qweight: q,
-            scales: s,
-            g_idx: g,
-            sort_indices: act_order.then_some(&p[..]),
-            bias: b.as_deref(),
+            qweight: &t.qweight,
+            scales: &t.scales,
+            g_idx: &t.g_idx,
+            sort_indices: act_order.then_some(&t.sort[..]),
+            bias: t.bias.as_deref(),
         }
     };
     let seed =
@@ -251,7 +260,7 @@ fn check_moe_typed<S: Scale16>(case: &GoldenCase) -> Result<(), String> {
             )?;
             let gs = group_size(case).unwrap_or(out.size_k);
             for (x, g) in owned[usize::from(p == "w2")]
-                .2
+                .g_idx
                 .chunks_exact(out.size_k)
                 .enumerate()
             {
@@ -259,7 +268,7 @@ fn check_moe_typed<S: Scale16>(case: &GoldenCase) -> Result<(), String> {
             }
         }
         if case.has(&format!("{p}_fp8_gptq_qweight")) {
-            let mut remapped = owned[usize::from(p == "w2")].0.clone();
+            let mut remapped = owned[usize::from(p == "w2")].qweight.clone();
             fp8_remap_int4(&mut remapped);
             eq_u32(
                 &format!("{p}_fp8_gptq_qweight"),
@@ -345,7 +354,7 @@ fn compare_scales<S: Scale16>(
 fn check_executor<S: Scale16>(
     case: &GoldenCase,
     p: &str,
-    input: &(Vec<u32>, Vec<S>, Vec<u32>, Vec<u32>, Option<Vec<S>>),
+    input: &ProjInput<S>,
     out: &MarlinTensor<S>,
     config: &Wna16Config,
 ) -> Result<(), String> {
@@ -391,8 +400,8 @@ fn check_executor<S: Scale16>(
         })
         .map_err(|err| format!("{p}[{x}] executor: {err}"))?;
         // Reference from the checkpoint: codes, original scales, g_idx per row.
-        let q = &input.0[x * words_per..(x + 1) * words_per];
-        let s = &input.1[x * g * n..(x + 1) * g * n];
+        let q = &input.qweight[x * words_per..(x + 1) * words_per];
+        let s = &input.scales[x * g * n..(x + 1) * g * n];
         let bias = 1i32 << (bits - 1);
         let mut reference = vec![0f32; k * n];
         // Channelwise weights are scaled after the f32 sum, so their GEMM compares against the
@@ -400,7 +409,7 @@ fn check_executor<S: Scale16>(
         let mut unrounded = vec![0f32; k * n];
         for kk in 0..k {
             let grp = if config.act_order && config.group_size.is_some() {
-                input.2[x * k + kk] as usize
+                input.g_idx[x * k + kk] as usize
             } else {
                 config.group_size.map_or(0, |gs| kk / gs)
             };

@@ -403,6 +403,13 @@ fn post_processing_refuses_what_the_kernels_cannot_run() {
         ),
         "{err:?}"
     );
+    // Empty shapes are refused, not panicked on.
+    let c = Wna16Config {
+        intermediate_size: 0,
+        act_order: true,
+        ..moe_config(4, Some(32), ActDtype::Bits16)
+    };
+    assert!(matches!(run(c, &l4, &[]), MarlinError::Unsupported { .. }));
     // A correct layer goes through.
     process_wna16_moe(
         &moe_config(4, Some(32), ActDtype::Int8),

@@ -131,14 +131,14 @@ pub fn check_tile_shape(
     num_bits: u32,
     a8: bool,
 ) -> Result<MarlinLayout, MarlinError> {
-    if size_k % 16 != 0 {
+    if !size_k.is_multiple_of(16) {
         return Err(MarlinError::SizeKNotMultiple { size_k, tile: 16 });
     }
-    if size_n % 64 != 0 {
+    if !size_n.is_multiple_of(64) {
         return Err(MarlinError::SizeNNotMultiple { size_n, tile: 64 });
     }
     let bits = WeightBits::new(num_bits)?;
-    if a8 && size_k % 32 != 0 {
+    if a8 && !size_k.is_multiple_of(32) {
         return Err(MarlinError::A8SizeKNotMultipleOf32 { size_k });
     }
     Ok(MarlinLayout { bits, a8 })

@@ -66,7 +66,7 @@ fn permute_columns<T: Copy>(
     layout: ScaleLayout,
 ) -> Result<Vec<T>, MarlinError> {
     let block = layout.block();
-    if size_n % block != 0 {
+    if !size_n.is_multiple_of(block) {
         return Err(MarlinError::SizeNNotMultiple {
             size_n,
             tile: block,
@@ -76,7 +76,7 @@ fn permute_columns<T: Copy>(
         check_len(tensor, 0, values.len())?;
         return Ok(Vec::new());
     }
-    if values.len() % size_n != 0 {
+    if !values.len().is_multiple_of(size_n) {
         let rows = values.len().div_ceil(size_n);
         check_len(tensor, rows * size_n, values.len())?;
     }
@@ -114,7 +114,7 @@ pub fn marlin_zero_points(
     a8: bool,
 ) -> Result<Vec<u32>, MarlinError> {
     let bits = WeightBits::new(num_bits)?;
-    if size_n % 64 != 0 {
+    if !size_n.is_multiple_of(64) {
         return Err(MarlinError::SizeNNotMultiple { size_n, tile: 64 });
     }
     if let Some(index) = zp.iter().position(|&z| z > bits.mask()) {

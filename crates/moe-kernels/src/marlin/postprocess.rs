@@ -151,7 +151,7 @@ pub fn groups_for(
             "Marlin supports group sizes 32, 64, 128 and channelwise",
         ));
     }
-    if size_k % gs != 0 {
+    if !size_k.is_multiple_of(gs) {
         return Err(bad("it must divide size_k"));
     }
     Ok(size_k / gs)
@@ -178,6 +178,11 @@ pub fn process_wna16_moe<S: Scale16>(
     let bits = check_act_support(config.num_bits, config.input_dtype)?;
     let a8 = config.input_dtype.is_8bit();
     let (h, i) = (config.hidden_size, config.intermediate_size);
+    if h == 0 || i == 0 || config.num_experts == 0 {
+        return Err(MarlinError::Unsupported {
+            reason: "the number of experts, the hidden size and the intermediate size must be positive",
+        });
+    }
     let n13 = i
         .checked_mul(2)
         .ok_or(MarlinError::ShapeOverflow { what: "2I" })?;

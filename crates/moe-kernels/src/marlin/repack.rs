@@ -493,7 +493,7 @@ pub fn pack_gptq(
         checked_product("K·N", &[size_k, size_n])?,
         codes.len(),
     )?;
-    if size_k % pf != 0 {
+    if !size_k.is_multiple_of(pf) {
         return Err(MarlinError::SizeKNotMultiple { size_k, tile: pf });
     }
     if let Some(index) = codes.iter().position(|&c| u32::from(c) > bits.mask()) {
