@@ -165,3 +165,163 @@ fn repack_marlin_refuses_bad_input_with_a_message() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not empty"));
     let _ = std::fs::remove_dir_all(&out_dir);
 }
+
+/// Writes a one-layer GPTQ act-order checkpoint (Qwen3-MoE names, E = 8, H = 128, I = 64,
+/// 4-bit, group 32, fp16 scales) with seeded random codes, scales and group assignments.
+fn write_gptq_act_order_model(dir: &std::path::Path) {
+    use safetensors::Dtype;
+    std::fs::create_dir_all(dir).unwrap();
+    let fixture = moe_testutil::fixtures_dir().join("qwen3moe-w4a16-g32");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("config.json")).unwrap())
+            .unwrap();
+    config["num_hidden_layers"] = 1.into();
+    config["quantization_config"] = serde_json::json!({"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": true, "sym": true});
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let mut rng = moe_testutil::SplitMix64::new(42);
+    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    let gate: Vec<u8> = (0..8 * 128)
+        .flat_map(|_| bf16::from_f32(rng.uniform(-0.1, 0.1)).to_le_bytes())
+        .collect();
+    tensors.push((
+        "model.layers.0.mlp.gate.weight".into(),
+        Dtype::BF16,
+        vec![8, 128],
+        gate,
+    ));
+    for e in 0..8 {
+        // One g_idx per input size, shared by gate and up as GPTQ writes it.
+        let g_idx_of = |k: usize, rng: &mut moe_testutil::SplitMix64| -> Vec<i32> {
+            let mut p: Vec<i32> = (0..k as i32).collect();
+            for i in (1..k).rev() {
+                p.swap(i, rng.below(i + 1));
+            }
+            p.iter().map(|&r| r / 32).collect()
+        };
+        let g_h = g_idx_of(128, &mut rng);
+        let g_i = g_idx_of(64, &mut rng);
+        for (proj, n, k) in [
+            ("gate_proj", 64usize, 128usize),
+            ("up_proj", 64, 128),
+            ("down_proj", 128, 64),
+        ] {
+            let prefix = format!("model.layers.0.mlp.experts.{e}.{proj}");
+            let q: Vec<u8> = (0..k / 8 * n)
+                .flat_map(|_| (rng.next_u64() as u32).to_le_bytes())
+                .collect();
+            let s: Vec<u8> = (0..k / 32 * n)
+                .flat_map(|_| half::f16::from_f32(rng.uniform(0.001, 0.02)).to_le_bytes())
+                .collect();
+            let z: Vec<u8> = (0..k / 32 * n / 8)
+                .flat_map(|_| 0x7777_7777u32.to_le_bytes())
+                .collect();
+            let g = if k == 128 { &g_h } else { &g_i };
+            let gb: Vec<u8> = g.iter().flat_map(|v| v.to_le_bytes()).collect();
+            tensors.push((format!("{prefix}.qweight"), Dtype::I32, vec![k / 8, n], q));
+            tensors.push((format!("{prefix}.scales"), Dtype::F16, vec![k / 32, n], s));
+            tensors.push((
+                format!("{prefix}.qzeros"),
+                Dtype::I32,
+                vec![k / 32, n / 8],
+                z,
+            ));
+            tensors.push((format!("{prefix}.g_idx"), Dtype::I32, vec![k], gb));
+        }
+    }
+    let views: Vec<_> = tensors
+        .iter()
+        .map(|(n, d, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::tensor::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+}
+
+#[test]
+fn gptq_act_order_checkpoint_repacks_with_its_permutation() {
+    let model = scratch_dir("gptq-src");
+    write_gptq_act_order_model(&model);
+    let out_dir = scratch_dir("gptq-out");
+    let out = moe(&[
+        "--json",
+        "repack-marlin",
+        "--model",
+        model.to_str().unwrap(),
+        "--output",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["act_order"], true);
+
+    let ckpt = Checkpoint::open(&model, ShardAccess::Read).unwrap();
+    let layer_t = ckpt.read_layer(0, &ReadOptions::single_rank()).unwrap();
+    let ExpertWeights::Int(int) = &layer_t.experts.weights else {
+        panic!("not quantized")
+    };
+    let bytes = std::fs::read(out_dir.join("model-marlin-layer00000.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let (e, h, i, gs) = (8, 128, 64, 32);
+    for (p, n, k, codes, scales) in [
+        ("w13", 2 * i, h, &int.w13, &int.w13_scales),
+        ("w2", h, i, &int.w2, &int.w2_scales),
+    ] {
+        let get = |name: &str| {
+            st.tensor(&format!("model.layers.0.mlp.experts.{p}.{name}"))
+                .unwrap()
+        };
+        let q = le_u32(get("marlin_qweight").data());
+        let s: Vec<half::f16> = get("marlin_scales")
+            .data()
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]))
+            .collect();
+        let sort = le_u32(get("sort_indices").data());
+        let gsorted = le_u32(get("g_idx_sorted").data());
+        let g = k / gs;
+        for x in 0..e {
+            let w = MarlinWeights::new(MarlinWeightsDesc {
+                size_k: k,
+                size_n: n,
+                num_bits: 4,
+                is_a_8bit: false,
+                group_size: Some(gs),
+                qweight: &q[x * k * n / 8..(x + 1) * k * n / 8],
+                scales: ScaleValues::F16(&s[x * g * n..(x + 1) * g * n]),
+                scale_layout: ScaleLayout::for_kernel(g, false),
+                sort_indices: &sort[x * k..(x + 1) * k],
+                g_idx_sorted: &gsorted[x * k..(x + 1) * k],
+                fp8_preprocessed: false,
+            })
+            .unwrap();
+            let deq = w.dequantize();
+            let g_idx = &int.act_order.as_ref().unwrap();
+            let g_idx = if p == "w13" {
+                &g_idx.w13_g_idx
+            } else {
+                &g_idx.w2_g_idx
+            };
+            for kk in 0..k {
+                let grp = g_idx[x * k + kk] as usize;
+                for nn in 0..n {
+                    let code = f32::from(codes[(x * n + nn) * k + kk]);
+                    let want = half::f16::from_f32(code * scales[(x * n + nn) * g + grp]).to_f32();
+                    assert_eq!(
+                        deq[kk * n + nn].to_bits(),
+                        want.to_bits(),
+                        "{p}[{x}] k {kk} n {nn}"
+                    );
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&model);
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
