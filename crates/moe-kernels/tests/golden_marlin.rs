@@ -358,8 +358,12 @@ fn check_executor<S: Scale16>(
     out: &MarlinTensor<S>,
     config: &Wna16Config,
 ) -> Result<(), String> {
-    let MarlinScales::Plain(scales) = &out.scales else {
-        return Ok(()); // i16 scales: not an executor input.
+    let scales = match &out.scales {
+        MarlinScales::Plain(scales) => scales,
+        MarlinScales::Int8 {
+            scales,
+            global_scale,
+        } => return check_executor_int8(p, input, out, config, scales, *global_scale),
     };
     let (k, n, g) = (out.size_k, out.size_n, out.num_groups);
     let bits = config.num_bits;
@@ -458,6 +462,60 @@ fn check_executor<S: Scale16>(
                 if (got - want).abs() > 1e-5 * mag.max(1e-30) + 1e-30 {
                     return Err(format!(
                         "{p}[{x}] gemm[{r}][{c}] = {got:e}, want {want:e} (sum |.| {mag:e})"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Executor on INT8-processed scales: the effective scales `code · global` approximate the
+/// original ones to the i16 step (plus one rounding of `s / smax` in the scale dtype), so the
+/// dequantised weights are compared with that bound.
+fn check_executor_int8<S: Scale16>(
+    p: &str,
+    input: &ProjInput<S>,
+    out: &MarlinTensor<S>,
+    config: &Wna16Config,
+    scales: &[i16],
+    global: f32,
+) -> Result<(), String> {
+    let (k, n, g) = (out.size_k, out.size_n, out.num_groups);
+    let gs = config.group_size.unwrap_or(k);
+    let words_per = k * n / 8;
+    for x in 0..config.num_experts {
+        let w = MarlinWeights::new(MarlinWeightsDesc {
+            size_k: k,
+            size_n: n,
+            num_bits: config.num_bits,
+            is_a_8bit: true,
+            group_size: config.group_size,
+            qweight: &out.qweight[x * words_per..(x + 1) * words_per],
+            scales: ScaleValues::Int8Act {
+                scales: &scales[x * g * n..(x + 1) * g * n],
+                global_scale: global,
+            },
+            scale_layout: ScaleLayout::for_kernel(g, true),
+            sort_indices: &[],
+            g_idx_sorted: &[],
+            fp8_preprocessed: false,
+        })
+        .map_err(|err| format!("{p}[{x}] executor: {err}"))?;
+        let deq = w.dequantize();
+        let q = &input.qweight[x * words_per..(x + 1) * words_per];
+        let s = &input.scales[x * g * n..(x + 1) * g * n];
+        for kk in 0..k {
+            for nn in 0..n {
+                let code = (q[(kk / 8) * n + nn] >> (4 * (kk % 8))) & 0xf;
+                let v = code as f32 - 8.0;
+                let sv = s[(kk / gs) * n + nn].to_f32();
+                let bound = v.abs() * (0.5 * global + sv * 2f32.powi(-7)) + 1e-30;
+                let got = deq[kk * n + nn];
+                if (got - v * sv).abs() > bound {
+                    return Err(format!(
+                        "{p}[{x}] int8 dequantize[{kk}][{nn}] = {got:e}, want {:e} ± {bound:e}",
+                        v * sv
                     ));
                 }
             }

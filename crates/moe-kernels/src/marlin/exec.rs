@@ -28,6 +28,17 @@ pub enum ScaleValues<'a> {
     Bf16(&'a [bf16]),
     /// f32 scales (no rounding of the dequantised weight).
     F32(&'a [f32]),
+    /// INT8-activation scales as the post-processing leaves them (i16 codes and the tensor's
+    /// global scale): the effective weight scale is `code · global_scale`, which approximates the
+    /// original scale to the i16 step. Dequantised without 16-bit rounding. The W4A8 kernel's
+    /// per-token activation quantisation is not emulated: the executor runs 16-bit-activation
+    /// math on these weights.
+    Int8Act {
+        /// i16 scale codes `[G, N]`.
+        scales: &'a [i16],
+        /// The global scale (`smax / 4096`).
+        global_scale: f32,
+    },
 }
 
 impl ScaleValues<'_> {
@@ -36,6 +47,7 @@ impl ScaleValues<'_> {
             Self::F16(s) => s.len(),
             Self::Bf16(s) => s.len(),
             Self::F32(s) => s.len(),
+            Self::Int8Act { scales, .. } => scales.len(),
         }
     }
 
@@ -44,6 +56,16 @@ impl ScaleValues<'_> {
             Self::F16(s) => (s.iter().map(|v| v.to_f32()).collect(), Rounding::F16),
             Self::Bf16(s) => (s.iter().map(|v| v.to_f32()).collect(), Rounding::Bf16),
             Self::F32(s) => (s.to_vec(), Rounding::F32),
+            Self::Int8Act {
+                scales,
+                global_scale,
+            } => (
+                scales
+                    .iter()
+                    .map(|&q| f32::from(q) * global_scale)
+                    .collect(),
+                Rounding::F32,
+            ),
         }
     }
 }
