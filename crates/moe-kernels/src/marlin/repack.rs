@@ -301,22 +301,15 @@ fn gather_band_words(
     let (b, mask) = (bits.bits(), bits.mask());
     rows.clear();
     rows.resize(16 / pf * n, 0);
-    for (r, dst) in rows.chunks_exact_mut(n).enumerate() {
-        // The pf checkpoint rows feeding this packed row, with the shift of each code.
-        let sources: Vec<(&[u32], u32)> = (0..pf)
-            .map(|t| {
-                let k_src = perm[16 * kt + r * pf + t] as usize;
-                let row = &src[(k_src / pf) * n..(k_src / pf + 1) * n];
-                (row, b * (k_src % pf) as u32)
-            })
-            .collect();
-        for (col, d) in dst.iter_mut().enumerate() {
-            *d = sources
-                .iter()
-                .enumerate()
-                .fold(0, |acc, (t, (row, shift))| {
-                    acc | (((row[col] >> shift) & mask) << (b * t as u32))
-                });
+    // Row by row: each pass is a plain shift-mask-or over N words, which vectorises.
+    for kl in 0..16 {
+        let k_src = perm[16 * kt + kl] as usize;
+        let shift_in = b * (k_src % pf) as u32;
+        let shift_out = b * (kl % pf) as u32;
+        let packed = &src[(k_src / pf) * n..(k_src / pf + 1) * n];
+        let dst = &mut rows[(kl / pf) * n..(kl / pf + 1) * n];
+        for (d, &w) in dst.iter_mut().zip(packed) {
+            *d |= ((w >> shift_in) & mask) << shift_out;
         }
     }
 }
