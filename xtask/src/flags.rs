@@ -19,10 +19,17 @@ Commands:
   test-x86-ladder [-- <test args>]
       Run the moe-kernels tests natively with MOE_KERNELS_MAX_ISA capped to avx512-vnni,
       avx-vnni, avx2 and scalar (rungs the host lacks are skipped).
+  fuzz [--seconds <n>] [--target <name>]...
+      Replay the committed fuzz seeds and regressions (fuzz/), then run each cargo-fuzz
+      target on nightly for n seconds (default 60): checkpoint_loader, config_parser,
+      packers. Installs cargo-fuzz when missing.
+  miri
+      Run the scalar kernels', packers' and quantizers' tests under Miri on nightly
+      (MOE_KERNELS_MAX_ISA=scalar). Installs the miri component when missing.
   ci
       Run the CI sequence (what .ci/run runs), stopping at the first failure: fmt check,
-      clippy, cargo test --workspace, test-x86-ladder, test-arm, and cargo test --workspace
-      again with RAYON_NUM_THREADS=1.
+      clippy, cargo test --workspace, test-x86-ladder, test-arm, cargo test --workspace
+      again with RAYON_NUM_THREADS=1, fuzz --seconds 20 and miri.
   help
       Print this text.";
 
@@ -35,8 +42,30 @@ pub enum Command {
     TestArm(TestArm),
     /// Run the moe-kernels tests under each x86 ISA cap.
     TestX86Ladder(TestX86Ladder),
+    /// Replay and run the fuzz targets.
+    Fuzz(Fuzz),
+    /// Run the selected tests under Miri.
+    Miri,
     /// Run the whole CI sequence.
     Ci,
+}
+
+/// Options of `fuzz`.
+#[derive(Debug)]
+pub struct Fuzz {
+    /// Seconds of fuzzing per target.
+    pub seconds: u64,
+    /// Targets to run; empty means all of them.
+    pub targets: Vec<String>,
+}
+
+impl Default for Fuzz {
+    fn default() -> Self {
+        Self {
+            seconds: 60,
+            targets: Vec::new(),
+        }
+    }
 }
 
 /// Options of `test-arm`.
@@ -78,6 +107,8 @@ pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Command, String> 
     match command.as_str() {
         "help" | "--help" | "-h" => no_more_args(args, Command::Help),
         "ci" => no_more_args(args, Command::Ci),
+        "miri" => no_more_args(args, Command::Miri),
+        "fuzz" => parse_fuzz(args).map(Command::Fuzz),
         "test-arm" => parse_test_arm(args).map(Command::TestArm),
         "test-x86-ladder" => {
             let test_args = after_double_dash(&mut args, "test-x86-ladder")?;
@@ -85,6 +116,23 @@ pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Command, String> 
         }
         other => Err(format!("unknown command {other:?}")),
     }
+}
+
+fn parse_fuzz(mut args: impl Iterator<Item = String>) -> Result<Fuzz, String> {
+    let mut opts = Fuzz::default();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--seconds" => {
+                let raw = value_of(&mut args, "--seconds")?;
+                opts.seconds = raw
+                    .parse()
+                    .map_err(|_| format!("--seconds wants a whole number, got {raw:?}"))?;
+            }
+            "--target" => opts.targets.push(value_of(&mut args, "--target")?),
+            other => return Err(format!("fuzz: unknown option {other:?}")),
+        }
+    }
+    Ok(opts)
 }
 
 fn parse_test_arm(mut args: impl Iterator<Item = String>) -> Result<TestArm, String> {
@@ -155,6 +203,19 @@ mod tests {
         assert!(opts.no_install);
         assert_eq!(opts.timeout, Duration::from_secs(180));
         assert_eq!(opts.test_args, ["golden", "--nocapture"]);
+    }
+
+    #[test]
+    fn fuzz_flags_are_read() {
+        let Ok(Command::Fuzz(opts)) = parse_str("fuzz --seconds 10 --target packers") else {
+            panic!("fuzz did not parse");
+        };
+        assert_eq!(
+            (opts.seconds, opts.targets),
+            (10, vec!["packers".to_string()])
+        );
+        assert!(parse_str("fuzz --seconds ten").is_err());
+        assert!(matches!(parse_str("miri"), Ok(Command::Miri)));
     }
 
     #[test]

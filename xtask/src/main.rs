@@ -2,12 +2,14 @@
 //! commands.
 //!
 //! xtask is the single front door for anything beyond a plain `cargo` call: the aarch64 test
-//! ladder under QEMU, the capped x86 ISA ladder, and the CI sequence that `.ci/run` executes. It uses
+//! ladder under QEMU, the capped x86 ISA ladder, fuzzing and Miri, and the CI sequence that `.ci/run` executes. It uses
 //! only std, shells out through `$CARGO` (the cargo that launched it), and always works from the
 //! workspace root, so it behaves the same from any directory.
 
 mod ci;
 mod flags;
+mod fuzz;
+mod miri;
 mod test_arm;
 mod test_binaries;
 mod test_x86;
@@ -37,6 +39,8 @@ fn main() -> ExitCode {
         }
         Command::TestArm(opts) => test_arm::run(&opts),
         Command::TestX86Ladder(opts) => test_x86::run(&opts),
+        Command::Fuzz(opts) => fuzz::run(&opts),
+        Command::Miri => miri::run(),
         Command::Ci => ci::run(),
     };
     match outcome {

@@ -21,6 +21,7 @@
 
 #![deny(clippy::multiple_unsafe_ops_per_block)]
 
+mod dense;
 mod dispatch;
 mod error;
 mod gemm;
@@ -45,6 +46,7 @@ use other_arch as arch;
 #[cfg(target_arch = "x86_64")]
 use x86 as arch;
 
+pub use dense::{dense_gemm, dense_isa};
 pub use dispatch::{KernelSet, available_isas, isa_cap, kernels, selected_isa};
 pub use error::KernelError;
 pub use gemm::{
@@ -57,7 +59,7 @@ pub use moe::{
     Activation, ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, Int4ActivationKind,
     MoeInput, MoeScratch, MoeScratchDims,
 };
-pub use packed::{PackedW4A8, PackedW8A8, W4A8Scales};
+pub use packed::{PackedDense, PackedW4A8, PackedW8A8, W4A8Scales};
 
 /// The CPU features this binary's architecture cares about, as `(name, detected)` pairs.
 pub fn cpu_features() -> Vec<(&'static str, bool)> {

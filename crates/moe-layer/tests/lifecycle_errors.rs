@@ -31,6 +31,7 @@ fn config(expert_map: Option<Vec<i32>>) -> MoeLayerConfig {
         expert_map,
         activation: Activation::SILU,
         router: vllm_cpu_softmax_router(E, K, true),
+        router_bias_pending: false,
         quant: LayerQuant::W4A8 {
             group_size: Some(G),
         },

@@ -60,6 +60,7 @@ fn online_int8_layer_matches_vllm_goldens() {
             expert_map: None,
             activation: Activation::SILU,
             router: vllm_cpu_softmax_router(e, k, true),
+            router_bias_pending: false,
             quant: LayerQuant::Int8Online,
             in_dtype: dtype,
             max_tokens: 16,

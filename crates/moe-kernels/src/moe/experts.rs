@@ -1,12 +1,13 @@
-//! The weight formats an expert can hold ([`PackedW4A8`], [`PackedW8A8`]) behind one sealed
+//! The weight formats an expert can hold ([`PackedW4A8`], [`PackedW8A8`], [`PackedDense`]) behind one sealed
 //! trait, so the pipeline is written once and each format brings its GEMM and its numerics.
 
-use crate::{GemmScratch, KernelError, KernelSet, PackedW4A8, PackedW8A8, Par};
+use crate::{GemmScratch, KernelError, KernelSet, PackedDense, PackedW4A8, PackedW8A8, Par};
 
 mod sealed {
     pub trait Sealed {}
     impl Sealed for crate::PackedW4A8 {}
     impl Sealed for crate::PackedW8A8 {}
+    impl Sealed for crate::PackedDense {}
 }
 
 /// Which quantised GEMM family a weight format uses.
@@ -16,6 +17,8 @@ pub enum WeightFormat {
     W4A8,
     /// int8 per-channel weights, dynamic symmetric per-token int8 activations (spec §5.3).
     W8A8,
+    /// Float weights (f32 or bf16), float activations, f32 compute: unquantized experts.
+    Dense,
 }
 
 /// A packed expert weight matrix `[N, K]` the fused pipeline can multiply with.
@@ -98,5 +101,33 @@ impl ExpertMatrix for PackedW8A8 {
         par: Par,
     ) -> Result<(), KernelError> {
         crate::w8a8_gemm(ks, m, x, self, out, scratch, par)
+    }
+}
+
+impl ExpertMatrix for PackedDense {
+    const FORMAT: WeightFormat = WeightFormat::Dense;
+
+    fn n(&self) -> usize {
+        PackedDense::n(self)
+    }
+
+    fn k(&self) -> usize {
+        PackedDense::k(self)
+    }
+
+    fn is_channelwise(&self) -> bool {
+        true
+    }
+
+    fn gemm(
+        &self,
+        ks: &KernelSet,
+        m: usize,
+        x: &[f32],
+        out: &mut [f32],
+        _scratch: &mut GemmScratch,
+        par: Par,
+    ) -> Result<(), KernelError> {
+        crate::dense_gemm(ks, m, x, self, out, par)
     }
 }

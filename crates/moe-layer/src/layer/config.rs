@@ -4,7 +4,7 @@
 
 use moe_kernels::Activation;
 use moe_quant::DType;
-use moe_router::{RoundingProfile, RouterConfig};
+use moe_router::{Grouping, RoundingProfile, RouterConfig, ScalingPlacement, ScoringFunc};
 
 use crate::LayerError;
 
@@ -25,6 +25,9 @@ pub enum LayerQuant {
     /// run on the W8A8 kernels with dynamic per-token int8 activations. The `w2` rows' scale
     /// uses the amax of the whole (unsharded) row, as the newest vLLM all-reduces it.
     Int8Online,
+    /// Unquantized experts: bf16/f16/f32 weights kept in their precision (bf16 stays bf16,
+    /// f16 is widened to f32 exactly) and run with f32 compute, no activation quantization.
+    Unquantized,
 }
 
 impl LayerQuant {
@@ -34,8 +37,13 @@ impl LayerQuant {
             Self::W4A8 {
                 group_size: Some(g),
             } => k / g,
-            Self::W4A8 { group_size: None } | Self::Int8Online => 1,
+            Self::W4A8 { group_size: None } | Self::Int8Online | Self::Unquantized => 1,
         }
+    }
+
+    /// Whether the layer loads float expert weights (and no scales).
+    pub(crate) fn loads_float_weights(self) -> bool {
+        matches!(self, Self::Int8Online | Self::Unquantized)
     }
 
     /// A short name for reports.
@@ -43,6 +51,7 @@ impl LayerQuant {
         match self {
             Self::W4A8 { .. } => "w4a8-int8",
             Self::Int8Online => "int8-online",
+            Self::Unquantized => "unquantized",
         }
     }
 }
@@ -69,6 +78,11 @@ pub struct MoeLayerConfig {
     /// The router (global expert ids: keep its expert map unset; the layer's `expert_map`
     /// applies in the kernels).
     pub router: RouterConfig,
+    /// The router's `e_score_correction_bias` is a checkpoint tensor still to be loaded
+    /// ([`crate::MoeLayer::load_router_correction_bias`]): `process` refuses to finish until it
+    /// is, because grouped top-k without the bias is a different algorithm, not an
+    /// approximation.
+    pub router_bias_pending: bool,
     /// The weight scheme.
     pub quant: LayerQuant,
     /// The model (activation) dtype, for backend selection.
@@ -115,6 +129,22 @@ impl MoeLayerConfig {
             if v == 0 {
                 return bad(field, "must be at least 1".into());
             }
+        }
+        // Every parameter buffer `create` allocates (up to 4 bytes per weight element) must be
+        // representable: a hostile or mistaken config is an error, not an overflow or an
+        // abort in the allocator.
+        let i = self.intermediate / self.tp_size;
+        let bytes = [self.num_experts, 2, i, self.hidden, 4]
+            .iter()
+            .try_fold(1usize, |a, &b| a.checked_mul(b));
+        if bytes.is_none_or(|b| b > isize::MAX as usize) {
+            return bad(
+                "hidden",
+                format!(
+                    "expert weights of {} experts × 2·{i} × {} elements do not fit in memory",
+                    self.num_experts, self.hidden
+                ),
+            );
         }
         if self.top_k > self.num_experts {
             return bad(
@@ -210,4 +240,41 @@ pub fn vllm_cpu_softmax_router(
     RouterConfig::cpu_softmax(num_experts, top_k)
         .with_renormalize(renormalize)
         .with_rounding(RoundingProfile::TorchEager)
+}
+
+/// The router a checkpoint's routing calls for (spec section 2): vLLM's CPU softmax top-k for
+/// plain softmax models; otherwise scored top-k (softmax, sigmoid, ...) or grouped top-k
+/// (DeepSeek's `n_group`/`topk_group`, top-2 group sums when the model has a correction
+/// bias), with the routed scaling factor applied to the weights as vLLM's grouped and biased
+/// routers do. The correction bias itself is a tensor, loaded later.
+pub fn router_from_spec(
+    routing: &crate::checkpoint::RoutingSpec,
+    num_experts: usize,
+    top_k: usize,
+) -> Result<RouterConfig, String> {
+    let r = routing;
+    let grouped = r.num_expert_group.filter(|&g| g > 1);
+    let plain_softmax = r.scoring == ScoringFunc::Softmax && !r.has_correction_bias;
+    let cfg = match grouped {
+        Some(groups) => {
+            let topk_group = r
+                .topk_group
+                .ok_or_else(|| format!("n_group = {groups} needs topk_group"))?;
+            RouterConfig::grouped_topk(
+                num_experts,
+                top_k,
+                r.scoring,
+                Grouping::new(groups, topk_group),
+            )
+            .with_renormalize(r.renormalize)
+            .with_rounding(RoundingProfile::TorchCompiled)
+        }
+        None if plain_softmax && r.routed_scaling_factor == 1.0 => {
+            return Ok(vllm_cpu_softmax_router(num_experts, top_k, r.renormalize));
+        }
+        None => RouterConfig::scored_topk(num_experts, top_k, r.scoring)
+            .with_renormalize(r.renormalize)
+            .with_rounding(RoundingProfile::TorchEager),
+    };
+    Ok(cfg.with_routed_scaling(r.routed_scaling_factor, ScalingPlacement::OnWeights))
 }

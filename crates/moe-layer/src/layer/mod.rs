@@ -11,9 +11,10 @@
 //! of threads or of concurrent calls.
 //!
 //! Supported today: compressed-tensors W4A8 (int4 codes stored as int8, channelwise or group
-//! scales) on the packed W4A8 kernels, and vLLM's online int8 method (float weights quantized
-//! per row in `process`) on the W8A8 kernels. Not yet: expert biases, float (unquantized)
-//! execution, WNA16 / GPTQ (Marlin) weights, shared experts.
+//! scales) on the packed W4A8 kernels, vLLM's online int8 method (float weights quantized per
+//! row in `process`) on the W8A8 kernels, and unquantized bf16/f16/f32 experts on the dense
+//! f32-compute GEMM (bf16 kept as bf16). Not yet: expert biases, WNA16 / GPTQ (Marlin) weights,
+//! shared experts.
 
 mod backend;
 mod config;
@@ -27,14 +28,14 @@ use std::sync::Mutex;
 use half::{bf16, f16};
 use moe_kernels::moe::MoeFloat;
 use moe_kernels::{
-    ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, MoeInput, MoeScratch, PackedW4A8,
-    PackedW8A8, Par, W4A8Scales,
+    ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, MoeInput, MoeScratch, PackedDense,
+    PackedW4A8, PackedW8A8, Par, W4A8Scales,
 };
 use moe_oracle::Selection;
 use moe_quant::DType;
 use moe_router::{IdsOut, Logits, Router, RouterScratch};
 
-pub use config::{LayerQuant, MoeLayerConfig, vllm_cpu_softmax_router};
+pub use config::{LayerQuant, MoeLayerConfig, router_from_spec, vllm_cpu_softmax_router};
 pub use params::{ExpertShard, TensorData, TensorKind, TensorView};
 
 use crate::LayerError;
@@ -56,6 +57,7 @@ pub struct BackendInfo {
 enum Experts {
     W4A8(FusedMoe<PackedW4A8>),
     W8A8(FusedMoe<PackedW8A8>),
+    Dense(FusedMoe<PackedDense>),
 }
 
 impl Experts {
@@ -63,6 +65,7 @@ impl Experts {
         match self {
             Self::W4A8(m) => m.kernels(),
             Self::W8A8(m) => m.kernels(),
+            Self::Dense(m) => m.kernels(),
         }
     }
 
@@ -75,6 +78,7 @@ impl Experts {
         Ok(match self {
             Self::W4A8(m) => m.scratch(max_tokens, top_k, lanes)?,
             Self::W8A8(m) => m.scratch(max_tokens, top_k, lanes)?,
+            Self::Dense(m) => m.scratch(max_tokens, top_k, lanes)?,
         })
     }
 
@@ -87,6 +91,7 @@ impl Experts {
         match self {
             Self::W4A8(m) => m.apply(input, out, scratch, Par::Rayon),
             Self::W8A8(m) => m.apply(input, out, scratch, Par::Rayon),
+            Self::Dense(m) => m.apply(input, out, scratch, Par::Rayon),
         }
     }
 }
@@ -212,6 +217,40 @@ impl MoeLayer {
         result
     }
 
+    /// Sets the router's `e_score_correction_bias` `[E]` (DeepSeek-V3 style grouped routing;
+    /// it steers selection only). A wrong size or a non-finite value leaves the layer unusable.
+    pub fn load_router_correction_bias(&mut self, bias: &[f32]) -> Result<(), LayerError> {
+        let result = self.install_correction_bias(bias);
+        if let Err(e) = &result {
+            self.state = State::Unusable(e.to_string());
+        }
+        result
+    }
+
+    fn install_correction_bias(&mut self, bias: &[f32]) -> Result<(), LayerError> {
+        self.params_mut()?;
+        if bias.len() != self.cfg.num_experts {
+            return Err(LayerError::ParamShape {
+                tensor: "router.e_score_correction_bias".into(),
+                expected: vec![self.cfg.num_experts],
+                actual: vec![bias.len()],
+            });
+        }
+        if let Some(index) = bias.iter().position(|v| !v.is_finite()) {
+            return Err(LayerError::ParamValue {
+                tensor: "router.e_score_correction_bias".into(),
+                index,
+                value: f64::from(bias[index]),
+                reason: "the correction bias must be finite",
+            });
+        }
+        let router_cfg = self.cfg.router.clone().with_correction_bias(bias.to_vec());
+        self.router = Router::new(router_cfg.clone())?;
+        self.cfg.router = router_cfg;
+        self.cfg.router_bias_pending = false;
+        Ok(())
+    }
+
     fn check_router_weight(&self, weight: &[f32]) -> Result<(), LayerError> {
         let expected = self.cfg.num_experts * self.cfg.hidden;
         if weight.len() != expected {
@@ -263,7 +302,10 @@ impl MoeLayer {
     }
 
     fn build(&self, params: &Params) -> Result<Ready, LayerError> {
-        let missing = params.missing();
+        let mut missing = params.missing();
+        if self.cfg.router_bias_pending {
+            missing.push("router.e_score_correction_bias".into());
+        }
         if !missing.is_empty() {
             return Err(LayerError::MissingParams { missing });
         }
@@ -296,6 +338,19 @@ impl MoeLayer {
             LayerQuant::Int8Online => {
                 let (w13, w2) = online::quantize_and_pack(params, h, i)?;
                 Experts::W8A8(FusedMoe::new(
+                    ExpertWeights {
+                        w13,
+                        w2,
+                        w13_bias: None,
+                        w2_bias: None,
+                    },
+                    moe_cfg,
+                    kernels,
+                )?)
+            }
+            LayerQuant::Unquantized => {
+                let (w13, w2) = pack_dense(params, h, i)?;
+                Experts::Dense(FusedMoe::new(
                     ExpertWeights {
                         w13,
                         w2,
@@ -390,6 +445,12 @@ impl MoeLayer {
 
     /// Routes `router_logits` `[T, E]` (vLLM's CPU softmax path for softmax models) and runs
     /// the experts on `hidden_states` `[T, H]`, writing `out` `[T, H]`.
+    ///
+    /// Non-finite input is refused, never computed on: a NaN or ±Inf logit is
+    /// [`LayerError::Router`] (`RouterError::NonFiniteLogit`), a NaN or ±Inf hidden state is
+    /// [`LayerError::NonFiniteInput`] naming its row and column. The whole call fails before
+    /// `out` is written. Results are bitwise identical whatever the thread count and however
+    /// many calls run at once (docs/reliability.md).
     pub fn apply<X: MoeFloat>(
         &self,
         hidden_states: &[X],
@@ -418,6 +479,10 @@ impl MoeLayer {
     /// Runs the experts on `x` `[T, H]` for precomputed routing (`topk_ids` global,
     /// `topk_weights` `[T, k]`), writing `out` `[T, H]`. Calls longer than `max_tokens` are
     /// cut into pieces (tokens are independent, so results do not change).
+    ///
+    /// A NaN or ±Inf in `x` or `topk_weights` is refused with
+    /// [`LayerError::NonFiniteInput`] before anything is computed; an id outside
+    /// `0..num_experts` is [`LayerError::Kernel`] (`KernelError::ExpertIdOutOfRange`).
     pub fn apply_with_topk<X: MoeFloat>(
         &self,
         x: &[X],
@@ -445,6 +510,8 @@ impl MoeLayer {
                 reason: format!("{} values, hidden_states has {}", out.len(), x.len()),
             });
         }
+        check_finite("hidden_states", x.iter().map(|v| v.to_f32()), h)?;
+        check_finite("topk_weights", topk_weights.iter().copied(), k)?;
         let mut scratch = match ready.pool.lock().unwrap_or_else(|p| p.into_inner()).pop() {
             Some(s) => s,
             None => ready.moe.scratch(self.cfg.max_tokens, k, ready.lanes)?,
@@ -524,6 +591,26 @@ fn pack_w4a8(
     Ok((w13, w2))
 }
 
+/// Rejects the first NaN or infinite value of a row-major `[_, width]` argument, naming its row
+/// and column (one pass, no allocation).
+fn check_finite(
+    field: &'static str,
+    values: impl Iterator<Item = f32>,
+    width: usize,
+) -> Result<(), LayerError> {
+    for (index, value) in values.enumerate() {
+        if !value.is_finite() {
+            return Err(LayerError::NonFiniteInput {
+                field,
+                row: index / width,
+                column: index % width,
+                value,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// `len / width`, or an error when `len` is not whole rows.
 fn check_rows(field: &'static str, len: usize, width: usize) -> Result<usize, LayerError> {
     if len.is_multiple_of(width) {
@@ -534,4 +621,26 @@ fn check_rows(field: &'static str, len: usize, width: usize) -> Result<usize, La
             reason: format!("{len} values are not whole rows of {width}"),
         })
     }
+}
+
+/// Packs unquantized experts for the dense GEMM: bf16 weights stay bf16 (exact, half the
+/// bytes), f16 and f32 become f32 (exact).
+fn pack_dense(params: &Params, h: usize, i: usize) -> Result<Stacks<PackedDense>, LayerError> {
+    let e = params.w2_f.len() / (h * i);
+    let keep_bf16 = params.float_dtype == Some(DType::BF16);
+    let pack = |w: &[f32], n: usize, k: usize| -> Result<PackedDense, LayerError> {
+        Ok(if keep_bf16 {
+            let narrow: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
+            PackedDense::pack_bf16(n, k, &narrow)?
+        } else {
+            PackedDense::pack_f32(n, k, w)?
+        })
+    };
+    let mut w13 = Vec::with_capacity(e);
+    let mut w2 = Vec::with_capacity(e);
+    for x in 0..e {
+        w13.push(pack(&params.w13_f[x * 2 * i * h..][..2 * i * h], 2 * i, h)?);
+        w2.push(pack(&params.w2_f[x * h * i..][..h * i], h, i)?);
+    }
+    Ok((w13, w2))
 }

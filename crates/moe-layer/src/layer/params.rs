@@ -147,8 +147,9 @@ impl Params {
         let e = local_experts.len();
         let (h, i) = (cfg.hidden, cfg.intermediate_per_rank());
         let mut loaded = vec![false; e * ExpertShard::ALL.len() * TensorKind::REQUIRED.len()];
-        if cfg.quant == LayerQuant::Int8Online {
-            // Online int8 computes its scales; only the float weights are loaded.
+        if cfg.quant.loads_float_weights() {
+            // Online int8 computes its scales and unquantized layers have none; only the float
+            // weights are loaded.
             for local in 0..e {
                 for shard in ExpertShard::ALL {
                     loaded[Self::slot(local, shard, TensorKind::Scale)] = true;
@@ -246,10 +247,14 @@ impl Params {
                 reason: format!("{}: expert biases are not supported yet", view.name),
             });
         }
-        if d.quant == LayerQuant::Int8Online && kind == TensorKind::Scale {
+        if d.quant.loads_float_weights() && kind == TensorKind::Scale {
             return Err(LayerError::InvalidArgument {
                 field: "kind",
-                reason: format!("{}: online int8 computes its own scales", view.name),
+                reason: format!(
+                    "{}: a {} layer has no weight scales to load",
+                    view.name,
+                    d.quant.name()
+                ),
             });
         }
         // The whole tensor's shape, and the window this rank keeps: (row0, rows, col0, cols).
@@ -272,7 +277,7 @@ impl Params {
         let width = full[1];
         let dst_row0 = if shard == ExpertShard::W3 { d.i } else { 0 };
         match kind {
-            TensorKind::Weight if d.quant == LayerQuant::Int8Online => {
+            TensorKind::Weight if d.quant.loads_float_weights() => {
                 self.load_float_weight(local, shard, view, &d, window)?;
             }
             TensorKind::Weight => {
@@ -428,9 +433,9 @@ impl Dims {
             }
             (ExpertShard::W1 | ExpertShard::W3, _) => ([i_full, h], (r * i, i, 0, h)),
             (ExpertShard::W2, TensorKind::Scale) => match self.quant {
-                LayerQuant::W4A8 { group_size: None } | LayerQuant::Int8Online => {
-                    ([h, 1], (0, h, 0, 1))
-                }
+                LayerQuant::W4A8 { group_size: None }
+                | LayerQuant::Int8Online
+                | LayerQuant::Unquantized => ([h, 1], (0, h, 0, 1)),
                 LayerQuant::W4A8 {
                     group_size: Some(g),
                 } => ([h, i_full / g], (0, h, r * (i / g), i / g)),
