@@ -2,7 +2,7 @@
 //! (spec `marlin.md`).
 //!
 //! - [`layout`]: the four tile layouts as one closed form (which code each bit field holds).
-//! - [`repack`]: GPTQ words → Marlin words, bit-exact with vLLM's CUDA op, batched over experts,
+//! - [`repack`](mod@repack): GPTQ words → Marlin words, bit-exact with vLLM's CUDA op, batched over experts,
 //!   parallel over tile bands; and the inverse for tests.
 //! - [`perm`]: the scale, bias and zero-point column permutations.
 //! - [`preprocess`]: the FP8-activation code remap and ×512, the INT8-activation i16 scales and
