@@ -262,6 +262,11 @@ impl MarlinWeights {
         }
     }
 
+    /// Whether the scales are one per output column (no groups).
+    pub fn is_channelwise(&self) -> bool {
+        self.channelwise
+    }
+
     /// The dequantised matrix `[K, N]` in checkpoint row order: `round_D((q − bias)·s)` for every
     /// weight, equal bit for bit to vLLM's dequantised reference `w_ref`.
     pub fn dequantize(&self) -> Vec<f32> {

@@ -30,11 +30,29 @@ impl MoeLayerConfig {
                 group_size: *group_size,
             },
             QuantScheme::Unquantized(_) => LayerQuant::Unquantized,
+            QuantScheme::CompressedTensorsWna16 {
+                bits, group_size, ..
+            } => LayerQuant::Wna16 {
+                bits: *bits,
+                group_size: *group_size,
+                act_order: spec.quant.has_act_order(),
+            },
+            QuantScheme::Gptq {
+                bits,
+                group_size,
+                desc_act,
+                sym: true,
+                ..
+            } => LayerQuant::Wna16 {
+                bits: *bits,
+                group_size: *group_size,
+                act_order: *desc_act,
+            },
             other => {
                 return Err(LayerError::UnsupportedScheme {
                     file: spec.config_path.clone(),
                     scheme: other.name().to_string(),
-                    reason: "the layer runs unquantized and compressed-tensors W4A8 (int-quantized) checkpoints only so far"
+                    reason: "the layer runs unquantized, compressed-tensors W4A8 (int-quantized) and symmetric WNA16 (GPTQ, pack-quantized) checkpoints only so far"
                         .into(),
                 });
             }
@@ -200,17 +218,25 @@ fn copy_layer(cfg: &MoeLayerConfig, p: &mut Params, t: &MoeLayerTensors) -> Resu
             "float weights".into(),
         );
     };
-    let LayerQuant::W4A8 { group_size } = cfg.quant else {
-        return mismatch(
-            "weights",
-            format!("weights for a {} layer", cfg.quant.name()),
-            "integer codes".into(),
-        );
+    let (bits, group_size, act_order) = match cfg.quant {
+        LayerQuant::W4A8 { group_size } => (4, group_size, false),
+        LayerQuant::Wna16 {
+            bits,
+            group_size,
+            act_order,
+        } => (bits, group_size, act_order && group_size.is_some()),
+        _ => {
+            return mismatch(
+                "weights",
+                format!("weights for a {} layer", cfg.quant.name()),
+                "integer codes".into(),
+            );
+        }
     };
-    if q.bits != 4 || q.group_size != group_size || q.act_order.is_some() {
+    if q.bits != bits || q.group_size != group_size || q.act_order.is_some() != act_order {
         return mismatch(
             "weights",
-            format!("int4, group size {group_size:?}, no act-order"),
+            format!("int{bits}, group size {group_size:?}, act-order {act_order}"),
             format!(
                 "int{}, group size {:?}, act-order {}",
                 q.bits,
@@ -219,6 +245,19 @@ fn copy_layer(cfg: &MoeLayerConfig, p: &mut Params, t: &MoeLayerTensors) -> Resu
             ),
         );
     }
+    if let Some(ao) = &q.act_order {
+        let e = local.len();
+        if ao.w13_g_idx.len() != e * h || ao.w2_g_idx.len() != e * i {
+            return Err(LayerError::ParamShape {
+                tensor: "g_idx".into(),
+                expected: vec![e * h, e * i],
+                actual: vec![ao.w13_g_idx.len(), ao.w2_g_idx.len()],
+            });
+        }
+        p.w13_g_idx = ao.w13_g_idx.clone();
+        p.w2_g_idx = ao.w2_g_idx.clone();
+    }
+    p.scale_dtype = Some(q.scale_dtype);
     for (name, got, want) in [
         ("w13", q.w13.len(), p.w13.len()),
         ("w2", q.w2.len(), p.w2.len()),

@@ -13,19 +13,22 @@
 //! Supported today: compressed-tensors W4A8 (int4 codes stored as int8, channelwise or group
 //! scales) on the packed W4A8 kernels, vLLM's online int8 method (float weights quantized per
 //! row in `process`) on the W8A8 kernels, and unquantized bf16/f16/f32 experts on the dense
-//! f32-compute GEMM (bf16 kept as bf16). Not yet: expert biases, WNA16 / GPTQ (Marlin) weights,
-//! shared experts.
+//! f32-compute GEMM (bf16 kept as bf16), and symmetric WNA16 (GPTQ or compressed-tensors
+//! pack-quantized, 4/8 bits, act-order) repacked into Marlin's layout in `process` and run by
+//! the CPU Marlin executor. Not yet: expert biases, shared experts.
 
 mod backend;
 mod config;
 #[cfg(feature = "checkpoint")]
 mod from_checkpoint;
+mod marlin;
 mod online;
 mod params;
 
 use std::sync::Mutex;
 
 use half::{bf16, f16};
+use moe_kernels::marlin::MarlinWeights;
 use moe_kernels::moe::MoeFloat;
 use moe_kernels::{
     ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, MoeInput, MoeScratch, PackedDense,
@@ -58,6 +61,7 @@ enum Experts {
     W4A8(FusedMoe<PackedW4A8>),
     W8A8(FusedMoe<PackedW8A8>),
     Dense(FusedMoe<PackedDense>),
+    Wna16(FusedMoe<MarlinWeights>),
 }
 
 impl Experts {
@@ -66,6 +70,7 @@ impl Experts {
             Self::W4A8(m) => m.kernels(),
             Self::W8A8(m) => m.kernels(),
             Self::Dense(m) => m.kernels(),
+            Self::Wna16(m) => m.kernels(),
         }
     }
 
@@ -79,6 +84,7 @@ impl Experts {
             Self::W4A8(m) => m.scratch(max_tokens, top_k, lanes)?,
             Self::W8A8(m) => m.scratch(max_tokens, top_k, lanes)?,
             Self::Dense(m) => m.scratch(max_tokens, top_k, lanes)?,
+            Self::Wna16(m) => m.scratch(max_tokens, top_k, lanes)?,
         })
     }
 
@@ -92,6 +98,7 @@ impl Experts {
             Self::W4A8(m) => m.apply(input, out, scratch, Par::Rayon),
             Self::W8A8(m) => m.apply(input, out, scratch, Par::Rayon),
             Self::Dense(m) => m.apply(input, out, scratch, Par::Rayon),
+            Self::Wna16(m) => m.apply(input, out, scratch, Par::Rayon),
         }
     }
 }
@@ -338,6 +345,23 @@ impl MoeLayer {
             LayerQuant::Int8Online => {
                 let (w13, w2) = online::quantize_and_pack(params, h, i)?;
                 Experts::W8A8(FusedMoe::new(
+                    ExpertWeights {
+                        w13,
+                        w2,
+                        w13_bias: None,
+                        w2_bias: None,
+                    },
+                    moe_cfg,
+                    kernels,
+                )?)
+            }
+            LayerQuant::Wna16 {
+                bits,
+                group_size,
+                act_order,
+            } => {
+                let (w13, w2) = marlin::repack_layer(params, bits, group_size, act_order, h, i)?;
+                Experts::Wna16(FusedMoe::new(
                     ExpertWeights {
                         w13,
                         w2,
