@@ -94,6 +94,17 @@ impl LayerQuant {
     }
 }
 
+/// The shared experts of a MoE block, fused into one MLP (`n_shared_experts` experts of the
+/// routed width, or Qwen2-MoE's `shared_expert_intermediate_size`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedExperts {
+    /// Full intermediate size of the fused shared MLP (before tensor-parallel division).
+    pub intermediate: usize,
+    /// Whether a sigmoid gate `shared_expert_gate` `[1, H]` scales its output per token
+    /// (Qwen2-MoE).
+    pub gated: bool,
+}
+
 /// The description of one MoE layer on one rank.
 #[derive(Debug, Clone)]
 pub struct MoeLayerConfig {
@@ -121,6 +132,9 @@ pub struct MoeLayerConfig {
     /// is, because grouped top-k without the bias is a different algorithm, not an
     /// approximation.
     pub router_bias_pending: bool,
+    /// The always-active shared experts of the block (DeepSeek, Qwen2-MoE), run as one more
+    /// MLP on every token and added to the routed output; `None` when the block has none.
+    pub shared_experts: Option<SharedExperts>,
     /// The weight scheme.
     pub quant: LayerQuant,
     /// The model (activation) dtype, for backend selection.
@@ -153,8 +167,27 @@ impl MoeLayerConfig {
         }
     }
 
+    /// The shared MLP as a layer of its own: one expert, top-1, the shared width, the same
+    /// weights scheme, activation and tensor parallelism, every expert local.
+    pub(crate) fn shared_view(&self) -> Option<MoeLayerConfig> {
+        let shared = self.shared_experts?;
+        Some(MoeLayerConfig {
+            num_experts: 1,
+            top_k: 1,
+            intermediate: shared.intermediate,
+            expert_map: None,
+            router: RouterConfig::cpu_softmax(1, 1),
+            router_bias_pending: false,
+            shared_experts: None,
+            ..self.clone()
+        })
+    }
+
     /// Checks sizes, parallelism and the expert map.
     pub(crate) fn validate(&self) -> Result<(), LayerError> {
+        if let Some(shared) = self.shared_view() {
+            shared.validate()?;
+        }
         let bad = |field, reason: String| Err(LayerError::InvalidArgument { field, reason });
         for (field, v) in [
             ("num_experts", self.num_experts),

@@ -6,18 +6,19 @@ use moe_kernels::Activation;
 use moe_quant::DType;
 
 use super::MoeLayer;
-use super::config::{LayerQuant, MoeLayerConfig, router_from_spec};
+use super::config::{LayerQuant, MoeLayerConfig, SharedExperts, router_from_spec};
 use super::params::{Params, check_scale};
 use crate::LayerError;
 use crate::checkpoint::{
-    Checkpoint, ExpertWeights, FloatData, MoeLayerTensors, MoeModelSpec, QuantScheme, ReadOptions,
+    Checkpoint, ExpertTensors, ExpertWeights, FloatData, MoeLayerTensors, MoeModelSpec,
+    QuantScheme, ReadOptions,
 };
 
 impl MoeLayerConfig {
     /// The layer configuration of a model for one rank: sizes and routing from the spec,
     /// the router its routing calls for ([`router_from_spec`]), SiLU experts, unquantized or
-    /// W4A8 weights. Refuses schemes, activations and shared experts not supported here,
-    /// rather than computing something else.
+    /// W4A8 / WNA16 weights, shared experts when the model has them. Refuses schemes and
+    /// activations not supported here, rather than computing something else.
     pub fn from_spec(
         spec: &MoeModelSpec,
         tp_rank: usize,
@@ -75,14 +76,6 @@ impl MoeLayerConfig {
                 reason,
             }
         })?;
-        if spec.shared_experts.is_some() {
-            // Refused rather than silently dropped: the block's output would lack them.
-            return Err(LayerError::ConfigField {
-                file: spec.config_path.clone(),
-                field: "shared experts (shared_expert_intermediate_size, n_shared_experts)",
-                reason: "shared experts are not run by the layer yet".into(),
-            });
-        }
         Ok(Self {
             num_experts: spec.num_experts,
             top_k: spec.top_k,
@@ -94,6 +87,10 @@ impl MoeLayerConfig {
             activation,
             router,
             router_bias_pending: r.has_correction_bias,
+            shared_experts: spec.shared_experts.map(|s| SharedExperts {
+                intermediate: s.intermediate,
+                gated: s.gated,
+            }),
             quant,
             in_dtype: spec.dtype.unwrap_or(DType::BF16),
             max_tokens,
@@ -114,7 +111,7 @@ impl MoeLayer {
         // by `config.json`: a config declaring huge sizes must fail on the tensors, not abort
         // on an allocation.
         let opts = ReadOptions {
-            shared_experts: false,
+            shared_experts: cfg.shared_experts.is_some(),
             ..ReadOptions::single_rank()
         };
         let tensors = ckpt.read_layer(layer, &opts)?;
@@ -137,7 +134,7 @@ impl MoeLayer {
             tp_rank: cfg.tp_rank,
             tp_size: cfg.tp_size,
             expert_map: cfg.expert_map.as_deref(),
-            shared_experts: false,
+            shared_experts: cfg.shared_experts.is_some(),
         };
         let tensors = match ckpt.read_layer(layer, &opts) {
             Ok(t) => t,
@@ -160,30 +157,43 @@ impl MoeLayer {
         if let Some(bias) = &t.router.correction_bias {
             self.load_router_correction_bias(bias)?;
         }
-        self.guarded(|cfg, p| copy_layer(cfg, p, t))
+        if let (Some(sh), Some(layer)) = (&t.shared, self.shared.as_mut()) {
+            let loaded = layer.guarded(|cfg, p| copy_experts(cfg, p, &sh.mlp, t.layer, &[0]));
+            if let Err(e) = loaded {
+                self.state = super::State::Unusable(e.to_string());
+                return Err(e);
+            }
+            if let Some(gate) = &sh.gate {
+                self.load_shared_expert_gate(&gate.to_f32_vec())?;
+            }
+        }
+        self.guarded(|cfg, p| copy_experts(cfg, p, &t.experts, t.layer, &t.local_experts))
     }
 }
 
-/// Checks the reader's tensors against the layer's shapes and copies them in.
-fn copy_layer(cfg: &MoeLayerConfig, p: &mut Params, t: &MoeLayerTensors) -> Result<(), LayerError> {
+/// Checks the reader's tensors of one expert group (the routed experts, or the shared MLP as
+/// one expert) against the layer's shapes and copies them in.
+fn copy_experts(
+    cfg: &MoeLayerConfig,
+    p: &mut Params,
+    ex: &ExpertTensors,
+    layer: usize,
+    local_experts: &[usize],
+) -> Result<(), LayerError> {
     let mismatch = |field: &'static str, expected: String, actual: String| {
         Err(LayerError::InvalidArgument {
             field,
-            reason: format!(
-                "layer {}: expected {expected}, checkpoint has {actual}",
-                t.layer
-            ),
+            reason: format!("layer {layer}: expected {expected}, checkpoint has {actual}"),
         })
     };
     let local = cfg.local_experts();
-    if t.local_experts != local {
+    if local_experts != local {
         return mismatch(
             "local_experts",
             format!("{local:?}"),
-            format!("{:?}", t.local_experts),
+            format!("{local_experts:?}"),
         );
     }
-    let ex = &t.experts;
     let (h, i) = (cfg.hidden, cfg.intermediate_per_rank());
     if (ex.num_experts, ex.hidden, ex.intermediate) != (local.len(), h, i) {
         return mismatch(
