@@ -19,6 +19,7 @@ pub const MIRI_TESTS: &[(&str, &[&str])] = &[
         &[
             "packed::",
             "isa::",
+            "marlin::",
             "tests::bad_gemm_arguments_are_typed_errors",
             // The rung-comparing GEMM tests reach CPU detection (inline assembly, which Miri
             // cannot run); they join this list once detection is skipped under cfg(miri).

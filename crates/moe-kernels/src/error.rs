@@ -132,4 +132,10 @@ pub enum KernelError {
         /// The value, printed (`NaN`, `inf`, `-inf`).
         value: String,
     },
+    /// A Marlin-format expert refused a call (see [`crate::marlin::MarlinError`]).
+    #[error("Marlin weights: {reason}")]
+    Marlin {
+        /// The Marlin error, printed.
+        reason: String,
+    },
 }

@@ -14,6 +14,8 @@
 //!   expert, gate/up GEMM, activation, down GEMM, gating and the ordered per-token sum.
 //! - [`scalar`] is always compiled: the literal reference of spec §4.5 (the oracle) and the
 //!   portable fallback kernels. Every SIMD rung reproduces it bit for bit.
+//! - [`marlin`]: vLLM's Marlin weight layout on the CPU: the bit-exact repack and its inverse,
+//!   the WNA16 post-processing with its checks, and an executor over Marlin-format weights.
 //!
 //! `unsafe` is confined to the kernels, the token constructors and the calls they justify.
 
@@ -24,6 +26,7 @@ mod dispatch;
 mod error;
 mod gemm;
 mod isa;
+pub mod marlin;
 pub mod moe;
 pub mod packed;
 pub mod scalar;
@@ -51,6 +54,7 @@ pub use gemm::{
     w8a8_gemm_quantized,
 };
 pub use isa::{ALL_ISAS, Isa, IsaArch, IsaCap, MAX_ISA_ENV, UnknownIsa};
+pub use marlin::MarlinError;
 pub use moe::{
     Activation, ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, Int4ActivationKind,
     MoeInput, MoeScratch, MoeScratchDims,

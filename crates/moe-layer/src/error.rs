@@ -360,6 +360,10 @@ pub enum LayerError {
     #[error("kernels: {0}")]
     Kernel(#[from] moe_kernels::KernelError),
 
+    /// The Marlin repack or executor refused the WNA16 weights.
+    #[error("marlin: {0}")]
+    Marlin(#[from] moe_kernels::marlin::MarlinError),
+
     /// The router refused its configuration or a call.
     #[error("router: {0}")]
     Router(#[from] moe_router::RouterError),

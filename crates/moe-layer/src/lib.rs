@@ -19,6 +19,6 @@ pub mod layer;
 
 pub use error::LayerError;
 pub use layer::{
-    BackendInfo, ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, TensorData, TensorKind,
-    TensorView,
+    BackendInfo, ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, SharedExperts, TensorData,
+    TensorKind, TensorView,
 };

@@ -637,10 +637,10 @@ fn quant_config_cases(c: &mut Cases) {
         gptq_cfg(|q| q["config_groups"]["group_0"]["weights"]["num_bits"] = json!(2)),
     );
     c.model(
-        "pack-quantized scheme refused by the layer",
+        "pack-quantized layer narrower than a Marlin tile",
         pack_quantized,
         Via::Layer,
-        err!(LayerError::UnsupportedScheme { .. }),
+        err!(LayerError::Marlin(_)),
         |_| {},
     );
     // DeepSeek routing fields.

@@ -32,6 +32,7 @@ fn config(expert_map: Option<Vec<i32>>) -> MoeLayerConfig {
         activation: Activation::SILU,
         router: vllm_cpu_softmax_router(E, K, true),
         router_bias_pending: false,
+        shared_experts: None,
         quant: LayerQuant::W4A8 {
             group_size: Some(G),
         },

@@ -61,6 +61,7 @@ fn online_int8_layer_matches_vllm_goldens() {
             activation: Activation::SILU,
             router: vllm_cpu_softmax_router(e, k, true),
             router_bias_pending: false,
+            shared_experts: None,
             quant: LayerQuant::Int8Online,
             in_dtype: dtype,
             max_tokens: 16,

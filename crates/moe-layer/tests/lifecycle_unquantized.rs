@@ -211,3 +211,57 @@ fn a_pending_correction_bias_blocks_process() {
     let err = layer.process().unwrap_err();
     assert!(err.to_string().contains("e_score_correction_bias"), "{err}");
 }
+
+/// The same DeepSeek-V3-style model with its shared expert: the block's output is the routed
+/// experts' plus the shared MLP's on every token (weight 1), here against float64.
+#[test]
+fn shared_experts_are_added_to_the_routed_output() {
+    let (ck, experts) = Ckpt::build("deepseek_v3", Fmt::Float, 45);
+    let dir = temp_dir("unquantized-deepseek-shared");
+    ck.write(&dir);
+    let ckpt = Checkpoint::open(&dir, ShardAccess::Read).unwrap();
+    let layer = MoeLayer::from_checkpoint(&ckpt, 0, 16).unwrap();
+    let t = ckpt
+        .read_layer(0, &moe_layer::checkpoint::ReadOptions::single_rank())
+        .unwrap();
+    let shared = t.shared.as_ref().expect("the model has a shared expert");
+    let moe_layer::checkpoint::ExpertWeights::Float { w13, w2 } = &shared.mlp.weights else {
+        panic!("float shared expert")
+    };
+    let (w13, w2): (Vec<f64>, Vec<f64>) = (
+        w13.to_f32_vec().into_iter().map(f64::from).collect(),
+        w2.to_f32_vec().into_iter().map(f64::from).collect(),
+    );
+    let si = shared.mlp.intermediate;
+
+    let mut rng = SplitMix64::new(10);
+    let tokens = 5;
+    let k = 2;
+    let x = rng.vec_uniform(tokens * H, -1.0, 1.0);
+    let ids: Vec<i32> = (0..tokens * k).map(|s| (s % E) as i32).collect();
+    let gates = rng.vec_uniform(tokens * k, 0.2, 0.8);
+    let mut want = reference(&experts, &x, &ids, &gates, k);
+    for tok in 0..tokens {
+        let xt: Vec<f64> = x[tok * H..][..H].iter().map(|&v| f64::from(v)).collect();
+        let gu = matvec(&w13, 2 * si, H, &xt);
+        let a: Vec<f64> = (0..si)
+            .map(|j| gu[j] / (1.0 + (-gu[j]).exp()) * gu[si + j])
+            .collect();
+        for (o, v) in want[tok * H..][..H].iter_mut().zip(matvec(&w2, H, si, &a)) {
+            *o += v;
+        }
+    }
+    let mut out = vec![0f32; tokens * H];
+    layer.apply_with_topk(&x, &ids, &gates, &mut out).unwrap();
+    let err = rel_l2(&out, &want);
+    assert!(err < 1e-5, "relative L2 {err:e}");
+
+    // Without the shared tensors the layer names them and does not run.
+    let cfg = moe_layer::MoeLayerConfig::from_spec(ckpt.spec(), 0, 1, None, 4).unwrap();
+    let mut partial = MoeLayer::create(cfg).unwrap();
+    let mut no_shared = t.clone();
+    no_shared.shared = None;
+    partial.load_layer_tensors(&no_shared).unwrap();
+    let err = partial.process().unwrap_err().to_string();
+    assert!(err.contains("shared_experts.experts.0"), "{err}");
+}

@@ -8,6 +8,7 @@ mod sealed {
     impl Sealed for crate::PackedW4A8 {}
     impl Sealed for crate::PackedW8A8 {}
     impl Sealed for crate::PackedDense {}
+    impl Sealed for crate::marlin::MarlinWeights {}
 }
 
 /// Which quantised GEMM family a weight format uses.
@@ -19,6 +20,8 @@ pub enum WeightFormat {
     W8A8,
     /// Float weights (f32 or bf16), float activations, f32 compute: unquantized experts.
     Dense,
+    /// Weight-only int4/int8 in Marlin's layout (WNA16), float activations, f32 compute.
+    Wna16,
 }
 
 /// A packed expert weight matrix `[N, K]` the fused pipeline can multiply with.
@@ -129,5 +132,35 @@ impl ExpertMatrix for PackedDense {
         par: Par,
     ) -> Result<(), KernelError> {
         crate::dense_gemm(ks, m, x, self, out, par)
+    }
+}
+
+impl ExpertMatrix for crate::marlin::MarlinWeights {
+    const FORMAT: WeightFormat = WeightFormat::Wna16;
+
+    fn n(&self) -> usize {
+        self.size_n()
+    }
+
+    fn k(&self) -> usize {
+        self.size_k()
+    }
+
+    fn is_channelwise(&self) -> bool {
+        crate::marlin::MarlinWeights::is_channelwise(self)
+    }
+
+    fn gemm(
+        &self,
+        _ks: &KernelSet,
+        m: usize,
+        x: &[f32],
+        out: &mut [f32],
+        _scratch: &mut GemmScratch,
+        par: Par,
+    ) -> Result<(), KernelError> {
+        crate::marlin::MarlinWeights::gemm(self, x, m, out, par).map_err(|e| KernelError::Marlin {
+            reason: e.to_string(),
+        })
     }
 }

@@ -249,7 +249,7 @@ impl<W: ExpertMatrix> FusedMoe<W> {
         let numerics = match W::FORMAT {
             WeightFormat::W4A8 => Numerics::w4a8::<X>(self.all_channelwise),
             WeightFormat::W8A8 => Numerics::w8a8::<X>(),
-            WeightFormat::Dense => Numerics::float(),
+            WeightFormat::Dense | WeightFormat::Wna16 => Numerics::float(),
         };
         let MoeScratch {
             offsets,

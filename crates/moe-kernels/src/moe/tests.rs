@@ -146,7 +146,9 @@ impl RefMat {
                     scales: &self.scales,
                 })
             }
-            WeightFormat::Dense => crate::dense::dense_reference(1, self.n, self.k, x, &self.dense),
+            WeightFormat::Dense | WeightFormat::Wna16 => {
+                crate::dense::dense_reference(1, self.n, self.k, x, &self.dense)
+            }
         }
     }
 }
@@ -275,7 +277,7 @@ impl<W: ExpertMatrix> TestLayer<W> {
         let out_round = super::numerics::Round::of::<X>();
         // Dense layers compute in f32 and round once at the end.
         let round = match self.format {
-            WeightFormat::Dense => super::numerics::Round::F32,
+            WeightFormat::Dense | WeightFormat::Wna16 => super::numerics::Round::F32,
             _ => out_round,
         };
         let mut out = vec![0f32; r.t * h];
@@ -319,7 +321,7 @@ impl<W: ExpertMatrix> TestLayer<W> {
                     };
                     *s = match self.format {
                         WeightFormat::W4A8 => round.apply(*s + v),
-                        WeightFormat::W8A8 | WeightFormat::Dense => *s + v,
+                        WeightFormat::W8A8 | WeightFormat::Dense | WeightFormat::Wna16 => *s + v,
                     };
                 }
             }

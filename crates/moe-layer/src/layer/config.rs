@@ -28,6 +28,18 @@ pub enum LayerQuant {
     /// Unquantized experts: bf16/f16/f32 weights kept in their precision (bf16 stays bf16,
     /// f16 is widened to f32 exactly) and run with f32 compute, no activation quantization.
     Unquantized,
+    /// Weight-only integers (WNA16: GPTQ or compressed-tensors `pack-quantized`), symmetric,
+    /// 4 or 8 bits, group sizes 32/64/128 or channelwise, optional act-order: repacked into
+    /// Marlin's layout in `process` and run by the CPU Marlin executor with float
+    /// activations and f32 accumulation. Scales must be bf16 or f16.
+    Wna16 {
+        /// Bits per code, 4 or 8.
+        bits: u32,
+        /// Input columns per scale group; `None` = channelwise.
+        group_size: Option<usize>,
+        /// Rows carry act-order group indices (`g_idx`).
+        act_order: bool,
+    },
 }
 
 impl LayerQuant {
@@ -37,7 +49,32 @@ impl LayerQuant {
             Self::W4A8 {
                 group_size: Some(g),
             } => k / g,
-            Self::W4A8 { group_size: None } | Self::Int8Online | Self::Unquantized => 1,
+            Self::Wna16 {
+                group_size: Some(g),
+                ..
+            } => k / g,
+            Self::W4A8 { group_size: None }
+            | Self::Wna16 {
+                group_size: None, ..
+            }
+            | Self::Int8Online
+            | Self::Unquantized => 1,
+        }
+    }
+
+    /// Input columns per scale group of the integer schemes (`None`: channelwise or float).
+    pub(crate) fn group_size(self) -> Option<usize> {
+        match self {
+            Self::W4A8 { group_size } | Self::Wna16 { group_size, .. } => group_size,
+            Self::Int8Online | Self::Unquantized => None,
+        }
+    }
+
+    /// The range of the signed integer codes the layer loads.
+    pub(crate) fn code_range(self) -> (i8, i8) {
+        match self {
+            Self::Wna16 { bits: 8, .. } => (i8::MIN, i8::MAX),
+            _ => (-8, 7),
         }
     }
 
@@ -52,8 +89,20 @@ impl LayerQuant {
             Self::W4A8 { .. } => "w4a8-int8",
             Self::Int8Online => "int8-online",
             Self::Unquantized => "unquantized",
+            Self::Wna16 { .. } => "wna16-marlin",
         }
     }
+}
+
+/// The shared experts of a MoE block, fused into one MLP (`n_shared_experts` experts of the
+/// routed width, or Qwen2-MoE's `shared_expert_intermediate_size`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedExperts {
+    /// Full intermediate size of the fused shared MLP (before tensor-parallel division).
+    pub intermediate: usize,
+    /// Whether a sigmoid gate `shared_expert_gate` `[1, H]` scales its output per token
+    /// (Qwen2-MoE).
+    pub gated: bool,
 }
 
 /// The description of one MoE layer on one rank.
@@ -83,6 +132,9 @@ pub struct MoeLayerConfig {
     /// is, because grouped top-k without the bias is a different algorithm, not an
     /// approximation.
     pub router_bias_pending: bool,
+    /// The always-active shared experts of the block (DeepSeek, Qwen2-MoE), run as one more
+    /// MLP on every token and added to the routed output; `None` when the block has none.
+    pub shared_experts: Option<SharedExperts>,
     /// The weight scheme.
     pub quant: LayerQuant,
     /// The model (activation) dtype, for backend selection.
@@ -115,8 +167,27 @@ impl MoeLayerConfig {
         }
     }
 
+    /// The shared MLP as a layer of its own: one expert, top-1, the shared width, the same
+    /// weights scheme, activation and tensor parallelism, every expert local.
+    pub(crate) fn shared_view(&self) -> Option<MoeLayerConfig> {
+        let shared = self.shared_experts?;
+        Some(MoeLayerConfig {
+            num_experts: 1,
+            top_k: 1,
+            intermediate: shared.intermediate,
+            expert_map: None,
+            router: RouterConfig::cpu_softmax(1, 1),
+            router_bias_pending: false,
+            shared_experts: None,
+            ..self.clone()
+        })
+    }
+
     /// Checks sizes, parallelism and the expert map.
     pub(crate) fn validate(&self) -> Result<(), LayerError> {
+        if let Some(shared) = self.shared_view() {
+            shared.validate()?;
+        }
         let bad = |field, reason: String| Err(LayerError::InvalidArgument { field, reason });
         for (field, v) in [
             ("num_experts", self.num_experts),
@@ -169,10 +240,13 @@ impl MoeLayerConfig {
                 ),
             });
         }
-        if let LayerQuant::W4A8 {
-            group_size: Some(g),
-        } = self.quant
+        if let LayerQuant::Wna16 { bits, .. } = self.quant
+            && bits != 4
+            && bits != 8
         {
+            return bad("quant", format!("WNA16 codes are 4 or 8 bits, not {bits}"));
+        }
+        if let Some(g) = self.quant.group_size() {
             let i = self.intermediate_per_rank();
             if g == 0 || !self.hidden.is_multiple_of(g) {
                 return Err(LayerError::GroupSizeNotDividing {

@@ -6,18 +6,19 @@ use moe_kernels::Activation;
 use moe_quant::DType;
 
 use super::MoeLayer;
-use super::config::{LayerQuant, MoeLayerConfig, router_from_spec};
+use super::config::{LayerQuant, MoeLayerConfig, SharedExperts, router_from_spec};
 use super::params::{Params, check_scale};
 use crate::LayerError;
 use crate::checkpoint::{
-    Checkpoint, ExpertWeights, FloatData, MoeLayerTensors, MoeModelSpec, QuantScheme, ReadOptions,
+    Checkpoint, ExpertTensors, ExpertWeights, FloatData, MoeLayerTensors, MoeModelSpec,
+    QuantScheme, ReadOptions,
 };
 
 impl MoeLayerConfig {
     /// The layer configuration of a model for one rank: sizes and routing from the spec,
     /// the router its routing calls for ([`router_from_spec`]), SiLU experts, unquantized or
-    /// W4A8 weights. Refuses schemes, activations and shared experts not supported here,
-    /// rather than computing something else.
+    /// W4A8 / WNA16 weights, shared experts when the model has them. Refuses schemes and
+    /// activations not supported here, rather than computing something else.
     pub fn from_spec(
         spec: &MoeModelSpec,
         tp_rank: usize,
@@ -30,11 +31,29 @@ impl MoeLayerConfig {
                 group_size: *group_size,
             },
             QuantScheme::Unquantized(_) => LayerQuant::Unquantized,
+            QuantScheme::CompressedTensorsWna16 {
+                bits, group_size, ..
+            } => LayerQuant::Wna16 {
+                bits: *bits,
+                group_size: *group_size,
+                act_order: spec.quant.has_act_order(),
+            },
+            QuantScheme::Gptq {
+                bits,
+                group_size,
+                desc_act,
+                sym: true,
+                ..
+            } => LayerQuant::Wna16 {
+                bits: *bits,
+                group_size: *group_size,
+                act_order: *desc_act,
+            },
             other => {
                 return Err(LayerError::UnsupportedScheme {
                     file: spec.config_path.clone(),
                     scheme: other.name().to_string(),
-                    reason: "the layer runs unquantized and compressed-tensors W4A8 (int-quantized) checkpoints only so far"
+                    reason: "the layer runs unquantized, compressed-tensors W4A8 (int-quantized) and symmetric WNA16 (GPTQ, pack-quantized) checkpoints only so far"
                         .into(),
                 });
             }
@@ -57,14 +76,6 @@ impl MoeLayerConfig {
                 reason,
             }
         })?;
-        if spec.shared_experts.is_some() {
-            // Refused rather than silently dropped: the block's output would lack them.
-            return Err(LayerError::ConfigField {
-                file: spec.config_path.clone(),
-                field: "shared experts (shared_expert_intermediate_size, n_shared_experts)",
-                reason: "shared experts are not run by the layer yet".into(),
-            });
-        }
         Ok(Self {
             num_experts: spec.num_experts,
             top_k: spec.top_k,
@@ -76,6 +87,10 @@ impl MoeLayerConfig {
             activation,
             router,
             router_bias_pending: r.has_correction_bias,
+            shared_experts: spec.shared_experts.map(|s| SharedExperts {
+                intermediate: s.intermediate,
+                gated: s.gated,
+            }),
             quant,
             in_dtype: spec.dtype.unwrap_or(DType::BF16),
             max_tokens,
@@ -96,7 +111,7 @@ impl MoeLayer {
         // by `config.json`: a config declaring huge sizes must fail on the tensors, not abort
         // on an allocation.
         let opts = ReadOptions {
-            shared_experts: false,
+            shared_experts: cfg.shared_experts.is_some(),
             ..ReadOptions::single_rank()
         };
         let tensors = ckpt.read_layer(layer, &opts)?;
@@ -119,7 +134,7 @@ impl MoeLayer {
             tp_rank: cfg.tp_rank,
             tp_size: cfg.tp_size,
             expert_map: cfg.expert_map.as_deref(),
-            shared_experts: false,
+            shared_experts: cfg.shared_experts.is_some(),
         };
         let tensors = match ckpt.read_layer(layer, &opts) {
             Ok(t) => t,
@@ -142,30 +157,43 @@ impl MoeLayer {
         if let Some(bias) = &t.router.correction_bias {
             self.load_router_correction_bias(bias)?;
         }
-        self.guarded(|cfg, p| copy_layer(cfg, p, t))
+        if let (Some(sh), Some(layer)) = (&t.shared, self.shared.as_mut()) {
+            let loaded = layer.guarded(|cfg, p| copy_experts(cfg, p, &sh.mlp, t.layer, &[0]));
+            if let Err(e) = loaded {
+                self.state = super::State::Unusable(e.to_string());
+                return Err(e);
+            }
+            if let Some(gate) = &sh.gate {
+                self.load_shared_expert_gate(&gate.to_f32_vec())?;
+            }
+        }
+        self.guarded(|cfg, p| copy_experts(cfg, p, &t.experts, t.layer, &t.local_experts))
     }
 }
 
-/// Checks the reader's tensors against the layer's shapes and copies them in.
-fn copy_layer(cfg: &MoeLayerConfig, p: &mut Params, t: &MoeLayerTensors) -> Result<(), LayerError> {
+/// Checks the reader's tensors of one expert group (the routed experts, or the shared MLP as
+/// one expert) against the layer's shapes and copies them in.
+fn copy_experts(
+    cfg: &MoeLayerConfig,
+    p: &mut Params,
+    ex: &ExpertTensors,
+    layer: usize,
+    local_experts: &[usize],
+) -> Result<(), LayerError> {
     let mismatch = |field: &'static str, expected: String, actual: String| {
         Err(LayerError::InvalidArgument {
             field,
-            reason: format!(
-                "layer {}: expected {expected}, checkpoint has {actual}",
-                t.layer
-            ),
+            reason: format!("layer {layer}: expected {expected}, checkpoint has {actual}"),
         })
     };
     let local = cfg.local_experts();
-    if t.local_experts != local {
+    if local_experts != local {
         return mismatch(
             "local_experts",
             format!("{local:?}"),
-            format!("{:?}", t.local_experts),
+            format!("{local_experts:?}"),
         );
     }
-    let ex = &t.experts;
     let (h, i) = (cfg.hidden, cfg.intermediate_per_rank());
     if (ex.num_experts, ex.hidden, ex.intermediate) != (local.len(), h, i) {
         return mismatch(
@@ -200,17 +228,25 @@ fn copy_layer(cfg: &MoeLayerConfig, p: &mut Params, t: &MoeLayerTensors) -> Resu
             "float weights".into(),
         );
     };
-    let LayerQuant::W4A8 { group_size } = cfg.quant else {
-        return mismatch(
-            "weights",
-            format!("weights for a {} layer", cfg.quant.name()),
-            "integer codes".into(),
-        );
+    let (bits, group_size, act_order) = match cfg.quant {
+        LayerQuant::W4A8 { group_size } => (4, group_size, false),
+        LayerQuant::Wna16 {
+            bits,
+            group_size,
+            act_order,
+        } => (bits, group_size, act_order && group_size.is_some()),
+        _ => {
+            return mismatch(
+                "weights",
+                format!("weights for a {} layer", cfg.quant.name()),
+                "integer codes".into(),
+            );
+        }
     };
-    if q.bits != 4 || q.group_size != group_size || q.act_order.is_some() {
+    if q.bits != bits || q.group_size != group_size || q.act_order.is_some() != act_order {
         return mismatch(
             "weights",
-            format!("int4, group size {group_size:?}, no act-order"),
+            format!("int{bits}, group size {group_size:?}, act-order {act_order}"),
             format!(
                 "int{}, group size {:?}, act-order {}",
                 q.bits,
@@ -219,6 +255,19 @@ fn copy_layer(cfg: &MoeLayerConfig, p: &mut Params, t: &MoeLayerTensors) -> Resu
             ),
         );
     }
+    if let Some(ao) = &q.act_order {
+        let e = local.len();
+        if ao.w13_g_idx.len() != e * h || ao.w2_g_idx.len() != e * i {
+            return Err(LayerError::ParamShape {
+                tensor: "g_idx".into(),
+                expected: vec![e * h, e * i],
+                actual: vec![ao.w13_g_idx.len(), ao.w2_g_idx.len()],
+            });
+        }
+        p.w13_g_idx = ao.w13_g_idx.clone();
+        p.w2_g_idx = ao.w2_g_idx.clone();
+    }
+    p.scale_dtype = Some(q.scale_dtype);
     for (name, got, want) in [
         ("w13", q.w13.len(), p.w13.len()),
         ("w2", q.w2.len(), p.w2.len()),

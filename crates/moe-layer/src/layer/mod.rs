@@ -13,19 +13,23 @@
 //! Supported today: compressed-tensors W4A8 (int4 codes stored as int8, channelwise or group
 //! scales) on the packed W4A8 kernels, vLLM's online int8 method (float weights quantized per
 //! row in `process`) on the W8A8 kernels, and unquantized bf16/f16/f32 experts on the dense
-//! f32-compute GEMM (bf16 kept as bf16). Not yet: expert biases, WNA16 / GPTQ (Marlin) weights,
-//! shared experts.
+//! f32-compute GEMM (bf16 kept as bf16), and symmetric WNA16 (GPTQ or compressed-tensors
+//! pack-quantized, 4/8 bits, act-order) repacked into Marlin's layout in `process` and run by
+//! the CPU Marlin executor. Shared experts (DeepSeek, Qwen2-MoE with its sigmoid gate) run as a
+//! nested one-expert layer added to the routed output. Not yet: expert biases.
 
 mod backend;
 mod config;
 #[cfg(feature = "checkpoint")]
 mod from_checkpoint;
+mod marlin;
 mod online;
 mod params;
 
 use std::sync::Mutex;
 
 use half::{bf16, f16};
+use moe_kernels::marlin::MarlinWeights;
 use moe_kernels::moe::MoeFloat;
 use moe_kernels::{
     ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, MoeInput, MoeScratch, PackedDense,
@@ -35,7 +39,9 @@ use moe_oracle::Selection;
 use moe_quant::DType;
 use moe_router::{IdsOut, Logits, Router, RouterScratch};
 
-pub use config::{LayerQuant, MoeLayerConfig, router_from_spec, vllm_cpu_softmax_router};
+pub use config::{
+    LayerQuant, MoeLayerConfig, SharedExperts, router_from_spec, vllm_cpu_softmax_router,
+};
 pub use params::{ExpertShard, TensorData, TensorKind, TensorView};
 
 use crate::LayerError;
@@ -58,6 +64,7 @@ enum Experts {
     W4A8(FusedMoe<PackedW4A8>),
     W8A8(FusedMoe<PackedW8A8>),
     Dense(FusedMoe<PackedDense>),
+    Wna16(FusedMoe<MarlinWeights>),
 }
 
 impl Experts {
@@ -66,6 +73,7 @@ impl Experts {
             Self::W4A8(m) => m.kernels(),
             Self::W8A8(m) => m.kernels(),
             Self::Dense(m) => m.kernels(),
+            Self::Wna16(m) => m.kernels(),
         }
     }
 
@@ -79,6 +87,7 @@ impl Experts {
             Self::W4A8(m) => m.scratch(max_tokens, top_k, lanes)?,
             Self::W8A8(m) => m.scratch(max_tokens, top_k, lanes)?,
             Self::Dense(m) => m.scratch(max_tokens, top_k, lanes)?,
+            Self::Wna16(m) => m.scratch(max_tokens, top_k, lanes)?,
         })
     }
 
@@ -92,6 +101,7 @@ impl Experts {
             Self::W4A8(m) => m.apply(input, out, scratch, Par::Rayon),
             Self::W8A8(m) => m.apply(input, out, scratch, Par::Rayon),
             Self::Dense(m) => m.apply(input, out, scratch, Par::Rayon),
+            Self::Wna16(m) => m.apply(input, out, scratch, Par::Rayon),
         }
     }
 }
@@ -120,6 +130,10 @@ pub struct MoeLayer {
     /// Gate weight `[E, H]`, widened to f32, when loaded (needed only to route from hidden
     /// states; `apply` takes logits).
     router_weight: Option<Vec<f32>>,
+    /// The shared experts as a one-expert layer of their own, and the Qwen2-MoE sigmoid gate
+    /// weight `[H]` when they are gated.
+    shared: Option<Box<MoeLayer>>,
+    shared_gate: Option<Vec<f32>>,
     state: State,
 }
 
@@ -130,10 +144,16 @@ impl MoeLayer {
         cfg.validate()?;
         let router = Router::new(cfg.router.clone())?;
         let params = Params::create(&cfg);
+        let shared = match cfg.shared_view() {
+            Some(view) => Some(Box::new(Self::create(view)?)),
+            None => None,
+        };
         Ok(Self {
             cfg,
             router,
             router_weight: None,
+            shared,
+            shared_gate: None,
             state: State::Loading(Box::new(params)),
         })
     }
@@ -204,6 +224,75 @@ impl MoeLayer {
         view: &TensorView<'_>,
     ) -> Result<(), LayerError> {
         self.guarded(|cfg, p| p.load_expert_tensor(cfg, expert, shard, kind, view))
+    }
+
+    /// Loads one whole checkpoint tensor of the shared experts (the fused shared MLP as one
+    /// expert: `w1`/`w3` `[I_shared, H]`, `w2` `[H, I_shared]`, sliced for tensor parallelism
+    /// like the routed experts). A layer without shared experts refuses it.
+    pub fn load_shared_expert_tensor(
+        &mut self,
+        shard: ExpertShard,
+        kind: TensorKind,
+        view: &TensorView<'_>,
+    ) -> Result<(), LayerError> {
+        let result = match self.shared.as_mut() {
+            Some(shared) => shared.load_expert_tensor(0, shard, kind, view),
+            None => Err(LayerError::InvalidArgument {
+                field: "shared_experts",
+                reason: format!("{}: the layer has no shared experts", view.name),
+            }),
+        };
+        if let Err(e) = &result {
+            self.state = State::Unusable(e.to_string());
+        }
+        result
+    }
+
+    /// Sets the sigmoid gate of gated shared experts (Qwen2-MoE `shared_expert_gate` `[1, H]`).
+    pub fn load_shared_expert_gate(&mut self, weight: &[f32]) -> Result<(), LayerError> {
+        let result = self.check_shared_gate(weight);
+        match &result {
+            Ok(()) => self.shared_gate = Some(weight.to_vec()),
+            Err(e) => self.state = State::Unusable(e.to_string()),
+        }
+        result
+    }
+
+    fn check_shared_gate(&self, weight: &[f32]) -> Result<(), LayerError> {
+        self.params_ref()?;
+        if !self.cfg.shared_experts.is_some_and(|s| s.gated) {
+            return Err(LayerError::InvalidArgument {
+                field: "shared_expert_gate",
+                reason: "the layer has no gated shared experts".into(),
+            });
+        }
+        if weight.len() != self.cfg.hidden {
+            return Err(LayerError::ParamShape {
+                tensor: "shared_expert_gate.weight".into(),
+                expected: vec![1, self.cfg.hidden],
+                actual: vec![weight.len()],
+            });
+        }
+        if let Some(index) = weight.iter().position(|v| !v.is_finite()) {
+            return Err(LayerError::ParamValue {
+                tensor: "shared_expert_gate.weight".into(),
+                index,
+                value: f64::from(weight[index]),
+                reason: "gate weights must be finite",
+            });
+        }
+        Ok(())
+    }
+
+    /// Like [`Self::params_mut`], for checks that only need the state.
+    fn params_ref(&self) -> Result<(), LayerError> {
+        match &self.state {
+            State::Loading(_) => Ok(()),
+            State::Ready(_) => Err(LayerError::AlreadyProcessed),
+            State::Unusable(reason) => Err(LayerError::Unusable {
+                reason: reason.clone(),
+            }),
+        }
     }
 
     /// Sets the router's gate weight `[E, H]` (used by [`Self::route_hidden`]). A wrong size
@@ -289,6 +378,10 @@ impl MoeLayer {
                 return Err(LayerError::Unusable { reason });
             }
         };
+        if let Err(e) = self.process_shared() {
+            self.state = State::Unusable(e.to_string());
+            return Err(e);
+        }
         match self.build(&params) {
             Ok(ready) => {
                 self.state = State::Ready(Box::new(ready));
@@ -299,6 +392,56 @@ impl MoeLayer {
                 Err(e)
             }
         }
+    }
+
+    /// Processes the shared experts' layer; their missing tensors are named under
+    /// `shared_experts.`.
+    fn process_shared(&mut self) -> Result<(), LayerError> {
+        let Some(shared) = self.shared.as_mut() else {
+            return Ok(());
+        };
+        let mut missing = Vec::new();
+        if self.cfg.shared_experts.is_some_and(|s| s.gated) && self.shared_gate.is_none() {
+            missing.push("shared_expert_gate.weight".to_string());
+        }
+        match shared.process() {
+            Ok(()) => {}
+            Err(LayerError::MissingParams { missing: m }) => {
+                missing.extend(m.into_iter().map(|name| format!("shared_experts.{name}")));
+            }
+            Err(e) => return Err(e),
+        }
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(LayerError::MissingParams { missing })
+        }
+    }
+
+    /// Adds the shared experts' output (gated per token for Qwen2-MoE) to the routed `out`,
+    /// rounding each sum to `X` as the model dtype's addition does.
+    fn add_shared<X: MoeFloat>(&self, x: &[X], out: &mut [X]) -> Result<(), LayerError> {
+        let Some(shared) = &self.shared else {
+            return Ok(());
+        };
+        let h = self.cfg.hidden;
+        let gates: Vec<f32> = match &self.shared_gate {
+            Some(w) => x
+                .chunks_exact(h)
+                .map(|row| {
+                    let dot: f32 = row.iter().zip(w).map(|(a, b)| a.to_f32() * b).sum();
+                    1.0 / (1.0 + (-dot).exp())
+                })
+                .collect(),
+            None => vec![1.0; x.len() / h],
+        };
+        let ids = vec![0i32; gates.len()];
+        let mut y = vec![X::from_f32(0.0); x.len()];
+        shared.apply_with_topk(x, &ids, &gates, &mut y)?;
+        for (o, s) in out.iter_mut().zip(&y) {
+            *o = X::from_f32(o.to_f32() + s.to_f32());
+        }
+        Ok(())
     }
 
     fn build(&self, params: &Params) -> Result<Ready, LayerError> {
@@ -338,6 +481,23 @@ impl MoeLayer {
             LayerQuant::Int8Online => {
                 let (w13, w2) = online::quantize_and_pack(params, h, i)?;
                 Experts::W8A8(FusedMoe::new(
+                    ExpertWeights {
+                        w13,
+                        w2,
+                        w13_bias: None,
+                        w2_bias: None,
+                    },
+                    moe_cfg,
+                    kernels,
+                )?)
+            }
+            LayerQuant::Wna16 {
+                bits,
+                group_size,
+                act_order,
+            } => {
+                let (w13, w2) = marlin::repack_layer(params, bits, group_size, act_order, h, i)?;
+                Experts::Wna16(FusedMoe::new(
                     ExpertWeights {
                         w13,
                         w2,
@@ -539,7 +699,8 @@ impl MoeLayer {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(scratch);
-        Ok(result?)
+        result?;
+        self.add_shared(x, out)
     }
 }
 
