@@ -1,4 +1,5 @@
-//! The bodies of moe-rs's fuzz targets, kept in a library so that the committed seeds and
+//! The bodies of moe-rs's fuzz targets (checkpoint loader, config parser, packers, Marlin
+//! repack), kept in a library so that the committed seeds and
 //! regression inputs can be replayed by a plain `cargo test` (see `tests` below) as well as
 //! fuzzed by libFuzzer through the thin `fuzz_targets/*.rs` entry points.
 //!
@@ -204,6 +205,55 @@ pub fn packers(data: &[u8]) {
     }
 }
 
+/// The Marlin repack on arbitrary shapes, bit widths, permutations and words: whatever the
+/// input, a typed error or a result; for codes packed by `pack_gptq` on a valid tile shape
+/// (first byte even), `unpack(repack(w)) == w` is asserted.
+pub fn marlin(data: &[u8]) {
+    use moe_kernels::Par;
+    use moe_kernels::marlin::{RepackSpec, pack_gptq, repack, unpack};
+    let mut b = Bytes(data);
+    let op = b.u8();
+    let bits = if op & 2 == 0 { 4 } else { 8 };
+    let is_a_8bit = op & 4 != 0;
+    if op & 1 == 0 {
+        // A valid shape: K a multiple of 32 (both tile heights, 8-bit packing), N of 64.
+        let k = 32 * (usize::from(b.u8() % 4) + 1);
+        let n = 64 * (usize::from(b.u8() % 3) + 1);
+        let codes: Vec<u8> = (0..k * n)
+            .map(|i| b.0.get(i % b.0.len().max(1)).copied().unwrap_or(0) & ((1 << bits) - 1) as u8)
+            .collect();
+        let words = pack_gptq(&codes, k, n, bits).expect("codes fit the bit width");
+        let spec = RepackSpec {
+            size_k: k,
+            size_n: n,
+            num_bits: bits,
+            is_a_8bit,
+        };
+        let Ok(len) = spec.words() else { return };
+        let mut out = vec![0u32; len];
+        let pf = 32 / bits as usize;
+        if repack(&words, [k / pf, n], &[], spec, &mut out, Par::Seq).is_ok() {
+            let back = unpack(&out, spec, &[]).expect("unpacking what was repacked");
+            assert_eq!(back, words, "Marlin repack round trip");
+        }
+    } else {
+        // Arbitrary sizes, permutation and words: only typed errors are allowed.
+        let (k, n) = (usize::from(b.u16()), usize::from(b.u16()));
+        let perm_len = usize::from(b.u8());
+        let perm: Vec<u32> = (0..perm_len).map(|_| u32::from(b.u8())).collect();
+        let words: Vec<u32> = b.f32s().iter().map(|f| f.to_bits()).collect();
+        let spec = RepackSpec {
+            size_k: k,
+            size_n: n,
+            num_bits: bits,
+            is_a_8bit,
+        };
+        let mut out = vec![0u32; words.len()];
+        let _ = repack(&words, [k / 8, n], &perm, spec, &mut out, Par::Seq);
+        let _ = unpack(&words, spec, &perm);
+    }
+}
+
 fn packed_w4a8(b: &mut Bytes<'_>, fold: bool) {
     let (n, k, mode, g) = (
         usize::from(b.u8()),
@@ -264,6 +314,11 @@ mod tests {
     #[test]
     fn config_parser_inputs() {
         replay("config_parser", super::config_parser);
+    }
+
+    #[test]
+    fn marlin_inputs() {
+        replay("marlin", super::marlin);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crate::flags::Fuzz;
 use crate::util::{Cmd, Result, banner};
 
 /// The fuzz targets (`[[bin]]`s of fuzz/Cargo.toml). Adding a target is one line here.
-pub const FUZZ_TARGETS: &[&str] = &["checkpoint_loader", "config_parser", "packers"];
+pub const FUZZ_TARGETS: &[&str] = &["checkpoint_loader", "config_parser", "packers", "marlin"];
 
 /// Replays the committed inputs, then fuzzes each selected target.
 pub fn run(opts: &Fuzz) -> Result<()> {
