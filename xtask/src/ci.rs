@@ -6,9 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::flags::{TestArm, TestX86Ladder};
+use crate::flags::{Fuzz, TestArm, TestX86Ladder};
 use crate::util::{Cmd, Result, banner, fmt_duration};
-use crate::{test_arm, test_x86};
+use crate::{fuzz, miri, test_arm, test_x86};
 
 /// One CI step.
 enum Step {
@@ -21,6 +21,10 @@ enum Step {
     X86Ladder,
     /// The aarch64 QEMU ladder, run in this process.
     Arm,
+    /// A short run of every fuzz target (seconds per target), after the committed inputs.
+    Fuzz(u64),
+    /// The Miri selection of `cargo xtask miri`.
+    Miri,
 }
 
 impl Step {
@@ -32,6 +36,8 @@ impl Step {
             }
             Step::X86Ladder => "cargo xtask test-x86-ladder".to_string(),
             Step::Arm => "cargo xtask test-arm".to_string(),
+            Step::Fuzz(seconds) => format!("cargo xtask fuzz --seconds {seconds}"),
+            Step::Miri => "cargo xtask miri".to_string(),
         }
     }
 
@@ -46,6 +52,11 @@ impl Step {
             }
             Step::X86Ladder => test_x86::run(&TestX86Ladder::default()),
             Step::Arm => test_arm::run(&TestArm::default()),
+            Step::Fuzz(seconds) => fuzz::run(&Fuzz {
+                seconds: *seconds,
+                targets: Vec::new(),
+            }),
+            Step::Miri => miri::run(),
         }
     }
 }
@@ -71,7 +82,7 @@ const PACKAGE_ARGS: &[&str] = &[
 ];
 
 /// The CI sequence. `cargo test --workspace` is the test command the README gives.
-const STEPS: [Step; 9] = [
+const STEPS: [Step; 11] = [
     Step::Cargo {
         args: &["fmt", "--all", "--", "--check"],
         env: &[],
@@ -127,6 +138,9 @@ const STEPS: [Step; 9] = [
         args: &["test", "--workspace"],
         env: &[("RAYON_NUM_THREADS", "1")],
     },
+    // Hostile inputs (docs/reliability.md): a short fuzz of every target, then Miri.
+    Step::Fuzz(20),
+    Step::Miri,
 ];
 
 /// Runs every step in order and stops at the first failure.

@@ -1,6 +1,7 @@
 //! Command-line parsing for xtask: a hand-written parser over the few flags we have, so xtask
 //! needs no dependency.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// The text `cargo xtask help` prints.
@@ -22,12 +23,39 @@ Commands:
   codegen [--check]
       Regenerate the committed generated files (the C header crates/moe-capi/include/moe.h,
       with cbindgen). --check only reports stale files, as the test does.
+  fuzz [--seconds <n>] [--target <name>]...
+      Replay the committed fuzz seeds and regressions (fuzz/), then run each cargo-fuzz
+      target on nightly for n seconds (default 60): checkpoint_loader, config_parser,
+      packers. Installs cargo-fuzz when missing.
+  miri
+      Run the scalar kernels', packers' and quantizers' tests under Miri on nightly
+      (MOE_KERNELS_MAX_ISA=scalar). Installs the miri component when missing.
+  bench-peers [--quick] [--venv <dir>] [--shared <dir>] [--shape <name,...>]
+              [--batch-sizes <m,...>] [--threads <n>] [--rounds <n>] [--iters <n>]
+              [--paths <path,...>] [--out <file.json>] [--render <file.json>]
+      Time `moe bench` (our W4A8 group-32 pipeline) and vLLM's CPU MoE paths (the peer, run by
+      <shared>/peers/bench_vllm_cpu.py in its own venv) back to back on the same shapes, batch
+      sizes and thread count, alternating ours and the peer round by round, and print one table
+      of medians: ours, the DRAM bound, issue 8's target, each peer path and peer/ours. Installs
+      the peer venv with <shared>/peers/setup_venv.sh when it is missing (~5 min, ~7 GB).
+      Slow, and not part of `ci`.
+        --quick                 qwen3-30b-a3b only, M = 1,16
+        --venv <dir>            the peer venv (default /opt/peers/venv)
+        --shared <dir>          the shared folder (default $MOE_SHARED, else ../shared)
+        --shape <names>         moe bench shapes (default: all three standard shapes)
+        --batch-sizes <list>    tokens per call (default 1,16,256,1024)
+        --threads <n>           threads for both sides (default 2)
+        --rounds <n>            alternations of ours and the peer per shape (default 2)
+        --iters <n>             timed calls per moe bench row (default 20)
+        --paths <list>          peer paths (default int4_amx_g32,int4_amx_g128,int8_w8a8)
+        --out <file.json>       also write every raw report and the table as JSON
+        --render <file.json>    print the table of an earlier run's --out file and exit
   ci
       Run the CI sequence (what .ci/run runs), stopping at the first failure: fmt check,
       clippy, cargo doc (-D warnings), moe-kernels and moe-layer without default features,
-      cargo package --list of the library crates,
-      cargo test --workspace, test-x86-ladder, test-arm, and cargo test --workspace
-      again with RAYON_NUM_THREADS=1.
+      cargo package --list of the library crates, cargo test --workspace, test-x86-ladder,
+      test-arm, cargo test --workspace again with RAYON_NUM_THREADS=1, fuzz --seconds 20
+      and miri.
   help
       Print this text.";
 
@@ -45,8 +73,79 @@ pub enum Command {
         /// Compare instead of writing.
         check: bool,
     },
+    /// Replay and run the fuzz targets.
+    Fuzz(Fuzz),
+    /// Run the selected tests under Miri.
+    Miri,
     /// Run the whole CI sequence.
     Ci,
+    /// Compare `moe bench` with the vLLM CPU peer.
+    BenchPeers(BenchPeers),
+}
+
+/// Options of `bench-peers`.
+#[derive(Debug, Clone)]
+pub struct BenchPeers {
+    /// The short selection: one shape, two batch sizes.
+    pub quick: bool,
+    /// The peer's virtual environment.
+    pub venv: PathBuf,
+    /// The shared folder holding `peers/`; `None` means `$MOE_SHARED`, else `../shared`.
+    pub shared: Option<PathBuf>,
+    /// Shapes by name; empty means the default for the mode.
+    pub shapes: Vec<String>,
+    /// Tokens per call; empty means the default for the mode.
+    pub batch_sizes: Vec<usize>,
+    /// Threads for both sides.
+    pub threads: usize,
+    /// How many times ours and the peer alternate per shape.
+    pub rounds: usize,
+    /// Timed calls per `moe bench` row.
+    pub iters: usize,
+    /// Peer paths (names of `bench_vllm_cpu.py --paths`).
+    pub paths: Vec<String>,
+    /// Where to write the merged JSON report.
+    pub out: Option<PathBuf>,
+    /// Print the table of this earlier `--out` report instead of measuring.
+    pub render: Option<PathBuf>,
+}
+
+impl Default for BenchPeers {
+    fn default() -> Self {
+        Self {
+            quick: false,
+            venv: PathBuf::from("/opt/peers/venv"),
+            shared: None,
+            shapes: Vec::new(),
+            batch_sizes: Vec::new(),
+            threads: 2,
+            rounds: 2,
+            iters: 20,
+            paths: ["int4_amx_g32", "int4_amx_g128", "int8_w8a8"]
+                .map(String::from)
+                .to_vec(),
+            out: None,
+            render: None,
+        }
+    }
+}
+
+/// Options of `fuzz`.
+#[derive(Debug)]
+pub struct Fuzz {
+    /// Seconds of fuzzing per target.
+    pub seconds: u64,
+    /// Targets to run; empty means all of them.
+    pub targets: Vec<String>,
+}
+
+impl Default for Fuzz {
+    fn default() -> Self {
+        Self {
+            seconds: 60,
+            targets: Vec::new(),
+        }
+    }
 }
 
 /// Options of `test-arm`.
@@ -93,12 +192,79 @@ pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Command, String> 
             Some("--check") => no_more_args(args, Command::Codegen { check: true }),
             Some(other) => Err(format!("codegen: unknown option {other:?}")),
         },
+        "miri" => no_more_args(args, Command::Miri),
+        "fuzz" => parse_fuzz(args).map(Command::Fuzz),
+        "bench-peers" => parse_bench_peers(args).map(Command::BenchPeers),
         "test-arm" => parse_test_arm(args).map(Command::TestArm),
         "test-x86-ladder" => {
             let test_args = after_double_dash(&mut args, "test-x86-ladder")?;
             Ok(Command::TestX86Ladder(TestX86Ladder { test_args }))
         }
         other => Err(format!("unknown command {other:?}")),
+    }
+}
+
+fn parse_fuzz(mut args: impl Iterator<Item = String>) -> Result<Fuzz, String> {
+    let mut opts = Fuzz::default();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--seconds" => {
+                let raw = value_of(&mut args, "--seconds")?;
+                opts.seconds = raw
+                    .parse()
+                    .map_err(|_| format!("--seconds wants a whole number, got {raw:?}"))?;
+            }
+            "--target" => opts.targets.push(value_of(&mut args, "--target")?),
+            other => return Err(format!("fuzz: unknown option {other:?}")),
+        }
+    }
+    Ok(opts)
+}
+
+fn parse_bench_peers(mut args: impl Iterator<Item = String>) -> Result<BenchPeers, String> {
+    let mut opts = BenchPeers::default();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => opts.quick = true,
+            "--venv" => opts.venv = value_of(&mut args, "--venv")?.into(),
+            "--shared" => opts.shared = Some(value_of(&mut args, "--shared")?.into()),
+            "--shape" | "--shapes" => opts.shapes = list_of(&value_of(&mut args, &arg)?),
+            "--batch-sizes" => {
+                opts.batch_sizes = list_of(&value_of(&mut args, "--batch-sizes")?)
+                    .iter()
+                    .map(|m| positive(m, "--batch-sizes"))
+                    .collect::<Result<_, _>>()?;
+            }
+            "--threads" => {
+                opts.threads = positive(&value_of(&mut args, "--threads")?, "--threads")?
+            }
+            "--rounds" => opts.rounds = positive(&value_of(&mut args, "--rounds")?, "--rounds")?,
+            "--iters" => opts.iters = positive(&value_of(&mut args, "--iters")?, "--iters")?,
+            "--paths" => opts.paths = list_of(&value_of(&mut args, "--paths")?),
+            "--out" => opts.out = Some(value_of(&mut args, "--out")?.into()),
+            "--render" => opts.render = Some(value_of(&mut args, "--render")?.into()),
+            other => return Err(format!("bench-peers: unknown option {other:?}")),
+        }
+    }
+    Ok(opts)
+}
+
+/// Splits a comma-separated list, dropping empty items.
+fn list_of(raw: &str) -> Vec<String> {
+    raw.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// Parses a whole number of at least 1.
+fn positive(raw: &str, flag: &str) -> Result<usize, String> {
+    match raw.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!(
+            "{flag} wants whole numbers of at least 1, got {raw:?}"
+        )),
     }
 }
 
@@ -170,6 +336,40 @@ mod tests {
         assert!(opts.no_install);
         assert_eq!(opts.timeout, Duration::from_secs(180));
         assert_eq!(opts.test_args, ["golden", "--nocapture"]);
+    }
+
+    #[test]
+    fn fuzz_flags_are_read() {
+        let Ok(Command::Fuzz(opts)) = parse_str("fuzz --seconds 10 --target packers") else {
+            panic!("fuzz did not parse");
+        };
+        assert_eq!(
+            (opts.seconds, opts.targets),
+            (10, vec!["packers".to_string()])
+        );
+        assert!(parse_str("fuzz --seconds ten").is_err());
+        assert!(matches!(parse_str("miri"), Ok(Command::Miri)));
+    }
+
+    #[test]
+    fn bench_peers_flags_are_read() {
+        let Ok(Command::BenchPeers(opts)) = parse_str(
+            "bench-peers --quick --venv /v --batch-sizes 1,16 --shape qwen3-30b-a3b --threads 1 --out o.json",
+        ) else {
+            panic!("bench-peers did not parse");
+        };
+        assert!(opts.quick);
+        assert_eq!(opts.venv, PathBuf::from("/v"));
+        assert_eq!(opts.batch_sizes, [1, 16]);
+        assert_eq!(opts.shapes, ["qwen3-30b-a3b"]);
+        assert_eq!((opts.threads, opts.rounds), (1, 2));
+        assert_eq!(opts.out, Some(PathBuf::from("o.json")));
+        let Ok(Command::BenchPeers(opts)) = parse_str("bench-peers --render o.json") else {
+            panic!("bench-peers --render did not parse");
+        };
+        assert_eq!(opts.render, Some(PathBuf::from("o.json")));
+        assert!(parse_str("bench-peers --batch-sizes 0").is_err());
+        assert!(parse_str("bench-peers --threads").is_err());
     }
 
     #[test]

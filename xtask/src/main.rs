@@ -2,14 +2,19 @@
 //! commands.
 //!
 //! xtask is the single front door for anything beyond a plain `cargo` call: the aarch64 test
-//! ladder under QEMU, the capped x86 ISA ladder, the generated C header (`codegen`), and the CI
-//! sequence that `.ci/run` executes. Its one dependency is cbindgen (for the header); otherwise it
-//! uses std, shells out through `$CARGO` (the cargo that launched it), and always works from the
+//! ladder under QEMU, the capped x86 ISA ladder, fuzzing and Miri, the generated C header
+//! (`codegen`), the CI sequence that `.ci/run` executes, and the side-by-side benchmark against
+//! the vLLM CPU peer. Its one dependency is cbindgen (for the header); otherwise it uses std,
+//! shells out through `$CARGO` (the cargo that launched it), and always works from the
 //! workspace root, so it behaves the same from any directory.
 
+mod bench_peers;
 mod ci;
 mod codegen;
 mod flags;
+mod fuzz;
+mod json;
+mod miri;
 mod test_arm;
 mod test_binaries;
 mod test_x86;
@@ -40,7 +45,10 @@ fn main() -> ExitCode {
         Command::TestArm(opts) => test_arm::run(&opts),
         Command::TestX86Ladder(opts) => test_x86::run(&opts),
         Command::Codegen { check } => codegen::run(check),
+        Command::Fuzz(opts) => fuzz::run(&opts),
+        Command::Miri => miri::run(),
         Command::Ci => ci::run(),
+        Command::BenchPeers(opts) => bench_peers::run(&opts),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -132,7 +132,14 @@ impl Cmd {
         line
     }
 
-    fn command(&self) -> Command {
+    /// The time limit set with [`Cmd::timeout`], if any.
+    pub fn time_limit(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// The [`std::process::Command`] this runs (stdin closed), for callers that need their own
+    /// handling of the child's output.
+    pub fn std_command(&self) -> Command {
         let mut command = Command::new(&self.program);
         command.args(&self.args).stdin(Stdio::null());
         for (key, value) in &self.env {
@@ -166,7 +173,7 @@ impl Cmd {
     /// Echoes and runs the command with inherited stdout/stderr; returns how it ended.
     pub fn run_outcome(&self) -> Result<Outcome> {
         println!("$ {}", self.display());
-        let mut child = self.spawn(&mut self.command())?;
+        let mut child = self.spawn(&mut self.std_command())?;
         wait_with_limit(&mut child, self.timeout)
     }
 
@@ -174,7 +181,7 @@ impl Cmd {
     /// keeping the text; stderr is inherited. Returns how it ended and what it printed.
     pub fn run_tee(&self, prefix: &str) -> Result<(Outcome, String)> {
         println!("$ {}", self.display());
-        let mut child = self.spawn(self.command().stdout(Stdio::piped()))?;
+        let mut child = self.spawn(self.std_command().stdout(Stdio::piped()))?;
         let stdout = child.stdout.take().expect("stdout was piped");
         let prefix = prefix.to_owned();
         let reader = thread::spawn(move || {
@@ -195,7 +202,7 @@ impl Cmd {
     /// Runs the command without echoing it and returns its stdout; fails unless it exits with 0.
     /// stderr is inherited, so diagnostics still reach the user.
     pub fn read_stdout(&self) -> Result<String> {
-        let mut child = self.spawn(self.command().stdout(Stdio::piped()))?;
+        let mut child = self.spawn(self.std_command().stdout(Stdio::piped()))?;
         let mut stdout = child.stdout.take().expect("stdout was piped");
         let reader = thread::spawn(move || {
             let mut text = String::new();

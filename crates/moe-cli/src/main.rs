@@ -1,6 +1,7 @@
 //! The `moe` command: reports the CPU (`moe cpu`), runs a demonstration MoE layer end to end
 //! (`moe demo`), describes a checkpoint and the backend that would serve it (`moe inspect`) and
-//! measures the fused W4A8 pipeline on the standard model shapes (`moe bench`).
+//! measures the fused W4A8 pipeline on the standard model shapes (`moe bench`), and converts
+//! WNA16 checkpoints to vLLM's Marlin layout (`moe repack-marlin`).
 //!
 //! Every command takes `--json` (machine-readable output on stdout). Logs go to stderr through
 //! `tracing` (`RUST_LOG=debug` shows the oracle's refusals and the kernel choice). Exit codes:
@@ -37,6 +38,8 @@ enum Command {
     Bench(cmd::bench::BenchArgs),
     /// Run one MoE block (router + experts) of a checkpoint on hidden states from a file.
     Run(cmd::run::RunArgs),
+    /// Convert a GPTQ or compressed-tensors WNA16 checkpoint into a Marlin-packed one.
+    RepackMarlin(cmd::repack_marlin::RepackMarlinArgs),
 }
 
 fn main() {
@@ -49,6 +52,7 @@ fn main() {
         Some(Command::Demo(args)) => cmd::demo::run(&args, out),
         Some(Command::Inspect(args)) => cmd::inspect::run(&args, out),
         Some(Command::Bench(args)) => cmd::bench::run(&args, out),
+        Some(Command::RepackMarlin(args)) => cmd::repack_marlin::run(&args, out),
         Some(Command::Run(mut args)) => {
             args.json = out.json;
             cmd::run::run(&args)

@@ -41,6 +41,17 @@ pub struct KernelSet {
     w8a8: W8A8Kernel,
     /// A SIMD W4A8 activation quantiser writing the `q + 128` encoding, equal to the scalar one.
     act_asym_u8: Option<(Isa, AsymQuantU8Fn)>,
+    /// Kernels that take over from some row count on (the AMX tiles).
+    large_m: Option<LargeM>,
+}
+
+/// Kernels that replace a set's own from `min_m` rows on: tile kernels only pay off once a
+/// call has enough rows to fill their tiles.
+#[derive(Clone, Copy)]
+struct LargeM {
+    min_m: usize,
+    w4a8: W4A8Kernel,
+    w8a8: W8A8Kernel,
 }
 
 /// Quantises one row like `moe_quant::act::quantize_row_asym_i8`, writing `q + 128`.
@@ -76,7 +87,35 @@ impl KernelSet {
             w4a8,
             w8a8,
             act_asym_u8: None,
+            large_m: None,
         }
+    }
+
+    /// The same set, with `w4a8`/`w8a8` running every call of at least `min_m` rows.
+    ///
+    /// # Safety
+    /// - Both entries may be called on this CPU: the caller holds the token of their rungs.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the AMX rung has them
+    pub(crate) unsafe fn with_large_m(
+        mut self,
+        min_m: usize,
+        w4a8: (Isa, ActEncoding, W4A8PanelsFn),
+        w8a8: (Isa, ActEncoding, W8A8PanelsFn),
+    ) -> Self {
+        let (isa, encoding, entry) = w4a8;
+        let w4a8 = W4A8Kernel {
+            isa,
+            encoding,
+            entry,
+        };
+        let (isa, encoding, entry) = w8a8;
+        let w8a8 = W8A8Kernel {
+            isa,
+            encoding,
+            entry,
+        };
+        self.large_m = Some(LargeM { min_m, w4a8, w8a8 });
+        self
     }
 
     /// The same kernels, recorded as selected for rung `rung` (a rung without kernels of its
@@ -131,17 +170,32 @@ impl KernelSet {
         self.w4a8_for(m).isa
     }
 
-    /// The rung whose code runs the W8A8 GEMM.
-    pub fn w8a8_isa(&self) -> Isa {
-        self.w8a8.isa
+    /// The rung whose code runs the W8A8 GEMM for `m` rows.
+    pub fn w8a8_isa(&self, m: usize) -> Isa {
+        self.w8a8_for(m).isa
     }
 
     /// One line per operation saying which implementation runs, e.g.
     /// `w4a8_gemm: avx512-vnni`.
+    /// When a rung switches kernels at some row count, the line says where, e.g.
+    /// `w4a8_gemm: avx512-vnni below 16 rows, amx from 16`.
     pub fn describe_ops(&self) -> Vec<String> {
+        let per_m = |below: Isa, large: Option<Isa>| match (large, self.large_m) {
+            (Some(large), Some(l)) => {
+                format!("{below} below {} rows, {large} from {}", l.min_m, l.min_m)
+            }
+            _ => below.to_string(),
+        };
+        let large = self.large_m;
         vec![
-            format!("w4a8_gemm: {}", self.w4a8.isa),
-            format!("w8a8_gemm: {}", self.w8a8.isa),
+            format!(
+                "w4a8_gemm: {}",
+                per_m(self.w4a8.isa, large.map(|l| l.w4a8.isa))
+            ),
+            format!(
+                "w8a8_gemm: {}",
+                per_m(self.w8a8.isa, large.map(|l| l.w8a8.isa))
+            ),
             format!(
                 "w4a8_act_quant: {}",
                 self.act_asym_u8.map_or(Isa::Scalar, |(isa, _)| isa)
@@ -149,14 +203,20 @@ impl KernelSet {
         ]
     }
 
-    /// The W4A8 kernel for `m` rows (one kernel for every M today; an AMX rung would switch
-    /// to tiles above some M here).
-    pub(crate) fn w4a8_for(&self, _m: usize) -> W4A8Kernel {
-        self.w4a8
+    /// The W4A8 kernel for a call of `m` rows.
+    pub(crate) fn w4a8_for(&self, m: usize) -> W4A8Kernel {
+        match self.large_m {
+            Some(l) if m >= l.min_m => l.w4a8,
+            _ => self.w4a8,
+        }
     }
 
-    pub(crate) fn w8a8(&self) -> W8A8Kernel {
-        self.w8a8
+    /// The W8A8 kernel for a call of `m` rows.
+    pub(crate) fn w8a8_for(&self, m: usize) -> W8A8Kernel {
+        match self.large_m {
+            Some(l) if m >= l.min_m => l.w8a8,
+            _ => self.w8a8,
+        }
     }
 }
 

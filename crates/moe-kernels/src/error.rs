@@ -122,4 +122,20 @@ pub enum KernelError {
         /// What is refused and why.
         reason: &'static str,
     },
+    /// A float weight is NaN or infinite.
+    #[error("{tensor}: element {index} is {value}, but weights must be finite")]
+    NonFiniteWeight {
+        /// Which tensor.
+        tensor: &'static str,
+        /// Flat index of the first offending element.
+        index: usize,
+        /// The value, printed (`NaN`, `inf`, `-inf`).
+        value: String,
+    },
+    /// A Marlin-format expert refused a call (see [`crate::marlin::MarlinError`]).
+    #[error("Marlin weights: {reason}")]
+    Marlin {
+        /// The Marlin error, printed.
+        reason: String,
+    },
 }

@@ -366,7 +366,7 @@ pub fn w8a8_gemm_quantized(
             max: 127,
         });
     }
-    let kernel = ks.w8a8();
+    let kernel = ks.w8a8_for(m);
     encode_rows(a.q, m, k, k_pad, kernel.encoding, &mut scratch.encoded);
     let job = W8A8Job {
         w,
@@ -386,7 +386,12 @@ pub fn w8a8_gemm_quantized(
 }
 
 /// Runs `f` over a partition of `0..n_panels` into contiguous ranges.
-fn split_panels(n_panels: usize, par: Par, macs: usize, f: impl Fn(Range<usize>) + Sync) {
+pub(crate) fn split_panels(
+    n_panels: usize,
+    par: Par,
+    macs: usize,
+    f: impl Fn(Range<usize>) + Sync,
+) {
     if n_panels == 0 {
         return;
     }

@@ -15,6 +15,8 @@
 //!   expert, gate/up GEMM, activation, down GEMM, gating and the ordered per-token sum.
 //! - [`scalar`] is always compiled: the literal reference of spec §4.5 (the oracle) and the
 //!   portable fallback kernels. Every SIMD rung reproduces it bit for bit.
+//! - [`marlin`]: vLLM's Marlin weight layout on the CPU: the bit-exact repack and its inverse,
+//!   the WNA16 post-processing with its checks, and an executor over Marlin-format weights.
 //!
 //! `unsafe` is confined to the kernels, the token constructors and the calls they justify.
 //!
@@ -47,10 +49,12 @@
 
 #![deny(clippy::multiple_unsafe_ops_per_block)]
 
+mod dense;
 mod dispatch;
 mod error;
 mod gemm;
 mod isa;
+pub mod marlin;
 pub mod moe;
 pub mod packed;
 pub mod scalar;
@@ -70,6 +74,7 @@ use other_arch as arch;
 #[cfg(target_arch = "x86_64")]
 use x86 as arch;
 
+pub use dense::{dense_gemm, dense_isa};
 pub use dispatch::{KernelSet, available_isas, isa_cap, kernels, selected_isa};
 pub use error::KernelError;
 pub use gemm::{
@@ -77,11 +82,12 @@ pub use gemm::{
     w8a8_gemm_quantized,
 };
 pub use isa::{ALL_ISAS, Isa, IsaArch, IsaCap, MAX_ISA_ENV, UnknownIsa};
+pub use marlin::MarlinError;
 pub use moe::{
     Activation, ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, Int4ActivationKind,
     MoeInput, MoeScratch, MoeScratchDims,
 };
-pub use packed::{PackedW4A8, PackedW8A8, W4A8Scales};
+pub use packed::{PackedDense, PackedW4A8, PackedW8A8, W4A8Scales};
 
 /// The CPU features this binary's architecture cares about, as `(name, detected)` pairs.
 pub fn cpu_features() -> Vec<(&'static str, bool)> {

@@ -28,7 +28,7 @@ const W4A8_KG: &[(usize, Option<usize>)] = &[
     (70, None),
     (254, None),
 ];
-const MS: &[usize] = &[0, 1, 2, 3, 4, 5, 7, 8, 9, 13, 17];
+const MS: &[usize] = &[0, 1, 2, 3, 4, 5, 7, 8, 9, 13, 17, 70];
 const NS: &[usize] = &[1, 2, 15, 16, 17, 31, 33, 47];
 
 /// Every rung this machine can run, each through its own token, with a note for the others.

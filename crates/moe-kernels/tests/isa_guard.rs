@@ -25,8 +25,21 @@ fn selected_isa_matches_moe_expect_isa() {
     if expected.arch() == IsaArch::Aarch64 {
         for m in [1, 64] {
             assert_eq!(kernels().w4a8_isa(m), expected, "w4a8 kernels for m = {m}");
+            assert_eq!(kernels().w8a8_isa(m), expected, "w8a8 kernels for m = {m}");
         }
-        assert_eq!(kernels().w8a8_isa(), expected, "w8a8 kernels");
+    }
+    // The AMX rung runs AVX-512 VNNI for few rows and its tiles for many: prove the tiles run.
+    if expected == Isa::Amx {
+        assert_eq!(
+            kernels().w4a8_isa(1024),
+            Isa::Amx,
+            "w4a8 kernels for m = 1024"
+        );
+        assert_eq!(
+            kernels().w8a8_isa(1024),
+            Isa::Amx,
+            "w8a8 kernels for m = 1024"
+        );
     }
 }
 

@@ -319,6 +319,21 @@ pub enum LayerError {
         reason: String,
     },
 
+    /// A NaN or infinite value in a call argument that must be finite (`hidden_states`,
+    /// `topk_weights`). The layer refuses the whole call rather than return rows computed from
+    /// it (see `docs/reliability.md`).
+    #[error("{field}: non-finite value {value} at row {row}, column {column}")]
+    NonFiniteInput {
+        /// The argument.
+        field: &'static str,
+        /// The token (row) holding the value.
+        row: usize,
+        /// The column within the row.
+        column: usize,
+        /// The value, widened to f32.
+        value: f32,
+    },
+
     /// `process` found parameters that were never loaded.
     #[error("layer parameters never loaded: {}", missing.join(", "))]
     MissingParams {
@@ -344,6 +359,10 @@ pub enum LayerError {
     /// The kernels refused the weights or a call.
     #[error("kernels: {0}")]
     Kernel(#[from] moe_kernels::KernelError),
+
+    /// The Marlin repack or executor refused the WNA16 weights.
+    #[error("marlin: {0}")]
+    Marlin(#[from] moe_kernels::marlin::MarlinError),
 
     /// The router refused its configuration or a call.
     #[error("router: {0}")]

@@ -56,8 +56,8 @@ pub mod layer;
 
 pub use error::LayerError;
 pub use layer::{
-    BackendInfo, ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, TensorData, TensorKind,
-    TensorView,
+    BackendInfo, ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, SharedExperts, TensorData,
+    TensorKind, TensorView,
 };
 /// How `apply` spreads work over threads (re-exported from moe-kernels); see
 /// [`MoeLayer::set_parallelism`].

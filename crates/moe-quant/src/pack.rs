@@ -22,9 +22,15 @@ use crate::error::QuantError;
 use crate::int4::check_int4_range;
 use crate::int8::{check_len, check_matrix};
 
-/// Number of int32 words `pack_to_int32` uses for a row of `cols` codes of `num_bits` bits.
+/// Number of int32 words `pack_to_int32` uses for a row of `cols` codes of `num_bits` bits
+/// (`num_bits` at most 32).
+///
+/// Computed as `32q·b/32 + ceil(r·b/32)` with `cols = 32q + r`, which equals
+/// `ceil(cols·b/32)` without forming `cols·b`, so a hostile `cols` (from a checkpoint's
+/// `weight_shape`) cannot overflow.
 pub fn packed_int32_cols(cols: usize, num_bits: u32) -> usize {
-    (cols * num_bits as usize).div_ceil(32)
+    let b = num_bits as usize;
+    (cols / 32) * b + ((cols % 32) * b).div_ceil(32)
 }
 
 fn check_num_bits(num_bits: u32) -> Result<(), QuantError> {
@@ -106,7 +112,12 @@ pub fn unpack_from_int32(
         });
     }
     let words = packed_int32_cols(cols, num_bits);
-    check_len("packed", rows * words, packed.len())?;
+    let expected = rows.checked_mul(words).ok_or(QuantError::LengthMismatch {
+        what: "packed",
+        expected: usize::MAX,
+        got: packed.len(),
+    })?;
+    check_len("packed", expected, packed.len())?;
     let offset = 1i32 << (num_bits - 1);
     let mask = (1u64 << num_bits) - 1;
     let mut out = Vec::with_capacity(rows * cols);
@@ -167,7 +178,14 @@ pub fn unpack_int4_pairs(bytes: &[u8], rows: usize, cols: usize) -> Result<Vec<i
             len: cols,
         });
     }
-    check_len("bytes", rows * cols / 2, bytes.len())?;
+    let expected = rows
+        .checked_mul(cols / 2)
+        .ok_or(QuantError::LengthMismatch {
+            what: "bytes",
+            expected: usize::MAX,
+            got: bytes.len(),
+        })?;
+    check_len("bytes", expected, bytes.len())?;
     Ok(bytes
         .iter()
         .flat_map(|&b| [(b & 0x0F) as i8 - 8, (b >> 4) as i8 - 8])
@@ -258,6 +276,29 @@ mod tests {
         assert!(matches!(
             unpack_int4_pairs(&[], 0, 8),
             Err(QuantError::EmptyTensor { .. })
+        ));
+    }
+
+    #[test]
+    fn hostile_sizes_are_errors_not_overflows() {
+        // `cols · bits` would overflow usize; the word count must still be exact.
+        assert_eq!(packed_int32_cols(usize::MAX, 8), usize::MAX / 4 + 1);
+        assert_eq!(packed_int32_cols(usize::MAX, 4), usize::MAX / 8 + 1);
+        for cols in 0..200 {
+            for bits in 1..=8 {
+                assert_eq!(
+                    packed_int32_cols(cols, bits),
+                    (cols * bits as usize).div_ceil(32)
+                );
+            }
+        }
+        assert!(matches!(
+            unpack_from_int32(&[0; 4], usize::MAX / 2, usize::MAX / 2, 8),
+            Err(QuantError::LengthMismatch { .. })
+        ));
+        assert!(matches!(
+            unpack_int4_pairs(&[0; 4], usize::MAX / 2, 8),
+            Err(QuantError::LengthMismatch { .. })
         ));
     }
 }

@@ -167,8 +167,15 @@ impl ScalarType {
             NanRepr::None => {}
         }
         let frac = 1.0 + max_mantissa as f64 / (1u64 << self.mantissa) as f64;
-        frac * 2f64.powi(max_exp - exp_bias)
+        frac * pow2(max_exp - exp_bias)
     }
+}
+
+/// `2^e` for a normal-range exponent, built from its bits. `powi` is not guaranteed to be
+/// correctly rounded (Miri reports `2f64.powi(8)` as `255.99…`), and these limits must be exact.
+fn pow2(e: i32) -> f64 {
+    debug_assert!((-1022..=1023).contains(&e), "exponent {e} out of range");
+    f64::from_bits(((e + 1023) as u64) << 52)
 }
 
 impl fmt::Display for ScalarType {

@@ -1,7 +1,7 @@
 //! The subcommands of `moe`, one module each, plus what they share: the error type, the
 //! `--json` output switch, progress bars, number parsing and the thread pool.
 //!
-//! - [`cpu`], [`demo`], [`inspect`], [`bench`](mod@bench), [`run`]: the commands.
+//! - [`cpu`], [`demo`], [`inspect`], [`bench`](mod@bench), [`run`], [`repack_marlin`]: the commands.
 //! - [`backend`]: the oracle's view of this machine and its answer for a layer.
 //! - [`synth`]: seeded random weights, quantized and packed into a [`moe_kernels::FusedMoe`].
 //! - [`reference`](mod@reference): the f32 MoE on dequantized weights that the demo checks against.
@@ -12,6 +12,7 @@ pub mod cpu;
 pub mod demo;
 pub mod inspect;
 pub mod reference;
+pub mod repack_marlin;
 pub mod run;
 pub mod synth;
 

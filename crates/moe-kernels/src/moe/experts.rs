@@ -1,12 +1,14 @@
-//! The weight formats an expert can hold ([`PackedW4A8`], [`PackedW8A8`]) behind one sealed
+//! The weight formats an expert can hold ([`PackedW4A8`], [`PackedW8A8`], [`PackedDense`]) behind one sealed
 //! trait, so the pipeline is written once and each format brings its GEMM and its numerics.
 
-use crate::{GemmScratch, KernelError, KernelSet, PackedW4A8, PackedW8A8, Par};
+use crate::{GemmScratch, KernelError, KernelSet, PackedDense, PackedW4A8, PackedW8A8, Par};
 
 mod sealed {
     pub trait Sealed {}
     impl Sealed for crate::PackedW4A8 {}
     impl Sealed for crate::PackedW8A8 {}
+    impl Sealed for crate::PackedDense {}
+    impl Sealed for crate::marlin::MarlinWeights {}
 }
 
 /// Which quantised GEMM family a weight format uses.
@@ -17,6 +19,10 @@ pub enum WeightFormat {
     W4A8,
     /// int8 per-channel weights, dynamic symmetric per-token int8 activations (spec §5.3).
     W8A8,
+    /// Float weights (f32 or bf16), float activations, f32 compute: unquantized experts.
+    Dense,
+    /// Weight-only int4/int8 in Marlin's layout (WNA16), float activations, f32 compute.
+    Wna16,
 }
 
 /// A packed expert weight matrix `[N, K]` the fused pipeline can multiply with.
@@ -99,5 +105,63 @@ impl ExpertMatrix for PackedW8A8 {
         par: Par,
     ) -> Result<(), KernelError> {
         crate::w8a8_gemm(ks, m, x, self, out, scratch, par)
+    }
+}
+
+impl ExpertMatrix for PackedDense {
+    const FORMAT: WeightFormat = WeightFormat::Dense;
+
+    fn n(&self) -> usize {
+        PackedDense::n(self)
+    }
+
+    fn k(&self) -> usize {
+        PackedDense::k(self)
+    }
+
+    fn is_channelwise(&self) -> bool {
+        true
+    }
+
+    fn gemm(
+        &self,
+        ks: &KernelSet,
+        m: usize,
+        x: &[f32],
+        out: &mut [f32],
+        _scratch: &mut GemmScratch,
+        par: Par,
+    ) -> Result<(), KernelError> {
+        crate::dense_gemm(ks, m, x, self, out, par)
+    }
+}
+
+impl ExpertMatrix for crate::marlin::MarlinWeights {
+    const FORMAT: WeightFormat = WeightFormat::Wna16;
+
+    fn n(&self) -> usize {
+        self.size_n()
+    }
+
+    fn k(&self) -> usize {
+        self.size_k()
+    }
+
+    fn is_channelwise(&self) -> bool {
+        crate::marlin::MarlinWeights::is_channelwise(self)
+    }
+
+    fn gemm(
+        &self,
+        _ks: &KernelSet,
+        m: usize,
+        x: &[f32],
+        out: &mut [f32],
+        _scratch: &mut GemmScratch,
+        par: Par,
+    ) -> Result<(), KernelError> {
+        crate::marlin::MarlinWeights::gemm(self, x, m, out, par).map_err(|e| KernelError::Marlin {
+            reason: e.to_string(),
+        })
     }
 }

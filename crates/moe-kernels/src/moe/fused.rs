@@ -116,7 +116,7 @@ impl<W: ExpertMatrix> FusedMoe<W> {
             check_len("w2_bias", e * h, b.len())?;
         }
         config.activation.validate(config.gate_up_layout)?;
-        if W::FORMAT == WeightFormat::W8A8
+        if W::FORMAT != WeightFormat::W4A8
             && matches!(config.activation, Activation::VllmCpuInt4Compat(_))
         {
             return Err(KernelError::Unsupported {
@@ -249,6 +249,7 @@ impl<W: ExpertMatrix> FusedMoe<W> {
         let numerics = match W::FORMAT {
             WeightFormat::W4A8 => Numerics::w4a8::<X>(self.all_channelwise),
             WeightFormat::W8A8 => Numerics::w8a8::<X>(),
+            WeightFormat::Dense | WeightFormat::Wna16 => Numerics::float(),
         };
         let MoeScratch {
             offsets,
@@ -452,11 +453,11 @@ impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
             finish_gemm_rows(xy_e, h, b2, &nm);
             for (pos, row) in (start..end).zip(xy_e.chunks_exact_mut(h)) {
                 if on_input {
-                    row.iter_mut().for_each(|v| *v = nm.out.apply(*v));
+                    row.iter_mut().for_each(|v| *v = nm.expert_out.apply(*v));
                 } else {
                     let g = nm.gate(self.gate[pos]);
                     row.iter_mut()
-                        .for_each(|v| *v = nm.out.apply(nm.compute.apply(*v * g)));
+                        .for_each(|v| *v = nm.expert_out.apply(nm.compute.apply(*v * g)));
                 }
             }
         }

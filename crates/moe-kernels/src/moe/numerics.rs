@@ -10,6 +10,7 @@
 //! W8A8 follows spec §5.3: GEMM outputs stay f32, the activation output and each gated expert
 //! output are stored in the activation dtype, and the per-token sum accumulates in f32 and
 //! rounds once.
+//! Dense (float) weights compute everything in f32 and round once at the end.
 
 use half::{bf16, f16};
 use moe_quant::{DType, ModelFloat};
@@ -41,7 +42,7 @@ impl Round {
     }
 
     /// Rounds `v`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn apply(self, v: f32) -> f32 {
         match self {
             Round::F32 => v,
@@ -101,8 +102,9 @@ pub(crate) enum SumMode {
 pub(crate) struct Numerics {
     /// Rounding of the compute dtype (gathered inputs, activation outputs, gated outputs).
     pub compute: Round,
-    /// Rounding of the output dtype (= input dtype).
-    pub out: Round,
+    /// Rounding of each gated expert output before the per-token sum (the output dtype for
+    /// the quantized formats, none for float weights).
+    pub expert_out: Round,
     /// Rounding of GEMM outputs (W4A8 bf16 compute: PyTorch's bf16 kernel truncates).
     pub gemm_out: Round,
     /// Whether the router weight is first cast to the compute dtype (W4A8 newest kernel).
@@ -122,7 +124,7 @@ impl Numerics {
         };
         Self {
             compute,
-            out,
+            expert_out: out,
             gemm_out: if compute == Round::Bf16 {
                 Round::Bf16Trunc
             } else {
@@ -138,7 +140,20 @@ impl Numerics {
         let r = Round::of::<X>();
         Self {
             compute: r,
-            out: r,
+            expert_out: r,
+            gemm_out: Round::F32,
+            round_gate: false,
+            sum: SumMode::F32ThenRound,
+        }
+    }
+
+    /// Float weights: everything in f32 (16-bit inputs widened), gates in f32, the per-token
+    /// sum in f32 rounded once to the output dtype. Not a vLLM kernel's op sequence (vLLM's
+    /// CPU float path is outside the spec); the most accurate order, documented as ours.
+    pub(crate) fn float() -> Self {
+        Self {
+            compute: Round::F32,
+            expert_out: Round::F32,
             gemm_out: Round::F32,
             round_gate: false,
             sum: SumMode::F32ThenRound,

@@ -13,7 +13,9 @@ use super::numerics::MoeFloat;
 use super::*;
 use crate::scalar::w4a8::{W4A8RefArgs, w4a8_reference};
 use crate::scalar::w8a8::{W8A8RefArgs, w8a8_reference};
-use crate::{KernelError, KernelSet, PackedW4A8, PackedW8A8, Par, W4A8Scales, available_isas};
+use crate::{
+    KernelError, KernelSet, PackedDense, PackedW4A8, PackedW8A8, Par, W4A8Scales, available_isas,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Test layers with their unpacked twins.
@@ -27,6 +29,8 @@ struct RefMat {
     /// f32 scales `[n, k / block_len]`.
     scales: Vec<f32>,
     block_len: usize,
+    /// Float weights `[n, k]` of a dense matrix (empty for the quantized ones).
+    dense: Vec<f32>,
 }
 
 impl RefMat {
@@ -51,6 +55,7 @@ impl RefMat {
                         w,
                         scales,
                         block_len,
+                        dense: Vec::new(),
                     },
                     packed,
                 )
@@ -66,6 +71,7 @@ impl RefMat {
                         w,
                         scales,
                         block_len,
+                        dense: Vec::new(),
                     },
                     packed,
                 )
@@ -85,9 +91,28 @@ impl RefMat {
                 w,
                 scales,
                 block_len,
+                dense: Vec::new(),
             },
             packed,
         )
+    }
+
+    /// A dense matrix with bf16-representable weights, packed in bf16.
+    fn dense(rng: &mut SplitMix64, n: usize, k: usize) -> (Self, PackedDense) {
+        let wb: Vec<bf16> = (0..n * k)
+            .map(|_| bf16::from_f32(rng.uniform(-0.2, 0.2)))
+            .collect();
+        let packed = PackedDense::pack_bf16(n, k, &wb).unwrap();
+        let dense = wb.iter().map(|v| v.to_f32()).collect();
+        let me = Self {
+            n,
+            k,
+            w: Vec::new(),
+            scales: Vec::new(),
+            block_len: k,
+            dense,
+        };
+        (me, packed)
     }
 
     /// The scalar reference GEMM of one row, quantising it like the driver.
@@ -120,6 +145,9 @@ impl RefMat {
                     w: &self.w,
                     scales: &self.scales,
                 })
+            }
+            WeightFormat::Dense | WeightFormat::Wna16 => {
+                crate::dense::dense_reference(1, self.n, self.k, x, &self.dense)
             }
         }
     }
@@ -165,6 +193,25 @@ fn w4a8_layer(
     };
     TestLayer {
         format: WeightFormat::W4A8,
+        w13,
+        w2,
+        weights,
+        config: base_config(h, i, e),
+    }
+}
+
+fn dense_layer(seed: u64, (e, h, i): (usize, usize, usize), bias: bool) -> TestLayer<PackedDense> {
+    let mut rng = SplitMix64::new(seed);
+    let (w13, p13): (Vec<_>, Vec<_>) = (0..e).map(|_| RefMat::dense(&mut rng, 2 * i, h)).unzip();
+    let (w2, p2): (Vec<_>, Vec<_>) = (0..e).map(|_| RefMat::dense(&mut rng, h, i)).unzip();
+    let weights = ExpertWeights {
+        w13: p13,
+        w2: p2,
+        w13_bias: bias.then(|| rng.vec_uniform(e * 2 * i, -0.5, 0.5)),
+        w2_bias: bias.then(|| rng.vec_uniform(e * h, -0.5, 0.5)),
+    };
+    TestLayer {
+        format: WeightFormat::Dense,
         w13,
         w2,
         weights,
@@ -227,7 +274,12 @@ impl<W: ExpertMatrix> TestLayer<W> {
     fn reference<X: MoeFloat>(&self, x: &[X], r: &Routed) -> Vec<f32> {
         let cfg = &self.config;
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
-        let round = super::numerics::Round::of::<X>();
+        let out_round = super::numerics::Round::of::<X>();
+        // Dense layers compute in f32 and round once at the end.
+        let round = match self.format {
+            WeightFormat::Dense | WeightFormat::Wna16 => super::numerics::Round::F32,
+            _ => out_round,
+        };
         let mut out = vec![0f32; r.t * h];
         for tok in 0..r.t {
             let mut slots: Vec<(usize, usize)> = (0..r.k)
@@ -269,12 +321,12 @@ impl<W: ExpertMatrix> TestLayer<W> {
                     };
                     *s = match self.format {
                         WeightFormat::W4A8 => round.apply(*s + v),
-                        WeightFormat::W8A8 => *s + v,
+                        WeightFormat::W8A8 | WeightFormat::Dense | WeightFormat::Wna16 => *s + v,
                     };
                 }
             }
             for (o, s) in out[tok * h..][..h].iter_mut().zip(&acc) {
-                *o = round.apply(*s);
+                *o = out_round.apply(*s);
             }
         }
         out
@@ -527,6 +579,37 @@ fn w8a8_matches_the_reference_in_f32_and_bf16() {
     }
 }
 
+#[test]
+fn dense_matches_the_reference_in_f32_and_bf16() {
+    let mut rng = SplitMix64::new(23);
+    for (seed, shape, bias, t, k) in [
+        (24, (5, 64, 32), true, 7, 2),
+        (25, (1, 40, 24), false, 3, 1),
+    ] {
+        let layer = dense_layer(seed, shape, bias);
+        let e = shape.0;
+        let r = routed(&mut rng, t, k, |rng| rng.below(e) as i64);
+        let x = rng.vec_uniform(t * shape.1, -1.5, 1.5);
+        let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
+        let mut sets = vec![KernelSet::scalar()];
+        sets.extend(available_isas().into_iter().filter_map(KernelSet::for_isa));
+        for ks in sets {
+            let isa = ks.isa();
+            let moe = layer.moe(ks);
+            for (lanes, par) in [(1, Par::Seq), (3, Par::Rayon)] {
+                let got = run(&moe, &x, &r, lanes, par).unwrap();
+                assert_bits_eq(&got, &layer.reference(&x, &r), &format!("dense f32 {isa}"));
+                let got = run(&moe, &xb, &r, lanes, par).unwrap();
+                assert_bits_eq(
+                    &got,
+                    &layer.reference(&xb, &r),
+                    &format!("dense bf16 {isa}"),
+                );
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // NaN rows (spec §4.6).
 
@@ -561,6 +644,40 @@ fn a_nan_row_poisons_only_its_token() {
         run(&moe, &dirty, &r, 2, Par::Rayon).unwrap(),
         "w8a8",
     );
+}
+
+/// Non-finite activations follow one rule on every rung (spec §4.6): a NaN row gives a NaN
+/// output row, a row with an infinity is quantised as an all-zero row. Every available rung
+/// must give the scalar rung's output bit for bit (NaN payloads included), so what a caller sees
+/// never depends on the CPU.
+#[test]
+fn non_finite_rows_give_the_same_bits_on_every_rung() {
+    let mut rng = SplitMix64::new(37);
+    let layer = w4a8_layer(38, (4, 64, 32), Some(32), false);
+    let w8 = w8a8_layer(39, (4, 64, 32));
+    let tokens = 6;
+    let r = routed(&mut rng, tokens, 2, |rng| rng.below(4) as i64);
+    let mut x = rng.vec_uniform(tokens * 64, -1.0, 1.0);
+    x[64 + 3] = f32::NAN;
+    x[2 * 64 + 5] = f32::INFINITY;
+    x[3 * 64 + 63] = f32::NEG_INFINITY;
+    x[4 * 64] = f32::MAX;
+    x[4 * 64 + 1] = -f32::MAX;
+    x[5 * 64 + 7] = f32::NAN;
+    x[5 * 64 + 8] = f32::INFINITY;
+    let bits = |v: Vec<f32>| -> Vec<u32> { v.into_iter().map(f32::to_bits).collect() };
+    let want4 = bits(run(&layer.moe(KernelSet::scalar()), &x, &r, 2, Par::Seq).unwrap());
+    let want8 = bits(run(&w8.moe(KernelSet::scalar()), &x, &r, 2, Par::Seq).unwrap());
+    assert!(want4[64..128].iter().all(|&b| f32::from_bits(b).is_nan()));
+    assert!(want4[5 * 64..].iter().all(|&b| f32::from_bits(b).is_nan()));
+    assert!(want4[..64].iter().all(|&b| f32::from_bits(b).is_finite()));
+    for isa in available_isas() {
+        let ks = KernelSet::for_isa(isa).unwrap();
+        let got4 = bits(run(&layer.moe(ks), &x, &r, 2, Par::Rayon).unwrap());
+        assert_eq!(got4, want4, "w4a8 on {isa}");
+        let got8 = bits(run(&w8.moe(ks), &x, &r, 2, Par::Rayon).unwrap());
+        assert_eq!(got8, want8, "w8a8 on {isa}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,13 +1,16 @@
 //! Our packed weight formats, built once at load time and read by every rung's microkernels.
 //!
-//! Both formats cut the `[N, K]` weight matrix into panels of [`PANEL`] output channels; inside a
+//! The quantized formats cut the `[N, K]` weight matrix into panels of [`PANEL`] output channels; inside a
 //! panel, K runs in steps whose bytes form exactly one 64-byte vector: 16 channels × 4
 //! consecutive K values, the operand layout of `vpdpbusd` (one i32 lane per channel) and also one
-//! row of an AMX B tile. See `docs/kernels.md` for the tables.
+//! row of an AMX B tile. The dense (float) format uses the same panels with one f32 or bf16 per
+//! channel and K value. See `docs/kernels.md` for the tables.
 
+pub mod dense;
 pub mod w4a8;
 pub mod w8a8;
 
+pub use dense::PackedDense;
 pub use w4a8::{PackedW4A8, W4A8Scales};
 pub use w8a8::PackedW8A8;
 

@@ -43,6 +43,20 @@ fn load_f32(v: &[f32; 16]) -> __m512 {
     unsafe { _mm512_loadu_ps(v.as_ptr()) }
 }
 
+/// How far ahead of the current 64-byte weight step the tiles prefetch: weights stream from
+/// DRAM once per call, and the hardware prefetcher alone leaves the core waiting on them when
+/// a step carries several rows of work.
+const PREFETCH_BYTES: usize = 1024;
+
+/// Prefetches the line `PREFETCH_BYTES` past `step` into L1.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn prefetch_ahead<T>(step: &T) {
+    let ahead = (step as *const T).cast::<i8>().wrapping_add(PREFETCH_BYTES);
+    // A prefetch is a hint that never faults, so an address past the weights is harmless.
+    _mm_prefetch::<_MM_HINT_T0>(ahead);
+}
+
 /// The W4A8 tile body for `R` rows; `ACC` selects block-accumulator output.
 ///
 /// # Safety
@@ -56,15 +70,20 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
     let (wsum, scales) = (w.panel_wsum(p), w.panel_scales(p));
     // Steps as fixed-size chunks, so the inner loop indexes arrays with one proven bound.
     let (weight_steps, _) = nibbles.as_chunks::<64>();
-    let row_steps: [&[[u8; 8]]; R] =
-        std::array::from_fn(|r| job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<8>().0);
+    let mut row_steps: [&[[u8; 8]]; R] = [&[]; R];
+    for r in 0..R {
+        row_steps[r] = job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<8>().0;
+    }
     let mask = _mm512_set1_epi8(0x0F);
     let eight = _mm512_set1_epi8(8);
     let mut acc_f = [_mm512_setzero_ps(); R];
     for b in 0..n_blocks {
         let steps = b * steps_per_block..(b + 1) * steps_per_block;
         let w_block = &weight_steps[steps.clone()];
-        let a_block: [&[[u8; 8]]; R] = std::array::from_fn(|r| &row_steps[r][steps.clone()]);
+        let mut a_block: [&[[u8; 8]]; R] = [&[]; R];
+        for r in 0..R {
+            a_block[r] = &row_steps[r][steps.clone()];
+        }
         for a in &a_block {
             assert_eq!(a.len(), w_block.len());
         }
@@ -73,6 +92,7 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
         let mut acc_lo = [_mm512_setzero_si512(); R];
         let mut acc_hi = [_mm512_setzero_si512(); R];
         for (i, w_step) in w_block.iter().enumerate() {
+            prefetch_ahead(w_step);
             let v = load_bytes(w_step);
             let lo = _mm512_sub_epi8(_mm512_and_si512(v, mask), eight);
             let hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16::<4>(v), mask), eight);
@@ -84,7 +104,12 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
                 acc_hi[r] = _mm512_dpbusd_epi32(acc_hi[r], a_hi, hi);
             }
         }
-        let acc: [__m512i; R] = std::array::from_fn(|r| _mm512_add_epi32(acc_lo[r], acc_hi[r]));
+        // A loop, not `array::from_fn`: a closure does not inherit `#[target_feature]`, so it
+        // would not be inlined and every vector would travel through memory.
+        let mut acc = [_mm512_setzero_si512(); R];
+        for r in 0..R {
+            acc[r] = _mm512_add_epi32(acc_lo[r], acc_hi[r]);
+        }
         let ws = load_i32(wsum[b * PANEL..][..PANEL].try_into().unwrap());
         let sc = load_f32(scales[b * PANEL..][..PANEL].try_into().unwrap());
         for r in 0..R {
@@ -131,8 +156,10 @@ unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
     let k_pad = w.k_pad();
     let bytes = w.panel_bytes(p);
     let (weight_steps, _) = bytes.as_chunks::<64>();
-    let row_steps: [&[[u8; 4]]; R] =
-        std::array::from_fn(|r| job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<4>().0);
+    let mut row_steps: [&[[u8; 4]]; R] = [&[]; R];
+    for r in 0..R {
+        row_steps[r] = job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<4>().0;
+    }
     for a in &row_steps {
         assert_eq!(a.len(), weight_steps.len());
     }

@@ -277,11 +277,12 @@ pub(crate) fn feature_report() -> Vec<(&'static str, bool)> {
     ]
 }
 
-/// Kernel sets that only tests use: the AVX-VNNI bodies on EVEX `vpdpbusd ymm`, when available.
+/// Kernel sets that only tests use, when AVX-512 VNNI is available: the AVX-VNNI bodies on EVEX
+/// `vpdpbusd ymm`, and the AMX tile bodies on the emulated tile unit from one row on.
 #[cfg(test)]
 pub(crate) fn test_only_kernel_sets() -> Vec<(&'static str, crate::KernelSet)> {
-    avxvnni::evex_twin::kernel_set()
-        .map(|ks| ("avx-vnni bodies on evex vpdpbusd ymm", ks))
-        .into_iter()
-        .collect()
+    let evex =
+        avxvnni::evex_twin::kernel_set().map(|ks| ("avx-vnni bodies on evex vpdpbusd ymm", ks));
+    let amx = amx::emulated::kernel_set().map(|ks| ("amx bodies on emulated tiles", ks));
+    evex.into_iter().chain(amx).collect()
 }

@@ -79,30 +79,35 @@ macro_rules! ymm_kernels {
             let nibbles = w.panel_nibbles(p);
             let (wsum, scales) = (w.panel_wsum(p), w.panel_scales(p));
             let (weight_steps, _) = nibbles.as_chunks::<64>();
-            let row_steps: [&[[u8; 8]]; R] =
-                std::array::from_fn(|r| job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<8>().0);
+            // Loops, not `array::from_fn`: closures do not inherit `#[target_feature]`, so
+            // vectors built in one would travel through memory.
+            let mut row_steps: [&[[u8; 8]]; R] = [&[]; R];
+            for r in 0..R {
+                row_steps[r] = job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<8>().0;
+            }
             let mask = _mm256_set1_epi8(0x0F);
             let eight = _mm256_set1_epi8(8);
             let mut acc_f = [[_mm256_setzero_ps(); 2]; R];
             for b in 0..n_blocks {
                 let steps = b * steps_per_block..(b + 1) * steps_per_block;
                 let w_block = &weight_steps[steps.clone()];
-                let a_block: [&[[u8; 8]]; R] =
-                    std::array::from_fn(|r| &row_steps[r][steps.clone()]);
+                let mut a_block: [&[[u8; 8]]; R] = [&[]; R];
+                for r in 0..R {
+                    a_block[r] = &row_steps[r][steps.clone()];
+                }
                 for a in &a_block {
                     assert_eq!(a.len(), w_block.len());
                 }
                 let mut acc = [[_mm256_setzero_si256(); 2]; R];
                 for (i, w_step) in w_block.iter().enumerate() {
                     let halves = w_step.as_chunks::<32>().0;
-                    let a_lo: [__m256i; R] = std::array::from_fn(|r| {
+                    let mut a_lo = [_mm256_setzero_si256(); R];
+                    let mut a_hi = [_mm256_setzero_si256(); R];
+                    for r in 0..R {
                         let a = &a_block[r][i];
-                        _mm256_set1_epi32(i32::from_le_bytes([a[0], a[1], a[2], a[3]]))
-                    });
-                    let a_hi: [__m256i; R] = std::array::from_fn(|r| {
-                        let a = &a_block[r][i];
-                        _mm256_set1_epi32(i32::from_le_bytes([a[4], a[5], a[6], a[7]]))
-                    });
+                        a_lo[r] = _mm256_set1_epi32(i32::from_le_bytes([a[0], a[1], a[2], a[3]]));
+                        a_hi[r] = _mm256_set1_epi32(i32::from_le_bytes([a[4], a[5], a[6], a[7]]));
+                    }
                     for h in 0..2 {
                         let v = load_bytes(&halves[h]);
                         let lo = _mm256_sub_epi8(_mm256_and_si256(v, mask), eight);
@@ -174,8 +179,10 @@ macro_rules! ymm_kernels {
             let k_pad = w.k_pad();
             let bytes = w.panel_bytes(p);
             let (weight_steps, _) = bytes.as_chunks::<64>();
-            let row_steps: [&[[u8; 4]]; R] =
-                std::array::from_fn(|r| job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<4>().0);
+            let mut row_steps: [&[[u8; 4]]; R] = [&[]; R];
+            for r in 0..R {
+                row_steps[r] = job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<4>().0;
+            }
             for a in &row_steps {
                 assert_eq!(a.len(), weight_steps.len());
             }
@@ -210,10 +217,11 @@ macro_rules! ymm_kernels {
             ];
             for r in 0..R {
                 let xs = _mm256_set1_ps(job.row_scale[m0 + r]);
-                let y: [__m256; 2] = std::array::from_fn(|h| {
+                let mut y = [_mm256_setzero_ps(); 2];
+                for h in 0..2 {
                     let exact = _mm256_sub_epi32(acc[r][h], comp[h]);
-                    _mm256_mul_ps(_mm256_cvtepi32_ps(exact), _mm256_mul_ps(xs, sc[h]))
-                });
+                    y[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(exact), _mm256_mul_ps(xs, sc[h]));
+                }
                 let dst = job.out.wrapping_add((m0 + r) * job.ld + p * PANEL);
                 // SAFETY: row `m0 + r < m`, channels `16p..16p + valid < N`, inside the
                 // validated output and owned by this call.

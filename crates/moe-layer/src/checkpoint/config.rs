@@ -31,6 +31,11 @@ use serde::Deserialize;
 
 use crate::error::LayerError;
 
+/// Largest `num_hidden_layers` accepted. Real models have a few hundred layers at most; the
+/// limit keeps a hostile `config.json` from making the loader enumerate (and store) billions of
+/// layer indices before any tensor is read.
+pub const MAX_LAYERS: usize = 1 << 16;
+
 /// The model families whose MoE tensor names the loader knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -328,6 +333,12 @@ impl MoeModelSpec {
             ),
         };
         let num_layers = required(raw.num_hidden_layers, "num_hidden_layers")?;
+        if num_layers > MAX_LAYERS {
+            return Err(field(
+                "num_hidden_layers",
+                format!("{num_layers} exceeds the supported maximum {MAX_LAYERS}"),
+            ));
+        }
         let hidden = required(raw.hidden_size, "hidden_size")?;
         let top_k = required(raw.num_experts_per_tok, "num_experts_per_tok")?;
         let (num_experts, experts_field) = match family {

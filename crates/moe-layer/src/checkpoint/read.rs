@@ -244,9 +244,12 @@ impl Checkpoint {
                 moe_layers: spec.moe_layers.clone(),
             });
         }
-        let local_experts = local_experts(spec.num_experts, opts.expert_map)?;
         self.check_no_extra_experts(layer)?;
+        // The router `[E, H]` is checked against the file before anything is sized by
+        // `num_experts`, so a hostile config cannot make us allocate for experts that are not
+        // there.
         let router = self.read_router(layer)?;
+        let local_experts = local_experts(spec.num_experts, opts.expert_map)?;
 
         let intermediate_field = match spec.family {
             ModelFamily::Mixtral => "intermediate_size",

@@ -5,7 +5,8 @@
 use moe_kernels::KernelSet;
 use moe_oracle::{
     MoEActivation, MoeConfig, MoeShape, ParallelConfig, ParallelRequest, Platform, SelectOptions,
-    Selection, select_int8_moe_backend, select_w4a8_int8_moe_backend, w4a8_weight_key,
+    Selection, select_int8_moe_backend, select_unquantized_moe_backend,
+    select_w4a8_int8_moe_backend, select_wna16_moe_backend, w4a8_weight_key, wna16_weight_key,
 };
 use moe_router::Router;
 
@@ -47,6 +48,11 @@ pub(crate) fn select(
             select_w4a8_int8_moe_backend(&config, Some(&key), None, &platform, &opts)?
         }
         LayerQuant::Int8Online => select_int8_moe_backend(&config, &platform, &opts)?,
+        LayerQuant::Unquantized => select_unquantized_moe_backend(&config, &platform, &opts)?,
+        LayerQuant::Wna16 { bits, .. } => {
+            let key = wna16_weight_key(bits)?;
+            select_wna16_moe_backend(&config, &key, &platform, &opts)?
+        }
     };
     let kernels = selection
         .kernel

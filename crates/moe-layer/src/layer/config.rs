@@ -4,7 +4,7 @@
 
 use moe_kernels::Activation;
 use moe_quant::DType;
-use moe_router::{RoundingProfile, RouterConfig};
+use moe_router::{Grouping, RoundingProfile, RouterConfig, ScalingPlacement, ScoringFunc};
 
 use crate::LayerError;
 
@@ -25,6 +25,21 @@ pub enum LayerQuant {
     /// run on the W8A8 kernels with dynamic per-token int8 activations. The `w2` rows' scale
     /// uses the amax of the whole (unsharded) row, as the newest vLLM all-reduces it.
     Int8Online,
+    /// Unquantized experts: bf16/f16/f32 weights kept in their precision (bf16 stays bf16,
+    /// f16 is widened to f32 exactly) and run with f32 compute, no activation quantization.
+    Unquantized,
+    /// Weight-only integers (WNA16: GPTQ or compressed-tensors `pack-quantized`), symmetric,
+    /// 4 or 8 bits, group sizes 32/64/128 or channelwise, optional act-order: repacked into
+    /// Marlin's layout in `process` and run by the CPU Marlin executor with float
+    /// activations and f32 accumulation. Scales must be bf16 or f16.
+    Wna16 {
+        /// Bits per code, 4 or 8.
+        bits: u32,
+        /// Input columns per scale group; `None` = channelwise.
+        group_size: Option<usize>,
+        /// Rows carry act-order group indices (`g_idx`).
+        act_order: bool,
+    },
 }
 
 impl LayerQuant {
@@ -34,8 +49,38 @@ impl LayerQuant {
             Self::W4A8 {
                 group_size: Some(g),
             } => k / g,
-            Self::W4A8 { group_size: None } | Self::Int8Online => 1,
+            Self::Wna16 {
+                group_size: Some(g),
+                ..
+            } => k / g,
+            Self::W4A8 { group_size: None }
+            | Self::Wna16 {
+                group_size: None, ..
+            }
+            | Self::Int8Online
+            | Self::Unquantized => 1,
         }
+    }
+
+    /// Input columns per scale group of the integer schemes (`None`: channelwise or float).
+    pub(crate) fn group_size(self) -> Option<usize> {
+        match self {
+            Self::W4A8 { group_size } | Self::Wna16 { group_size, .. } => group_size,
+            Self::Int8Online | Self::Unquantized => None,
+        }
+    }
+
+    /// The range of the signed integer codes the layer loads.
+    pub(crate) fn code_range(self) -> (i8, i8) {
+        match self {
+            Self::Wna16 { bits: 8, .. } => (i8::MIN, i8::MAX),
+            _ => (-8, 7),
+        }
+    }
+
+    /// Whether the layer loads float expert weights (and no scales).
+    pub(crate) fn loads_float_weights(self) -> bool {
+        matches!(self, Self::Int8Online | Self::Unquantized)
     }
 
     /// A short name for reports.
@@ -43,8 +88,21 @@ impl LayerQuant {
         match self {
             Self::W4A8 { .. } => "w4a8-int8",
             Self::Int8Online => "int8-online",
+            Self::Unquantized => "unquantized",
+            Self::Wna16 { .. } => "wna16-marlin",
         }
     }
+}
+
+/// The shared experts of a MoE block, fused into one MLP (`n_shared_experts` experts of the
+/// routed width, or Qwen2-MoE's `shared_expert_intermediate_size`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedExperts {
+    /// Full intermediate size of the fused shared MLP (before tensor-parallel division).
+    pub intermediate: usize,
+    /// Whether a sigmoid gate `shared_expert_gate` `[1, H]` scales its output per token
+    /// (Qwen2-MoE).
+    pub gated: bool,
 }
 
 /// The description of one MoE layer on one rank.
@@ -83,6 +141,14 @@ pub struct MoeLayerConfig {
     /// The router (global expert ids: keep its expert map unset; the layer's `expert_map`
     /// applies in the kernels).
     pub router: RouterConfig,
+    /// The router's `e_score_correction_bias` is a checkpoint tensor still to be loaded
+    /// ([`crate::MoeLayer::load_router_correction_bias`]): `process` refuses to finish until it
+    /// is, because grouped top-k without the bias is a different algorithm, not an
+    /// approximation.
+    pub router_bias_pending: bool,
+    /// The always-active shared experts of the block (DeepSeek, Qwen2-MoE), run as one more
+    /// MLP on every token and added to the routed output; `None` when the block has none.
+    pub shared_experts: Option<SharedExperts>,
     /// The weight scheme.
     pub quant: LayerQuant,
     /// The model (activation) dtype, for backend selection.
@@ -115,6 +181,8 @@ impl MoeLayerConfig {
             expert_map: None,
             activation: Activation::SILU,
             router: vllm_cpu_softmax_router(num_experts, top_k, true),
+            router_bias_pending: false,
+            shared_experts: None,
             quant,
             in_dtype: DType::BF16,
             max_tokens: 256,
@@ -180,8 +248,27 @@ impl MoeLayerConfig {
         }
     }
 
+    /// The shared MLP as a layer of its own: one expert, top-1, the shared width, the same
+    /// weights scheme, activation and tensor parallelism, every expert local.
+    pub(crate) fn shared_view(&self) -> Option<MoeLayerConfig> {
+        let shared = self.shared_experts?;
+        Some(MoeLayerConfig {
+            num_experts: 1,
+            top_k: 1,
+            intermediate: shared.intermediate,
+            expert_map: None,
+            router: RouterConfig::cpu_softmax(1, 1),
+            router_bias_pending: false,
+            shared_experts: None,
+            ..self.clone()
+        })
+    }
+
     /// Checks sizes, parallelism and the expert map.
     pub(crate) fn validate(&self) -> Result<(), LayerError> {
+        if let Some(shared) = self.shared_view() {
+            shared.validate()?;
+        }
         let bad = |field, reason: String| Err(LayerError::InvalidArgument { field, reason });
         for (field, v) in [
             ("num_experts", self.num_experts),
@@ -194,6 +281,22 @@ impl MoeLayerConfig {
             if v == 0 {
                 return bad(field, "must be at least 1".into());
             }
+        }
+        // Every parameter buffer `create` allocates (up to 4 bytes per weight element) must be
+        // representable: a hostile or mistaken config is an error, not an overflow or an
+        // abort in the allocator.
+        let i = self.intermediate / self.tp_size;
+        let bytes = [self.num_experts, 2, i, self.hidden, 4]
+            .iter()
+            .try_fold(1usize, |a, &b| a.checked_mul(b));
+        if bytes.is_none_or(|b| b > isize::MAX as usize) {
+            return bad(
+                "hidden",
+                format!(
+                    "expert weights of {} experts × 2·{i} × {} elements do not fit in memory",
+                    self.num_experts, self.hidden
+                ),
+            );
         }
         if self.top_k > self.num_experts {
             return bad(
@@ -218,10 +321,13 @@ impl MoeLayerConfig {
                 ),
             });
         }
-        if let LayerQuant::W4A8 {
-            group_size: Some(g),
-        } = self.quant
+        if let LayerQuant::Wna16 { bits, .. } = self.quant
+            && bits != 4
+            && bits != 8
         {
+            return bad("quant", format!("WNA16 codes are 4 or 8 bits, not {bits}"));
+        }
+        if let Some(g) = self.quant.group_size() {
             let i = self.intermediate_per_rank();
             if g == 0 || !self.hidden.is_multiple_of(g) {
                 return Err(LayerError::GroupSizeNotDividing {
@@ -289,4 +395,41 @@ pub fn vllm_cpu_softmax_router(
     RouterConfig::cpu_softmax(num_experts, top_k)
         .with_renormalize(renormalize)
         .with_rounding(RoundingProfile::TorchEager)
+}
+
+/// The router a checkpoint's routing calls for (spec section 2): vLLM's CPU softmax top-k for
+/// plain softmax models; otherwise scored top-k (softmax, sigmoid, ...) or grouped top-k
+/// (DeepSeek's `n_group`/`topk_group`, top-2 group sums when the model has a correction
+/// bias), with the routed scaling factor applied to the weights as vLLM's grouped and biased
+/// routers do. The correction bias itself is a tensor, loaded later.
+pub fn router_from_spec(
+    routing: &crate::checkpoint::RoutingSpec,
+    num_experts: usize,
+    top_k: usize,
+) -> Result<RouterConfig, String> {
+    let r = routing;
+    let grouped = r.num_expert_group.filter(|&g| g > 1);
+    let plain_softmax = r.scoring == ScoringFunc::Softmax && !r.has_correction_bias;
+    let cfg = match grouped {
+        Some(groups) => {
+            let topk_group = r
+                .topk_group
+                .ok_or_else(|| format!("n_group = {groups} needs topk_group"))?;
+            RouterConfig::grouped_topk(
+                num_experts,
+                top_k,
+                r.scoring,
+                Grouping::new(groups, topk_group),
+            )
+            .with_renormalize(r.renormalize)
+            .with_rounding(RoundingProfile::TorchCompiled)
+        }
+        None if plain_softmax && r.routed_scaling_factor == 1.0 => {
+            return Ok(vllm_cpu_softmax_router(num_experts, top_k, r.renormalize));
+        }
+        None => RouterConfig::scored_topk(num_experts, top_k, r.scoring)
+            .with_renormalize(r.renormalize)
+            .with_rounding(RoundingProfile::TorchEager),
+    };
+    Ok(cfg.with_routed_scaling(r.routed_scaling_factor, ScalingPlacement::OnWeights))
 }

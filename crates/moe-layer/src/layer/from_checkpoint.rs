@@ -4,21 +4,21 @@
 
 use moe_kernels::Activation;
 use moe_quant::DType;
-use moe_router::ScoringFunc;
 
 use super::MoeLayer;
-use super::config::{LayerQuant, MoeLayerConfig, vllm_cpu_softmax_router};
+use super::config::{LayerQuant, MoeLayerConfig, SharedExperts, router_from_spec};
 use super::params::{Params, check_scale};
 use crate::LayerError;
 use crate::checkpoint::{
-    Checkpoint, ExpertWeights, MoeLayerTensors, MoeModelSpec, QuantScheme, ReadOptions,
+    Checkpoint, ExpertTensors, ExpertWeights, FloatData, MoeLayerTensors, MoeModelSpec,
+    QuantScheme, ReadOptions,
 };
 
 impl MoeLayerConfig {
     /// The layer configuration of a model for one rank: sizes and routing from the spec,
-    /// vLLM's CPU softmax router, SiLU experts, W4A8 weights. Refuses schemes, activations,
-    /// routings (non-softmax, grouped, biased, scaled) and shared experts not supported here,
-    /// rather than computing something else.
+    /// the router its routing calls for ([`router_from_spec`]), SiLU experts, unquantized or
+    /// W4A8 / WNA16 weights, shared experts when the model has them. Refuses schemes and
+    /// activations not supported here, rather than computing something else.
     pub fn from_spec(
         spec: &MoeModelSpec,
         tp_rank: usize,
@@ -30,11 +30,30 @@ impl MoeLayerConfig {
             QuantScheme::CompressedTensorsW4A8 { group_size, .. } => LayerQuant::W4A8 {
                 group_size: *group_size,
             },
+            QuantScheme::Unquantized(_) => LayerQuant::Unquantized,
+            QuantScheme::CompressedTensorsWna16 {
+                bits, group_size, ..
+            } => LayerQuant::Wna16 {
+                bits: *bits,
+                group_size: *group_size,
+                act_order: spec.quant.has_act_order(),
+            },
+            QuantScheme::Gptq {
+                bits,
+                group_size,
+                desc_act,
+                sym: true,
+                ..
+            } => LayerQuant::Wna16 {
+                bits: *bits,
+                group_size: *group_size,
+                act_order: *desc_act,
+            },
             other => {
                 return Err(LayerError::UnsupportedScheme {
                     file: spec.config_path.clone(),
                     scheme: other.name().to_string(),
-                    reason: "the layer runs compressed-tensors W4A8 (int-quantized) only so far"
+                    reason: "the layer runs unquantized, compressed-tensors W4A8 (int-quantized) and symmetric WNA16 (GPTQ, pack-quantized) checkpoints only so far"
                         .into(),
                 });
             }
@@ -50,34 +69,13 @@ impl MoeLayerConfig {
             }
         };
         let r = &spec.routing;
-        if r.scoring != ScoringFunc::Softmax
-            || r.num_expert_group.is_some_and(|g| g > 1)
-            || r.has_correction_bias
-        {
-            return Err(LayerError::ConfigField {
+        let router = router_from_spec(r, spec.num_experts, spec.top_k).map_err(|reason| {
+            LayerError::ConfigField {
                 file: spec.config_path.clone(),
-                field: "scoring_func",
-                reason: "the layer routes softmax top-k models only so far".into(),
-            });
-        }
-        if r.routed_scaling_factor != 1.0 {
-            return Err(LayerError::ConfigField {
-                file: spec.config_path.clone(),
-                field: "routed_scaling_factor",
-                reason: format!(
-                    "{} is not applied by the layer yet (only 1.0 is supported)",
-                    r.routed_scaling_factor
-                ),
-            });
-        }
-        if spec.shared_experts.is_some() {
-            // Refused rather than silently dropped: the block's output would lack them.
-            return Err(LayerError::ConfigField {
-                file: spec.config_path.clone(),
-                field: "shared experts (shared_expert_intermediate_size, n_shared_experts)",
-                reason: "shared experts are not run by the layer yet".into(),
-            });
-        }
+                field: "n_group / topk_group",
+                reason,
+            }
+        })?;
         Ok(Self {
             num_experts: spec.num_experts,
             top_k: spec.top_k,
@@ -87,7 +85,12 @@ impl MoeLayerConfig {
             tp_size,
             expert_map,
             activation,
-            router: vllm_cpu_softmax_router(spec.num_experts, spec.top_k, r.renormalize),
+            router,
+            router_bias_pending: r.has_correction_bias,
+            shared_experts: spec.shared_experts.map(|s| SharedExperts {
+                intermediate: s.intermediate,
+                gated: s.gated,
+            }),
             quant,
             in_dtype: spec.dtype.unwrap_or(DType::BF16),
             max_tokens,
@@ -104,8 +107,16 @@ impl MoeLayer {
         max_tokens: usize,
     ) -> Result<Self, LayerError> {
         let cfg = MoeLayerConfig::from_spec(ckpt.spec(), 0, 1, None, max_tokens)?;
+        // Read (and so validate against the files) before `create` allocates parameters sized
+        // by `config.json`: a config declaring huge sizes must fail on the tensors, not abort
+        // on an allocation.
+        let opts = ReadOptions {
+            shared_experts: cfg.shared_experts.is_some(),
+            ..ReadOptions::single_rank()
+        };
+        let tensors = ckpt.read_layer(layer, &opts)?;
         let mut moe = Self::create(cfg)?;
-        moe.load_from_checkpoint(ckpt, layer)?;
+        moe.load_layer_tensors(&tensors)?;
         moe.process()?;
         Ok(moe)
     }
@@ -123,7 +134,7 @@ impl MoeLayer {
             tp_rank: cfg.tp_rank,
             tp_size: cfg.tp_size,
             expert_map: cfg.expert_map.as_deref(),
-            shared_experts: false,
+            shared_experts: cfg.shared_experts.is_some(),
         };
         let tensors = match ckpt.read_layer(layer, &opts) {
             Ok(t) => t,
@@ -143,30 +154,46 @@ impl MoeLayer {
             self.state = super::State::Unusable(e.to_string());
             return Err(e);
         }
-        self.guarded(|cfg, p| copy_layer(cfg, p, t))
+        if let Some(bias) = &t.router.correction_bias {
+            self.load_router_correction_bias(bias)?;
+        }
+        if let (Some(sh), Some(layer)) = (&t.shared, self.shared.as_mut()) {
+            let loaded = layer.guarded(|cfg, p| copy_experts(cfg, p, &sh.mlp, t.layer, &[0]));
+            if let Err(e) = loaded {
+                self.state = super::State::Unusable(e.to_string());
+                return Err(e);
+            }
+            if let Some(gate) = &sh.gate {
+                self.load_shared_expert_gate(&gate.to_f32_vec())?;
+            }
+        }
+        self.guarded(|cfg, p| copy_experts(cfg, p, &t.experts, t.layer, &t.local_experts))
     }
 }
 
-/// Checks the reader's tensors against the layer's shapes and copies them in.
-fn copy_layer(cfg: &MoeLayerConfig, p: &mut Params, t: &MoeLayerTensors) -> Result<(), LayerError> {
+/// Checks the reader's tensors of one expert group (the routed experts, or the shared MLP as
+/// one expert) against the layer's shapes and copies them in.
+fn copy_experts(
+    cfg: &MoeLayerConfig,
+    p: &mut Params,
+    ex: &ExpertTensors,
+    layer: usize,
+    local_experts: &[usize],
+) -> Result<(), LayerError> {
     let mismatch = |field: &'static str, expected: String, actual: String| {
         Err(LayerError::InvalidArgument {
             field,
-            reason: format!(
-                "layer {}: expected {expected}, checkpoint has {actual}",
-                t.layer
-            ),
+            reason: format!("layer {layer}: expected {expected}, checkpoint has {actual}"),
         })
     };
     let local = cfg.local_experts();
-    if t.local_experts != local {
+    if local_experts != local {
         return mismatch(
             "local_experts",
             format!("{local:?}"),
-            format!("{:?}", t.local_experts),
+            format!("{local_experts:?}"),
         );
     }
-    let ex = &t.experts;
     let (h, i) = (cfg.hidden, cfg.intermediate_per_rank());
     if (ex.num_experts, ex.hidden, ex.intermediate) != (local.len(), h, i) {
         return mismatch(
@@ -181,16 +208,45 @@ fn copy_layer(cfg: &MoeLayerConfig, p: &mut Params, t: &MoeLayerTensors) -> Resu
     if ex.w13_bias.is_some() || ex.w2_bias.is_some() {
         return mismatch("bias", "no expert biases".into(), "biases".into());
     }
+    if let ExpertWeights::Float { w13, w2 } = &ex.weights
+        && cfg.quant.loads_float_weights()
+    {
+        if cfg.quant == LayerQuant::Int8Online && cfg.tp_size > 1 {
+            // The w2 row scales need the amax of the whole row, which a sliced read lacks.
+            return mismatch(
+                "tp_size",
+                "1 for online int8 from a checkpoint".into(),
+                format!("{}", cfg.tp_size),
+            );
+        }
+        return copy_float_experts(p, w13, w2);
+    }
     let ExpertWeights::Int(q) = &ex.weights else {
-        return mismatch("weights", "int4 codes".into(), "float weights".into());
-    };
-    let LayerQuant::W4A8 { group_size } = cfg.quant else {
-        return mismatch("weights", "float weights".into(), "int4 codes".into());
-    };
-    if q.bits != 4 || q.group_size != group_size || q.act_order.is_some() {
         return mismatch(
             "weights",
-            format!("int4, group size {group_size:?}, no act-order"),
+            format!("weights for a {} layer", cfg.quant.name()),
+            "float weights".into(),
+        );
+    };
+    let (bits, group_size, act_order) = match cfg.quant {
+        LayerQuant::W4A8 { group_size } => (4, group_size, false),
+        LayerQuant::Wna16 {
+            bits,
+            group_size,
+            act_order,
+        } => (bits, group_size, act_order && group_size.is_some()),
+        _ => {
+            return mismatch(
+                "weights",
+                format!("weights for a {} layer", cfg.quant.name()),
+                "integer codes".into(),
+            );
+        }
+    };
+    if q.bits != bits || q.group_size != group_size || q.act_order.is_some() != act_order {
+        return mismatch(
+            "weights",
+            format!("int{bits}, group size {group_size:?}, act-order {act_order}"),
             format!(
                 "int{}, group size {:?}, act-order {}",
                 q.bits,
@@ -199,6 +255,19 @@ fn copy_layer(cfg: &MoeLayerConfig, p: &mut Params, t: &MoeLayerTensors) -> Resu
             ),
         );
     }
+    if let Some(ao) = &q.act_order {
+        let e = local.len();
+        if ao.w13_g_idx.len() != e * h || ao.w2_g_idx.len() != e * i {
+            return Err(LayerError::ParamShape {
+                tensor: "g_idx".into(),
+                expected: vec![e * h, e * i],
+                actual: vec![ao.w13_g_idx.len(), ao.w2_g_idx.len()],
+            });
+        }
+        p.w13_g_idx = ao.w13_g_idx.clone();
+        p.w2_g_idx = ao.w2_g_idx.clone();
+    }
+    p.scale_dtype = Some(q.scale_dtype);
     for (name, got, want) in [
         ("w13", q.w13.len(), p.w13.len()),
         ("w2", q.w2.len(), p.w2.len()),
@@ -225,6 +294,48 @@ fn copy_layer(cfg: &MoeLayerConfig, p: &mut Params, t: &MoeLayerTensors) -> Resu
     p.w2.copy_from_slice(&q.w2);
     p.w13_scale.copy_from_slice(&q.w13_scales);
     p.w2_scale.copy_from_slice(&q.w2_scales);
+    p.mark_all_loaded();
+    Ok(())
+}
+
+/// Copies float expert weights (already fused and sliced by the reader) into the parameters,
+/// widened to f32, refusing non-finite values.
+fn copy_float_experts(p: &mut Params, w13: &FloatData, w2: &FloatData) -> Result<(), LayerError> {
+    if w13.dtype() != w2.dtype() {
+        return Err(LayerError::ParamDtype {
+            tensor: "w2".into(),
+            expected: format!("{:?} (the dtype of w13)", w13.dtype()),
+            actual: format!("{:?}", w2.dtype()),
+        });
+    }
+    for (name, src, dst) in [("w13", w13, &mut p.w13_f), ("w2", w2, &mut p.w2_f)] {
+        if src.len() != dst.len() {
+            return Err(LayerError::ParamShape {
+                tensor: name.into(),
+                expected: vec![dst.len()],
+                actual: vec![src.len()],
+            });
+        }
+        for (index, (d, v)) in dst.iter_mut().zip(src.to_f32_vec()).enumerate() {
+            if !v.is_finite() {
+                return Err(LayerError::ParamValue {
+                    tensor: name.into(),
+                    index,
+                    value: f64::from(v),
+                    reason: "weights must be finite",
+                });
+            }
+            *d = v;
+        }
+    }
+    // The whole-row amax of w2 (only online int8 reads it; the read is unsharded here).
+    let i = p.w2_f.len() / p.w2_amax.len().max(1);
+    if i > 0 {
+        for (amax, row) in p.w2_amax.iter_mut().zip(p.w2_f.chunks_exact(i)) {
+            *amax = moe_quant::int8::row_amax(row);
+        }
+    }
+    p.float_dtype = Some(w13.dtype());
     p.mark_all_loaded();
     Ok(())
 }

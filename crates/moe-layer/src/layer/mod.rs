@@ -11,30 +11,37 @@
 //! of threads or of concurrent calls.
 //!
 //! Supported today: compressed-tensors W4A8 (int4 codes stored as int8, channelwise or group
-//! scales) on the packed W4A8 kernels, and vLLM's online int8 method (float weights quantized
-//! per row in `process`) on the W8A8 kernels. Not yet: expert biases, float (unquantized)
-//! execution, WNA16 / GPTQ (Marlin) weights, shared experts.
+//! scales) on the packed W4A8 kernels, vLLM's online int8 method (float weights quantized per
+//! row in `process`) on the W8A8 kernels, and unquantized bf16/f16/f32 experts on the dense
+//! f32-compute GEMM (bf16 kept as bf16), and symmetric WNA16 (GPTQ or compressed-tensors
+//! pack-quantized, 4/8 bits, act-order) repacked into Marlin's layout in `process` and run by
+//! the CPU Marlin executor. Shared experts (DeepSeek, Qwen2-MoE with its sigmoid gate) run as a
+//! nested one-expert layer added to the routed output. Not yet: expert biases.
 
 mod backend;
 mod config;
 #[cfg(feature = "checkpoint")]
 mod from_checkpoint;
+mod marlin;
 mod online;
 mod params;
 
 use std::sync::Mutex;
 
 use half::{bf16, f16};
+use moe_kernels::marlin::MarlinWeights;
 use moe_kernels::moe::MoeFloat;
 use moe_kernels::{
-    ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, MoeInput, MoeScratch, PackedW4A8,
-    PackedW8A8, Par, W4A8Scales,
+    ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, MoeInput, MoeScratch, PackedDense,
+    PackedW4A8, PackedW8A8, Par, W4A8Scales,
 };
 use moe_oracle::Selection;
 use moe_quant::DType;
 use moe_router::{IdsOut, Logits, Router, RouterScratch};
 
-pub use config::{LayerQuant, MoeLayerConfig, vllm_cpu_softmax_router};
+pub use config::{
+    LayerQuant, MoeLayerConfig, SharedExperts, router_from_spec, vllm_cpu_softmax_router,
+};
 pub use params::{ExpertShard, TensorData, TensorKind, TensorView};
 
 use crate::LayerError;
@@ -56,6 +63,8 @@ pub struct BackendInfo {
 enum Experts {
     W4A8(FusedMoe<PackedW4A8>),
     W8A8(FusedMoe<PackedW8A8>),
+    Dense(FusedMoe<PackedDense>),
+    Wna16(FusedMoe<MarlinWeights>),
 }
 
 impl Experts {
@@ -63,6 +72,8 @@ impl Experts {
         match self {
             Self::W4A8(m) => m.kernels(),
             Self::W8A8(m) => m.kernels(),
+            Self::Dense(m) => m.kernels(),
+            Self::Wna16(m) => m.kernels(),
         }
     }
 
@@ -75,6 +86,8 @@ impl Experts {
         Ok(match self {
             Self::W4A8(m) => m.scratch(max_tokens, top_k, lanes)?,
             Self::W8A8(m) => m.scratch(max_tokens, top_k, lanes)?,
+            Self::Dense(m) => m.scratch(max_tokens, top_k, lanes)?,
+            Self::Wna16(m) => m.scratch(max_tokens, top_k, lanes)?,
         })
     }
 
@@ -88,6 +101,8 @@ impl Experts {
         match self {
             Self::W4A8(m) => m.apply(input, out, scratch, par),
             Self::W8A8(m) => m.apply(input, out, scratch, par),
+            Self::Dense(m) => m.apply(input, out, scratch, par),
+            Self::Wna16(m) => m.apply(input, out, scratch, par),
         }
     }
 }
@@ -118,6 +133,10 @@ pub struct MoeLayer {
     router_weight: Option<Vec<f32>>,
     /// How `apply` spreads its work over threads.
     par: Par,
+    /// The shared experts as a one-expert layer of their own, and the Qwen2-MoE sigmoid gate
+    /// weight `[H]` when they are gated.
+    shared: Option<Box<MoeLayer>>,
+    shared_gate: Option<Vec<f32>>,
     state: State,
 }
 
@@ -128,11 +147,17 @@ impl MoeLayer {
         cfg.validate()?;
         let router = Router::new(cfg.router.clone())?;
         let params = Params::create(&cfg);
+        let shared = match cfg.shared_view() {
+            Some(view) => Some(Box::new(Self::create(view)?)),
+            None => None,
+        };
         Ok(Self {
             cfg,
             router,
             router_weight: None,
             par: Par::Rayon,
+            shared,
+            shared_gate: None,
             state: State::Loading(Box::new(params)),
         })
     }
@@ -149,6 +174,9 @@ impl MoeLayer {
     /// builds or configures the global pool. Results are identical either way.
     pub fn set_parallelism(&mut self, par: Par) {
         self.par = par;
+        if let Some(shared) = self.shared.as_mut() {
+            shared.set_parallelism(par);
+        }
     }
 
     /// How `apply` uses threads; see [`Self::set_parallelism`].
@@ -219,6 +247,75 @@ impl MoeLayer {
         self.guarded(|cfg, p| p.load_expert_tensor(cfg, expert, shard, kind, view))
     }
 
+    /// Loads one whole checkpoint tensor of the shared experts (the fused shared MLP as one
+    /// expert: `w1`/`w3` `[I_shared, H]`, `w2` `[H, I_shared]`, sliced for tensor parallelism
+    /// like the routed experts). A layer without shared experts refuses it.
+    pub fn load_shared_expert_tensor(
+        &mut self,
+        shard: ExpertShard,
+        kind: TensorKind,
+        view: &TensorView<'_>,
+    ) -> Result<(), LayerError> {
+        let result = match self.shared.as_mut() {
+            Some(shared) => shared.load_expert_tensor(0, shard, kind, view),
+            None => Err(LayerError::InvalidArgument {
+                field: "shared_experts",
+                reason: format!("{}: the layer has no shared experts", view.name),
+            }),
+        };
+        if let Err(e) = &result {
+            self.state = State::Unusable(e.to_string());
+        }
+        result
+    }
+
+    /// Sets the sigmoid gate of gated shared experts (Qwen2-MoE `shared_expert_gate` `[1, H]`).
+    pub fn load_shared_expert_gate(&mut self, weight: &[f32]) -> Result<(), LayerError> {
+        let result = self.check_shared_gate(weight);
+        match &result {
+            Ok(()) => self.shared_gate = Some(weight.to_vec()),
+            Err(e) => self.state = State::Unusable(e.to_string()),
+        }
+        result
+    }
+
+    fn check_shared_gate(&self, weight: &[f32]) -> Result<(), LayerError> {
+        self.params_ref()?;
+        if !self.cfg.shared_experts.is_some_and(|s| s.gated) {
+            return Err(LayerError::InvalidArgument {
+                field: "shared_expert_gate",
+                reason: "the layer has no gated shared experts".into(),
+            });
+        }
+        if weight.len() != self.cfg.hidden {
+            return Err(LayerError::ParamShape {
+                tensor: "shared_expert_gate.weight".into(),
+                expected: vec![1, self.cfg.hidden],
+                actual: vec![weight.len()],
+            });
+        }
+        if let Some(index) = weight.iter().position(|v| !v.is_finite()) {
+            return Err(LayerError::ParamValue {
+                tensor: "shared_expert_gate.weight".into(),
+                index,
+                value: f64::from(weight[index]),
+                reason: "gate weights must be finite",
+            });
+        }
+        Ok(())
+    }
+
+    /// Like [`Self::params_mut`], for checks that only need the state.
+    fn params_ref(&self) -> Result<(), LayerError> {
+        match &self.state {
+            State::Loading(_) => Ok(()),
+            State::Ready(_) => Err(LayerError::AlreadyProcessed),
+            State::Unusable(reason) => Err(LayerError::Unusable {
+                reason: reason.clone(),
+            }),
+        }
+    }
+
     /// Sets the router's gate weight `[E, H]` (used by [`Self::route_hidden`]). A wrong size
     /// or a non-finite value leaves the layer unusable, like any failed load.
     pub fn load_router_weight(&mut self, weight: &[f32]) -> Result<(), LayerError> {
@@ -228,6 +325,40 @@ impl MoeLayer {
             Err(ref e) => self.state = State::Unusable(e.to_string()),
         }
         result
+    }
+
+    /// Sets the router's `e_score_correction_bias` `[E]` (DeepSeek-V3 style grouped routing;
+    /// it steers selection only). A wrong size or a non-finite value leaves the layer unusable.
+    pub fn load_router_correction_bias(&mut self, bias: &[f32]) -> Result<(), LayerError> {
+        let result = self.install_correction_bias(bias);
+        if let Err(e) = &result {
+            self.state = State::Unusable(e.to_string());
+        }
+        result
+    }
+
+    fn install_correction_bias(&mut self, bias: &[f32]) -> Result<(), LayerError> {
+        self.params_mut()?;
+        if bias.len() != self.cfg.num_experts {
+            return Err(LayerError::ParamShape {
+                tensor: "router.e_score_correction_bias".into(),
+                expected: vec![self.cfg.num_experts],
+                actual: vec![bias.len()],
+            });
+        }
+        if let Some(index) = bias.iter().position(|v| !v.is_finite()) {
+            return Err(LayerError::ParamValue {
+                tensor: "router.e_score_correction_bias".into(),
+                index,
+                value: f64::from(bias[index]),
+                reason: "the correction bias must be finite",
+            });
+        }
+        let router_cfg = self.cfg.router.clone().with_correction_bias(bias.to_vec());
+        self.router = Router::new(router_cfg.clone())?;
+        self.cfg.router = router_cfg;
+        self.cfg.router_bias_pending = false;
+        Ok(())
     }
 
     fn check_router_weight(&self, weight: &[f32]) -> Result<(), LayerError> {
@@ -268,6 +399,10 @@ impl MoeLayer {
                 return Err(LayerError::Unusable { reason });
             }
         };
+        if let Err(e) = self.process_shared() {
+            self.state = State::Unusable(e.to_string());
+            return Err(e);
+        }
         match self.build(&params) {
             Ok(ready) => {
                 self.state = State::Ready(Box::new(ready));
@@ -280,8 +415,61 @@ impl MoeLayer {
         }
     }
 
+    /// Processes the shared experts' layer; their missing tensors are named under
+    /// `shared_experts.`.
+    fn process_shared(&mut self) -> Result<(), LayerError> {
+        let Some(shared) = self.shared.as_mut() else {
+            return Ok(());
+        };
+        let mut missing = Vec::new();
+        if self.cfg.shared_experts.is_some_and(|s| s.gated) && self.shared_gate.is_none() {
+            missing.push("shared_expert_gate.weight".to_string());
+        }
+        match shared.process() {
+            Ok(()) => {}
+            Err(LayerError::MissingParams { missing: m }) => {
+                missing.extend(m.into_iter().map(|name| format!("shared_experts.{name}")));
+            }
+            Err(e) => return Err(e),
+        }
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(LayerError::MissingParams { missing })
+        }
+    }
+
+    /// Adds the shared experts' output (gated per token for Qwen2-MoE) to the routed `out`,
+    /// rounding each sum to `X` as the model dtype's addition does.
+    fn add_shared<X: MoeFloat>(&self, x: &[X], out: &mut [X]) -> Result<(), LayerError> {
+        let Some(shared) = &self.shared else {
+            return Ok(());
+        };
+        let h = self.cfg.hidden;
+        let gates: Vec<f32> = match &self.shared_gate {
+            Some(w) => x
+                .chunks_exact(h)
+                .map(|row| {
+                    let dot: f32 = row.iter().zip(w).map(|(a, b)| a.to_f32() * b).sum();
+                    1.0 / (1.0 + (-dot).exp())
+                })
+                .collect(),
+            None => vec![1.0; x.len() / h],
+        };
+        let ids = vec![0i32; gates.len()];
+        let mut y = vec![X::from_f32(0.0); x.len()];
+        shared.apply_with_topk(x, &ids, &gates, &mut y)?;
+        for (o, s) in out.iter_mut().zip(&y) {
+            *o = X::from_f32(o.to_f32() + s.to_f32());
+        }
+        Ok(())
+    }
+
     fn build(&self, params: &Params) -> Result<Ready, LayerError> {
-        let missing = params.missing();
+        let mut missing = params.missing();
+        if self.cfg.router_bias_pending {
+            missing.push("router.e_score_correction_bias".into());
+        }
         if !missing.is_empty() {
             return Err(LayerError::MissingParams { missing });
         }
@@ -314,6 +502,36 @@ impl MoeLayer {
             LayerQuant::Int8Online => {
                 let (w13, w2) = online::quantize_and_pack(params, h, i)?;
                 Experts::W8A8(FusedMoe::new(
+                    ExpertWeights {
+                        w13,
+                        w2,
+                        w13_bias: None,
+                        w2_bias: None,
+                    },
+                    moe_cfg,
+                    kernels,
+                )?)
+            }
+            LayerQuant::Wna16 {
+                bits,
+                group_size,
+                act_order,
+            } => {
+                let (w13, w2) = marlin::repack_layer(params, bits, group_size, act_order, h, i)?;
+                Experts::Wna16(FusedMoe::new(
+                    ExpertWeights {
+                        w13,
+                        w2,
+                        w13_bias: None,
+                        w2_bias: None,
+                    },
+                    moe_cfg,
+                    kernels,
+                )?)
+            }
+            LayerQuant::Unquantized => {
+                let (w13, w2) = pack_dense(params, h, i)?;
+                Experts::Dense(FusedMoe::new(
                     ExpertWeights {
                         w13,
                         w2,
@@ -408,6 +626,12 @@ impl MoeLayer {
 
     /// Routes `router_logits` `[T, E]` (vLLM's CPU softmax path for softmax models) and runs
     /// the experts on `hidden_states` `[T, H]`, writing `out` `[T, H]`.
+    ///
+    /// Non-finite input is refused, never computed on: a NaN or ±Inf logit is
+    /// [`LayerError::Router`] (`RouterError::NonFiniteLogit`), a NaN or ±Inf hidden state is
+    /// [`LayerError::NonFiniteInput`] naming its row and column. The whole call fails before
+    /// `out` is written. Results are bitwise identical whatever the thread count and however
+    /// many calls run at once (docs/reliability.md).
     pub fn apply<X: MoeFloat>(
         &self,
         hidden_states: &[X],
@@ -436,6 +660,10 @@ impl MoeLayer {
     /// Runs the experts on `x` `[T, H]` for precomputed routing (`topk_ids` global,
     /// `topk_weights` `[T, k]`), writing `out` `[T, H]`. Calls longer than `max_tokens` are
     /// cut into pieces (tokens are independent, so results do not change).
+    ///
+    /// A NaN or ±Inf in `x` or `topk_weights` is refused with
+    /// [`LayerError::NonFiniteInput`] before anything is computed; an id outside
+    /// `0..num_experts` is [`LayerError::Kernel`] (`KernelError::ExpertIdOutOfRange`).
     pub fn apply_with_topk<X: MoeFloat>(
         &self,
         x: &[X],
@@ -463,6 +691,8 @@ impl MoeLayer {
                 reason: format!("{} values, hidden_states has {}", out.len(), x.len()),
             });
         }
+        check_finite("hidden_states", x.iter().map(|v| v.to_f32()), h)?;
+        check_finite("topk_weights", topk_weights.iter().copied(), k)?;
         let mut scratch = match ready.pool.lock().unwrap_or_else(|p| p.into_inner()).pop() {
             Some(s) => s,
             None => ready.moe.scratch(self.cfg.max_tokens, k, ready.lanes)?,
@@ -490,7 +720,8 @@ impl MoeLayer {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(scratch);
-        Ok(result?)
+        result?;
+        self.add_shared(x, out)
     }
 }
 
@@ -542,6 +773,26 @@ fn pack_w4a8(
     Ok((w13, w2))
 }
 
+/// Rejects the first NaN or infinite value of a row-major `[_, width]` argument, naming its row
+/// and column (one pass, no allocation).
+fn check_finite(
+    field: &'static str,
+    values: impl Iterator<Item = f32>,
+    width: usize,
+) -> Result<(), LayerError> {
+    for (index, value) in values.enumerate() {
+        if !value.is_finite() {
+            return Err(LayerError::NonFiniteInput {
+                field,
+                row: index / width,
+                column: index % width,
+                value,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// `len / width`, or an error when `len` is not whole rows.
 fn check_rows(field: &'static str, len: usize, width: usize) -> Result<usize, LayerError> {
     if len.is_multiple_of(width) {
@@ -552,4 +803,26 @@ fn check_rows(field: &'static str, len: usize, width: usize) -> Result<usize, La
             reason: format!("{len} values are not whole rows of {width}"),
         })
     }
+}
+
+/// Packs unquantized experts for the dense GEMM: bf16 weights stay bf16 (exact, half the
+/// bytes), f16 and f32 become f32 (exact).
+fn pack_dense(params: &Params, h: usize, i: usize) -> Result<Stacks<PackedDense>, LayerError> {
+    let e = params.w2_f.len() / (h * i);
+    let keep_bf16 = params.float_dtype == Some(DType::BF16);
+    let pack = |w: &[f32], n: usize, k: usize| -> Result<PackedDense, LayerError> {
+        Ok(if keep_bf16 {
+            let narrow: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
+            PackedDense::pack_bf16(n, k, &narrow)?
+        } else {
+            PackedDense::pack_f32(n, k, w)?
+        })
+    };
+    let mut w13 = Vec::with_capacity(e);
+    let mut w2 = Vec::with_capacity(e);
+    for x in 0..e {
+        w13.push(pack(&params.w13_f[x * 2 * i * h..][..2 * i * h], 2 * i, h)?);
+        w2.push(pack(&params.w2_f[x * h * i..][..h * i], h, i)?);
+    }
+    Ok((w13, w2))
 }

@@ -128,6 +128,11 @@ pub(crate) struct Params {
     pub(crate) w2_f: Vec<f32>,
     pub(crate) float_dtype: Option<moe_quant::DType>,
     pub(crate) w2_amax: Vec<f32>,
+    /// WNA16 only: the dtype the scales were stored in (Marlin keeps 16-bit scales), and the
+    /// act-order group of every input row, `[E_local, H]` / `[E_local, I]` (empty without).
+    pub(crate) scale_dtype: Option<moe_quant::DType>,
+    pub(crate) w13_g_idx: Vec<i32>,
+    pub(crate) w2_g_idx: Vec<i32>,
     /// `[E_local][shard][kind]`: whether it was written.
     loaded: Vec<bool>,
     local_experts: Vec<usize>,
@@ -150,8 +155,9 @@ impl Params {
         let e = local_experts.len();
         let (h, i) = (cfg.hidden, cfg.intermediate_per_rank());
         let mut loaded = vec![false; e * ExpertShard::ALL.len() * TensorKind::REQUIRED.len()];
-        if cfg.quant == LayerQuant::Int8Online {
-            // Online int8 computes its scales; only the float weights are loaded.
+        if cfg.quant.loads_float_weights() {
+            // Online int8 computes its scales and unquantized layers have none; only the float
+            // weights are loaded.
             for local in 0..e {
                 for shard in ExpertShard::ALL {
                     loaded[Self::slot(local, shard, TensorKind::Scale)] = true;
@@ -166,6 +172,9 @@ impl Params {
                 w2_f: vec![0.0; e * h * i],
                 float_dtype: None,
                 w2_amax: vec![0.0; e * h],
+                scale_dtype: None,
+                w13_g_idx: Vec::new(),
+                w2_g_idx: Vec::new(),
                 loaded,
                 local_experts,
             };
@@ -179,6 +188,9 @@ impl Params {
             w2_f: Vec::new(),
             float_dtype: None,
             w2_amax: Vec::new(),
+            scale_dtype: None,
+            w13_g_idx: Vec::new(),
+            w2_g_idx: Vec::new(),
             loaded,
             local_experts,
         }
@@ -250,10 +262,14 @@ impl Params {
                 reason: format!("{}: expert biases are not supported yet", view.name),
             });
         }
-        if d.quant == LayerQuant::Int8Online && kind == TensorKind::Scale {
+        if d.quant.loads_float_weights() && kind == TensorKind::Scale {
             return Err(LayerError::InvalidArgument {
                 field: "kind",
-                reason: format!("{}: online int8 computes its own scales", view.name),
+                reason: format!(
+                    "{}: a {} layer has no weight scales to load",
+                    view.name,
+                    d.quant.name()
+                ),
             });
         }
         // The whole tensor's shape, and the window this rank keeps: (row0, rows, col0, cols).
@@ -276,7 +292,7 @@ impl Params {
         let width = full[1];
         let dst_row0 = if shard == ExpertShard::W3 { d.i } else { 0 };
         match kind {
-            TensorKind::Weight if d.quant == LayerQuant::Int8Online => {
+            TensorKind::Weight if d.quant.loads_float_weights() => {
                 self.load_float_weight(local, shard, view, &d, window)?;
             }
             TensorKind::Weight => {
@@ -287,7 +303,8 @@ impl Params {
                         actual: view.data.dtype_name().into(),
                     });
                 };
-                if let Some(index) = src.iter().position(|v| !(-8..=7).contains(v)) {
+                let (lo, hi) = d.quant.code_range();
+                if let Some(index) = src.iter().position(|v| !(lo..=hi).contains(v)) {
                     return Err(LayerError::ParamValue {
                         tensor: view.name.to_string(),
                         index,
@@ -319,6 +336,11 @@ impl Params {
                         actual: "i8".into(),
                     });
                 }
+                self.scale_dtype = Some(match view.data {
+                    TensorData::Bf16(_) => moe_quant::DType::BF16,
+                    TensorData::F16(_) => moe_quant::DType::F16,
+                    _ => moe_quant::DType::F32,
+                });
                 let mut src = Vec::with_capacity(view.data.len());
                 for index in 0..view.data.len() {
                     let v = view.data.float_at(index).unwrap_or(f32::NAN);
@@ -431,13 +453,9 @@ impl Dims {
                 ([i_full, c], (r * i, i, 0, c))
             }
             (ExpertShard::W1 | ExpertShard::W3, _) => ([i_full, h], (r * i, i, 0, h)),
-            (ExpertShard::W2, TensorKind::Scale) => match self.quant {
-                LayerQuant::W4A8 { group_size: None } | LayerQuant::Int8Online => {
-                    ([h, 1], (0, h, 0, 1))
-                }
-                LayerQuant::W4A8 {
-                    group_size: Some(g),
-                } => ([h, i_full / g], (0, h, r * (i / g), i / g)),
+            (ExpertShard::W2, TensorKind::Scale) => match self.quant.group_size() {
+                None => ([h, 1], (0, h, 0, 1)),
+                Some(g) => ([h, i_full / g], (0, h, r * (i / g), i / g)),
             },
             (ExpertShard::W2, _) => ([h, i_full], (0, h, r * i, i)),
         }
@@ -479,6 +497,11 @@ pub(crate) fn check_scale(
     ) && bf16::from_f32(v).to_f32() != v
     {
         Some("group scales must be exact in bf16")
+    } else if matches!(quant, LayerQuant::Wna16 { .. })
+        && bf16::from_f32(v).to_f32() != v
+        && half::f16::from_f32(v).to_f32() != v
+    {
+        Some("Marlin scales must be exact in bf16 or f16")
     } else {
         None
     };

@@ -340,6 +340,62 @@ impl Ckpt {
     }
 }
 
+/// A one-layer Qwen3-MoE compressed-tensors W4A8 checkpoint the layer can run (group size a
+/// multiple of 32): `e` experts, hidden `h`, intermediate `i`, group `g`, top-2, random codes
+/// and bf16 scales from `seed`.
+pub fn runnable_w4a8(e: usize, h: usize, i: usize, g: usize, seed: u64) -> Ckpt {
+    let mut rng = SplitMix64::new(seed);
+    let mut qc = ct_config("int-quantized", true);
+    qc["config_groups"]["group_0"]["weights"]["group_size"] = json!(g);
+    let config = json!({
+        "model_type": "qwen3_moe",
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "torch_dtype": "bfloat16",
+        "hidden_act": "silu",
+        "hidden_size": h,
+        "num_hidden_layers": 1,
+        "num_experts": e,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": i,
+        "norm_topk_prob": true,
+        "quantization_config": qc,
+    });
+    let mut ck = Ckpt {
+        config,
+        tensors: BTreeMap::new(),
+    };
+    ck.put(
+        "model.layers.0.mlp.gate.weight",
+        Dtype::BF16,
+        &[e, h],
+        bf16_bytes(&rng.vec_uniform(e * h, -0.5, 0.5)),
+    );
+    for x in 0..e {
+        for (name, (n, k)) in
+            ["gate_proj", "up_proj", "down_proj"]
+                .iter()
+                .zip([(i, h), (i, h), (h, i)])
+        {
+            let codes: Vec<i8> = (0..n * k).map(|_| rng.range_i64(-8, 7) as i8).collect();
+            let scales = rng.vec_uniform(n * k / g, 0.002, 0.02);
+            let prefix = format!("model.layers.0.mlp.experts.{x}.{name}");
+            ck.put(
+                &format!("{prefix}.weight"),
+                Dtype::I8,
+                &[n, k],
+                i8_bytes(&codes),
+            );
+            ck.put(
+                &format!("{prefix}.weight_scale"),
+                Dtype::BF16,
+                &[n, k / g],
+                bf16_bytes(&scales),
+            );
+        }
+    }
+    ck
+}
+
 fn ct_config(format: &str, with_activations: bool) -> Value {
     let weights = json!({"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group",
                          "group_size": G, "dynamic": false, "actorder": null});

@@ -1,0 +1,275 @@
+//! The float GEMM of unquantized experts: `out[M, N] = x[M, K] · wᵀ` on [`PackedDense`]
+//! weights, f32 accumulation, no quantization.
+//!
+//! One portable body, compiled three times: as is, and inside `#[target_feature]` wrappers for
+//! AVX2 and AVX-512 so the compiler vectorizes its 16-channel inner loop with wider registers.
+//! Every output is `Σ_k x[m,k]·w[n,k]` accumulated in ascending k from 0 with a separate
+//! multiply and add (Rust never contracts them into FMA), and lanes never mix, so every build of
+//! the body gives the same bits as the scalar reference whatever the rung or thread count.
+
+use std::ops::Range;
+
+use half::bf16;
+
+use crate::gemm::split_panels;
+use crate::packed::dense::DenseValues;
+use crate::packed::{PANEL, PackedDense, check_len};
+use crate::{Isa, KernelError, KernelSet, Par};
+
+/// Rows per register tile.
+const MR: usize = 4;
+
+/// A weight element the body widens to f32 (exactly).
+trait Widen: Copy + Send + Sync {
+    fn widen(self) -> f32;
+}
+
+impl Widen for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+}
+
+impl Widen for bf16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        f32::from_bits(u32::from(self.to_bits()) << 16)
+    }
+}
+
+/// One GEMM as the bodies see it.
+struct DenseJob<'a, T> {
+    w: &'a [T],
+    k: usize,
+    n: usize,
+    m: usize,
+    x: &'a [f32],
+    out: *mut f32,
+}
+
+// SAFETY: the raw output pointer is only written through by bodies working on disjoint panel
+// ranges (the split), so sharing the job between threads creates no data race.
+unsafe impl<T: Sync> Sync for DenseJob<'_, T> {}
+
+/// Computes rows `m0..m0 + R` of panel `p`.
+#[inline(always)]
+fn tile<T: Widen, const R: usize>(job: &DenseJob<'_, T>, p: usize, m0: usize) {
+    let k = job.k;
+    let panel = &job.w[p * k * PANEL..][..k * PANEL];
+    let (steps, _) = panel.as_chunks::<PANEL>();
+    let rows: [&[f32]; R] = std::array::from_fn(|r| &job.x[(m0 + r) * k..][..k]);
+    let mut acc = [[0f32; PANEL]; R];
+    for (kk, step) in steps.iter().enumerate() {
+        let w: [f32; PANEL] = std::array::from_fn(|c| step[c].widen());
+        for r in 0..R {
+            let xv = rows[r][kk];
+            for c in 0..PANEL {
+                acc[r][c] += xv * w[c];
+            }
+        }
+    }
+    let valid = PANEL.min(job.n - p * PANEL);
+    for (r, acc_row) in acc.iter().enumerate() {
+        let at = (m0 + r) * job.n + p * PANEL;
+        for (c, v) in acc_row.iter().enumerate().take(valid) {
+            // SAFETY: row `m0 + r < m` and channel `16p + c < N` address an element of the
+            // caller's `m·N` output that belongs to this panel alone (disjoint split).
+            unsafe { job.out.wrapping_add(at + c).write(*v) };
+        }
+    }
+}
+
+/// Walks the row tiles of `panels`.
+#[inline(always)]
+fn panels_body<T: Widen>(job: &DenseJob<'_, T>, panels: Range<usize>) {
+    for p in panels {
+        let mut m0 = 0;
+        while m0 < job.m {
+            match job.m - m0 {
+                1 => tile::<T, 1>(job, p, m0),
+                2 => tile::<T, 2>(job, p, m0),
+                3 => tile::<T, 3>(job, p, m0),
+                _ => tile::<T, MR>(job, p, m0),
+            }
+            m0 += MR.min(job.m - m0);
+        }
+    }
+}
+
+fn panels_portable<T: Widen>(job: &DenseJob<'_, T>, panels: Range<usize>) {
+    panels_body(job, panels);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn panels_avx2<T: Widen>(job: &DenseJob<'_, T>, panels: Range<usize>) {
+    panels_body(job, panels);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn panels_avx512<T: Widen>(job: &DenseJob<'_, T>, panels: Range<usize>) {
+    panels_body(job, panels);
+}
+
+/// Runs `panels` with the widest body the kernel set's rung allows.
+fn run<T: Widen>(ks: &KernelSet, job: &DenseJob<'_, T>, panels: Range<usize>) {
+    match ks.isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a `KernelSet` of these rungs is only built from a token proving AVX-512 F.
+        Isa::Avx512Vnni | Isa::Amx => unsafe { panels_avx512(job, panels) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a `KernelSet` of these rungs is only built from a token proving AVX2.
+        Isa::Avx2 | Isa::AvxVnni => unsafe { panels_avx2(job, panels) },
+        _ => panels_portable(job, panels),
+    }
+}
+
+/// The rung whose vector width the dense GEMM uses with kernel set `ks` (reports).
+pub fn dense_isa(ks: &KernelSet) -> Isa {
+    match ks.isa() {
+        Isa::Avx512Vnni | Isa::Amx => Isa::Avx512Vnni,
+        Isa::Avx2 | Isa::AvxVnni => Isa::Avx2,
+        _ => Isa::Scalar,
+    }
+}
+
+/// `out[M, N] = x[M, K] · wᵀ` in f32 (no quantization).
+///
+/// NaN and infinities in `x` propagate to the outputs they touch, as IEEE arithmetic says.
+pub fn dense_gemm(
+    ks: &KernelSet,
+    m: usize,
+    x: &[f32],
+    w: &PackedDense,
+    out: &mut [f32],
+    par: Par,
+) -> Result<(), KernelError> {
+    let (n, k) = (w.n(), w.k());
+    check_len("x", m.saturating_mul(k), x.len())?;
+    check_len("out", m.saturating_mul(n), out.len())?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let macs = m * n * k;
+    let out = out.as_mut_ptr();
+    match w.values() {
+        DenseValues::F32(v) => {
+            let job = DenseJob {
+                w: v,
+                k,
+                n,
+                m,
+                x,
+                out,
+            };
+            split_panels(w.n_panels(), par, macs, |panels| run(ks, &job, panels));
+        }
+        DenseValues::Bf16(v) => {
+            let job = DenseJob {
+                w: v,
+                k,
+                n,
+                m,
+                x,
+                out,
+            };
+            split_panels(w.n_panels(), par, macs, |panels| run(ks, &job, panels));
+        }
+    }
+    Ok(())
+}
+
+/// The literal definition: `Σ_k x·w` in ascending k from 0, one multiply and one add per term.
+#[cfg(test)]
+pub(crate) fn dense_reference(m: usize, n: usize, k: usize, x: &[f32], w: &[f32]) -> Vec<f32> {
+    let mut out = vec![0f32; m * n];
+    for r in 0..m {
+        for c in 0..n {
+            let mut s = 0f32;
+            for kk in 0..k {
+                s += x[r * k + kk] * w[c * k + kk];
+            }
+            out[r * n + c] = s;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use moe_testutil::SplitMix64;
+
+    /// Every rung's build of the body, both precisions, both `Par` modes, ragged shapes: equal
+    /// to the reference bit for bit.
+    #[test]
+    fn every_rung_equals_the_reference_bit_for_bit() {
+        let mut rng = SplitMix64::new(7);
+        let mut sets = vec![KernelSet::scalar()];
+        sets.extend(
+            crate::available_isas()
+                .into_iter()
+                .filter_map(KernelSet::for_isa),
+        );
+        for &(m, n, k) in &[
+            (0, 5, 3),
+            (1, 1, 1),
+            (1, 17, 33),
+            (3, 16, 64),
+            (5, 33, 70),
+            (9, 47, 129),
+        ] {
+            let x = rng.vec_uniform(m * k, -2.0, 2.0);
+            let w32 = rng.vec_uniform(n * k, -1.0, 1.0);
+            let wb: Vec<bf16> = w32.iter().map(|&v| bf16::from_f32(v)).collect();
+            let wb32: Vec<f32> = wb.iter().map(|v| v.to_f32()).collect();
+            for (packed, wref) in [
+                (PackedDense::pack_f32(n, k, &w32).unwrap(), &w32),
+                (PackedDense::pack_bf16(n, k, &wb).unwrap(), &wb32),
+            ] {
+                let want = dense_reference(m, n, k, &x, wref);
+                for ks in &sets {
+                    for par in [Par::Seq, Par::Rayon] {
+                        let mut out = vec![f32::NAN; m * n];
+                        dense_gemm(ks, m, &x, &packed, &mut out, par).unwrap();
+                        let same = out
+                            .iter()
+                            .zip(&want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(
+                            same,
+                            "{} m={m} n={n} k={k} bf16={}",
+                            ks.isa(),
+                            packed.is_bf16()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn wrong_lengths_are_typed_errors() {
+        let w = PackedDense::pack_f32(2, 3, &[0.0; 6]).unwrap();
+        let ks = KernelSet::scalar();
+        let mut out = vec![0f32; 4];
+        assert!(matches!(
+            dense_gemm(&ks, 2, &[0.0; 5], &w, &mut out, Par::Seq),
+            Err(KernelError::LengthMismatch {
+                tensor: "x",
+                expected: 6,
+                got: 5
+            })
+        ));
+        assert!(matches!(
+            dense_gemm(&ks, 2, &[0.0; 6], &w, &mut out[..3], Par::Seq),
+            Err(KernelError::LengthMismatch {
+                tensor: "out",
+                expected: 4,
+                got: 3
+            })
+        ));
+    }
+}

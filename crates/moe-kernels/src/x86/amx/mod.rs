@@ -1,0 +1,171 @@
+//! The AMX rung: AMX-INT8 tile kernels for the W4A8 and W8A8 GEMMs from [`min_rows`] rows
+//! on, the AVX-512 VNNI kernels below (one token's row cannot fill a 16-row tile, and decode
+//! is bound by memory, not by MACs).
+//!
+//! - `tiles.rs`: the tile unit (hardware `asm!`, and a test emulation of its semantics);
+//! - `common.rs`: row groups, staging buffers, A/C tile movement;
+//! - `w4a8.rs`, `w8a8.rs`: the tile bodies, with the AVX-512 epilogue of the lower rung so the
+//!   outputs are bit-identical to the scalar reference.
+//!
+//! Each entry configures the tiles once (`ldtilecfg`), walks its panels in calls of up to 64
+//! rows, and releases the tile state before returning, so no tile state leaks into the caller's
+//! thread. Detection and the Linux permission request live in `x86/mod.rs`.
+//!
+//! The development machine has no AMX, so the tile code is tested through the emulated unit
+//! (the rung tests run it as the test-only set "amx bodies on emulated tiles"); the six tile
+//! instructions themselves only run on AMX hardware.
+
+mod common;
+mod tiles;
+mod w4a8;
+mod w8a8;
+
+use std::ops::Range;
+use std::sync::OnceLock;
+
+use super::Amx;
+use crate::Isa;
+use crate::ukernel::{ActEncoding, W4A8Job, W4A8PanelsFn, W8A8Job, W8A8PanelsFn};
+use common::{MR, tile_config};
+use tiles::{HwTiles, TileUnit};
+
+/// Rows from which the tile kernels take over unless `MOE_KERNELS_AMX_MIN_M` says otherwise:
+/// one full tile of rows. Not yet tuned on AMX hardware.
+pub(crate) const DEFAULT_AMX_MIN_ROWS: usize = 16;
+
+/// The environment variable that overrides [`DEFAULT_AMX_MIN_ROWS`] (read once).
+pub(crate) const AMX_MIN_ROWS_ENV: &str = "MOE_KERNELS_AMX_MIN_M";
+
+/// Rows from which the AMX rung runs its tile kernels.
+pub(crate) fn min_rows() -> usize {
+    static MIN: OnceLock<usize> = OnceLock::new();
+    *MIN.get_or_init(|| {
+        std::env::var(AMX_MIN_ROWS_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(DEFAULT_AMX_MIN_ROWS)
+            .max(1)
+    })
+}
+
+/// Walks `panels` in calls of up to [`MR`] rows on a configured unit, then releases it.
+///
+/// # Safety
+/// - The CPU has AVX-512 F/BW/VNNI and `unit` can run tile instructions;
+/// - the job satisfies [`W4A8PanelsFn`]'s contract.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn w4a8_panels<U: TileUnit>(unit: &mut U, job: &W4A8Job<'_>, panels: Range<usize>) {
+    let cfg = tile_config(w4a8::chunk_len(job.w.block_len()));
+    // SAFETY: `cfg` comes from `tile_config`, whose shapes are legal.
+    unsafe { unit.configure(&cfg) };
+    for p in panels {
+        let mut m0 = 0;
+        while m0 < job.m {
+            let mr = MR.min(job.m - m0);
+            // SAFETY: the unit is configured for this matrix's chunk; the job contract is
+            // forwarded from our caller; `m0 + mr ≤ m`.
+            unsafe { w4a8::w4a8_rows(unit, job, p, m0, mr) };
+            m0 += mr;
+        }
+    }
+    unit.release();
+}
+
+/// W8A8 counterpart of [`w4a8_panels`].
+///
+/// # Safety
+/// - As [`w4a8_panels`], with [`W8A8PanelsFn`]'s contract.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn w8a8_panels<U: TileUnit>(unit: &mut U, job: &W8A8Job<'_>, panels: Range<usize>) {
+    // SAFETY: `tile_config` shapes are legal.
+    unsafe { unit.configure(&tile_config(w8a8::CHUNK)) };
+    for p in panels {
+        let mut m0 = 0;
+        while m0 < job.m {
+            let mr = MR.min(job.m - m0);
+            // SAFETY: configured unit; job contract forwarded; `m0 + mr ≤ m`.
+            unsafe { w8a8::w8a8_rows(unit, job, p, m0, mr) };
+            m0 += mr;
+        }
+    }
+    unit.release();
+}
+
+/// The W4A8 tile entry point.
+///
+/// # Safety
+/// - [`W4A8PanelsFn`]'s contract, including AMX-INT8 support and the tile permission.
+unsafe fn w4a8_entry(job: &W4A8Job<'_>, panels: Range<usize>) {
+    // SAFETY: the `KernelSet` holding this entry was built from the AMX token.
+    let token = unsafe { Amx::new_unchecked() };
+    // SAFETY: AMX implies AVX-512 VNNI; the job contract is forwarded.
+    unsafe { w4a8_panels(&mut HwTiles::new(token), job, panels) }
+}
+
+/// The W8A8 tile entry point.
+///
+/// # Safety
+/// - [`W8A8PanelsFn`]'s contract, including AMX-INT8 support and the tile permission.
+unsafe fn w8a8_entry(job: &W8A8Job<'_>, panels: Range<usize>) {
+    // SAFETY: the `KernelSet` holding this entry was built from the AMX token.
+    let token = unsafe { Amx::new_unchecked() };
+    // SAFETY: AMX implies AVX-512 VNNI; the job contract is forwarded.
+    unsafe { w8a8_panels(&mut HwTiles::new(token), job, panels) }
+}
+
+/// The kernels of the AMX rung: AVX-512 VNNI below [`min_rows`] rows, tiles from there.
+pub(crate) fn kernel_set(token: Amx) -> crate::KernelSet {
+    let base = super::avx512vnni_kernel_set(token.avx512vnni()).for_rung(Isa::Amx);
+    let w4a8 = (
+        Isa::Amx,
+        ActEncoding::U8Offset128,
+        w4a8_entry as W4A8PanelsFn,
+    );
+    let w8a8 = (
+        Isa::Amx,
+        ActEncoding::U8Offset128,
+        w8a8_entry as W8A8PanelsFn,
+    );
+    // SAFETY: the token proves AMX (and AVX-512 VNNI), all the tile entries need.
+    unsafe { base.with_large_m(min_rows(), w4a8, w8a8) }
+}
+
+/// The tile bodies on the emulated unit, for every row count, where AVX-512 VNNI runs (tests).
+#[cfg(test)]
+pub(crate) mod emulated {
+    use super::*;
+    use crate::x86::Avx512Vnni;
+    use tiles::EmulatedTiles;
+
+    /// # Safety
+    /// - [`W4A8PanelsFn`]'s contract, including AVX-512 F/BW/VNNI support.
+    unsafe fn w4a8_entry(job: &W4A8Job<'_>, panels: Range<usize>) {
+        // SAFETY: the caller guarantees AVX-512; the emulated unit runs anywhere.
+        unsafe { w4a8_panels(&mut EmulatedTiles::new(), job, panels) }
+    }
+
+    /// # Safety
+    /// - [`W8A8PanelsFn`]'s contract, including AVX-512 F/BW/VNNI support.
+    unsafe fn w8a8_entry(job: &W8A8Job<'_>, panels: Range<usize>) {
+        // SAFETY: as above.
+        unsafe { w8a8_panels(&mut EmulatedTiles::new(), job, panels) }
+    }
+
+    /// The AMX rung with the emulated unit from one row on, when AVX-512 VNNI is available.
+    pub(crate) fn kernel_set() -> Option<crate::KernelSet> {
+        let token = Avx512Vnni::try_new()?;
+        let base = crate::x86::avx512vnni_kernel_set(token).for_rung(Isa::Amx);
+        let w4a8 = (
+            Isa::Amx,
+            ActEncoding::U8Offset128,
+            w4a8_entry as W4A8PanelsFn,
+        );
+        let w8a8 = (
+            Isa::Amx,
+            ActEncoding::U8Offset128,
+            w8a8_entry as W8A8PanelsFn,
+        );
+        // SAFETY: the token proves AVX-512 VNNI, all the emulated entries need.
+        Some(unsafe { base.with_large_m(1, w4a8, w8a8) })
+    }
+}

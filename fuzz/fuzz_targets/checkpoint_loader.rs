@@ -1,0 +1,4 @@
+//! libFuzzer entry point for `moe_fuzz::checkpoint_loader` (see that function for what is fuzzed).
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| moe_fuzz::checkpoint_loader(data));

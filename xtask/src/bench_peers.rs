@@ -1,0 +1,1020 @@
+//! `cargo xtask bench-peers`: our `moe bench` against vLLM's CPU MoE kernels (the peer), on the
+//! same shapes, batch sizes and thread count, in one run, with one table of medians at the end.
+//!
+//! The machine is shared and noisy, so the two sides alternate per shape (ours, peer, ours,
+//! peer, ... for `--rounds` rounds) and the table quotes the median over rounds of each round's
+//! median; the load average is printed before and after. Each peer path runs in its own Python
+//! process, so a path that dies (vLLM's AMX kernels raise SIGILL on CPUs without AMX, or when the
+//! process never asked Linux for tile state) is reported as `failed: <reason>` instead of taking
+//! the other paths down with it. The peer's own correctness check (relative error against a
+//! float32 reference) is carried into the report, so a path that falls back to something wrong
+//! is visible too.
+//!
+//! Both sides are compared on the experts stage: `moe bench` times `apply` with routing drawn
+//! in advance, and the peer script times routing plus experts and also reports the routing
+//! alone, which is subtracted.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::flags::BenchPeers;
+use crate::json::{self, Value};
+use crate::project_root;
+use crate::util::{Cmd, Result, banner, fmt_duration};
+
+/// Issue 8's targets for our pipeline, ms per call at M = 1, 16, 256, 1024 (2 threads, W4A8
+/// group 32, uniform routing, weights cycled beyond the caches).
+const TARGETS_MS: [(&str, [(usize, f64); 4]); 3] = [
+    (
+        "qwen3-30b-a3b",
+        [(1, 0.89), (16, 9.1), (256, 14.2), (1024, 23.6)],
+    ),
+    (
+        "mixtral-8x7b",
+        [(1, 8.3), (16, 32.7), (256, 33.0), (1024, 125.0)],
+    ),
+    (
+        "deepseek-v2-lite",
+        [(1, 1.2), (16, 10.3), (256, 13.0), (1024, 21.6)],
+    ),
+];
+
+/// A peer result whose relative error against the float32 reference exceeds this is reported as
+/// wrong (the paths that work land at 1-2.5 %, see vllm_cpu_probe.md).
+const WRONG_REL_ERR: f64 = 0.1;
+
+/// Both cores' DRAM read bandwidth (../shared/limits.md), the figure `moe bench` also uses.
+const DRAM_BYTES_PER_S: f64 = 28.8e9;
+
+/// Upper bound for one `moe bench` or one peer process, so a hang cannot stall the run.
+const RUN_LIMIT: Duration = Duration::from_secs(40 * 60);
+
+/// The peer script's `--combo-budget` (seconds per shape, path and M). Its default of 22 s
+/// makes a call slower than a third of it (Mixtral at M = 1024 without AMX) end the whole
+/// process with `StatisticsError: no median for empty data`, because such a combination gets
+/// no timed repetitions; 60 s keeps calls up to 20 s measured and skips slower ones.
+const PEER_COMBO_BUDGET_S: u32 = 60;
+
+/// Upper bound for the peer venv installation.
+const SETUP_LIMIT: Duration = Duration::from_secs(45 * 60);
+
+/// What one peer path gave for one (shape, M) in one round.
+#[derive(Debug, Clone)]
+enum PeerCell {
+    /// It ran: experts-stage ms (routing subtracted), as measured ms, the fastest call (as
+    /// measured), relative error.
+    Ran {
+        experts_ms: f64,
+        total_ms: f64,
+        best_ms: f64,
+        rel_err: Option<f64>,
+    },
+    /// It did not produce a time, for this reason.
+    Failed(String),
+}
+
+/// Everything measured, keyed by shape then M (ours) or by shape, path, M (peer).
+#[derive(Default)]
+struct Measurements {
+    /// Per (shape, M): the `moe bench` rows of every round.
+    ours: BTreeMap<(String, usize), Vec<Value>>,
+    /// Per shape: why `moe bench` failed, if it did.
+    ours_failed: BTreeMap<String, String>,
+    /// Per (shape, path, M): one cell per round.
+    peer: BTreeMap<(String, String, usize), Vec<PeerCell>>,
+    /// Every raw report, for `--out`.
+    raw: Vec<Value>,
+}
+
+/// Runs `cargo xtask bench-peers`.
+pub fn run(opts: &BenchPeers) -> Result<()> {
+    if let Some(file) = &opts.render {
+        return render_file(file);
+    }
+    let start = Instant::now();
+    let shapes = if !opts.shapes.is_empty() {
+        opts.shapes.clone()
+    } else if opts.quick {
+        vec!["qwen3-30b-a3b".to_string()]
+    } else {
+        TARGETS_MS.iter().map(|(s, _)| s.to_string()).collect()
+    };
+    let batch_sizes = if !opts.batch_sizes.is_empty() {
+        opts.batch_sizes.clone()
+    } else if opts.quick {
+        vec![1, 16]
+    } else {
+        vec![1, 16, 256, 1024]
+    };
+    let command = std::iter::once("cargo xtask".to_string())
+        .chain(std::env::args().skip(1))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let machine = machine_line();
+    let load_start = load_line();
+    banner("bench-peers");
+    println!("command: {command}");
+    println!("machine: {machine}");
+    println!("load at start: {load_start}");
+
+    let shared = shared_dir(opts);
+    println!("shared: {}", shared.display());
+    let peer = prepare_peer(opts, &shared);
+    if let Err(reason) = &peer {
+        println!("peer unavailable: {reason}");
+    }
+
+    banner("building moe (release)");
+    Cmd::cargo(["build", "--release", "-p", "moe-cli", "--bin", "moe"]).run()?;
+    let moe = target_dir().join("release").join("moe");
+
+    let mut m = Measurements::default();
+    let scratch = target_dir().join("bench-peers");
+    std::fs::create_dir_all(&scratch)?;
+    for shape in &shapes {
+        for round in 1..=opts.rounds {
+            banner(&format!("{shape}: round {round}/{}: ours", opts.rounds));
+            run_ours(opts, &moe, shape, &batch_sizes, &mut m);
+            for path in &opts.paths {
+                banner(&format!(
+                    "{shape}: round {round}/{}: peer {path}",
+                    opts.rounds
+                ));
+                let cells = match &peer {
+                    Ok(py) => run_peer(
+                        opts,
+                        py,
+                        &shared,
+                        &scratch,
+                        shape,
+                        path,
+                        &batch_sizes,
+                        &mut m,
+                    ),
+                    Err(reason) => batch_sizes
+                        .iter()
+                        .map(|&b| (b, PeerCell::Failed(format!("peer unavailable: {reason}"))))
+                        .collect(),
+                };
+                for (b, cell) in cells {
+                    m.peer
+                        .entry((shape.clone(), path.clone(), b))
+                        .or_default()
+                        .push(cell);
+                }
+            }
+        }
+    }
+    let load_end = load_line();
+
+    let run = Value::obj([
+        ("command", Value::str(&command)),
+        ("machine", Value::str(&machine)),
+        ("load_start", Value::str(&load_start)),
+        ("load_end", Value::str(&load_end)),
+        ("threads", Value::Num(opts.threads as f64)),
+        ("rounds", Value::Num(opts.rounds as f64)),
+        ("iters", Value::Num(opts.iters as f64)),
+        ("wall_s", Value::Num(start.elapsed().as_secs_f64().round())),
+        (
+            "shapes",
+            Value::Arr(shapes.iter().map(Value::str).collect()),
+        ),
+        (
+            "batch_sizes",
+            Value::Arr(batch_sizes.iter().map(|&b| Value::Num(b as f64)).collect()),
+        ),
+        (
+            "paths",
+            Value::Arr(opts.paths.iter().map(Value::str).collect()),
+        ),
+    ]);
+    let table = render_table(&opts.paths, opts.iters, &shapes, &batch_sizes, &m);
+    print_result(&run, &table);
+
+    if let Some(out) = &opts.out {
+        let Value::Obj(mut members) = run else {
+            unreachable!("run is built as an object above");
+        };
+        members.push(("table".into(), Value::Arr(table.rows)));
+        members.push(("raw".into(), Value::Arr(std::mem::take(&mut m.raw))));
+        std::fs::write(out, format!("{}\n", Value::Obj(members)))
+            .map_err(|e| format!("cannot write {}: {e}", out.display()))?;
+        println!("\nJSON written to {}", out.display());
+    }
+    Ok(())
+}
+
+/// Prints the closing block: how the run was made, then the table.
+fn print_result(run: &Value, table: &Table) {
+    let text = |key: &str| {
+        run.get(key)
+            .and_then(Value::as_str)
+            .unwrap_or("?")
+            .to_string()
+    };
+    let num = |key: &str| run.get(key).and_then(Value::as_f64).unwrap_or(f64::NAN);
+    banner("bench-peers: result");
+    println!("command: {}", text("command"));
+    println!("machine: {}", text("machine"));
+    println!(
+        "threads: {}; rounds: {} (ours and the peer alternate per shape); wall {}",
+        num("threads"),
+        num("rounds"),
+        fmt_duration(Duration::from_secs_f64(num("wall_s").max(0.0)))
+    );
+    println!("load at start: {}", text("load_start"));
+    println!("load at end:   {}", text("load_end"));
+    println!();
+    print!("{}", table.text);
+}
+
+/// `--render FILE`: prints the table of an earlier run from its `--out` JSON.
+fn render_file(file: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let run = json::parse(&text)?;
+    let strings = |key: &str| -> Vec<String> {
+        run.get(key)
+            .map(Value::items)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|v| v.as_str().map(String::from))
+            .collect()
+    };
+    let mut m = Measurements::default();
+    let (mut shapes, mut paths, mut batches) = (strings("shapes"), strings("paths"), Vec::new());
+    if let Some(list) = run.get("batch_sizes") {
+        batches = list
+            .items()
+            .iter()
+            .filter_map(Value::as_f64)
+            .map(|b| b as usize)
+            .collect();
+    }
+    for entry in run.get("raw").map(Value::items).unwrap_or_default() {
+        let field = |key: &str| {
+            entry
+                .get(key)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        let shape = field("shape");
+        if !shapes.contains(&shape) {
+            shapes.push(shape.clone());
+        }
+        let failed = entry
+            .get("failed")
+            .and_then(Value::as_str)
+            .map(String::from);
+        if field("side") == "ours" {
+            if let Some(reason) = failed {
+                m.ours_failed.insert(shape, reason);
+                continue;
+            }
+            for row in entry
+                .get("report")
+                .and_then(|r| r.get("rows"))
+                .map(Value::items)
+                .unwrap_or_default()
+            {
+                let b = row.get("batch").and_then(Value::as_f64).unwrap_or(0.0) as usize;
+                if !batches.contains(&b) {
+                    batches.push(b);
+                }
+                m.ours
+                    .entry((shape.clone(), b))
+                    .or_default()
+                    .push(row.clone());
+            }
+            continue;
+        }
+        let path = field("path");
+        if !paths.contains(&path) {
+            paths.push(path.clone());
+        }
+        for &b in &batches {
+            let cell = match (&failed, entry.get("report")) {
+                (Some(reason), _) => PeerCell::Failed(reason.clone()),
+                (None, Some(report)) => peer_cell(report, &path, b),
+                (None, None) => PeerCell::Failed("no report".into()),
+            };
+            m.peer
+                .entry((shape.clone(), path.clone(), b))
+                .or_default()
+                .push(cell);
+        }
+    }
+    let iters = run
+        .get("iters")
+        .and_then(Value::as_f64)
+        .map_or(20, |v| v as usize);
+    let table = render_table(&paths, iters, &shapes, &batches, &m);
+    print_result(&run, &table);
+    println!("\n(rendered from {})", file.display());
+    Ok(())
+}
+
+/// `--shared`, else `$MOE_SHARED`, else `../shared` next to the workspace.
+fn shared_dir(opts: &BenchPeers) -> PathBuf {
+    if let Some(dir) = &opts.shared {
+        return dir.clone();
+    }
+    if let Some(dir) = std::env::var_os("MOE_SHARED") {
+        return dir.into();
+    }
+    project_root().join("..").join("shared")
+}
+
+/// Cargo's target directory (`$CARGO_TARGET_DIR`, else `target/` in the workspace).
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| project_root().join("target"))
+}
+
+/// Checks the peer script and the venv, installing the venv when it is missing. Returns the
+/// venv's python, or why the peer cannot run.
+fn prepare_peer(opts: &BenchPeers, shared: &Path) -> Result<PathBuf, String> {
+    let script = shared.join("peers").join("bench_vllm_cpu.py");
+    if !script.is_file() {
+        return Err(format!(
+            "{} not found (set --shared or MOE_SHARED)",
+            script.display()
+        ));
+    }
+    let python = opts.venv.join("bin").join("python");
+    if python.is_file() {
+        return Ok(python);
+    }
+    let setup = shared.join("peers").join("setup_venv.sh");
+    banner("installing the peer venv");
+    println!(
+        "{} is missing: installing vLLM's CPU build there with {} (takes ~5 min on 2 cores and ~7 GB)",
+        opts.venv.display(),
+        setup.display()
+    );
+    let started = Instant::now();
+    let outcome = Cmd::new("bash")
+        .arg(&setup)
+        .arg(&opts.venv)
+        .timeout(SETUP_LIMIT)
+        .run_outcome()
+        .map_err(|e| e.to_string())?;
+    println!("venv setup took {}", fmt_duration(started.elapsed()));
+    if !outcome.success() {
+        return Err(format!("setup_venv.sh failed: {}", outcome.describe()));
+    }
+    if python.is_file() {
+        Ok(python)
+    } else {
+        Err(format!("setup_venv.sh left no {}", python.display()))
+    }
+}
+
+/// Runs `moe bench --json` for one shape and files its rows (or its failure).
+fn run_ours(
+    opts: &BenchPeers,
+    moe: &Path,
+    shape: &str,
+    batch_sizes: &[usize],
+    m: &mut Measurements,
+) {
+    let cmd = Cmd::new(moe)
+        .args(["--json", "bench", "--shape", shape])
+        .arg("--batch-sizes")
+        .arg(join(batch_sizes))
+        .arg("--threads")
+        .arg(opts.threads.to_string())
+        .arg("--iters")
+        .arg(opts.iters.to_string())
+        .args(["--group-size", "32"])
+        .timeout(RUN_LIMIT);
+    println!("$ {}", cmd.display());
+    let parsed = cmd
+        .read_stdout()
+        .map_err(|e| e.to_string())
+        .and_then(|text| json::parse(&text));
+    let report = match parsed {
+        Ok(report) => report,
+        Err(e) => {
+            println!("moe bench failed: {e}");
+            m.raw.push(Value::obj([
+                ("side", Value::str("ours")),
+                ("shape", Value::str(shape)),
+                ("failed", Value::str(&e)),
+            ]));
+            m.ours_failed.insert(shape.to_string(), e);
+            return;
+        }
+    };
+    for row in report.get("rows").map(Value::items).unwrap_or_default() {
+        let (Some(batch), Some(ms), Some(bound)) = (
+            row.get("batch").and_then(Value::as_f64),
+            row.get("ms_per_call").and_then(Value::as_f64),
+            row.get("dram_bound_ms").and_then(Value::as_f64),
+        ) else {
+            continue;
+        };
+        println!("  ours  M={batch:<5} {ms:9.3} ms   (DRAM bound {bound:.3} ms)");
+        m.ours
+            .entry((shape.to_string(), batch as usize))
+            .or_default()
+            .push(row.clone());
+    }
+    m.raw.push(Value::obj([
+        ("side", Value::str("ours")),
+        ("shape", Value::str(shape)),
+        ("load", Value::str(load_line())),
+        ("report", report),
+    ]));
+}
+
+/// Runs the peer script for one shape and one path in its own process. Returns one cell per M.
+#[allow(clippy::too_many_arguments)]
+fn run_peer(
+    opts: &BenchPeers,
+    python: &Path,
+    shared: &Path,
+    scratch: &Path,
+    shape: &str,
+    path: &str,
+    batch_sizes: &[usize],
+    m: &mut Measurements,
+) -> Vec<(usize, PeerCell)> {
+    let out = scratch.join(format!("peer-{shape}-{path}.json"));
+    let _ = std::fs::remove_file(&out);
+    let mut cmd = Cmd::new(python)
+        .arg(shared.join("peers").join("bench_vllm_cpu.py"))
+        .args(["--shapes", shape, "--paths", path, "--m"])
+        .arg(join(batch_sizes))
+        .arg("--threads")
+        .arg(opts.threads.to_string())
+        .arg("--combo-budget")
+        .arg(PEER_COMBO_BUDGET_S.to_string())
+        .arg("--out")
+        .arg(&out)
+        .env("OMP_NUM_THREADS", opts.threads.to_string())
+        .timeout(RUN_LIMIT);
+    if opts.quick {
+        cmd = cmd.arg("--quick");
+    }
+    let mut failed_all = |reason: String| {
+        m.raw.push(Value::obj([
+            ("side", Value::str("peer")),
+            ("shape", Value::str(shape)),
+            ("path", Value::str(path)),
+            ("failed", Value::str(&reason)),
+        ]));
+        batch_sizes
+            .iter()
+            .map(|&b| (b, PeerCell::Failed(reason.clone())))
+            .collect()
+    };
+    let (status, log) = match run_keeping_stderr(&cmd) {
+        Ok(done) => done,
+        Err(e) => return failed_all(e),
+    };
+    if let Some(reason) = status {
+        let tail = log
+            .iter()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .map(|t| format!(" ({})", t.trim()))
+            .unwrap_or_default();
+        let reason = format!("{reason}{tail}");
+        println!("  peer {path}: failed: {reason}");
+        // The script writes its JSON only at the end; keep what its log shows had finished.
+        let cells = cells_from_log(&log, shape, path, batch_sizes, &reason);
+        m.raw.push(Value::obj([
+            ("side", Value::str("peer")),
+            ("shape", Value::str(shape)),
+            ("path", Value::str(path)),
+            ("failed", Value::str(&reason)),
+            ("log", Value::Arr(log.iter().map(Value::str).collect())),
+        ]));
+        return cells;
+    }
+    let report = match std::fs::read_to_string(&out)
+        .map_err(|e| format!("no report at {}: {e}", out.display()))
+        .and_then(|text| json::parse(&text))
+    {
+        Ok(report) => report,
+        Err(e) => return failed_all(e),
+    };
+    let amx = report
+        .get("meta")
+        .and_then(|meta| meta.get("amx"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    let cells = batch_sizes
+        .iter()
+        .map(|&b| (b, peer_cell(&report, path, b)))
+        .collect();
+    m.raw.push(Value::obj([
+        ("side", Value::str("peer")),
+        ("shape", Value::str(shape)),
+        ("path", Value::str(path)),
+        ("amx_reported", amx),
+        ("report", report),
+    ]));
+    cells
+}
+
+/// Reads the peer result of one path and M out of a peer report.
+fn peer_cell(report: &Value, path: &str, batch: usize) -> PeerCell {
+    let results = report.get("results").map(Value::items).unwrap_or_default();
+    let same_path = |r: &&Value| r.get("path").and_then(Value::as_str) == Some(path);
+    let row = results
+        .iter()
+        .filter(same_path)
+        .find(|r| r.get("M").and_then(Value::as_f64) == Some(batch as f64) || r.get("M").is_none());
+    let Some(row) = row else {
+        return PeerCell::Failed("no result in the peer report".into());
+    };
+    let text = |key: &str| {
+        row.get(key)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    match row.get("status").and_then(Value::as_str) {
+        Some("ok") => {
+            let total = row
+                .get("ms_median")
+                .and_then(Value::as_f64)
+                .unwrap_or(f64::NAN);
+            let route = row
+                .get("route_ms_median")
+                .and_then(Value::as_f64)
+                .unwrap_or(0.0);
+            let rel_err = row.get("check_rel_err").and_then(Value::as_f64);
+            let check_error = row.get("check_rel_err").and_then(Value::as_str);
+            if let Some(err) = check_error {
+                return PeerCell::Failed(format!("check raised: {err}"));
+            }
+            PeerCell::Ran {
+                experts_ms: (total - route).max(0.0),
+                total_ms: total,
+                best_ms: row
+                    .get("ms_min")
+                    .and_then(Value::as_f64)
+                    .unwrap_or(f64::NAN),
+                rel_err,
+            }
+        }
+        Some("skipped") => PeerCell::Failed(format!("skipped: {}", text("reason"))),
+        Some("build_failed") => PeerCell::Failed(format!("build failed: {}", text("error"))),
+        other => PeerCell::Failed(format!("status {other:?}")),
+    }
+}
+
+/// Runs `cmd`, passing its stdout and stderr through (stderr indented) and keeping the stderr
+/// lines. Returns `None` on success or the reason it failed, and those lines.
+fn run_keeping_stderr(cmd: &Cmd) -> Result<(Option<String>, Vec<String>), String> {
+    println!("$ {}", cmd.display());
+    let mut child = cmd
+        .std_command()
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start the peer: {e}"))?;
+    let stderr = child.stderr.take().expect("stderr was piped");
+    let reader = thread::spawn(move || {
+        let mut lines = Vec::new();
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            eprintln!("  | {line}");
+            lines.push(line);
+        }
+        lines
+    });
+    let limit = cmd.time_limit().unwrap_or(RUN_LIMIT);
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if started.elapsed() >= limit => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            Ok(None) => thread::sleep(Duration::from_millis(100)),
+            Err(e) => return Err(format!("waiting for the peer: {e}")),
+        }
+    };
+    let last = reader.join().unwrap_or_default();
+    let reason = match status {
+        None => Some(format!("killed after the {} s limit", limit.as_secs())),
+        Some(status) if status.success() => None,
+        Some(status) => Some(describe_exit(status)),
+    };
+    Ok((reason, last))
+}
+
+/// The cells of a peer process that died: each M whose timing line (`[shape path M=16]
+/// 35.412 ms ...`) made it into the log gets that median (routing not subtracted: the routing
+/// time is only in the JSON), the others get `reason`.
+fn cells_from_log(
+    log: &[String],
+    shape: &str,
+    path: &str,
+    batch_sizes: &[usize],
+    reason: &str,
+) -> Vec<(usize, PeerCell)> {
+    let check_prefix = format!("[{shape} {path}] check rel_err vs fp32 reference: ");
+    let rel_err = log
+        .iter()
+        .find_map(|l| l.strip_prefix(&check_prefix))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    let timed = |batch: usize| {
+        let prefix = format!("[{shape} {path} M={batch}]");
+        log.iter().find_map(|l| {
+            let rest = l.strip_prefix(&prefix)?.trim_start();
+            rest.split_whitespace().next()?.parse::<f64>().ok()
+        })
+    };
+    batch_sizes
+        .iter()
+        .map(|&b| {
+            let cell = match timed(b) {
+                Some(ms) => PeerCell::Ran {
+                    experts_ms: ms,
+                    total_ms: ms,
+                    best_ms: f64::NAN,
+                    rel_err,
+                },
+                None => PeerCell::Failed(reason.to_string()),
+            };
+            (b, cell)
+        })
+        .collect()
+}
+
+/// "exit status 1", or "killed by SIGILL (signal 4)" for a signal.
+fn describe_exit(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt as _;
+    match status.signal() {
+        Some(sig) => {
+            let name = match sig {
+                4 => "SIGILL",
+                6 => "SIGABRT",
+                7 => "SIGBUS",
+                9 => "SIGKILL",
+                11 => "SIGSEGV",
+                _ => "a signal",
+            };
+            format!("killed by {name} (signal {sig})")
+        }
+        None => format!("exit status {}", status.code().unwrap_or(-1)),
+    }
+}
+
+/// The table and its rows as JSON.
+struct Table {
+    text: String,
+    rows: Vec<Value>,
+}
+
+/// The median of `values` (upper middle for an even count is avoided: the mean of the middle two).
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    Some(if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    })
+}
+
+/// A peer path's display name.
+fn path_label(path: &str) -> String {
+    match path {
+        "int4_amx_g32" => "vLLM int4 g32".into(),
+        "int4_amx_g128" => "vLLM int4 g128".into(),
+        "int4_amx_ch" => "vLLM int4 ch".into(),
+        "int8_w8a8" => "vLLM int8".into(),
+        other => format!("vLLM {other}"),
+    }
+}
+
+fn target_ms(shape: &str, batch: usize) -> Option<f64> {
+    TARGETS_MS
+        .iter()
+        .find(|(s, _)| *s == shape)
+        .and_then(|(_, t)| t.iter().find(|(m, _)| *m == batch))
+        .map(|(_, ms)| *ms)
+}
+
+/// Builds the final table: one line per (shape, M); per peer path its median experts-stage time
+/// and peer/ours; then one status line per peer path.
+fn render_table(
+    paths: &[String],
+    iters: usize,
+    shapes: &[String],
+    batches: &[usize],
+    m: &Measurements,
+) -> Table {
+    let mut text = String::new();
+    let mut rows = Vec::new();
+    let mut header = format!(
+        "| {:<16} | {:>5} | {:>9} | {:>9} | {:>10} | {:>9} | {:>9} |",
+        "shape", "M", "ours ms", "bound ms", "ours/bound", "packed ms", "target ms"
+    );
+    let mut rule = "|---|---:|---:|---:|---:|---:|---:|".to_string();
+    for path in paths {
+        write!(
+            header,
+            " {:>22} |",
+            format!("{} ms (peer/ours)", path_label(path))
+        )
+        .expect("writing to a String");
+        rule.push_str("---:|");
+    }
+    writeln!(text, "{header}\n{rule}").expect("writing to a String");
+    // Per path: (rounds that ran, worst rel_err, distinct failure reasons).
+    let mut status: BTreeMap<&str, (usize, Option<f64>, Vec<String>)> = BTreeMap::new();
+    for shape in shapes {
+        for &b in batches {
+            let key = (shape.clone(), b);
+            let ours_rows = m.ours.get(&key).map(Vec::as_slice).unwrap_or_default();
+            let field = |name: &str| {
+                median(
+                    ours_rows
+                        .iter()
+                        .filter_map(|r| r.get(name).and_then(Value::as_f64))
+                        .collect(),
+                )
+            };
+            let ours = field("ms_per_call");
+            let packed = field("dram_bound_ms");
+            let bound = median(ours_rows.iter().filter_map(nominal_bound_ms).collect());
+            let target = target_ms(shape, b);
+            let fmt = |v: Option<f64>| v.map_or_else(|| "-".to_string(), fmt_ms);
+            let ours_cell = match (ours, m.ours_failed.get(shape)) {
+                (None, Some(_)) => "failed".to_string(),
+                (v, _) => fmt(v),
+            };
+            let ratio = ours.zip(bound).map(|(o, d)| o / d);
+            let mut line = format!(
+                "| {:<16} | {:>5} | {:>9} | {:>9} | {:>10} | {:>9} | {:>9} |",
+                shape,
+                b,
+                ours_cell,
+                fmt(bound),
+                ratio.map_or("-".into(), |r| format!("{r:.2}")),
+                fmt(packed),
+                fmt(target),
+            );
+            let mut peer_json = Vec::new();
+            for path in paths {
+                let cells = m
+                    .peer
+                    .get(&(shape.clone(), path.clone(), b))
+                    .map(Vec::as_slice)
+                    .unwrap_or_default();
+                let entry = status.entry(path.as_str()).or_default();
+                let mut ran = Vec::new();
+                let mut totals = Vec::new();
+                let mut best: Option<f64> = None;
+                for cell in cells {
+                    match cell {
+                        PeerCell::Ran {
+                            experts_ms,
+                            total_ms,
+                            best_ms,
+                            rel_err,
+                        } => {
+                            ran.push(*experts_ms);
+                            totals.push(*total_ms);
+                            best = Some(best.map_or(*best_ms, |b| b.min(*best_ms)));
+                            entry.0 += 1;
+                            if let Some(e) = rel_err {
+                                entry.1 = Some(entry.1.map_or(*e, |w: f64| w.max(*e)));
+                            }
+                        }
+                        PeerCell::Failed(reason) => {
+                            if !entry.2.contains(reason) {
+                                entry.2.push(reason.clone());
+                            }
+                        }
+                    }
+                }
+                let peer = median(ran);
+                let cell = match (peer, ours) {
+                    (Some(p), Some(o)) => format!("{} ({:.2}x)", fmt_ms(p), p / o),
+                    (Some(p), None) => fmt_ms(p),
+                    (None, _) if cells.is_empty() => "-".into(),
+                    (None, _) => "failed".into(),
+                };
+                write!(line, " {cell:>22} |").expect("writing to a String");
+                peer_json.push(Value::obj([
+                    ("path", Value::str(path)),
+                    ("experts_ms", Value::num_or_null(peer)),
+                    (
+                        "measured_ms_incl_routing",
+                        Value::num_or_null(median(totals)),
+                    ),
+                    ("fastest_call_ms_incl_routing", Value::num_or_null(best)),
+                    (
+                        "peer_over_ours",
+                        Value::num_or_null(peer.zip(ours).map(|(p, o)| p / o)),
+                    ),
+                ]));
+            }
+            writeln!(text, "{line}").expect("writing to a String");
+            rows.push(Value::obj([
+                ("shape", Value::str(shape)),
+                ("M", Value::Num(b as f64)),
+                ("ours_ms", Value::num_or_null(ours)),
+                ("dram_bound_ms", Value::num_or_null(bound)),
+                ("packed_dram_bound_ms", Value::num_or_null(packed)),
+                ("ours_over_bound", Value::num_or_null(ratio)),
+                ("target_ms", Value::num_or_null(target)),
+                ("peer", Value::Arr(peer_json)),
+            ]));
+        }
+    }
+    writeln!(
+        text,
+        "\nours = `moe bench` (W4A8, int4 groups of 32, bf16 scales; weights cycled beyond the caches), \
+         median over rounds of the median of {iters} calls.\nbound = the touched experts' int4 weights \
+         and bf16 group scales (0.5625 B per weight) / 28.8 GB/s; packed = the same for the bytes our \
+         packed layout reads (f32 scale and i32 code sum per 32 weights: 0.75 B per weight), \
+         moe bench's own bound; target = issue 8.\npeer = bench_vllm_cpu.py, experts stage (its \
+         routing median subtracted), median over rounds; peer/ours > 1 means ours is faster.\n\n\
+         peer paths:"
+    )
+    .expect("writing to a String");
+    for path in paths {
+        let (ran, rel_err, reasons) = status.get(path.as_str()).cloned().unwrap_or_default();
+        let mut line = if ran > 0 {
+            let check = rel_err.map_or(String::new(), |e| {
+                let verdict = if e > WRONG_REL_ERR {
+                    ", WRONG output"
+                } else {
+                    ""
+                };
+                format!(", rel_err vs f32 reference {e:.4}{verdict}")
+            });
+            format!("  {path}: ran ({ran} measurements{check})")
+        } else {
+            format!("  {path}: did not run")
+        };
+        for reason in &reasons {
+            write!(line, "; failed: {reason}").expect("writing to a String");
+        }
+        writeln!(text, "{line}").expect("writing to a String");
+    }
+    Table { text, rows }
+}
+
+/// The DRAM time of the bytes a `moe bench` row's call touches in the checkpoint's own format:
+/// int4 weights plus one bf16 scale per group of 32 (what issue 8's targets are measured against).
+fn nominal_bound_ms(row: &Value) -> Option<f64> {
+    let shape = row.get("shape")?;
+    let dim = |key: &str| shape.get(key).and_then(Value::as_f64);
+    let touched = row.get("experts_touched").and_then(Value::as_f64)?;
+    let weights = 3.0 * dim("hidden")? * dim("intermediate")?;
+    Some(touched * weights * (0.5 + 2.0 / 32.0) / DRAM_BYTES_PER_S * 1e3)
+}
+
+/// Milliseconds with three significant digits or more.
+fn fmt_ms(ms: f64) -> String {
+    if ms < 10.0 {
+        format!("{ms:.3}")
+    } else if ms < 100.0 {
+        format!("{ms:.2}")
+    } else {
+        format!("{ms:.1}")
+    }
+}
+
+fn join(values: &[usize]) -> String {
+    values
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// CPU model and the ISA facts that matter for the comparison.
+fn machine_line() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        info.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+            .unwrap_or_default()
+    };
+    let flags = field("flags");
+    let has = |f: &str| flags.split_whitespace().any(|x| x == f);
+    let cpus = info.lines().filter(|l| l.starts_with("processor")).count();
+    format!(
+        "{} ({cpus} CPUs; avx512_vnni: {}, amx_int8: {})",
+        field("model name"),
+        if has("avx512_vnni") { "yes" } else { "no" },
+        if has("amx_int8") { "yes" } else { "no" }
+    )
+}
+
+/// `uptime`'s load averages, read from /proc/loadavg.
+fn load_line() -> String {
+    let raw = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let parts: Vec<&str> = raw.split_whitespace().take(3).collect();
+    format!("load average {} (1, 5, 15 min)", parts.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(results: &str) -> Value {
+        json::parse(&format!(
+            r#"{{"meta": {{"amx": false}}, "results": [{results}]}}"#
+        ))
+        .expect("test report parses")
+    }
+
+    #[test]
+    fn peer_rows_become_cells() {
+        let r = report(
+            r#"{"path": "int8_w8a8", "M": 1, "status": "ok", "ms_median": 2.0,
+                "route_ms_median": 0.25, "check_rel_err": 0.016},
+               {"path": "int8_w8a8", "M": 16, "status": "skipped", "reason": "estimated 9s/call"},
+               {"path": "int4_amx_g32", "status": "build_failed", "error": "RuntimeError: no AMX"}"#,
+        );
+        match peer_cell(&r, "int8_w8a8", 1) {
+            PeerCell::Ran {
+                experts_ms,
+                rel_err,
+                ..
+            } => assert_eq!((experts_ms, rel_err), (1.75, Some(0.016))),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(
+            matches!(peer_cell(&r, "int8_w8a8", 16), PeerCell::Failed(s) if s.starts_with("skipped"))
+        );
+        assert!(
+            matches!(peer_cell(&r, "int4_amx_g32", 256), PeerCell::Failed(s) if s.contains("no AMX"))
+        );
+        assert!(matches!(peer_cell(&r, "bf16_amx", 1), PeerCell::Failed(_)));
+    }
+
+    #[test]
+    fn medians_and_targets() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0]), Some(2.5));
+        assert_eq!(median(Vec::new()), None);
+        assert_eq!(target_ms("mixtral-8x7b", 1024), Some(125.0));
+        assert_eq!(target_ms("custom", 1), None);
+    }
+
+    #[test]
+    fn nominal_bound_counts_int4_and_bf16_scales() {
+        let row = json::parse(
+            r#"{"shape": {"hidden": 2048, "intermediate": 768}, "experts_touched": 8}"#,
+        )
+        .expect("row parses");
+        // 8 experts x 3·2048·768 weights x 0.5625 B = 21.2 MB, / 28.8 GB/s.
+        let ms = nominal_bound_ms(&row).expect("bound");
+        assert!((ms - 0.7373).abs() < 1e-3, "{ms}");
+    }
+
+    #[test]
+    fn a_dead_peer_keeps_the_rows_its_log_shows() {
+        let log: Vec<String> = [
+            "[mixtral-8x7b int4_amx_g32] setup 9.1s",
+            "[mixtral-8x7b int4_amx_g32] check rel_err vs fp32 reference: 0.0234",
+            "[mixtral-8x7b int4_amx_g32 M=1]    84.000 ms       11.9 tok/s     2.42 GB/s",
+            "statistics.StatisticsError: no median for empty data",
+        ]
+        .map(String::from)
+        .to_vec();
+        let cells = cells_from_log(&log, "mixtral-8x7b", "int4_amx_g32", &[1, 1024], "exit 1");
+        assert!(matches!(
+            cells[0].1,
+            PeerCell::Ran { experts_ms, rel_err: Some(e), .. } if experts_ms == 84.0 && e == 0.0234
+        ));
+        assert!(matches!(&cells[1].1, PeerCell::Failed(r) if r == "exit 1"));
+    }
+
+    #[test]
+    fn signals_are_named() {
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(
+            describe_exit(ExitStatus::from_raw(4)),
+            "killed by SIGILL (signal 4)"
+        );
+        assert_eq!(describe_exit(ExitStatus::from_raw(1 << 8)), "exit status 1");
+    }
+}
