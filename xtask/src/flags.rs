@@ -26,7 +26,7 @@ Commands:
   fuzz [--seconds <n>] [--target <name>]...
       Replay the committed fuzz seeds and regressions (fuzz/), then run each cargo-fuzz
       target on nightly for n seconds (default 60): checkpoint_loader, config_parser,
-      packers. Installs cargo-fuzz when missing.
+      packers, marlin. Installs cargo-fuzz when missing.
   miri
       Run the scalar kernels', packers' and quantizers' tests under Miri on nightly
       (MOE_KERNELS_MAX_ISA=scalar). Installs the miri component when missing.
