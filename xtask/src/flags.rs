@@ -55,7 +55,7 @@ Commands:
       clippy, cargo doc (-D warnings), moe-kernels and moe-layer without default features,
       cargo package --list of the library crates, cargo test --workspace, test-x86-ladder,
       test-arm, cargo test --workspace again with RAYON_NUM_THREADS=1, fuzz --seconds 20
-      and miri.
+      (miri is run by hand).
   help
       Print this text.";
 
