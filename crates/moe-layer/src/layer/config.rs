@@ -4,7 +4,9 @@
 
 use moe_kernels::Activation;
 use moe_quant::DType;
-use moe_router::{Grouping, RoundingProfile, RouterConfig, ScalingPlacement, ScoringFunc};
+#[cfg(feature = "checkpoint")]
+use moe_router::{Grouping, ScalingPlacement, ScoringFunc};
+use moe_router::{RoundingProfile, RouterConfig};
 
 use crate::LayerError;
 
@@ -402,6 +404,7 @@ pub fn vllm_cpu_softmax_router(
 /// (DeepSeek's `n_group`/`topk_group`, top-2 group sums when the model has a correction
 /// bias), with the routed scaling factor applied to the weights as vLLM's grouped and biased
 /// routers do. The correction bias itself is a tensor, loaded later.
+#[cfg(feature = "checkpoint")]
 pub fn router_from_spec(
     routing: &crate::checkpoint::RoutingSpec,
     num_experts: usize,

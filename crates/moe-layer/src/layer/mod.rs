@@ -39,9 +39,9 @@ use moe_oracle::Selection;
 use moe_quant::DType;
 use moe_router::{IdsOut, Logits, Router, RouterScratch};
 
-pub use config::{
-    LayerQuant, MoeLayerConfig, SharedExperts, router_from_spec, vllm_cpu_softmax_router,
-};
+#[cfg(feature = "checkpoint")]
+pub use config::router_from_spec;
+pub use config::{LayerQuant, MoeLayerConfig, SharedExperts, vllm_cpu_softmax_router};
 pub use params::{ExpertShard, TensorData, TensorKind, TensorView};
 
 use crate::LayerError;
