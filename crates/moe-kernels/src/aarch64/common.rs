@@ -111,8 +111,10 @@ pub(super) unsafe fn w4a8_block_end<const R: usize, const ACC: bool>(
 ) {
     let w = job.w;
     let n_blocks = w.n_blocks();
-    let wsum = &w.panel_wsum(p)[b * PANEL..][..PANEL];
-    let scales = &w.panel_scales(p)[b * PANEL..][..PANEL];
+    // The weight sums come from the portable recount of the block's nibbles, which the tile
+    // has just streamed through L1 (see `PackedW4A8::block_wsum`).
+    let wsum = w.block_wsum(p, b);
+    let scales = w.block_scales(p, b);
     let ws: [int32x4_t; 4] = std::array::from_fn(|q| load_i32x4(&wsum[4 * q..]));
     let sc: [float32x4_t; 4] = std::array::from_fn(|q| load_f32x4(&scales[4 * q..]));
     for (r, (row_sums, row_acc)) in sums.iter().zip(acc_f.iter_mut()).enumerate() {

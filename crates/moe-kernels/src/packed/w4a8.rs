@@ -1,5 +1,5 @@
-//! The packed int4 weight format of the W4A8 GEMM: nibble panels, per-block weight sums and f32
-//! scales, built once from int4 values stored as i8.
+//! The packed int4 weight format of the W4A8 GEMM: nibble panels and per-block scales, built once
+//! from int4 values stored as i8.
 //!
 //! Layout (per matrix; `P = ceil(N/16)` panels, `Kp = K` rounded up to 8, `B` blocks per row):
 //!
@@ -7,12 +7,17 @@
 //!   channel `16p + j/4`, low nibble = `w[8s + j%4] + 8`, high nibble = `w[8s + 4 + j%4] + 8`.
 //!   Unpacking the low nibbles of 64 bytes therefore gives the `vpdpbusd` operand for K values
 //!   `8s..8s+4` of 16 channels, the high nibbles the one for `8s+4..8s+8`.
-//! - `wsum[(p·B + b)·16 + c]`: `Σ_{k∈b} w` of channel `16p + c`, so kernels that take the
-//!   activations as `u8 = q + 128` can subtract `(128 + zp)·Σw` per block and stay exact.
-//! - `scales[(p·B + b)·16 + c]`: the f32 scale (bf16 group scales widen exactly).
+//! - `scales[(p·B + b)·16 + c]`: the scale of channel `16p + c` in block `b`, kept as the caller
+//!   gave it: bf16 for group scales (they widen to f32 exactly), f32 for channelwise ones.
 //! - `bias[16p + c]` when present.
 //!
-//! Channels past `N` and K values past `K` are zero weights with zero scale, sum and bias.
+//! Channels past `N` and K values past `K` are zero weights with zero scale and bias.
+//!
+//! Decode streams every byte of this format from DRAM once per call, so it holds nothing that
+//! can be derived: the per-block weight sums `Σw` that the zero-point correction needs are
+//! recomputed by the kernels from the nibbles they already have in registers (`block_wsum` is
+//! the portable form). At group size 32 that is 0.5625 bytes per
+//! weight, the size of the checkpoint's own int4 codes and bf16 scales.
 
 use half::bf16;
 
@@ -25,8 +30,15 @@ pub(crate) const K_STEP: usize = 8;
 /// Largest supported K: int32 block sums stay exact while `K·255·8 < 2^31` (spec §4.6).
 pub const MAX_K: usize = (1 << 20) - 1;
 
-/// Looks up the f32 scale of (row, block) in the caller's scales while packing.
-type BlockScale<'a> = Box<dyn Fn(usize, usize) -> f32 + 'a>;
+/// Looks up the scale of (row, block) in the caller's scales while packing.
+type BlockScale<'a> = Box<dyn Fn(usize, usize) -> Scale + 'a>;
+
+/// One caller scale, in its own precision.
+#[derive(Clone, Copy)]
+enum Scale {
+    Bf16(bf16),
+    F32(f32),
+}
 
 /// The weight scales of a W4A8 matrix, as the spec stores them (§4.3).
 #[derive(Debug, Clone, Copy)]
@@ -55,9 +67,18 @@ pub struct PackedW4A8 {
     n_blocks: usize,
     n_panels: usize,
     nibbles: Vec<u8>,
-    wsum: Vec<i32>,
-    scales: Vec<f32>,
+    scales: BlockScales,
     bias: Option<Vec<f32>>,
+}
+
+/// Per-block scales in the precision they arrived in, `[n_panels][n_blocks][16]`.
+#[derive(Debug, Clone)]
+enum BlockScales {
+    /// Group scales: bf16 in the checkpoint, so storing them as bf16 loses nothing and halves
+    /// the scale bytes streamed per call.
+    Bf16(Vec<bf16>),
+    /// Channelwise f32 scales (one block per channel, so their size does not matter).
+    F32(Vec<f32>),
 }
 
 impl PackedW4A8 {
@@ -96,11 +117,11 @@ impl PackedW4A8 {
             check_len("bias", n, b.len())?;
         }
 
-        // Resolve the grouping to (group size if grouped, per-block f32 scale lookup).
+        // Resolve the grouping to (group size if grouped, per-block scale lookup).
         let (group_size, block_scale): (Option<usize>, BlockScale<'_>) = match scales {
             W4A8Scales::Channelwise(s) => {
                 check_len("scales", n, s.len())?;
-                (None, Box::new(move |row, _| s[row]))
+                (None, Box::new(move |row, _| Scale::F32(s[row])))
             }
             W4A8Scales::Grouped {
                 group_size,
@@ -112,7 +133,7 @@ impl PackedW4A8 {
                 let per_row = k / group_size;
                 check_len("scales", n * per_row, s.len())?;
                 let g = (group_size < k).then_some(group_size);
-                (g, Box::new(move |row, b| s[row * per_row + b].to_f32()))
+                (g, Box::new(move |row, b| Scale::Bf16(s[row * per_row + b])))
             }
         };
         if group_size.is_none() && !k.is_multiple_of(2) {
@@ -137,8 +158,11 @@ impl PackedW4A8 {
         };
 
         let mut nibbles = vec![0u8; n_panels * steps * STEP_BYTES];
-        let mut wsum = vec![0i32; n_panels * n_blocks * PANEL];
-        let mut block_scales = vec![0f32; n_panels * n_blocks * PANEL];
+        let n_scales = n_panels * n_blocks * PANEL;
+        let mut block_scales = match group_size {
+            Some(_) => BlockScales::Bf16(vec![bf16::ZERO; n_scales]),
+            None => BlockScales::F32(vec![0.0; n_scales]),
+        };
         for p in 0..n_panels {
             for s in 0..steps {
                 let chunk = &mut nibbles[(p * steps + s) * STEP_BYTES..][..STEP_BYTES];
@@ -156,10 +180,15 @@ impl PackedW4A8 {
                         continue;
                     }
                     let at = (p * n_blocks + b) * PANEL + c;
-                    wsum[at] = (b * block_len..(b + 1) * block_len)
-                        .map(|col| i32::from(weight(row, col)))
-                        .sum();
-                    block_scales[at] = block_scale(row, b);
+                    match (&mut block_scales, block_scale(row, b)) {
+                        (BlockScales::Bf16(v), Scale::Bf16(x)) => v[at] = x,
+                        (BlockScales::F32(v), Scale::F32(x)) => v[at] = x,
+                        // `group_size == K` keeps bf16 group scales channelwise: widen exactly.
+                        (BlockScales::F32(v), Scale::Bf16(x)) => v[at] = x.to_f32(),
+                        (BlockScales::Bf16(_), Scale::F32(_)) => {
+                            unreachable!("f32 scales are channelwise, which stores f32")
+                        }
+                    }
                 }
             }
         }
@@ -177,7 +206,6 @@ impl PackedW4A8 {
             n_blocks,
             n_panels,
             nibbles,
-            wsum,
             scales: block_scales,
             bias,
         })
@@ -208,10 +236,13 @@ impl PackedW4A8 {
         self.n_blocks
     }
 
-    /// Bytes of packed data (nibbles, sums, scales, bias).
+    /// Bytes of packed data (nibbles, scales, bias).
     pub fn packed_bytes(&self) -> usize {
-        self.nibbles.len()
-            + 4 * (self.wsum.len() + self.scales.len() + self.bias.as_ref().map_or(0, Vec::len))
+        let scales = match &self.scales {
+            BlockScales::Bf16(v) => 2 * v.len(),
+            BlockScales::F32(v) => 4 * v.len(),
+        };
+        self.nibbles.len() + scales + 4 * self.bias.as_ref().map_or(0, Vec::len)
     }
 
     /// Rebuilds the `[N, K]` int4 values: the inverse of [`PackedW4A8::pack`] for the weights,
@@ -252,14 +283,45 @@ impl PackedW4A8 {
         &self.nibbles[p * len..][..len]
     }
 
-    /// The weight sums of panel `p`: `[n_blocks][16]`.
-    pub(crate) fn panel_wsum(&self, p: usize) -> &[i32] {
-        &self.wsum[p * self.n_blocks * PANEL..][..self.n_blocks * PANEL]
+    /// The f32 scales of block `b` of panel `p`, widened from bf16 where stored so (exact).
+    #[inline(always)]
+    pub(crate) fn block_scales(&self, p: usize, b: usize) -> [f32; PANEL] {
+        let at = (p * self.n_blocks + b) * PANEL;
+        match &self.scales {
+            BlockScales::Bf16(v) => {
+                let v: &[bf16; PANEL] = v[at..][..PANEL].try_into().unwrap();
+                let mut out = [0f32; PANEL];
+                for (o, x) in out.iter_mut().zip(v) {
+                    *o = f32::from_bits(u32::from(x.to_bits()) << 16);
+                }
+                out
+            }
+            BlockScales::F32(v) => v[at..][..PANEL].try_into().unwrap(),
+        }
     }
 
-    /// The scales of panel `p`: `[n_blocks][16]`.
-    pub(crate) fn panel_scales(&self, p: usize) -> &[f32] {
-        &self.scales[p * self.n_blocks * PANEL..][..self.n_blocks * PANEL]
+    /// `Σ_{k∈b} w` of the 16 channels of block `b` of panel `p`, recomputed from the nibbles:
+    /// the portable form of what the SIMD tiles accumulate alongside their dot products.
+    /// Padding K values are code 8 (weight 0), so they add nothing.
+    #[cfg(any(test, target_arch = "aarch64"))]
+    #[inline(always)]
+    pub(crate) fn block_wsum(&self, p: usize, b: usize) -> [i32; PANEL] {
+        let steps_per_block = self.block_len / K_STEP;
+        let nibbles = &self.panel_nibbles(p)[b * steps_per_block * STEP_BYTES..]
+            [..steps_per_block * STEP_BYTES];
+        // Σ of the codes fits u32 for any block (at most 2^17 steps of 8 codes ≤ 15 per channel).
+        let mut codes = [0u32; PANEL];
+        for step in nibbles.as_chunks::<STEP_BYTES>().0 {
+            for (c, quad) in step.as_chunks::<4>().0.iter().enumerate() {
+                let q = u32::from_le_bytes(*quad);
+                let lo = q & 0x0F0F_0F0F;
+                let hi = (q >> 4) & 0x0F0F_0F0F;
+                // Bytes of `lo + hi` are ≤ 30: summing the four bytes cannot carry.
+                codes[c] += (lo + hi).wrapping_mul(0x0101_0101) >> 24;
+            }
+        }
+        let bias = 8 * self.block_len as i64;
+        codes.map(|sum| (i64::from(sum) - bias) as i32)
     }
 
     /// The bias of panel `p`: 16 values, if any.
@@ -299,6 +361,60 @@ mod tests {
             }
             .unwrap();
             assert_eq!(packed.unpack_int4(), w, "n={n} k={k} g={g:?}");
+        }
+    }
+
+    #[test]
+    fn block_sums_and_scales_match_the_inputs() {
+        let mut rng = SplitMix64::new(11);
+        for &(n, k, g) in &[
+            (1, 2, None),
+            (17, 70, None),
+            (33, 96, Some(32)),
+            (5, 256, Some(128)),
+        ] {
+            let w: Vec<i8> = (0..n * k).map(|_| rng.range_i64(-8, 7) as i8).collect();
+            let blocks = g.map_or(1, |g| k / g);
+            let s: Vec<bf16> = (0..n * blocks)
+                .map(|_| bf16::from_f32(rng.range_i64(1, 1000) as f32 / 64.0))
+                .collect();
+            let cs: Vec<f32> = (0..n).map(|i| 0.1 + i as f32 / 3.0).collect();
+            let packed = match g {
+                None => PackedW4A8::pack(n, k, &w, W4A8Scales::Channelwise(&cs), None),
+                Some(group_size) => {
+                    let scales = W4A8Scales::Grouped {
+                        group_size,
+                        scales: &s,
+                    };
+                    PackedW4A8::pack(n, k, &w, scales, None)
+                }
+            }
+            .unwrap();
+            let len = g.unwrap_or(k);
+            for row in 0..packed.n_panels() * PANEL {
+                let (p, c) = (row / PANEL, row % PANEL);
+                for b in 0..packed.n_blocks() {
+                    let expected: i32 = if row < n {
+                        w[row * k + b * len..][..len]
+                            .iter()
+                            .map(|&v| i32::from(v))
+                            .sum()
+                    } else {
+                        0
+                    };
+                    assert_eq!(
+                        packed.block_wsum(p, b)[c],
+                        expected,
+                        "n={n} k={k} row={row}"
+                    );
+                    let scale = match (row < n, g) {
+                        (false, _) => 0.0,
+                        (true, None) => cs[row],
+                        (true, Some(_)) => s[row * blocks + b].to_f32(),
+                    };
+                    assert_eq!(packed.block_scales(p, b)[c], scale);
+                }
+            }
         }
     }
 
@@ -381,7 +497,7 @@ mod tests {
         .unwrap();
         assert_eq!(p.group_size(), None);
         assert_eq!(p.n_blocks(), 1);
-        assert_eq!(p.panel_scales(0)[..2], [0.5, 0.5]);
-        assert_eq!(p.panel_wsum(0)[..3], [64, 64, 0]);
+        assert_eq!(p.block_scales(0, 0)[..2], [0.5, 0.5]);
+        assert_eq!(p.block_wsum(0, 0)[..3], [64, 64, 0]);
     }
 }

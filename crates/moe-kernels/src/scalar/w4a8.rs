@@ -94,7 +94,6 @@ impl W4A8Microkernel for Scalar {
         let w = job.w;
         let (k_pad, block_len, n_blocks) = (w.k_pad(), w.block_len(), w.n_blocks());
         let nibbles = w.panel_nibbles(p);
-        let scales = w.panel_scales(p);
         let a = &job.a[m0 * k_pad..][..k_pad];
         let zp = job.row_corr[m0];
         let mut acc_f = [0f32; PANEL];
@@ -120,8 +119,9 @@ impl W4A8Microkernel for Scalar {
                     }
                 }
                 W4A8Out::Values { .. } => {
+                    let scales = w.block_scales(p, b);
                     for c in 0..PANEL {
-                        acc_f[c] += acc[c] as f32 * scales[b * PANEL + c];
+                        acc_f[c] += acc[c] as f32 * scales[c];
                     }
                 }
             }

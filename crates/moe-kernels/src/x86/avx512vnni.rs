@@ -3,8 +3,10 @@
 //!
 //! W4A8: each 64-byte packed step yields two s8 weight vectors (low nibbles: K values 0..4 of
 //! the step, high nibbles: 4..8, each minus 8); each row broadcasts its matching 4 activation
-//! bytes. After a scale block, `acc_i = acc − (128 + zp)·Σw` is exact and the f32 epilogue runs
-//! in the reference order (no FMA), so outputs equal the scalar reference bit for bit.
+//! bytes. The block's weight sums `Σw` come from one more `vpdpbusd` per step, of the byte sums
+//! `lo + hi` with a vector of ones, shared by all rows of the tile. After a scale block,
+//! `acc_i = acc − (128 + zp)·Σw` is exact and the f32 epilogue runs in the reference order (no
+//! FMA), so outputs equal the scalar reference bit for bit.
 //! W8A8: one weight vector per 4 K values; `acc − 128·Σw` is `Σ q·w` exactly.
 
 // Register arrays are indexed by row in lockstep; index loops read clearer than zips here.
@@ -67,7 +69,6 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
     let w = job.w;
     let (k_pad, steps_per_block, n_blocks) = (w.k_pad(), w.block_len() / 8, w.n_blocks());
     let nibbles = w.panel_nibbles(p);
-    let (wsum, scales) = (w.panel_wsum(p), w.panel_scales(p));
     // Steps as fixed-size chunks, so the inner loop indexes arrays with one proven bound.
     let (weight_steps, _) = nibbles.as_chunks::<64>();
     let mut row_steps: [&[[u8; 8]]; R] = [&[]; R];
@@ -76,6 +77,7 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
     }
     let mask = _mm512_set1_epi8(0x0F);
     let eight = _mm512_set1_epi8(8);
+    let ones = _mm512_set1_epi8(1);
     let mut acc_f = [_mm512_setzero_ps(); R];
     for b in 0..n_blocks {
         let steps = b * steps_per_block..(b + 1) * steps_per_block;
@@ -91,11 +93,14 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
         // chain, which matters when few rows share a weight vector.
         let mut acc_lo = [_mm512_setzero_si512(); R];
         let mut acc_hi = [_mm512_setzero_si512(); R];
+        let mut ws = _mm512_setzero_si512();
         for (i, w_step) in w_block.iter().enumerate() {
             prefetch_ahead(w_step);
             let v = load_bytes(w_step);
             let lo = _mm512_sub_epi8(_mm512_and_si512(v, mask), eight);
             let hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16::<4>(v), mask), eight);
+            // `lo + hi` lies in [-16, 14]: one byte, so one dot with ones sums both halves.
+            ws = _mm512_dpbusd_epi32(ws, ones, _mm512_add_epi8(lo, hi));
             for r in 0..R {
                 let a = &a_block[r][i];
                 let a_lo = _mm512_set1_epi32(i32::from_le_bytes([a[0], a[1], a[2], a[3]]));
@@ -110,8 +115,7 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
         for r in 0..R {
             acc[r] = _mm512_add_epi32(acc_lo[r], acc_hi[r]);
         }
-        let ws = load_i32(wsum[b * PANEL..][..PANEL].try_into().unwrap());
-        let sc = load_f32(scales[b * PANEL..][..PANEL].try_into().unwrap());
+        let sc = load_f32(&w.block_scales(p, b));
         for r in 0..R {
             let corr = _mm512_set1_epi32(job.row_corr[m0 + r]);
             let acc_i = _mm512_sub_epi32(acc[r], _mm512_mullo_epi32(corr, ws));

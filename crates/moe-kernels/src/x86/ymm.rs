@@ -77,7 +77,6 @@ macro_rules! ymm_kernels {
             let w = job.w;
             let (k_pad, steps_per_block, n_blocks) = (w.k_pad(), w.block_len() / 8, w.n_blocks());
             let nibbles = w.panel_nibbles(p);
-            let (wsum, scales) = (w.panel_wsum(p), w.panel_scales(p));
             let (weight_steps, _) = nibbles.as_chunks::<64>();
             // Loops, not `array::from_fn`: closures do not inherit `#[target_feature]`, so
             // vectors built in one would travel through memory.
@@ -87,6 +86,8 @@ macro_rules! ymm_kernels {
             }
             let mask = _mm256_set1_epi8(0x0F);
             let eight = _mm256_set1_epi8(8);
+            // The block's weight sums are the dot of the weights with a virtual row of ones.
+            let ones = _mm256_set1_epi8(1);
             let mut acc_f = [[_mm256_setzero_ps(); 2]; R];
             for b in 0..n_blocks {
                 let steps = b * steps_per_block..(b + 1) * steps_per_block;
@@ -99,6 +100,7 @@ macro_rules! ymm_kernels {
                     assert_eq!(a.len(), w_block.len());
                 }
                 let mut acc = [[_mm256_setzero_si256(); 2]; R];
+                let mut wsum = [_mm256_setzero_si256(); 2];
                 for (i, w_step) in w_block.iter().enumerate() {
                     let halves = w_step.as_chunks::<32>().0;
                     let mut a_lo = [_mm256_setzero_si256(); R];
@@ -118,11 +120,13 @@ macro_rules! ymm_kernels {
                         for r in 0..R {
                             acc[r][h] = w4_dot(acc[r][h], a_lo[r], lo, a_hi[r], hi);
                         }
+                        wsum[h] = w4_dot(wsum[h], ones, lo, ones, hi);
                     }
                 }
+                let block_scales = w.block_scales(p, b);
                 for h in 0..2 {
-                    let ws = load_i32(wsum[b * PANEL + 8 * h..][..8].try_into().unwrap());
-                    let sc = load_f32(scales[b * PANEL + 8 * h..][..8].try_into().unwrap());
+                    let ws = wsum[h];
+                    let sc = load_f32(block_scales[8 * h..][..8].try_into().unwrap());
                     for r in 0..R {
                         let corr = _mm256_set1_epi32(job.row_corr[m0 + r]);
                         let acc_i = _mm256_sub_epi32(acc[r][h], _mm256_mullo_epi32(corr, ws));

@@ -27,16 +27,20 @@ pub(crate) fn chunk_len(block_len: usize) -> usize {
 }
 
 /// Widens the packed steps `steps` (K values `8i..8i+8` each) into B rows `2i` (low nibbles)
-/// and `2i + 1` (high nibbles), minus 8; rows past them up to `rows` become zero.
-#[target_feature(enable = "avx512f,avx512bw")]
-fn widen_chunk(steps: &[[u8; STEP_BYTES]], rows: usize, b: &mut TileBuf) {
+/// and `2i + 1` (high nibbles), minus 8; rows past them up to `rows` become zero. Adds the
+/// 16 channels' weight sums over these steps to `wsum`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+fn widen_chunk(steps: &[[u8; STEP_BYTES]], rows: usize, b: &mut TileBuf, wsum: &mut __m512i) {
     let mask = _mm512_set1_epi8(0x0F);
     let eight = _mm512_set1_epi8(8);
+    let ones = _mm512_set1_epi8(1);
     for (i, step) in steps.iter().enumerate() {
         // SAFETY: `step` is 64 readable bytes; the load is unaligned.
         let v = unsafe { _mm512_loadu_si512(step.as_ptr().cast()) };
         let lo = _mm512_sub_epi8(_mm512_and_si512(v, mask), eight);
         let hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16::<4>(v), mask), eight);
+        // `lo + hi` lies in [-16, 14], so one dot with ones adds both halves exactly.
+        *wsum = _mm512_dpbusd_epi32(*wsum, ones, _mm512_add_epi8(lo, hi));
         let (row_lo, rest) = b.0[2 * i..].split_first_mut().expect("16 B rows");
         let row_hi = &mut rest[0];
         // SAFETY: `row_lo` is 64 writable bytes we borrow mutably; the store is unaligned.
@@ -69,7 +73,6 @@ pub(crate) unsafe fn w4a8_rows<U: TileUnit>(
     let (k_pad, block_len, n_blocks) = (w.k_pad(), w.block_len(), w.n_blocks());
     let chunk = chunk_len(block_len);
     let (steps, _) = w.panel_nibbles(p).as_chunks::<STEP_BYTES>();
-    let (wsum, scales) = (w.panel_wsum(p), w.panel_scales(p));
     let groups = mr.div_ceil(TILE_ROWS);
     debug_assert!(groups <= C_TILES);
 
@@ -82,12 +85,14 @@ pub(crate) unsafe fn w4a8_rows<U: TileUnit>(
         unsafe { zero_c(unit, groups) };
         let block_end = (b + 1) * block_len;
         let mut k0 = b * block_len;
+        let mut ws = _mm512_setzero_si512();
         while k0 < block_end {
             let len = chunk.min(block_end - k0);
             widen_chunk(
                 &steps[k0 / K_STEP..(k0 + len) / K_STEP],
                 chunk / 4,
                 &mut b_buf,
+                &mut ws,
             );
             // SAFETY: `b_buf` holds 16 rows of 64 readable bytes at stride 64; configured unit.
             unsafe { unit.load::<TILE_B>(b_buf.0.as_ptr().cast(), TILE_MAX_COLSB) };
@@ -111,10 +116,9 @@ pub(crate) unsafe fn w4a8_rows<U: TileUnit>(
         // SAFETY: configured unit (our contract).
         unsafe { store_c(unit, groups, &mut acc) };
 
-        // SAFETY: 16 readable i32 / f32 at each of these in-bounds slices; unaligned loads.
-        let ws = unsafe { _mm512_loadu_si512(wsum[b * PANEL..][..PANEL].as_ptr().cast()) };
-        // SAFETY: as above.
-        let sc = unsafe { _mm512_loadu_ps(scales[b * PANEL..][..PANEL].as_ptr()) };
+        let block_scales = w.block_scales(p, b);
+        // SAFETY: 16 readable f32 in a local array; unaligned load.
+        let sc = unsafe { _mm512_loadu_ps(block_scales.as_ptr()) };
         for r in 0..mr {
             // SAFETY: row `r` of `acc` is 16 readable i32.
             let c = unsafe { _mm512_load_si512(acc.0[r].as_ptr().cast()) };
