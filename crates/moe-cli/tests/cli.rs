@@ -203,6 +203,38 @@ fn bench_at_a_tiny_shape_reports_every_batch_size() {
     }
 }
 
+#[test]
+fn bench_w8a8_reads_about_twice_the_bytes_of_w4a8() {
+    let run = |format: &str| {
+        moe_json(&[
+            "bench",
+            "--json",
+            "--format",
+            format,
+            "--shape",
+            "e8-k2-h128-i64",
+            "--batch-sizes",
+            "1",
+            "--min-bytes",
+            "1M",
+            "--iters",
+            "3",
+        ])
+    };
+    let (w4, w8) = (run("w4a8"), run("w8a8"));
+    assert_eq!(w4["format"], "w4a8");
+    assert_eq!(w8["format"], "w8a8");
+    // Per expert and weight: W4A8 group 32 is 0.5625 B, W8A8 1 B plus 8 B per channel.
+    let per_expert = |v: &serde_json::Value| {
+        let row = &v["rows"][0];
+        row["bytes_touched"].as_f64().unwrap() / row["experts_touched"].as_f64().unwrap()
+    };
+    let weights = (3 * 128 * 64) as f64;
+    assert_eq!(per_expert(&w4), weights * 0.5625);
+    assert_eq!(per_expert(&w8), weights + 8.0 * (2 * 64 + 128) as f64);
+    assert!(w8["rows"][0]["ms_per_call"].as_f64().unwrap() > 0.0);
+}
+
 /// Asserts a failing run with a message on stderr and no panic.
 fn assert_clean_failure(args: &[&str], needle: &str) {
     let out = moe(args);

@@ -1,15 +1,17 @@
-//! `moe bench`: times the fused W4A8 pipeline (group 32) on standard MoE shapes with uniform
-//! random routing, cycling through enough independent copies of the layer that the weights
-//! cannot stay in the caches, and relates each time to this machine's DRAM bound.
+//! `moe bench`: times the fused W4A8 pipeline (group 32) or, with `--format w8a8`, the W8A8 one
+//! (int8 per channel) on standard MoE shapes with uniform random routing, cycling through
+//! enough independent copies of the layer that the weights cannot stay in the caches, and
+//! relates each time to this machine's DRAM bound.
 //!
-//! Weights are random int4 codes and scales drawn directly (values do not change the work), and
+//! Weights are random codes and scales drawn directly (values do not change the work), and
 //! the copies are clones of one packed layer in separate allocations: what defeats the caches
 //! is distinct memory, not distinct values.
 
 use std::collections::HashSet;
 use std::time::Instant;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
+use moe_kernels::moe::ExpertMatrix;
 use moe_kernels::{MoeInput, Par, kernels};
 use serde::Serialize;
 
@@ -75,9 +77,32 @@ fn parse_shape(text: &str) -> Result<BenchShape, String> {
     Ok(make(text, dims))
 }
 
+/// The expert weight format a benchmark runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BenchFormat {
+    /// Int4 weights with bf16 group scales, int8 asymmetric per-token activations.
+    W4a8,
+    /// Int8 weights with per-channel scales, int8 symmetric per-token activations.
+    W8a8,
+}
+
+impl BenchFormat {
+    /// How the report names the format.
+    fn describe(self, group_size: usize) -> String {
+        match self {
+            Self::W4a8 => format!("W4A8 (int4 groups of {group_size})"),
+            Self::W8a8 => "W8A8 (int8 per channel)".to_string(),
+        }
+    }
+}
+
 /// Options of `moe bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
+    /// Expert weight format.
+    #[arg(long, value_enum, default_value = "w4a8")]
+    pub format: BenchFormat,
     /// Shapes to run (standard names or eE-kK-hH-iI), comma-separated; default: all standard.
     #[arg(long, value_delimiter = ',', value_parser = parse_shape)]
     pub shape: Vec<BenchShape>,
@@ -90,7 +115,7 @@ pub struct BenchArgs {
     /// Least total bytes of distinct packed weights to cycle through (K, M, G suffixes).
     #[arg(long, default_value = "2G", value_parser = parse_bytes)]
     pub min_bytes: u64,
-    /// Int4 group size.
+    /// Int4 group size (W4A8 only).
     #[arg(long, default_value_t = 32)]
     pub group_size: usize,
     /// Worker threads (0 = available parallelism).
@@ -104,6 +129,8 @@ pub struct BenchArgs {
 /// The report, as printed with `--json`.
 #[derive(Debug, Serialize)]
 pub struct BenchReport {
+    /// The expert weight format.
+    pub format: BenchFormat,
     /// Worker threads.
     pub threads: usize,
     /// The DRAM bandwidth the bound assumes, bytes per second.
@@ -182,8 +209,8 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
     let isa = kernels().isa().name();
     if !out.json {
         println!(
-            "moe bench: fused W4A8 MoE (int4 groups of {}), uniform random routing, {threads} threads, rung {isa}",
-            args.group_size
+            "moe bench: fused {} MoE, uniform random routing, {threads} threads, rung {isa}",
+            args.format.describe(args.group_size)
         );
         println!(
             "  cycling through >= {:.0} MiB of distinct weights; DRAM bound = bytes / {:.1} GB/s (limits.md, this machine class, 2 threads)",
@@ -202,6 +229,7 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
     }
     if out.json {
         out.print_json(&BenchReport {
+            format: args.format,
             threads,
             dram_bytes_per_s: DRAM_BYTES_PER_S,
             isa,
@@ -211,7 +239,7 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Generates one shape's layer copies and measures every batch size.
+/// Generates one shape's layer in the requested format and measures it.
 fn bench_shape(
     args: &BenchArgs,
     shape: &BenchShape,
@@ -232,8 +260,29 @@ fn bench_shape(
         group_size: args.group_size,
     };
     let bar = out.progress(e as u64, &format!("{}: packing", shape.name));
-    let layer = pool.install(|| synth::random_codes_layer(layer_shape, args.seed, &bar))?;
-    bar.finish_and_clear();
+    match args.format {
+        BenchFormat::W4a8 => {
+            let layer = pool.install(|| synth::random_codes_layer(layer_shape, args.seed, &bar))?;
+            bar.finish_and_clear();
+            measure_layer(args, shape, layer, pool, out)
+        }
+        BenchFormat::W8a8 => {
+            let layer = pool.install(|| synth::random_int8_layer(layer_shape, args.seed, &bar))?;
+            bar.finish_and_clear();
+            measure_layer(args, shape, layer, pool, out)
+        }
+    }
+}
+
+/// Cycles copies of `layer` and measures every batch size.
+fn measure_layer<W: ExpertMatrix + Clone>(
+    args: &BenchArgs,
+    shape: &BenchShape,
+    layer: synth::SynthLayer<W>,
+    pool: &rayon::ThreadPool,
+    out: Output,
+) -> Result<Vec<BenchRow>, CliError> {
+    let (e, k, h, i) = (shape.experts, shape.top_k, shape.hidden, shape.intermediate);
     let layer_bytes = (layer.expert_bytes * e) as u64;
     let copies = args.min_bytes.div_ceil(layer_bytes.max(1)).max(1) as usize;
     let bar = out.progress(copies as u64, &format!("{}: copying layer", shape.name));

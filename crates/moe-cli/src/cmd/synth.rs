@@ -1,16 +1,19 @@
 //! Seeded synthetic MoE layers: random expert weights quantized to int4 in groups and packed
-//! into a [`FusedMoe<PackedW4A8>`], with a progress bar per expert.
+//! into a [`FusedMoe<PackedW4A8>`] (or int8 per channel, for the W8A8 benchmark), with a
+//! progress bar per expert.
 //!
-//! Two generators: [`normal_layer`] draws f32 weights (normal · 0.02, like a freshly
+//! Three generators: [`normal_layer`] draws f32 weights (normal · 0.02, like a freshly
 //! initialised model), quantizes them the way compressed-tensors does and keeps the bf16
 //! scales for the f32 reference; [`random_codes_layer`] draws int4 codes and scales directly,
-//! which is all a benchmark needs and much faster for gigabytes of weights.
+//! which is all a benchmark needs and much faster for gigabytes of weights;
+//! [`random_int8_layer`] does the same for int8 codes with per-channel scales.
 
 use half::bf16;
 use indicatif::ProgressBar;
+use moe_kernels::moe::ExpertMatrix;
 use moe_kernels::{
-    Activation, ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, PackedW4A8, W4A8Scales,
-    kernels,
+    Activation, ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, PackedW4A8, PackedW8A8,
+    W4A8Scales, kernels,
 };
 use moe_quant::quantize_int4_grouped;
 use rayon::prelude::*;
@@ -126,11 +129,11 @@ pub struct ExpertQuant<'a> {
     pub w2_scales: &'a [f32],
 }
 
-/// A packed synthetic layer.
+/// A packed synthetic layer (W4A8 unless said otherwise).
 #[derive(Debug)]
-pub struct SynthLayer {
+pub struct SynthLayer<W = PackedW4A8> {
     /// The layer, ready to apply.
-    pub moe: FusedMoe<PackedW4A8>,
+    pub moe: FusedMoe<W>,
     /// Packed bytes of one expert (gate/up plus down): the memory a call reads per expert.
     pub expert_bytes: usize,
 }
@@ -184,14 +187,13 @@ fn config(shape: LayerShape) -> FusedMoeConfig {
     }
 }
 
-/// Builds the layer from per-expert `(w13, w2, scales)` triples.
-fn assemble(
+/// Builds the layer from per-expert `(w13, w2)` pairs; `bytes` measures one packed matrix.
+fn assemble<W: ExpertMatrix>(
     shape: LayerShape,
-    experts: Vec<(PackedW4A8, PackedW4A8)>,
-) -> Result<SynthLayer, CliError> {
-    let expert_bytes = experts
-        .first()
-        .map_or(0, |(a, b)| a.packed_bytes() + b.packed_bytes());
+    experts: Vec<(W, W)>,
+    bytes: impl Fn(&W) -> usize,
+) -> Result<SynthLayer<W>, CliError> {
+    let expert_bytes = experts.first().map_or(0, |(a, b)| bytes(a) + bytes(b));
     let (w13, w2): (Vec<_>, Vec<_>) = experts.into_iter().unzip();
     let weights = ExpertWeights {
         w13,
@@ -239,7 +241,7 @@ pub fn normal_layer<T: Send>(
         })
         .collect::<Result<Vec<_>, CliError>>()?;
     let (packed, seen): (Vec<_>, Vec<_>) = experts.into_iter().unzip();
-    Ok((assemble(shape, packed)?, seen))
+    Ok((assemble(shape, packed, PackedW4A8::packed_bytes)?, seen))
 }
 
 /// Random int4 codes and bf16 scales for an `[n, k]` matrix, packed.
@@ -276,7 +278,43 @@ pub fn random_codes_layer(
             Ok((p13, p2))
         })
         .collect::<Result<Vec<_>, CliError>>()?;
-    assemble(shape, experts)
+    assemble(shape, experts, PackedW4A8::packed_bytes)
+}
+
+/// An `[n, k]` matrix of uniformly random int8 codes in `[-127, 127]` (spec §5.1's range) with
+/// per-channel scales in `[0.5, 1.5) / 127`.
+fn random_int8_packed(rng: &mut Rng, n: usize, k: usize) -> Result<PackedW8A8, CliError> {
+    let codes: Vec<i8> = (0..n * k).map(|_| (rng.below(255) as i32 - 127) as i8).collect();
+    let scales: Vec<f32> = (0..n).map(|_| (0.5 + rng.unit()) / 127.0).collect();
+    PackedW8A8::pack(n, k, &codes, &scales)
+        .map_err(|e| CliError::context("packing expert weights", e))
+}
+
+/// A W8A8 layer of uniformly random int8 codes with per-channel scales (the online int8
+/// scheme, spec §5); `shape.group_size` is not used. Experts are built in parallel on the
+/// current rayon pool, ticking `bar` once per expert.
+pub fn random_int8_layer(
+    shape: LayerShape,
+    seed: u64,
+    bar: &ProgressBar,
+) -> Result<SynthLayer<PackedW8A8>, CliError> {
+    let (h, i) = (shape.hidden, shape.intermediate);
+    if shape.experts == 0 || h == 0 || i == 0 {
+        return Err(CliError(
+            "--experts, --hidden and --intermediate must be positive".into(),
+        ));
+    }
+    let experts = (0..shape.experts)
+        .into_par_iter()
+        .map(|e| {
+            let mut rng = Rng::stream(seed, e as u64);
+            let p13 = random_int8_packed(&mut rng, 2 * i, h)?;
+            let p2 = random_int8_packed(&mut rng, h, i)?;
+            bar.inc(1);
+            Ok((p13, p2))
+        })
+        .collect::<Result<Vec<_>, CliError>>()?;
+    assemble(shape, experts, PackedW8A8::packed_bytes)
 }
 
 #[cfg(test)]

@@ -94,6 +94,11 @@ impl PackedW8A8 {
         self.k
     }
 
+    /// Bytes of packed data (weights, per-channel sums and scales): what a call streams.
+    pub fn packed_bytes(&self) -> usize {
+        self.bytes.len() + 4 * (self.wsum.len() + self.scales.len())
+    }
+
     /// Rebuilds the `[N, K]` weights (inverse of [`PackedW8A8::pack`]), for tests and tools.
     pub fn unpack_int8(&self) -> Vec<i8> {
         let steps = self.k_pad / K_STEP;
