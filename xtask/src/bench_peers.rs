@@ -848,8 +848,8 @@ fn render_table(
         "\nours = `moe bench` (W4A8, int4 groups of 32, bf16 scales; weights cycled beyond the caches), \
          median over rounds of the median of {iters} calls.\nbound = the touched experts' int4 weights \
          and bf16 group scales (0.5625 B per weight) / 28.8 GB/s; packed = the same for the bytes our \
-         packed layout reads (f32 scale and i32 code sum per 32 weights: 0.75 B per weight), \
-         moe bench's own bound; target = issue 8.\npeer = bench_vllm_cpu.py, experts stage (its \
+         packed layout reads, moe bench's own bound (0.5625 B per weight from commit 2c99c28 on; \
+         0.75 B before, with an f32 scale and an i32 code sum per 32 weights); target = issue 8.\npeer = bench_vllm_cpu.py, experts stage (its \
          routing median subtracted), median over rounds; peer/ours > 1 means ours is faster.\n\n\
          peer paths:"
     )

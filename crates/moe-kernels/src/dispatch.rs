@@ -41,6 +41,8 @@ pub struct KernelSet {
     w8a8: W8A8Kernel,
     /// A SIMD W4A8 activation quantiser writing the `q + 128` encoding, equal to the scalar one.
     act_asym_u8: Option<(Isa, AsymQuantU8Fn)>,
+    /// A SIMD W8A8 (symmetric) activation quantiser, equal to the scalar one.
+    act_sym_i8: Option<(Isa, SymQuantI8Fn)>,
     /// Kernels that take over from some row count on (the AMX tiles).
     large_m: Option<LargeM>,
 }
@@ -59,6 +61,12 @@ struct LargeM {
 /// # Safety (for callers)
 /// - The CPU supports the quantiser's rung; `dst.len() ≥ x.len()`.
 pub(crate) type AsymQuantU8Fn = unsafe fn(&[f32], &mut [u8]) -> moe_quant::act::AsymRowQuant;
+
+/// Quantises one row like `moe_quant::act::quantize_row_sym_i8`, returning the row scale.
+///
+/// # Safety (for callers)
+/// - The CPU supports the quantiser's rung; `q.len() ≥ x.len()`.
+pub(crate) type SymQuantI8Fn = unsafe fn(&[f32], &mut [i8]) -> f32;
 
 impl KernelSet {
     /// Assembles a set from `(rung, activation encoding, entry point)` per op.
@@ -87,6 +95,7 @@ impl KernelSet {
             w4a8,
             w8a8,
             act_asym_u8: None,
+            act_sym_i8: None,
             large_m: None,
         }
     }
@@ -126,14 +135,32 @@ impl KernelSet {
         self
     }
 
-    /// Adds a SIMD activation quantiser.
+    /// Adds SIMD activation quantisers (asymmetric for W4A8, symmetric for W8A8).
     ///
     /// # Safety
-    /// - `f` may be called on this CPU: the caller holds the token of `isa`.
+    /// - `asym` and `sym` may be called on this CPU: the caller holds the token of `isa`.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only AVX-512 has one today
-    pub(crate) unsafe fn with_act_quant(mut self, isa: Isa, f: AsymQuantU8Fn) -> Self {
-        self.act_asym_u8 = Some((isa, f));
+    pub(crate) unsafe fn with_act_quant(
+        mut self,
+        isa: Isa,
+        asym: AsymQuantU8Fn,
+        sym: SymQuantI8Fn,
+    ) -> Self {
+        self.act_asym_u8 = Some((isa, asym));
+        self.act_sym_i8 = Some((isa, sym));
         self
+    }
+
+    /// Quantises one W8A8 activation row (spec §5.3 stage 0) with this set's SIMD quantiser,
+    /// or the scalar one; both give the same bits. `q.len()` must equal `x.len()`.
+    pub(crate) fn quantize_row_sym_i8(&self, x: &[f32], q: &mut [i8]) -> f32 {
+        assert_eq!(x.len(), q.len(), "quantize_row_sym_i8: lengths differ");
+        match self.act_sym_i8 {
+            // SAFETY: the quantiser was registered with its rung's token (`with_act_quant`),
+            // so the CPU supports it; `q` is as long as `x` (asserted).
+            Some((_, f)) => unsafe { f(x, q) },
+            None => moe_quant::act::quantize_row_sym_i8(x, q),
+        }
     }
 
     /// The SIMD activation quantiser, when this set has one.
@@ -199,6 +226,10 @@ impl KernelSet {
             format!(
                 "w4a8_act_quant: {}",
                 self.act_asym_u8.map_or(Isa::Scalar, |(isa, _)| isa)
+            ),
+            format!(
+                "w8a8_act_quant: {}",
+                self.act_sym_i8.map_or(Isa::Scalar, |(isa, _)| isa)
             ),
         ]
     }

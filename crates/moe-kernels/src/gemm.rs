@@ -12,7 +12,7 @@ use crate::KernelError;
 use crate::dispatch::{KernelSet, W4A8Kernel};
 use crate::packed::{PackedW4A8, PackedW8A8, check_len};
 use crate::ukernel::{ActEncoding, W4A8Job, W4A8Out, W8A8Job};
-use moe_quant::act::{quantize_row_asym_i8, quantize_row_sym_i8};
+use moe_quant::act::quantize_row_asym_i8;
 
 /// How a GEMM may use threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -320,7 +320,7 @@ pub fn w8a8_gemm(
     scale.clear();
     scratch.nan_rows.clear();
     for (i, (row, q_row)) in x.chunks_exact(k).zip(q.chunks_exact_mut(k)).enumerate() {
-        scale.push(quantize_row_sym_i8(row, q_row));
+        scale.push(ks.quantize_row_sym_i8(row, q_row));
         if row.iter().any(|v| v.is_nan()) {
             scratch.nan_rows.push(i);
         }

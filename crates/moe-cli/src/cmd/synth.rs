@@ -284,7 +284,9 @@ pub fn random_codes_layer(
 /// An `[n, k]` matrix of uniformly random int8 codes in `[-127, 127]` (spec §5.1's range) with
 /// per-channel scales in `[0.5, 1.5) / 127`.
 fn random_int8_packed(rng: &mut Rng, n: usize, k: usize) -> Result<PackedW8A8, CliError> {
-    let codes: Vec<i8> = (0..n * k).map(|_| (rng.below(255) as i32 - 127) as i8).collect();
+    let codes: Vec<i8> = (0..n * k)
+        .map(|_| (rng.below(255) as i32 - 127) as i8)
+        .collect();
     let scales: Vec<f32> = (0..n).map(|_| (0.5 + rng.unit()) / 127.0).collect();
     PackedW8A8::pack(n, k, &codes, &scales)
         .map_err(|e| CliError::context("packing expert weights", e))

@@ -1,6 +1,8 @@
-//! AVX-512 activation quantiser for the W4A8 driver: the asymmetric per-row quantisation of
-//! `moe_quant::act::quantize_row_asym_i8` (spec §4.2(a)), fused with the `q + 128` encoding the
-//! x86 kernels read, and equal to the scalar one bit for bit.
+//! AVX-512 activation quantisers, equal to the scalar ones of `moe_quant::act` bit for bit:
+//! for the W4A8 driver the asymmetric per-row quantisation of `quantize_row_asym_i8`
+//! (spec §4.2(a)), fused with the `q + 128` encoding the x86 kernels read; for the W8A8 driver
+//! the symmetric one of `quantize_row_sym_i8` (spec §5.3 stage 0), whose scalar `f32::round`
+//! was 18 % of a Qwen3 M=1024 W8A8 profile.
 //!
 //! The range pass uses `vminps`/`vmaxps` with the accumulator second, so a NaN element leaves it
 //! unchanged, as `f32::min`/`f32::max` do in the scalar code. Codes are `t + sign(p)` where
@@ -80,11 +82,47 @@ fn quantize_row_asym_u8_avx512(x: &[f32], dst: &mut [u8]) -> AsymRowQuant {
     }
 }
 
-/// 16 codes `clamp(rna(v·s) + zp, −128, 127) + 128`.
+/// Quantises `x` symmetrically into `q[..x.len()]` and returns the row scale `amax / 127`.
+///
+/// # Safety
+/// - The CPU supports AVX-512 F (the caller holds an `Avx512Vnni` token).
+pub(crate) unsafe fn quantize_row_sym_i8(x: &[f32], q: &mut [i8]) -> f32 {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { quantize_row_sym_i8_avx512(x, q) }
+}
+
+#[target_feature(enable = "avx512f")]
+fn quantize_row_sym_i8_avx512(x: &[f32], q: &mut [i8]) -> f32 {
+    let q = &mut q[..x.len()];
+    let (chunks, tail) = x.as_chunks::<16>();
+    // `vmaxps` returns its second operand when either is NaN, so NaN elements leave the
+    // accumulator alone, as `f32::max` does in the scalar fold; max is exact in any order.
+    let mut acc = _mm512_setzero_ps();
+    for c in chunks {
+        acc = _mm512_max_ps(_mm512_abs_ps(load16(c)), acc);
+    }
+    let mut amax = lanes(acc).iter().fold(0.0f32, |m, &v| m.max(v));
+    for &v in tail {
+        amax = amax.max(v.abs());
+    }
+    let amax = amax.max(moe_quant::act::SYM_AMAX_FLOOR);
+    let inv_scale = 127.0 / amax;
+    let (q_chunks, q_tail) = q.as_chunks_mut::<16>();
+    for (c, d) in chunks.iter().zip(q_chunks) {
+        *d = sym_codes16(load16(c), inv_scale);
+    }
+    if !tail.is_empty() {
+        let mut padded = [0f32; 16];
+        padded[..tail.len()].copy_from_slice(tail);
+        q_tail.copy_from_slice(&sym_codes16(load16(&padded), inv_scale)[..tail.len()]);
+    }
+    amax / 127.0
+}
+
+/// `rna(p)` for every lane: `t + sign(p)` where `t = trunc(p)` and `|p − t| ≥ 0.5` (exact).
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn encode16(v: __m512, s: f32, zero_point: i32) -> [u8; 16] {
-    let p = _mm512_mul_ps(v, _mm512_set1_ps(s));
+fn round_half_away(p: __m512) -> __m512 {
     let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(p);
     let away =
         _mm512_cmp_ps_mask::<_CMP_GE_OQ>(_mm512_abs_ps(_mm512_sub_ps(p, t)), _mm512_set1_ps(0.5));
@@ -93,7 +131,34 @@ fn encode16(v: __m512, s: f32, zero_point: i32) -> [u8; 16] {
         sign,
         _mm512_castps_si512(_mm512_set1_ps(1.0)),
     ));
-    let rounded = _mm512_mask_add_ps(t, away, t, unit);
+    _mm512_mask_add_ps(t, away, t, unit)
+}
+
+/// 16 codes `clamp(rna(v·inv_scale), −127, 127)`, NaN products as 0 (the scalar `as i8`).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn sym_codes16(v: __m512, inv_scale: f32) -> [i8; 16] {
+    let p = _mm512_mul_ps(v, _mm512_set1_ps(inv_scale));
+    // Clamp in f32 like the scalar code, so ±Inf products saturate before the conversion.
+    let r = _mm512_min_ps(
+        _mm512_max_ps(round_half_away(p), _mm512_set1_ps(-127.0)),
+        _mm512_set1_ps(127.0),
+    );
+    let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(p, p);
+    let codes = _mm512_mask_mov_epi32(_mm512_cvttps_epi32(r), nan, _mm512_setzero_si512());
+    let bytes = _mm512_cvtepi32_epi8(codes);
+    let mut out = [0i8; 16];
+    // SAFETY: `out` holds 16 bytes, exactly what this unaligned 128-bit store writes.
+    unsafe { _mm_storeu_si128(out.as_mut_ptr().cast(), bytes) };
+    out
+}
+
+/// 16 codes `clamp(rna(v·s) + zp, −128, 127) + 128`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn encode16(v: __m512, s: f32, zero_point: i32) -> [u8; 16] {
+    let p = _mm512_mul_ps(v, _mm512_set1_ps(s));
+    let rounded = round_half_away(p);
     let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(p, p);
     let q = _mm512_mask_mov_epi32(_mm512_cvttps_epi32(rounded), nan, _mm512_setzero_si512());
     let q = _mm512_add_epi32(q, _mm512_set1_epi32(zero_point));
@@ -132,12 +197,8 @@ mod tests {
     use super::*;
     use moe_testutil::SplitMix64;
 
-    #[test]
-    fn equals_moe_quant_exactly() {
-        if !super::super::Avx512Vnni::is_available() {
-            eprintln!("note: skipping the AVX-512 quantiser test: no AVX-512 on this CPU");
-            return;
-        }
+    /// Rows that exercise ties, NaN/Inf/zero rows and vector tails.
+    fn test_rows() -> Vec<Vec<f32>> {
         let mut rng = SplitMix64::new(0xac7);
         let mut rows: Vec<Vec<f32>> = vec![
             vec![0.5, -1.0, 2.0, 0.25],
@@ -145,7 +206,9 @@ mod tests {
             vec![1.0; 16],
             vec![-3.0; 17],
             vec![f32::NAN, 1.0, -2.0, 0.5],
+            vec![f32::NAN; 19],
             vec![f32::INFINITY, 1.0],
+            vec![f32::NEG_INFINITY, 1.0, f32::NAN],
             vec![1e-40, -1e-40, 0.0],
             vec![],
         ];
@@ -158,8 +221,21 @@ mod tests {
             tie.push(255.0 / 2.0);
             tie.push(0.0);
             rows.push(tie);
+            // Exact .5 products of the symmetric quantiser: amax 127 makes the factor 1.
+            let mut sym_tie: Vec<f32> = (0..len).map(|i| (i % 254) as f32 - 126.5).collect();
+            sym_tie.push(-127.0);
+            rows.push(sym_tie);
         }
-        for row in rows {
+        rows
+    }
+
+    #[test]
+    fn asym_equals_moe_quant_exactly() {
+        if !super::super::Avx512Vnni::is_available() {
+            eprintln!("note: skipping the AVX-512 quantiser test: no AVX-512 on this CPU");
+            return;
+        }
+        for row in test_rows() {
             let mut want_q = vec![0i8; row.len()];
             let want = moe_quant::act::quantize_row_asym_i8(&row, &mut want_q);
             let mut got = vec![0u8; row.len()];
@@ -168,6 +244,23 @@ mod tests {
             assert_eq!(r.zero_point, want.zero_point, "{row:?}");
             assert_eq!(r.recip.to_bits(), want.recip.to_bits(), "{row:?}");
             let got_q: Vec<i8> = got.iter().map(|&u| (u ^ 0x80) as i8).collect();
+            assert_eq!(got_q, want_q, "{row:?}");
+        }
+    }
+
+    #[test]
+    fn sym_equals_moe_quant_exactly() {
+        if !super::super::Avx512Vnni::is_available() {
+            eprintln!("note: skipping the AVX-512 quantiser test: no AVX-512 on this CPU");
+            return;
+        }
+        for row in test_rows() {
+            let mut want_q = vec![0i8; row.len()];
+            let want = moe_quant::act::quantize_row_sym_i8(&row, &mut want_q);
+            let mut got_q = vec![0i8; row.len()];
+            // SAFETY: AVX-512 was detected above.
+            let got = unsafe { quantize_row_sym_i8(&row, &mut got_q) };
+            assert_eq!(got.to_bits(), want.to_bits(), "{row:?}");
             assert_eq!(got_q, want_q, "{row:?}");
         }
     }

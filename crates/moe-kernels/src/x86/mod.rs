@@ -253,7 +253,13 @@ pub(crate) fn avx512vnni_kernel_set(_token: Avx512Vnni) -> crate::KernelSet {
         )
     };
     // SAFETY: the token proves AVX-512 F, all the quantiser needs.
-    unsafe { ks.with_act_quant(Isa::Avx512Vnni, actquant::quantize_row_asym_u8) }
+    unsafe {
+        ks.with_act_quant(
+            Isa::Avx512Vnni,
+            actquant::quantize_row_asym_u8,
+            actquant::quantize_row_sym_i8,
+        )
+    }
 }
 
 /// The detected features as `(name, detected)` pairs (AMX availability includes the OS
