@@ -127,47 +127,63 @@ impl Activation {
     /// `a[i] = φ(g_i, u_i)` for one row, `h.len() == 2·a.len()`. Results are rounded with
     /// `round`: once per element, or after every op for the compatibility mode.
     pub(crate) fn apply_row(self, layout: GateUpLayout, h: &[f32], a: &mut [f32], round: Round) {
-        let inter = a.len();
-        debug_assert_eq!(h.len(), 2 * inter);
-        match layout {
-            GateUpLayout::Concatenated => {
-                let (g, u) = h.split_at(inter);
-                for ((ai, &gi), &ui) in a.iter_mut().zip(g).zip(u) {
-                    *ai = self.eval(gi, ui, round);
-                }
-            }
-            GateUpLayout::Interleaved => {
-                for (ai, gu) in a.iter_mut().zip(h.chunks_exact(2)) {
-                    *ai = self.eval(gu[0], gu[1], round);
-                }
-            }
-        }
-    }
-
-    /// One element.
-    #[inline]
-    fn eval(self, g: f32, u: f32, round: Round) -> f32 {
+        debug_assert_eq!(h.len(), 2 * a.len());
+        // One arm and one closure per kind, so each loop runs one inlined formula instead of
+        // calling a function that matches on the kind for every element.
         let r = |v: f32| round.apply(v);
         match self {
-            Self::Silu { limit: None } => r(silu(g) * u),
-            Self::Silu { limit: Some(l) } => r(silu(min_nan(g, l)) * clamp_nan(u, l)),
-            Self::SwigluOai { alpha, limit } => r(swiglu_oai(g, u, alpha, limit)),
-            Self::SwigluStep => r(min_nan(silu(g), STEP_LIMIT) * clamp_nan(u, STEP_LIMIT)),
-            Self::Gelu => r(0.5 * g * (1.0 + libm::erff(g * std::f32::consts::FRAC_1_SQRT_2)) * u),
-            Self::GeluTanh => {
+            Self::Silu { limit: None } => map_pairs(layout, h, a, |g, u| r(silu(g) * u)),
+            Self::Silu { limit: Some(l) } => {
+                map_pairs(
+                    layout,
+                    h,
+                    a,
+                    |g, u| r(silu(min_nan(g, l)) * clamp_nan(u, l)),
+                )
+            }
+            Self::SwigluOai { alpha, limit } => {
+                map_pairs(layout, h, a, |g, u| r(swiglu_oai(g, u, alpha, limit)))
+            }
+            Self::SwigluStep => map_pairs(layout, h, a, |g, u| {
+                r(min_nan(silu(g), STEP_LIMIT) * clamp_nan(u, STEP_LIMIT))
+            }),
+            Self::Gelu => map_pairs(layout, h, a, |g, u| {
+                r(0.5 * g * (1.0 + libm::erff(g * std::f32::consts::FRAC_1_SQRT_2)) * u)
+            }),
+            Self::GeluTanh => map_pairs(layout, h, a, |g, u| {
                 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
                 let inner = SQRT_2_OVER_PI * (g + 0.044_715 * g * g * g);
                 r(0.5 * g * (1.0 + inner.tanh()) * u)
-            }
+            }),
             Self::VllmCpuInt4Compat(Int4ActivationKind::Silu | Int4ActivationKind::SwigluStep) => {
-                r(r(silu(g)) * u)
+                map_pairs(layout, h, a, |g, u| r(r(silu(g)) * u))
             }
             Self::VllmCpuInt4Compat(Int4ActivationKind::SwigluOai) => {
-                // The port's op sequence: (clamp(u, −7, 7) + 1) * (g' * sigmoid(1.702 * g')).
-                let gp = min_nan(g, OAI_LIMIT);
-                let up1 = r(clamp_nan(u, OAI_LIMIT) + 1.0);
-                let sig = r(sigmoid(r(OAI_ALPHA * gp)));
-                r(up1 * r(gp * sig))
+                map_pairs(layout, h, a, |g, u| {
+                    // The port's op sequence: (clamp(u, −7, 7) + 1) * (g' * sigmoid(1.702 * g')).
+                    let gp = min_nan(g, OAI_LIMIT);
+                    let up1 = r(clamp_nan(u, OAI_LIMIT) + 1.0);
+                    let sig = r(sigmoid(r(OAI_ALPHA * gp)));
+                    r(up1 * r(gp * sig))
+                })
+            }
+        }
+    }
+}
+
+/// `a[i] = f(g_i, u_i)` over one row in `layout`.
+#[inline(always)]
+fn map_pairs(layout: GateUpLayout, h: &[f32], a: &mut [f32], f: impl Fn(f32, f32) -> f32) {
+    match layout {
+        GateUpLayout::Concatenated => {
+            let (g, u) = h.split_at(a.len());
+            for ((ai, &gi), &ui) in a.iter_mut().zip(g).zip(u) {
+                *ai = f(gi, ui);
+            }
+        }
+        GateUpLayout::Interleaved => {
+            for (ai, gu) in a.iter_mut().zip(h.chunks_exact(2)) {
+                *ai = f(gu[0], gu[1]);
             }
         }
     }

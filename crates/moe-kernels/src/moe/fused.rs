@@ -426,8 +426,9 @@ impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
                 if on_input {
                     let g = nm.gate(self.gate[pos]);
                     for (d, s) in row.iter_mut().zip(src) {
-                        *d = nm.compute.apply(s.to_f32() * g);
+                        *d = s.to_f32();
                     }
+                    Round::map_twice(row, nm.compute, Round::F32, |v| v * g);
                 } else {
                     for (d, s) in row.iter_mut().zip(src) {
                         *d = s.to_f32();
@@ -453,11 +454,10 @@ impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
             finish_gemm_rows(xy_e, h, b2, &nm);
             for (pos, row) in (start..end).zip(xy_e.chunks_exact_mut(h)) {
                 if on_input {
-                    row.iter_mut().for_each(|v| *v = nm.expert_out.apply(*v));
+                    Round::map_twice(row, Round::F32, nm.expert_out, |v| v);
                 } else {
                     let g = nm.gate(self.gate[pos]);
-                    row.iter_mut()
-                        .for_each(|v| *v = nm.expert_out.apply(nm.compute.apply(*v * g)));
+                    Round::map_twice(row, nm.compute, nm.expert_out, |v| v * g);
                 }
             }
         }
@@ -472,12 +472,13 @@ fn finish_gemm_rows(rows: &mut [f32], width: usize, bias: Option<&[f32]>, nm: &N
         Some(b) => {
             for row in rows.chunks_exact_mut(width) {
                 for (v, &bv) in row.iter_mut().zip(b) {
-                    *v = nm.gemm_out.apply(*v + bv);
+                    *v += bv;
                 }
+                Round::map_twice(row, nm.gemm_out, Round::F32, |v| v);
             }
         }
         None if nm.gemm_out != Round::F32 => {
-            rows.iter_mut().for_each(|v| *v = nm.gemm_out.apply(*v));
+            Round::map_twice(rows, nm.gemm_out, Round::F32, |v| v);
         }
         None => {}
     }

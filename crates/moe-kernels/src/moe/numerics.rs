@@ -41,6 +41,46 @@ impl Round {
         }
     }
 
+    /// Sets every `v` of `xs` to `outer(inner(f(v)))`, choosing the two roundings once per
+    /// slice rather than once per element (the per-element `match` kept these loops scalar,
+    /// about 7 % of a Qwen3 M=1024 profile).
+    #[inline(always)]
+    pub(crate) fn map_twice(xs: &mut [f32], inner: Round, outer: Round, f: impl Fn(f32) -> f32) {
+        #[inline(always)]
+        fn with_outer<const I: u8>(xs: &mut [f32], outer: Round, f: impl Fn(f32) -> f32) {
+            match outer {
+                Round::F32 => run::<I, 0>(xs, f),
+                Round::Bf16 => run::<I, 1>(xs, f),
+                Round::F16 => run::<I, 2>(xs, f),
+                Round::Bf16Trunc => run::<I, 3>(xs, f),
+            }
+        }
+        #[inline(always)]
+        fn run<const I: u8, const O: u8>(xs: &mut [f32], f: impl Fn(f32) -> f32) {
+            let (inner, outer) = (Round::from_code(I), Round::from_code(O));
+            for v in xs {
+                *v = outer.apply(inner.apply(f(*v)));
+            }
+        }
+        match inner {
+            Round::F32 => with_outer::<0>(xs, outer, f),
+            Round::Bf16 => with_outer::<1>(xs, outer, f),
+            Round::F16 => with_outer::<2>(xs, outer, f),
+            Round::Bf16Trunc => with_outer::<3>(xs, outer, f),
+        }
+    }
+
+    /// The rounding numbered `code` by [`Round::map_twice`]'s dispatch (a constant there).
+    #[inline(always)]
+    const fn from_code(code: u8) -> Self {
+        match code {
+            0 => Round::F32,
+            1 => Round::Bf16,
+            2 => Round::F16,
+            _ => Round::Bf16Trunc,
+        }
+    }
+
     /// Rounds `v`.
     #[inline(always)]
     pub(crate) fn apply(self, v: f32) -> f32 {
