@@ -8,7 +8,7 @@
 //! is distinct memory, not distinct values.
 
 use std::collections::HashSet;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use moe_kernels::moe::ExpertMatrix;
@@ -112,6 +112,10 @@ pub struct BenchArgs {
     /// Timed calls per (shape, batch size); the median is reported.
     #[arg(long, default_value_t = 10)]
     pub iters: usize,
+    /// Untimed calls before the timed ones, for at least this many milliseconds (at least one
+    /// call).
+    #[arg(long, default_value_t = 500)]
+    pub warmup_ms: u64,
     /// Least total bytes of distinct packed weights to cycle through (K, M, G suffixes).
     #[arg(long, default_value = "2G", value_parser = parse_bytes)]
     pub min_bytes: u64,
@@ -313,9 +317,8 @@ fn measure_layer<W: ExpertMatrix + Clone>(
         let mut samples = Vec::with_capacity(args.iters);
         let mut touched = 0usize;
         let bar = out.progress(args.iters as u64 + 1, &format!("{}: M={m}", shape.name));
-        // One untimed call per copy beyond the first few would cost minutes on big shapes;
-        // one warm-up call settles the pool and the scratch pages.
-        for (it, (ids, weights)) in std::iter::once(&routings[0]).chain(&routings).enumerate() {
+        let mut call = |it: usize| -> Result<Duration, CliError> {
+            let (ids, weights) = &routings[it % routings.len()];
             let input = MoeInput {
                 tokens: m,
                 top_k: k,
@@ -325,13 +328,37 @@ fn measure_layer<W: ExpertMatrix + Clone>(
             };
             let moe = &layers[it % copies];
             let t0 = Instant::now();
-            pool.install(|| moe.apply(input, out_m, &mut scratch, Par::Rayon))
+            moe.apply(input, &mut *out_m, &mut scratch, Par::Rayon)
                 .map_err(|err| CliError::context("applying the layer", err))?;
-            if it > 0 {
-                samples.push(t0.elapsed());
-                touched += ids.iter().collect::<HashSet<_>>().len();
+            Ok(t0.elapsed())
+        };
+        // The whole loop runs on one of the pool's threads, which then takes part in every
+        // call, as the calling thread of an OpenMP runtime (vLLM's) does; a call from outside
+        // the pool would add a hand-off to the pool and back to each call.
+        let warmup = Duration::from_millis(args.warmup_ms);
+        let warm_calls = pool.install(|| -> Result<usize, CliError> {
+            // Untimed calls until the warm-up time has passed (at least one): on a VM the
+            // second vCPU and the pool's threads reach their steady pace only after some
+            // sustained work, and a layer inside a model runs back to back with its
+            // neighbours, not cold.
+            let (mut warm_calls, mut warm_time) = (0usize, Duration::ZERO);
+            while warm_calls == 0 || warm_time < warmup {
+                warm_time += call(warm_calls)?;
+                warm_calls += 1;
             }
             bar.inc(1);
+            for it in 0..args.iters {
+                samples.push(call(warm_calls + it)?);
+                bar.inc(1);
+            }
+            Ok(warm_calls)
+        })?;
+        for it in 0..args.iters {
+            touched += routings[(warm_calls + it) % routings.len()]
+                .0
+                .iter()
+                .collect::<HashSet<_>>()
+                .len();
         }
         bar.finish_and_clear();
         let ms = median_ms(&mut samples);
