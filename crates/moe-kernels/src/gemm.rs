@@ -57,6 +57,7 @@ pub struct GemmScratch {
     row_scale: Vec<f32>,
     encoded: Vec<u8>,
     corr: Vec<i32>,
+    block_corr: Vec<i32>,
     nan_rows: Vec<usize>,
 }
 
@@ -75,6 +76,9 @@ impl GemmScratch {
             row_scale: Vec::with_capacity(m),
             encoded: Vec::with_capacity(m * k_pad),
             corr: Vec::with_capacity(m),
+            // Scale groups are multiples of 32 values, so a row has at most `k_pad / 32`
+            // blocks (one when channelwise).
+            block_corr: Vec::with_capacity(m * (k_pad / 32).max(1)),
             nan_rows: Vec::with_capacity(m),
         }
     }
@@ -99,8 +103,13 @@ pub fn w4a8_gemm(
     check_len("x", m * k, x.len())?;
     check_len("out", m * w.n(), out.len())?;
     let kernel = ks.w4a8_for(m);
-    if let (Some(quantize), ActEncoding::U8Offset128) = (ks.act_asym_u8(), kernel.encoding) {
-        // Fused path: the SIMD quantiser writes the kernel's encoding directly.
+    let fused = match kernel.encoding {
+        ActEncoding::U8Offset128 | ActEncoding::I8CodeWeights => ks.act_asym_u8(),
+        ActEncoding::I8 => None,
+    };
+    if let Some(quantize) = fused {
+        // Fused path: the SIMD quantiser writes `q + 128`, the kernel's encoding or one XOR
+        // away from it.
         let k_pad = w.k_pad();
         scratch.encoded.clear();
         scratch.encoded.resize(m * k_pad, kernel.encoding.pad());
@@ -115,6 +124,9 @@ pub fn w4a8_gemm(
             // SAFETY: the quantiser comes from the same `KernelSet`, built from its rung's
             // token; `dst` holds `k_pad ≥ k` bytes.
             let r = unsafe { quantize(row, dst) };
+            if kernel.encoding == ActEncoding::I8CodeWeights {
+                dst[..k].iter_mut().for_each(|b| *b ^= 0x80);
+            }
             scratch
                 .corr
                 .push(kernel.encoding.w4a8_row_corr(r.zero_point));
@@ -124,7 +136,17 @@ pub fn w4a8_gemm(
             }
         }
         let s = &mut *scratch;
-        run_w4a8(kernel, m, w, &s.encoded, &s.corr, &s.row_scale, out, par);
+        s.block_corr.clear();
+        if kernel.encoding.needs_block_corr() {
+            block_corrections(w, &s.encoded, &s.corr, &mut s.block_corr);
+        }
+        let rows = EncodedRows {
+            a: &s.encoded,
+            corr: &s.corr,
+            block_corr: &s.block_corr,
+            recip: &s.row_scale,
+        };
+        run_w4a8(kernel, m, w, rows, out, par);
         poison_nan_rows(&scratch.nan_rows, w.n(), out);
         return Ok(());
     }
@@ -169,45 +191,61 @@ pub fn w4a8_gemm_quantized(
     check_len("out", m * w.n(), out.len())?;
     let kernel = ks.w4a8_for(m);
     prepare_w4a8(m, a, w, kernel.encoding, scratch)?;
-    run_w4a8(
-        kernel,
-        m,
-        w,
-        &scratch.encoded,
-        &scratch.corr,
-        a.recip,
-        out,
-        par,
-    );
+    let rows = EncodedRows {
+        a: &scratch.encoded,
+        corr: &scratch.corr,
+        block_corr: &scratch.block_corr,
+        recip: a.recip,
+    };
+    run_w4a8(kernel, m, w, rows, out, par);
     Ok(())
+}
+
+/// Activation rows in a kernel's encoding, with their corrections.
+struct EncodedRows<'a> {
+    /// `[m][k_pad]` encoded codes.
+    a: &'a [u8],
+    /// Per-row correction ([`ActEncoding::w4a8_row_corr`]).
+    corr: &'a [i32],
+    /// Per-(row, block) correction, `[m][n_blocks]`, when the encoding needs it.
+    block_corr: &'a [i32],
+    /// Per-row dequantization factor.
+    recip: &'a [f32],
 }
 
 /// Runs the kernel on rows already encoded for it.
 ///
-/// Callers guarantee (and this function's safety argument relies on): `encoded` holds `m` rows
-/// of `w.k_pad()` bytes in `kernel.encoding`, `corr` and `recip` hold `m` values with the zero
-/// points in `[-128, 127]`, and `out` holds `m·N` elements.
-#[allow(clippy::too_many_arguments)] // internal seam between the two public entry points
+/// Callers guarantee (and this function's safety argument relies on): the rows hold `m` rows
+/// of `w.k_pad()` bytes in `kernel.encoding`, `m` corrections and factors with the zero points
+/// in `[-128, 127]`, `m·n_blocks` block corrections if the encoding needs them, and `out`
+/// holds `m·N` elements.
 fn run_w4a8(
     kernel: W4A8Kernel,
     m: usize,
     w: &PackedW4A8,
-    encoded: &[u8],
-    corr: &[i32],
-    recip: &[f32],
+    rows: EncodedRows<'_>,
     out: &mut [f32],
     par: Par,
 ) {
+    let block_corr_len = if kernel.encoding.needs_block_corr() {
+        m * w.n_blocks()
+    } else {
+        rows.block_corr.len()
+    };
     assert!(
-        encoded.len() == m * w.k_pad() && corr.len() == m && recip.len() == m,
+        rows.a.len() == m * w.k_pad()
+            && rows.corr.len() == m
+            && rows.recip.len() == m
+            && rows.block_corr.len() == block_corr_len,
         "run_w4a8: rows not prepared"
     );
     assert_eq!(out.len(), m * w.n(), "run_w4a8: output length");
     let job = W4A8Job {
         w,
-        a: encoded,
-        row_corr: corr,
-        row_recip: recip,
+        a: rows.a,
+        row_corr: rows.corr,
+        block_corr: rows.block_corr,
+        row_recip: rows.recip,
         m,
         out: W4A8Out::Values {
             ptr: out.as_mut_ptr(),
@@ -223,6 +261,24 @@ fn run_w4a8(
         // `0..n_panels`.
         unsafe { (kernel.entry)(&job, panels) }
     });
+}
+
+/// `κ = 8·(Σ_{k∈b} q_k − zp·B)` per row and scale block, for [`ActEncoding::I8CodeWeights`]
+/// (`encoded` holds the raw codes, padding 0; `zp` is the row correction, the zero point).
+fn block_corrections(w: &PackedW4A8, encoded: &[u8], zp: &[i32], dst: &mut Vec<i32>) {
+    let (k_pad, block_len) = (w.k_pad(), w.block_len());
+    dst.clear();
+    for (row, &zp) in encoded.chunks_exact(k_pad).zip(zp) {
+        // Wrapping, as the kernels' own int32 sums: the final `acc_i` is exact whenever it
+        // fits, whatever its parts do.
+        let zp_block = zp.wrapping_mul(block_len as i32);
+        dst.extend(row.chunks_exact(block_len).map(|block| {
+            let sum = block
+                .iter()
+                .fold(0i32, |s, &b| s.wrapping_add(i32::from(b as i8)));
+            sum.wrapping_sub(zp_block).wrapping_mul(8)
+        }));
+    }
 }
 
 /// The int32 block accumulators `[m][n_blocks][16·n_panels]` (padded channels included), for
@@ -242,6 +298,7 @@ pub(crate) fn w4a8_block_acc(
         w,
         a: &scratch.encoded,
         row_corr: &scratch.corr,
+        block_corr: &scratch.block_corr,
         row_recip: a.recip,
         m,
         out: W4A8Out::BlockAcc {
@@ -283,6 +340,10 @@ fn prepare_w4a8(
     scratch
         .corr
         .extend(a.zero_point.iter().map(|&zp| encoding.w4a8_row_corr(zp)));
+    scratch.block_corr.clear();
+    if encoding.needs_block_corr() {
+        block_corrections(w, &scratch.encoded, &scratch.corr, &mut scratch.block_corr);
+    }
     Ok(())
 }
 

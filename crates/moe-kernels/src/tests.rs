@@ -316,6 +316,10 @@ fn extreme_codes_every_rung() {
         (64, -8i8, -128i8, 127),
         (64, -8, 127, -128),
         (70, 7, -128, 0),
+        // Channelwise blocks long enough that a channel's code sum no longer fits an i16
+        // (15·K ≥ 2^15: the AVX-512 tile's 32-bit correction path).
+        (2192, -8, -128, 127),
+        (4096, 7, 127, -128),
     ] {
         let w = vec![wv; n * k];
         let s = vec![0.05f32; n];

@@ -27,6 +27,13 @@ pub(crate) enum ActEncoding {
     /// unsigned; W4A8 row correction is `128 + zp`.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the aarch64 rungs use `I8`
     U8Offset128,
+    /// The codes as they are, for W4A8 kernels that make the weight codes `c = w + 8` the
+    /// unsigned operand of `vpdpbusd` (no per-step `− 8` on the weights). Such a kernel forms
+    /// `Σ q·c`, and `Σ (q − zp)·w = Σ q·c − zp·Σc − κ` with the per-(row, block) constant
+    /// `κ = 8·(Σ_{k∈b} q_k − zp·B)` (B the block length, padding included), which the driver
+    /// computes into [`W4A8Job::block_corr`]. The row correction is `zp`.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    I8CodeWeights,
 }
 
 impl ActEncoding {
@@ -34,7 +41,7 @@ impl ActEncoding {
     #[inline]
     pub(crate) fn encode(self, q: i8) -> u8 {
         match self {
-            ActEncoding::I8 => q as u8,
+            ActEncoding::I8 | ActEncoding::I8CodeWeights => q as u8,
             ActEncoding::U8Offset128 => (q as u8) ^ 0x80,
         }
     }
@@ -47,9 +54,14 @@ impl ActEncoding {
     /// The per-row W4A8 correction for zero point `zp`.
     pub(crate) fn w4a8_row_corr(self, zp: i32) -> i32 {
         match self {
-            ActEncoding::I8 => zp,
+            ActEncoding::I8 | ActEncoding::I8CodeWeights => zp,
             ActEncoding::U8Offset128 => 128 + zp,
         }
+    }
+
+    /// Whether W4A8 kernels of this encoding read [`W4A8Job::block_corr`].
+    pub(crate) fn needs_block_corr(self) -> bool {
+        self == ActEncoding::I8CodeWeights
     }
 }
 
@@ -80,6 +92,9 @@ pub(crate) struct W4A8Job<'a> {
     pub a: &'a [u8],
     /// Per-row correction (see [`ActEncoding::w4a8_row_corr`]).
     pub row_corr: &'a [i32],
+    /// Per-(row, scale block) correction `[m][n_blocks]` for encodings that ask for it
+    /// ([`ActEncoding::I8CodeWeights`]); empty otherwise.
+    pub block_corr: &'a [i32],
     /// Per-row dequantization factor `recip`.
     pub row_recip: &'a [f32],
     /// Rows.

@@ -1,13 +1,15 @@
 //! AVX-512 VNNI microkernels: 8 rows × 16 channels, one zmm accumulator per row, `vpdpbusd`
 //! with the activations as `u8 = q + 128` and the weights as s8.
 //!
-//! W4A8: each 64-byte packed step yields two s8 weight vectors (low nibbles: K values 0..4 of
-//! the step, high nibbles: 4..8, each minus 8); each row broadcasts its matching 4 activation
-//! bytes. The block's weight sums `Σw` come from one more `vpdpbusd` per step, of the byte sums
-//! `lo + hi` with a vector of ones, shared by all rows of the tile. After a scale block,
-//! `acc_i = acc − (128 + zp)·Σw` is exact and the f32 epilogue runs in the reference order (no
-//! FMA), so outputs equal the scalar reference bit for bit.
-//! W8A8: one weight vector per 4 K values; `acc − 128·Σw` is `Σ q·w` exactly.
+//! W4A8: each 64-byte packed step yields two u8 vectors of weight codes `c = w + 8` (low
+//! nibbles: K values 0..4 of the step, high nibbles: 4..8); each row broadcasts its matching 4
+//! raw (signed) activation codes. The block's code sums `Σc` come from one more `vpdpbusd` per
+//! step, of the byte sums `lo + hi` with a vector of ones, shared by all rows of the tile.
+//! After a scale block, `acc_i = Σ q·c − zp·Σc − κ` is exact (see [`w4a8_tile`]) and the f32
+//! epilogue runs in the reference order (no FMA), so outputs equal the scalar reference bit for
+//! bit.
+//! W8A8: activations as `u8 = q + 128`, weights s8, one weight vector per 4 K values;
+//! `acc − 128·Σw` is `Σ q·w` exactly.
 
 // Register arrays are indexed by row in lockstep; index loops read clearer than zips here.
 #![allow(clippy::needless_range_loop)]
@@ -63,9 +65,17 @@ fn prefetch_ahead<T>(step: &T) {
 
 /// The W4A8 tile body for `R` rows; `ACC` selects block-accumulator output.
 ///
+/// The weight codes `c = w + 8` (nibbles, `0..=15`) are `vpdpbusd`'s unsigned operand and the
+/// raw activation codes its signed one ([`crate::ukernel::ActEncoding::I8CodeWeights`]), so a
+/// step unpacks with two ANDs and a shift and nothing else. Per block,
+/// `acc_i = Σ q·c − zp·Σc − κ`: the accumulator starts at `−κ` (the driver's block
+/// correction), `Σc` is one more `vpdpbusd` per step shared by all rows, and `zp·Σc` is taken
+/// off with one `vpdpwssd` (`Σc < 2^15` as an i16 times `−zp`) or, for blocks too long for
+/// that, a 32-bit multiply.
+///
 /// # Safety
 /// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`
-///   (see [`crate::ukernel::W4A8PanelsFn`]).
+///   (see [`crate::ukernel::W4A8PanelsFn`]); `job.block_corr` holds `m·n_blocks` values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize, m0: usize) {
     let w = job.w;
@@ -74,11 +84,19 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
     // Steps as fixed-size chunks, so the inner loop indexes arrays with one proven bound.
     let (weight_steps, _) = nibbles.as_chunks::<64>();
     let mut row_steps: [&[[u8; 8]]; R] = [&[]; R];
+    let mut row_kappa: [&[i32]; R] = [&[]; R];
+    // `−zp` in the low 16 bits of each 32-bit lane, 0 in the high ones, for `vpdpwssd`.
+    let mut neg_zp_lo = [0i32; R];
+    let mut zp = [0i32; R];
     for r in 0..R {
         row_steps[r] = job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<8>().0;
+        row_kappa[r] = &job.block_corr[(m0 + r) * n_blocks..][..n_blocks];
+        zp[r] = job.row_corr[m0 + r];
+        neg_zp_lo[r] = zp[r].wrapping_neg() & 0xFFFF;
     }
+    // Σc of a block is at most 15·B; below 2^15 it is one i16 for `vpdpwssd`.
+    let short_blocks = w.block_len() * 15 < 1 << 15;
     let mask = _mm512_set1_epi8(0x0F);
-    let eight = _mm512_set1_epi8(8);
     let ones = _mm512_set1_epi8(1);
     let mut acc_f = [_mm512_setzero_ps(); R];
     for b in 0..n_blocks {
@@ -95,32 +113,33 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
         // chain, which matters when few rows share a weight vector.
         let mut acc_lo = [_mm512_setzero_si512(); R];
         let mut acc_hi = [_mm512_setzero_si512(); R];
-        let mut ws = _mm512_setzero_si512();
+        for r in 0..R {
+            acc_lo[r] = _mm512_set1_epi32(row_kappa[r][b].wrapping_neg());
+        }
+        let mut code_sum = _mm512_setzero_si512();
         for (i, w_step) in w_block.iter().enumerate() {
             prefetch_ahead(w_step);
             let v = load_bytes(w_step);
-            let lo = _mm512_sub_epi8(_mm512_and_si512(v, mask), eight);
-            let hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16::<4>(v), mask), eight);
-            // `lo + hi` lies in [-16, 14]: one byte, so one dot with ones sums both halves.
-            ws = _mm512_dpbusd_epi32(ws, ones, _mm512_add_epi8(lo, hi));
+            let lo = _mm512_and_si512(v, mask);
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask);
+            // `lo + hi` is at most 30: one byte, so one dot with ones sums both halves.
+            code_sum = _mm512_dpbusd_epi32(code_sum, _mm512_add_epi8(lo, hi), ones);
             for r in 0..R {
                 let a = &a_block[r][i];
                 let a_lo = _mm512_set1_epi32(i32::from_le_bytes([a[0], a[1], a[2], a[3]]));
                 let a_hi = _mm512_set1_epi32(i32::from_le_bytes([a[4], a[5], a[6], a[7]]));
-                acc_lo[r] = _mm512_dpbusd_epi32(acc_lo[r], a_lo, lo);
-                acc_hi[r] = _mm512_dpbusd_epi32(acc_hi[r], a_hi, hi);
+                acc_lo[r] = _mm512_dpbusd_epi32(acc_lo[r], lo, a_lo);
+                acc_hi[r] = _mm512_dpbusd_epi32(acc_hi[r], hi, a_hi);
             }
-        }
-        // A loop, not `array::from_fn`: a closure does not inherit `#[target_feature]`, so it
-        // would not be inlined and every vector would travel through memory.
-        let mut acc = [_mm512_setzero_si512(); R];
-        for r in 0..R {
-            acc[r] = _mm512_add_epi32(acc_lo[r], acc_hi[r]);
         }
         let sc = load_f32(&w.block_scales(p, b));
         for r in 0..R {
-            let corr = _mm512_set1_epi32(job.row_corr[m0 + r]);
-            let acc_i = _mm512_sub_epi32(acc[r], _mm512_mullo_epi32(corr, ws));
+            let acc = _mm512_add_epi32(acc_lo[r], acc_hi[r]);
+            let acc_i = if short_blocks {
+                _mm512_dpwssd_epi32(acc, code_sum, _mm512_set1_epi32(neg_zp_lo[r]))
+            } else {
+                _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_set1_epi32(zp[r]), code_sum))
+            };
             match job.out {
                 W4A8Out::BlockAcc { ptr } if ACC => {
                     let at = ((m0 + r) * n_blocks + b) * PANEL * w.n_panels() + p * PANEL;
