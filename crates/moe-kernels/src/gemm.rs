@@ -131,7 +131,7 @@ pub fn w4a8_gemm(
                 .corr
                 .push(kernel.encoding.w4a8_row_corr(r.zero_point));
             scratch.row_scale.push(r.recip);
-            if row.iter().any(|v| v.is_nan()) {
+            if has_nan(row) {
                 scratch.nan_rows.push(i);
             }
         }
@@ -161,7 +161,7 @@ pub fn w4a8_gemm(
         let r = quantize_row_asym_i8(row, q_row);
         zero_point.push(r.zero_point);
         recip.push(r.recip);
-        if row.iter().any(|v| v.is_nan()) {
+        if has_nan(row) {
             scratch.nan_rows.push(i);
         }
     }
@@ -201,6 +201,12 @@ pub fn w4a8_gemm_quantized(
     Ok(())
 }
 
+/// Whether a row holds a NaN; branch-free so that it vectorises (an early exit would keep the
+/// loop scalar, and rows without NaN, the usual case, are read to the end anyway).
+fn has_nan(row: &[f32]) -> bool {
+    row.iter().fold(false, |nan, v| nan | v.is_nan())
+}
+
 /// Activation rows in a kernel's encoding, with their corrections.
 struct EncodedRows<'a> {
     /// `[m][k_pad]` encoded codes.
@@ -227,16 +233,11 @@ fn run_w4a8(
     out: &mut [f32],
     par: Par,
 ) {
-    let block_corr_len = if kernel.encoding.needs_block_corr() {
-        m * w.n_blocks()
-    } else {
-        rows.block_corr.len()
-    };
     assert!(
         rows.a.len() == m * w.k_pad()
             && rows.corr.len() == m
             && rows.recip.len() == m
-            && rows.block_corr.len() == block_corr_len,
+            && (!kernel.encoding.needs_block_corr() || rows.block_corr.len() == m * w.n_blocks()),
         "run_w4a8: rows not prepared"
     );
     assert_eq!(out.len(), m * w.n(), "run_w4a8: output length");
@@ -382,7 +383,7 @@ pub fn w8a8_gemm(
     scratch.nan_rows.clear();
     for (i, (row, q_row)) in x.chunks_exact(k).zip(q.chunks_exact_mut(k)).enumerate() {
         scale.push(ks.quantize_row_sym_i8(row, q_row));
-        if row.iter().any(|v| v.is_nan()) {
+        if has_nan(row) {
             scratch.nan_rows.push(i);
         }
     }
