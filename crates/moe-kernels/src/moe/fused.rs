@@ -499,18 +499,34 @@ struct Reduce<'a> {
 }
 
 impl Reduce<'_> {
-    /// One token's output row.
+    /// One token's output row, a chunk of channels at a time: each channel still starts at 0
+    /// and adds its contributions in slot order, but the loops run over channels, so they
+    /// vectorise.
     fn token<X: MoeFloat>(&self, dst: &mut [X], slots: &[usize]) {
-        for (c, d) in dst.iter_mut().enumerate() {
-            let mut acc = 0.0f32;
-            for &pos in slots.iter().take_while(|&&p| p != NOT_LOCAL) {
-                let v = self.y[pos * self.hidden + c];
-                acc = match self.sum {
-                    SumMode::RoundEachAdd => X::round_f32(acc + v),
-                    SumMode::F32ThenRound => acc + v,
-                };
+        const CHUNK: usize = 64;
+        let local = slots.iter().take_while(|&&p| p != NOT_LOCAL).count();
+        let slots = &slots[..local];
+        for (c0, d) in (0..).step_by(CHUNK).zip(dst.chunks_mut(CHUNK)) {
+            let mut acc = [0.0f32; CHUNK];
+            let acc = &mut acc[..d.len()];
+            for &pos in slots {
+                let src = &self.y[pos * self.hidden + c0..][..d.len()];
+                match self.sum {
+                    SumMode::RoundEachAdd => {
+                        for (a, &v) in acc.iter_mut().zip(src) {
+                            *a = X::round_f32(*a + v);
+                        }
+                    }
+                    SumMode::F32ThenRound => {
+                        for (a, &v) in acc.iter_mut().zip(src) {
+                            *a += v;
+                        }
+                    }
+                }
             }
-            *d = X::from_f32(acc);
+            for (o, &a) in d.iter_mut().zip(acc.iter()) {
+                *o = X::from_f32(a);
+            }
         }
     }
 
