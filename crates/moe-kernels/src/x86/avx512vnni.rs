@@ -1,5 +1,5 @@
-//! AVX-512 VNNI microkernels: 8 rows × 16 channels, one zmm accumulator per row, `vpdpbusd`
-//! with the activations as `u8 = q + 128` and the weights as s8.
+//! AVX-512 VNNI microkernels: 8 rows × 16 channels, `vpdpbusd` accumulators per row (two for
+//! W4A8, one for W8A8).
 //!
 //! W4A8: each 64-byte packed step yields two u8 vectors of weight codes `c = w + 8` (low
 //! nibbles: K values 0..4 of the step, high nibbles: 4..8); each row broadcasts its matching 4
@@ -75,7 +75,8 @@ fn prefetch_ahead<T>(step: &T) {
 /// step unpacks with two ANDs and a shift and nothing else. Per block,
 /// `acc_i = Σ q·c − zp·Σc − κ`: the accumulator starts at `−κ` (the driver's block
 /// correction), `Σc` is one more `vpdpbusd` per step shared by all rows, and `zp·Σc` is taken
-/// off with one `vpdpwssd` (`Σc < 2^15` as an i16 times `−zp`) or, for blocks too long for
+/// off with the `vpdpwssd` intrinsic (`Σc < 2^15` as an i16 times `−zp`; LLVM's generic x86
+/// tuning emits it as `vpmaddwd` + `vpaddd`) or, for blocks too long for
 /// that, a 32-bit multiply.
 ///
 /// # Safety
