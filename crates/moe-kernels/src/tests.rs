@@ -320,6 +320,8 @@ fn extreme_codes_every_rung() {
         // (15·K ≥ 2^15: the AVX-512 tile's 32-bit correction path).
         (2192, -8, -128, 127),
         (4096, 7, 127, -128),
+        // Longer than the AMX tile's f32-exact block: its integer correction path.
+        (8200, -8, -128, 127),
     ] {
         let w = vec![wv; n * k];
         let s = vec![0.05f32; n];

@@ -1,19 +1,48 @@
-//! What the W4A8 and W8A8 tile bodies share: the row-group geometry, the aligned staging
-//! buffers, and the steps that move activation rows into the A tile and C tiles out to memory.
+//! What the W4A8 and W8A8 tile bodies share: the 2 × 2 tile blocking, the tile configuration,
+//! the aligned staging buffers, and the steps that move activation rows into A tiles and C
+//! tiles out to memory.
 //!
-//! One call handles up to [`MR`] rows of one 16-channel panel: `MR / 16` C tiles (registers
-//! 0..=3), each 16 rows × 16 int32 channels, share every B tile (one K chunk of the panel's
-//! weights), so a weight chunk is loaded once per 64 rows.
+//! One step covers a row group of up to [`GROUP_ROWS`] rows (two A tiles of 16 rows) and a
+//! panel pair of up to [`PAIR`] channels (two B tiles of 16 channels): four C tiles, so every
+//! loaded A tile serves two products and every loaded B tile two. The live tile counts `NA`
+//! and `NB` (1 or 2) are const parameters, so each body is compiled once per shape and no tile
+//! instruction sits behind a runtime branch on its register number.
 
-use super::tiles::{TILE_A, TILE_B, TILE_MAX_COLSB, TILE_MAX_ROWS, TileConfig, TileUnit};
+use super::tiles::{TILE_MAX_COLSB, TILE_MAX_ROWS, TileConfig, TileUnit};
 use crate::packed::PANEL;
 
-/// Rows per C tile.
+/// Rows per A and C tile.
 pub(crate) const TILE_ROWS: usize = TILE_MAX_ROWS;
-/// C tiles used at once.
-pub(crate) const C_TILES: usize = 4;
-/// Rows per call.
-pub(crate) const MR: usize = TILE_ROWS * C_TILES;
+/// Rows per row group: two A tiles.
+pub(crate) const GROUP_ROWS: usize = 2 * TILE_ROWS;
+/// Channels per panel pair: two B tiles.
+pub(crate) const PAIR: usize = 2 * PANEL;
+
+/// C tile of row half `a` and panel `b` is register `2a + b`.
+pub(crate) const C00: u8 = 0;
+/// See [`C00`].
+pub(crate) const C01: u8 = 1;
+/// See [`C00`].
+pub(crate) const C10: u8 = 2;
+/// See [`C00`].
+pub(crate) const C11: u8 = 3;
+/// A tile of the first 16 rows of a group.
+pub(crate) const A0: u8 = 4;
+/// A tile of the second 16 rows of a group.
+pub(crate) const A1: u8 = 5;
+/// B tile of the first panel of a pair.
+pub(crate) const B0: u8 = 6;
+/// B tile of the second panel of a pair.
+pub(crate) const B1: u8 = 7;
+
+/// One 64-byte tile row, aligned so that a slice of them is a tile-loadable block.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct Row64(pub(crate) [u8; TILE_MAX_COLSB]);
+
+impl Row64 {
+    pub(crate) const ZERO: Self = Self([0; TILE_MAX_COLSB]);
+}
 
 /// A 64-byte aligned tile-sized buffer (16 rows × 64 bytes).
 #[derive(Clone, Copy)]
@@ -26,133 +55,183 @@ impl TileBuf {
     }
 }
 
-/// The int32 results of all C tiles of one call, `[MR][16]`, 64-byte aligned.
+/// The int32 results of one step's C tiles, `[GROUP_ROWS][PAIR]`: C tile `(a, b)` fills rows
+/// `16a..16a + 16`, channels `16b..16b + 16`. 64-byte aligned.
 #[repr(C, align(64))]
-pub(crate) struct AccBuf(pub(crate) [[i32; PANEL]; MR]);
+pub(crate) struct AccBuf(pub(crate) [[i32; PAIR]; GROUP_ROWS]);
 
 impl AccBuf {
     pub(crate) fn zeroed() -> Self {
-        Self([[0; PANEL]; MR])
+        Self([[0; PAIR]; GROUP_ROWS])
     }
 }
 
 /// The configuration for K chunks of `chunk` bytes (a multiple of 4, at most 64): C tiles
-/// 16 × 64 bytes, A 16 × `chunk`, B `chunk / 4` × 64.
+/// 16 × 64 bytes, A tiles 16 × `chunk`, B tiles `chunk / 4` × 64.
 pub(crate) fn tile_config(chunk: usize) -> TileConfig {
-    let mut cfg = TileConfig::new();
-    for c in 0..C_TILES as u8 {
-        cfg = cfg.with_tile(c, TILE_ROWS, 4 * PANEL);
-    }
-    cfg.with_tile(TILE_A, TILE_ROWS, chunk)
-        .with_tile(TILE_B, chunk / 4, 4 * PANEL)
+    let c_shape = (TILE_ROWS, 4 * PANEL);
+    [C00, C01, C10, C11]
+        .into_iter()
+        .fold(TileConfig::new(), |cfg, t| {
+            cfg.with_tile(t, c_shape.0, c_shape.1)
+        })
+        .with_tile(A0, TILE_ROWS, chunk)
+        .with_tile(A1, TILE_ROWS, chunk)
+        .with_tile(B0, chunk / 4, 4 * PANEL)
+        .with_tile(B1, chunk / 4, 4 * PANEL)
 }
 
-/// The activation rows of one row group for one K chunk, as the A tile sees them.
+/// The encoded activation rows of one GEMM and the chunk the A tiles are configured for.
+#[derive(Clone, Copy)]
 pub(crate) struct ARows<'a> {
     /// Encoded activations, `[m][k_pad]`.
     pub a: &'a [u8],
+    /// Rows.
+    pub m: usize,
     /// Row stride (`k_pad`).
     pub k_pad: usize,
-    /// First row of the group.
-    pub row0: usize,
-    /// Valid rows in the group (1..=16).
-    pub rows: usize,
-    /// First K value of the chunk.
-    pub k0: usize,
-    /// Valid K values in the chunk (≤ the configured chunk).
-    pub len: usize,
     /// The configured chunk length.
     pub chunk: usize,
 }
 
-/// Loads the A tile from `src`: straight from the activation rows when the group and chunk
-/// are whole, otherwise through `pad` (rows past the group and bytes past `len` are stale but
-/// harmless: their B rows are zero, their C rows are never read).
+/// Loads A tile `T` with rows `row0..row0 + 16` and K values `k0..k0 + chunk`: straight from
+/// the activation rows when all 16 rows exist and the chunk lies inside them, otherwise
+/// through `pad`. Padded rows and bytes are stale but harmless: the B rows past a chunk's data
+/// are zero, and C rows past `m` are never read.
 ///
 /// # Safety
-/// - The unit is configured with [`tile_config`]`(src.chunk)`.
+/// - The unit is configured with [`tile_config`]`(src.chunk)`; `T` is [`A0`] or [`A1`];
+///   `row0 < src.m` and `k0 < src.k_pad`.
 #[inline(always)]
-pub(crate) unsafe fn load_a<U: TileUnit>(unit: &mut U, src: &ARows<'_>, pad: &mut TileBuf) {
-    if src.rows == TILE_ROWS && src.len == src.chunk {
-        let block = &src.a[src.row0 * src.k_pad..(src.row0 + TILE_ROWS) * src.k_pad];
-        assert!(src.k0 + src.chunk <= src.k_pad);
-        // SAFETY: the tile reads 16 rows of `chunk` bytes at `k0 + r·k_pad` inside `block`
-        // (the bound is asserted above), and the unit is configured (caller contract).
-        unsafe { unit.load::<TILE_A>(block[src.k0..].as_ptr(), src.k_pad) };
+pub(crate) unsafe fn load_a<U: TileUnit, const T: u8>(
+    unit: &mut U,
+    src: ARows<'_>,
+    row0: usize,
+    k0: usize,
+    pad: &mut TileBuf,
+) {
+    let rows = TILE_ROWS.min(src.m - row0);
+    if rows == TILE_ROWS && k0 + src.chunk <= src.k_pad {
+        let block = &src.a[row0 * src.k_pad..(row0 + TILE_ROWS) * src.k_pad];
+        // SAFETY: the tile reads 16 rows of `chunk` bytes at `k0 + r·k_pad`, inside `block`
+        // because `k0 + chunk ≤ k_pad` (checked above); the unit is configured (our contract).
+        unsafe { unit.load::<T>(block[k0..].as_ptr(), src.k_pad) };
     } else {
-        for r in 0..src.rows {
-            let at = (src.row0 + r) * src.k_pad + src.k0;
-            pad.0[r][..src.len].copy_from_slice(&src.a[at..at + src.len]);
+        let len = src.chunk.min(src.k_pad - k0);
+        for r in 0..rows {
+            let at = (row0 + r) * src.k_pad + k0;
+            pad.0[r][..len].copy_from_slice(&src.a[at..at + len]);
         }
-        // SAFETY: `pad` holds 16 rows of 64 readable bytes at stride 64, and the unit is
-        // configured (caller contract).
-        unsafe { unit.load::<TILE_A>(pad.0.as_ptr().cast(), TILE_MAX_COLSB) };
+        // SAFETY: `pad` holds 16 rows of 64 readable bytes at stride 64; configured unit.
+        unsafe { unit.load::<T>(pad.0.as_ptr().cast(), TILE_MAX_COLSB) };
     }
 }
 
-/// `C[g] += A·B` for C tile `g < C_TILES`.
+/// Loads the live A tiles of the row group at `row0` for the chunk at `k0`.
 ///
 /// # Safety
-/// - The unit is configured with [`tile_config`], and A and B are loaded.
+/// - As [`load_a`], and `row0 + 16 < src.m` when `NA == 2`.
 #[inline(always)]
-pub(crate) unsafe fn dpbusd_into<U: TileUnit>(unit: &mut U, g: usize) {
-    // Every arm: the shapes of `tile_config` agree for each C tile (caller contract).
-    match g {
-        // SAFETY: C tile 0, per the comment above the match.
-        0 => unsafe { unit.dpbusd::<0, TILE_A, TILE_B>() },
-        // SAFETY: C tile 1, per the comment above the match.
-        1 => unsafe { unit.dpbusd::<1, TILE_A, TILE_B>() },
-        // SAFETY: C tile 2, per the comment above the match.
-        2 => unsafe { unit.dpbusd::<2, TILE_A, TILE_B>() },
-        // SAFETY: C tile 3, per the comment above the match.
-        3 => unsafe { unit.dpbusd::<3, TILE_A, TILE_B>() },
-        _ => unreachable!("C tile index out of range"),
+pub(crate) unsafe fn load_a_live<U: TileUnit, const NA: usize>(
+    unit: &mut U,
+    src: ARows<'_>,
+    row0: usize,
+    k0: usize,
+    pads: &mut [TileBuf; 2],
+) {
+    // SAFETY: forwarded contract.
+    unsafe { load_a::<U, A0>(unit, src, row0, k0, &mut pads[0]) };
+    if NA == 2 {
+        // SAFETY: forwarded contract; the second half's first row exists.
+        unsafe { load_a::<U, A1>(unit, src, row0 + TILE_ROWS, k0, &mut pads[1]) };
     }
 }
 
-/// Zeroes the first `groups` C tiles.
+/// Loads the live B tiles from `b[j]`, `chunk / 4` rows of 64 bytes each at stride 64.
+///
+/// # Safety
+/// - The unit is configured with [`tile_config`]`(chunk)`, and each live `b[j]` points at
+///   `chunk / 4` readable rows of 64 bytes.
+#[inline(always)]
+pub(crate) unsafe fn load_b_live<U: TileUnit, const NB: usize>(unit: &mut U, b: [*const u8; 2]) {
+    // SAFETY: forwarded contract.
+    unsafe { unit.load::<B0>(b[0], TILE_MAX_COLSB) };
+    if NB == 2 {
+        // SAFETY: forwarded contract.
+        unsafe { unit.load::<B1>(b[1], TILE_MAX_COLSB) };
+    }
+}
+
+/// `C(a, b) += A(a)·B(b)` for the live tiles.
+///
+/// # Safety
+/// - The unit is configured with [`tile_config`], and the live A and B tiles are loaded.
+#[inline(always)]
+pub(crate) unsafe fn dpbusd_live<U: TileUnit, const NA: usize, const NB: usize>(unit: &mut U) {
+    // SAFETY: `tile_config` shapes C 16 × 64, A 16 × chunk and B chunk/4 × 64, so every
+    // product's shapes agree (our contract); the same holds for each call below.
+    unsafe { unit.dpbusd::<C00, A0, B0>() };
+    if NB == 2 {
+        // SAFETY: as above.
+        unsafe { unit.dpbusd::<C01, A0, B1>() };
+    }
+    if NA == 2 {
+        // SAFETY: as above.
+        unsafe { unit.dpbusd::<C10, A1, B0>() };
+        if NB == 2 {
+            // SAFETY: as above.
+            unsafe { unit.dpbusd::<C11, A1, B1>() };
+        }
+    }
+}
+
+/// Zeroes the live C tiles.
 ///
 /// # Safety
 /// - The unit is configured with [`tile_config`].
 #[inline(always)]
-pub(crate) unsafe fn zero_c<U: TileUnit>(unit: &mut U, groups: usize) {
-    // Every arm: C tiles 0..=3 are shaped by `tile_config` (caller contract).
-    for g in 0..groups {
-        match g {
-            // SAFETY: C tile 0, per the comment above the match.
-            0 => unsafe { unit.zero::<0>() },
-            // SAFETY: C tile 1, per the comment above the match.
-            1 => unsafe { unit.zero::<1>() },
-            // SAFETY: C tile 2, per the comment above the match.
-            2 => unsafe { unit.zero::<2>() },
-            // SAFETY: C tile 3, per the comment above the match.
-            3 => unsafe { unit.zero::<3>() },
-            _ => unreachable!("C tile index out of range"),
+pub(crate) unsafe fn zero_live<U: TileUnit, const NA: usize, const NB: usize>(unit: &mut U) {
+    // SAFETY: C tiles are shaped by `tile_config` (our contract); likewise below.
+    unsafe { unit.zero::<C00>() };
+    if NB == 2 {
+        // SAFETY: as above.
+        unsafe { unit.zero::<C01>() };
+    }
+    if NA == 2 {
+        // SAFETY: as above.
+        unsafe { unit.zero::<C10>() };
+        if NB == 2 {
+            // SAFETY: as above.
+            unsafe { unit.zero::<C11>() };
         }
     }
 }
 
-/// Stores the first `groups` C tiles into `acc` (group `g` to rows `16g..16g + 16`).
+/// Stores the live C tiles into `acc` (tile `(a, b)` to rows `16a..`, channels `16b..`).
 ///
 /// # Safety
 /// - The unit is configured with [`tile_config`].
 #[inline(always)]
-pub(crate) unsafe fn store_c<U: TileUnit>(unit: &mut U, groups: usize, acc: &mut AccBuf) {
-    for g in 0..groups {
-        let dst: *mut u8 = acc.0[g * TILE_ROWS..].as_mut_ptr().cast();
-        let stride = 4 * PANEL;
-        // Every arm: `dst` starts 16 rows of 64 writable bytes inside `acc`, which we
-        // borrow mutably; tile `g` is shaped 16 × 64 by `tile_config` (caller contract).
-        match g {
-            // SAFETY: C tile 0, per the comment above the match.
-            0 => unsafe { unit.store::<0>(dst, stride) },
-            // SAFETY: C tile 1, per the comment above the match.
-            1 => unsafe { unit.store::<1>(dst, stride) },
-            // SAFETY: C tile 2, per the comment above the match.
-            2 => unsafe { unit.store::<2>(dst, stride) },
-            // SAFETY: C tile 3, per the comment above the match.
-            3 => unsafe { unit.store::<3>(dst, stride) },
-            _ => unreachable!("C tile index out of range"),
+pub(crate) unsafe fn store_live<U: TileUnit, const NA: usize, const NB: usize>(
+    unit: &mut U,
+    acc: &mut AccBuf,
+) {
+    let stride = PAIR * 4;
+    let base: *mut u8 = acc.0.as_mut_ptr().cast();
+    let at = |a: usize, b: usize| base.wrapping_add(a * TILE_ROWS * stride + b * PANEL * 4);
+    // SAFETY: `at(a, b)` starts 16 rows of 64 writable bytes at stride `stride` inside `acc`,
+    // which we borrow mutably; C tiles are 16 × 64 (our contract); likewise below.
+    unsafe { unit.store::<C00>(at(0, 0), stride) };
+    if NB == 2 {
+        // SAFETY: as above.
+        unsafe { unit.store::<C01>(at(0, 1), stride) };
+    }
+    if NA == 2 {
+        // SAFETY: as above.
+        unsafe { unit.store::<C10>(at(1, 0), stride) };
+        if NB == 2 {
+            // SAFETY: as above.
+            unsafe { unit.store::<C11>(at(1, 1), stride) };
         }
     }
 }

@@ -20,14 +20,17 @@ mod tiles;
 mod w4a8;
 mod w8a8;
 
+use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::OnceLock;
 
 use super::Amx;
 use crate::Isa;
 use crate::ukernel::{ActEncoding, W4A8Job, W4A8PanelsFn, W8A8Job, W8A8PanelsFn};
-use common::{MR, tile_config};
+use common::{AccBuf, GROUP_ROWS, TILE_ROWS, TileBuf, tile_config};
 use tiles::{HwTiles, TileUnit};
+use w4a8::{W4A8Step, WidePair, w4a8_step};
+use w8a8::{PanelPair, w8a8_step};
 
 /// Rows from which the tile kernels take over unless `MOE_KERNELS_AMX_MIN_M` says otherwise:
 /// one full tile of rows. Not yet tuned on AMX hardware.
@@ -48,30 +51,67 @@ pub(crate) fn min_rows() -> usize {
     })
 }
 
-/// Walks `panels` in calls of up to [`MR`] rows on a configured unit, then releases it.
+/// Runs `$step::<U, NA, NB>` for a row group of `$rows` rows and a pair of `$nb` panels: one
+/// branch per step, none per tile instruction.
+macro_rules! live_shape {
+    ($rows:expr, $nb:expr, $step:ident::<$u:ty>($($arg:expr),* $(,)?)) => {
+        match ($rows > TILE_ROWS, $nb == 2) {
+            (false, false) => $step::<$u, 1, 1>($($arg),*),
+            (false, true) => $step::<$u, 1, 2>($($arg),*),
+            (true, false) => $step::<$u, 2, 1>($($arg),*),
+            (true, true) => $step::<$u, 2, 2>($($arg),*),
+        }
+    };
+}
+
+thread_local! {
+    /// Each thread's widened panel pair, kept between calls so steady-state calls do not
+    /// allocate.
+    static WIDE_PAIR: RefCell<WidePair> = RefCell::new(WidePair::default());
+}
+
+/// Walks `panels` in pairs, widening each pair once and running every row group of the call
+/// over it, on a configured unit it releases at the end.
 ///
 /// # Safety
 /// - The CPU has AVX-512 F/BW/VNNI and `unit` can run tile instructions;
 /// - the job satisfies [`W4A8PanelsFn`]'s contract.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn w4a8_panels<U: TileUnit>(unit: &mut U, job: &W4A8Job<'_>, panels: Range<usize>) {
-    let cfg = tile_config(w4a8::chunk_len(job.w.block_len()));
+    let chunk = w4a8::chunk_len(job.w.block_len());
     // SAFETY: `cfg` comes from `tile_config`, whose shapes are legal.
-    unsafe { unit.configure(&cfg) };
-    for p in panels {
-        let mut m0 = 0;
-        while m0 < job.m {
-            let mr = MR.min(job.m - m0);
-            // SAFETY: the unit is configured for this matrix's chunk; the job contract is
-            // forwarded from our caller; `m0 + mr ≤ m`.
-            unsafe { w4a8::w4a8_rows(unit, job, p, m0, mr) };
-            m0 += mr;
+    unsafe { unit.configure(&tile_config(chunk)) };
+    let mut pads = [TileBuf::zeroed(); 2];
+    let mut accs = [AccBuf::zeroed(), AccBuf::zeroed()];
+    WIDE_PAIR.with_borrow_mut(|wide| {
+        let mut p = panels.start;
+        while p < panels.end {
+            let nb = 2.min(panels.end - p);
+            wide.fill(job.w, p, nb, chunk);
+            let mut row0 = 0;
+            while row0 < job.m {
+                let rows = GROUP_ROWS.min(job.m - row0);
+                let step = W4A8Step {
+                    wide,
+                    p,
+                    row0,
+                    pads: &mut pads,
+                    accs: &mut accs,
+                };
+                // SAFETY: the unit is configured for this matrix's chunk and `wide` was
+                // filled for this pair with it; the job contract is forwarded from our
+                // caller; `row0 < m`, and the shape has two row halves exactly when
+                // `row0 + 16 < m`.
+                unsafe { live_shape!(rows, nb, w4a8_step::<U>(unit, job, step)) };
+                row0 += rows;
+            }
+            p += nb;
         }
-    }
+    });
     unit.release();
 }
 
-/// W8A8 counterpart of [`w4a8_panels`].
+/// W8A8 counterpart of [`w4a8_panels`]; the packed panels need no widening.
 ///
 /// # Safety
 /// - As [`w4a8_panels`], with [`W8A8PanelsFn`]'s contract.
@@ -79,14 +119,27 @@ unsafe fn w4a8_panels<U: TileUnit>(unit: &mut U, job: &W4A8Job<'_>, panels: Rang
 unsafe fn w8a8_panels<U: TileUnit>(unit: &mut U, job: &W8A8Job<'_>, panels: Range<usize>) {
     // SAFETY: `tile_config` shapes are legal.
     unsafe { unit.configure(&tile_config(w8a8::CHUNK)) };
-    for p in panels {
-        let mut m0 = 0;
-        while m0 < job.m {
-            let mr = MR.min(job.m - m0);
-            // SAFETY: configured unit; job contract forwarded; `m0 + mr ≤ m`.
-            unsafe { w8a8::w8a8_rows(unit, job, p, m0, mr) };
-            m0 += mr;
+    let mut pads = [TileBuf::zeroed(); 2];
+    let mut acc = AccBuf::zeroed();
+    let mut p = panels.start;
+    while p < panels.end {
+        let nb = 2.min(panels.end - p);
+        let pair = PanelPair::new(job.w, p, nb);
+        let mut row0 = 0;
+        while row0 < job.m {
+            let rows = GROUP_ROWS.min(job.m - row0);
+            // SAFETY: configured unit; job contract forwarded; `row0 < m`, and the shape has
+            // two row halves exactly when `row0 + 16 < m`.
+            unsafe {
+                live_shape!(
+                    rows,
+                    nb,
+                    w8a8_step::<U>(unit, job, &pair, row0, &mut pads, &mut acc)
+                )
+            };
+            row0 += rows;
         }
+        p += nb;
     }
     unit.release();
 }

@@ -2,19 +2,13 @@
 //! hardware implementation (one `asm!` instruction per operation) and, for tests, an emulation
 //! of the same instructions' documented semantics.
 //!
-//! The emulation exists because the development machine has no AMX: with it, every line of the
-//! kernels except the six instructions themselves runs in the rung tests and is compared with
-//! the scalar reference bit for bit. It also checks the shape rules the hardware would fault on
+//! The emulation exists because most machines have no AMX: with it, every line of the kernels
+//! except the six instructions themselves runs in the rung tests and is compared with the
+//! scalar reference bit for bit. It also checks the shape rules the hardware would fault on
 //! (rows ≤ 16, ≤ 64 bytes per row, matching A/B/C shapes), so a kernel that misconfigures a tile
 //! fails the tests instead of the customer's machine.
 
 use super::super::Amx;
-
-/// Tile registers the kernels use: C tiles 0..=3, the A (activation) tile and the B (weight)
-/// tile.
-pub(crate) const TILE_A: u8 = 4;
-/// The B (weight) tile register.
-pub(crate) const TILE_B: u8 = 5;
 
 /// Most rows a tile holds (palette 1).
 pub(crate) const TILE_MAX_ROWS: usize = 16;

@@ -1,12 +1,19 @@
-//! The W4A8 tile body: up to 64 rows × one 16-channel panel per call.
+//! The W4A8 tile body: one row group (up to 32 rows) × one panel pair (up to 32 channels) per
+//! step.
 //!
-//! AMX multiplies bytes, so each K chunk of the panel's nibbles is first widened to s8 in the
-//! VNNI order `tdpbusd` wants: B row `j` holds K values `4j..4j+4` of the chunk for the 16
-//! channels, which is exactly what the low (even rows) and high (odd rows) nibbles of one
-//! 64-byte packed step give. Per scale block, the C tiles are zeroed, every chunk of the block
-//! is accumulated, and the int32 sums go through the same epilogue as the AVX-512 VNNI kernel
-//! (`acc − (128 + zp)·Σw`, then `acc_f += f32(acc_i)·scale` without FMA, `y = acc_f·recip + bias`),
-//! so outputs equal the scalar reference bit for bit.
+//! AMX multiplies bytes, so the nibbles of a panel pair are widened to s8 once per call
+//! ([`WidePair::fill`]) in the VNNI order `tdpbusd` wants (B row `j` holds K values `4j..4j+4`
+//! of the 16 channels: the low and high nibbles of one 64-byte packed step are two such rows),
+//! together with every block's weight sums. Each block then starts at a fixed row of that
+//! buffer, padded with zero rows to whole chunks, so every B tile loads straight from it, and
+//! every row group of the call reuses it.
+//!
+//! The group scales change every block, so the C tiles are stored after each block and the
+//! block's int32 sums go through the epilogue of the scalar reference:
+//! `acc_i = acc − (128 + zp)·Σw`, `acc_f = acc_f + f32(acc_i)·scale` (no FMA), and at the end
+//! `y = acc_f·recip + bias`, so outputs equal the scalar reference bit for bit. The tiles of
+//! block `b + 1` are issued before the epilogue of block `b`, into the other of two
+//! accumulator buffers, so the tile unit and the vector units work at the same time.
 
 // Rows index several arrays in lockstep; index loops read clearer than zips here.
 #![allow(clippy::needless_range_loop)]
@@ -14,10 +21,11 @@
 use std::arch::x86_64::*;
 
 use super::common::{
-    ARows, AccBuf, C_TILES, MR, TILE_ROWS, TileBuf, dpbusd_into, load_a, store_c, zero_c,
+    ARows, AccBuf, GROUP_ROWS, Row64, TileBuf, dpbusd_live, load_a_live, load_b_live, store_live,
+    zero_live,
 };
-use super::tiles::{TILE_B, TILE_MAX_COLSB, TileUnit};
-use crate::packed::{PANEL, STEP_BYTES, w4a8::K_STEP};
+use super::tiles::{TILE_MAX_COLSB, TileUnit};
+use crate::packed::{PANEL, PackedW4A8, STEP_BYTES, w4a8::K_STEP};
 use crate::ukernel::{W4A8Job, W4A8Out};
 
 /// K values per chunk for blocks of `block_len` values: a whole 64-byte A row, or 32 when a
@@ -26,134 +34,232 @@ pub(crate) fn chunk_len(block_len: usize) -> usize {
     if block_len <= 32 { 32 } else { TILE_MAX_COLSB }
 }
 
-/// Widens the packed steps `steps` (K values `8i..8i+8` each) into B rows `2i` (low nibbles)
-/// and `2i + 1` (high nibbles), minus 8; rows past them up to `rows` become zero. Adds the
-/// 16 channels' weight sums over these steps to `wsum`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-fn widen_chunk(steps: &[[u8; STEP_BYTES]], rows: usize, b: &mut TileBuf, wsum: &mut __m512i) {
-    let mask = _mm512_set1_epi8(0x0F);
-    let eight = _mm512_set1_epi8(8);
-    let ones = _mm512_set1_epi8(1);
-    for (i, step) in steps.iter().enumerate() {
-        // SAFETY: `step` is 64 readable bytes; the load is unaligned.
-        let v = unsafe { _mm512_loadu_si512(step.as_ptr().cast()) };
-        let lo = _mm512_sub_epi8(_mm512_and_si512(v, mask), eight);
-        let hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16::<4>(v), mask), eight);
-        // `lo + hi` lies in [-16, 14], so one dot with ones adds both halves exactly.
-        *wsum = _mm512_dpbusd_epi32(*wsum, ones, _mm512_add_epi8(lo, hi));
-        let (row_lo, rest) = b.0[2 * i..].split_first_mut().expect("16 B rows");
-        let row_hi = &mut rest[0];
-        // SAFETY: `row_lo` is 64 writable bytes we borrow mutably; the store is unaligned.
-        unsafe { _mm512_storeu_si512(row_lo.as_mut_ptr().cast(), lo) };
-        // SAFETY: as above, for `row_hi`.
-        unsafe { _mm512_storeu_si512(row_hi.as_mut_ptr().cast(), hi) };
+/// Longest block whose int32 sums are exact in f32: `|Σ (q + 128)·w| ≤ 255·8·B < 2^24`. For
+/// such blocks `f32(acc) − f32(128 + zp)·f32(Σw)`, one fused multiply-add of exact integers,
+/// is the exact `acc_i`, which saves the 32-bit multiply of the integer correction.
+const F32_EXACT_BLOCK: usize = 8192;
+
+/// A panel pair's weights widened to s8 B rows, and each block's weight sums.
+#[derive(Default)]
+pub(crate) struct WidePair {
+    /// `[panel][block][rows_per_block]` B rows; rows past a block's data are zero.
+    rows: Vec<Row64>,
+    /// `[panel][block]` sums `Σ_{k∈b} w` of the 16 channels.
+    wsum: Vec<[i32; PANEL]>,
+    /// B rows per block: the block's chunks, whole.
+    rows_per_block: usize,
+    /// Blocks per panel.
+    n_blocks: usize,
+}
+
+impl WidePair {
+    /// Widens panels `p..p + nb` (`nb` is 1 or 2) of `w` for chunks of `chunk` K values.
+    /// Reuses the buffers, so a thread's calls stop allocating once the largest matrix is seen.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(crate) fn fill(&mut self, w: &PackedW4A8, p: usize, nb: usize, chunk: usize) {
+        let (block_len, n_blocks) = (w.block_len(), w.n_blocks());
+        let rows_per_block = block_len.div_ceil(chunk) * (chunk / 4);
+        self.rows_per_block = rows_per_block;
+        self.n_blocks = n_blocks;
+        self.rows.clear();
+        self.rows
+            .resize(nb * n_blocks * rows_per_block, Row64::ZERO);
+        self.wsum.clear();
+        self.wsum.resize(nb * n_blocks, [0; PANEL]);
+        let steps_per_block = block_len / K_STEP;
+        let mask = _mm512_set1_epi8(0x0F);
+        let eight = _mm512_set1_epi8(8);
+        let ones = _mm512_set1_epi8(1);
+        for j in 0..nb {
+            let (steps, _) = w.panel_nibbles(p + j).as_chunks::<STEP_BYTES>();
+            for b in 0..n_blocks {
+                let block = &steps[b * steps_per_block..][..steps_per_block];
+                let at = (j * n_blocks + b) * rows_per_block;
+                let dst = &mut self.rows[at..at + 2 * steps_per_block];
+                let mut ws = _mm512_setzero_si512();
+                for (step, pair) in block.iter().zip(dst.as_chunks_mut::<2>().0) {
+                    // SAFETY: `step` is 64 readable bytes; the load is unaligned.
+                    let v = unsafe { _mm512_loadu_si512(step.as_ptr().cast()) };
+                    let lo = _mm512_sub_epi8(_mm512_and_si512(v, mask), eight);
+                    let hi =
+                        _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16::<4>(v), mask), eight);
+                    // `lo + hi` lies in [-16, 14], so one dot with ones adds both halves.
+                    ws = _mm512_dpbusd_epi32(ws, ones, _mm512_add_epi8(lo, hi));
+                    // SAFETY: each `Row64` is 64 writable, 64-byte aligned bytes we borrow
+                    // mutably.
+                    unsafe { _mm512_store_si512(pair[0].0.as_mut_ptr().cast(), lo) };
+                    // SAFETY: as above.
+                    unsafe { _mm512_store_si512(pair[1].0.as_mut_ptr().cast(), hi) };
+                }
+                // SAFETY: 16 writable i32; unaligned store.
+                unsafe {
+                    _mm512_storeu_si512(self.wsum[j * self.n_blocks + b].as_mut_ptr().cast(), ws)
+                };
+            }
+        }
     }
-    for row in &mut b.0[2 * steps.len()..rows] {
-        *row = [0; TILE_MAX_COLSB];
+
+    /// The B rows of chunk `c` of block `b` of the pair's panel `j`.
+    fn chunk_rows(&self, j: usize, b: usize, c: usize, chunk: usize) -> *const u8 {
+        let at = (j * self.n_blocks + b) * self.rows_per_block + c * (chunk / 4);
+        self.rows[at..at + chunk / 4].as_ptr().cast()
     }
 }
 
-/// Computes rows `m0..m0 + mr` (`1 ≤ mr ≤ MR`) of panel `p`.
+/// The f32 accumulators of a row group, `[row][panel]`.
+type AccF = [[__m512; 2]; GROUP_ROWS];
+
+/// What a step needs besides the job: the widened pair, its first panel, the row group and
+/// the scratch buffers.
+pub(crate) struct W4A8Step<'a> {
+    /// The widened panels.
+    pub wide: &'a WidePair,
+    /// First panel of the pair.
+    pub p: usize,
+    /// First row of the group.
+    pub row0: usize,
+    /// Staging for partial A tiles.
+    pub pads: &'a mut [TileBuf; 2],
+    /// The two accumulator buffers the blocks alternate between.
+    pub accs: &'a mut [AccBuf; 2],
+}
+
+/// Computes rows `row0..row0 + min(32, m − row0)` of the pair's channels. `NA` is 2 when the
+/// group has more than 16 rows, `NB` the number of panels in the pair.
 ///
 /// # Safety
 /// - The CPU has AVX-512 F/BW/VNNI; `unit` is configured with
-///   `tile_config(chunk_len(job.w.block_len()))`.
-/// - The job satisfies [`crate::ukernel::W4A8PanelsFn`]'s contract for panel `p`, and
-///   `m0 + mr ≤ job.m`.
+///   `tile_config(chunk_len(job.w.block_len()))`, and `step.wide` was filled for this pair
+///   with that chunk.
+/// - The job satisfies [`crate::ukernel::W4A8PanelsFn`]'s contract for the pair's panels;
+///   `row0 < job.m`, and `row0 + 16 < job.m` exactly when `NA == 2`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub(crate) unsafe fn w4a8_rows<U: TileUnit>(
+pub(crate) unsafe fn w4a8_step<U: TileUnit, const NA: usize, const NB: usize>(
     unit: &mut U,
     job: &W4A8Job<'_>,
-    p: usize,
-    m0: usize,
-    mr: usize,
+    step: W4A8Step<'_>,
 ) {
-    debug_assert!((1..=MR).contains(&mr) && m0 + mr <= job.m);
+    let W4A8Step {
+        wide,
+        p,
+        row0,
+        pads,
+        accs,
+    } = step;
     let w = job.w;
     let (k_pad, block_len, n_blocks) = (w.k_pad(), w.block_len(), w.n_blocks());
     let chunk = chunk_len(block_len);
-    let (steps, _) = w.panel_nibbles(p).as_chunks::<STEP_BYTES>();
-    let groups = mr.div_ceil(TILE_ROWS);
-    debug_assert!(groups <= C_TILES);
+    let chunks = block_len.div_ceil(chunk);
+    let src = ARows {
+        a: job.a,
+        m: job.m,
+        k_pad,
+        chunk,
+    };
+    let rows = GROUP_ROWS.min(job.m - row0);
+    let mut corr = [0i32; GROUP_ROWS];
+    corr[..rows].copy_from_slice(&job.row_corr[row0..row0 + rows]);
 
-    let mut b_buf = TileBuf::zeroed();
-    let mut a_pad = TileBuf::zeroed();
-    let mut acc = AccBuf::zeroed();
-    let mut acc_f = [_mm512_setzero_ps(); MR];
-    for b in 0..n_blocks {
-        // SAFETY: the unit is configured with this chunk's `tile_config` (our contract).
-        unsafe { zero_c(unit, groups) };
-        let block_end = (b + 1) * block_len;
-        let mut k0 = b * block_len;
-        let mut ws = _mm512_setzero_si512();
-        while k0 < block_end {
-            let len = chunk.min(block_end - k0);
-            widen_chunk(
-                &steps[k0 / K_STEP..(k0 + len) / K_STEP],
-                chunk / 4,
-                &mut b_buf,
-                &mut ws,
-            );
-            // SAFETY: `b_buf` holds 16 rows of 64 readable bytes at stride 64; configured unit.
-            unsafe { unit.load::<TILE_B>(b_buf.0.as_ptr().cast(), TILE_MAX_COLSB) };
-            for g in 0..groups {
-                let rows = ARows {
-                    a: job.a,
-                    k_pad,
-                    row0: m0 + g * TILE_ROWS,
-                    rows: TILE_ROWS.min(mr - g * TILE_ROWS),
-                    k0,
-                    len,
-                    chunk,
-                };
-                // SAFETY: configured unit (our contract).
-                unsafe { load_a(unit, &rows, &mut a_pad) };
-                // SAFETY: configured unit with A and B loaded; `g < groups ≤ C_TILES`.
-                unsafe { dpbusd_into(unit, g) };
-            }
-            k0 += len;
+    // Zeroes, accumulates and stores block `b`'s C tiles into `acc`.
+    let tiles = |unit: &mut U, pads: &mut [TileBuf; 2], b: usize, acc: &mut AccBuf| {
+        // SAFETY: for this and the tile calls below, the unit is configured for `chunk` (our contract); `load_a`
+        // keeps the A loads inside the activation rows, and `row0 + 16 < m` when `NA == 2`;
+        // `chunk_rows` points at `chunk / 4` rows of the filled pair.
+        unsafe { zero_live::<U, NA, NB>(unit) };
+        for c in 0..chunks {
+            // SAFETY: see above.
+            unsafe { load_a_live::<U, NA>(unit, src, row0, b * block_len + c * chunk, pads) };
+            let b_rows = [
+                wide.chunk_rows(0, b, c, chunk),
+                wide.chunk_rows(NB - 1, b, c, chunk),
+            ];
+            // SAFETY: see above.
+            unsafe { load_b_live::<U, NB>(unit, b_rows) };
+            // SAFETY: see above.
+            unsafe { dpbusd_live::<U, NA, NB>(unit) };
         }
-        // SAFETY: configured unit (our contract).
-        unsafe { store_c(unit, groups, &mut acc) };
+        // SAFETY: see above.
+        unsafe { store_live::<U, NA, NB>(unit, acc) };
+    };
 
-        let block_scales = w.block_scales(p, b);
-        // SAFETY: 16 readable f32 in a local array; unaligned load.
-        let sc = unsafe { _mm512_loadu_ps(block_scales.as_ptr()) };
-        for r in 0..mr {
-            // SAFETY: row `r` of `acc` is 16 readable i32.
-            let c = unsafe { _mm512_load_si512(acc.0[r].as_ptr().cast()) };
-            let corr = _mm512_set1_epi32(job.row_corr[m0 + r]);
-            let acc_i = _mm512_sub_epi32(c, _mm512_mullo_epi32(corr, ws));
-            match job.out {
-                W4A8Out::BlockAcc { ptr } => {
-                    let at = ((m0 + r) * n_blocks + b) * PANEL * w.n_panels() + p * PANEL;
-                    // SAFETY: the driver sized the accumulator buffer `[m][n_blocks][n_pad]`;
-                    // these 16 channels of row `m0 + r` belong to this call alone.
-                    unsafe { _mm512_storeu_si512(ptr.wrapping_add(at).cast(), acc_i) };
-                }
-                W4A8Out::Values { .. } => {
-                    acc_f[r] =
-                        _mm512_add_ps(acc_f[r], _mm512_mul_ps(_mm512_cvtepi32_ps(acc_i), sc));
+    let mut acc_f: AccF = [[_mm512_setzero_ps(); 2]; GROUP_ROWS];
+    let exact_in_f32 = block_len <= F32_EXACT_BLOCK;
+    let corr_f = corr.map(|c| c as f32);
+    // Block `b`'s epilogue from its stored C tiles.
+    let epilogue = |acc_f: &mut AccF, b: usize, acc: &AccBuf| {
+        for j in 0..NB {
+            // SAFETY: 16 readable i32 of the pair's sums; unaligned load.
+            let ws = unsafe { _mm512_loadu_si512(wide.wsum[j * n_blocks + b].as_ptr().cast()) };
+            let ws_f = _mm512_cvtepi32_ps(ws);
+            let block_scales = w.block_scales(p + j, b);
+            // SAFETY: 16 readable f32 in a local array; unaligned load.
+            let sc = unsafe { _mm512_loadu_ps(block_scales.as_ptr()) };
+            for r in 0..rows {
+                // SAFETY: channels `16j..16j + 16` of an `AccBuf` row are 16 readable,
+                // 64-byte aligned i32.
+                let c = unsafe { _mm512_load_si512(acc.0[r][j * PANEL..].as_ptr().cast()) };
+                match job.out {
+                    W4A8Out::BlockAcc { ptr } => {
+                        let acc_i =
+                            _mm512_sub_epi32(c, _mm512_mullo_epi32(_mm512_set1_epi32(corr[r]), ws));
+                        let at =
+                            ((row0 + r) * n_blocks + b) * PANEL * w.n_panels() + (p + j) * PANEL;
+                        // SAFETY: the driver sized the accumulator buffer
+                        // `[m][n_blocks][n_pad]`; these 16 channels of row `row0 + r` belong to
+                        // this call alone.
+                        unsafe { _mm512_storeu_si512(ptr.wrapping_add(at).cast(), acc_i) };
+                    }
+                    W4A8Out::Values { .. } => {
+                        let acc_i = if exact_in_f32 {
+                            _mm512_fnmadd_ps(_mm512_set1_ps(corr_f[r]), ws_f, _mm512_cvtepi32_ps(c))
+                        } else {
+                            let exact = _mm512_sub_epi32(
+                                c,
+                                _mm512_mullo_epi32(_mm512_set1_epi32(corr[r]), ws),
+                            );
+                            _mm512_cvtepi32_ps(exact)
+                        };
+                        acc_f[r][j] = _mm512_add_ps(acc_f[r][j], _mm512_mul_ps(acc_i, sc));
+                    }
                 }
             }
         }
+    };
+
+    let [acc_even, acc_odd] = accs;
+    tiles(unit, pads, 0, acc_even);
+    for b in 1..=n_blocks {
+        let (next, done) = if b % 2 == 0 {
+            (&mut *acc_even, &*acc_odd)
+        } else {
+            (&mut *acc_odd, &*acc_even)
+        };
+        if b < n_blocks {
+            tiles(unit, pads, b, next);
+        }
+        epilogue(&mut acc_f, b - 1, done);
     }
+
     if let W4A8Out::Values { ptr, ld } = job.out {
-        let valid = PANEL.min(w.n() - p * PANEL);
-        let keep: __mmask16 = if valid == PANEL { !0 } else { (1 << valid) - 1 };
-        // SAFETY: a present bias slice holds 16 readable f32; unaligned load.
-        let bias = w
-            .panel_bias(p)
-            .map(|b| unsafe { _mm512_loadu_ps(b.as_ptr()) });
-        for r in 0..mr {
-            let mut y = _mm512_mul_ps(acc_f[r], _mm512_set1_ps(job.row_recip[m0 + r]));
-            if let Some(bias) = bias {
-                y = _mm512_add_ps(y, bias);
+        for j in 0..NB {
+            let pj = p + j;
+            let valid = PANEL.min(w.n() - pj * PANEL);
+            let keep: __mmask16 = if valid == PANEL { !0 } else { (1 << valid) - 1 };
+            // SAFETY: a present bias slice holds 16 readable f32; unaligned load.
+            let bias = w
+                .panel_bias(pj)
+                .map(|b| unsafe { _mm512_loadu_ps(b.as_ptr()) });
+            for r in 0..rows {
+                let mut y = _mm512_mul_ps(acc_f[r][j], _mm512_set1_ps(job.row_recip[row0 + r]));
+                if let Some(bias) = bias {
+                    y = _mm512_add_ps(y, bias);
+                }
+                let dst = ptr.wrapping_add((row0 + r) * ld + pj * PANEL);
+                // SAFETY: row `row0 + r < m` and the masked-in channels `16pj..16pj + valid`
+                // are `< N`, inside the validated output and owned by this call; masked-out
+                // lanes are not accessed.
+                unsafe { _mm512_mask_storeu_ps(dst, keep, y) };
             }
-            // SAFETY: row `m0 + r < m` and the masked-in channels `16p..16p + valid` are `< N`,
-            // inside the validated output and owned by this call; masked-out lanes are not
-            // accessed.
-            unsafe { _mm512_mask_storeu_ps(ptr.wrapping_add((m0 + r) * ld + p * PANEL), keep, y) };
         }
     }
 }

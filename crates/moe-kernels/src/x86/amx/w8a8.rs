@@ -1,107 +1,134 @@
-//! The W8A8 tile body: up to 64 rows × one 16-channel panel per call.
+//! The W8A8 tile body: one row group (up to 32 rows) × one panel pair (up to 32 channels) per
+//! step, the four C tiles held in the tile registers over the whole of K.
 //!
 //! The packed int8 panel already is a stack of B rows in VNNI order (each 64-byte step holds
 //! K values `4s..4s+4` of the 16 channels), so whole 64-value chunks load straight from the
-//! packed weights; only a ragged last chunk goes through a zero-padded copy. The int32 sums
-//! over all of K then take the AVX-512 VNNI kernel's epilogue (`acc − 128·Σw`, times
+//! packed weights; only a ragged last chunk goes through a zero-padded copy, made once per
+//! panel pair. With one scale per channel nothing happens between chunks: the int32 sums over
+//! all of K take the AVX-512 VNNI kernel's epilogue once per output tile (`acc − 128·Σw`, times
 //! `xs·ws`), so outputs equal the scalar reference bit for bit.
 
 use std::arch::x86_64::*;
 
 use super::common::{
-    ARows, AccBuf, C_TILES, MR, TILE_ROWS, TileBuf, dpbusd_into, load_a, store_c, zero_c,
+    ARows, AccBuf, GROUP_ROWS, TileBuf, dpbusd_live, load_a_live, load_b_live, store_live,
+    zero_live,
 };
-use super::tiles::{TILE_B, TILE_MAX_COLSB, TileUnit};
-use crate::packed::{PANEL, STEP_BYTES, w8a8::K_STEP};
+use super::tiles::{TILE_MAX_COLSB, TileUnit};
+use crate::packed::{PANEL, PackedW8A8, STEP_BYTES, w8a8::K_STEP};
 use crate::ukernel::W8A8Job;
 
 /// K values per chunk: one full 64-byte A row.
 pub(crate) const CHUNK: usize = TILE_MAX_COLSB;
 
-/// Computes rows `m0..m0 + mr` (`1 ≤ mr ≤ MR`) of panel `p`.
+/// The B side of one step: the packed bytes of up to two adjacent panels and zero-padded
+/// copies of their ragged last chunk.
+pub(crate) struct PanelPair<'a> {
+    /// First panel of the pair.
+    p: usize,
+    /// The packed panels (the second repeats the first when the pair has one panel).
+    panels: [&'a [u8]; 2],
+    /// The last chunk of each panel when K is not a multiple of [`CHUNK`]: its steps, then
+    /// zero rows.
+    tail: [TileBuf; 2],
+}
+
+impl<'a> PanelPair<'a> {
+    /// Panels `p..p + nb` (`nb` is 1 or 2) of `w`.
+    pub(crate) fn new(w: &'a PackedW8A8, p: usize, nb: usize) -> Self {
+        let bytes = |p: usize| {
+            let panel = w.panel_bytes(p);
+            // SAFETY: `i8` and `u8` have the same size, alignment and validity.
+            unsafe { std::slice::from_raw_parts(panel.as_ptr().cast::<u8>(), panel.len()) }
+        };
+        let panels = [bytes(p), bytes(p + nb - 1)];
+        let full = w.k_pad() / CHUNK * CHUNK;
+        let tail = panels.map(|panel| {
+            let mut buf = TileBuf::zeroed();
+            let (steps, _) = panel[full / K_STEP * STEP_BYTES..].as_chunks::<STEP_BYTES>();
+            for (row, step) in buf.0.iter_mut().zip(steps) {
+                *row = *step;
+            }
+            buf
+        });
+        Self { p, panels, tail }
+    }
+}
+
+/// Computes rows `row0..row0 + min(32, m − row0)` of the pair's channels. `NA` is 2 when the
+/// group has more than 16 rows, `NB` the number of panels in the pair.
 ///
 /// # Safety
 /// - The CPU has AVX-512 F/BW/VNNI; `unit` is configured with `tile_config(CHUNK)`.
-/// - The job satisfies [`crate::ukernel::W8A8PanelsFn`]'s contract for panel `p`, and
-///   `m0 + mr ≤ job.m`.
+/// - The job satisfies [`crate::ukernel::W8A8PanelsFn`]'s contract for the pair's panels;
+///   `row0 < job.m`, and `row0 + 16 < job.m` exactly when `NA == 2`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub(crate) unsafe fn w8a8_rows<U: TileUnit>(
+pub(crate) unsafe fn w8a8_step<U: TileUnit, const NA: usize, const NB: usize>(
     unit: &mut U,
     job: &W8A8Job<'_>,
-    p: usize,
-    m0: usize,
-    mr: usize,
+    pair: &PanelPair<'_>,
+    row0: usize,
+    pads: &mut [TileBuf; 2],
+    acc: &mut AccBuf,
 ) {
-    debug_assert!((1..=MR).contains(&mr) && m0 + mr <= job.m);
     let w = job.w;
     let k_pad = w.k_pad();
-    let panel = w.panel_bytes(p);
-    // SAFETY: `i8` and `u8` have the same size, alignment and validity.
-    let panel: &[u8] = unsafe { std::slice::from_raw_parts(panel.as_ptr().cast(), panel.len()) };
-    let (steps, _) = panel.as_chunks::<STEP_BYTES>();
-    let groups = mr.div_ceil(TILE_ROWS);
-    debug_assert!(groups <= C_TILES);
-
-    let mut b_pad = TileBuf::zeroed();
-    let mut a_pad = TileBuf::zeroed();
-    let mut acc = AccBuf::zeroed();
-    // SAFETY: the unit is configured (our contract).
-    unsafe { zero_c(unit, groups) };
-    let mut k0 = 0;
-    while k0 < k_pad {
-        let len = CHUNK.min(k_pad - k0);
-        let chunk_steps = &steps[k0 / K_STEP..(k0 + len) / K_STEP];
-        if len == CHUNK {
-            // SAFETY: a whole chunk is 16 consecutive 64-byte steps inside the panel; the
-            // unit is configured (our contract).
-            unsafe { unit.load::<TILE_B>(chunk_steps.as_ptr().cast(), TILE_MAX_COLSB) };
-        } else {
-            for (row, step) in b_pad.0.iter_mut().zip(chunk_steps) {
-                *row = *step;
-            }
-            for row in &mut b_pad.0[chunk_steps.len()..] {
-                *row = [0; TILE_MAX_COLSB];
-            }
-            // SAFETY: `b_pad` holds 16 rows of 64 readable bytes at stride 64; configured unit.
-            unsafe { unit.load::<TILE_B>(b_pad.0.as_ptr().cast(), TILE_MAX_COLSB) };
-        }
-        for g in 0..groups {
-            let rows = ARows {
-                a: job.a,
-                k_pad,
-                row0: m0 + g * TILE_ROWS,
-                rows: TILE_ROWS.min(mr - g * TILE_ROWS),
-                k0,
-                len,
-                chunk: CHUNK,
-            };
-            // SAFETY: configured unit (our contract).
-            unsafe { load_a(unit, &rows, &mut a_pad) };
-            // SAFETY: configured unit with A and B loaded; `g < groups ≤ C_TILES`.
-            unsafe { dpbusd_into(unit, g) };
-        }
-        k0 += len;
+    let src = ARows {
+        a: job.a,
+        m: job.m,
+        k_pad,
+        chunk: CHUNK,
+    };
+    // SAFETY: for this and the tile calls below, the unit is configured for `CHUNK` (our contract); the A
+    // loads stay inside the activation rows (`load_a` checks the chunk against `k_pad` and
+    // `row0 + 16 < m` holds for the second half when `NA == 2`); each B pointer starts 16
+    // readable 64-byte rows: a whole chunk of a packed panel or a tail buffer.
+    unsafe { zero_live::<U, NA, NB>(unit) };
+    let full = k_pad / CHUNK;
+    for c in 0..full {
+        let k0 = c * CHUNK;
+        let at = k0 / K_STEP * STEP_BYTES;
+        // SAFETY: see above.
+        unsafe { load_a_live::<U, NA>(unit, src, row0, k0, pads) };
+        let b = [pair.panels[0][at..].as_ptr(), pair.panels[1][at..].as_ptr()];
+        // SAFETY: see above; `at + 16·64 ≤` the panel's length because chunk `c` is whole.
+        unsafe { load_b_live::<U, NB>(unit, b) };
+        // SAFETY: see above.
+        unsafe { dpbusd_live::<U, NA, NB>(unit) };
     }
-    // SAFETY: configured unit (our contract).
-    unsafe { store_c(unit, groups, &mut acc) };
+    if full * CHUNK < k_pad {
+        // SAFETY: see above; `load_a` pads the partial chunk.
+        unsafe { load_a_live::<U, NA>(unit, src, row0, full * CHUNK, pads) };
+        let b = pair.tail.each_ref().map(|t| t.0.as_ptr().cast::<u8>());
+        // SAFETY: see above.
+        unsafe { load_b_live::<U, NB>(unit, b) };
+        // SAFETY: see above.
+        unsafe { dpbusd_live::<U, NA, NB>(unit) };
+    }
+    // SAFETY: see above.
+    unsafe { store_live::<U, NA, NB>(unit, acc) };
 
-    // SAFETY: the panel's sums and scales are 16 readable values each; unaligned loads.
-    let comp =
-        _mm512_slli_epi32::<7>(unsafe { _mm512_loadu_si512(w.panel_wsum(p).as_ptr().cast()) });
-    // SAFETY: as above.
-    let scales = unsafe { _mm512_loadu_ps(w.panel_scales(p).as_ptr()) };
-    let valid = PANEL.min(w.n() - p * PANEL);
-    let keep: __mmask16 = if valid == PANEL { !0 } else { (1 << valid) - 1 };
-    for r in 0..mr {
-        // SAFETY: row `r` of `acc` is 16 readable, 64-byte aligned i32.
-        let c = unsafe { _mm512_load_si512(acc.0[r].as_ptr().cast()) };
-        let exact = _mm512_sub_epi32(c, comp);
-        let dequant = _mm512_mul_ps(_mm512_set1_ps(job.row_scale[m0 + r]), scales);
-        let y = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), dequant);
-        // SAFETY: row `m0 + r < m`, channels `16p..16p + valid < N`, owned by this call; masked
-        // lanes are not accessed.
-        unsafe {
-            _mm512_mask_storeu_ps(job.out.wrapping_add((m0 + r) * job.ld + p * PANEL), keep, y)
-        };
+    let rows = GROUP_ROWS.min(job.m - row0);
+    for j in 0..NB {
+        let p = pair.p + j;
+        // SAFETY: the panel's sums and scales are 16 readable values each; unaligned loads.
+        let comp =
+            _mm512_slli_epi32::<7>(unsafe { _mm512_loadu_si512(w.panel_wsum(p).as_ptr().cast()) });
+        // SAFETY: as above.
+        let scales = unsafe { _mm512_loadu_ps(w.panel_scales(p).as_ptr()) };
+        let valid = PANEL.min(w.n() - p * PANEL);
+        let keep: __mmask16 = if valid == PANEL { !0 } else { (1 << valid) - 1 };
+        for (r, acc_row) in acc.0[..rows].iter().enumerate() {
+            // SAFETY: channels `16j..16j + 16` of an `AccBuf` row are 16 readable i32, 64-byte
+            // aligned.
+            let c = unsafe { _mm512_load_si512(acc_row[j * PANEL..].as_ptr().cast()) };
+            let exact = _mm512_sub_epi32(c, comp);
+            let dequant = _mm512_mul_ps(_mm512_set1_ps(job.row_scale[row0 + r]), scales);
+            let y = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), dequant);
+            let dst = job.out.wrapping_add((row0 + r) * job.ld + p * PANEL);
+            // SAFETY: row `row0 + r < m` and channels `16p..16p + valid < N` are inside the
+            // validated output and owned by this call; masked-out lanes are not accessed.
+            unsafe { _mm512_mask_storeu_ps(dst, keep, y) };
+        }
     }
 }
