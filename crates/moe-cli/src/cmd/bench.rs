@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use moe_kernels::moe::ExpertMatrix;
-use moe_kernels::{MoeInput, Par, kernels};
+use moe_kernels::{Isa, KernelSet, MoeInput, Par, kernels};
 use serde::Serialize;
 
 use super::synth::{self, LayerShape, Rng};
@@ -128,6 +128,11 @@ pub struct BenchArgs {
     /// Seed of weights, inputs and routing.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Rungs to run, comma-separated (e.g. `amx,avx512-vnni`): every (shape, batch size) runs
+    /// on each in turn, on the same weights, and the rows name their rung; default: the
+    /// dispatcher's choice.
+    #[arg(long, value_delimiter = ',')]
+    pub isa: Vec<Isa>,
 }
 
 /// The report, as printed with `--json`.
@@ -150,6 +155,11 @@ pub struct BenchReport {
 pub struct BenchRow {
     /// The shape.
     pub shape: BenchShape,
+    /// The rung that ran.
+    pub isa: &'static str,
+    /// What the rung's kernel set runs per op (e.g. `w4a8_gemm: avx512-vnni below 16 rows,
+    /// amx from 16`).
+    pub ops: Vec<String>,
     /// Layer copies cycled through.
     pub copies: usize,
     /// Total distinct packed weight bytes (all copies).
@@ -208,6 +218,7 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
     if args.iters == 0 {
         return Err(CliError("--iters must be at least 1".into()));
     }
+    let rungs = rung_sets(&args.isa)?;
     let pool = thread_pool(args.threads)?;
     let threads = pool.current_num_threads();
     let isa = kernels().isa().name();
@@ -223,13 +234,23 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
         );
         println!();
         println!(
-            "{:<18} {:>5} {:>10} {:>11} {:>8} {:>9} {:>9} {:>10} {:>6}",
-            "shape", "M", "ms/call", "tokens/s", "experts", "GB/s", "GMAC/s", "DRAM ms", "ratio"
+            "{:<18} {:>5} {:>10} {:>11} {:>8} {:>9} {:>9} {:>10} {:>6}  {:<12} {:>8}",
+            "shape",
+            "M",
+            "ms/call",
+            "tokens/s",
+            "experts",
+            "GB/s",
+            "GMAC/s",
+            "DRAM ms",
+            "ratio",
+            "rung",
+            "vs first"
         );
     }
     let mut rows = Vec::new();
     for shape in &shapes {
-        rows.extend(bench_shape(args, shape, &pool, out)?);
+        rows.extend(bench_shape(args, shape, &rungs, &pool, out)?);
     }
     if out.json {
         out.print_json(&BenchReport {
@@ -243,10 +264,28 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Generates one shape's layer in the requested format and measures it.
+/// The kernel sets of the requested rungs, or the dispatcher's when none is named.
+fn rung_sets(isas: &[Isa]) -> Result<Vec<KernelSet>, CliError> {
+    if isas.is_empty() {
+        return Ok(vec![*kernels()]);
+    }
+    isas.iter()
+        .map(|&isa| {
+            KernelSet::for_isa(isa).ok_or_else(|| {
+                CliError(format!(
+                    "--isa {}: this CPU (or MOE_KERNELS_MAX_ISA) does not allow that rung; `moe cpu` lists the ladder",
+                    isa.name()
+                ))
+            })
+        })
+        .collect()
+}
+
+/// Generates one shape's layer in the requested format and measures it on every rung.
 fn bench_shape(
     args: &BenchArgs,
     shape: &BenchShape,
+    rungs: &[KernelSet],
     pool: &rayon::ThreadPool,
     out: Output,
 ) -> Result<Vec<BenchRow>, CliError> {
@@ -268,21 +307,22 @@ fn bench_shape(
         BenchFormat::W4a8 => {
             let layer = pool.install(|| synth::random_codes_layer(layer_shape, args.seed, &bar))?;
             bar.finish_and_clear();
-            measure_layer(args, shape, layer, pool, out)
+            measure_layer(args, shape, layer, rungs, pool, out)
         }
         BenchFormat::W8a8 => {
             let layer = pool.install(|| synth::random_int8_layer(layer_shape, args.seed, &bar))?;
             bar.finish_and_clear();
-            measure_layer(args, shape, layer, pool, out)
+            measure_layer(args, shape, layer, rungs, pool, out)
         }
     }
 }
 
-/// Cycles copies of `layer` and measures every batch size.
+/// Cycles copies of `layer` and measures every batch size on every rung.
 fn measure_layer<W: ExpertMatrix + Clone>(
     args: &BenchArgs,
     shape: &BenchShape,
     layer: synth::SynthLayer<W>,
+    rungs: &[KernelSet],
     pool: &rayon::ThreadPool,
     out: Output,
 ) -> Result<Vec<BenchRow>, CliError> {
@@ -313,89 +353,98 @@ fn measure_layer<W: ExpertMatrix + Clone>(
         let routings: Vec<(Vec<i32>, Vec<f32>)> = (0..args.iters)
             .map(|_| uniform_routing(&mut rng, m, e, k))
             .collect();
-        let out_m = &mut output[..m * h];
-        let mut samples = Vec::with_capacity(args.iters);
-        let mut touched = 0usize;
-        let bar = out.progress(args.iters as u64 + 1, &format!("{}: M={m}", shape.name));
-        let mut call = |it: usize| -> Result<Duration, CliError> {
-            let (ids, weights) = &routings[it % routings.len()];
-            let input = MoeInput {
-                tokens: m,
-                top_k: k,
-                x: &x[..m * h],
-                topk_ids: ids,
-                topk_weights: weights,
+        let mut first_ms = None;
+        for ks in rungs {
+            layers = layers.into_iter().map(|l| l.with_kernels(*ks)).collect();
+            let out_m = &mut output[..m * h];
+            let mut samples = Vec::with_capacity(args.iters);
+            let mut touched = 0usize;
+            let bar = out.progress(args.iters as u64 + 1, &format!("{}: M={m}", shape.name));
+            let mut call = |it: usize| -> Result<Duration, CliError> {
+                let (ids, weights) = &routings[it % routings.len()];
+                let input = MoeInput {
+                    tokens: m,
+                    top_k: k,
+                    x: &x[..m * h],
+                    topk_ids: ids,
+                    topk_weights: weights,
+                };
+                let moe = &layers[it % copies];
+                let t0 = Instant::now();
+                moe.apply(input, &mut *out_m, &mut scratch, Par::Rayon)
+                    .map_err(|err| CliError::context("applying the layer", err))?;
+                Ok(t0.elapsed())
             };
-            let moe = &layers[it % copies];
-            let t0 = Instant::now();
-            moe.apply(input, &mut *out_m, &mut scratch, Par::Rayon)
-                .map_err(|err| CliError::context("applying the layer", err))?;
-            Ok(t0.elapsed())
-        };
-        // The whole loop runs on one of the pool's threads, which then takes part in every
-        // call, as the calling thread of an OpenMP runtime (vLLM's) does; a call from outside
-        // the pool would add a hand-off to the pool and back to each call.
-        let warmup = Duration::from_millis(args.warmup_ms);
-        let warm_calls = pool.install(|| -> Result<usize, CliError> {
-            // Untimed calls until the warm-up time has passed (at least one): on a VM the
-            // second vCPU and the pool's threads reach their steady pace only after some
-            // sustained work, and a layer inside a model runs back to back with its
-            // neighbours, not cold.
-            let (mut warm_calls, mut warm_time) = (0usize, Duration::ZERO);
-            while warm_calls == 0 || warm_time < warmup {
-                warm_time += call(warm_calls)?;
-                warm_calls += 1;
-            }
-            bar.inc(1);
-            for it in 0..args.iters {
-                samples.push(call(warm_calls + it)?);
+            // The whole loop runs on one of the pool's threads, which then takes part in every
+            // call, as the calling thread of an OpenMP runtime (vLLM's) does; a call from outside
+            // the pool would add a hand-off to the pool and back to each call.
+            let warmup = Duration::from_millis(args.warmup_ms);
+            let warm_calls = pool.install(|| -> Result<usize, CliError> {
+                // Untimed calls until the warm-up time has passed (at least one): on a VM the
+                // second vCPU and the pool's threads reach their steady pace only after some
+                // sustained work, and a layer inside a model runs back to back with its
+                // neighbours, not cold.
+                let (mut warm_calls, mut warm_time) = (0usize, Duration::ZERO);
+                while warm_calls == 0 || warm_time < warmup {
+                    warm_time += call(warm_calls)?;
+                    warm_calls += 1;
+                }
                 bar.inc(1);
+                for it in 0..args.iters {
+                    samples.push(call(warm_calls + it)?);
+                    bar.inc(1);
+                }
+                Ok(warm_calls)
+            })?;
+            for it in 0..args.iters {
+                touched += routings[(warm_calls + it) % routings.len()]
+                    .0
+                    .iter()
+                    .collect::<HashSet<_>>()
+                    .len();
             }
-            Ok(warm_calls)
-        })?;
-        for it in 0..args.iters {
-            touched += routings[(warm_calls + it) % routings.len()]
-                .0
-                .iter()
-                .collect::<HashSet<_>>()
-                .len();
+            bar.finish_and_clear();
+            let ms = median_ms(&mut samples);
+            let secs = (ms / 1e3).max(f64::MIN_POSITIVE);
+            let experts_touched = touched as f64 / args.iters as f64;
+            let bytes = experts_touched * layer.expert_bytes as f64;
+            let macs = (m * k * 3 * h * i) as f64;
+            let dram_ms = bytes / DRAM_BYTES_PER_S * 1e3;
+            let first = *first_ms.get_or_insert(ms);
+            let row = BenchRow {
+                shape: shape.clone(),
+                isa: ks.isa().name(),
+                ops: ks.describe_ops(),
+                copies,
+                distinct_bytes: layer_bytes * copies as u64,
+                batch: m,
+                ms_per_call: ms,
+                tokens_per_s: m as f64 / secs,
+                experts_touched,
+                bytes_touched: bytes,
+                weight_gb_per_s: bytes / secs / 1e9,
+                gmac_per_s: macs / secs / 1e9,
+                dram_bound_ms: dram_ms,
+                dram_ratio: dram_ms / ms.max(f64::MIN_POSITIVE),
+            };
+            if !out.json {
+                println!(
+                    "{:<18} {:>5} {:>10.3} {:>11.1} {:>8.1} {:>9.2} {:>9.2} {:>10.3} {:>6.2}  {:<12} {:>8.2}",
+                    row.shape.name,
+                    m,
+                    row.ms_per_call,
+                    row.tokens_per_s,
+                    row.experts_touched,
+                    row.weight_gb_per_s,
+                    row.gmac_per_s,
+                    row.dram_bound_ms,
+                    row.dram_ratio,
+                    row.isa,
+                    ms / first
+                );
+            }
+            rows.push(row);
         }
-        bar.finish_and_clear();
-        let ms = median_ms(&mut samples);
-        let secs = (ms / 1e3).max(f64::MIN_POSITIVE);
-        let experts_touched = touched as f64 / args.iters as f64;
-        let bytes = experts_touched * layer.expert_bytes as f64;
-        let macs = (m * k * 3 * h * i) as f64;
-        let dram_ms = bytes / DRAM_BYTES_PER_S * 1e3;
-        let row = BenchRow {
-            shape: shape.clone(),
-            copies,
-            distinct_bytes: layer_bytes * copies as u64,
-            batch: m,
-            ms_per_call: ms,
-            tokens_per_s: m as f64 / secs,
-            experts_touched,
-            bytes_touched: bytes,
-            weight_gb_per_s: bytes / secs / 1e9,
-            gmac_per_s: macs / secs / 1e9,
-            dram_bound_ms: dram_ms,
-            dram_ratio: dram_ms / ms.max(f64::MIN_POSITIVE),
-        };
-        if !out.json {
-            println!(
-                "{:<18} {:>5} {:>10.3} {:>11.1} {:>8.1} {:>9.2} {:>9.2} {:>10.3} {:>6.2}",
-                row.shape.name,
-                m,
-                row.ms_per_call,
-                row.tokens_per_s,
-                row.experts_touched,
-                row.weight_gb_per_s,
-                row.gmac_per_s,
-                row.dram_bound_ms,
-                row.dram_ratio
-            );
-        }
-        rows.push(row);
     }
     Ok(rows)
 }

@@ -175,6 +175,13 @@ impl<W: ExpertMatrix> FusedMoe<W> {
         &self.kernels
     }
 
+    /// The same layer calling `kernels` instead: one set of packed weights run on several
+    /// rungs, as benchmarks comparing rungs do. Every rung reads the same packed formats.
+    pub fn with_kernels(mut self, kernels: KernelSet) -> Self {
+        self.kernels = kernels;
+        self
+    }
+
     /// A scratch for calls of up to `max_tokens` tokens with `top_k` experts each, running up
     /// to `lanes` expert groups at once (the rayon pool size is a good choice).
     pub fn scratch(
