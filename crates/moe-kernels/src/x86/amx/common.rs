@@ -81,7 +81,7 @@ pub(crate) fn tile_config(chunk: usize) -> TileConfig {
         .with_tile(B1, chunk / 4, 4 * PANEL)
 }
 
-/// The encoded activation rows of one GEMM and the chunk the A tiles are configured for.
+/// The encoded activation rows of one GEMM.
 #[derive(Clone, Copy)]
 pub(crate) struct ARows<'a> {
     /// Encoded activations, `[m][k_pad]`.
@@ -90,60 +90,97 @@ pub(crate) struct ARows<'a> {
     pub m: usize,
     /// Row stride (`k_pad`).
     pub k_pad: usize,
-    /// The configured chunk length.
-    pub chunk: usize,
 }
 
-/// Loads A tile `T` with rows `row0..row0 + 16` and K values `k0..k0 + chunk`: straight from
-/// the activation rows when all 16 rows exist and the chunk lies inside them, otherwise
-/// through `pad`. Padded rows and bytes are stale but harmless: the B rows past a chunk's data
-/// are zero, and C rows past `m` are never read.
-///
-/// # Safety
-/// - The unit is configured with [`tile_config`]`(src.chunk)`; `T` is [`A0`] or [`A1`];
-///   `row0 < src.m` and `k0 < src.k_pad`.
-#[inline(always)]
-pub(crate) unsafe fn load_a<U: TileUnit, const T: u8>(
-    unit: &mut U,
-    src: ARows<'_>,
-    row0: usize,
-    k0: usize,
-    pad: &mut TileBuf,
-) {
-    let rows = TILE_ROWS.min(src.m - row0);
-    if rows == TILE_ROWS && k0 + src.chunk <= src.k_pad {
-        let block = &src.a[row0 * src.k_pad..(row0 + TILE_ROWS) * src.k_pad];
-        // SAFETY: the tile reads 16 rows of `chunk` bytes at `k0 + r·k_pad`, inside `block`
-        // because `k0 + chunk ≤ k_pad` (checked above); the unit is configured (our contract).
-        unsafe { unit.load::<T>(block[k0..].as_ptr(), src.k_pad) };
-    } else {
-        let len = src.chunk.min(src.k_pad - k0);
-        for r in 0..rows {
-            let at = (row0 + r) * src.k_pad + k0;
-            pad.0[r][..len].copy_from_slice(&src.a[at..at + len]);
+/// The activation rows of one GEMM re-laid as whole A tiles: for row tile `t` (rows
+/// `16t..16t + 16`) and chunk `c`, 16 rows of `chunk` bytes at stride `chunk`, the tiles of one
+/// row tile in chunk order. A tile then loads from one contiguous block (the activation rows
+/// themselves are `k_pad` bytes apart, which for K a multiple of 4096 puts all 16 rows of a
+/// tile in one L1 set), rows past `m` and bytes past a chunk's data need no staging, and the
+/// K walk of a row group reads two sequential streams.
+#[derive(Default)]
+pub(crate) struct TiledA {
+    /// The tiles, `[tile][chunk][16][chunk]` bytes.
+    rows: Vec<Row64>,
+    /// Bytes per tile row.
+    chunk: usize,
+    /// Chunks per row tile.
+    n_chunks: usize,
+}
+
+impl TiledA {
+    /// Re-lays `src` for chunks of `chunk` bytes; chunk `c` starts at K value `starts(c).0`
+    /// and holds `starts(c).1 ≤ chunk` values of data. Reuses the buffer, so a thread's calls
+    /// stop allocating once the largest GEMM is seen.
+    pub(crate) fn fill(
+        &mut self,
+        src: ARows<'_>,
+        chunk: usize,
+        n_chunks: usize,
+        starts: impl Fn(usize) -> (usize, usize),
+    ) {
+        self.chunk = chunk;
+        self.n_chunks = n_chunks;
+        let tiles = src.m.div_ceil(TILE_ROWS);
+        let tile_bytes = TILE_ROWS * chunk;
+        self.rows.clear();
+        self.rows
+            .resize(tiles * n_chunks * tile_bytes / TILE_MAX_COLSB, Row64::ZERO);
+        let bytes = self.bytes_mut();
+        for (t, tile_row) in bytes.chunks_exact_mut(n_chunks * tile_bytes).enumerate() {
+            for (c, block) in tile_row.chunks_exact_mut(tile_bytes).enumerate() {
+                let (k0, len) = starts(c);
+                for (r, dst) in block.chunks_exact_mut(chunk).enumerate() {
+                    let row = t * TILE_ROWS + r;
+                    if row >= src.m {
+                        break;
+                    }
+                    let at = row * src.k_pad + k0;
+                    dst[..len].copy_from_slice(&src.a[at..at + len]);
+                }
+            }
         }
-        // SAFETY: `pad` holds 16 rows of 64 readable bytes at stride 64; configured unit.
-        unsafe { unit.load::<T>(pad.0.as_ptr().cast(), TILE_MAX_COLSB) };
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        let len = self.rows.len() * TILE_MAX_COLSB;
+        // SAFETY: `Row64` is `repr(C)` over `[u8; 64]`, without padding, so the vector's rows
+        // are `len` initialised bytes, borrowed mutably with `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.rows.as_mut_ptr().cast::<u8>(), len) }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        let len = self.rows.len() * TILE_MAX_COLSB;
+        // SAFETY: as in `bytes_mut`, borrowed shared with `self`.
+        unsafe { std::slice::from_raw_parts(self.rows.as_ptr().cast::<u8>(), len) }
+    }
+
+    /// The first byte of tile (`t`, `c`).
+    fn tile(&self, t: usize, c: usize) -> *const u8 {
+        let tile_bytes = TILE_ROWS * self.chunk;
+        let at = (t * self.n_chunks + c) * tile_bytes;
+        self.bytes()[at..at + tile_bytes].as_ptr()
     }
 }
 
-/// Loads the live A tiles of the row group at `row0` for the chunk at `k0`.
+/// Loads the live A tiles of the row group starting at row tile `t` for chunk `c`.
 ///
 /// # Safety
-/// - As [`load_a`], and `row0 + 16 < src.m` when `NA == 2`.
+/// - The unit is configured with [`tile_config`]`(a.chunk)`, `a` was filled for this GEMM, `c`
+///   is one of its chunks and row tile `t + NA − 1` exists.
 #[inline(always)]
 pub(crate) unsafe fn load_a_live<U: TileUnit, const NA: usize>(
     unit: &mut U,
-    src: ARows<'_>,
-    row0: usize,
-    k0: usize,
-    pads: &mut [TileBuf; 2],
+    a: &TiledA,
+    t: usize,
+    c: usize,
 ) {
-    // SAFETY: forwarded contract.
-    unsafe { load_a::<U, A0>(unit, src, row0, k0, &mut pads[0]) };
+    // SAFETY: `tile` checks that 16 rows of `chunk` bytes exist at stride `chunk`; the unit is
+    // configured for that chunk (our contract).
+    unsafe { unit.load::<A0>(a.tile(t, c), a.chunk) };
     if NA == 2 {
-        // SAFETY: forwarded contract; the second half's first row exists.
-        unsafe { load_a::<U, A1>(unit, src, row0 + TILE_ROWS, k0, &mut pads[1]) };
+        // SAFETY: as above, for the next row tile, which exists (our contract).
+        unsafe { unit.load::<A1>(a.tile(t + 1, c), a.chunk) };
     }
 }
 

@@ -27,7 +27,7 @@ use std::sync::OnceLock;
 use super::Amx;
 use crate::Isa;
 use crate::ukernel::{ActEncoding, W4A8Job, W4A8PanelsFn, W8A8Job, W8A8PanelsFn};
-use common::{AccBuf, GROUP_ROWS, TILE_ROWS, TileBuf, tile_config};
+use common::{ARows, AccBuf, GROUP_ROWS, TILE_ROWS, TiledA, tile_config};
 use tiles::{HwTiles, TileUnit};
 use w4a8::{W4A8Step, WidePair, w4a8_step};
 use w8a8::{PanelPair, w8a8_step};
@@ -65,9 +65,9 @@ macro_rules! live_shape {
 }
 
 thread_local! {
-    /// Each thread's widened panel pair, kept between calls so steady-state calls do not
-    /// allocate.
-    static WIDE_PAIR: RefCell<WidePair> = RefCell::new(WidePair::default());
+    /// Each thread's widened panel pair and tiled activations, kept between calls so
+    /// steady-state calls do not allocate.
+    static SCRATCH: RefCell<(WidePair, TiledA)> = RefCell::new(Default::default());
 }
 
 /// Walks `panels` in pairs, widening each pair once and running every row group of the call
@@ -81,9 +81,15 @@ unsafe fn w4a8_panels<U: TileUnit>(unit: &mut U, job: &W4A8Job<'_>, panels: Rang
     let chunk = w4a8::chunk_len(job.w.block_len());
     // SAFETY: `cfg` comes from `tile_config`, whose shapes are legal.
     unsafe { unit.configure(&tile_config(chunk)) };
-    let mut pads = [TileBuf::zeroed(); 2];
     let mut accs = [AccBuf::zeroed(), AccBuf::zeroed()];
-    WIDE_PAIR.with_borrow_mut(|wide| {
+    SCRATCH.with_borrow_mut(|(wide, a)| {
+        let (n_chunks, starts) = w4a8::chunks(job.w);
+        let rows = ARows {
+            a: job.a,
+            m: job.m,
+            k_pad: job.w.k_pad(),
+        };
+        a.fill(rows, chunk, n_chunks, starts);
         let mut p = panels.start;
         while p < panels.end {
             let nb = 2.min(panels.end - p);
@@ -94,14 +100,14 @@ unsafe fn w4a8_panels<U: TileUnit>(unit: &mut U, job: &W4A8Job<'_>, panels: Rang
                 let step = W4A8Step {
                     wide,
                     p,
+                    a,
                     row0,
-                    pads: &mut pads,
                     accs: &mut accs,
                 };
-                // SAFETY: the unit is configured for this matrix's chunk and `wide` was
-                // filled for this pair with it; the job contract is forwarded from our
-                // caller; `row0 < m`, and the shape has two row halves exactly when
-                // `row0 + 16 < m`.
+                // SAFETY: the unit is configured for this matrix's chunk, `wide` was filled
+                // for this pair with it and `a` with this job's rows; the job contract is
+                // forwarded from our caller; `row0 < m` is a multiple of 16, and the shape
+                // has two row halves exactly when `row0 + 16 < m`.
                 unsafe { live_shape!(rows, nb, w4a8_step::<U>(unit, job, step)) };
                 row0 += rows;
             }
@@ -119,28 +125,37 @@ unsafe fn w4a8_panels<U: TileUnit>(unit: &mut U, job: &W4A8Job<'_>, panels: Rang
 unsafe fn w8a8_panels<U: TileUnit>(unit: &mut U, job: &W8A8Job<'_>, panels: Range<usize>) {
     // SAFETY: `tile_config` shapes are legal.
     unsafe { unit.configure(&tile_config(w8a8::CHUNK)) };
-    let mut pads = [TileBuf::zeroed(); 2];
     let mut acc = AccBuf::zeroed();
-    let mut p = panels.start;
-    while p < panels.end {
-        let nb = 2.min(panels.end - p);
-        let pair = PanelPair::new(job.w, p, nb);
-        let mut row0 = 0;
-        while row0 < job.m {
-            let rows = GROUP_ROWS.min(job.m - row0);
-            // SAFETY: configured unit; job contract forwarded; `row0 < m`, and the shape has
-            // two row halves exactly when `row0 + 16 < m`.
-            unsafe {
-                live_shape!(
-                    rows,
-                    nb,
-                    w8a8_step::<U>(unit, job, &pair, row0, &mut pads, &mut acc)
-                )
-            };
-            row0 += rows;
+    SCRATCH.with_borrow_mut(|(_, a)| {
+        let (n_chunks, starts) = w8a8::chunks(job.w.k_pad());
+        let rows = ARows {
+            a: job.a,
+            m: job.m,
+            k_pad: job.w.k_pad(),
+        };
+        a.fill(rows, w8a8::CHUNK, n_chunks, starts);
+        let mut p = panels.start;
+        while p < panels.end {
+            let nb = 2.min(panels.end - p);
+            let pair = PanelPair::new(job.w, p, nb);
+            let mut row0 = 0;
+            while row0 < job.m {
+                let rows = GROUP_ROWS.min(job.m - row0);
+                // SAFETY: configured unit, `a` filled with this job's rows; job contract
+                // forwarded; `row0 < m` is a multiple of 16, and the shape has two row halves
+                // exactly when `row0 + 16 < m`.
+                unsafe {
+                    live_shape!(
+                        rows,
+                        nb,
+                        w8a8_step::<U>(unit, job, &pair, a, row0, &mut acc)
+                    )
+                };
+                row0 += rows;
+            }
+            p += nb;
         }
-        p += nb;
-    }
+    });
     unit.release();
 }
 

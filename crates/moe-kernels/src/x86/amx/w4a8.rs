@@ -21,8 +21,8 @@
 use std::arch::x86_64::*;
 
 use super::common::{
-    ARows, AccBuf, GROUP_ROWS, Row64, TileBuf, dpbusd_live, load_a_live, load_b_live, store_live,
-    zero_live,
+    AccBuf, GROUP_ROWS, Row64, TILE_ROWS, TiledA, dpbusd_live, load_a_live, load_b_live,
+    store_live, zero_live,
 };
 use super::tiles::{TILE_MAX_COLSB, TileUnit};
 use crate::packed::{PANEL, PackedW4A8, STEP_BYTES, w4a8::K_STEP};
@@ -32,6 +32,19 @@ use crate::ukernel::{W4A8Job, W4A8Out};
 /// block is no longer (group size 32), so no chunk straddles two scale blocks.
 pub(crate) fn chunk_len(block_len: usize) -> usize {
     if block_len <= 32 { 32 } else { TILE_MAX_COLSB }
+}
+
+/// The chunks of `w`'s blocks in K order: `(first K value, values)` of chunk `c` (a block of
+/// `block_len` values takes `ceil(block_len / chunk)` chunks, the last one possibly partial),
+/// and their count.
+pub(crate) fn chunks(w: &PackedW4A8) -> (usize, impl Fn(usize) -> (usize, usize)) {
+    let (block_len, n_blocks) = (w.block_len(), w.n_blocks());
+    let chunk = chunk_len(block_len);
+    let per_block = block_len.div_ceil(chunk);
+    (n_blocks * per_block, move |c| {
+        let (b, i) = (c / per_block, c % per_block);
+        (b * block_len + i * chunk, chunk.min(block_len - i * chunk))
+    })
 }
 
 /// Longest block whose int32 sums are exact in f32: `|Σ (q + 128)·w| ≤ 255·8·B < 2^24`. For
@@ -116,10 +129,10 @@ pub(crate) struct W4A8Step<'a> {
     pub wide: &'a WidePair,
     /// First panel of the pair.
     pub p: usize,
-    /// First row of the group.
+    /// The activation rows as tiles, filled with [`chunks`].
+    pub a: &'a TiledA,
+    /// First row of the group, a multiple of 16.
     pub row0: usize,
-    /// Staging for partial A tiles.
-    pub pads: &'a mut [TileBuf; 2],
     /// The two accumulator buffers the blocks alternate between.
     pub accs: &'a mut [AccBuf; 2],
 }
@@ -129,10 +142,10 @@ pub(crate) struct W4A8Step<'a> {
 ///
 /// # Safety
 /// - The CPU has AVX-512 F/BW/VNNI; `unit` is configured with
-///   `tile_config(chunk_len(job.w.block_len()))`, and `step.wide` was filled for this pair
-///   with that chunk.
+///   `tile_config(chunk_len(job.w.block_len()))`, `step.wide` was filled for this pair with
+///   that chunk, and `step.a` holds this job's rows filled with [`chunks`].
 /// - The job satisfies [`crate::ukernel::W4A8PanelsFn`]'s contract for the pair's panels;
-///   `row0 < job.m`, and `row0 + 16 < job.m` exactly when `NA == 2`.
+///   `row0 < job.m` is a multiple of 16, and `row0 + 16 < job.m` exactly when `NA == 2`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 pub(crate) unsafe fn w4a8_step<U: TileUnit, const NA: usize, const NB: usize>(
     unit: &mut U,
@@ -142,33 +155,28 @@ pub(crate) unsafe fn w4a8_step<U: TileUnit, const NA: usize, const NB: usize>(
     let W4A8Step {
         wide,
         p,
+        a,
         row0,
-        pads,
         accs,
     } = step;
     let w = job.w;
-    let (k_pad, block_len, n_blocks) = (w.k_pad(), w.block_len(), w.n_blocks());
+    let (block_len, n_blocks) = (w.block_len(), w.n_blocks());
     let chunk = chunk_len(block_len);
-    let chunks = block_len.div_ceil(chunk);
-    let src = ARows {
-        a: job.a,
-        m: job.m,
-        k_pad,
-        chunk,
-    };
+    let per_block = block_len.div_ceil(chunk);
+    let t = row0 / TILE_ROWS;
     let rows = GROUP_ROWS.min(job.m - row0);
     let mut corr = [0i32; GROUP_ROWS];
     corr[..rows].copy_from_slice(&job.row_corr[row0..row0 + rows]);
 
     // Zeroes, accumulates and stores block `b`'s C tiles into `acc`.
-    let tiles = |unit: &mut U, pads: &mut [TileBuf; 2], b: usize, acc: &mut AccBuf| {
-        // SAFETY: for this and the tile calls below, the unit is configured for `chunk` (our contract); `load_a`
-        // keeps the A loads inside the activation rows, and `row0 + 16 < m` when `NA == 2`;
-        // `chunk_rows` points at `chunk / 4` rows of the filled pair.
+    let tiles = |unit: &mut U, b: usize, acc: &mut AccBuf| {
+        // SAFETY: for this and the tile calls below, the unit is configured for `chunk` (our
+        // contract); `a` holds row tiles `t..t + NA` of every chunk; `chunk_rows` points at
+        // `chunk / 4` rows of the filled pair.
         unsafe { zero_live::<U, NA, NB>(unit) };
-        for c in 0..chunks {
+        for c in 0..per_block {
             // SAFETY: see above.
-            unsafe { load_a_live::<U, NA>(unit, src, row0, b * block_len + c * chunk, pads) };
+            unsafe { load_a_live::<U, NA>(unit, a, t, b * per_block + c) };
             let b_rows = [
                 wide.chunk_rows(0, b, c, chunk),
                 wide.chunk_rows(NB - 1, b, c, chunk),
@@ -227,7 +235,7 @@ pub(crate) unsafe fn w4a8_step<U: TileUnit, const NA: usize, const NB: usize>(
     };
 
     let [acc_even, acc_odd] = accs;
-    tiles(unit, pads, 0, acc_even);
+    tiles(unit, 0, acc_even);
     for b in 1..=n_blocks {
         let (next, done) = if b % 2 == 0 {
             (&mut *acc_even, &*acc_odd)
@@ -235,7 +243,7 @@ pub(crate) unsafe fn w4a8_step<U: TileUnit, const NA: usize, const NB: usize>(
             (&mut *acc_odd, &*acc_even)
         };
         if b < n_blocks {
-            tiles(unit, pads, b, next);
+            tiles(unit, b, next);
         }
         epilogue(&mut acc_f, b - 1, done);
     }

@@ -11,8 +11,8 @@
 use std::arch::x86_64::*;
 
 use super::common::{
-    ARows, AccBuf, GROUP_ROWS, TileBuf, dpbusd_live, load_a_live, load_b_live, store_live,
-    zero_live,
+    AccBuf, GROUP_ROWS, TILE_ROWS, TileBuf, TiledA, dpbusd_live, load_a_live, load_b_live,
+    store_live, zero_live,
 };
 use super::tiles::{TILE_MAX_COLSB, TileUnit};
 use crate::packed::{PANEL, PackedW8A8, STEP_BYTES, w8a8::K_STEP};
@@ -20,6 +20,14 @@ use crate::ukernel::W8A8Job;
 
 /// K values per chunk: one full 64-byte A row.
 pub(crate) const CHUNK: usize = TILE_MAX_COLSB;
+
+/// The chunks of a GEMM with `k_pad` K values: `(first K value, values)` of chunk `c`, and
+/// their count.
+pub(crate) fn chunks(k_pad: usize) -> (usize, impl Fn(usize) -> (usize, usize)) {
+    (k_pad.div_ceil(CHUNK), move |c| {
+        (c * CHUNK, CHUNK.min(k_pad - c * CHUNK))
+    })
+}
 
 /// The B side of one step: the packed bytes of up to two adjacent panels and zero-padded
 /// copies of their ragged last chunk.
@@ -59,37 +67,31 @@ impl<'a> PanelPair<'a> {
 /// group has more than 16 rows, `NB` the number of panels in the pair.
 ///
 /// # Safety
-/// - The CPU has AVX-512 F/BW/VNNI; `unit` is configured with `tile_config(CHUNK)`.
+/// - The CPU has AVX-512 F/BW/VNNI; `unit` is configured with `tile_config(CHUNK)`, and `a`
+///   holds this job's rows filled with [`chunks`].
 /// - The job satisfies [`crate::ukernel::W8A8PanelsFn`]'s contract for the pair's panels;
-///   `row0 < job.m`, and `row0 + 16 < job.m` exactly when `NA == 2`.
+///   `row0 < job.m` is a multiple of 16, and `row0 + 16 < job.m` exactly when `NA == 2`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 pub(crate) unsafe fn w8a8_step<U: TileUnit, const NA: usize, const NB: usize>(
     unit: &mut U,
     job: &W8A8Job<'_>,
     pair: &PanelPair<'_>,
+    a: &TiledA,
     row0: usize,
-    pads: &mut [TileBuf; 2],
     acc: &mut AccBuf,
 ) {
     let w = job.w;
     let k_pad = w.k_pad();
-    let src = ARows {
-        a: job.a,
-        m: job.m,
-        k_pad,
-        chunk: CHUNK,
-    };
-    // SAFETY: for this and the tile calls below, the unit is configured for `CHUNK` (our contract); the A
-    // loads stay inside the activation rows (`load_a` checks the chunk against `k_pad` and
-    // `row0 + 16 < m` holds for the second half when `NA == 2`); each B pointer starts 16
+    let t = row0 / TILE_ROWS;
+    // SAFETY: for this and the tile calls below, the unit is configured for `CHUNK` (our
+    // contract); `a` holds the row tiles `t..t + NA` of every chunk; each B pointer starts 16
     // readable 64-byte rows: a whole chunk of a packed panel or a tail buffer.
     unsafe { zero_live::<U, NA, NB>(unit) };
     let full = k_pad / CHUNK;
     for c in 0..full {
-        let k0 = c * CHUNK;
-        let at = k0 / K_STEP * STEP_BYTES;
+        let at = c * CHUNK / K_STEP * STEP_BYTES;
         // SAFETY: see above.
-        unsafe { load_a_live::<U, NA>(unit, src, row0, k0, pads) };
+        unsafe { load_a_live::<U, NA>(unit, a, t, c) };
         let b = [pair.panels[0][at..].as_ptr(), pair.panels[1][at..].as_ptr()];
         // SAFETY: see above; `at + 16·64 ≤` the panel's length because chunk `c` is whole.
         unsafe { load_b_live::<U, NB>(unit, b) };
@@ -97,8 +99,8 @@ pub(crate) unsafe fn w8a8_step<U: TileUnit, const NA: usize, const NB: usize>(
         unsafe { dpbusd_live::<U, NA, NB>(unit) };
     }
     if full * CHUNK < k_pad {
-        // SAFETY: see above; `load_a` pads the partial chunk.
-        unsafe { load_a_live::<U, NA>(unit, src, row0, full * CHUNK, pads) };
+        // SAFETY: see above.
+        unsafe { load_a_live::<U, NA>(unit, a, t, full) };
         let b = pair.tail.each_ref().map(|t| t.0.as_ptr().cast::<u8>());
         // SAFETY: see above.
         unsafe { load_b_live::<U, NB>(unit, b) };
