@@ -2,7 +2,8 @@
 //!
 //! Groups are `"{op}/{isa}"`, cases `BenchmarkId::new(isa, "MxNxK")`; throughput is counted in
 //! elements = multiply-accumulates (M·N·K). Shapes: Qwen3-30B-A3B w13 (N 1536, K 2048) and w2
-//! (N 2048, K 768), and a Mixtral-sized w13 half (N 14336, K 4096); M = 1, 16, 256; group 128.
+//! (N 2048, K 768), and a Mixtral-sized w13 half (N 14336, K 4096); M = 1, 16, 64, 256;
+//! W4A8 with groups of 32 and 128 (`w4a8_gemm/g{group}/{isa}`).
 //! Single-threaded (`Par::Seq`) so the figures are per core. `act_quant/scalar` times the
 //! activation quantisation alone.
 
@@ -12,8 +13,8 @@ use moe_kernels::{GemmScratch, Isa, KernelSet, PackedW4A8, PackedW8A8, Par, W4A8
 use moe_testutil::SplitMix64;
 
 const SHAPES: &[(usize, usize)] = &[(1536, 2048), (2048, 768), (14336, 4096)];
-const MS: &[usize] = &[1, 16, 256];
-const GROUP: usize = 128;
+const MS: &[usize] = &[1, 16, 64, 256];
+const GROUPS: &[usize] = &[32, 128];
 
 /// The scalar rung is slow; keep its cases short.
 fn too_slow(isa: Isa, macs: usize) -> bool {
@@ -24,44 +25,49 @@ fn w4a8(c: &mut Criterion) {
     let mut rng = SplitMix64::new(1);
     for isa in moe_kernels::available_isas() {
         let ks = KernelSet::for_isa(isa).unwrap();
-        let mut group = c.benchmark_group(format!("w4a8_gemm/{isa}"));
-        group.sample_size(10);
-        for &(n, k) in SHAPES {
-            let w: Vec<i8> = (0..n * k).map(|_| rng.range_i64(-8, 7) as i8).collect();
-            let s: Vec<bf16> = (0..n * k / GROUP)
-                .map(|_| bf16::from_f32(rng.uniform(0.01, 0.1)))
-                .collect();
-            let scales = W4A8Scales::Grouped {
-                group_size: GROUP,
-                scales: &s,
-            };
-            let packed = PackedW4A8::pack(n, k, &w, scales, None).unwrap();
-            for &m in MS {
-                let macs = m * n * k;
-                if too_slow(isa, macs) {
-                    continue;
+        for &g in GROUPS {
+            let mut group = c.benchmark_group(format!("w4a8_gemm/g{g}/{isa}"));
+            group.sample_size(10);
+            for &(n, k) in SHAPES {
+                let w: Vec<i8> = (0..n * k).map(|_| rng.range_i64(-8, 7) as i8).collect();
+                let s: Vec<bf16> = (0..n * k / g)
+                    .map(|_| bf16::from_f32(rng.uniform(0.01, 0.1)))
+                    .collect();
+                let scales = W4A8Scales::Grouped {
+                    group_size: g,
+                    scales: &s,
+                };
+                let packed = PackedW4A8::pack(n, k, &w, scales, None).unwrap();
+                for &m in MS {
+                    let macs = m * n * k;
+                    if too_slow(isa, macs) {
+                        continue;
+                    }
+                    let x = rng.vec_uniform(m * k, -1.0, 1.0);
+                    let mut out = vec![0f32; m * n];
+                    let mut scratch = GemmScratch::with_capacity(m, k);
+                    group.throughput(Throughput::Elements(macs as u64));
+                    group.bench_function(
+                        BenchmarkId::new(isa.name(), format!("{m}x{n}x{k}")),
+                        |b| {
+                            b.iter(|| {
+                                moe_kernels::w4a8_gemm(
+                                    &ks,
+                                    m,
+                                    &x,
+                                    &packed,
+                                    &mut out,
+                                    &mut scratch,
+                                    Par::Seq,
+                                )
+                                .unwrap()
+                            })
+                        },
+                    );
                 }
-                let x = rng.vec_uniform(m * k, -1.0, 1.0);
-                let mut out = vec![0f32; m * n];
-                let mut scratch = GemmScratch::with_capacity(m, k);
-                group.throughput(Throughput::Elements(macs as u64));
-                group.bench_function(BenchmarkId::new(isa.name(), format!("{m}x{n}x{k}")), |b| {
-                    b.iter(|| {
-                        moe_kernels::w4a8_gemm(
-                            &ks,
-                            m,
-                            &x,
-                            &packed,
-                            &mut out,
-                            &mut scratch,
-                            Par::Seq,
-                        )
-                        .unwrap()
-                    })
-                });
             }
+            group.finish();
         }
-        group.finish();
     }
 }
 

@@ -21,7 +21,7 @@
 use std::arch::x86_64::*;
 
 use super::common::{
-    AccBuf, GROUP_ROWS, Row64, TILE_ROWS, TiledA, dpbusd_live, load_a_live, load_b_live,
+    AccBuf, GROUP_ROWS, Row64, TILE_ROWS, TiledA, dpbusd_live, load_a_live, load_b_live, prefetch,
     store_live, zero_live,
 };
 use super::tiles::{TILE_MAX_COLSB, TileUnit};
@@ -46,6 +46,9 @@ pub(crate) fn chunks(w: &PackedW4A8) -> (usize, impl Fn(usize) -> (usize, usize)
         (b * block_len + i * chunk, chunk.min(block_len - i * chunk))
     })
 }
+
+/// Chunks ahead whose tiles are requested in L1.
+const AHEAD_L1: usize = 2;
 
 /// Longest block whose int32 sums are exact in f32: `|Σ (q + 128)·w| ≤ 255·8·B < 2^24`. For
 /// such blocks `f32(acc) − f32(128 + zp)·f32(Σw)`, one fused multiply-add of exact integers,
@@ -175,6 +178,18 @@ pub(crate) unsafe fn w4a8_step<U: TileUnit, const NA: usize, const NB: usize>(
         // `chunk / 4` rows of the filled pair.
         unsafe { zero_live::<U, NA, NB>(unit) };
         for c in 0..per_block {
+            // The tiles two chunks ahead into L1.
+            let ahead = b * per_block + c + AHEAD_L1;
+            a.prefetch_tile(t, ahead);
+            if NA == 2 {
+                a.prefetch_tile(t + 1, ahead);
+            }
+            if ahead / per_block < n_blocks {
+                for j in 0..NB {
+                    let rows = wide.chunk_rows(j, ahead / per_block, ahead % per_block, chunk);
+                    prefetch::<_MM_HINT_T0>(rows, chunk / 4 * TILE_MAX_COLSB);
+                }
+            }
             // SAFETY: see above.
             unsafe { load_a_live::<U, NA>(unit, a, t, b * per_block + c) };
             let b_rows = [
