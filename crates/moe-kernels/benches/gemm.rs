@@ -9,7 +9,9 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use half::bf16;
-use moe_kernels::{GemmScratch, Isa, KernelSet, PackedW4A8, PackedW8A8, Par, W4A8Scales};
+use moe_kernels::{
+    GemmScratch, Isa, KernelSet, PackedW4A8, PackedW8A8, Par, W4A8Prefill, W4A8Scales,
+};
 use moe_testutil::SplitMix64;
 
 const SHAPES: &[(usize, usize)] = &[(1536, 2048), (2048, 768), (14336, 4096)];
@@ -23,10 +25,19 @@ fn too_slow(isa: Isa, macs: usize) -> bool {
 
 fn w4a8(c: &mut Criterion) {
     let mut rng = SplitMix64::new(1);
+    let mut sets = Vec::new();
     for isa in moe_kernels::available_isas() {
         let ks = KernelSet::for_isa(isa).unwrap();
+        sets.push((isa.to_string(), ks));
+        if ks.has_bf16_tiles() {
+            let bf16 = ks.with_w4a8_prefill(W4A8Prefill::Bf16Tiles);
+            sets.push((format!("{isa}-bf16"), bf16));
+        }
+    }
+    for (name, ks) in sets {
+        let isa = ks.isa();
         for &g in GROUPS {
-            let mut group = c.benchmark_group(format!("w4a8_gemm/g{g}/{isa}"));
+            let mut group = c.benchmark_group(format!("w4a8_gemm/g{g}/{name}"));
             group.sample_size(10);
             for &(n, k) in SHAPES {
                 let w: Vec<i8> = (0..n * k).map(|_| rng.range_i64(-8, 7) as i8).collect();
@@ -47,23 +58,20 @@ fn w4a8(c: &mut Criterion) {
                     let mut out = vec![0f32; m * n];
                     let mut scratch = GemmScratch::with_capacity(m, k);
                     group.throughput(Throughput::Elements(macs as u64));
-                    group.bench_function(
-                        BenchmarkId::new(isa.name(), format!("{m}x{n}x{k}")),
-                        |b| {
-                            b.iter(|| {
-                                moe_kernels::w4a8_gemm(
-                                    &ks,
-                                    m,
-                                    &x,
-                                    &packed,
-                                    &mut out,
-                                    &mut scratch,
-                                    Par::Seq,
-                                )
-                                .unwrap()
-                            })
-                        },
-                    );
+                    group.bench_function(BenchmarkId::new(&name, format!("{m}x{n}x{k}")), |b| {
+                        b.iter(|| {
+                            moe_kernels::w4a8_gemm(
+                                &ks,
+                                m,
+                                &x,
+                                &packed,
+                                &mut out,
+                                &mut scratch,
+                                Par::Seq,
+                            )
+                            .unwrap()
+                        })
+                    });
                 }
             }
             group.finish();

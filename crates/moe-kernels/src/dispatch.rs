@@ -12,7 +12,45 @@ use std::sync::OnceLock;
 
 use crate::arch;
 use crate::isa::{Isa, IsaCap, MAX_ISA_ENV};
-use crate::ukernel::{ActEncoding, W4A8PanelsFn, W8A8PanelsFn};
+use crate::ukernel::{ActEncoding, W4A8PanelsFn, W4Bf16PanelsFn, W8A8PanelsFn};
+
+/// How W4A8 GEMMs with many rows per call compute (the numerics contract of prefill).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum W4A8Prefill {
+    /// int8 activations on every row count: bit-equal to the scalar reference of spec §4.5 and
+    /// to vLLM's W4A8 kernel.
+    #[default]
+    ExactInt8,
+    /// From the rung's threshold on, activations rounded to bf16 and weights dequantized to
+    /// bf16 (`bf16(w·scale)`) on the AMX-BF16 tiles, f32 accumulation: closer to the f32
+    /// reference than int8 activations, but not bit-equal to it or to vLLM's W4A8 kernel.
+    /// Only where the rung has the bf16 tiles (AMX with AMX-BF16); elsewhere the same as
+    /// [`W4A8Prefill::ExactInt8`].
+    Bf16Tiles,
+}
+
+impl W4A8Prefill {
+    /// The name `MOE_KERNELS_W4A8_PREFILL` and reports use: `int8` or `bf16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::ExactInt8 => "int8",
+            Self::Bf16Tiles => "bf16",
+        }
+    }
+}
+
+/// The environment variable that chooses the process-wide [`W4A8Prefill`] (`int8`, the
+/// default, or `bf16`), read once by [`kernels`].
+pub const W4A8_PREFILL_ENV: &str = "MOE_KERNELS_W4A8_PREFILL";
+
+/// The bf16 tile path of a rung: where it starts and its entry.
+#[derive(Clone, Copy)]
+pub(crate) struct Bf16Tiles {
+    pub(crate) isa: Isa,
+    pub(crate) min_m: usize,
+    pub(crate) entry: W4Bf16PanelsFn,
+}
 
 /// One W4A8 implementation: its rung, activation encoding and entry point.
 #[derive(Clone, Copy)]
@@ -45,6 +83,10 @@ pub struct KernelSet {
     act_sym_i8: Option<(Isa, SymQuantI8Fn)>,
     /// Kernels that take over from some row count on (the AMX tiles).
     large_m: Option<LargeM>,
+    /// The rung's bf16 tile path for int4 weights, if it has one.
+    bf16_tiles: Option<Bf16Tiles>,
+    /// Whether W4A8 GEMMs use the bf16 tiles from their threshold on.
+    w4a8_prefill: W4A8Prefill,
 }
 
 /// Kernels that replace a set's own from `min_m` rows on: tile kernels only pay off once a
@@ -97,6 +139,8 @@ impl KernelSet {
             act_asym_u8: None,
             act_sym_i8: None,
             large_m: None,
+            bf16_tiles: None,
+            w4a8_prefill: W4A8Prefill::ExactInt8,
         }
     }
 
@@ -125,6 +169,52 @@ impl KernelSet {
         };
         self.large_m = Some(LargeM { min_m, w4a8, w8a8 });
         self
+    }
+
+    /// The same set with a bf16 tile path for int4 weights, from `min_m` rows, used when
+    /// [`W4A8Prefill::Bf16Tiles`] is chosen.
+    ///
+    /// # Safety
+    /// - `entry` may be called on this CPU: the caller holds the token of its rung and has
+    ///   checked the features it needs.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the AMX rung has one
+    pub(crate) unsafe fn with_bf16_tiles(
+        mut self,
+        isa: Isa,
+        min_m: usize,
+        entry: W4Bf16PanelsFn,
+    ) -> Self {
+        self.bf16_tiles = Some(Bf16Tiles { isa, min_m, entry });
+        self
+    }
+
+    /// The same kernels with prefill numerics `prefill`. [`W4A8Prefill::Bf16Tiles`] changes
+    /// nothing on a rung without bf16 tiles; [`KernelSet::w4a8_prefill`] says what is in force.
+    pub fn with_w4a8_prefill(mut self, prefill: W4A8Prefill) -> Self {
+        self.w4a8_prefill = prefill;
+        self
+    }
+
+    /// The W4A8 prefill numerics in force: [`W4A8Prefill::Bf16Tiles`] only when it was chosen
+    /// and the rung has the bf16 tiles.
+    pub fn w4a8_prefill(&self) -> W4A8Prefill {
+        match (self.w4a8_prefill, self.bf16_tiles) {
+            (W4A8Prefill::Bf16Tiles, Some(_)) => W4A8Prefill::Bf16Tiles,
+            _ => W4A8Prefill::ExactInt8,
+        }
+    }
+
+    /// Whether this set's rung has the bf16 tile path (whether or not it is chosen).
+    pub fn has_bf16_tiles(&self) -> bool {
+        self.bf16_tiles.is_some()
+    }
+
+    /// The bf16 tile path for a W4A8 GEMM of `m` rows, when chosen and `m` reaches it.
+    pub(crate) fn w4bf16_for(&self, m: usize) -> Option<Bf16Tiles> {
+        match (self.w4a8_prefill, self.bf16_tiles) {
+            (W4A8Prefill::Bf16Tiles, Some(t)) if m >= t.min_m => Some(t),
+            _ => None,
+        }
     }
 
     /// The same kernels, recorded as selected for rung `rung` (a rung without kernels of its
@@ -214,9 +304,19 @@ impl KernelSet {
             _ => below.to_string(),
         };
         let large = self.large_m;
+        let bf16 = match (self.w4a8_prefill(), self.bf16_tiles) {
+            (W4A8Prefill::Bf16Tiles, Some(t)) => {
+                format!(
+                    ", {}-bf16 tiles (bf16 activations) from {} rows",
+                    t.isa, t.min_m
+                )
+            }
+            (_, Some(_)) => format!(" (bf16 tiles available: {W4A8_PREFILL_ENV}=bf16)"),
+            (_, None) => String::new(),
+        };
         vec![
             format!(
-                "w4a8_gemm: {}",
+                "w4a8_gemm: {}{bf16}",
                 per_m(self.w4a8.isa, large.map(|l| l.w4a8.isa))
             ),
             format!(
@@ -291,12 +391,25 @@ fn select() -> KernelSet {
     if let IsaCap::Ignored { value, reason } = cap {
         tracing::warn!(value = %value, reason, "ignoring {MAX_ISA_ENV}");
     }
+    let prefill = match std::env::var(W4A8_PREFILL_ENV)
+        .ok()
+        .as_deref()
+        .map(str::trim)
+    {
+        None | Some("") | Some("int8") => W4A8Prefill::ExactInt8,
+        Some("bf16") => W4A8Prefill::Bf16Tiles,
+        Some(other) => {
+            tracing::warn!(value = %other, "ignoring {W4A8_PREFILL_ENV}: expected int8 or bf16");
+            W4A8Prefill::ExactInt8
+        }
+    };
     let chosen = Isa::native_ladder()
         .into_iter()
         .rev()
         .filter(|&isa| cap.allows(isa))
         .find_map(KernelSet::for_isa)
-        .unwrap_or_else(KernelSet::scalar);
+        .unwrap_or_else(KernelSet::scalar)
+        .with_w4a8_prefill(prefill);
     tracing::debug!(isa = ?chosen.isa(), ops = ?chosen.describe_ops(), cap = ?cap, "selected kernels");
     chosen
 }

@@ -11,7 +11,7 @@ use std::ops::Range;
 use crate::KernelError;
 use crate::dispatch::{KernelSet, W4A8Kernel};
 use crate::packed::{PackedW4A8, PackedW8A8, check_len};
-use crate::ukernel::{ActEncoding, W4A8Job, W4A8Out, W8A8Job};
+use crate::ukernel::{ActEncoding, W4A8Job, W4A8Out, W4Bf16Job, W8A8Job};
 use moe_quant::act::quantize_row_asym_i8;
 
 /// How a GEMM may use threads.
@@ -90,6 +90,11 @@ impl GemmScratch {
 /// Non-finite inputs (spec §4.6): a row containing NaN yields an all-NaN output row; a row
 /// whose range overflows the scale (an infinity, or a range too tiny for `255/range`) is
 /// quantised as an all-zero row by `moe_quant`, so its output is the bias.
+///
+/// With [`crate::W4A8Prefill::Bf16Tiles`] chosen in `ks` and enough rows, the rows are not
+/// quantised: they are rounded to bf16 and multiplied with the weights dequantized to bf16
+/// on the bf16 tiles (other numerics, see [`crate::W4A8Prefill`]); non-finite inputs then
+/// propagate as IEEE arithmetic does.
 pub fn w4a8_gemm(
     ks: &KernelSet,
     m: usize,
@@ -102,6 +107,23 @@ pub fn w4a8_gemm(
     let k = w.k();
     check_len("x", m * k, x.len())?;
     check_len("out", m * w.n(), out.len())?;
+    if let Some(tiles) = ks.w4bf16_for(m) {
+        let job = W4Bf16Job {
+            w,
+            x,
+            m,
+            out: out.as_mut_ptr(),
+            ld: w.n(),
+        };
+        split_panels(w.n_panels(), par, m * w.n() * k, |panels| {
+            // SAFETY: the entry comes from a `KernelSet`, which registers it only where its
+            // rung and features are available; `x` holds `m·K` values and `out` `m·N` (checked
+            // above), borrowed for this whole call; the panel ranges are disjoint and in
+            // bounds.
+            unsafe { (tiles.entry)(&job, panels) }
+        });
+        return Ok(());
+    }
     let kernel = ks.w4a8_for(m);
     let fused = match kernel.encoding {
         ActEncoding::U8Offset128 | ActEncoding::I8CodeWeights => ks.act_asym_u8(),

@@ -75,7 +75,9 @@ use other_arch as arch;
 use x86 as arch;
 
 pub use dense::{dense_gemm, dense_isa};
-pub use dispatch::{KernelSet, available_isas, isa_cap, kernels, selected_isa};
+pub use dispatch::{
+    KernelSet, W4A8_PREFILL_ENV, W4A8Prefill, available_isas, isa_cap, kernels, selected_isa,
+};
 pub use error::KernelError;
 pub use gemm::{
     AsymQuantRows, GemmScratch, Par, SymQuantRows, w4a8_gemm, w4a8_gemm_quantized, w8a8_gemm,

@@ -127,6 +127,35 @@ pub(crate) struct W8A8Job<'a> {
 // SAFETY: as for `W4A8Job`: kernels write disjoint panels only.
 unsafe impl Sync for W8A8Job<'_> {}
 
+/// One GEMM of int4 weights with bf16 activations (the bf16 tile path), as the kernels see
+/// it: the f32 rows themselves, rounded to bf16 by the kernel.
+#[derive(Debug)]
+pub(crate) struct W4Bf16Job<'a> {
+    /// The packed weights.
+    pub w: &'a PackedW4A8,
+    /// Activation rows, `[m][w.k()]`.
+    pub x: &'a [f32],
+    /// Rows.
+    pub m: usize,
+    /// Output, row-major `[m][ld]`; only channels `< N` are written.
+    pub out: *mut f32,
+    /// Output row stride in elements.
+    pub ld: usize,
+}
+
+// SAFETY: as for `W4A8Job`: kernels write disjoint panels only.
+unsafe impl Sync for W4Bf16Job<'_> {}
+
+/// A rung's entry point for the bf16-activation int4 GEMM over a range of panels.
+///
+/// # Safety (for callers)
+/// - The CPU supports the entry's rung (AMX-BF16 and AVX-512 BF16).
+/// - `x` holds `m` rows of `w.k()` values, and `out` is valid for writes of every element of
+///   rows `0..m` in the channels of `panels`, which no other thread accesses meanwhile.
+/// - `panels` lies within `0..w.n_panels()`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) type W4Bf16PanelsFn = unsafe fn(&W4Bf16Job<'_>, Range<usize>);
+
 /// A rung's entry point for the W4A8 GEMM over a range of panels.
 ///
 /// # Safety (for callers)

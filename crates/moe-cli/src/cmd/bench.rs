@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use moe_kernels::moe::ExpertMatrix;
-use moe_kernels::{Isa, KernelSet, MoeInput, Par, kernels};
+use moe_kernels::{Isa, KernelSet, MoeInput, Par, W4A8Prefill, kernels};
 use serde::Serialize;
 
 use super::synth::{self, LayerShape, Rng};
@@ -133,6 +133,20 @@ pub struct BenchArgs {
     /// dispatcher's choice.
     #[arg(long, value_delimiter = ',')]
     pub isa: Vec<Isa>,
+    /// W4A8 numerics for calls with many rows per expert: `int8` (bit-equal to vLLM's W4A8
+    /// kernel) or `bf16` (bf16 activations and weights on the AMX-BF16 tiles, where the rung
+    /// has them); default: the process's (`MOE_KERNELS_W4A8_PREFILL`, else int8).
+    #[arg(long, value_parser = parse_prefill)]
+    pub w4a8_prefill: Option<W4A8Prefill>,
+}
+
+/// Parses `int8` or `bf16`.
+fn parse_prefill(text: &str) -> Result<W4A8Prefill, String> {
+    match text {
+        "int8" => Ok(W4A8Prefill::ExactInt8),
+        "bf16" => Ok(W4A8Prefill::Bf16Tiles),
+        _ => Err(format!("unknown W4A8 prefill {text:?}: use int8 or bf16")),
+    }
 }
 
 /// The report, as printed with `--json`.
@@ -218,7 +232,13 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
     if args.iters == 0 {
         return Err(CliError("--iters must be at least 1".into()));
     }
-    let rungs = rung_sets(&args.isa)?;
+    let rungs: Vec<KernelSet> = rung_sets(&args.isa)?
+        .into_iter()
+        .map(|ks| match args.w4a8_prefill {
+            Some(p) => ks.with_w4a8_prefill(p),
+            None => ks,
+        })
+        .collect();
     let pool = thread_pool(args.threads)?;
     let threads = pool.current_num_threads();
     let isa = kernels().isa().name();

@@ -119,14 +119,8 @@ impl TiledA {
         n_chunks: usize,
         starts: impl Fn(usize) -> (usize, usize),
     ) {
-        self.chunk = chunk;
-        self.n_chunks = n_chunks;
-        let tiles = src.m.div_ceil(TILE_ROWS);
         let tile_bytes = TILE_ROWS * chunk;
-        self.rows.clear();
-        self.rows
-            .resize(tiles * n_chunks * tile_bytes / TILE_MAX_COLSB, Row64::ZERO);
-        let bytes = self.bytes_mut();
+        let bytes = self.reset(src.m, chunk, n_chunks);
         for (t, tile_row) in bytes.chunks_exact_mut(n_chunks * tile_bytes).enumerate() {
             for (c, block) in tile_row.chunks_exact_mut(tile_bytes).enumerate() {
                 let (k0, len) = starts(c);
@@ -140,6 +134,17 @@ impl TiledA {
                 }
             }
         }
+    }
+
+    /// Sizes the buffer for `m` rows of `n_chunks` chunks of `chunk` bytes and returns its
+    /// bytes, `[tile][chunk][16][chunk]`, with whatever they held before.
+    pub(crate) fn reset(&mut self, m: usize, chunk: usize, n_chunks: usize) -> &mut [u8] {
+        self.chunk = chunk;
+        self.n_chunks = n_chunks;
+        let bytes = m.div_ceil(TILE_ROWS) * n_chunks * TILE_ROWS * chunk;
+        self.rows.clear();
+        self.rows.resize(bytes / TILE_MAX_COLSB, Row64::ZERO);
+        self.bytes_mut()
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
@@ -245,6 +250,29 @@ pub(crate) unsafe fn dpbusd_live<U: TileUnit, const NA: usize, const NB: usize>(
         if NB == 2 {
             // SAFETY: as above.
             unsafe { unit.dpbusd::<C11, A1, B1>() };
+        }
+    }
+}
+
+/// `C(a, b) += A(a)·B(b)` in bf16 pairs for the live tiles.
+///
+/// # Safety
+/// - As [`dpbusd_live`], and the CPU has AMX-BF16.
+#[inline(always)]
+pub(crate) unsafe fn dpbf16_live<U: TileUnit, const NA: usize, const NB: usize>(unit: &mut U) {
+    // SAFETY: `tile_config(64)` shapes C 16 × 64, A 16 × 64 and B 16 × 64, so every product's
+    // shapes agree, and the CPU has AMX-BF16 (our contract); likewise below.
+    unsafe { unit.dpbf16ps::<C00, A0, B0>() };
+    if NB == 2 {
+        // SAFETY: as above.
+        unsafe { unit.dpbf16ps::<C01, A0, B1>() };
+    }
+    if NA == 2 {
+        // SAFETY: as above.
+        unsafe { unit.dpbf16ps::<C10, A1, B0>() };
+        if NB == 2 {
+            // SAFETY: as above.
+            unsafe { unit.dpbf16ps::<C11, A1, B1>() };
         }
     }
 }

@@ -15,6 +15,7 @@
 //! (the rung tests run it as the test-only set "amx bodies on emulated tiles"); the six tile
 //! instructions themselves only run on AMX hardware.
 
+mod bf16;
 mod common;
 mod tiles;
 mod w4a8;
@@ -26,7 +27,8 @@ use std::sync::OnceLock;
 
 use super::Amx;
 use crate::Isa;
-use crate::ukernel::{ActEncoding, W4A8Job, W4A8PanelsFn, W8A8Job, W8A8PanelsFn};
+use crate::ukernel::{ActEncoding, W4A8Job, W4A8PanelsFn, W4Bf16Job, W8A8Job, W8A8PanelsFn};
+use bf16::{WideBf16Pair, bf16_step};
 use common::{ARows, AccBuf, GROUP_ROWS, TILE_ROWS, TiledA, tile_config};
 use tiles::{HwTiles, TileUnit};
 use w4a8::{W4A8Step, WidePair, w4a8_step};
@@ -68,6 +70,8 @@ thread_local! {
     /// Each thread's widened panel pair and tiled activations, kept between calls so
     /// steady-state calls do not allocate.
     static SCRATCH: RefCell<(WidePair, TiledA)> = RefCell::new(Default::default());
+    /// The same for the bf16 path.
+    static SCRATCH_BF16: RefCell<(WideBf16Pair, TiledA)> = RefCell::new(Default::default());
 }
 
 /// Walks `panels` in pairs, widening each pair once and running every row group of the call
@@ -159,6 +163,57 @@ unsafe fn w8a8_panels<U: TileUnit>(unit: &mut U, job: &W8A8Job<'_>, panels: Rang
     unit.release();
 }
 
+/// The bf16 counterpart of [`w4a8_panels`]: activations rounded to bf16 once per call,
+/// each panel pair dequantized to bf16 once, C tiles held over all of K.
+///
+/// # Safety
+/// - The CPU has AVX-512 F/BW/BF16 and `unit` can run AMX-BF16 tile instructions;
+/// - the job satisfies [`crate::ukernel::W4Bf16PanelsFn`]'s contract.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn w4bf16_panels<U: TileUnit>(unit: &mut U, job: &W4Bf16Job<'_>, panels: Range<usize>) {
+    // SAFETY: `tile_config` shapes are legal.
+    unsafe { unit.configure(&tile_config(bf16::CHUNK_BYTES)) };
+    let mut acc = AccBuf::zeroed();
+    SCRATCH_BF16.with_borrow_mut(|(wide, a)| {
+        bf16::fill_a(a, job.x, job.m, job.w.k());
+        let mut p = panels.start;
+        while p < panels.end {
+            let nb = 2.min(panels.end - p);
+            wide.fill(job.w, p, nb);
+            let mut row0 = 0;
+            while row0 < job.m {
+                let rows = GROUP_ROWS.min(job.m - row0);
+                // SAFETY: configured unit with 64-byte rows, `a` and `wide` filled for this
+                // job and pair; the job contract (AMX-BF16 included) is forwarded; `row0 < m`
+                // is a multiple of 16, and the shape has two row halves exactly when
+                // `row0 + 16 < m`.
+                unsafe {
+                    live_shape!(
+                        rows,
+                        nb,
+                        bf16_step::<U>(unit, job, wide, a, p, row0, &mut acc)
+                    )
+                };
+                row0 += rows;
+            }
+            p += nb;
+        }
+    });
+    unit.release();
+}
+
+/// The bf16 tile entry point.
+///
+/// # Safety
+/// - [`crate::ukernel::W4Bf16PanelsFn`]'s contract, including AMX-BF16 and the tile permission.
+unsafe fn w4bf16_entry(job: &W4Bf16Job<'_>, panels: Range<usize>) {
+    // SAFETY: the `KernelSet` holding this entry was built from the AMX token, and registers
+    // it only where AMX-BF16 and AVX-512 BF16 are present.
+    let token = unsafe { Amx::new_unchecked() };
+    // SAFETY: as above; the job contract is forwarded.
+    unsafe { w4bf16_panels(&mut HwTiles::new(token), job, panels) }
+}
+
 /// The W4A8 tile entry point.
 ///
 /// # Safety
@@ -195,7 +250,37 @@ pub(crate) fn kernel_set(token: Amx) -> crate::KernelSet {
         w8a8_entry as W8A8PanelsFn,
     );
     // SAFETY: the token proves AMX (and AVX-512 VNNI), all the tile entries need.
-    unsafe { base.with_large_m(min_rows(), w4a8, w8a8) }
+    let set = unsafe { base.with_large_m(min_rows(), w4a8, w8a8) };
+    if has_bf16() {
+        // SAFETY: the token proves AMX; AMX-BF16 and AVX-512 BF16 were just checked.
+        unsafe { set.with_bf16_tiles(Isa::Amx, bf16_min_rows(), w4bf16_entry) }
+    } else {
+        set
+    }
+}
+
+/// Whether the CPU has what the bf16 tile path needs besides AMX: AMX-BF16 for the products
+/// and AVX-512 BF16 for rounding activations and weights.
+fn has_bf16() -> bool {
+    let f = super::detect();
+    f.amx_bf16 && f.avx512bf16
+}
+
+/// Rows from which the bf16 tile path takes over (when chosen) unless
+/// `MOE_KERNELS_AMX_BF16_MIN_M` says otherwise: the dequantized panel pair is shared by all
+/// rows of a call, and below about two row groups its cost outweighs the tiles' speed.
+pub(crate) const DEFAULT_BF16_MIN_ROWS: usize = 32;
+
+/// Rows from which the bf16 tile path runs (read once).
+fn bf16_min_rows() -> usize {
+    static MIN: OnceLock<usize> = OnceLock::new();
+    *MIN.get_or_init(|| {
+        std::env::var("MOE_KERNELS_AMX_BF16_MIN_M")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(DEFAULT_BF16_MIN_ROWS)
+            .max(1)
+    })
 }
 
 /// The tile bodies on the emulated unit, for every row count, where AVX-512 VNNI runs (tests).
@@ -235,5 +320,25 @@ pub(crate) mod emulated {
         );
         // SAFETY: the token proves AVX-512 VNNI, all the emulated entries need.
         Some(unsafe { base.with_large_m(1, w4a8, w8a8) })
+    }
+
+    /// # Safety
+    /// - [`crate::ukernel::W4Bf16PanelsFn`]'s contract, with AVX-512 F/BW/BF16 instead of AMX-BF16.
+    unsafe fn w4bf16_entry(job: &W4Bf16Job<'_>, panels: Range<usize>) {
+        // SAFETY: the caller guarantees AVX-512 BF16; the emulated unit runs anywhere.
+        unsafe { w4bf16_panels(&mut EmulatedTiles::new(), job, panels) }
+    }
+
+    /// The AMX rung with the bf16 tile bodies on the emulated unit from one row on, chosen,
+    /// when AVX-512 VNNI and BF16 are available.
+    pub(crate) fn bf16_kernel_set() -> Option<crate::KernelSet> {
+        let f = crate::x86::detect();
+        if !f.avx512bf16 {
+            return None;
+        }
+        let set = kernel_set()?;
+        // SAFETY: AVX-512 BF16 was just checked; the emulated unit needs nothing else.
+        let set = unsafe { set.with_bf16_tiles(Isa::Amx, 1, w4bf16_entry) };
+        Some(set.with_w4a8_prefill(crate::W4A8Prefill::Bf16Tiles))
     }
 }

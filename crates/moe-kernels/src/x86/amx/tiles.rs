@@ -81,6 +81,14 @@ pub(crate) trait TileUnit {
     ///   `colsb(A) = 4·rows(B)`.
     unsafe fn dpbusd<const C: u8, const A: u8, const B: u8>(&mut self);
 
+    /// `C += A·B` with bf16 pairs, f32 accumulators (`tdpbf16ps`): for each row `m`, K pair
+    /// `k` and channel `n`, `C[m][n] += A[m][2k]·B[k][2n] + A[m][2k+1]·B[k][2n+1]`.
+    ///
+    /// # Safety
+    /// - As [`TileUnit::dpbusd`] (the shapes are counted in bytes the same way), and the CPU
+    ///   has AMX-BF16.
+    unsafe fn dpbf16ps<const C: u8, const A: u8, const B: u8>(&mut self);
+
     /// Stores tile `T` to `rows(T)` rows of `colsb(T)` bytes at `base + r·stride`
     /// (`tilestored`).
     ///
@@ -137,6 +145,18 @@ impl TileUnit for HwTiles {
         unsafe {
             std::arch::asm!(
                 "tdpbusd tmm{c}, tmm{a}, tmm{b}",
+                c = const C, a = const A, b = const B,
+                options(nostack, nomem)
+            );
+        }
+    }
+
+    unsafe fn dpbf16ps<const C: u8, const A: u8, const B: u8>(&mut self) {
+        // SAFETY: AMX-BF16 is usable (caller contract) and the three shapes agree (caller
+        // contract).
+        unsafe {
+            std::arch::asm!(
+                "tdpbf16ps tmm{c}, tmm{a}, tmm{b}",
                 c = const C, a = const A, b = const B,
                 options(nostack, nomem)
             );
@@ -231,6 +251,33 @@ impl TileUnit for EmulatedTiles {
                         let bv = i32::from(b[k][4 * n + i] as i8);
                         acc = acc.wrapping_add(av * bv);
                     }
+                }
+                c[m][4 * n..4 * n + 4].copy_from_slice(&acc.to_le_bytes());
+            }
+        }
+    }
+
+    unsafe fn dpbf16ps<const C: u8, const A: u8, const B: u8>(&mut self) {
+        let ((c_rows, c_colsb), (a_rows, a_colsb), (b_rows, b_colsb)) =
+            (self.shape(C), self.shape(A), self.shape(B));
+        assert_eq!(c_rows, a_rows, "tdpbf16ps: rows of C and A differ");
+        assert_eq!(
+            c_colsb, b_colsb,
+            "tdpbf16ps: bytes per row of C and B differ"
+        );
+        assert_eq!(a_colsb, 4 * b_rows, "tdpbf16ps: K of A and B differ");
+        let (a, b) = (self.regs[usize::from(A)], self.regs[usize::from(B)]);
+        let bf16 = |row: &[u8; TILE_MAX_COLSB], i: usize| {
+            f32::from_bits(u32::from(u16::from_le_bytes([row[2 * i], row[2 * i + 1]])) << 16)
+        };
+        let c = &mut self.regs[usize::from(C)];
+        for m in 0..c_rows {
+            for n in 0..c_colsb / 4 {
+                let mut acc = f32::from_le_bytes(c[m][4 * n..4 * n + 4].try_into().unwrap());
+                for (k, b_row) in b.iter().enumerate().take(b_rows) {
+                    // Each bf16 product is exact in f32; the unit adds them in this order.
+                    acc += bf16(&a[m], 2 * k) * bf16(b_row, 2 * n);
+                    acc += bf16(&a[m], 2 * k + 1) * bf16(b_row, 2 * n + 1);
                 }
                 c[m][4 * n..4 * n + 4].copy_from_slice(&acc.to_le_bytes());
             }

@@ -1,0 +1,375 @@
+//! The bf16 tile body for int4 weights: activations rounded to bf16, weights dequantized to
+//! bf16 (`bf16(w·scale)`) once per call, products on AMX-BF16 (`tdpbf16ps`) with the four C
+//! tiles of a step held in the tile registers over the whole of K.
+//!
+//! With group scales the int8 body must leave the tile unit after every scale block (store the
+//! C tiles, scale, add in f32); here the scale is inside the bf16 weights, so a C tile is stored
+//! once. The price is numerics: each activation and each scaled weight is rounded to bf16
+//! (relative error at most 2^-9 each) instead of the activations to int8, which is closer to
+//! the f32 reference than W4A8 but not bit-equal to it or to vLLM's W4A8 kernel. The tile unit
+//! adds in its own order, so results are compared with a reference within a tolerance, not bit
+//! for bit.
+
+// Rows index several arrays in lockstep; index loops read clearer than zips here.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+use super::common::{
+    AccBuf, GROUP_ROWS, Row64, TILE_ROWS, TiledA, dpbf16_live, load_a_live, load_b_live, prefetch,
+    store_live, zero_live,
+};
+use super::tiles::{TILE_MAX_COLSB, TileUnit};
+use crate::packed::{PANEL, PackedW4A8, STEP_BYTES, w4a8::K_STEP};
+use crate::ukernel::W4Bf16Job;
+
+/// K values per chunk: 32 bf16 fill one 64-byte A row.
+pub(crate) const CHUNK_K: usize = 32;
+/// Bytes per A tile row.
+pub(crate) const CHUNK_BYTES: usize = 2 * CHUNK_K;
+/// B rows per chunk: one per K pair.
+const CHUNK_ROWS: usize = CHUNK_K / 2;
+/// Chunks ahead whose tiles are requested in L1.
+const AHEAD_L1: usize = 2;
+
+/// Rounds 16 f32 to bf16 (nearest, ties to even; NaN stays NaN).
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+fn to_bf16(v: __m512) -> __m256i {
+    let h = _mm512_cvtneps_pbh(v);
+    // SAFETY: both are plain 256-bit vectors; the bf16 type is a bit pattern the tiles read as
+    // bytes.
+    unsafe { std::mem::transmute::<__m256bh, __m256i>(h) }
+}
+
+/// Fills `a` with the rows of `x` (`m` rows of `k` values) rounded to bf16, in tiles of
+/// [`CHUNK_K`] values; K past `k` and rows past `m` are zero.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub(crate) fn fill_a(a: &mut TiledA, x: &[f32], m: usize, k: usize) {
+    let n_chunks = k.div_ceil(CHUNK_K);
+    let bytes = a.reset(m, CHUNK_BYTES, n_chunks);
+    let tile_bytes = TILE_ROWS * CHUNK_BYTES;
+    for (t, tile_row) in bytes.chunks_exact_mut(n_chunks * tile_bytes).enumerate() {
+        for (c, block) in tile_row.chunks_exact_mut(tile_bytes).enumerate() {
+            let k0 = c * CHUNK_K;
+            let len = CHUNK_K.min(k - k0);
+            for (r, dst) in block.chunks_exact_mut(CHUNK_BYTES).enumerate() {
+                let row = t * TILE_ROWS + r;
+                if row >= m {
+                    dst.fill(0);
+                    continue;
+                }
+                let src = &x[row * k + k0..][..len];
+                for (half, out) in dst.chunks_exact_mut(32).enumerate() {
+                    let lo = (16 * half).min(len);
+                    let n = (len - lo).min(16);
+                    let keep: __mmask16 = if n == 16 { !0 } else { (1 << n) - 1 };
+                    // SAFETY: the masked load reads only the `n` values `src[lo..lo + n]`.
+                    let v = unsafe { _mm512_maskz_loadu_ps(keep, src[lo..].as_ptr()) };
+                    let h = to_bf16(v);
+                    // SAFETY: `out` is 32 writable bytes; unaligned store.
+                    unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), h) };
+                }
+            }
+        }
+    }
+}
+
+/// A panel pair's weights dequantized to bf16 B rows: per panel, row `r` holds K values
+/// `2r, 2r + 1` of the 16 channels (`bf16(w·scale)` each), K padded with zeros to whole chunks.
+#[derive(Default)]
+pub(crate) struct WideBf16Pair {
+    /// `[panel][row]`.
+    rows: Vec<Row64>,
+    /// B rows per panel.
+    rows_per_panel: usize,
+}
+
+impl WideBf16Pair {
+    /// Dequantizes panels `p..p + nb` (`nb` is 1 or 2) of `w`. Reuses the buffer, so a
+    /// thread's calls stop allocating once the largest matrix is seen.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(crate) fn fill(&mut self, w: &PackedW4A8, p: usize, nb: usize) {
+        let k_pad = w.k_pad();
+        let rows_per_panel = k_pad.div_ceil(CHUNK_K) * CHUNK_ROWS;
+        self.rows_per_panel = rows_per_panel;
+        self.rows.clear();
+        self.rows.resize(nb * rows_per_panel, Row64::ZERO);
+        let block_len = w.block_len();
+        // The weight `c − 8` of every nibble code `c`; `vpermps` reads a lane's low 4 bits.
+        let lut = _mm512_setr_ps(
+            -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0,
+        );
+        // Interleaves the even (lanes 0..16) and odd (lanes 16..32) bf16 of `cvtne2ps` into
+        // pairs per channel.
+        let pairs = _mm512_set_epi16(
+            31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20,
+            4, 19, 3, 18, 2, 17, 1, 16, 0,
+        );
+        for j in 0..nb {
+            let (steps, _) = w.panel_nibbles(p + j).as_chunks::<STEP_BYTES>();
+            let dst = &mut self.rows[j * rows_per_panel..][..rows_per_panel];
+            let mut scale_block = usize::MAX;
+            let mut sc = _mm512_setzero_ps();
+            for (s, (step, out)) in steps.iter().zip(dst.as_chunks_mut::<4>().0).enumerate() {
+                let b = s * K_STEP / block_len;
+                if b != scale_block {
+                    scale_block = b;
+                    let scales = w.block_scales(p + j, b);
+                    // SAFETY: 16 readable f32 in a local array; unaligned load.
+                    sc = unsafe { _mm512_loadu_ps(scales.as_ptr()) };
+                }
+                // SAFETY: `step` is 64 readable bytes; the load is unaligned.
+                let v = unsafe { _mm512_loadu_si512(step.as_ptr().cast()) };
+                // Byte `i` of a channel's dword holds K value `i` (low nibble) and `4 + i`
+                // (high nibble) of the step.
+                let weight = |shift: u32| {
+                    let codes = _mm512_srlv_epi32(v, _mm512_set1_epi32(shift as i32));
+                    _mm512_mul_ps(_mm512_permutexvar_ps(codes, lut), sc)
+                };
+                for (row, (even, odd)) in out.iter_mut().zip([(0, 8), (16, 24), (4, 12), (20, 28)])
+                {
+                    let both = _mm512_cvtne2ps_pbh(weight(odd), weight(even));
+                    // SAFETY: the bf16 vector type is a bit pattern.
+                    let both = unsafe { std::mem::transmute::<__m512bh, __m512i>(both) };
+                    let row_bits = _mm512_permutexvar_epi16(pairs, both);
+                    // SAFETY: a `Row64` is 64 writable, 64-byte aligned bytes we borrow
+                    // mutably.
+                    unsafe { _mm512_store_si512(row.0.as_mut_ptr().cast(), row_bits) };
+                }
+            }
+        }
+    }
+
+    /// The B rows of chunk `c` of the pair's panel `j`.
+    fn chunk_rows(&self, j: usize, c: usize) -> *const u8 {
+        let at = j * self.rows_per_panel + c * CHUNK_ROWS;
+        self.rows[at..at + CHUNK_ROWS].as_ptr().cast()
+    }
+}
+
+/// Computes rows `row0..row0 + min(32, m − row0)` of the pair's channels. `NA` is 2 when the
+/// group has more than 16 rows, `NB` the number of panels in the pair.
+///
+/// # Safety
+/// - The CPU has AVX-512 F/BW and AMX-BF16; `unit` is configured with `tile_config(64)`;
+///   `wide` was filled for the pair and `a` with this job's rows ([`fill_a`]).
+/// - The job satisfies [`crate::ukernel::W4Bf16PanelsFn`]'s contract for the pair's panels;
+///   `row0 < job.m` is a multiple of 16, and `row0 + 16 < job.m` exactly when `NA == 2`.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(crate) unsafe fn bf16_step<U: TileUnit, const NA: usize, const NB: usize>(
+    unit: &mut U,
+    job: &W4Bf16Job<'_>,
+    wide: &WideBf16Pair,
+    a: &TiledA,
+    p: usize,
+    row0: usize,
+    acc: &mut AccBuf,
+) {
+    let w = job.w;
+    let n_chunks = w.k().div_ceil(CHUNK_K);
+    let t = row0 / TILE_ROWS;
+    // SAFETY: for this and the tile calls below, the unit is configured with 64-byte A and B
+    // rows (our contract); `a` holds row tiles `t..t + NA` of every chunk; `chunk_rows` points
+    // at 16 rows of the filled pair; the CPU has AMX-BF16 (our contract).
+    unsafe { zero_live::<U, NA, NB>(unit) };
+    for c in 0..n_chunks {
+        a.prefetch_tile(t, c + AHEAD_L1);
+        if NA == 2 {
+            a.prefetch_tile(t + 1, c + AHEAD_L1);
+        }
+        if c + AHEAD_L1 < n_chunks {
+            for j in 0..NB {
+                prefetch::<_MM_HINT_T0>(
+                    wide.chunk_rows(j, c + AHEAD_L1),
+                    CHUNK_ROWS * TILE_MAX_COLSB,
+                );
+            }
+        }
+        // SAFETY: see above.
+        unsafe { load_a_live::<U, NA>(unit, a, t, c) };
+        // SAFETY: see above.
+        unsafe { load_b_live::<U, NB>(unit, [wide.chunk_rows(0, c), wide.chunk_rows(NB - 1, c)]) };
+        // SAFETY: see above.
+        unsafe { dpbf16_live::<U, NA, NB>(unit) };
+    }
+    // SAFETY: see above.
+    unsafe { store_live::<U, NA, NB>(unit, acc) };
+
+    let rows = GROUP_ROWS.min(job.m - row0);
+    for j in 0..NB {
+        let pj = p + j;
+        let valid = PANEL.min(w.n() - pj * PANEL);
+        let keep: __mmask16 = if valid == PANEL { !0 } else { (1 << valid) - 1 };
+        // SAFETY: a present bias slice holds 16 readable f32; unaligned load.
+        let bias = w
+            .panel_bias(pj)
+            .map(|b| unsafe { _mm512_loadu_ps(b.as_ptr()) });
+        for r in 0..rows {
+            // SAFETY: channels `16j..16j + 16` of an `AccBuf` row are 16 readable, 64-byte
+            // aligned 32-bit values, here the f32 sums the C tiles stored.
+            let mut y = unsafe { _mm512_load_ps(acc.0[r][j * PANEL..].as_ptr().cast()) };
+            if let Some(bias) = bias {
+                y = _mm512_add_ps(y, bias);
+            }
+            let dst = job.out.wrapping_add((row0 + r) * job.ld + pj * PANEL);
+            // SAFETY: row `row0 + r < m` and the masked-in channels `16pj..16pj + valid` are
+            // `< N`, inside the validated output and owned by this call; masked-out lanes are
+            // not accessed.
+            unsafe { _mm512_mask_storeu_ps(dst, keep, y) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use half::bf16;
+    use moe_testutil::SplitMix64;
+
+    use crate::{GemmScratch, PackedW4A8, Par, W4A8Prefill, W4A8Scales};
+
+    /// `Σ_k bf16(x)·bf16(w·s)` (+ bias) in f64, and `Σ_k |term|` for the tolerance.
+    #[allow(clippy::too_many_arguments)] // one matrix product's inputs, spelled out
+    fn reference(
+        x: &[f32],
+        w: &[i8],
+        s: &[f32],
+        g: usize,
+        bias: Option<&[f32]>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let round = |v: f32| f64::from(bf16::from_f32(v).to_f32());
+        let mut y = vec![0f64; m * n];
+        let mut mag = vec![0f64; m * n];
+        for r in 0..m {
+            for c in 0..n {
+                let (mut acc, mut abs) = (0f64, 0f64);
+                for i in 0..k {
+                    let wv = round(f32::from(w[c * k + i]) * s[c * (k / g) + i / g]);
+                    let t = round(x[r * k + i]) * wv;
+                    acc += t;
+                    abs += t.abs();
+                }
+                let b = bias.map_or(0.0, |b| f64::from(b[c]));
+                y[r * n + c] = acc + b;
+                mag[r * n + c] = abs + b.abs();
+            }
+        }
+        (y, mag)
+    }
+
+    #[test]
+    fn bf16_tiles_match_the_bf16_reference_on_ragged_shapes() {
+        let mut sets = Vec::new();
+        match super::super::emulated::bf16_kernel_set() {
+            Some(ks) => sets.push(("emulated", ks)),
+            None => eprintln!("note: skipping the emulated bf16 tiles: no AVX-512 VNNI and BF16"),
+        }
+        // The hardware tiles, where present, on the row counts they take.
+        if let Some(ks) = crate::KernelSet::for_isa(crate::Isa::Amx).filter(|k| k.has_bf16_tiles())
+        {
+            sets.push(("hardware", ks.with_w4a8_prefill(W4A8Prefill::Bf16Tiles)));
+        }
+        let mut rng = SplitMix64::new(0xbf16);
+        for &(k, g) in &[(32, 32), (96, 32), (72, 72), (256, 128), (64, 64), (40, 40)] {
+            for &m in &[0usize, 1, 5, 16, 17, 33, 70] {
+                for &n in &[1usize, 16, 17, 33, 47] {
+                    let x: Vec<f32> = (0..m * k).map(|_| rng.normal() * 2.0).collect();
+                    let w: Vec<i8> = (0..n * k).map(|_| rng.range_i64(-8, 7) as i8).collect();
+                    let bias = (rng.below(2) == 0).then(|| rng.vec_uniform(n, -1.0, 1.0));
+                    let (packed, scales) = if g == k && k % 32 != 0 {
+                        let s = rng.vec_uniform(n, 0.01, 0.1);
+                        let p = PackedW4A8::pack(
+                            n,
+                            k,
+                            &w,
+                            W4A8Scales::Channelwise(&s),
+                            bias.as_deref(),
+                        );
+                        (p.unwrap(), s)
+                    } else {
+                        let s: Vec<bf16> = (0..n * k / g)
+                            .map(|_| bf16::from_f32(rng.uniform(0.01, 0.1)))
+                            .collect();
+                        let scales = W4A8Scales::Grouped {
+                            group_size: g,
+                            scales: &s,
+                        };
+                        let p = PackedW4A8::pack(n, k, &w, scales, bias.as_deref()).unwrap();
+                        (p, s.iter().map(|v| v.to_f32()).collect())
+                    };
+                    let (want, mag) = reference(&x, &w, &scales, g, bias.as_deref(), m, n, k);
+                    for (unit, ks) in &sets {
+                        if ks.w4bf16_for(m).is_none() {
+                            continue;
+                        }
+                        for par in [Par::Seq, Par::Rayon] {
+                            let mut got = vec![f32::NAN; m * n];
+                            crate::w4a8_gemm(
+                                ks,
+                                m,
+                                &x,
+                                &packed,
+                                &mut got,
+                                &mut GemmScratch::new(),
+                                par,
+                            )
+                            .unwrap();
+                            for (i, (&g_, (&w_, &mg))) in
+                                got.iter().zip(want.iter().zip(&mag)).enumerate()
+                            {
+                                let tol = 1e-5 * mg + 1e-6;
+                                assert!(
+                                    (f64::from(g_) - w_).abs() <= tol,
+                                    "{unit} m={m} n={n} k={k} g={g} {par:?}: out[{i}] = {g_}, want {w_} (tol {tol:e})"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_tiles_keep_nan_rows_nan() {
+        let Some(ks) = super::super::emulated::bf16_kernel_set() else {
+            return;
+        };
+        let (m, n, k) = (3, 17, 64);
+        let w = vec![1i8; n * k];
+        let s = vec![bf16::from_f32(0.5); n * k / 32];
+        let packed = PackedW4A8::pack(
+            n,
+            k,
+            &w,
+            W4A8Scales::Grouped {
+                group_size: 32,
+                scales: &s,
+            },
+            None,
+        )
+        .unwrap();
+        let mut x = vec![0.25f32; m * k];
+        x[k + 7] = f32::NAN;
+        let mut got = vec![0f32; m * n];
+        crate::w4a8_gemm(
+            &ks,
+            m,
+            &x,
+            &packed,
+            &mut got,
+            &mut GemmScratch::new(),
+            Par::Seq,
+        )
+        .unwrap();
+        assert!(
+            got[..n].iter().all(|v| (v - 8.0).abs() < 1e-6),
+            "{:?}",
+            &got[..n]
+        );
+        assert!(got[n..2 * n].iter().all(|v| v.is_nan()));
+        assert!(got[2 * n..].iter().all(|v| (v - 8.0).abs() < 1e-6));
+    }
+}
