@@ -12,7 +12,10 @@ use std::sync::OnceLock;
 
 use crate::arch;
 use crate::isa::{Isa, IsaCap, MAX_ISA_ENV};
-use crate::ukernel::{ActEncoding, W4A8PanelsFn, W4Bf16PanelsFn, W8A8PanelsFn};
+use crate::ukernel::{
+    ActEncoding, W4A8PanelsFn, W4A8TileAFn, W4Bf16PanelsFn, W4Bf16TileAFn, W8A8PanelsFn,
+    W8A8TileAFn,
+};
 
 /// How W4A8 GEMMs with many rows per call compute (the numerics contract of prefill).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -50,6 +53,7 @@ pub(crate) struct Bf16Tiles {
     pub(crate) isa: Isa,
     pub(crate) min_m: usize,
     pub(crate) entry: W4Bf16PanelsFn,
+    pub(crate) tile_a: W4Bf16TileAFn,
 }
 
 /// One W4A8 implementation: its rung, activation encoding and entry point.
@@ -58,6 +62,8 @@ pub(crate) struct W4A8Kernel {
     pub(crate) isa: Isa,
     pub(crate) encoding: ActEncoding,
     pub(crate) entry: W4A8PanelsFn,
+    /// The kernel's own activation layout, made once per GEMM, if it reads one.
+    pub(crate) tile_a: Option<W4A8TileAFn>,
 }
 
 /// One W8A8 implementation: its rung, activation encoding and entry point.
@@ -66,6 +72,8 @@ pub(crate) struct W8A8Kernel {
     pub(crate) isa: Isa,
     pub(crate) encoding: ActEncoding,
     pub(crate) entry: W8A8PanelsFn,
+    /// The kernel's own activation layout, made once per GEMM, if it reads one.
+    pub(crate) tile_a: Option<W8A8TileAFn>,
 }
 
 /// The kernels of one rung, ready to call; cheap to copy.
@@ -125,12 +133,14 @@ impl KernelSet {
             isa,
             encoding,
             entry,
+            tile_a: None,
         };
         let (isa, encoding, entry) = w8a8;
         let w8a8 = W8A8Kernel {
             isa,
             encoding,
             entry,
+            tile_a: None,
         };
         Self {
             rung,
@@ -160,14 +170,27 @@ impl KernelSet {
             isa,
             encoding,
             entry,
+            tile_a: None,
         };
         let (isa, encoding, entry) = w8a8;
         let w8a8 = W8A8Kernel {
             isa,
             encoding,
             entry,
+            tile_a: None,
         };
         self.large_m = Some(LargeM { min_m, w4a8, w8a8 });
+        self
+    }
+
+    /// The same set, with the large-row kernels reading their activations in their own
+    /// layouts, made once per GEMM by `w4a8` and `w8a8`.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the AMX rung has them
+    pub(crate) fn with_large_m_layouts(mut self, w4a8: W4A8TileAFn, w8a8: W8A8TileAFn) -> Self {
+        if let Some(l) = &mut self.large_m {
+            l.w4a8.tile_a = Some(w4a8);
+            l.w8a8.tile_a = Some(w8a8);
+        }
         self
     }
 
@@ -175,16 +198,22 @@ impl KernelSet {
     /// [`W4A8Prefill::Bf16Tiles`] is chosen.
     ///
     /// # Safety
-    /// - `entry` may be called on this CPU: the caller holds the token of its rung and has
-    ///   checked the features it needs.
+    /// - `entry` and `tile_a` may be called on this CPU: the caller holds the token of their
+    ///   rung and has checked the features they need.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the AMX rung has one
     pub(crate) unsafe fn with_bf16_tiles(
         mut self,
         isa: Isa,
         min_m: usize,
         entry: W4Bf16PanelsFn,
+        tile_a: W4Bf16TileAFn,
     ) -> Self {
-        self.bf16_tiles = Some(Bf16Tiles { isa, min_m, entry });
+        self.bf16_tiles = Some(Bf16Tiles {
+            isa,
+            min_m,
+            entry,
+            tile_a,
+        });
         self
     }
 

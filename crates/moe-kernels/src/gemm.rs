@@ -59,6 +59,8 @@ pub struct GemmScratch {
     corr: Vec<i32>,
     block_corr: Vec<i32>,
     nan_rows: Vec<usize>,
+    /// The activations in a kernel's own layout (the AMX tiles), when it has one.
+    tiles: Vec<u8>,
 }
 
 impl GemmScratch {
@@ -80,6 +82,7 @@ impl GemmScratch {
             // blocks (one when channelwise).
             block_corr: Vec::with_capacity(m * (k_pad / 32).max(1)),
             nan_rows: Vec::with_capacity(m),
+            tiles: Vec::new(),
         }
     }
 }
@@ -108,9 +111,12 @@ pub fn w4a8_gemm(
     check_len("x", m * k, x.len())?;
     check_len("out", m * w.n(), out.len())?;
     if let Some(tiles) = ks.w4bf16_for(m) {
+        // SAFETY: the layout function comes from the same `KernelSet` as the entry, registered
+        // only where its features are available.
+        unsafe { (tiles.tile_a)(x, m, k, &mut scratch.tiles) };
         let job = W4Bf16Job {
             w,
-            x,
+            a_tiles: &scratch.tiles,
             m,
             out: out.as_mut_ptr(),
             ld: w.n(),
@@ -168,7 +174,7 @@ pub fn w4a8_gemm(
             block_corr: &s.block_corr,
             recip: &s.row_scale,
         };
-        run_w4a8(kernel, m, w, rows, out, par);
+        run_w4a8(kernel, m, w, rows, &mut s.tiles, out, par);
         poison_nan_rows(&scratch.nan_rows, w.n(), out);
         return Ok(());
     }
@@ -219,7 +225,7 @@ pub fn w4a8_gemm_quantized(
         block_corr: &scratch.block_corr,
         recip: a.recip,
     };
-    run_w4a8(kernel, m, w, rows, out, par);
+    run_w4a8(kernel, m, w, rows, &mut scratch.tiles, out, par);
     Ok(())
 }
 
@@ -246,12 +252,13 @@ struct EncodedRows<'a> {
 /// Callers guarantee (and this function's safety argument relies on): the rows hold `m` rows
 /// of `w.k_pad()` bytes in `kernel.encoding`, `m` corrections and factors with the zero points
 /// in `[-128, 127]`, `m·n_blocks` block corrections if the encoding needs them, and `out`
-/// holds `m·N` elements.
+/// holds `m·N` elements. `tiles` receives the kernel's own layout of the rows, if it has one.
 fn run_w4a8(
     kernel: W4A8Kernel,
     m: usize,
     w: &PackedW4A8,
     rows: EncodedRows<'_>,
+    tiles: &mut Vec<u8>,
     out: &mut [f32],
     par: Par,
 ) {
@@ -263,9 +270,14 @@ fn run_w4a8(
         "run_w4a8: rows not prepared"
     );
     assert_eq!(out.len(), m * w.n(), "run_w4a8: output length");
+    tiles.clear();
+    if let Some(tile_a) = kernel.tile_a {
+        tile_a(rows.a, m, w, tiles);
+    }
     let job = W4A8Job {
         w,
         a: rows.a,
+        a_tiles: tiles,
         row_corr: rows.corr,
         block_corr: rows.block_corr,
         row_recip: rows.recip,
@@ -317,9 +329,13 @@ pub(crate) fn w4a8_block_acc(
     let kernel = ks.w4a8_for(m);
     prepare_w4a8(m, a, w, kernel.encoding, &mut scratch)?;
     let mut acc = vec![0i32; m * w.n_blocks() * w.n_panels() * crate::packed::PANEL];
+    if let Some(tile_a) = kernel.tile_a {
+        tile_a(&scratch.encoded, m, w, &mut scratch.tiles);
+    }
     let job = W4A8Job {
         w,
         a: &scratch.encoded,
+        a_tiles: &scratch.tiles,
         row_corr: &scratch.corr,
         block_corr: &scratch.block_corr,
         row_recip: a.recip,
@@ -370,7 +386,8 @@ fn prepare_w4a8(
     Ok(())
 }
 
-/// Copies `m` rows of `k` codes into `[m][k_pad]` bytes in the kernel's encoding.
+/// Copies `m` rows of `k` codes into `[m][k_pad]` bytes in the kernel's encoding (one loop per
+/// encoding, so that each vectorises).
 fn encode_rows(q: &[i8], m: usize, k: usize, k_pad: usize, enc: ActEncoding, dst: &mut Vec<u8>) {
     dst.clear();
     dst.resize(m * k_pad, enc.pad());
@@ -378,8 +395,18 @@ fn encode_rows(q: &[i8], m: usize, k: usize, k_pad: usize, enc: ActEncoding, dst
         return;
     }
     for (src, row) in q.chunks_exact(k).zip(dst.chunks_exact_mut(k_pad)) {
-        for (d, &s) in row.iter_mut().zip(src) {
-            *d = enc.encode(s);
+        let row = &mut row[..k];
+        match enc {
+            ActEncoding::I8 | ActEncoding::I8CodeWeights => {
+                for (d, &s) in row.iter_mut().zip(src) {
+                    *d = s as u8;
+                }
+            }
+            ActEncoding::U8Offset128 => {
+                for (d, &s) in row.iter_mut().zip(src) {
+                    *d = (s as u8) ^ 0x80;
+                }
+            }
         }
     }
 }
@@ -413,7 +440,7 @@ pub fn w8a8_gemm(
         q: &q,
         scale: &scale,
     };
-    let result = w8a8_gemm_quantized(ks, m, rows, w, out, scratch, par);
+    let result = run_w8a8(ks, m, rows, w, out, scratch, par);
     poison_nan_rows(&scratch.nan_rows, w.n(), out);
     scratch.q = q;
     scratch.row_scale = scale;
@@ -437,10 +464,6 @@ pub fn w8a8_gemm_quantized(
     scratch: &mut GemmScratch,
     par: Par,
 ) -> Result<(), KernelError> {
-    let (k, k_pad) = (w.k(), w.k_pad());
-    check_len("out", m * w.n(), out.len())?;
-    check_len("q", m * k, a.q.len())?;
-    check_len("scale", m, a.scale.len())?;
     if let Some(index) = a.q.iter().position(|&v| v == i8::MIN) {
         return Err(KernelError::ValueOutOfRange {
             tensor: "q",
@@ -450,11 +473,33 @@ pub fn w8a8_gemm_quantized(
             max: 127,
         });
     }
+    run_w8a8(ks, m, a, w, out, scratch, par)
+}
+
+/// [`w8a8_gemm_quantized`] for codes known to lie in `[-127, 127]` (the quantisers' output).
+fn run_w8a8(
+    ks: &KernelSet,
+    m: usize,
+    a: SymQuantRows<'_>,
+    w: &PackedW8A8,
+    out: &mut [f32],
+    scratch: &mut GemmScratch,
+    par: Par,
+) -> Result<(), KernelError> {
+    let (k, k_pad) = (w.k(), w.k_pad());
+    check_len("out", m * w.n(), out.len())?;
+    check_len("q", m * k, a.q.len())?;
+    check_len("scale", m, a.scale.len())?;
     let kernel = ks.w8a8_for(m);
     encode_rows(a.q, m, k, k_pad, kernel.encoding, &mut scratch.encoded);
+    scratch.tiles.clear();
+    if let Some(tile_a) = kernel.tile_a {
+        tile_a(&scratch.encoded, m, k_pad, &mut scratch.tiles);
+    }
     let job = W8A8Job {
         w,
         a: &scratch.encoded,
+        a_tiles: &scratch.tiles,
         row_scale: a.scale,
         m,
         out: out.as_mut_ptr(),

@@ -90,6 +90,9 @@ pub(crate) struct W4A8Job<'a> {
     pub w: &'a PackedW4A8,
     /// Encoded activation rows, `[m][w.k_pad()]`.
     pub a: &'a [u8],
+    /// The same rows in the kernel's own layout ([`W4A8TileAFn`]), made once per GEMM; empty
+    /// for kernels without one.
+    pub a_tiles: &'a [u8],
     /// Per-row correction (see [`ActEncoding::w4a8_row_corr`]).
     pub row_corr: &'a [i32],
     /// Per-(row, scale block) correction `[m][n_blocks]` for encodings that ask for it
@@ -114,6 +117,9 @@ pub(crate) struct W8A8Job<'a> {
     pub w: &'a PackedW8A8,
     /// Encoded activation rows, `[m][w.k_pad()]`.
     pub a: &'a [u8],
+    /// The same rows in the kernel's own layout ([`W8A8TileAFn`]), made once per GEMM; empty
+    /// for kernels without one.
+    pub a_tiles: &'a [u8],
     /// Per-row activation scale `xs`.
     pub row_scale: &'a [f32],
     /// Rows.
@@ -128,13 +134,13 @@ pub(crate) struct W8A8Job<'a> {
 unsafe impl Sync for W8A8Job<'_> {}
 
 /// One GEMM of int4 weights with bf16 activations (the bf16 tile path), as the kernels see
-/// it: the f32 rows themselves, rounded to bf16 by the kernel.
+/// it: the rows already rounded to bf16 in the kernel's layout.
 #[derive(Debug)]
 pub(crate) struct W4Bf16Job<'a> {
     /// The packed weights.
     pub w: &'a PackedW4A8,
-    /// Activation rows, `[m][w.k()]`.
-    pub x: &'a [f32],
+    /// The activation rows in the kernel's own layout ([`W4Bf16TileAFn`]), made once per GEMM.
+    pub a_tiles: &'a [u8],
     /// Rows.
     pub m: usize,
     /// Output, row-major `[m][ld]`; only channels `< N` are written.
@@ -146,11 +152,28 @@ pub(crate) struct W4Bf16Job<'a> {
 // SAFETY: as for `W4A8Job`: kernels write disjoint panels only.
 unsafe impl Sync for W4Bf16Job<'_> {}
 
+/// Re-lays a W4A8 GEMM's encoded rows (`[m][w.k_pad()]`) into a kernel's own layout, once per
+/// GEMM, so that every panel range the GEMM is split into reads the same copy.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) type W4A8TileAFn = fn(a: &[u8], m: usize, w: &PackedW4A8, dst: &mut Vec<u8>);
+
+/// The W8A8 counterpart of [`W4A8TileAFn`].
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) type W8A8TileAFn = fn(a: &[u8], m: usize, k_pad: usize, dst: &mut Vec<u8>);
+
+/// Rounds a GEMM's f32 rows (`[m][k]`) into the bf16 tile path's layout, once per GEMM.
+///
+/// # Safety (for callers)
+/// - The CPU supports the function's rung (it comes from the same `KernelSet` as the entry).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) type W4Bf16TileAFn = unsafe fn(x: &[f32], m: usize, k: usize, dst: &mut Vec<u8>);
+
 /// A rung's entry point for the bf16-activation int4 GEMM over a range of panels.
 ///
 /// # Safety (for callers)
 /// - The CPU supports the entry's rung (AMX-BF16 and AVX-512 BF16).
-/// - `x` holds `m` rows of `w.k()` values, and `out` is valid for writes of every element of
+/// - `a_tiles` was made by the entry's layout function for `m` rows of `w.k()` values, and
+///   `out` is valid for writes of every element of
 ///   rows `0..m` in the channels of `panels`, which no other thread accesses meanwhile.
 /// - `panels` lies within `0..w.n_panels()`.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]

@@ -17,7 +17,7 @@ use std::arch::x86_64::*;
 
 use super::common::{
     AccBuf, GROUP_ROWS, Row64, TILE_ROWS, TiledA, dpbf16_live, load_a_live, load_b_live, prefetch,
-    store_live, zero_live,
+    store_live, tiles_for, zero_live,
 };
 use super::tiles::{TILE_MAX_COLSB, TileUnit};
 use crate::packed::{PANEL, PackedW4A8, STEP_BYTES, w4a8::K_STEP};
@@ -41,12 +41,15 @@ fn to_bf16(v: __m512) -> __m256i {
     unsafe { std::mem::transmute::<__m256bh, __m256i>(h) }
 }
 
-/// Fills `a` with the rows of `x` (`m` rows of `k` values) rounded to bf16, in tiles of
-/// [`CHUNK_K`] values; K past `k` and rows past `m` are zero.
+/// Fills `dst` with the rows of `x` (`m` rows of `k` values) rounded to bf16, as [`TiledA`]
+/// tiles of [`CHUNK_K`] values; K past `k` and rows past `m` are zero.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-pub(crate) fn fill_a(a: &mut TiledA, x: &[f32], m: usize, k: usize) {
+pub(crate) fn fill_a(x: &[f32], m: usize, k: usize, dst: &mut Vec<u8>) {
     let n_chunks = k.div_ceil(CHUNK_K);
-    let bytes = a.reset(m, CHUNK_BYTES, n_chunks);
+    let bytes = tiles_for(dst, m, CHUNK_BYTES, n_chunks);
+    if n_chunks == 0 {
+        return;
+    }
     let tile_bytes = TILE_ROWS * CHUNK_BYTES;
     for (t, tile_row) in bytes.chunks_exact_mut(n_chunks * tile_bytes).enumerate() {
         for (c, block) in tile_row.chunks_exact_mut(tile_bytes).enumerate() {
@@ -152,7 +155,7 @@ impl WideBf16Pair {
 ///
 /// # Safety
 /// - The CPU has AVX-512 F/BW and AMX-BF16; `unit` is configured with `tile_config(64)`;
-///   `wide` was filled for the pair and `a` with this job's rows ([`fill_a`]).
+///   `wide` was filled for the pair and `a` views this job's rows ([`fill_a`]).
 /// - The job satisfies [`crate::ukernel::W4Bf16PanelsFn`]'s contract for the pair's panels;
 ///   `row0 < job.m` is a multiple of 16, and `row0 + 16 < job.m` exactly when `NA == 2`.
 #[target_feature(enable = "avx512f,avx512bw")]
@@ -160,7 +163,7 @@ pub(crate) unsafe fn bf16_step<U: TileUnit, const NA: usize, const NB: usize>(
     unit: &mut U,
     job: &W4Bf16Job<'_>,
     wide: &WideBf16Pair,
-    a: &TiledA,
+    a: &TiledA<'_>,
     p: usize,
     row0: usize,
     acc: &mut AccBuf,

@@ -97,67 +97,69 @@ pub(crate) struct ARows<'a> {
 /// row tile in chunk order. A tile then loads from one contiguous block (the activation rows
 /// themselves are `k_pad` bytes apart, which for K a multiple of 4096 puts all 16 rows of a
 /// tile in one L1 set), rows past `m` and bytes past a chunk's data need no staging, and the
-/// K walk of a row group reads two sequential streams.
-#[derive(Default)]
-pub(crate) struct TiledA {
+/// K walk of a row group reads two sequential streams. The driver makes the copy once per
+/// GEMM ([`tile_rows`]); every panel range reads it.
+#[derive(Clone, Copy)]
+pub(crate) struct TiledA<'a> {
     /// The tiles, `[tile][chunk][16][chunk]` bytes.
-    rows: Vec<Row64>,
+    bytes: &'a [u8],
     /// Bytes per tile row.
     chunk: usize,
     /// Chunks per row tile.
     n_chunks: usize,
 }
 
-impl TiledA {
-    /// Re-lays `src` for chunks of `chunk` bytes; chunk `c` starts at K value `starts(c).0`
-    /// and holds `starts(c).1 ≤ chunk` values of data. Reuses the buffer, so a thread's calls
-    /// stop allocating once the largest GEMM is seen.
-    pub(crate) fn fill(
-        &mut self,
-        src: ARows<'_>,
-        chunk: usize,
-        n_chunks: usize,
-        starts: impl Fn(usize) -> (usize, usize),
-    ) {
-        let tile_bytes = TILE_ROWS * chunk;
-        let bytes = self.reset(src.m, chunk, n_chunks);
-        for (t, tile_row) in bytes.chunks_exact_mut(n_chunks * tile_bytes).enumerate() {
-            for (c, block) in tile_row.chunks_exact_mut(tile_bytes).enumerate() {
-                let (k0, len) = starts(c);
-                for (r, dst) in block.chunks_exact_mut(chunk).enumerate() {
-                    let row = t * TILE_ROWS + r;
-                    if row >= src.m {
-                        break;
-                    }
-                    let at = row * src.k_pad + k0;
-                    dst[..len].copy_from_slice(&src.a[at..at + len]);
+/// Sizes `dst` for `m` rows of `n_chunks` chunks of `chunk` bytes and returns it, with
+/// whatever it held before.
+pub(crate) fn tiles_for(dst: &mut Vec<u8>, m: usize, chunk: usize, n_chunks: usize) -> &mut [u8] {
+    dst.clear();
+    dst.resize(m.div_ceil(TILE_ROWS) * n_chunks * TILE_ROWS * chunk, 0);
+    dst
+}
+
+/// Re-lays `src` into `dst` as [`TiledA`] tiles of chunks of `chunk` bytes; chunk `c` starts at
+/// K value `starts(c).0` and holds `starts(c).1 ≤ chunk` values of data. `dst` only grows, so
+/// the calls stop allocating once the largest GEMM is seen.
+pub(crate) fn tile_rows(
+    src: ARows<'_>,
+    chunk: usize,
+    n_chunks: usize,
+    starts: impl Fn(usize) -> (usize, usize),
+    dst: &mut Vec<u8>,
+) {
+    let tile_bytes = TILE_ROWS * chunk;
+    let bytes = tiles_for(dst, src.m, chunk, n_chunks);
+    if n_chunks == 0 {
+        return;
+    }
+    for (t, tile_row) in bytes.chunks_exact_mut(n_chunks * tile_bytes).enumerate() {
+        for (c, block) in tile_row.chunks_exact_mut(tile_bytes).enumerate() {
+            let (k0, len) = starts(c);
+            for (r, dst) in block.chunks_exact_mut(chunk).enumerate() {
+                let row = t * TILE_ROWS + r;
+                if row >= src.m {
+                    break;
                 }
+                let at = row * src.k_pad + k0;
+                dst[..len].copy_from_slice(&src.a[at..at + len]);
             }
         }
     }
+}
 
-    /// Sizes the buffer for `m` rows of `n_chunks` chunks of `chunk` bytes and returns its
-    /// bytes, `[tile][chunk][16][chunk]`, with whatever they held before.
-    pub(crate) fn reset(&mut self, m: usize, chunk: usize, n_chunks: usize) -> &mut [u8] {
-        self.chunk = chunk;
-        self.n_chunks = n_chunks;
-        let bytes = m.div_ceil(TILE_ROWS) * n_chunks * TILE_ROWS * chunk;
-        self.rows.clear();
-        self.rows.resize(bytes / TILE_MAX_COLSB, Row64::ZERO);
-        self.bytes_mut()
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        let len = self.rows.len() * TILE_MAX_COLSB;
-        // SAFETY: `Row64` is `repr(C)` over `[u8; 64]`, without padding, so the vector's rows
-        // are `len` initialised bytes, borrowed mutably with `self`.
-        unsafe { std::slice::from_raw_parts_mut(self.rows.as_mut_ptr().cast::<u8>(), len) }
-    }
-
-    fn bytes(&self) -> &[u8] {
-        let len = self.rows.len() * TILE_MAX_COLSB;
-        // SAFETY: as in `bytes_mut`, borrowed shared with `self`.
-        unsafe { std::slice::from_raw_parts(self.rows.as_ptr().cast::<u8>(), len) }
+impl<'a> TiledA<'a> {
+    /// The view of `bytes`, made by [`tile_rows`] for `m` rows, `chunk` and `n_chunks`.
+    pub(crate) fn new(bytes: &'a [u8], m: usize, chunk: usize, n_chunks: usize) -> Self {
+        assert_eq!(
+            bytes.len(),
+            m.div_ceil(TILE_ROWS) * n_chunks * TILE_ROWS * chunk,
+            "tiled activations of another shape"
+        );
+        Self {
+            bytes,
+            chunk,
+            n_chunks,
+        }
     }
 
     /// Requests tile (`t`, `c`) in L1 if it exists.
@@ -167,7 +169,7 @@ impl TiledA {
             let tile_bytes = TILE_ROWS * self.chunk;
             let at = (t * self.n_chunks + c) * tile_bytes;
             prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                self.rows.as_ptr().cast::<u8>().wrapping_add(at),
+                self.bytes.as_ptr().wrapping_add(at),
                 tile_bytes,
             );
         }
@@ -177,7 +179,7 @@ impl TiledA {
     fn tile(&self, t: usize, c: usize) -> *const u8 {
         let tile_bytes = TILE_ROWS * self.chunk;
         let at = (t * self.n_chunks + c) * tile_bytes;
-        self.bytes()[at..at + tile_bytes].as_ptr()
+        self.bytes[at..at + tile_bytes].as_ptr()
     }
 }
 
@@ -189,7 +191,7 @@ impl TiledA {
 #[inline(always)]
 pub(crate) unsafe fn load_a_live<U: TileUnit, const NA: usize>(
     unit: &mut U,
-    a: &TiledA,
+    a: &TiledA<'_>,
     t: usize,
     c: usize,
 ) {

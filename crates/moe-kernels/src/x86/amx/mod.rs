@@ -29,7 +29,7 @@ use super::Amx;
 use crate::Isa;
 use crate::ukernel::{ActEncoding, W4A8Job, W4A8PanelsFn, W4Bf16Job, W8A8Job, W8A8PanelsFn};
 use bf16::{WideBf16Pair, bf16_step};
-use common::{ARows, AccBuf, GROUP_ROWS, TILE_ROWS, TiledA, tile_config};
+use common::{AccBuf, GROUP_ROWS, TILE_ROWS, TiledA, tile_config};
 use tiles::{HwTiles, TileUnit};
 use w4a8::{W4A8Step, WidePair, w4a8_step};
 use w8a8::{PanelPair, w8a8_step};
@@ -69,9 +69,9 @@ macro_rules! live_shape {
 thread_local! {
     /// Each thread's widened panel pair and tiled activations, kept between calls so
     /// steady-state calls do not allocate.
-    static SCRATCH: RefCell<(WidePair, TiledA)> = RefCell::new(Default::default());
+    static WIDE: RefCell<WidePair> = RefCell::new(WidePair::default());
     /// The same for the bf16 path.
-    static SCRATCH_BF16: RefCell<(WideBf16Pair, TiledA)> = RefCell::new(Default::default());
+    static WIDE_BF16: RefCell<WideBf16Pair> = RefCell::new(WideBf16Pair::default());
 }
 
 /// Walks `panels` in pairs, widening each pair once and running every row group of the call
@@ -86,14 +86,9 @@ unsafe fn w4a8_panels<U: TileUnit>(unit: &mut U, job: &W4A8Job<'_>, panels: Rang
     // SAFETY: `cfg` comes from `tile_config`, whose shapes are legal.
     unsafe { unit.configure(&tile_config(chunk)) };
     let mut accs = [AccBuf::zeroed(), AccBuf::zeroed()];
-    SCRATCH.with_borrow_mut(|(wide, a)| {
-        let (n_chunks, starts) = w4a8::chunks(job.w);
-        let rows = ARows {
-            a: job.a,
-            m: job.m,
-            k_pad: job.w.k_pad(),
-        };
-        a.fill(rows, chunk, n_chunks, starts);
+    let (n_chunks, _) = w4a8::chunks(job.w);
+    let a = TiledA::new(job.a_tiles, job.m, chunk, n_chunks);
+    WIDE.with_borrow_mut(|wide| {
         let mut p = panels.start;
         while p < panels.end {
             let nb = 2.min(panels.end - p);
@@ -130,36 +125,29 @@ unsafe fn w8a8_panels<U: TileUnit>(unit: &mut U, job: &W8A8Job<'_>, panels: Rang
     // SAFETY: `tile_config` shapes are legal.
     unsafe { unit.configure(&tile_config(w8a8::CHUNK)) };
     let mut acc = AccBuf::zeroed();
-    SCRATCH.with_borrow_mut(|(_, a)| {
-        let (n_chunks, starts) = w8a8::chunks(job.w.k_pad());
-        let rows = ARows {
-            a: job.a,
-            m: job.m,
-            k_pad: job.w.k_pad(),
-        };
-        a.fill(rows, w8a8::CHUNK, n_chunks, starts);
-        let mut p = panels.start;
-        while p < panels.end {
-            let nb = 2.min(panels.end - p);
-            let pair = PanelPair::new(job.w, p, nb);
-            let mut row0 = 0;
-            while row0 < job.m {
-                let rows = GROUP_ROWS.min(job.m - row0);
-                // SAFETY: configured unit, `a` filled with this job's rows; job contract
-                // forwarded; `row0 < m` is a multiple of 16, and the shape has two row halves
-                // exactly when `row0 + 16 < m`.
-                unsafe {
-                    live_shape!(
-                        rows,
-                        nb,
-                        w8a8_step::<U>(unit, job, &pair, a, row0, &mut acc)
-                    )
-                };
-                row0 += rows;
-            }
-            p += nb;
+    let (n_chunks, _) = w8a8::chunks(job.w.k_pad());
+    let a = TiledA::new(job.a_tiles, job.m, w8a8::CHUNK, n_chunks);
+    let mut p = panels.start;
+    while p < panels.end {
+        let nb = 2.min(panels.end - p);
+        let pair = PanelPair::new(job.w, p, nb);
+        let mut row0 = 0;
+        while row0 < job.m {
+            let rows = GROUP_ROWS.min(job.m - row0);
+            // SAFETY: configured unit, `a` views this job's tiled rows; job contract
+            // forwarded; `row0 < m` is a multiple of 16, and the shape has two row halves
+            // exactly when `row0 + 16 < m`.
+            unsafe {
+                live_shape!(
+                    rows,
+                    nb,
+                    w8a8_step::<U>(unit, job, &pair, &a, row0, &mut acc)
+                )
+            };
+            row0 += rows;
         }
-    });
+        p += nb;
+    }
     unit.release();
 }
 
@@ -174,8 +162,14 @@ unsafe fn w4bf16_panels<U: TileUnit>(unit: &mut U, job: &W4Bf16Job<'_>, panels: 
     // SAFETY: `tile_config` shapes are legal.
     unsafe { unit.configure(&tile_config(bf16::CHUNK_BYTES)) };
     let mut acc = AccBuf::zeroed();
-    SCRATCH_BF16.with_borrow_mut(|(wide, a)| {
-        bf16::fill_a(a, job.x, job.m, job.w.k());
+    let a = TiledA::new(
+        job.a_tiles,
+        job.m,
+        bf16::CHUNK_BYTES,
+        job.w.k().div_ceil(bf16::CHUNK_K),
+    );
+    WIDE_BF16.with_borrow_mut(|wide| {
+        let a = &a;
         let mut p = panels.start;
         while p < panels.end {
             let nb = 2.min(panels.end - p);
@@ -200,6 +194,15 @@ unsafe fn w4bf16_panels<U: TileUnit>(unit: &mut U, job: &W4Bf16Job<'_>, panels: 
         }
     });
     unit.release();
+}
+
+/// The bf16 tile path's activation layout (the driver's hook).
+///
+/// # Safety
+/// - The CPU has AVX-512 F/BW/BF16 (the set registers it only then).
+unsafe fn bf16_tile_a(x: &[f32], m: usize, k: usize, dst: &mut Vec<u8>) {
+    // SAFETY: our contract.
+    unsafe { bf16::fill_a(x, m, k, dst) }
 }
 
 /// The bf16 tile entry point.
@@ -250,10 +253,11 @@ pub(crate) fn kernel_set(token: Amx) -> crate::KernelSet {
         w8a8_entry as W8A8PanelsFn,
     );
     // SAFETY: the token proves AMX (and AVX-512 VNNI), all the tile entries need.
-    let set = unsafe { base.with_large_m(min_rows(), w4a8, w8a8) };
+    let set = unsafe { base.with_large_m(min_rows(), w4a8, w8a8) }
+        .with_large_m_layouts(w4a8::tile_a, w8a8::tile_a);
     if has_bf16() {
         // SAFETY: the token proves AMX; AMX-BF16 and AVX-512 BF16 were just checked.
-        unsafe { set.with_bf16_tiles(Isa::Amx, bf16_min_rows(), w4bf16_entry) }
+        unsafe { set.with_bf16_tiles(Isa::Amx, bf16_min_rows(), w4bf16_entry, bf16_tile_a) }
     } else {
         set
     }
@@ -319,7 +323,8 @@ pub(crate) mod emulated {
             w8a8_entry as W8A8PanelsFn,
         );
         // SAFETY: the token proves AVX-512 VNNI, all the emulated entries need.
-        Some(unsafe { base.with_large_m(1, w4a8, w8a8) })
+        let set = unsafe { base.with_large_m(1, w4a8, w8a8) };
+        Some(set.with_large_m_layouts(super::w4a8::tile_a, super::w8a8::tile_a))
     }
 
     /// # Safety
@@ -338,7 +343,7 @@ pub(crate) mod emulated {
         }
         let set = kernel_set()?;
         // SAFETY: AVX-512 BF16 was just checked; the emulated unit needs nothing else.
-        let set = unsafe { set.with_bf16_tiles(Isa::Amx, 1, w4bf16_entry) };
+        let set = unsafe { set.with_bf16_tiles(Isa::Amx, 1, w4bf16_entry, bf16_tile_a) };
         Some(set.with_w4a8_prefill(crate::W4A8Prefill::Bf16Tiles))
     }
 }

@@ -21,8 +21,8 @@
 use std::arch::x86_64::*;
 
 use super::common::{
-    AccBuf, GROUP_ROWS, Row64, TILE_ROWS, TiledA, dpbusd_live, load_a_live, load_b_live, prefetch,
-    store_live, zero_live,
+    ARows, AccBuf, GROUP_ROWS, Row64, TILE_ROWS, TiledA, dpbusd_live, load_a_live, load_b_live,
+    prefetch, store_live, tile_rows, zero_live,
 };
 use super::tiles::{TILE_MAX_COLSB, TileUnit};
 use crate::packed::{PANEL, PackedW4A8, STEP_BYTES, w4a8::K_STEP};
@@ -32,6 +32,17 @@ use crate::ukernel::{W4A8Job, W4A8Out};
 /// block is no longer (group size 32), so no chunk straddles two scale blocks.
 pub(crate) fn chunk_len(block_len: usize) -> usize {
     if block_len <= 32 { 32 } else { TILE_MAX_COLSB }
+}
+
+/// Re-lays a GEMM's encoded rows for the W4A8 tiles (the driver's layout hook).
+pub(crate) fn tile_a(a: &[u8], m: usize, w: &PackedW4A8, dst: &mut Vec<u8>) {
+    let (n_chunks, starts) = chunks(w);
+    let rows = ARows {
+        a,
+        m,
+        k_pad: w.k_pad(),
+    };
+    tile_rows(rows, chunk_len(w.block_len()), n_chunks, starts, dst);
 }
 
 /// The chunks of `w`'s blocks in K order: `(first K value, values)` of chunk `c` (a block of
@@ -133,7 +144,7 @@ pub(crate) struct W4A8Step<'a> {
     /// First panel of the pair.
     pub p: usize,
     /// The activation rows as tiles, filled with [`chunks`].
-    pub a: &'a TiledA,
+    pub a: TiledA<'a>,
     /// First row of the group, a multiple of 16.
     pub row0: usize,
     /// The two accumulator buffers the blocks alternate between.
@@ -191,7 +202,7 @@ pub(crate) unsafe fn w4a8_step<U: TileUnit, const NA: usize, const NB: usize>(
                 }
             }
             // SAFETY: see above.
-            unsafe { load_a_live::<U, NA>(unit, a, t, b * per_block + c) };
+            unsafe { load_a_live::<U, NA>(unit, &a, t, b * per_block + c) };
             let b_rows = [
                 wide.chunk_rows(0, b, c, chunk),
                 wide.chunk_rows(NB - 1, b, c, chunk),

@@ -11,8 +11,8 @@
 use std::arch::x86_64::*;
 
 use super::common::{
-    AccBuf, GROUP_ROWS, TILE_ROWS, TileBuf, TiledA, dpbusd_live, load_a_live, load_b_live,
-    prefetch, store_live, zero_live,
+    ARows, AccBuf, GROUP_ROWS, TILE_ROWS, TileBuf, TiledA, dpbusd_live, load_a_live, load_b_live,
+    prefetch, store_live, tile_rows, zero_live,
 };
 use super::tiles::{TILE_MAX_COLSB, TileUnit};
 use crate::packed::{PANEL, PackedW8A8, STEP_BYTES, w8a8::K_STEP};
@@ -32,6 +32,12 @@ pub(crate) fn chunks(k_pad: usize) -> (usize, impl Fn(usize) -> (usize, usize)) 
     (k_pad.div_ceil(CHUNK), move |c| {
         (c * CHUNK, CHUNK.min(k_pad - c * CHUNK))
     })
+}
+
+/// Re-lays a GEMM's encoded rows for the W8A8 tiles (the driver's layout hook).
+pub(crate) fn tile_a(a: &[u8], m: usize, k_pad: usize, dst: &mut Vec<u8>) {
+    let (n_chunks, starts) = chunks(k_pad);
+    tile_rows(ARows { a, m, k_pad }, CHUNK, n_chunks, starts, dst);
 }
 
 /// The B side of one step: the packed bytes of up to two adjacent panels and zero-padded
@@ -81,7 +87,7 @@ pub(crate) unsafe fn w8a8_step<U: TileUnit, const NA: usize, const NB: usize>(
     unit: &mut U,
     job: &W8A8Job<'_>,
     pair: &PanelPair<'_>,
-    a: &TiledA,
+    a: &TiledA<'_>,
     row0: usize,
     acc: &mut AccBuf,
 ) {
