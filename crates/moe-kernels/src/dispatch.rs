@@ -101,7 +101,10 @@ pub struct KernelSet {
 /// call has enough rows to fill their tiles.
 #[derive(Clone, Copy)]
 struct LargeM {
+    /// Rows from which the W4A8 kernel takes over.
     min_m: usize,
+    /// Rows from which the W8A8 kernel takes over.
+    min_m_w8a8: usize,
     w4a8: W4A8Kernel,
     w8a8: W8A8Kernel,
 }
@@ -154,14 +157,15 @@ impl KernelSet {
         }
     }
 
-    /// The same set, with `w4a8`/`w8a8` running every call of at least `min_m` rows.
+    /// The same set, with `w4a8` running every call of at least `min_m.0` rows and `w8a8`
+    /// every call of at least `min_m.1`.
     ///
     /// # Safety
     /// - Both entries may be called on this CPU: the caller holds the token of their rungs.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the AMX rung has them
     pub(crate) unsafe fn with_large_m(
         mut self,
-        min_m: usize,
+        min_m: (usize, usize),
         w4a8: (Isa, ActEncoding, W4A8PanelsFn),
         w8a8: (Isa, ActEncoding, W8A8PanelsFn),
     ) -> Self {
@@ -179,7 +183,12 @@ impl KernelSet {
             entry,
             tile_a: None,
         };
-        self.large_m = Some(LargeM { min_m, w4a8, w8a8 });
+        self.large_m = Some(LargeM {
+            min_m: min_m.0,
+            min_m_w8a8: min_m.1,
+            w4a8,
+            w8a8,
+        });
         self
     }
 
@@ -326,11 +335,9 @@ impl KernelSet {
     /// When a rung switches kernels at some row count, the line says where, e.g.
     /// `w4a8_gemm: avx512-vnni below 16 rows, amx from 16`.
     pub fn describe_ops(&self) -> Vec<String> {
-        let per_m = |below: Isa, large: Option<Isa>| match (large, self.large_m) {
-            (Some(large), Some(l)) => {
-                format!("{below} below {} rows, {large} from {}", l.min_m, l.min_m)
-            }
-            _ => below.to_string(),
+        let per_m = |below: Isa, large: Option<(Isa, usize)>| match large {
+            Some((large, min)) => format!("{below} below {min} rows, {large} from {min}"),
+            None => below.to_string(),
         };
         let large = self.large_m;
         let bf16 = match (self.w4a8_prefill(), self.bf16_tiles) {
@@ -346,11 +353,11 @@ impl KernelSet {
         vec![
             format!(
                 "w4a8_gemm: {}{bf16}",
-                per_m(self.w4a8.isa, large.map(|l| l.w4a8.isa))
+                per_m(self.w4a8.isa, large.map(|l| (l.w4a8.isa, l.min_m)))
             ),
             format!(
                 "w8a8_gemm: {}",
-                per_m(self.w8a8.isa, large.map(|l| l.w8a8.isa))
+                per_m(self.w8a8.isa, large.map(|l| (l.w8a8.isa, l.min_m_w8a8)))
             ),
             format!(
                 "w4a8_act_quant: {}",
@@ -374,7 +381,7 @@ impl KernelSet {
     /// The W8A8 kernel for a call of `m` rows.
     pub(crate) fn w8a8_for(&self, m: usize) -> W8A8Kernel {
         match self.large_m {
-            Some(l) if m >= l.min_m => l.w8a8,
+            Some(l) if m >= l.min_m_w8a8 => l.w8a8,
             _ => self.w8a8,
         }
     }
