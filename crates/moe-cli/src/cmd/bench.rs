@@ -337,6 +337,12 @@ fn bench_shape(
     }
 }
 
+/// Points every copy at `ks`.
+fn retarget<W: ExpertMatrix>(layers: &mut Vec<moe_kernels::FusedMoe<W>>, ks: KernelSet) {
+    let taken = std::mem::take(layers);
+    layers.extend(taken.into_iter().map(|l| l.with_kernels(ks)));
+}
+
 /// Cycles copies of `layer` and measures every batch size on every rung.
 fn measure_layer<W: ExpertMatrix + Clone>(
     args: &BenchArgs,
@@ -373,57 +379,68 @@ fn measure_layer<W: ExpertMatrix + Clone>(
         let routings: Vec<(Vec<i32>, Vec<f32>)> = (0..args.iters)
             .map(|_| uniform_routing(&mut rng, m, e, k))
             .collect();
-        let mut first_ms = None;
-        for ks in rungs {
-            layers = layers.into_iter().map(|l| l.with_kernels(*ks)).collect();
-            let out_m = &mut output[..m * h];
-            let mut samples = Vec::with_capacity(args.iters);
-            let mut touched = 0usize;
-            let bar = out.progress(args.iters as u64 + 1, &format!("{}: M={m}", shape.name));
-            let mut call = |it: usize| -> Result<Duration, CliError> {
-                let (ids, weights) = &routings[it % routings.len()];
-                let input = MoeInput {
-                    tokens: m,
-                    top_k: k,
-                    x: &x[..m * h],
-                    topk_ids: ids,
-                    topk_weights: weights,
-                };
-                let moe = &layers[it % copies];
-                let t0 = Instant::now();
-                moe.apply(input, &mut *out_m, &mut scratch, Par::Rayon)
-                    .map_err(|err| CliError::context("applying the layer", err))?;
-                Ok(t0.elapsed())
+        let out_m = &mut output[..m * h];
+        let bar = out.progress(args.iters as u64 + 1, &format!("{}: M={m}", shape.name));
+        // Call `(routing, copy)` on rung `r`: the copies rotate over every call, so no call
+        // finds the weights another rung has just read in the caches.
+        let mut call = |layers: &mut Vec<_>, r: usize, routing: usize, copy: usize| {
+            let (ids, weights) = &routings[routing % routings.len()];
+            let input = MoeInput {
+                tokens: m,
+                top_k: k,
+                x: &x[..m * h],
+                topk_ids: ids,
+                topk_weights: weights,
             };
-            // The whole loop runs on one of the pool's threads, which then takes part in every
-            // call, as the calling thread of an OpenMP runtime (vLLM's) does; a call from outside
-            // the pool would add a hand-off to the pool and back to each call.
-            let warmup = Duration::from_millis(args.warmup_ms);
-            let warm_calls = pool.install(|| -> Result<usize, CliError> {
-                // Untimed calls until the warm-up time has passed (at least one): on a VM the
-                // second vCPU and the pool's threads reach their steady pace only after some
-                // sustained work, and a layer inside a model runs back to back with its
-                // neighbours, not cold.
-                let (mut warm_calls, mut warm_time) = (0usize, Duration::ZERO);
-                while warm_calls == 0 || warm_time < warmup {
-                    warm_time += call(warm_calls)?;
-                    warm_calls += 1;
+            retarget(layers, rungs[r]);
+            let moe: &moe_kernels::FusedMoe<W> = &layers[copy % copies];
+            let t0 = Instant::now();
+            moe.apply(input, &mut *out_m, &mut scratch, Par::Rayon)
+                .map_err(|err| CliError::context("applying the layer", err))?;
+            Ok::<_, CliError>(t0.elapsed())
+        };
+        let mut samples: Vec<Vec<Duration>> = vec![Vec::with_capacity(args.iters); rungs.len()];
+        // The whole loop runs on one of the pool's threads, which then takes part in every
+        // call, as the calling thread of an OpenMP runtime (vLLM's) does; a call from outside
+        // the pool would add a hand-off to the pool and back to each call. With several rungs
+        // the calls go round the rungs, so that drifts of the machine (clock, neighbours)
+        // reach all of them alike.
+        let warmup = Duration::from_millis(args.warmup_ms);
+        let warm_rounds = pool.install(|| -> Result<usize, CliError> {
+            // Untimed calls until the warm-up time has passed (at least one round): on a VM
+            // the second vCPU and the pool's threads reach their steady pace only after some
+            // sustained work, and a layer inside a model runs back to back with its
+            // neighbours, not cold.
+            let (mut rounds, mut warm_time, mut copy) = (0usize, Duration::ZERO, 0usize);
+            while rounds == 0 || warm_time < warmup {
+                for r in 0..rungs.len() {
+                    warm_time += call(&mut layers, r, rounds, copy)?;
+                    copy += 1;
+                }
+                rounds += 1;
+            }
+            bar.inc(1);
+            for it in 0..args.iters {
+                for (r, rung_samples) in samples.iter_mut().enumerate() {
+                    rung_samples.push(call(&mut layers, r, rounds + it, copy)?);
+                    copy += 1;
                 }
                 bar.inc(1);
-                for it in 0..args.iters {
-                    samples.push(call(warm_calls + it)?);
-                    bar.inc(1);
-                }
-                Ok(warm_calls)
-            })?;
-            for it in 0..args.iters {
-                touched += routings[(warm_calls + it) % routings.len()]
+            }
+            Ok(rounds)
+        })?;
+        bar.finish_and_clear();
+        let touched: usize = (0..args.iters)
+            .map(|it| {
+                routings[(warm_rounds + it) % routings.len()]
                     .0
                     .iter()
                     .collect::<HashSet<_>>()
-                    .len();
-            }
-            bar.finish_and_clear();
+                    .len()
+            })
+            .sum();
+        let mut first_ms = None;
+        for (ks, mut samples) in rungs.iter().zip(samples) {
             let ms = median_ms(&mut samples);
             let secs = (ms / 1e3).max(f64::MIN_POSITIVE);
             let experts_touched = touched as f64 / args.iters as f64;
