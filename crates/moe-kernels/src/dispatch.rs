@@ -416,6 +416,24 @@ pub fn kernels() -> &'static KernelSet {
     KERNELS.get_or_init(select)
 }
 
+/// The W4A8 prefill numerics this process asks for through `MOE_KERNELS_W4A8_PREFILL` (`int8`,
+/// the default, or `bf16`; read once, anything else ignored with a warning). [`kernels`] and
+/// the kernel sets a layer selects apply it; [`KernelSet::w4a8_prefill`] says whether the rung
+/// can honour it.
+pub fn w4a8_prefill_requested() -> W4A8Prefill {
+    static PREFILL: OnceLock<W4A8Prefill> = OnceLock::new();
+    *PREFILL.get_or_init(|| {
+        match std::env::var(W4A8_PREFILL_ENV).ok().as_deref().map(str::trim) {
+            None | Some("") | Some("int8") => W4A8Prefill::ExactInt8,
+            Some("bf16") => W4A8Prefill::Bf16Tiles,
+            Some(other) => {
+                tracing::warn!(value = %other, "ignoring {W4A8_PREFILL_ENV}: expected int8 or bf16");
+                W4A8Prefill::ExactInt8
+            }
+        }
+    })
+}
+
 /// The rung of [`kernels`].
 pub fn selected_isa() -> Isa {
     kernels().isa()
@@ -427,25 +445,13 @@ fn select() -> KernelSet {
     if let IsaCap::Ignored { value, reason } = cap {
         tracing::warn!(value = %value, reason, "ignoring {MAX_ISA_ENV}");
     }
-    let prefill = match std::env::var(W4A8_PREFILL_ENV)
-        .ok()
-        .as_deref()
-        .map(str::trim)
-    {
-        None | Some("") | Some("int8") => W4A8Prefill::ExactInt8,
-        Some("bf16") => W4A8Prefill::Bf16Tiles,
-        Some(other) => {
-            tracing::warn!(value = %other, "ignoring {W4A8_PREFILL_ENV}: expected int8 or bf16");
-            W4A8Prefill::ExactInt8
-        }
-    };
     let chosen = Isa::native_ladder()
         .into_iter()
         .rev()
         .filter(|&isa| cap.allows(isa))
         .find_map(KernelSet::for_isa)
         .unwrap_or_else(KernelSet::scalar)
-        .with_w4a8_prefill(prefill);
+        .with_w4a8_prefill(w4a8_prefill_requested());
     tracing::debug!(isa = ?chosen.isa(), ops = ?chosen.describe_ops(), cap = ?cap, "selected kernels");
     chosen
 }

@@ -77,6 +77,7 @@ use x86 as arch;
 pub use dense::{dense_gemm, dense_isa};
 pub use dispatch::{
     KernelSet, W4A8_PREFILL_ENV, W4A8Prefill, available_isas, isa_cap, kernels, selected_isa,
+    w4a8_prefill_requested,
 };
 pub use error::KernelError;
 pub use gemm::{

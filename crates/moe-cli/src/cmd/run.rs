@@ -54,6 +54,8 @@ pub struct RunReport {
     pub backend: String,
     /// The kernel (and rung) that ran.
     pub kernel: String,
+    /// What the kernel set runs per operation, numerics choices included.
+    pub kernel_ops: Vec<String>,
     /// Tokens processed.
     pub tokens: usize,
     /// Hidden size.
@@ -132,6 +134,7 @@ pub fn run(args: &RunArgs) -> Result<RunReport, Box<dyn Error>> {
         scheme: spec.quant.name().to_string(),
         backend: backend.backend,
         kernel: backend.kernel,
+        kernel_ops: backend.ops,
         tokens,
         hidden: h,
         top_k: k,
@@ -157,6 +160,7 @@ pub fn run(args: &RunArgs) -> Result<RunReport, Box<dyn Error>> {
             report.load_ms,
             report.output
         );
+        println!("kernels: {}", report.kernel_ops.join("; "));
     }
     Ok(report)
 }

@@ -58,6 +58,7 @@ pub(crate) fn select(
         .kernel
         .isa
         .and_then(KernelSet::for_isa)
+        .map(|ks| ks.with_w4a8_prefill(moe_kernels::w4a8_prefill_requested()))
         .unwrap_or(*moe_kernels::kernels());
     Ok((selection, kernels))
 }

@@ -56,6 +56,9 @@ pub struct BackendInfo {
     pub kernel: String,
     /// The ISA rung of the kernel set the experts call.
     pub isa: String,
+    /// What that kernel set runs per operation, numerics choices included (e.g.
+    /// `w4a8_gemm: avx512-vnni below 32 rows, amx from 32`).
+    pub ops: Vec<String>,
 }
 
 /// The packed experts of a processed layer, per weight format.
@@ -201,6 +204,7 @@ impl MoeLayer {
                 backend: r.selection.backend.value().to_string(),
                 kernel: r.selection.kernel.to_string(),
                 isa: r.moe.kernels().isa().name().to_string(),
+                ops: r.moe.kernels().describe_ops(),
             }),
             _ => None,
         }
