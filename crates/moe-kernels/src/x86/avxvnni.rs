@@ -1,7 +1,7 @@
 //! The AVX-VNNI rung: the shared 256-bit bodies (`ymm.rs`) with VEX-encoded `vpdpbusd`.
 //!
 //! Both GEMMs take the activations as `u8 = q + 128`; W8A8 subtracts `128·Σw` per channel.
-//! This development machine lacks AVX-VNNI, so the tests also run the identical bodies with the
+//! Some AVX-512 machines lack AVX-VNNI, so the tests also run the identical bodies with the
 //! EVEX-encoded AVX-512 VL form of the instruction (same semantics), see `evex_twin`.
 
 use super::AvxVnni;

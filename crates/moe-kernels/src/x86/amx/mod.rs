@@ -1,19 +1,20 @@
 //! The AMX rung: AMX-INT8 tile kernels for the W4A8 and W8A8 GEMMs from [`min_rows`] rows
-//! on, the AVX-512 VNNI kernels below (one token's row cannot fill a 16-row tile, and decode
-//! is bound by memory, not by MACs).
+//! on, the AVX-512 VNNI kernels below (a few rows cannot fill the tiles, and decode is bound by
+//! memory, not by MACs), and an optional bf16 tile path for int4 weights (AMX-BF16).
 //!
 //! - `tiles.rs`: the tile unit (hardware `asm!`, and a test emulation of its semantics);
-//! - `common.rs`: row groups, staging buffers, A/C tile movement;
-//! - `w4a8.rs`, `w8a8.rs`: the tile bodies, with the AVX-512 epilogue of the lower rung so the
-//!   outputs are bit-identical to the scalar reference.
+//! - `common.rs`: the 2 × 2 tile step (two A, two B, four C tiles), the activation tiles the
+//!   driver makes once per GEMM, C tiles out to memory, prefetch;
+//! - `w4a8.rs`, `w8a8.rs`: the int8 tile bodies, with the AVX-512 epilogue of the lower rung so
+//!   the outputs are bit-identical to the scalar reference;
+//! - `bf16.rs`: the bf16 tile body (other numerics, chosen with `W4A8Prefill::Bf16Tiles`).
 //!
-//! Each entry configures the tiles once (`ldtilecfg`), walks its panels in calls of up to 64
-//! rows, and releases the tile state before returning, so no tile state leaks into the caller's
-//! thread. Detection and the Linux permission request live in `x86/mod.rs`.
+//! Each entry configures the tiles once (`ldtilecfg`), walks its panels in pairs and each pair's
+//! rows in groups of 32, and releases the tile state before returning, so no tile state leaks
+//! into the caller's thread. Detection and the Linux permission request live in `x86/mod.rs`.
 //!
-//! The development machine has no AMX, so the tile code is tested through the emulated unit
-//! (the rung tests run it as the test-only set "amx bodies on emulated tiles"); the six tile
-//! instructions themselves only run on AMX hardware.
+//! The tests run the same bodies on the emulated unit (the rung tests' set "amx bodies on
+//! emulated tiles"); on an AMX machine they also run on the hardware.
 
 mod bf16;
 mod common;
