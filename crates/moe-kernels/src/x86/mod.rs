@@ -236,9 +236,22 @@ pub(crate) fn kernel_set(isa: crate::Isa) -> Option<crate::KernelSet> {
         Isa::Avx2 => Avx2::try_new().map(avx2::kernel_set),
         Isa::AvxVnni => AvxVnni::try_new().map(avxvnni::kernel_set),
         Isa::Avx512Vnni => Avx512Vnni::try_new().map(avx512vnni_kernel_set),
-        Isa::Amx => Amx::try_new().map(amx::kernel_set),
+        Isa::Amx => Amx::try_new().map(amx::kernel_set).or_else(amx_cost_model),
         _ => None,
     }
+}
+
+/// Without AMX, the AMX rung on no-op tiles when the `tile-cost-model` feature and
+/// `MOE_KERNELS_TILE_COST_MODEL=1` ask for it (benchmarks of the non-tile work only).
+#[cfg(feature = "tile-cost-model")]
+fn amx_cost_model() -> Option<crate::KernelSet> {
+    amx::cost_model::kernel_set()
+}
+
+/// Without the `tile-cost-model` feature there is no AMX rung without AMX.
+#[cfg(not(feature = "tile-cost-model"))]
+fn amx_cost_model() -> Option<crate::KernelSet> {
+    None
 }
 
 /// The AVX-512 VNNI kernels.

@@ -359,3 +359,62 @@ pub(crate) mod emulated {
         Some(set.with_w4a8_prefill(crate::W4A8Prefill::Bf16Tiles))
     }
 }
+
+/// The AMX rung on the no-op tile unit, for timing its non-tile work (`tile-cost-model`).
+#[cfg(feature = "tile-cost-model")]
+pub(crate) mod cost_model {
+    use super::*;
+    use crate::x86::Avx512Vnni;
+    use tiles::NoopTiles;
+
+    /// # Safety
+    /// - [`W4A8PanelsFn`]'s contract, with AVX-512 F/BW/VNNI instead of AMX.
+    unsafe fn w4a8_entry(job: &W4A8Job<'_>, panels: Range<usize>) {
+        // SAFETY: the caller guarantees AVX-512; the no-op unit runs anywhere.
+        unsafe { w4a8_panels(&mut NoopTiles, job, panels) }
+    }
+
+    /// # Safety
+    /// - [`W8A8PanelsFn`]'s contract, with AVX-512 F/BW/VNNI instead of AMX.
+    unsafe fn w8a8_entry(job: &W8A8Job<'_>, panels: Range<usize>) {
+        // SAFETY: as above.
+        unsafe { w8a8_panels(&mut NoopTiles, job, panels) }
+    }
+
+    /// # Safety
+    /// - [`crate::ukernel::W4Bf16PanelsFn`]'s contract, with AVX-512 BF16 instead of AMX.
+    unsafe fn w4bf16_entry(job: &W4Bf16Job<'_>, panels: Range<usize>) {
+        // SAFETY: as above, with AVX-512 BF16 checked when the set was built.
+        unsafe { w4bf16_panels(&mut NoopTiles, job, panels) }
+    }
+
+    /// The set, when asked for (`MOE_KERNELS_TILE_COST_MODEL=1`) and AVX-512 VNNI is there.
+    pub(crate) fn kernel_set() -> Option<crate::KernelSet> {
+        if std::env::var("MOE_KERNELS_TILE_COST_MODEL").as_deref() != Ok("1") {
+            return None;
+        }
+        let token = Avx512Vnni::try_new()?;
+        let base = crate::x86::avx512vnni_kernel_set(token).for_rung(Isa::Amx);
+        let w4a8 = (
+            Isa::Amx,
+            ActEncoding::U8Offset128,
+            w4a8_entry as W4A8PanelsFn,
+        );
+        let w8a8 = (
+            Isa::Amx,
+            ActEncoding::U8Offset128,
+            w8a8_entry as W8A8PanelsFn,
+        );
+        // SAFETY: the token proves AVX-512 VNNI, all the no-op entries need.
+        let set = unsafe { base.with_large_m(min_rows(), w4a8, w8a8) }
+            .with_large_m_layouts(w4a8::tile_a, w8a8::tile_a);
+        if crate::x86::detect().avx512bf16 {
+            // SAFETY: AVX-512 BF16 was just checked; the no-op unit needs nothing else.
+            Some(unsafe {
+                set.with_bf16_tiles(Isa::Amx, bf16_min_rows(), w4bf16_entry, bf16_tile_a)
+            })
+        } else {
+            Some(set)
+        }
+    }
+}

@@ -298,3 +298,30 @@ impl TileUnit for EmulatedTiles {
         self.cfg = None;
     }
 }
+
+/// A tile unit whose instructions do nothing, for timing the work around them (see the
+/// `tile-cost-model` feature). Stores leave memory as it was.
+#[cfg(feature = "tile-cost-model")]
+pub(crate) struct NoopTiles;
+
+#[cfg(feature = "tile-cost-model")]
+impl TileUnit for NoopTiles {
+    unsafe fn configure(&mut self, _cfg: &TileConfig) {}
+
+    unsafe fn zero<const T: u8>(&mut self) {}
+
+    unsafe fn load<const T: u8>(&mut self, base: *const u8, _stride: usize) {
+        // Keeps the address computation alive, as the real load would.
+        std::hint::black_box(base);
+    }
+
+    unsafe fn dpbusd<const C: u8, const A: u8, const B: u8>(&mut self) {}
+
+    unsafe fn dpbf16ps<const C: u8, const A: u8, const B: u8>(&mut self) {}
+
+    unsafe fn store<const T: u8>(&mut self, base: *mut u8, _stride: usize) {
+        std::hint::black_box(base);
+    }
+
+    fn release(&mut self) {}
+}
