@@ -13,6 +13,7 @@ use std::sync::OnceLock;
 use crate::arch;
 use crate::isa::{Isa, IsaCap, MAX_ISA_ENV};
 use crate::ukernel::{ActEncoding, W4A8PanelsFn, W8A8PanelsFn};
+use crate::wna16::Wna16PanelsFn;
 
 /// One W4A8 implementation: its rung, activation encoding and entry point.
 #[derive(Clone, Copy)]
@@ -45,6 +46,8 @@ pub struct KernelSet {
     act_sym_i8: Option<(Isa, SymQuantI8Fn)>,
     /// Kernels that take over from some row count on (the AMX tiles).
     large_m: Option<LargeM>,
+    /// The WNA16 (weight-only int4, f32 compute) body and the rung whose code it is.
+    wna16: (Isa, Wna16PanelsFn),
 }
 
 /// Kernels that replace a set's own from `min_m` rows on: tile kernels only pay off once a
@@ -97,6 +100,7 @@ impl KernelSet {
             act_asym_u8: None,
             act_sym_i8: None,
             large_m: None,
+            wna16: (Isa::Scalar, crate::wna16::panels_portable),
         }
     }
 
@@ -149,6 +153,26 @@ impl KernelSet {
         self.act_asym_u8 = Some((isa, asym));
         self.act_sym_i8 = Some((isa, sym));
         self
+    }
+
+    /// Adds a WNA16 body of rung `isa`.
+    ///
+    /// # Safety
+    /// - `entry` may be called on this CPU: the caller holds the token of `isa`.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 has one today
+    pub(crate) unsafe fn with_wna16(mut self, isa: Isa, entry: Wna16PanelsFn) -> Self {
+        self.wna16 = (isa, entry);
+        self
+    }
+
+    /// The WNA16 entry point.
+    pub(crate) fn wna16_entry(&self) -> Wna16PanelsFn {
+        self.wna16.1
+    }
+
+    /// The rung whose code runs the WNA16 GEMM.
+    pub fn wna16_isa(&self) -> Isa {
+        self.wna16.0
     }
 
     /// Quantises one W8A8 activation row (spec §5.3 stage 0) with this set's SIMD quantiser,
@@ -231,6 +255,7 @@ impl KernelSet {
                 "w8a8_act_quant: {}",
                 self.act_sym_i8.map_or(Isa::Scalar, |(isa, _)| isa)
             ),
+            format!("wna16_gemm: {}", self.wna16.0),
         ]
     }
 
