@@ -691,24 +691,25 @@ fn dense_matches_the_reference_in_f32_and_bf16() {
 #[test]
 fn wna16_matches_the_dequantized_reference() {
     let mut rng = SplitMix64::new(81);
-    let cases: [(
+    /// (seed, (E, H, I), group, asymmetric, act-order, tokens, top-k, all on expert 0)
+    type Wna16Case = (
         u64,
         (usize, usize, usize),
         Option<usize>,
-        bool,
-        bool,
+        [bool; 2],
         usize,
         usize,
         bool,
-    ); 6] = [
-        (82, (5, 64, 32), Some(32), false, false, 7, 2, false),
-        (83, (4, 72, 40), Some(8), true, false, 5, 2, false),
-        (84, (1, 40, 24), None, false, false, 3, 1, false),
-        (85, (3, 96, 48), Some(32), false, true, 9, 2, false),
-        (86, (4, 33, 17), Some(16), true, true, 6, 3, true),
-        (87, (2, 64, 32), Some(64), false, false, 1, 1, false),
+    );
+    let cases: [Wna16Case; 6] = [
+        (82, (5, 64, 32), Some(32), [false, false], 7, 2, false),
+        (83, (4, 72, 40), Some(8), [true, false], 5, 2, false),
+        (84, (1, 40, 24), None, [false, false], 3, 1, false),
+        (85, (3, 96, 48), Some(32), [false, true], 9, 2, false),
+        (86, (4, 33, 17), Some(16), [true, true], 6, 3, true),
+        (87, (2, 64, 32), Some(64), [false, false], 1, 1, false),
     ];
-    for (seed, shape, group, asym, act_order, t, k, one_expert) in cases {
+    for (seed, shape, group, [asym, act_order], t, k, one_expert) in cases {
         let layer = wna16_layer(seed, shape, group, asym, act_order);
         let e = shape.0;
         for t in [t, 1, 0] {

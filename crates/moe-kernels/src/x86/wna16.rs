@@ -192,6 +192,9 @@ unsafe fn tile<const R: usize, const ASYM: bool>(job: &Wna16Job<'_>, p: usize, m
     }
 }
 
+/// One row-count instance of [`tile`].
+type TileFn = unsafe fn(&Wna16Job<'_>, usize, usize);
+
 /// Walks the row tiles of `panels`.
 ///
 /// # Safety
@@ -202,19 +205,19 @@ unsafe fn panels<const ASYM: bool>(job: &Wna16Job<'_>, panels: Range<usize>) {
         let mut m0 = 0;
         while m0 < job.m {
             let mr = MR.min(job.m - m0);
-            // SAFETY: rows `m0..m0 + mr` lie within `0..m` and panel `p` is ours (caller).
-            unsafe {
-                match mr {
-                    1 => tile::<1, ASYM>(job, p, m0),
-                    2 => tile::<2, ASYM>(job, p, m0),
-                    3 => tile::<3, ASYM>(job, p, m0),
-                    4 => tile::<4, ASYM>(job, p, m0),
-                    5 => tile::<5, ASYM>(job, p, m0),
-                    6 => tile::<6, ASYM>(job, p, m0),
-                    7 => tile::<7, ASYM>(job, p, m0),
-                    _ => tile::<MR, ASYM>(job, p, m0),
-                }
-            }
+            let tile_fn: TileFn = match mr {
+                1 => tile::<1, ASYM>,
+                2 => tile::<2, ASYM>,
+                3 => tile::<3, ASYM>,
+                4 => tile::<4, ASYM>,
+                5 => tile::<5, ASYM>,
+                6 => tile::<6, ASYM>,
+                7 => tile::<7, ASYM>,
+                _ => tile::<MR, ASYM>,
+            };
+            // SAFETY: rows `m0..m0 + mr` lie within `0..m`, panel `p` is ours (caller), and the
+            // caller's CPU has the features the tile needs.
+            unsafe { tile_fn(job, p, m0) };
             m0 += mr;
         }
     }
