@@ -1,5 +1,6 @@
-//! `moe bench`: times the fused W4A8 pipeline (group 32) or, with `--format w8a8`, the W8A8 one
-//! (int8 per channel) on standard MoE shapes with uniform random routing, cycling through
+//! `moe bench`: times the fused W4A8 pipeline (group 32), or with `--format w8a8` the W8A8 one
+//! (int8 per channel), or with `--format w4a16` the weight-only int4 one (f32 compute), on
+//! standard MoE shapes with uniform random routing, cycling through
 //! enough independent copies of the layer that the weights cannot stay in the caches, and
 //! relates each time to this machine's DRAM bound.
 //!
