@@ -5,8 +5,10 @@
 //! one `vpsrld` by `4j` and one `vpermps` from a 16-entry f32 table (which reads the low four
 //! bits of each lane): `c − 8` for symmetric weights, `c` for asymmetric ones, whose per-group
 //! zero vector is then subtracted (`c − z` stays exact). Each row broadcasts its activation and
-//! fuses the multiply-add into a per-group partial sum (`vfmadd`); at the end of a group the
-//! partial sums are scaled into the row accumulators with one more `vfmadd`. Weights are
+//! fuses the multiply-add into a per-group partial sum (`vfmadd`); tiles of four rows or fewer
+//! keep two or four partial sums per row (K value `j` of a step into chain `j mod C`), so one
+//! FMA latency chain does not bound them. At the end of a group the chains are added and the
+//! sum is scaled into the row accumulator with one more `vfmadd`. Weights are
 //! decoded once per step and serve all rows of the tile. See `crate::wna16` for the numerics.
 //!
 //! AVX2: the portable body compiled with AVX2 enabled; it keeps the reference's separate
@@ -117,7 +119,11 @@ fn decode<const SHIFT: u32, const ASYM: bool>(v: __m512i, lut: __m512, zero: __m
 /// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`;
 ///   `m0 + R ≤ job.m` and `job.x` holds `m·K` values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn tile<const R: usize, const ASYM: bool>(job: &Wna16Job<'_>, p: usize, m0: usize) {
+unsafe fn tile<const R: usize, const C: usize, const ASYM: bool>(
+    job: &Wna16Job<'_>,
+    p: usize,
+    m0: usize,
+) {
     let w = job.w;
     let (k, ks, ng, gs) = (w.k(), w.k_steps(), w.n_groups(), w.group_size());
     let (steps, _) = w.codes()[p * ks * PANEL..][..ks * PANEL].as_chunks::<PANEL>();
@@ -134,7 +140,9 @@ unsafe fn tile<const R: usize, const ASYM: bool>(job: &Wna16Job<'_>, p: usize, m
             Some(z) if ASYM => load_zeros(&z[g]),
             _ => _mm512_setzero_ps(),
         };
-        let mut part = [_mm512_setzero_ps(); R];
+        // `C` independent partial sums per row (K value `j` of a step goes to chain `j % C`),
+        // so tiles of few rows are not bound by the latency of one `vfmadd` chain.
+        let mut part = [[_mm512_setzero_ps(); R]; C];
         // Group sizes are multiples of K_STEP, so `k0` starts a step.
         let (s0, s_full) = (k0 / K_STEP, k1 / K_STEP);
         for s in s0..s_full {
@@ -146,7 +154,8 @@ unsafe fn tile<const R: usize, const ASYM: bool>(job: &Wna16Job<'_>, p: usize, m
                 ($j:literal) => {{
                     let wj = decode::<{ 4 * $j }, ASYM>(v, lut, zero);
                     for r in 0..R {
-                        part[r] = _mm512_fmadd_ps(_mm512_set1_ps(xs[r][$j]), wj, part[r]);
+                        let c = $j % C;
+                        part[c][r] = _mm512_fmadd_ps(_mm512_set1_ps(xs[r][$j]), wj, part[c][r]);
                     }
                 }};
             }
@@ -167,13 +176,17 @@ unsafe fn tile<const R: usize, const ASYM: bool>(job: &Wna16Job<'_>, p: usize, m
                 let wj = _mm512_permutexvar_ps(_mm512_srlv_epi32(v, shift), lut);
                 let wj = if ASYM { _mm512_sub_ps(wj, zero) } else { wj };
                 for r in 0..R {
-                    part[r] = _mm512_fmadd_ps(_mm512_set1_ps(rows[r][kk]), wj, part[r]);
+                    part[0][r] = _mm512_fmadd_ps(_mm512_set1_ps(rows[r][kk]), wj, part[0][r]);
                 }
             }
         }
         let s = group_scales(w.scales(), (p * ng + g) * PANEL);
         for r in 0..R {
-            acc[r] = _mm512_fmadd_ps(part[r], s, acc[r]);
+            let mut sum = part[0][r];
+            for chain in &part[1..] {
+                sum = _mm512_add_ps(sum, chain[r]);
+            }
+            acc[r] = _mm512_fmadd_ps(sum, s, acc[r]);
         }
     }
     if let Some(b) = w.bias() {
@@ -206,14 +219,14 @@ unsafe fn panels<const ASYM: bool>(job: &Wna16Job<'_>, panels: Range<usize>) {
         while m0 < job.m {
             let mr = MR.min(job.m - m0);
             let tile_fn: TileFn = match mr {
-                1 => tile::<1, ASYM>,
-                2 => tile::<2, ASYM>,
-                3 => tile::<3, ASYM>,
-                4 => tile::<4, ASYM>,
-                5 => tile::<5, ASYM>,
-                6 => tile::<6, ASYM>,
-                7 => tile::<7, ASYM>,
-                _ => tile::<MR, ASYM>,
+                1 => tile::<1, 4, ASYM>,
+                2 => tile::<2, 4, ASYM>,
+                3 => tile::<3, 2, ASYM>,
+                4 => tile::<4, 2, ASYM>,
+                5 => tile::<5, 1, ASYM>,
+                6 => tile::<6, 1, ASYM>,
+                7 => tile::<7, 1, ASYM>,
+                _ => tile::<MR, 1, ASYM>,
             };
             // SAFETY: rows `m0..m0 + mr` lie within `0..m`, panel `p` is ours (caller), and the
             // caller's CPU has the features the tile needs.
