@@ -111,6 +111,7 @@ fn wna16(c: &mut Criterion) {
             PackedWna16::pack(Wna16Desc {
                 n,
                 k,
+                bits: 4,
                 codes: &codes,
                 group_size: Some(GROUP),
                 scales: Wna16Scales::Bf16(&s),

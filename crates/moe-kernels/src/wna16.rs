@@ -1,4 +1,4 @@
-//! The weight-only int4 GEMM (WNA16): `out[M, N] = x[M, K] · wᵀ (+ bias)` on
+//! The weight-only int4/int8 GEMM (WNA16): `out[M, N] = x[M, K] · wᵀ (+ bias)` on
 //! [`PackedWna16`] weights, f32 activations, f32 compute, no activation quantization.
 //!
 //! The definition (the scalar reference, [`wna16_reference`]): for each row and channel,
@@ -22,7 +22,7 @@ use std::ops::Range;
 use half::{bf16, f16};
 
 use crate::gemm::split_panels;
-use crate::packed::wna16::{K_STEP, Wna16ScaleValues};
+use crate::packed::wna16::{K_STEP, K_STEP8, Wna16ScaleValues};
 use crate::packed::{PANEL, PackedWna16, check_len};
 use crate::{GemmScratch, Isa, KernelError, KernelSet, Par};
 
@@ -79,9 +79,9 @@ impl Widen for f16 {
     }
 }
 
-/// Computes rows `m0..m0 + R` of panel `p` in the reference order.
+/// Computes rows `m0..m0 + R` of panel `p` in the reference order (`BITS` = 4 or 8).
 #[inline(always)]
-fn tile<S: Widen, const ASYM: bool, const R: usize>(
+fn tile<S: Widen, const BITS: u32, const ASYM: bool, const R: usize>(
     job: &Wna16Job<'_>,
     scales: &[S],
     p: usize,
@@ -100,14 +100,20 @@ fn tile<S: Widen, const ASYM: bool, const R: usize>(
         let kr = g * gs..k.min((g + 1) * gs);
         let zero: [f32; PANEL] = match zeros {
             Some(z) if ASYM => std::array::from_fn(|c| f32::from(z[g][c])),
-            _ => [8.0; PANEL],
+            _ => [if BITS == 4 { 8.0 } else { 128.0 }; PANEL],
         };
         let mut part = [[0f32; PANEL]; R];
         for kk in kr {
-            let step = &steps[kk / K_STEP];
-            let shift = 4 * (kk % K_STEP) as u32;
-            let wv: [f32; PANEL] =
-                std::array::from_fn(|c| ((step[c] >> shift) & 0xF) as f32 - zero[c]);
+            let wv: [f32; PANEL] = if BITS == 4 {
+                let step = &steps[kk / K_STEP];
+                let shift = 4 * (kk % K_STEP) as u32;
+                std::array::from_fn(|c| ((step[c] >> shift) & 0xF) as f32 - zero[c])
+            } else {
+                // K value `j` of the step is 16 bytes: four words of four channels each.
+                let step = &steps[kk / K_STEP8];
+                let words = &step[(kk % K_STEP8) * 4..][..4];
+                std::array::from_fn(|c| ((words[c / 4] >> (8 * (c % 4))) & 0xFF) as f32 - zero[c])
+            };
             for r in 0..R {
                 let xv = rows[r][kk];
                 for c in 0..PANEL {
@@ -141,34 +147,45 @@ fn tile<S: Widen, const ASYM: bool, const R: usize>(
     }
 }
 
-/// Walks the row tiles of `panels` for one scale type and symmetry.
+/// Walks the row tiles of `panels` for one code width, scale type and symmetry.
 #[inline(always)]
-fn panels_typed<S: Widen, const ASYM: bool>(job: &Wna16Job<'_>, s: &[S], panels: Range<usize>) {
+fn panels_typed<S: Widen, const BITS: u32, const ASYM: bool>(
+    job: &Wna16Job<'_>,
+    s: &[S],
+    panels: Range<usize>,
+) {
     for p in panels {
         let mut m0 = 0;
         while m0 < job.m {
             match job.m - m0 {
-                1 => tile::<S, ASYM, 1>(job, s, p, m0),
-                2 => tile::<S, ASYM, 2>(job, s, p, m0),
-                3 => tile::<S, ASYM, 3>(job, s, p, m0),
-                _ => tile::<S, ASYM, MR>(job, s, p, m0),
+                1 => tile::<S, BITS, ASYM, 1>(job, s, p, m0),
+                2 => tile::<S, BITS, ASYM, 2>(job, s, p, m0),
+                3 => tile::<S, BITS, ASYM, 3>(job, s, p, m0),
+                _ => tile::<S, BITS, ASYM, MR>(job, s, p, m0),
             }
             m0 += MR.min(job.m - m0);
         }
     }
 }
 
-/// The portable body: every scale type and symmetry.
+/// Picks the code width and symmetry for one scale type.
+#[inline(always)]
+fn panels_scaled<S: Widen>(job: &Wna16Job<'_>, s: &[S], panels: Range<usize>) {
+    match (job.w.bits(), job.w.zeros().is_some()) {
+        (4, false) => panels_typed::<S, 4, false>(job, s, panels),
+        (4, true) => panels_typed::<S, 4, true>(job, s, panels),
+        (_, false) => panels_typed::<S, 8, false>(job, s, panels),
+        (_, true) => panels_typed::<S, 8, true>(job, s, panels),
+    }
+}
+
+/// The portable body: every code width, scale type and symmetry.
 #[inline(always)]
 pub(crate) fn panels_body(job: &Wna16Job<'_>, panels: Range<usize>) {
-    let asym = job.w.zeros().is_some();
-    match (job.w.scales(), asym) {
-        (Wna16ScaleValues::F16(s), false) => panels_typed::<_, false>(job, s, panels),
-        (Wna16ScaleValues::F16(s), true) => panels_typed::<_, true>(job, s, panels),
-        (Wna16ScaleValues::Bf16(s), false) => panels_typed::<_, false>(job, s, panels),
-        (Wna16ScaleValues::Bf16(s), true) => panels_typed::<_, true>(job, s, panels),
-        (Wna16ScaleValues::F32(s), false) => panels_typed::<_, false>(job, s, panels),
-        (Wna16ScaleValues::F32(s), true) => panels_typed::<_, true>(job, s, panels),
+    match job.w.scales() {
+        Wna16ScaleValues::F16(s) => panels_scaled(job, s, panels),
+        Wna16ScaleValues::Bf16(s) => panels_scaled(job, s, panels),
+        Wna16ScaleValues::F32(s) => panels_scaled(job, s, panels),
     }
 }
 
@@ -280,6 +297,8 @@ mod tests {
         s32: Vec<f32>,
         bias: Vec<f32>,
         perm: Vec<u32>,
+        codes8: Vec<u8>,
+        zeros8: Vec<u8>,
     }
 
     impl Case {
@@ -295,7 +314,11 @@ mod tests {
             for i in (1..k).rev() {
                 perm.swap(i, rng.below(i + 1));
             }
+            let codes8 = (0..n * k).map(|_| rng.below(256) as u8).collect();
+            let zeros8 = (0..n * ng).map(|_| rng.below(256) as u8).collect();
             Self {
+                codes8,
+                zeros8,
                 n,
                 k,
                 g,
@@ -309,25 +332,31 @@ mod tests {
             }
         }
 
-        /// Every variant: scale dtype × symmetry × bias × permutation.
+        /// Every variant: bits × scale dtype × symmetry × bias and permutation.
         fn variants(&self) -> Vec<PackedWna16> {
             let mut all = Vec::new();
-            for variant in 0..12 {
+            for variant in 0..24 {
+                let (bits, codes, zeros) = if variant < 12 {
+                    (4, &self.codes, &self.zeros)
+                } else {
+                    (8, &self.codes8, &self.zeros8)
+                };
                 let scales = match variant % 3 {
                     0 => Wna16Scales::Bf16(&self.sb),
                     1 => Wna16Scales::F16(&self.s16),
                     _ => Wna16Scales::F32(&self.s32),
                 };
                 let asym = variant / 3 % 2 == 1;
-                let extras = variant / 6 == 1;
+                let extras = variant / 6 % 2 == 1;
                 all.push(
                     PackedWna16::pack(Wna16Desc {
                         n: self.n,
                         k: self.k,
-                        codes: &self.codes,
+                        bits,
+                        codes,
                         group_size: self.g,
                         scales,
-                        zeros: asym.then_some(&self.zeros[..]),
+                        zeros: asym.then_some(&zeros[..]),
                         bias: extras.then_some(&self.bias[..]),
                         perm: extras.then_some(&self.perm[..]),
                     })
@@ -425,8 +454,9 @@ mod tests {
                             };
                             assert!(
                                 ok,
-                                "{} m={m} n={n} k={k} g={g:?} asym={} i={i}: {a} vs {b}",
+                                "{} m={m} n={n} k={k} g={g:?} bits={} asym={} i={i}: {a} vs {b}",
                                 ks.wna16_isa(),
+                                w.bits(),
                                 w.is_asymmetric()
                             );
                         }
@@ -470,6 +500,7 @@ mod tests {
         let w = PackedWna16::pack(Wna16Desc {
             n: 2,
             k: 3,
+            bits: 4,
             codes: &[8; 6],
             group_size: None,
             scales: Wna16Scales::Bf16(&s),

@@ -1,5 +1,5 @@
-//! 4-bit WNA16 checkpoints written by the test (GPTQ, GPTQ with act-order, compressed-tensors
-//! pack-quantized) load onto the native WNA16 kernels and compute the MoE block of their
+//! WNA16 checkpoints written by the test (4-bit GPTQ, GPTQ with act-order, compressed-tensors
+//! pack-quantized, and 8-bit GPTQ) load onto the native WNA16 kernels and compute the MoE block of their
 //! exactly dequantized weights: the layer's f32 output is compared with an f64 evaluation of
 //! the same routing, gated SiLU MLPs and weighted sum.
 #![cfg(feature = "checkpoint")]
@@ -100,6 +100,41 @@ fn gptq_and_pack_quantized_run_on_the_native_kernels() {
         let (ck, experts) = Ckpt::build("qwen3_moe", fmt, 21);
         check(&ck, &experts, tag, &|k| k / G);
     }
+}
+
+#[test]
+fn eight_bit_gptq_runs_on_the_native_kernels() {
+    let (mut ck, experts) = Ckpt::build("qwen3_moe", Fmt::Gptq, 23);
+    ck.config["quantization_config"]["bits"] = json!(8);
+    // qweight [k/4, n]: byte t of word [r][c] = code of row 4r + t, column c, plus 128.
+    for (e, projs) in experts.iter().enumerate() {
+        for (p, name) in projs.iter().zip(["gate_proj", "up_proj", "down_proj"]) {
+            let (n, k) = (p.n, p.k);
+            let mut q = vec![0u32; k / 4 * n];
+            for c in 0..n {
+                for kk in 0..k {
+                    let code = (i32::from(p.codes[c * k + kk]) + 128) as u32;
+                    q[(kk / 4) * n + c] |= code << (8 * (kk % 4));
+                }
+            }
+            let words: Vec<i32> = q.iter().map(|&w| w as i32).collect();
+            let prefix = format!("model.layers.0.mlp.experts.{e}.{name}");
+            ck.put(
+                &format!("{prefix}.qweight"),
+                safetensors::Dtype::I32,
+                &[k / 4, n],
+                checkpoint_support::i32_bytes(&words),
+            );
+            let groups = k / G;
+            ck.put(
+                &format!("{prefix}.qzeros"),
+                safetensors::Dtype::I32,
+                &[groups, n / 4],
+                checkpoint_support::i32_bytes(&vec![0x7F7F_7F7F; groups * n / 4]),
+            );
+        }
+    }
+    check(&ck, &experts, "wna16-gptq-8bit", &|k| k / G);
 }
 
 #[test]

@@ -21,7 +21,7 @@
 
 use std::fmt;
 
-use moe_quant::{DType, GroupShape, QuantKey, ScalarType};
+use moe_quant::{DType, GroupShape, QuantKey};
 
 use crate::activation::MoEActivation;
 use crate::config::ParallelConfig;
@@ -64,7 +64,7 @@ pub enum KernelId {
     CpuInt8W8A8,
     /// moe-rs CPU executor for Marlin-packed WNA16 weights.
     CpuMarlin,
-    /// moe-rs native WNA16 kernel: int4 weights in our panels, f32 compute.
+    /// moe-rs native WNA16 kernel: int4/int8 weights in our panels, f32 compute.
     CpuWna16,
     /// moe-rs unquantized experts.
     CpuUnquantized,
@@ -352,14 +352,8 @@ impl KernelId {
                 .contains(k),
                 None => false,
             },
-            KernelId::CpuMarlin => match w {
+            KernelId::CpuMarlin | KernelId::CpuWna16 => match w {
                 Some(WeightKey::Scalar(k)) => our_wna16_key(k),
-                _ => false,
-            },
-            KernelId::CpuWna16 => match w {
-                Some(WeightKey::Scalar(k)) => {
-                    our_wna16_key(k) && k.scalar_type == ScalarType::UINT4B8
-                }
                 _ => false,
             },
             KernelId::CpuUnquantized => w.is_none() && a.is_none(),

@@ -802,7 +802,7 @@ fn rows() -> Vec<Row> {
             silu(),
             Some(ScalarQuantKey::INT8_STATIC.into()),
             None,
-            Chosen("MARLIN", "cpu-marlin/i8mm"),
+            Chosen("MARLIN", "cpu-wna16/i8mm"),
         ),
         row(
             "wna16 compat bf16 scales",

@@ -301,6 +301,7 @@ fn random_wna16_packed(
     PackedWna16::pack(Wna16Desc {
         n,
         k,
+        bits: 4,
         codes: &codes,
         group_size: Some(g),
         scales: Wna16Scales::Bf16(&scales),

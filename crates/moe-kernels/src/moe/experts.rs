@@ -26,7 +26,7 @@ pub enum WeightFormat {
     /// Float weights (f32 or bf16), float activations, f32 compute: unquantized experts.
     Dense,
     /// Weight-only int4/int8 (WNA16): in Marlin's layout ([`crate::marlin::MarlinWeights`]) or
-    /// our int4 panels ([`PackedWna16`]); float activations, f32 compute.
+    /// our panels ([`PackedWna16`]); float activations, f32 compute.
     Wna16,
 }
 

@@ -120,15 +120,15 @@ impl RefMat {
     /// random K permutation); `dense` holds its exactly dequantized weights.
     fn wna16(
         rng: &mut SplitMix64,
-        n: usize,
-        k: usize,
+        (n, k): (usize, usize),
+        bits: u32,
         group: Option<usize>,
-        asym: bool,
-        act_order: bool,
+        [asym, act_order]: [bool; 2],
     ) -> (Self, PackedWna16) {
         let ng = group.map_or(1, |g| k.div_ceil(g));
-        let codes: Vec<u8> = (0..n * k).map(|_| rng.below(16) as u8).collect();
-        let zeros: Vec<u8> = (0..n * ng).map(|_| rng.below(16) as u8).collect();
+        let levels = 1usize << bits;
+        let codes: Vec<u8> = (0..n * k).map(|_| rng.below(levels) as u8).collect();
+        let zeros: Vec<u8> = (0..n * ng).map(|_| rng.below(levels) as u8).collect();
         let scales: Vec<bf16> = (0..n * ng)
             .map(|_| bf16::from_f32(rng.uniform(0.005, 0.05)))
             .collect();
@@ -139,6 +139,7 @@ impl RefMat {
         let packed = PackedWna16::pack(Wna16Desc {
             n,
             k,
+            bits,
             codes: &codes,
             group_size: group,
             scales: Wna16Scales::Bf16(&scales),
@@ -147,7 +148,7 @@ impl RefMat {
             perm: act_order.then_some(&perm[..]),
         })
         .unwrap();
-        // (c − z)·s with a bf16 scale is exact in f32.
+        // (c − z)·s with a bf16 scale (at most 9 + 8 significant bits) is exact in f32.
         let dense = packed.dequantize_f64().iter().map(|&v| v as f32).collect();
         let me = Self {
             n,
@@ -267,16 +268,16 @@ fn dense_layer(seed: u64, (e, h, i): (usize, usize, usize), bias: bool) -> TestL
 fn wna16_layer(
     seed: u64,
     (e, h, i): (usize, usize, usize),
+    bits: u32,
     group: Option<usize>,
-    asym: bool,
-    act_order: bool,
+    flags: [bool; 2],
 ) -> TestLayer<PackedWna16> {
     let mut rng = SplitMix64::new(seed);
     let (w13, p13): (Vec<_>, Vec<_>) = (0..e)
-        .map(|_| RefMat::wna16(&mut rng, 2 * i, h, group, asym, act_order))
+        .map(|_| RefMat::wna16(&mut rng, (2 * i, h), bits, group, flags))
         .unzip();
     let (w2, p2): (Vec<_>, Vec<_>) = (0..e)
-        .map(|_| RefMat::wna16(&mut rng, h, i, group, asym, act_order))
+        .map(|_| RefMat::wna16(&mut rng, (h, i), bits, group, flags))
         .unzip();
     let weights = ExpertWeights {
         w13: p13,
@@ -691,26 +692,29 @@ fn dense_matches_the_reference_in_f32_and_bf16() {
 #[test]
 fn wna16_matches_the_dequantized_reference() {
     let mut rng = SplitMix64::new(81);
-    /// (seed, (E, H, I), group, asymmetric, act-order, tokens, top-k, all on expert 0)
+    /// (seed, (E, H, I), bits, group, [asymmetric, act-order], tokens, top-k, all on expert 0)
     type Wna16Case = (
         u64,
         (usize, usize, usize),
+        u32,
         Option<usize>,
         [bool; 2],
         usize,
         usize,
         bool,
     );
-    let cases: [Wna16Case; 6] = [
-        (82, (5, 64, 32), Some(32), [false, false], 7, 2, false),
-        (83, (4, 72, 40), Some(8), [true, false], 5, 2, false),
-        (84, (1, 40, 24), None, [false, false], 3, 1, false),
-        (85, (3, 96, 48), Some(32), [false, true], 9, 2, false),
-        (86, (4, 33, 17), Some(16), [true, true], 6, 3, true),
-        (87, (2, 64, 32), Some(64), [false, false], 1, 1, false),
+    let cases: [Wna16Case; 8] = [
+        (82, (5, 64, 32), 4, Some(32), [false, false], 7, 2, false),
+        (83, (4, 72, 40), 4, Some(8), [true, false], 5, 2, false),
+        (84, (1, 40, 24), 4, None, [false, false], 3, 1, false),
+        (85, (3, 96, 48), 4, Some(32), [false, true], 9, 2, false),
+        (86, (4, 33, 17), 4, Some(16), [true, true], 6, 3, true),
+        (87, (2, 64, 32), 4, Some(64), [false, false], 1, 1, false),
+        (88, (3, 64, 40), 8, Some(32), [false, false], 6, 2, false),
+        (89, (2, 35, 19), 8, Some(8), [true, true], 5, 2, true),
     ];
-    for (seed, shape, group, [asym, act_order], t, k, one_expert) in cases {
-        let layer = wna16_layer(seed, shape, group, asym, act_order);
+    for (seed, shape, bits, group, flags, t, k, one_expert) in cases {
+        let layer = wna16_layer(seed, shape, bits, group, flags);
         let e = shape.0;
         for t in [t, 1, 0] {
             let r = routed(&mut rng, t, k, |rng| {
@@ -1061,7 +1065,7 @@ fn apply_does_not_allocate() {
 #[test]
 fn wna16_act_order_apply_does_not_allocate() {
     let mut rng = SplitMix64::new(91);
-    let layer = wna16_layer(92, (4, 64, 32), Some(32), true, true);
+    let layer = wna16_layer(92, (4, 64, 32), 4, Some(32), [true, true]);
     let moe = layer.moe(*crate::kernels());
     let mut scratch = moe.scratch(8, 2, 2).unwrap();
     let mut out = vec![0f32; 8 * 64];

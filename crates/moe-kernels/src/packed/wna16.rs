@@ -1,16 +1,20 @@
-//! The packed format of weight-only int4 experts (WNA16: int4 weights, 16-bit group scales,
-//! float activations, f32 compute), built once from unsigned 4-bit codes.
+//! The packed format of weight-only int4 and int8 experts (WNA16: integer weights, 16-bit group
+//! scales, float activations, f32 compute), built once from unsigned codes.
 //!
-//! Layout (per matrix; `P = ceil(N/16)` panels, `S = ceil(K/8)` steps, `G` groups per row):
+//! Layout (per matrix; `P = ceil(N/16)` panels, `S = ceil(K/T)` steps of `T` K values, `T = 8`
+//! for int4 and 4 for int8, `G` groups per row). A step is one 64-byte vector of 16 `u32`:
 //!
-//! - `codes[(p·S + s)·16 + c]`, a `u32` per channel: nibble `j` (bits `4j..4j+4`) holds the code
-//!   of channel `16p + c` at K value `8s + j`. One step is one 64-byte vector whose 32-bit lane
-//!   `c` is channel `c`, so a right shift by `4j` followed by a 16-entry table lookup on the low
-//!   four bits (`vpermps`) turns K value `8s + j` of 16 channels into 16 f32 weights.
+//! - int4: `codes[(p·S + s)·16 + c]` is channel `16p + c`'s word; its nibble `j` (bits
+//!   `4j..4j+4`) holds the code at K value `8s + j`. With one channel per 32-bit lane, a right
+//!   shift by `4j` followed by a 16-entry table lookup on the low four bits (`vpermps`) turns K
+//!   value `8s + j` of 16 channels into 16 f32 weights.
+//! - int8: byte `16j + c` of step `s` (little-endian bytes of the words) holds the code of
+//!   channel `16p + c` at K value `4s + j`, so K value `j` of 16 channels is 16 consecutive
+//!   bytes (`vpmovzxbd` then `vcvtdq2ps`).
 //! - `scales[(p·G + g)·16 + c]`: the scale of channel `16p + c` in group `g`, kept in the
 //!   precision the caller gave (f16 and bf16 widen to f32 exactly).
 //! - `zeros[(p·G + g)·16 + c]` when the weights are asymmetric; symmetric weights use zero 8
-//!   (the `uint4b8` type).
+//!   (int4, the `uint4b8` type) or 128 (int8, `uint8b128`).
 //! - `bias[16p + c]` when present.
 //! - `perm[j]` when the caller's K order was permuted to make groups contiguous (act-order):
 //!   packed K value `j` multiplies activation column `perm[j]`.
@@ -18,7 +22,7 @@
 //! Channels past `N` and K values past `K` hold code 0 and zero scale; the kernels never read
 //! K values past `K` (the last step is processed nibble by nibble).
 //!
-//! A weight is `(code − zero)·scale`; at group size 128 with bf16 scales the format streams
+//! A weight is `(code − zero)·scale`; at group size 128 with bf16 scales the int4 format streams
 //! 0.5 bytes of codes plus 1/64 byte of scale per weight.
 
 use half::{bf16, f16};
@@ -26,8 +30,11 @@ use half::{bf16, f16};
 use super::{PANEL, check_len};
 use crate::KernelError;
 
-/// K values per packed step: eight nibbles in each channel's 32-bit lane.
+/// K values per packed int4 step: eight nibbles in each channel's 32-bit lane.
 pub(crate) const K_STEP: usize = 8;
+
+/// K values per packed int8 step: four rows of 16 channel bytes.
+pub(crate) const K_STEP8: usize = 4;
 
 /// Largest supported K (keeps every index product far from overflow).
 pub const MAX_K: usize = 1 << 24;
@@ -73,20 +80,22 @@ pub(crate) enum Wna16ScaleValues {
     F32(Vec<f32>),
 }
 
-/// What [`PackedWna16::pack`] takes: one int4 weight matrix `[N, K]` as unsigned codes.
+/// What [`PackedWna16::pack`] takes: one integer weight matrix `[N, K]` as unsigned codes.
 #[derive(Debug, Clone, Copy)]
 pub struct Wna16Desc<'a> {
     /// Output channels N.
     pub n: usize,
     /// Reduction dimension K.
     pub k: usize,
-    /// Unsigned 4-bit codes `[N, K]` row-major, each in `0..=15`.
+    /// Bits per code: 4 or 8.
+    pub bits: u32,
+    /// Unsigned codes `[N, K]` row-major, each in `0..2^bits`.
     pub codes: &'a [u8],
     /// K values per group (a multiple of 8); `None` for one scale per channel.
     pub group_size: Option<usize>,
     /// Scales `[N, G]` with `G = ceil(K / group_size)` (1 when channelwise).
     pub scales: Wna16Scales<'a>,
-    /// Zero points `[N, G]` in `0..=15`; `None` means symmetric with zero 8.
+    /// Zero points `[N, G]` in `0..2^bits`; `None` means symmetric with zero `2^(bits−1)`.
     pub zeros: Option<&'a [u8]>,
     /// f32 bias `[N]`, added to every output row.
     pub bias: Option<&'a [f32]>,
@@ -95,11 +104,13 @@ pub struct Wna16Desc<'a> {
     pub perm: Option<&'a [u32]>,
 }
 
-/// An int4 weight-only matrix `[N, K]` packed for the WNA16 kernels; immutable once built.
+/// An int4 or int8 weight-only matrix `[N, K]` packed for the WNA16 kernels; immutable once
+/// built.
 #[derive(Debug, Clone)]
 pub struct PackedWna16 {
     n: usize,
     k: usize,
+    bits: u32,
     n_panels: usize,
     k_steps: usize,
     group_size: usize,
@@ -128,6 +139,17 @@ impl PackedWna16 {
             got: n,
             reason: "N·K overflows usize",
         })?;
+        let (k_step, max_code) = match d.bits {
+            4 => (K_STEP, 15),
+            8 => (K_STEP8, 255),
+            bits => {
+                return Err(KernelError::UnsupportedDim {
+                    dim: "bits",
+                    got: bits as usize,
+                    reason: "WNA16 weights have 4 or 8 bits",
+                });
+            }
+        };
         let group_size = match d.group_size {
             None => k,
             Some(g) if g > 0 && g % K_STEP == 0 => g,
@@ -140,30 +162,30 @@ impl PackedWna16 {
             }
         };
         let n_groups = k.div_ceil(group_size);
-        check_len("w_int4", nk, d.codes.len())?;
+        check_len("w_int", nk, d.codes.len())?;
         check_len("scales", n * n_groups, d.scales.len())?;
         if let Some(z) = d.zeros {
             check_len("zeros", n * n_groups, z.len())?;
-            check_codes("zeros", z)?;
+            check_codes("zeros", z, max_code)?;
         }
         if let Some(b) = d.bias {
             check_len("bias", n, b.len())?;
             check_finite("bias", b.len(), |i| b[i])?;
         }
-        check_codes("w_int4", d.codes)?;
+        check_codes("w_int", d.codes, max_code)?;
         check_finite("scales", d.scales.len(), |i| d.scales.get(i))?;
         if let Some(p) = d.perm {
             check_perm(p, k)?;
         }
 
         let n_panels = n.div_ceil(PANEL);
-        let k_steps = k.div_ceil(K_STEP);
+        let k_steps = k.div_ceil(k_step);
         let mut codes = vec![0u32; n_panels * k_steps * PANEL];
         for row in 0..n {
             let (p, c) = (row / PANEL, row % PANEL);
             for (col, &code) in d.codes[row * k..][..k].iter().enumerate() {
-                let (s, j) = (col / K_STEP, col % K_STEP);
-                codes[(p * k_steps + s) * PANEL + c] |= u32::from(code) << (4 * j);
+                let (word, shift) = code_at(d.bits, c, col);
+                codes[(p * k_steps + col / k_step) * PANEL + word] |= u32::from(code) << shift;
             }
         }
         let sg = n_panels * n_groups * PANEL;
@@ -182,6 +204,7 @@ impl PackedWna16 {
         Ok(Self {
             n,
             k,
+            bits: d.bits,
             n_panels,
             k_steps,
             group_size,
@@ -203,6 +226,11 @@ impl PackedWna16 {
     /// Reduction dimension K.
     pub fn k(&self) -> usize {
         self.k
+    }
+
+    /// Bits per code, 4 or 8.
+    pub fn bits(&self) -> u32 {
+        self.bits
     }
 
     /// K values per group (K when channelwise).
@@ -239,12 +267,15 @@ impl PackedWna16 {
         let (n, k, g) = (self.n, self.k, self.n_groups);
         let mut codes = vec![0u8; n * k];
         let mut scales = vec![0f32; n * g];
-        let mut zeros = vec![8u8; n * g];
+        let mut zeros = vec![self.symmetric_zero(); n * g];
+        let k_step = self.k_step();
+        let mask = (1u32 << self.bits) - 1;
         for row in 0..n {
             let (p, c) = (row / PANEL, row % PANEL);
             for col in 0..k {
-                let word = self.codes[(p * self.k_steps + col / K_STEP) * PANEL + c];
-                codes[row * k + col] = ((word >> (4 * (col % K_STEP))) & 0xF) as u8;
+                let (word, shift) = code_at(self.bits, c, col);
+                let word = self.codes[(p * self.k_steps + col / k_step) * PANEL + word];
+                codes[row * k + col] = ((word >> shift) & mask) as u8;
             }
             for gi in 0..g {
                 let at = (p * g + gi) * PANEL + c;
@@ -283,6 +314,16 @@ impl PackedWna16 {
         }
     }
 
+    /// The zero point of symmetric weights: 8 for int4, 128 for int8.
+    pub(crate) fn symmetric_zero(&self) -> u8 {
+        if self.bits == 4 { 8 } else { 128 }
+    }
+
+    /// K values per packed step.
+    pub(crate) fn k_step(&self) -> usize {
+        if self.bits == 4 { K_STEP } else { K_STEP8 }
+    }
+
     pub(crate) fn n_panels(&self) -> usize {
         self.n_panels
     }
@@ -316,6 +357,17 @@ impl PackedWna16 {
     }
 }
 
+/// Where the code of channel `c` (within its panel) at K value `col` lives inside its step:
+/// `(word, bit shift)`.
+fn code_at(bits: u32, c: usize, col: usize) -> (usize, u32) {
+    if bits == 4 {
+        (c, 4 * (col % K_STEP) as u32)
+    } else {
+        let byte = (col % K_STEP8) * PANEL + c;
+        (byte / 4, 8 * (byte % 4) as u32)
+    }
+}
+
 /// Copies `[N, G]` values into the `[P][G][16]` layout (padding stays default).
 fn scatter<T: Copy + Default>(
     n: usize,
@@ -333,15 +385,15 @@ fn scatter<T: Copy + Default>(
     v
 }
 
-/// Refuses codes above 15.
-fn check_codes(tensor: &'static str, v: &[u8]) -> Result<(), KernelError> {
-    match v.iter().position(|&c| c > 15) {
+/// Refuses codes above `max`.
+fn check_codes(tensor: &'static str, v: &[u8], max: u8) -> Result<(), KernelError> {
+    match v.iter().position(|&c| c > max) {
         Some(index) => Err(KernelError::ValueOutOfRange {
             tensor,
             index,
             value: i64::from(v[index]),
             min: 0,
-            max: 15,
+            max: i64::from(max),
         }),
         None => Ok(()),
     }
@@ -398,6 +450,7 @@ mod tests {
         Wna16Desc {
             n,
             k,
+            bits: 4,
             codes,
             group_size: g,
             scales: Wna16Scales::Bf16(s),
@@ -416,11 +469,14 @@ mod tests {
             (33, 64, Some(32)),
             (5, 130, Some(64)),
         ];
-        for (n, k, g) in shapes {
+        for ((n, k, g), bits) in shapes.into_iter().flat_map(|s| [(s, 4), (s, 8)]) {
             let groups = g.map_or(1, |g| k.div_ceil(g));
-            let codes: Vec<u8> = (0..n * k).map(|_| (rng.next_u64() % 16) as u8).collect();
+            let levels = 1u64 << bits;
+            let codes: Vec<u8> = (0..n * k)
+                .map(|_| (rng.next_u64() % levels) as u8)
+                .collect();
             let zeros: Vec<u8> = (0..n * groups)
-                .map(|_| (rng.next_u64() % 16) as u8)
+                .map(|_| (rng.next_u64() % levels) as u8)
                 .collect();
             let scales: Vec<f16> = (0..n * groups)
                 .map(|i| f16::from_f32(0.01 + i as f32 * 1e-3))
@@ -428,6 +484,7 @@ mod tests {
             let p = PackedWna16::pack(Wna16Desc {
                 n,
                 k,
+                bits,
                 codes: &codes,
                 group_size: g,
                 scales: Wna16Scales::F16(&scales),
@@ -464,7 +521,7 @@ mod tests {
         assert!(matches!(
             PackedWna16::pack(desc(2, 8, &c[..15], None, &s[..2])),
             Err(KernelError::LengthMismatch {
-                tensor: "w_int4",
+                tensor: "w_int",
                 expected: 16,
                 got: 15
             })
@@ -482,9 +539,19 @@ mod tests {
         assert!(matches!(
             PackedWna16::pack(desc(2, 8, &bad, None, &s[..2])),
             Err(KernelError::ValueOutOfRange {
-                tensor: "w_int4",
+                tensor: "w_int",
                 index: 5,
                 value: 16,
+                ..
+            })
+        ));
+        let mut d = desc(2, 8, &c, None, &s[..2]);
+        d.bits = 3;
+        assert!(matches!(
+            PackedWna16::pack(d),
+            Err(KernelError::UnsupportedDim {
+                dim: "bits",
+                got: 3,
                 ..
             })
         ));

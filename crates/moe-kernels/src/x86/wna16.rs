@@ -1,6 +1,6 @@
-//! The WNA16 (weight-only int4, f32 compute) bodies of the x86 rungs.
+//! The WNA16 (weight-only int4/int8, f32 compute) bodies of the x86 rungs.
 //!
-//! AVX-512: 8 rows × 16 channels. One 64-byte step holds 8 K values of the panel's 16 channels,
+//! AVX-512: 8 rows × 16 channels. One int4 64-byte step holds 8 K values of the panel's 16 channels,
 //! one channel per 32-bit lane (nibble `j` = K value `8s + j`), so K value `j` of the step is
 //! one `vpsrld` by `4j` and one `vpermps` from a 16-entry f32 table (which reads the low four
 //! bits of each lane): `c − 8` for symmetric weights, `c` for asymmetric ones, whose per-group
@@ -10,6 +10,10 @@
 //! FMA latency chain does not bound them. At the end of a group the chains are added and the
 //! sum is scaled into the row accumulator with one more `vfmadd`. Weights are
 //! decoded once per step and serve all rows of the tile. See `crate::wna16` for the numerics.
+//!
+//! int8 weights: one step holds 4 K values as 16 consecutive channel bytes each; K value `j`
+//! is one 16-byte load, `vpmovzxbd`, `vcvtdq2ps` and the subtraction of the zero (128 when
+//! symmetric), with the same partial-sum chains and group epilogue.
 //!
 //! AVX2: the portable body compiled with AVX2 enabled; it keeps the reference's separate
 //! multiply and add, so its results equal the scalar reference bit for bit.
@@ -23,7 +27,7 @@ use std::ops::Range;
 use half::{bf16, f16};
 
 use crate::packed::PANEL;
-use crate::packed::wna16::{K_STEP, Wna16ScaleValues};
+use crate::packed::wna16::{K_STEP, K_STEP8, Wna16ScaleValues};
 use crate::wna16::Wna16Job;
 
 /// Rows per tile: 8 partial sums, 8 accumulators, the table, the step, the decoded weights and
@@ -113,13 +117,23 @@ fn decode<const SHIFT: u32, const ASYM: bool>(v: __m512i, lut: __m512, zero: __m
     if ASYM { _mm512_sub_ps(w, zero) } else { w }
 }
 
+/// Decodes K value `j` of an int8 step (16 consecutive bytes) to f32, less `zero`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn decode8(step: &[u32; 16], j: usize, zero: __m512) -> __m512 {
+    let bytes: &[u32; 4] = step[4 * j..4 * j + 4].try_into().expect("16 bytes");
+    // SAFETY: the reference covers 16 readable bytes, and the load is unaligned.
+    let v = unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) };
+    _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)), zero)
+}
+
 /// Computes rows `m0..m0 + R` of panel `p` (see the module docs).
 ///
 /// # Safety
 /// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`;
 ///   `m0 + R ≤ job.m` and `job.x` holds `m·K` values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn tile<const R: usize, const C: usize, const ASYM: bool>(
+unsafe fn tile<const BITS: u32, const R: usize, const C: usize, const ASYM: bool>(
     job: &Wna16Job<'_>,
     p: usize,
     m0: usize,
@@ -138,11 +152,44 @@ unsafe fn tile<const R: usize, const C: usize, const ASYM: bool>(
         let (k0, k1) = (g * gs, k.min((g + 1) * gs));
         let zero = match zeros {
             Some(z) if ASYM => load_zeros(&z[g]),
+            _ if BITS == 8 => _mm512_set1_ps(128.0),
             _ => _mm512_setzero_ps(),
         };
         // `C` independent partial sums per row (K value `j` of a step goes to chain `j % C`),
         // so tiles of few rows are not bound by the latency of one `vfmadd` chain.
         let mut part = [[_mm512_setzero_ps(); R]; C];
+        if BITS == 8 {
+            // Group sizes are multiples of 8, so `k0` starts a step.
+            let row_steps8: [&[[f32; K_STEP8]]; R] = std::array::from_fn(|r| rows[r].as_chunks().0);
+            let (s0, s_full) = (k0 / K_STEP8, k1 / K_STEP8);
+            for s in s0..s_full {
+                let step = &steps[s];
+                prefetch_ahead(step);
+                let xs: [&[f32; K_STEP8]; R] = std::array::from_fn(|r| &row_steps8[r][s]);
+                for j in 0..K_STEP8 {
+                    let wj = decode8(step, j, zero);
+                    for r in 0..R {
+                        let c = j % C;
+                        part[c][r] = _mm512_fmadd_ps(_mm512_set1_ps(xs[r][j]), wj, part[c][r]);
+                    }
+                }
+            }
+            for kk in s_full * K_STEP8..k1 {
+                let wj = decode8(&steps[s_full], kk % K_STEP8, zero);
+                for r in 0..R {
+                    part[0][r] = _mm512_fmadd_ps(_mm512_set1_ps(rows[r][kk]), wj, part[0][r]);
+                }
+            }
+            let s = group_scales(w.scales(), (p * ng + g) * PANEL);
+            for r in 0..R {
+                let mut sum = part[0][r];
+                for chain in &part[1..] {
+                    sum = _mm512_add_ps(sum, chain[r]);
+                }
+                acc[r] = _mm512_fmadd_ps(sum, s, acc[r]);
+            }
+            continue;
+        }
         // Group sizes are multiples of K_STEP, so `k0` starts a step.
         let (s0, s_full) = (k0 / K_STEP, k1 / K_STEP);
         for s in s0..s_full {
@@ -213,20 +260,20 @@ type TileFn = unsafe fn(&Wna16Job<'_>, usize, usize);
 /// # Safety
 /// - As [`crate::wna16::Wna16PanelsFn`], on a CPU with AVX-512 F/BW/VL.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn panels<const ASYM: bool>(job: &Wna16Job<'_>, panels: Range<usize>) {
+unsafe fn panels<const BITS: u32, const ASYM: bool>(job: &Wna16Job<'_>, panels: Range<usize>) {
     for p in panels {
         let mut m0 = 0;
         while m0 < job.m {
             let mr = MR.min(job.m - m0);
             let tile_fn: TileFn = match mr {
-                1 => tile::<1, 4, ASYM>,
-                2 => tile::<2, 4, ASYM>,
-                3 => tile::<3, 2, ASYM>,
-                4 => tile::<4, 2, ASYM>,
-                5 => tile::<5, 1, ASYM>,
-                6 => tile::<6, 1, ASYM>,
-                7 => tile::<7, 1, ASYM>,
-                _ => tile::<MR, 1, ASYM>,
+                1 => tile::<BITS, 1, 4, ASYM>,
+                2 => tile::<BITS, 2, 4, ASYM>,
+                3 => tile::<BITS, 3, 2, ASYM>,
+                4 => tile::<BITS, 4, 2, ASYM>,
+                5 => tile::<BITS, 5, 1, ASYM>,
+                6 => tile::<BITS, 6, 1, ASYM>,
+                7 => tile::<BITS, 7, 1, ASYM>,
+                _ => tile::<BITS, MR, 1, ASYM>,
             };
             // SAFETY: rows `m0..m0 + mr` lie within `0..m`, panel `p` is ours (caller), and the
             // caller's CPU has the features the tile needs.
@@ -241,13 +288,14 @@ unsafe fn panels<const ASYM: bool>(job: &Wna16Job<'_>, panels: Range<usize>) {
 /// # Safety
 /// - As [`crate::wna16::Wna16PanelsFn`], on a CPU with AVX-512 F/BW/VL.
 pub(crate) unsafe fn panels_avx512(job: &Wna16Job<'_>, range: Range<usize>) {
-    if job.w.zeros().is_some() {
-        // SAFETY: forwarded from the caller.
-        unsafe { panels::<true>(job, range) }
-    } else {
-        // SAFETY: forwarded from the caller.
-        unsafe { panels::<false>(job, range) }
-    }
+    let walk: unsafe fn(&Wna16Job<'_>, Range<usize>) = match (job.w.bits(), job.w.zeros()) {
+        (4, None) => panels::<4, false>,
+        (4, Some(_)) => panels::<4, true>,
+        (_, None) => panels::<8, false>,
+        (_, Some(_)) => panels::<8, true>,
+    };
+    // SAFETY: forwarded from the caller.
+    unsafe { walk(job, range) }
 }
 
 /// The AVX2 entry: the portable body vectorized over 256-bit registers.

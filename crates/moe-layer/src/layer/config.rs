@@ -32,9 +32,9 @@ pub enum LayerQuant {
     Unquantized,
     /// Weight-only integers (WNA16: GPTQ or compressed-tensors `pack-quantized`), symmetric,
     /// 4 or 8 bits, group sizes 32/64/128 or channelwise, optional act-order, float
-    /// activations and f32 accumulation. 4-bit weights are packed for the native WNA16
-    /// kernels in `process` (act-order sorted by group once); 8-bit ones are repacked into
-    /// Marlin's layout and run by the CPU Marlin executor. Scales must be bf16 or f16.
+    /// activations and f32 accumulation, packed for the native WNA16 kernels in `process`
+    /// (act-order sorted by group once); with the `cpu-wna16` kernel disabled they are
+    /// repacked into Marlin's layout for the CPU Marlin executor. Scales must be bf16 or f16.
     Wna16 {
         /// Bits per code, 4 or 8.
         bits: u32,

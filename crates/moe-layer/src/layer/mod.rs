@@ -14,8 +14,8 @@
 //! scales) on the packed W4A8 kernels, vLLM's online int8 method (float weights quantized per
 //! row in `process`) on the W8A8 kernels, and unquantized bf16/f16/f32 experts on the dense
 //! f32-compute GEMM (bf16 kept as bf16), and symmetric WNA16 (GPTQ or compressed-tensors
-//! pack-quantized, act-order): 4-bit packed into our int4 panels for the native WNA16 kernels,
-//! 8-bit repacked into Marlin's layout and run by the CPU Marlin executor. Shared experts (DeepSeek, Qwen2-MoE with its sigmoid gate) run as a
+//! pack-quantized, 4 or 8 bits, act-order) packed into our panels for the native WNA16 kernels
+//! (the CPU Marlin executor remains the fallback when `cpu-wna16` is disabled). Shared experts (DeepSeek, Qwen2-MoE with its sigmoid gate) run as a
 //! nested one-expert layer added to the routed output. Not yet: expert biases.
 
 mod backend;
@@ -521,8 +521,8 @@ impl MoeLayer {
                 bits,
                 group_size,
                 act_order,
-            } if selection.kernel.id == moe_oracle::KernelId::CpuWna16 && bits == 4 => {
-                let (w13, w2) = wna16::pack_layer(params, group_size, act_order, h, i)?;
+            } if selection.kernel.id == moe_oracle::KernelId::CpuWna16 => {
+                let (w13, w2) = wna16::pack_layer(params, bits, group_size, act_order, h, i)?;
                 Experts::Wna16Native(FusedMoe::new(
                     ExpertWeights {
                         w13,

@@ -1,6 +1,6 @@
-//! `process` for 4-bit WNA16 layers on the native kernels: the loaded signed codes and scales
-//! are packed per expert into [`PackedWna16`] (codes offset by 8, the `uint4b8` zero; scales in
-//! the dtype the checkpoint stored them in).
+//! `process` for WNA16 layers on the native kernels: the loaded signed codes and scales are
+//! packed per expert into [`PackedWna16`] (4-bit codes offset by 8, the `uint4b8` zero, 8-bit
+//! ones by 128, `uint8b128`; scales in the dtype the checkpoint stored them in).
 //!
 //! Act-order checkpoints give every input row a group (`g_idx`) in any order. Packing sorts the
 //! input rows by group once (stable, so rows of a group keep their order), which makes every
@@ -28,6 +28,7 @@ struct Projection<'a> {
 /// Packs both projections of every local expert.
 pub(crate) fn pack_layer(
     params: &Params,
+    bits: u32,
     group_size: Option<usize>,
     act_order: bool,
     h: usize,
@@ -61,7 +62,7 @@ pub(crate) fn pack_layer(
     };
     let pack = |p: &Projection<'_>| -> Result<Vec<PackedWna16>, LayerError> {
         (0..e)
-            .map(|x| pack_expert(p, x, group_size, act_order, dtype))
+            .map(|x| pack_expert(p, x, bits, group_size, act_order, dtype))
             .collect()
     };
     Ok((pack(&w13)?, pack(&w2)?))
@@ -71,6 +72,7 @@ pub(crate) fn pack_layer(
 fn pack_expert(
     p: &Projection<'_>,
     x: usize,
+    bits: u32,
     group_size: Option<usize>,
     act_order: bool,
     dtype: DType,
@@ -83,19 +85,21 @@ fn pack_expert(
         Some(gs) if act_order => Some(sort_by_group(p, x, gs, groups)?),
         _ => None,
     };
+    let offset: i16 = if bits == 4 { 8 } else { 128 };
+    let max = 2 * offset - 1;
     let mut unsigned = vec![0u8; n * k];
     for row in 0..n {
         let src = &codes[row * k..][..k];
         let dst = &mut unsigned[row * k..][..k];
         for (j, d) in dst.iter_mut().enumerate() {
             let col = perm.as_ref().map_or(j, |perm| perm[j] as usize);
-            let code = i16::from(src[col]) + 8;
-            if !(0..=15).contains(&code) {
+            let code = i16::from(src[col]) + offset;
+            if !(0..=max).contains(&code) {
                 return Err(LayerError::ParamValue {
                     tensor: p.name.into(),
                     index: (x * n + row) * k + col,
                     value: f64::from(src[col]),
-                    reason: "int4 codes must lie in [-8, 7]",
+                    reason: "codes must lie in [-2^(bits-1), 2^(bits-1))",
                 });
             }
             *d = code as u8;
@@ -120,6 +124,7 @@ fn pack_expert(
     Ok(PackedWna16::pack(Wna16Desc {
         n,
         k,
+        bits,
         codes: &unsigned,
         group_size,
         scales,
