@@ -1,7 +1,7 @@
 //! The WNA16 (weight-only int4/int8, f32 compute) bodies of the x86 rungs.
 //!
-//! AVX-512: 8 rows × 16 channels. One int4 64-byte step holds 8 K values of the panel's 16 channels,
-//! one channel per 32-bit lane (nibble `j` = K value `8s + j`), so K value `j` of the step is
+//! AVX-512: 8 rows × 16 channels. One 64-byte int4 step holds 8 K values of the panel's 16
+//! channels, one channel per 32-bit lane (nibble `j` = K value `8s + j`), so K value `j` is
 //! one `vpsrld` by `4j` and one `vpermps` from a 16-entry f32 table (which reads the low four
 //! bits of each lane): `c − 8` for symmetric weights, `c` for asymmetric ones, whose per-group
 //! zero vector is then subtracted (`c − z` stays exact). Each row broadcasts its activation and
