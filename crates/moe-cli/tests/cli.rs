@@ -235,6 +235,35 @@ fn bench_w8a8_reads_about_twice_the_bytes_of_w4a8() {
     assert!(w8["rows"][0]["ms_per_call"].as_f64().unwrap() > 0.0);
 }
 
+#[test]
+fn bench_w4a16_reads_its_own_bytes() {
+    let v = moe_json(&[
+        "bench",
+        "--json",
+        "--format",
+        "w4a16",
+        "--group-size",
+        "64",
+        "--shape",
+        "e8-k2-h128-i64",
+        "--batch-sizes",
+        "1,3",
+        "--min-bytes",
+        "1M",
+        "--iters",
+        "3",
+    ]);
+    assert_eq!(v["format"], "w4a16");
+    // Per expert and weight: half a byte of code plus a 2-byte scale per 64 weights.
+    let weights = (3 * 128 * 64) as f64;
+    for row in v["rows"].as_array().expect("rows") {
+        let per_expert =
+            row["bytes_touched"].as_f64().unwrap() / row["experts_touched"].as_f64().unwrap();
+        assert_eq!(per_expert, weights * (0.5 + 2.0 / 64.0), "{row}");
+        assert!(row["ms_per_call"].as_f64().unwrap() > 0.0);
+    }
+}
+
 /// Asserts a failing run with a message on stderr and no panic.
 fn assert_clean_failure(args: &[&str], needle: &str) {
     let out = moe(args);

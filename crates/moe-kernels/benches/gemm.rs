@@ -1,4 +1,5 @@
-//! W4A8 and W8A8 GEMM throughput per ISA rung, each rung run explicitly through its kernel set.
+//! W4A8, W8A8 and WNA16 GEMM throughput per ISA rung, each rung run explicitly through its
+//! kernel set.
 //!
 //! Groups are `"{op}/{isa}"`, cases `BenchmarkId::new(isa, "MxNxK")`; throughput is counted in
 //! elements = multiply-accumulates (M·N·K). Shapes: Qwen3-30B-A3B w13 (N 1536, K 2048) and w2
@@ -10,7 +11,8 @@
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use half::bf16;
 use moe_kernels::{
-    GemmScratch, Isa, KernelSet, PackedW4A8, PackedW8A8, Par, W4A8Prefill, W4A8Scales,
+    GemmScratch, Isa, KernelSet, PackedW4A8, PackedW8A8, PackedWna16, Par, W4A8Prefill, W4A8Scales,
+    Wna16Desc, Wna16Scales,
 };
 use moe_testutil::SplitMix64;
 
@@ -108,6 +110,59 @@ fn w8a8(c: &mut Criterion) {
     }
 }
 
+/// The weight-only int4 GEMM (symmetric, bf16 scales in groups of 128, f32 compute) on the
+/// W4A8 shapes.
+fn wna16(c: &mut Criterion) {
+    const GROUP: usize = 128;
+    let mut rng = SplitMix64::new(4);
+    let packed: Vec<PackedWna16> = SHAPES
+        .iter()
+        .map(|&(n, k)| {
+            let codes: Vec<u8> = (0..n * k).map(|_| rng.below(16) as u8).collect();
+            let s: Vec<bf16> = (0..n * k / GROUP)
+                .map(|_| bf16::from_f32(rng.uniform(0.01, 0.1)))
+                .collect();
+            PackedWna16::pack(Wna16Desc {
+                n,
+                k,
+                bits: 4,
+                codes: &codes,
+                group_size: Some(GROUP),
+                scales: Wna16Scales::Bf16(&s),
+                zeros: None,
+                bias: None,
+                perm: None,
+            })
+            .unwrap()
+        })
+        .collect();
+    for isa in moe_kernels::available_isas() {
+        let ks = KernelSet::for_isa(isa).unwrap();
+        let mut group = c.benchmark_group(format!("wna16_gemm/{isa}"));
+        group.sample_size(10);
+        for w in &packed {
+            let (n, k) = (w.n(), w.k());
+            for &m in MS {
+                let macs = m * n * k;
+                if too_slow(isa, macs) {
+                    continue;
+                }
+                let x = rng.vec_uniform(m * k, -1.0, 1.0);
+                let mut out = vec![0f32; m * n];
+                let mut scratch = GemmScratch::new();
+                group.throughput(Throughput::Elements(macs as u64));
+                group.bench_function(BenchmarkId::new(isa.name(), format!("{m}x{n}x{k}")), |b| {
+                    b.iter(|| {
+                        moe_kernels::wna16_gemm(&ks, m, &x, w, &mut out, &mut scratch, Par::Seq)
+                            .unwrap()
+                    })
+                });
+            }
+        }
+        group.finish();
+    }
+}
+
 /// The activation quantisation the W4A8 driver runs per call (scalar `moe_quant::act`), to see
 /// its share of a GEMM.
 fn act_quant(c: &mut Criterion) {
@@ -129,5 +184,5 @@ fn act_quant(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, w4a8, w8a8, act_quant);
+criterion_group!(benches, w4a8, w8a8, wna16, act_quant);
 criterion_main!(benches);

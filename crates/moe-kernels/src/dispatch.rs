@@ -16,6 +16,7 @@ use crate::ukernel::{
     ActEncoding, W4A8PanelsFn, W4A8TileAFn, W4Bf16PanelsFn, W4Bf16TileAFn, W8A8PanelsFn,
     W8A8TileAFn,
 };
+use crate::wna16::Wna16PanelsFn;
 
 /// How W4A8 GEMMs with many rows per call compute (the numerics contract of prefill).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -95,6 +96,8 @@ pub struct KernelSet {
     bf16_tiles: Option<Bf16Tiles>,
     /// Whether W4A8 GEMMs use the bf16 tiles from their threshold on.
     w4a8_prefill: W4A8Prefill,
+    /// The WNA16 (weight-only int4, f32 compute) body and the rung whose code it is.
+    wna16: (Isa, Wna16PanelsFn),
 }
 
 /// Kernels that replace a set's own from `min_m` rows on: tile kernels only pay off once a
@@ -154,6 +157,7 @@ impl KernelSet {
             large_m: None,
             bf16_tiles: None,
             w4a8_prefill: W4A8Prefill::ExactInt8,
+            wna16: (Isa::Scalar, crate::wna16::panels_portable),
         }
     }
 
@@ -279,6 +283,26 @@ impl KernelSet {
         self
     }
 
+    /// Adds a WNA16 body of rung `isa`.
+    ///
+    /// # Safety
+    /// - `entry` may be called on this CPU: the caller holds the token of `isa`.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 has one today
+    pub(crate) unsafe fn with_wna16(mut self, isa: Isa, entry: Wna16PanelsFn) -> Self {
+        self.wna16 = (isa, entry);
+        self
+    }
+
+    /// The WNA16 entry point.
+    pub(crate) fn wna16_entry(&self) -> Wna16PanelsFn {
+        self.wna16.1
+    }
+
+    /// The rung whose code runs the WNA16 GEMM.
+    pub fn wna16_isa(&self) -> Isa {
+        self.wna16.0
+    }
+
     /// Quantises one W8A8 activation row (spec §5.3 stage 0) with this set's SIMD quantiser,
     /// or the scalar one; both give the same bits. `q.len()` must equal `x.len()`.
     pub(crate) fn quantize_row_sym_i8(&self, x: &[f32], q: &mut [i8]) -> f32 {
@@ -367,6 +391,7 @@ impl KernelSet {
                 "w8a8_act_quant: {}",
                 self.act_sym_i8.map_or(Isa::Scalar, |(isa, _)| isa)
             ),
+            format!("wna16_gemm: {}", self.wna16.0),
         ]
     }
 

@@ -61,6 +61,8 @@ pub struct GemmScratch {
     nan_rows: Vec<usize>,
     /// The activations in a kernel's own layout (the AMX tiles), when it has one.
     tiles: Vec<u8>,
+    /// Float activation rows gathered into a weight format's K order (WNA16 act-order).
+    f32_rows: Vec<f32>,
 }
 
 impl GemmScratch {
@@ -83,7 +85,23 @@ impl GemmScratch {
             block_corr: Vec::with_capacity(m * (k_pad / 32).max(1)),
             nan_rows: Vec::with_capacity(m),
             tiles: Vec::new(),
+            f32_rows: Vec::new(),
         }
+    }
+
+    /// Sizes the float row buffer for `len` values, so formats that gather their activation
+    /// rows (WNA16 act-order) never allocate on the hot path.
+    pub(crate) fn reserve_f32_rows(&mut self, len: usize) {
+        self.f32_rows
+            .reserve(len.saturating_sub(self.f32_rows.len()));
+    }
+
+    /// A buffer of `len` f32 (contents unspecified), grown only when too small.
+    pub(crate) fn f32_rows(&mut self, len: usize) -> &mut [f32] {
+        if self.f32_rows.len() < len {
+            self.f32_rows.resize(len, 0.0);
+        }
+        &mut self.f32_rows[..len]
     }
 }
 

@@ -59,6 +59,7 @@ pub mod moe;
 pub mod packed;
 pub mod scalar;
 mod ukernel;
+mod wna16;
 
 #[cfg(target_arch = "aarch64")]
 pub mod aarch64;
@@ -90,7 +91,10 @@ pub use moe::{
     Activation, ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, Int4ActivationKind,
     MoeInput, MoeScratch, MoeScratchDims,
 };
-pub use packed::{PackedDense, PackedW4A8, PackedW8A8, W4A8Scales};
+pub use packed::{
+    PackedDense, PackedW4A8, PackedW8A8, PackedWna16, W4A8Scales, Wna16Desc, Wna16Scales,
+};
+pub use wna16::{wna16_gemm, wna16_isa, wna16_reference};
 
 /// The CPU features this binary's architecture cares about, as `(name, detected)` pairs.
 pub fn cpu_features() -> Vec<(&'static str, bool)> {

@@ -636,11 +636,12 @@ fn quant_config_cases(c: &mut Cases) {
         err!(LayerError::UnsupportedScheme { .. }),
         gptq_cfg(|q| q["config_groups"]["group_0"]["weights"]["num_bits"] = json!(2)),
     );
+    // 4-bit WNA16 runs on the native kernels, which take any width Marlin's tiles refuse.
     c.model(
         "pack-quantized layer narrower than a Marlin tile",
         pack_quantized,
         Via::Layer,
-        err!(LayerError::Marlin(_)),
+        Expect::Ok,
         |_| {},
     );
     // DeepSeek routing fields.

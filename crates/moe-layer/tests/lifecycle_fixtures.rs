@@ -296,7 +296,7 @@ fn per_tensor_loading_matches_the_checkpoint_path_and_tp_ranks_sum_up() {
 }
 
 #[test]
-fn wna16_fixtures_run_through_marlin_and_match_the_float_reference() {
+fn wna16_fixtures_run_on_the_native_kernels_and_match_the_float_reference() {
     let root = fixtures_dir();
     let mut seen = 0;
     for entry in std::fs::read_dir(&root).unwrap() {
@@ -317,7 +317,7 @@ fn wna16_fixtures_run_through_marlin_and_match_the_float_reference() {
         let moe = MoeLayer::from_checkpoint(&ckpt, layer, 64)
             .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         let info = moe.backend().unwrap();
-        assert!(info.kernel.starts_with("cpu-marlin"), "{info:?}");
+        assert!(info.kernel.starts_with("cpu-wna16"), "{info:?}");
         let x = bf16s(&case, "x");
         let logits = bf16s(&case, "router_logits");
         let mut out = vec![bf16::ZERO; x.len()];

@@ -110,7 +110,7 @@ impl Backend {
             (Strictness::VllmCompat, Backend::Wna16BatchedMarlin) => &[K::VllmBatchedMarlinExperts],
             (Strictness::Native, Backend::W4A8CpuInt4) => &[K::CpuInt4W4A8],
             (Strictness::Native, Backend::Int8Cpu) => &[K::CpuInt8W8A8],
-            (Strictness::Native, Backend::Wna16Marlin) => &[K::CpuMarlin],
+            (Strictness::Native, Backend::Wna16Marlin) => &[K::CpuWna16, K::CpuMarlin],
             (Strictness::Native, Backend::Int8Triton)
             | (Strictness::Native, Backend::Int8Humming)
             | (Strictness::Native, Backend::Wna16BatchedMarlin) => &[],

@@ -64,6 +64,8 @@ pub enum KernelId {
     CpuInt8W8A8,
     /// moe-rs CPU executor for Marlin-packed WNA16 weights.
     CpuMarlin,
+    /// moe-rs native WNA16 kernel: int4/int8 weights in our panels, f32 compute.
+    CpuWna16,
     /// moe-rs unquantized experts.
     CpuUnquantized,
 }
@@ -131,6 +133,7 @@ impl KernelId {
             KernelId::CpuInt4W4A8 => "cpu-int4-w4a8",
             KernelId::CpuInt8W8A8 => "cpu-int8-w8a8",
             KernelId::CpuMarlin => "cpu-marlin",
+            KernelId::CpuWna16 => "cpu-wna16",
             KernelId::CpuUnquantized => "cpu-unquantized",
         }
     }
@@ -142,6 +145,7 @@ impl KernelId {
             KernelId::CpuInt4W4A8
                 | KernelId::CpuInt8W8A8
                 | KernelId::CpuMarlin
+                | KernelId::CpuWna16
                 | KernelId::CpuUnquantized
         )
     }
@@ -197,7 +201,10 @@ impl KernelId {
                 Ok(())
             }
             // Ours accepts every architecture (the scalar rung runs anywhere).
-            KernelId::CpuInt4W4A8 | KernelId::CpuMarlin | KernelId::CpuUnquantized => {
+            KernelId::CpuInt4W4A8
+            | KernelId::CpuMarlin
+            | KernelId::CpuWna16
+            | KernelId::CpuUnquantized => {
                 if !FLOAT_IO.contains(&q.config.in_dtype) {
                     return Err(Unsupported::kernel_does_not_support(format!(
                         "{} input/output dtype",
@@ -243,6 +250,7 @@ impl KernelId {
             KernelId::VllmMarlinExperts
                 | KernelId::VllmBatchedMarlinExperts
                 | KernelId::CpuMarlin
+                | KernelId::CpuWna16
                 | KernelId::CpuUnquantized
         ) || self.is_gpu_stub()
     }
@@ -278,7 +286,7 @@ impl KernelId {
                     | A::Relu2NoMul
             ),
             KernelId::CpuInt4W4A8 | KernelId::CpuInt8W8A8 => OUR_GATED.contains(&act),
-            KernelId::CpuMarlin => {
+            KernelId::CpuMarlin | KernelId::CpuWna16 => {
                 OUR_GATED.contains(&act)
                     || matches!(
                         act,
@@ -344,7 +352,7 @@ impl KernelId {
                 .contains(k),
                 None => false,
             },
-            KernelId::CpuMarlin => match w {
+            KernelId::CpuMarlin | KernelId::CpuWna16 => match w {
                 Some(WeightKey::Scalar(k)) => our_wna16_key(k),
                 _ => false,
             },

@@ -792,8 +792,8 @@ fn rows() -> Vec<Row> {
             backend(silu(), "whatever"),
             Chosen("MARLIN", "MarlinExperts"),
         ),
-        wna16("wna16 native cpu", vnni(), Native, silu(), Chosen("MARLIN", "cpu-marlin/avx512-vnni")),
-        wna16("wna16 native silu_no_mul", arm(), Native, cfg(A::SiluNoMul, R::Default), Chosen("MARLIN", "cpu-marlin/i8mm")),
+        wna16("wna16 native cpu", vnni(), Native, silu(), Chosen("MARLIN", "cpu-wna16/avx512-vnni")),
+        wna16("wna16 native silu_no_mul", arm(), Native, cfg(A::SiluNoMul, R::Default), Chosen("MARLIN", "cpu-wna16/i8mm")),
         row(
             "wna16 native 8-bit",
             Family::Wna16,
@@ -802,7 +802,7 @@ fn rows() -> Vec<Row> {
             silu(),
             Some(ScalarQuantKey::INT8_STATIC.into()),
             None,
-            Chosen("MARLIN", "cpu-marlin/i8mm"),
+            Chosen("MARLIN", "cpu-wna16/i8mm"),
         ),
         row(
             "wna16 compat bf16 scales",
@@ -839,7 +839,7 @@ fn rows() -> Vec<Row> {
                 &["no moe-rs kernel implements it (upstream it runs on GPUs only)"],
             ),
         ),
-        wna16("wna16 native moe_backend cpu", vnni(), Native, backend(silu(), "cpu"), Chosen("MARLIN", "cpu-marlin/avx512-vnni")),
+        wna16("wna16 native moe_backend cpu", vnni(), Native, backend(silu(), "cpu"), Chosen("MARLIN", "cpu-wna16/avx512-vnni")),
         // ---- Unquantized ----
         row("unquantized native", Family::Unquantized, x86(&[Isa::Avx2]), Native, silu(), None, None, Chosen("CPU", "cpu-unquantized/avx2")),
         row(

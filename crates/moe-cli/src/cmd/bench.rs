@@ -1,5 +1,6 @@
-//! `moe bench`: times the fused W4A8 pipeline (group 32) or, with `--format w8a8`, the W8A8 one
-//! (int8 per channel) on standard MoE shapes with uniform random routing, cycling through
+//! `moe bench`: times the fused W4A8 pipeline (group 32), or with `--format w8a8` the W8A8 one
+//! (int8 per channel), or with `--format w4a16` the weight-only int4 one (f32 compute), on
+//! standard MoE shapes with uniform random routing, cycling through
 //! enough independent copies of the layer that the weights cannot stay in the caches, and
 //! relates each time to this machine's DRAM bound.
 //!
@@ -85,6 +86,8 @@ pub enum BenchFormat {
     W4a8,
     /// Int8 weights with per-channel scales, int8 symmetric per-token activations.
     W8a8,
+    /// Int4 weights with bf16 group scales, float activations, f32 compute (weight-only).
+    W4a16,
 }
 
 impl BenchFormat {
@@ -93,6 +96,7 @@ impl BenchFormat {
         match self {
             Self::W4a8 => format!("W4A8 (int4 groups of {group_size})"),
             Self::W8a8 => "W8A8 (int8 per channel)".to_string(),
+            Self::W4a16 => format!("W4A16 (int4 groups of {group_size}, f32 compute)"),
         }
     }
 }
@@ -119,7 +123,7 @@ pub struct BenchArgs {
     /// Least total bytes of distinct packed weights to cycle through (K, M, G suffixes).
     #[arg(long, default_value = "2G", value_parser = parse_bytes)]
     pub min_bytes: u64,
-    /// Int4 group size (W4A8 only).
+    /// Int4 group size (W4A8 and W4A16).
     #[arg(long, default_value_t = 32)]
     pub group_size: usize,
     /// Worker threads (0 = available parallelism).
@@ -331,6 +335,11 @@ fn bench_shape(
         }
         BenchFormat::W8a8 => {
             let layer = pool.install(|| synth::random_int8_layer(layer_shape, args.seed, &bar))?;
+            bar.finish_and_clear();
+            measure_layer(args, shape, layer, rungs, pool, out)
+        }
+        BenchFormat::W4a16 => {
+            let layer = pool.install(|| synth::random_wna16_layer(layer_shape, args.seed, &bar))?;
             bar.finish_and_clear();
             measure_layer(args, shape, layer, rungs, pool, out)
         }

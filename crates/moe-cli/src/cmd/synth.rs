@@ -13,7 +13,7 @@ use indicatif::ProgressBar;
 use moe_kernels::moe::ExpertMatrix;
 use moe_kernels::{
     Activation, ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, PackedW4A8, PackedW8A8,
-    W4A8Scales, kernels,
+    PackedWna16, W4A8Scales, Wna16Desc, Wna16Scales, kernels,
 };
 use moe_quant::quantize_int4_grouped;
 use rayon::prelude::*;
@@ -279,6 +279,60 @@ pub fn random_codes_layer(
         })
         .collect::<Result<Vec<_>, CliError>>()?;
     assemble(shape, experts, PackedW4A8::packed_bytes)
+}
+
+/// Random unsigned int4 codes and bf16 group scales for an `[n, k]` weight-only matrix, packed.
+fn random_wna16_packed(
+    rng: &mut Rng,
+    n: usize,
+    k: usize,
+    g: usize,
+) -> Result<PackedWna16, CliError> {
+    let mut codes = vec![0u8; n * k];
+    for chunk in codes.chunks_mut(16) {
+        let bits = rng.next_u64();
+        for (j, c) in chunk.iter_mut().enumerate() {
+            *c = ((bits >> (4 * j)) & 0xF) as u8;
+        }
+    }
+    let scales: Vec<bf16> = (0..n * (k / g))
+        .map(|_| bf16::from_f32(0.001 + (rng.next_u64() % 1000) as f32 * 2e-6))
+        .collect();
+    PackedWna16::pack(Wna16Desc {
+        n,
+        k,
+        bits: 4,
+        codes: &codes,
+        group_size: Some(g),
+        scales: Wna16Scales::Bf16(&scales),
+        zeros: None,
+        bias: None,
+        perm: None,
+    })
+    .map_err(|e| CliError::context("packing expert weights", e))
+}
+
+/// A weight-only (W4A16) layer of uniformly random int4 codes and bf16 group scales, run with
+/// float activations on the native WNA16 kernels; experts are built in parallel on the
+/// current rayon pool, ticking `bar` once per expert.
+pub fn random_wna16_layer(
+    shape: LayerShape,
+    seed: u64,
+    bar: &ProgressBar,
+) -> Result<SynthLayer<PackedWna16>, CliError> {
+    shape.validate()?;
+    let (h, i, g) = (shape.hidden, shape.intermediate, shape.group_size);
+    let experts = (0..shape.experts)
+        .into_par_iter()
+        .map(|e| {
+            let mut rng = Rng::stream(seed, e as u64);
+            let p13 = random_wna16_packed(&mut rng, 2 * i, h, g)?;
+            let p2 = random_wna16_packed(&mut rng, h, i, g)?;
+            bar.inc(1);
+            Ok((p13, p2))
+        })
+        .collect::<Result<Vec<_>, CliError>>()?;
+    assemble(shape, experts, PackedWna16::packed_bytes)
 }
 
 /// An `[n, k]` matrix of uniformly random int8 codes in `[-127, 127]` (spec §5.1's range) with

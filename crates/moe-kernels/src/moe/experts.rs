@@ -1,7 +1,10 @@
-//! The weight formats an expert can hold ([`PackedW4A8`], [`PackedW8A8`], [`PackedDense`]) behind one sealed
+//! The weight formats an expert can hold ([`PackedW4A8`], [`PackedW8A8`], [`PackedDense`],
+//! [`PackedWna16`], Marlin weights) behind one sealed
 //! trait, so the pipeline is written once and each format brings its GEMM and its numerics.
 
-use crate::{GemmScratch, KernelError, KernelSet, PackedDense, PackedW4A8, PackedW8A8, Par};
+use crate::{
+    GemmScratch, KernelError, KernelSet, PackedDense, PackedW4A8, PackedW8A8, PackedWna16, Par,
+};
 
 mod sealed {
     pub trait Sealed {}
@@ -9,6 +12,7 @@ mod sealed {
     impl Sealed for crate::PackedW8A8 {}
     impl Sealed for crate::PackedDense {}
     impl Sealed for crate::marlin::MarlinWeights {}
+    impl Sealed for crate::PackedWna16 {}
 }
 
 /// Which quantised GEMM family a weight format uses.
@@ -21,7 +25,8 @@ pub enum WeightFormat {
     W8A8,
     /// Float weights (f32 or bf16), float activations, f32 compute: unquantized experts.
     Dense,
-    /// Weight-only int4/int8 in Marlin's layout (WNA16), float activations, f32 compute.
+    /// Weight-only int4/int8 (WNA16): in Marlin's layout ([`crate::marlin::MarlinWeights`]) or
+    /// our panels ([`PackedWna16`]); float activations, f32 compute.
     Wna16,
 }
 
@@ -38,6 +43,13 @@ pub trait ExpertMatrix: Send + Sync + sealed::Sealed {
 
     /// Whether the scales are one per output channel (no groups).
     fn is_channelwise(&self) -> bool;
+
+    /// Whether the GEMM gathers its activation rows into scratch (so the scratch must be
+    /// sized for them up front).
+    #[doc(hidden)]
+    fn gathers_rows(&self) -> bool {
+        false
+    }
 
     /// `out[m, N] = GEMM(x[m, K])`, quantising the rows of `x` dynamically.
     #[doc(hidden)]
@@ -163,5 +175,37 @@ impl ExpertMatrix for crate::marlin::MarlinWeights {
         crate::marlin::MarlinWeights::gemm(self, x, m, out, par).map_err(|e| KernelError::Marlin {
             reason: e.to_string(),
         })
+    }
+}
+
+impl ExpertMatrix for PackedWna16 {
+    const FORMAT: WeightFormat = WeightFormat::Wna16;
+
+    fn n(&self) -> usize {
+        PackedWna16::n(self)
+    }
+
+    fn k(&self) -> usize {
+        PackedWna16::k(self)
+    }
+
+    fn is_channelwise(&self) -> bool {
+        PackedWna16::is_channelwise(self)
+    }
+
+    fn gathers_rows(&self) -> bool {
+        self.perm().is_some()
+    }
+
+    fn gemm(
+        &self,
+        ks: &KernelSet,
+        m: usize,
+        x: &[f32],
+        out: &mut [f32],
+        scratch: &mut GemmScratch,
+        par: Par,
+    ) -> Result<(), KernelError> {
+        crate::wna16_gemm(ks, m, x, self, out, scratch, par)
     }
 }

@@ -190,14 +190,25 @@ impl<W: ExpertMatrix> FusedMoe<W> {
         top_k: usize,
         lanes: usize,
     ) -> Result<MoeScratch, KernelError> {
-        MoeScratch::new(MoeScratchDims {
+        let mut scratch = MoeScratch::new(MoeScratchDims {
             max_tokens,
             top_k,
             hidden_size: self.config.hidden_size,
             intermediate_size: self.config.intermediate_size,
             num_experts: self.num_experts(),
             lanes,
-        })
+        })?;
+        let w = &self.weights;
+        if w.w13.iter().chain(&w.w2).any(ExpertMatrix::gathers_rows) {
+            let len = scratch
+                .max_pairs
+                .saturating_mul(self.config.hidden_size.max(self.config.intermediate_size));
+            scratch
+                .gemm
+                .iter_mut()
+                .for_each(|g| g.reserve_f32_rows(len));
+        }
+        Ok(scratch)
     }
 
     /// `out[T, H] = Σ_j topk_weights[t, j] · expert_{topk_ids[t, j]}(x[t])` per spec §4.1.

@@ -14,7 +14,8 @@ use super::*;
 use crate::scalar::w4a8::{W4A8RefArgs, w4a8_reference};
 use crate::scalar::w8a8::{W8A8RefArgs, w8a8_reference};
 use crate::{
-    KernelError, KernelSet, PackedDense, PackedW4A8, PackedW8A8, Par, W4A8Scales, available_isas,
+    KernelError, KernelSet, PackedDense, PackedW4A8, PackedW8A8, PackedWna16, Par, W4A8Scales,
+    Wna16Desc, Wna16Scales, available_isas,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -104,6 +105,51 @@ impl RefMat {
             .collect();
         let packed = PackedDense::pack_bf16(n, k, &wb).unwrap();
         let dense = wb.iter().map(|v| v.to_f32()).collect();
+        let me = Self {
+            n,
+            k,
+            w: Vec::new(),
+            scales: Vec::new(),
+            block_len: k,
+            dense,
+        };
+        (me, packed)
+    }
+
+    /// A WNA16 matrix with bf16 group scales, optionally asymmetric and act-ordered (a
+    /// random K permutation); `dense` holds its exactly dequantized weights.
+    fn wna16(
+        rng: &mut SplitMix64,
+        (n, k): (usize, usize),
+        bits: u32,
+        group: Option<usize>,
+        [asym, act_order]: [bool; 2],
+    ) -> (Self, PackedWna16) {
+        let ng = group.map_or(1, |g| k.div_ceil(g));
+        let levels = 1usize << bits;
+        let codes: Vec<u8> = (0..n * k).map(|_| rng.below(levels) as u8).collect();
+        let zeros: Vec<u8> = (0..n * ng).map(|_| rng.below(levels) as u8).collect();
+        let scales: Vec<bf16> = (0..n * ng)
+            .map(|_| bf16::from_f32(rng.uniform(0.005, 0.05)))
+            .collect();
+        let mut perm: Vec<u32> = (0..k as u32).collect();
+        for i in (1..k).rev() {
+            perm.swap(i, rng.below(i + 1));
+        }
+        let packed = PackedWna16::pack(Wna16Desc {
+            n,
+            k,
+            bits,
+            codes: &codes,
+            group_size: group,
+            scales: Wna16Scales::Bf16(&scales),
+            zeros: asym.then_some(&zeros[..]),
+            bias: None,
+            perm: act_order.then_some(&perm[..]),
+        })
+        .unwrap();
+        // (c − z)·s with a bf16 scale (at most 9 + 8 significant bits) is exact in f32.
+        let dense = packed.dequantize_f64().iter().map(|&v| v as f32).collect();
         let me = Self {
             n,
             k,
@@ -212,6 +258,35 @@ fn dense_layer(seed: u64, (e, h, i): (usize, usize, usize), bias: bool) -> TestL
     };
     TestLayer {
         format: WeightFormat::Dense,
+        w13,
+        w2,
+        weights,
+        config: base_config(h, i, e),
+    }
+}
+
+fn wna16_layer(
+    seed: u64,
+    (e, h, i): (usize, usize, usize),
+    bits: u32,
+    group: Option<usize>,
+    flags: [bool; 2],
+) -> TestLayer<PackedWna16> {
+    let mut rng = SplitMix64::new(seed);
+    let (w13, p13): (Vec<_>, Vec<_>) = (0..e)
+        .map(|_| RefMat::wna16(&mut rng, (2 * i, h), bits, group, flags))
+        .unzip();
+    let (w2, p2): (Vec<_>, Vec<_>) = (0..e)
+        .map(|_| RefMat::wna16(&mut rng, (h, i), bits, group, flags))
+        .unzip();
+    let weights = ExpertWeights {
+        w13: p13,
+        w2: p2,
+        w13_bias: None,
+        w2_bias: None,
+    };
+    TestLayer {
+        format: WeightFormat::Wna16,
         w13,
         w2,
         weights,
@@ -610,6 +685,63 @@ fn dense_matches_the_reference_in_f32_and_bf16() {
     }
 }
 
+/// WNA16 experts on every rung: ragged shapes, one expert, all tokens on one expert, T = 0
+/// and 1, symmetric and asymmetric, act-order; one lane on one thread equals three lanes on the
+/// pool bit for bit, and both match the f32 product of the dequantized weights closely (the
+/// GEMMs sum per group, then scale; the reference sums dequantized weights).
+#[test]
+fn wna16_matches_the_dequantized_reference() {
+    let mut rng = SplitMix64::new(81);
+    /// (seed, (E, H, I), bits, group, [asymmetric, act-order], tokens, top-k, all on expert 0)
+    type Wna16Case = (
+        u64,
+        (usize, usize, usize),
+        u32,
+        Option<usize>,
+        [bool; 2],
+        usize,
+        usize,
+        bool,
+    );
+    let cases: [Wna16Case; 8] = [
+        (82, (5, 64, 32), 4, Some(32), [false, false], 7, 2, false),
+        (83, (4, 72, 40), 4, Some(8), [true, false], 5, 2, false),
+        (84, (1, 40, 24), 4, None, [false, false], 3, 1, false),
+        (85, (3, 96, 48), 4, Some(32), [false, true], 9, 2, false),
+        (86, (4, 33, 17), 4, Some(16), [true, true], 6, 3, true),
+        (87, (2, 64, 32), 4, Some(64), [false, false], 1, 1, false),
+        (88, (3, 64, 40), 8, Some(32), [false, false], 6, 2, false),
+        (89, (2, 35, 19), 8, Some(8), [true, true], 5, 2, true),
+    ];
+    for (seed, shape, bits, group, flags, t, k, one_expert) in cases {
+        let layer = wna16_layer(seed, shape, bits, group, flags);
+        let e = shape.0;
+        for t in [t, 1, 0] {
+            let r = routed(&mut rng, t, k, |rng| {
+                if one_expert { 0 } else { rng.below(e) as i64 }
+            });
+            let x = rng.vec_uniform(t * shape.1, -1.5, 1.5);
+            let want = layer.reference(&x, &r);
+            let scale = want.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
+            let mut sets = vec![KernelSet::scalar()];
+            sets.extend(available_isas().into_iter().filter_map(KernelSet::for_isa));
+            for ks in sets {
+                let isa = ks.wna16_isa();
+                let moe = layer.moe(ks);
+                let seq = run(&moe, &x, &r, 1, Par::Seq).unwrap();
+                let par = run(&moe, &x, &r, 3, Par::Rayon).unwrap();
+                assert_bits_eq(&par, &seq, &format!("wna16 {isa} Seq vs Rayon"));
+                for (idx, (g, w)) in seq.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 1e-5 * scale,
+                        "wna16 {isa} seed {seed} t {t} [{idx}]: {g} vs {w}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // NaN rows (spec §4.6).
 
@@ -923,6 +1055,32 @@ fn apply_does_not_allocate() {
         };
         let before = ALLOCATIONS.with(Cell::get);
         moe.apply(input, &mut out[..t * 128], &mut scratch, Par::Seq)
+            .unwrap();
+        let after = ALLOCATIONS.with(Cell::get);
+        assert_eq!(after - before, 0, "apply allocated with T = {t}");
+    }
+}
+
+/// Act-order WNA16 experts gather their activation rows into scratch sized up front.
+#[test]
+fn wna16_act_order_apply_does_not_allocate() {
+    let mut rng = SplitMix64::new(91);
+    let layer = wna16_layer(92, (4, 64, 32), 4, Some(32), [true, true]);
+    let moe = layer.moe(*crate::kernels());
+    let mut scratch = moe.scratch(8, 2, 2).unwrap();
+    let mut out = vec![0f32; 8 * 64];
+    for t in [8, 3, 1, 0] {
+        let r = routed(&mut rng, t, 2, |rng| rng.below(4) as i64);
+        let x = rng.vec_uniform(t * 64, -1.0, 1.0);
+        let input = MoeInput {
+            tokens: t,
+            top_k: 2,
+            x: &x,
+            topk_ids: &r.ids,
+            topk_weights: &r.gates,
+        };
+        let before = ALLOCATIONS.with(Cell::get);
+        moe.apply(input, &mut out[..t * 64], &mut scratch, Par::Seq)
             .unwrap();
         let after = ALLOCATIONS.with(Cell::get);
         assert_eq!(after - before, 0, "apply allocated with T = {t}");

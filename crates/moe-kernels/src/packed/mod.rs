@@ -9,10 +9,12 @@
 pub mod dense;
 pub mod w4a8;
 pub mod w8a8;
+pub mod wna16;
 
 pub use dense::PackedDense;
 pub use w4a8::{PackedW4A8, W4A8Scales};
 pub use w8a8::PackedW8A8;
+pub use wna16::{PackedWna16, Wna16Desc, Wna16Scales};
 
 /// Output channels per panel: one 16-lane i32 vector, or two 8-lane ones.
 pub const PANEL: usize = 16;

@@ -10,6 +10,7 @@ pub(crate) mod amx;
 pub(crate) mod avx2;
 pub(crate) mod avx512vnni;
 pub(crate) mod avxvnni;
+mod wna16;
 mod ymm;
 
 use std::sync::OnceLock;
@@ -233,8 +234,12 @@ fn request_tile_permission() -> bool {
 /// The kernel set of rung `isa` if this CPU supports it, built from the rung's token.
 pub(crate) fn kernel_set(isa: crate::Isa) -> Option<crate::KernelSet> {
     match isa {
-        Isa::Avx2 => Avx2::try_new().map(avx2::kernel_set),
-        Isa::AvxVnni => AvxVnni::try_new().map(avxvnni::kernel_set),
+        Isa::Avx2 => Avx2::try_new().map(|t| with_avx2_wna16(avx2::kernel_set(t), t)),
+        Isa::AvxVnni => AvxVnni::try_new().map(|t| {
+            // SAFETY: the AVX-VNNI token includes AVX2.
+            let avx2 = unsafe { Avx2::new_unchecked() };
+            with_avx2_wna16(avxvnni::kernel_set(t), avx2)
+        }),
         Isa::Avx512Vnni => Avx512Vnni::try_new().map(avx512vnni_kernel_set),
         Isa::Amx => Amx::try_new().map(amx::kernel_set).or_else(amx_cost_model),
         _ => None,
@@ -254,6 +259,12 @@ fn amx_cost_model() -> Option<crate::KernelSet> {
     None
 }
 
+/// `ks` with the AVX2 build of the WNA16 body.
+fn with_avx2_wna16(ks: crate::KernelSet, _token: Avx2) -> crate::KernelSet {
+    // SAFETY: the token proves AVX2, all the body needs.
+    unsafe { ks.with_wna16(Isa::Avx2, wna16::panels_avx2) }
+}
+
 /// The AVX-512 VNNI kernels.
 pub(crate) fn avx512vnni_kernel_set(_token: Avx512Vnni) -> crate::KernelSet {
     use crate::ukernel::ActEncoding::{I8CodeWeights, U8Offset128};
@@ -266,13 +277,15 @@ pub(crate) fn avx512vnni_kernel_set(_token: Avx512Vnni) -> crate::KernelSet {
         )
     };
     // SAFETY: the token proves AVX-512 F, all the quantiser needs.
-    unsafe {
+    let ks = unsafe {
         ks.with_act_quant(
             Isa::Avx512Vnni,
             actquant::quantize_row_asym_u8,
             actquant::quantize_row_sym_i8,
         )
-    }
+    };
+    // SAFETY: the token proves AVX-512 F/BW/VL, all the WNA16 body needs.
+    unsafe { ks.with_wna16(Isa::Avx512Vnni, wna16::panels_avx512) }
 }
 
 /// The detected features as `(name, detected)` pairs (AMX availability includes the OS

@@ -31,9 +31,10 @@ pub enum LayerQuant {
     /// f16 is widened to f32 exactly) and run with f32 compute, no activation quantization.
     Unquantized,
     /// Weight-only integers (WNA16: GPTQ or compressed-tensors `pack-quantized`), symmetric,
-    /// 4 or 8 bits, group sizes 32/64/128 or channelwise, optional act-order: repacked into
-    /// Marlin's layout in `process` and run by the CPU Marlin executor with float
-    /// activations and f32 accumulation. Scales must be bf16 or f16.
+    /// 4 or 8 bits, group sizes 32/64/128 or channelwise, optional act-order, float
+    /// activations and f32 accumulation, packed for the native WNA16 kernels in `process`
+    /// (act-order sorted by group once); with the `cpu-wna16` kernel disabled they are
+    /// repacked into Marlin's layout for the CPU Marlin executor. Scales must be bf16 or f16.
     Wna16 {
         /// Bits per code, 4 or 8.
         bits: u32,
@@ -91,7 +92,7 @@ impl LayerQuant {
             Self::W4A8 { .. } => "w4a8-int8",
             Self::Int8Online => "int8-online",
             Self::Unquantized => "unquantized",
-            Self::Wna16 { .. } => "wna16-marlin",
+            Self::Wna16 { .. } => "wna16",
         }
     }
 }

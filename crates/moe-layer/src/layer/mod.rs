@@ -14,8 +14,8 @@
 //! scales) on the packed W4A8 kernels, vLLM's online int8 method (float weights quantized per
 //! row in `process`) on the W8A8 kernels, and unquantized bf16/f16/f32 experts on the dense
 //! f32-compute GEMM (bf16 kept as bf16), and symmetric WNA16 (GPTQ or compressed-tensors
-//! pack-quantized, 4/8 bits, act-order) repacked into Marlin's layout in `process` and run by
-//! the CPU Marlin executor. Shared experts (DeepSeek, Qwen2-MoE with its sigmoid gate) run as a
+//! pack-quantized, 4 or 8 bits, act-order) packed into our panels for the native WNA16 kernels
+//! (the CPU Marlin executor remains the fallback when `cpu-wna16` is disabled). Shared experts (DeepSeek, Qwen2-MoE with its sigmoid gate) run as a
 //! nested one-expert layer added to the routed output. Not yet: expert biases.
 
 mod backend;
@@ -25,6 +25,7 @@ mod from_checkpoint;
 mod marlin;
 mod online;
 mod params;
+mod wna16;
 
 use std::sync::Mutex;
 
@@ -33,7 +34,7 @@ use moe_kernels::marlin::MarlinWeights;
 use moe_kernels::moe::MoeFloat;
 use moe_kernels::{
     ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, MoeInput, MoeScratch, PackedDense,
-    PackedW4A8, PackedW8A8, Par, W4A8Scales,
+    PackedW4A8, PackedW8A8, PackedWna16, Par, W4A8Scales,
 };
 use moe_oracle::Selection;
 use moe_quant::DType;
@@ -68,6 +69,7 @@ enum Experts {
     W8A8(FusedMoe<PackedW8A8>),
     Dense(FusedMoe<PackedDense>),
     Wna16(FusedMoe<MarlinWeights>),
+    Wna16Native(FusedMoe<PackedWna16>),
 }
 
 impl Experts {
@@ -77,6 +79,7 @@ impl Experts {
             Self::W8A8(m) => m.kernels(),
             Self::Dense(m) => m.kernels(),
             Self::Wna16(m) => m.kernels(),
+            Self::Wna16Native(m) => m.kernels(),
         }
     }
 
@@ -91,6 +94,7 @@ impl Experts {
             Self::W8A8(m) => m.scratch(max_tokens, top_k, lanes)?,
             Self::Dense(m) => m.scratch(max_tokens, top_k, lanes)?,
             Self::Wna16(m) => m.scratch(max_tokens, top_k, lanes)?,
+            Self::Wna16Native(m) => m.scratch(max_tokens, top_k, lanes)?,
         })
     }
 
@@ -106,6 +110,7 @@ impl Experts {
             Self::W8A8(m) => m.apply(input, out, scratch, par),
             Self::Dense(m) => m.apply(input, out, scratch, par),
             Self::Wna16(m) => m.apply(input, out, scratch, par),
+            Self::Wna16Native(m) => m.apply(input, out, scratch, par),
         }
     }
 }
@@ -506,6 +511,23 @@ impl MoeLayer {
             LayerQuant::Int8Online => {
                 let (w13, w2) = online::quantize_and_pack(params, h, i)?;
                 Experts::W8A8(FusedMoe::new(
+                    ExpertWeights {
+                        w13,
+                        w2,
+                        w13_bias: None,
+                        w2_bias: None,
+                    },
+                    moe_cfg,
+                    kernels,
+                )?)
+            }
+            LayerQuant::Wna16 {
+                bits,
+                group_size,
+                act_order,
+            } if selection.kernel.id == moe_oracle::KernelId::CpuWna16 => {
+                let (w13, w2) = wna16::pack_layer(params, bits, group_size, act_order, h, i)?;
+                Experts::Wna16Native(FusedMoe::new(
                     ExpertWeights {
                         w13,
                         w2,

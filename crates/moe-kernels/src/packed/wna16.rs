@@ -1,0 +1,603 @@
+//! The packed format of weight-only int4 and int8 experts (WNA16: integer weights, 16-bit group
+//! scales, float activations, f32 compute), built once from unsigned codes.
+//!
+//! Layout (per matrix; `P = ceil(N/16)` panels, `S = ceil(K/T)` steps of `T` K values, `T = 8`
+//! for int4 and 4 for int8, `G` groups per row). A step is one 64-byte vector of 16 `u32`:
+//!
+//! - int4: `codes[(p·S + s)·16 + c]` is channel `16p + c`'s word; its nibble `j` (bits
+//!   `4j..4j+4`) holds the code at K value `8s + j`. With one channel per 32-bit lane, a right
+//!   shift by `4j` followed by a 16-entry table lookup on the low four bits (`vpermps`) turns K
+//!   value `8s + j` of 16 channels into 16 f32 weights.
+//! - int8: byte `16j + c` of step `s` (little-endian bytes of the words) holds the code of
+//!   channel `16p + c` at K value `4s + j`, so K value `j` of 16 channels is 16 consecutive
+//!   bytes (`vpmovzxbd` then `vcvtdq2ps`).
+//! - `scales[(p·G + g)·16 + c]`: the scale of channel `16p + c` in group `g`, kept in the
+//!   precision the caller gave (f16 and bf16 widen to f32 exactly).
+//! - `zeros[(p·G + g)·16 + c]` when the weights are asymmetric; symmetric weights use zero 8
+//!   (int4, the `uint4b8` type) or 128 (int8, `uint8b128`).
+//! - `bias[16p + c]` when present.
+//! - `perm[j]` when the caller's K order was permuted to make groups contiguous (act-order):
+//!   packed K value `j` multiplies activation column `perm[j]`.
+//!
+//! Channels past `N` and K values past `K` hold code 0 and zero scale; the kernels never read
+//! K values past `K` (the last step is processed nibble by nibble).
+//!
+//! A weight is `(code − zero)·scale`; at group size 128 with bf16 scales the int4 format streams
+//! 0.5 bytes of codes plus 1/64 byte of scale per weight.
+
+use half::{bf16, f16};
+
+use super::{PANEL, check_len};
+use crate::KernelError;
+
+/// K values per packed int4 step: eight nibbles in each channel's 32-bit lane.
+pub(crate) const K_STEP: usize = 8;
+
+/// K values per packed int8 step: four rows of 16 channel bytes.
+pub(crate) const K_STEP8: usize = 4;
+
+/// Largest supported K (keeps every index product far from overflow).
+pub const MAX_K: usize = 1 << 24;
+
+/// Group scales of a WNA16 matrix, row-major `[N, G]`, in the checkpoint's precision.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum Wna16Scales<'a> {
+    /// f16 scales.
+    F16(&'a [f16]),
+    /// bf16 scales.
+    Bf16(&'a [bf16]),
+    /// f32 scales.
+    F32(&'a [f32]),
+}
+
+impl Wna16Scales<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Self::F16(s) => s.len(),
+            Self::Bf16(s) => s.len(),
+            Self::F32(s) => s.len(),
+        }
+    }
+
+    fn get(&self, i: usize) -> f32 {
+        match self {
+            Self::F16(s) => s[i].to_f32(),
+            Self::Bf16(s) => s[i].to_f32(),
+            Self::F32(s) => s[i],
+        }
+    }
+}
+
+/// Packed scales, `[P][G][16]`, in their stored precision.
+#[derive(Debug, Clone)]
+pub(crate) enum Wna16ScaleValues {
+    /// f16 scales.
+    F16(Vec<f16>),
+    /// bf16 scales.
+    Bf16(Vec<bf16>),
+    /// f32 scales.
+    F32(Vec<f32>),
+}
+
+/// What [`PackedWna16::pack`] takes: one integer weight matrix `[N, K]` as unsigned codes.
+#[derive(Debug, Clone, Copy)]
+pub struct Wna16Desc<'a> {
+    /// Output channels N.
+    pub n: usize,
+    /// Reduction dimension K.
+    pub k: usize,
+    /// Bits per code: 4 or 8.
+    pub bits: u32,
+    /// Unsigned codes `[N, K]` row-major, each in `0..2^bits`.
+    pub codes: &'a [u8],
+    /// K values per group (a multiple of 8); `None` for one scale per channel.
+    pub group_size: Option<usize>,
+    /// Scales `[N, G]` with `G = ceil(K / group_size)` (1 when channelwise).
+    pub scales: Wna16Scales<'a>,
+    /// Zero points `[N, G]` in `0..2^bits`; `None` means symmetric with zero `2^(bits−1)`.
+    pub zeros: Option<&'a [u8]>,
+    /// f32 bias `[N]`, added to every output row.
+    pub bias: Option<&'a [f32]>,
+    /// Activation column of each K value of `codes` (a permutation of `0..K`), when the codes'
+    /// K order differs from the activations' (act-order checkpoints sorted by group).
+    pub perm: Option<&'a [u32]>,
+}
+
+/// An int4 or int8 weight-only matrix `[N, K]` packed for the WNA16 kernels; immutable once
+/// built.
+#[derive(Debug, Clone)]
+pub struct PackedWna16 {
+    n: usize,
+    k: usize,
+    bits: u32,
+    n_panels: usize,
+    k_steps: usize,
+    group_size: usize,
+    channelwise: bool,
+    n_groups: usize,
+    codes: Vec<u32>,
+    scales: Wna16ScaleValues,
+    zeros: Option<Vec<u8>>,
+    bias: Option<Vec<f32>>,
+    perm: Option<Vec<u32>>,
+}
+
+impl PackedWna16 {
+    /// Validates and packs one matrix.
+    pub fn pack(d: Wna16Desc<'_>) -> Result<Self, KernelError> {
+        let (n, k) = (d.n, d.k);
+        if k == 0 || k > MAX_K {
+            return Err(KernelError::UnsupportedDim {
+                dim: "K",
+                got: k,
+                reason: "K must be in 1..=2^24",
+            });
+        }
+        let nk = n.checked_mul(k).ok_or(KernelError::UnsupportedDim {
+            dim: "N",
+            got: n,
+            reason: "N·K overflows usize",
+        })?;
+        let (k_step, max_code) = match d.bits {
+            4 => (K_STEP, 15),
+            8 => (K_STEP8, 255),
+            bits => {
+                return Err(KernelError::UnsupportedDim {
+                    dim: "bits",
+                    got: bits as usize,
+                    reason: "WNA16 weights have 4 or 8 bits",
+                });
+            }
+        };
+        let group_size = match d.group_size {
+            None => k,
+            Some(g) if g > 0 && g % K_STEP == 0 => g,
+            Some(g) => {
+                return Err(KernelError::UnsupportedDim {
+                    dim: "group_size",
+                    got: g,
+                    reason: "WNA16 group sizes must be positive multiples of 8",
+                });
+            }
+        };
+        let n_groups = k.div_ceil(group_size);
+        check_len("w_int", nk, d.codes.len())?;
+        check_len("scales", n * n_groups, d.scales.len())?;
+        if let Some(z) = d.zeros {
+            check_len("zeros", n * n_groups, z.len())?;
+            check_codes("zeros", z, max_code)?;
+        }
+        if let Some(b) = d.bias {
+            check_len("bias", n, b.len())?;
+            check_finite("bias", b.len(), |i| b[i])?;
+        }
+        check_codes("w_int", d.codes, max_code)?;
+        check_finite("scales", d.scales.len(), |i| d.scales.get(i))?;
+        if let Some(p) = d.perm {
+            check_perm(p, k)?;
+        }
+
+        let n_panels = n.div_ceil(PANEL);
+        let k_steps = k.div_ceil(k_step);
+        let mut codes = vec![0u32; n_panels * k_steps * PANEL];
+        for row in 0..n {
+            let (p, c) = (row / PANEL, row % PANEL);
+            for (col, &code) in d.codes[row * k..][..k].iter().enumerate() {
+                let (word, shift) = code_at(d.bits, c, col);
+                codes[(p * k_steps + col / k_step) * PANEL + word] |= u32::from(code) << shift;
+            }
+        }
+        let sg = n_panels * n_groups * PANEL;
+        let at = |row: usize, g: usize| ((row / PANEL) * n_groups + g) * PANEL + row % PANEL;
+        let scales = match d.scales {
+            Wna16Scales::F16(s) => Wna16ScaleValues::F16(scatter(n, n_groups, sg, s, at)),
+            Wna16Scales::Bf16(s) => Wna16ScaleValues::Bf16(scatter(n, n_groups, sg, s, at)),
+            Wna16Scales::F32(s) => Wna16ScaleValues::F32(scatter(n, n_groups, sg, s, at)),
+        };
+        let zeros = d.zeros.map(|z| scatter(n, n_groups, sg, z, at));
+        let bias = d.bias.map(|b| {
+            let mut v = vec![0f32; n_panels * PANEL];
+            v[..n].copy_from_slice(b);
+            v
+        });
+        Ok(Self {
+            n,
+            k,
+            bits: d.bits,
+            n_panels,
+            k_steps,
+            group_size,
+            channelwise: d.group_size.is_none(),
+            n_groups,
+            codes,
+            scales,
+            zeros,
+            bias,
+            perm: d.perm.map(<[u32]>::to_vec),
+        })
+    }
+
+    /// Output channels N.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Reduction dimension K.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Bits per code, 4 or 8.
+    pub fn bits(&self) -> u32 {
+        self.bits
+    }
+
+    /// K values per group (K when channelwise).
+    pub fn group_size(&self) -> usize {
+        self.group_size
+    }
+
+    /// Whether there is one scale per channel.
+    pub fn is_channelwise(&self) -> bool {
+        self.channelwise
+    }
+
+    /// Whether the weights carry zero points.
+    pub fn is_asymmetric(&self) -> bool {
+        self.zeros.is_some()
+    }
+
+    /// Bytes a GEMM streams: codes, scales, zero points and bias.
+    pub fn packed_bytes(&self) -> usize {
+        let scales = match &self.scales {
+            Wna16ScaleValues::F16(s) => s.len() * 2,
+            Wna16ScaleValues::Bf16(s) => s.len() * 2,
+            Wna16ScaleValues::F32(s) => s.len() * 4,
+        };
+        self.codes.len() * 4
+            + scales
+            + self.zeros.as_ref().map_or(0, Vec::len)
+            + self.bias.as_ref().map_or(0, |b| b.len() * 4)
+    }
+
+    /// The weights back as `(codes [N, K], scales [N, G] as f32, zeros [N, G])`, in the
+    /// packed K order (tests and reports).
+    pub fn unpack(&self) -> (Vec<u8>, Vec<f32>, Vec<u8>) {
+        let (n, k, g) = (self.n, self.k, self.n_groups);
+        let mut codes = vec![0u8; n * k];
+        let mut scales = vec![0f32; n * g];
+        let mut zeros = vec![self.symmetric_zero(); n * g];
+        let k_step = self.k_step();
+        let mask = (1u32 << self.bits) - 1;
+        for row in 0..n {
+            let (p, c) = (row / PANEL, row % PANEL);
+            for col in 0..k {
+                let (word, shift) = code_at(self.bits, c, col);
+                let word = self.codes[(p * self.k_steps + col / k_step) * PANEL + word];
+                codes[row * k + col] = ((word >> shift) & mask) as u8;
+            }
+            for gi in 0..g {
+                let at = (p * g + gi) * PANEL + c;
+                scales[row * g + gi] = self.scale_at(at);
+                if let Some(z) = &self.zeros {
+                    zeros[row * g + gi] = z[at];
+                }
+            }
+        }
+        (codes, scales, zeros)
+    }
+
+    /// The dequantized weights `[N, K]` in f64, columns in activation order: the exact value
+    /// `(code − zero)·scale` of every weight (tests).
+    pub fn dequantize_f64(&self) -> Vec<f64> {
+        let (codes, scales, zeros) = self.unpack();
+        let (n, k, g) = (self.n, self.k, self.n_groups);
+        let mut w = vec![0f64; n * k];
+        for row in 0..n {
+            for col in 0..k {
+                let gi = row * g + col / self.group_size;
+                let v = (f64::from(codes[row * k + col]) - f64::from(zeros[gi]))
+                    * f64::from(scales[gi]);
+                let dst = self.perm.as_ref().map_or(col, |p| p[col] as usize);
+                w[row * k + dst] = v;
+            }
+        }
+        w
+    }
+
+    fn scale_at(&self, at: usize) -> f32 {
+        match &self.scales {
+            Wna16ScaleValues::F16(s) => s[at].to_f32(),
+            Wna16ScaleValues::Bf16(s) => s[at].to_f32(),
+            Wna16ScaleValues::F32(s) => s[at],
+        }
+    }
+
+    /// The zero point of symmetric weights: 8 for int4, 128 for int8.
+    pub(crate) fn symmetric_zero(&self) -> u8 {
+        if self.bits == 4 { 8 } else { 128 }
+    }
+
+    /// K values per packed step.
+    pub(crate) fn k_step(&self) -> usize {
+        if self.bits == 4 { K_STEP } else { K_STEP8 }
+    }
+
+    pub(crate) fn n_panels(&self) -> usize {
+        self.n_panels
+    }
+
+    pub(crate) fn k_steps(&self) -> usize {
+        self.k_steps
+    }
+
+    pub(crate) fn n_groups(&self) -> usize {
+        self.n_groups
+    }
+
+    pub(crate) fn codes(&self) -> &[u32] {
+        &self.codes
+    }
+
+    pub(crate) fn scales(&self) -> &Wna16ScaleValues {
+        &self.scales
+    }
+
+    pub(crate) fn zeros(&self) -> Option<&[u8]> {
+        self.zeros.as_deref()
+    }
+
+    pub(crate) fn bias(&self) -> Option<&[f32]> {
+        self.bias.as_deref()
+    }
+
+    pub(crate) fn perm(&self) -> Option<&[u32]> {
+        self.perm.as_deref()
+    }
+}
+
+/// Where the code of channel `c` (within its panel) at K value `col` lives inside its step:
+/// `(word, bit shift)`.
+fn code_at(bits: u32, c: usize, col: usize) -> (usize, u32) {
+    if bits == 4 {
+        (c, 4 * (col % K_STEP) as u32)
+    } else {
+        let byte = (col % K_STEP8) * PANEL + c;
+        (byte / 4, 8 * (byte % 4) as u32)
+    }
+}
+
+/// Copies `[N, G]` values into the `[P][G][16]` layout (padding stays default).
+fn scatter<T: Copy + Default>(
+    n: usize,
+    g: usize,
+    len: usize,
+    src: &[T],
+    at: impl Fn(usize, usize) -> usize,
+) -> Vec<T> {
+    let mut v = vec![T::default(); len];
+    for row in 0..n {
+        for gi in 0..g {
+            v[at(row, gi)] = src[row * g + gi];
+        }
+    }
+    v
+}
+
+/// Refuses codes above `max`.
+fn check_codes(tensor: &'static str, v: &[u8], max: u8) -> Result<(), KernelError> {
+    match v.iter().position(|&c| c > max) {
+        Some(index) => Err(KernelError::ValueOutOfRange {
+            tensor,
+            index,
+            value: i64::from(v[index]),
+            min: 0,
+            max: i64::from(max),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Refuses NaN and infinities.
+fn check_finite(
+    tensor: &'static str,
+    len: usize,
+    v: impl Fn(usize) -> f32,
+) -> Result<(), KernelError> {
+    match (0..len).find(|&i| !v(i).is_finite()) {
+        Some(index) => Err(KernelError::NonFiniteWeight {
+            tensor,
+            index,
+            value: v(index).to_string(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Refuses anything but a permutation of `0..k`.
+fn check_perm(p: &[u32], k: usize) -> Result<(), KernelError> {
+    check_len("perm", k, p.len())?;
+    let mut seen = vec![false; k];
+    for (index, &v) in p.iter().enumerate() {
+        let v = v as usize;
+        if v >= k || seen[v] {
+            return Err(KernelError::ValueOutOfRange {
+                tensor: "perm",
+                index,
+                value: v as i64,
+                min: 0,
+                max: k as i64 - 1,
+            });
+        }
+        seen[v] = true;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use moe_testutil::SplitMix64;
+
+    fn desc<'a>(
+        n: usize,
+        k: usize,
+        codes: &'a [u8],
+        g: Option<usize>,
+        s: &'a [bf16],
+    ) -> Wna16Desc<'a> {
+        Wna16Desc {
+            n,
+            k,
+            bits: 4,
+            codes,
+            group_size: g,
+            scales: Wna16Scales::Bf16(s),
+            zeros: None,
+            bias: None,
+            perm: None,
+        }
+    }
+
+    #[test]
+    fn unpack_inverts_pack_on_ragged_shapes() {
+        let mut rng = SplitMix64::new(3);
+        let shapes: [(usize, usize, Option<usize>); 4] = [
+            (1, 1, None),
+            (17, 35, Some(16)),
+            (33, 64, Some(32)),
+            (5, 130, Some(64)),
+        ];
+        for ((n, k, g), bits) in shapes.into_iter().flat_map(|s| [(s, 4), (s, 8)]) {
+            let groups = g.map_or(1, |g| k.div_ceil(g));
+            let levels = 1u64 << bits;
+            let codes: Vec<u8> = (0..n * k)
+                .map(|_| (rng.next_u64() % levels) as u8)
+                .collect();
+            let zeros: Vec<u8> = (0..n * groups)
+                .map(|_| (rng.next_u64() % levels) as u8)
+                .collect();
+            let scales: Vec<f16> = (0..n * groups)
+                .map(|i| f16::from_f32(0.01 + i as f32 * 1e-3))
+                .collect();
+            let p = PackedWna16::pack(Wna16Desc {
+                n,
+                k,
+                bits,
+                codes: &codes,
+                group_size: g,
+                scales: Wna16Scales::F16(&scales),
+                zeros: Some(&zeros),
+                bias: None,
+                perm: None,
+            })
+            .unwrap();
+            let (c, s, z) = p.unpack();
+            assert_eq!(c, codes);
+            assert_eq!(z, zeros);
+            let want: Vec<f32> = scales.iter().map(|v| v.to_f32()).collect();
+            assert_eq!(s, want);
+            assert_eq!(p.n_groups(), groups);
+        }
+    }
+
+    #[test]
+    fn bad_inputs_are_typed_errors() {
+        let s = [bf16::ONE; 4];
+        let c = [0u8; 16];
+        assert!(matches!(
+            PackedWna16::pack(desc(2, 0, &[], None, &s[..2])),
+            Err(KernelError::UnsupportedDim { dim: "K", .. })
+        ));
+        assert!(matches!(
+            PackedWna16::pack(desc(2, 8, &c, Some(12), &s)),
+            Err(KernelError::UnsupportedDim {
+                dim: "group_size",
+                got: 12,
+                ..
+            })
+        ));
+        assert!(matches!(
+            PackedWna16::pack(desc(2, 8, &c[..15], None, &s[..2])),
+            Err(KernelError::LengthMismatch {
+                tensor: "w_int",
+                expected: 16,
+                got: 15
+            })
+        ));
+        assert!(matches!(
+            PackedWna16::pack(desc(2, 8, &c, None, &s)),
+            Err(KernelError::LengthMismatch {
+                tensor: "scales",
+                expected: 2,
+                got: 4
+            })
+        ));
+        let mut bad = c;
+        bad[5] = 16;
+        assert!(matches!(
+            PackedWna16::pack(desc(2, 8, &bad, None, &s[..2])),
+            Err(KernelError::ValueOutOfRange {
+                tensor: "w_int",
+                index: 5,
+                value: 16,
+                ..
+            })
+        ));
+        let mut d = desc(2, 8, &c, None, &s[..2]);
+        d.bits = 3;
+        assert!(matches!(
+            PackedWna16::pack(d),
+            Err(KernelError::UnsupportedDim {
+                dim: "bits",
+                got: 3,
+                ..
+            })
+        ));
+        let nan = [bf16::NAN, bf16::ONE];
+        assert!(matches!(
+            PackedWna16::pack(desc(2, 8, &c, None, &nan)),
+            Err(KernelError::NonFiniteWeight {
+                tensor: "scales",
+                index: 0,
+                ..
+            })
+        ));
+        let zeros = [3u8, 99];
+        let mut d = desc(2, 8, &c, None, &s[..2]);
+        d.zeros = Some(&zeros);
+        assert!(matches!(
+            PackedWna16::pack(d),
+            Err(KernelError::ValueOutOfRange {
+                tensor: "zeros",
+                index: 1,
+                ..
+            })
+        ));
+        let mut d = desc(2, 8, &c, None, &s[..2]);
+        d.bias = Some(&[0.0]);
+        assert!(matches!(
+            PackedWna16::pack(d),
+            Err(KernelError::LengthMismatch { tensor: "bias", .. })
+        ));
+        let perm = [0u32, 1, 2, 3, 4, 5, 6, 6];
+        let mut d = desc(2, 8, &c, None, &s[..2]);
+        d.perm = Some(&perm);
+        assert!(matches!(
+            PackedWna16::pack(d),
+            Err(KernelError::ValueOutOfRange {
+                tensor: "perm",
+                index: 7,
+                value: 6,
+                ..
+            })
+        ));
+        let mut d = desc(2, 8, &c, None, &s[..2]);
+        d.perm = Some(&perm[..3]);
+        assert!(matches!(
+            PackedWna16::pack(d),
+            Err(KernelError::LengthMismatch { tensor: "perm", .. })
+        ));
+    }
+}

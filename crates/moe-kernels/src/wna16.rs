@@ -1,0 +1,532 @@
+//! The weight-only int4/int8 GEMM (WNA16): `out[M, N] = x[M, K] · wᵀ (+ bias)` on
+//! [`PackedWna16`] weights, f32 activations, f32 compute, no activation quantization.
+//!
+//! The definition (the scalar reference, [`wna16_reference`]): for each row and channel,
+//! `out = Σ_g s_g · (Σ_{k ∈ g} x[k]·(c_k − z_g)) (+ bias)`. Each group's partial sum starts at 0
+//! and adds `x·(c − z)` in ascending packed K order (a multiply, then an add); the group sums are
+//! then added in ascending group order into an accumulator starting at 0 (`acc + part·s`, a
+//! multiply, then an add), and the bias is added last. `c − z` is an exact small integer in f32.
+//!
+//! The portable body computes exactly these operations in exactly this order, one lane per
+//! channel, so its scalar build and its AVX2+FMA build (the compiler never contracts a
+//! separate multiply and add) equal the reference bit for bit. The AVX-512 body
+//! (`x86::wna16`) fuses every multiply-add (`vfmadd`), which rounds once where the reference
+//! rounds twice: its outputs differ from the reference by a few units in the last place of the
+//! magnitudes summed, and the tests bound the difference by `1e-5·Σ|x·w|`.
+//!
+//! Output channels are split over threads by panel and every output is computed by one thread
+//! in a fixed order, so results never depend on the thread count.
+
+use std::ops::Range;
+
+use half::{bf16, f16};
+
+use crate::gemm::split_panels;
+use crate::packed::wna16::{K_STEP, K_STEP8, Wna16ScaleValues};
+use crate::packed::{PANEL, PackedWna16, check_len};
+use crate::{GemmScratch, Isa, KernelError, KernelSet, Par};
+
+/// Rows per register tile of the portable body.
+const MR: usize = 4;
+
+/// One WNA16 GEMM as the bodies see it.
+pub(crate) struct Wna16Job<'a> {
+    /// The weights.
+    pub(crate) w: &'a PackedWna16,
+    /// Rows.
+    pub(crate) m: usize,
+    /// Activations `[m, K]`, already in the packed K order.
+    pub(crate) x: &'a [f32],
+    /// Output `[m, N]`.
+    pub(crate) out: *mut f32,
+}
+
+// SAFETY: the raw output pointer is only written through by bodies working on disjoint panel
+// ranges (the split), so sharing the job between threads creates no data race.
+unsafe impl Sync for Wna16Job<'_> {}
+
+/// A rung's entry point for the WNA16 GEMM over a range of panels.
+///
+/// # Safety (for callers)
+/// - The CPU supports the entry's rung; `job.x` holds `m·K` values; `job.out` is valid for
+///   writes of rows `0..m` in the channels of `panels`, which no other thread accesses
+///   meanwhile; `panels` lies within `0..w.n_panels()`.
+pub(crate) type Wna16PanelsFn = unsafe fn(&Wna16Job<'_>, Range<usize>);
+
+/// A scale element the bodies widen to f32 (exactly).
+pub(crate) trait Widen: Copy + Send + Sync {
+    fn widen(self) -> f32;
+}
+
+impl Widen for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+}
+
+impl Widen for bf16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        f32::from_bits(u32::from(self.to_bits()) << 16)
+    }
+}
+
+impl Widen for f16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+}
+
+/// Computes rows `m0..m0 + R` of panel `p` in the reference order (`BITS` = 4 or 8).
+#[inline(always)]
+fn tile<S: Widen, const BITS: u32, const ASYM: bool, const R: usize>(
+    job: &Wna16Job<'_>,
+    scales: &[S],
+    p: usize,
+    m0: usize,
+) {
+    let w = job.w;
+    let (k, ks, ng, gs) = (w.k(), w.k_steps(), w.n_groups(), w.group_size());
+    let (steps, _) = w.codes()[p * ks * PANEL..][..ks * PANEL].as_chunks::<PANEL>();
+    let (gscales, _) = scales[p * ng * PANEL..][..ng * PANEL].as_chunks::<PANEL>();
+    let zeros = w
+        .zeros()
+        .map(|z| z[p * ng * PANEL..][..ng * PANEL].as_chunks::<PANEL>().0);
+    let rows: [&[f32]; R] = std::array::from_fn(|r| &job.x[(m0 + r) * k..][..k]);
+    let mut acc = [[0f32; PANEL]; R];
+    for g in 0..ng {
+        let kr = g * gs..k.min((g + 1) * gs);
+        let zero: [f32; PANEL] = match zeros {
+            Some(z) if ASYM => std::array::from_fn(|c| f32::from(z[g][c])),
+            _ => [if BITS == 4 { 8.0 } else { 128.0 }; PANEL],
+        };
+        let mut part = [[0f32; PANEL]; R];
+        for kk in kr {
+            let wv: [f32; PANEL] = if BITS == 4 {
+                let step = &steps[kk / K_STEP];
+                let shift = 4 * (kk % K_STEP) as u32;
+                std::array::from_fn(|c| ((step[c] >> shift) & 0xF) as f32 - zero[c])
+            } else {
+                // K value `j` of the step is 16 bytes: four words of four channels each.
+                let step = &steps[kk / K_STEP8];
+                let words = &step[(kk % K_STEP8) * 4..][..4];
+                std::array::from_fn(|c| ((words[c / 4] >> (8 * (c % 4))) & 0xFF) as f32 - zero[c])
+            };
+            for r in 0..R {
+                let xv = rows[r][kk];
+                for c in 0..PANEL {
+                    part[r][c] += xv * wv[c];
+                }
+            }
+        }
+        let s: [f32; PANEL] = std::array::from_fn(|c| gscales[g][c].widen());
+        for r in 0..R {
+            for c in 0..PANEL {
+                acc[r][c] += part[r][c] * s[c];
+            }
+        }
+    }
+    if let Some(b) = w.bias() {
+        let b = &b[p * PANEL..][..PANEL];
+        for acc_row in acc.iter_mut() {
+            for c in 0..PANEL {
+                acc_row[c] += b[c];
+            }
+        }
+    }
+    let valid = PANEL.min(w.n() - p * PANEL);
+    for (r, acc_row) in acc.iter().enumerate() {
+        let at = (m0 + r) * w.n() + p * PANEL;
+        for (c, v) in acc_row.iter().enumerate().take(valid) {
+            // SAFETY: row `m0 + r < m` and channel `16p + c < N` address an element of the
+            // caller's `m·N` output that belongs to this panel alone (disjoint split).
+            unsafe { job.out.wrapping_add(at + c).write(*v) };
+        }
+    }
+}
+
+/// Walks the row tiles of `panels` for one code width, scale type and symmetry.
+#[inline(always)]
+fn panels_typed<S: Widen, const BITS: u32, const ASYM: bool>(
+    job: &Wna16Job<'_>,
+    s: &[S],
+    panels: Range<usize>,
+) {
+    for p in panels {
+        let mut m0 = 0;
+        while m0 < job.m {
+            match job.m - m0 {
+                1 => tile::<S, BITS, ASYM, 1>(job, s, p, m0),
+                2 => tile::<S, BITS, ASYM, 2>(job, s, p, m0),
+                3 => tile::<S, BITS, ASYM, 3>(job, s, p, m0),
+                _ => tile::<S, BITS, ASYM, MR>(job, s, p, m0),
+            }
+            m0 += MR.min(job.m - m0);
+        }
+    }
+}
+
+/// Picks the code width and symmetry for one scale type.
+#[inline(always)]
+fn panels_scaled<S: Widen>(job: &Wna16Job<'_>, s: &[S], panels: Range<usize>) {
+    match (job.w.bits(), job.w.zeros().is_some()) {
+        (4, false) => panels_typed::<S, 4, false>(job, s, panels),
+        (4, true) => panels_typed::<S, 4, true>(job, s, panels),
+        (_, false) => panels_typed::<S, 8, false>(job, s, panels),
+        (_, true) => panels_typed::<S, 8, true>(job, s, panels),
+    }
+}
+
+/// The portable body: every code width, scale type and symmetry.
+#[inline(always)]
+pub(crate) fn panels_body(job: &Wna16Job<'_>, panels: Range<usize>) {
+    match job.w.scales() {
+        Wna16ScaleValues::F16(s) => panels_scaled(job, s, panels),
+        Wna16ScaleValues::Bf16(s) => panels_scaled(job, s, panels),
+        Wna16ScaleValues::F32(s) => panels_scaled(job, s, panels),
+    }
+}
+
+/// The portable entry (the scalar rung, and every rung without a body of its own).
+///
+/// # Safety
+/// - As [`Wna16PanelsFn`]; it needs no CPU feature.
+pub(crate) unsafe fn panels_portable(job: &Wna16Job<'_>, panels: Range<usize>) {
+    panels_body(job, panels);
+}
+
+/// `out[M, N] = x[M, K] · wᵀ (+ bias)` in f32 with the kernels of `ks` (see the module docs).
+///
+/// Act-order weights gather each row's activations into the packed K order in `scratch`
+/// first (grown once, then reused). NaN and infinities in `x` propagate to the outputs they
+/// touch.
+pub fn wna16_gemm(
+    ks: &KernelSet,
+    m: usize,
+    x: &[f32],
+    w: &PackedWna16,
+    out: &mut [f32],
+    scratch: &mut GemmScratch,
+    par: Par,
+) -> Result<(), KernelError> {
+    let (n, k) = (w.n(), w.k());
+    check_len("x", m.saturating_mul(k), x.len())?;
+    check_len("out", m.saturating_mul(n), out.len())?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let x = match w.perm() {
+        Some(perm) => {
+            let xp = scratch.f32_rows(m * k);
+            for (dst, src) in xp.chunks_exact_mut(k).zip(x.chunks_exact(k)) {
+                for (d, &j) in dst.iter_mut().zip(perm) {
+                    *d = src[j as usize];
+                }
+            }
+            &*xp
+        }
+        None => x,
+    };
+    let job = Wna16Job {
+        w,
+        m,
+        x,
+        out: out.as_mut_ptr(),
+    };
+    let entry = ks.wna16_entry();
+    split_panels(w.n_panels(), par, m * n * k, |panels| {
+        // SAFETY: the set registered `entry` with its rung's token (or it is the portable
+        // one), `x` holds `m·K` values (checked or gathered above), `out` holds `m·N` and
+        // `split_panels` hands every panel to exactly one call.
+        unsafe { entry(&job, panels) }
+    });
+    Ok(())
+}
+
+/// The rung whose code runs the WNA16 GEMM with kernel set `ks` (reports).
+pub fn wna16_isa(ks: &KernelSet) -> Isa {
+    ks.wna16_isa()
+}
+
+/// The literal definition of the module docs on the unpacked weights (the oracle of the tests).
+pub fn wna16_reference(m: usize, x: &[f32], w: &PackedWna16) -> Vec<f32> {
+    let (n, k, gs) = (w.n(), w.k(), w.group_size());
+    let (codes, scales, zeros) = w.unpack();
+    let ng = w.n_groups();
+    let bias = w.bias();
+    let mut out = vec![0f32; m * n];
+    for r in 0..m {
+        let xr = &x[r * k..][..k];
+        for c in 0..n {
+            let mut acc = 0f32;
+            for g in 0..ng {
+                let z = f32::from(zeros[c * ng + g]);
+                let mut part = 0f32;
+                for kk in g * gs..k.min((g + 1) * gs) {
+                    let xv = w.perm().map_or(xr[kk], |p| xr[p[kk] as usize]);
+                    part += xv * (f32::from(codes[c * k + kk]) - z);
+                }
+                acc += part * scales[c * ng + g];
+            }
+            if let Some(b) = bias {
+                acc += b[c];
+            }
+            out[r * n + c] = acc;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packed::wna16::{Wna16Desc, Wna16Scales};
+    use moe_testutil::SplitMix64;
+
+    /// Random weights of every kind for one shape.
+    struct Case {
+        n: usize,
+        k: usize,
+        g: Option<usize>,
+        codes: Vec<u8>,
+        zeros: Vec<u8>,
+        s16: Vec<f16>,
+        sb: Vec<bf16>,
+        s32: Vec<f32>,
+        bias: Vec<f32>,
+        perm: Vec<u32>,
+        codes8: Vec<u8>,
+        zeros8: Vec<u8>,
+    }
+
+    impl Case {
+        fn new(rng: &mut SplitMix64, n: usize, k: usize, g: Option<usize>) -> Self {
+            let ng = g.map_or(1, |g| k.div_ceil(g));
+            let codes = (0..n * k).map(|_| rng.below(16) as u8).collect();
+            let zeros = (0..n * ng).map(|_| rng.below(16) as u8).collect();
+            let s32: Vec<f32> = rng.vec_uniform(n * ng, 0.001, 0.05);
+            let s16 = s32.iter().map(|&v| f16::from_f32(v)).collect();
+            let sb = s32.iter().map(|&v| bf16::from_f32(v)).collect();
+            let bias = rng.vec_uniform(n, -1.0, 1.0);
+            let mut perm: Vec<u32> = (0..k as u32).collect();
+            for i in (1..k).rev() {
+                perm.swap(i, rng.below(i + 1));
+            }
+            let codes8 = (0..n * k).map(|_| rng.below(256) as u8).collect();
+            let zeros8 = (0..n * ng).map(|_| rng.below(256) as u8).collect();
+            Self {
+                codes8,
+                zeros8,
+                n,
+                k,
+                g,
+                codes,
+                zeros,
+                s16,
+                sb,
+                s32,
+                bias,
+                perm,
+            }
+        }
+
+        /// Every variant: bits × scale dtype × symmetry × bias and permutation.
+        fn variants(&self) -> Vec<PackedWna16> {
+            let mut all = Vec::new();
+            for variant in 0..24 {
+                let (bits, codes, zeros) = if variant < 12 {
+                    (4, &self.codes, &self.zeros)
+                } else {
+                    (8, &self.codes8, &self.zeros8)
+                };
+                let scales = match variant % 3 {
+                    0 => Wna16Scales::Bf16(&self.sb),
+                    1 => Wna16Scales::F16(&self.s16),
+                    _ => Wna16Scales::F32(&self.s32),
+                };
+                let asym = variant / 3 % 2 == 1;
+                let extras = variant / 6 % 2 == 1;
+                all.push(
+                    PackedWna16::pack(Wna16Desc {
+                        n: self.n,
+                        k: self.k,
+                        bits,
+                        codes,
+                        group_size: self.g,
+                        scales,
+                        zeros: asym.then_some(&zeros[..]),
+                        bias: extras.then_some(&self.bias[..]),
+                        perm: extras.then_some(&self.perm[..]),
+                    })
+                    .unwrap(),
+                );
+            }
+            all
+        }
+    }
+
+    fn sets() -> Vec<KernelSet> {
+        let mut sets = vec![KernelSet::scalar()];
+        sets.extend(
+            crate::available_isas()
+                .into_iter()
+                .filter_map(KernelSet::for_isa),
+        );
+        sets
+    }
+
+    /// `Σ_k |x·w|` per output: the magnitude the tolerance scales with.
+    fn magnitudes(m: usize, x: &[f32], w: &PackedWna16) -> Vec<f64> {
+        let (n, k) = (w.n(), w.k());
+        let wd = w.dequantize_f64();
+        let mut out = vec![0f64; m * n];
+        for r in 0..m {
+            for c in 0..n {
+                out[r * n + c] = (0..k)
+                    .map(|kk| (f64::from(x[r * k + kk]) * wd[c * k + kk]).abs())
+                    .sum::<f64>()
+                    + w.bias().map_or(0.0, |b| f64::from(b[c]).abs());
+            }
+        }
+        out
+    }
+
+    /// The f64 product of the dequantized weights.
+    fn f64_reference(m: usize, x: &[f32], w: &PackedWna16) -> Vec<f64> {
+        let (n, k) = (w.n(), w.k());
+        let wd = w.dequantize_f64();
+        let mut out = vec![0f64; m * n];
+        for r in 0..m {
+            for c in 0..n {
+                out[r * n + c] = (0..k)
+                    .map(|kk| f64::from(x[r * k + kk]) * wd[c * k + kk])
+                    .sum::<f64>()
+                    + w.bias().map_or(0.0, |b| f64::from(b[c]));
+            }
+        }
+        out
+    }
+
+    const SHAPES: &[(usize, usize, usize, Option<usize>)] = &[
+        (0, 5, 8, None),
+        (1, 1, 1, None),
+        (1, 17, 33, Some(32)),
+        (2, 16, 64, Some(32)),
+        (3, 31, 100, Some(64)),
+        (5, 33, 70, Some(8)),
+        (8, 16, 128, Some(128)),
+        (9, 47, 129, Some(32)),
+        (17, 20, 257, Some(128)),
+        (12, 48, 96, None),
+    ];
+
+    /// Every rung against the scalar reference (portable bodies bit for bit, FMA bodies within
+    /// `1e-5·Σ|x·w|`) and the f64 product (within `1e-5·Σ|x·w|`), both `Par` modes.
+    #[test]
+    fn every_rung_matches_the_reference() {
+        let mut rng = SplitMix64::new(11);
+        for &(m, n, k, g) in SHAPES {
+            let case = Case::new(&mut rng, n, k, g);
+            let x = rng.vec_uniform(m * k, -2.0, 2.0);
+            for w in case.variants() {
+                let want = wna16_reference(m, &x, &w);
+                let exact = f64_reference(m, &x, &w);
+                let mag = magnitudes(m, &x, &w);
+                for (i, (&a, &b)) in want.iter().zip(&exact).enumerate() {
+                    assert!(
+                        (f64::from(a) - b).abs() <= 1e-5 * mag[i] + 1e-30,
+                        "reference vs f64 m={m} n={n} k={k}"
+                    );
+                }
+                for ks in &sets() {
+                    let fused = ks.wna16_isa() != Isa::Scalar && ks.wna16_isa() != Isa::Avx2;
+                    for par in [Par::Seq, Par::Rayon] {
+                        let mut out = vec![f32::NAN; m * n];
+                        let mut scratch = GemmScratch::new();
+                        wna16_gemm(ks, m, &x, &w, &mut out, &mut scratch, par).unwrap();
+                        for (i, (&a, &b)) in out.iter().zip(&want).enumerate() {
+                            let ok = if fused {
+                                f64::from((a - b).abs()) <= 1e-5 * mag[i] + 1e-30
+                            } else {
+                                a.to_bits() == b.to_bits()
+                            };
+                            assert!(
+                                ok,
+                                "{} m={m} n={n} k={k} g={g:?} bits={} asym={} i={i}: {a} vs {b}",
+                                ks.wna16_isa(),
+                                w.bits(),
+                                w.is_asymmetric()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The split over threads changes nothing, bit for bit, on a shape large enough to split.
+    #[cfg(feature = "rayon")]
+    #[test]
+    fn thread_count_does_not_change_results() {
+        let mut rng = SplitMix64::new(5);
+        let (m, n, k) = (7, 160, 512);
+        let case = Case::new(&mut rng, n, k, Some(128));
+        let x = rng.vec_uniform(m * k, -1.0, 1.0);
+        for w in case.variants() {
+            for ks in &sets() {
+                let mut seq = vec![0f32; m * n];
+                let mut scratch = GemmScratch::new();
+                wna16_gemm(ks, m, &x, &w, &mut seq, &mut scratch, Par::Seq).unwrap();
+                for threads in [2, 3] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    let mut par = vec![0f32; m * n];
+                    pool.install(|| {
+                        wna16_gemm(ks, m, &x, &w, &mut par, &mut scratch, Par::Rayon).unwrap()
+                    });
+                    assert_eq!(seq, par, "{} threads={threads}", ks.wna16_isa());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn wrong_lengths_are_typed_errors() {
+        let s = [bf16::ONE; 2];
+        let w = PackedWna16::pack(Wna16Desc {
+            n: 2,
+            k: 3,
+            bits: 4,
+            codes: &[8; 6],
+            group_size: None,
+            scales: Wna16Scales::Bf16(&s),
+            zeros: None,
+            bias: None,
+            perm: None,
+        })
+        .unwrap();
+        let ks = KernelSet::scalar();
+        let mut out = vec![0f32; 4];
+        let mut scratch = GemmScratch::new();
+        assert!(matches!(
+            wna16_gemm(&ks, 2, &[0.0; 5], &w, &mut out, &mut scratch, Par::Seq),
+            Err(KernelError::LengthMismatch {
+                tensor: "x",
+                expected: 6,
+                got: 5
+            })
+        ));
+        assert!(matches!(
+            wna16_gemm(&ks, 2, &[0.0; 6], &w, &mut out[..3], &mut scratch, Par::Seq),
+            Err(KernelError::LengthMismatch {
+                tensor: "out",
+                expected: 4,
+                got: 3
+            })
+        ));
+    }
+}

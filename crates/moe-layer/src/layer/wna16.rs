@@ -1,0 +1,179 @@
+//! `process` for WNA16 layers on the native kernels: the loaded signed codes and scales are
+//! packed per expert into [`PackedWna16`] (4-bit codes offset by 8, the `uint4b8` zero, 8-bit
+//! ones by 128, `uint8b128`; scales in the dtype the checkpoint stored them in).
+//!
+//! Act-order checkpoints give every input row a group (`g_idx`) in any order. Packing sorts the
+//! input rows by group once (stable, so rows of a group keep their order), which makes every
+//! group a contiguous run of K values again; the packed matrix keeps the permutation and the
+//! GEMM gathers each activation row into that order. The sorted groups must each hold exactly
+//! `group_size` rows (the last one the remainder), as GPTQ's act-order produces.
+
+use half::{bf16, f16};
+use moe_kernels::{PackedWna16, Wna16Desc, Wna16Scales};
+use moe_quant::DType;
+
+use super::params::Params;
+use crate::LayerError;
+
+/// One projection's tensors, as the packer reads them.
+struct Projection<'a> {
+    name: &'static str,
+    codes: &'a [i8],
+    scales: &'a [f32],
+    g_idx: &'a [i32],
+    n: usize,
+    k: usize,
+}
+
+/// Packs both projections of every local expert.
+pub(crate) fn pack_layer(
+    params: &Params,
+    bits: u32,
+    group_size: Option<usize>,
+    act_order: bool,
+    h: usize,
+    i: usize,
+) -> Result<(Vec<PackedWna16>, Vec<PackedWna16>), LayerError> {
+    let dtype = params.scale_dtype.unwrap_or(DType::BF16);
+    if !matches!(dtype, DType::F16 | DType::BF16 | DType::F32) {
+        return Err(LayerError::ParamDtype {
+            tensor: "weight_scale".into(),
+            expected: "f16, bf16 or f32".into(),
+            actual: format!("{dtype:?}"),
+        });
+    }
+    let e = params.w2.len() / (h * i);
+    let act_order = act_order && group_size.is_some();
+    let w13 = Projection {
+        name: "w13_weight",
+        codes: &params.w13,
+        scales: &params.w13_scale,
+        g_idx: &params.w13_g_idx,
+        n: 2 * i,
+        k: h,
+    };
+    let w2 = Projection {
+        name: "w2_weight",
+        codes: &params.w2,
+        scales: &params.w2_scale,
+        g_idx: &params.w2_g_idx,
+        n: h,
+        k: i,
+    };
+    let pack = |p: &Projection<'_>| -> Result<Vec<PackedWna16>, LayerError> {
+        (0..e)
+            .map(|x| pack_expert(p, x, bits, group_size, act_order, dtype))
+            .collect()
+    };
+    Ok((pack(&w13)?, pack(&w2)?))
+}
+
+/// Packs expert `x` of one projection.
+fn pack_expert(
+    p: &Projection<'_>,
+    x: usize,
+    bits: u32,
+    group_size: Option<usize>,
+    act_order: bool,
+    dtype: DType,
+) -> Result<PackedWna16, LayerError> {
+    let (n, k) = (p.n, p.k);
+    let groups = group_size.map_or(1, |g| k.div_ceil(g));
+    let codes = &p.codes[x * n * k..][..n * k];
+    let scales = &p.scales[x * n * groups..][..n * groups];
+    let perm = match group_size {
+        Some(gs) if act_order => Some(sort_by_group(p, x, gs, groups)?),
+        _ => None,
+    };
+    let offset: i16 = if bits == 4 { 8 } else { 128 };
+    let max = 2 * offset - 1;
+    let mut unsigned = vec![0u8; n * k];
+    for row in 0..n {
+        let src = &codes[row * k..][..k];
+        let dst = &mut unsigned[row * k..][..k];
+        for (j, d) in dst.iter_mut().enumerate() {
+            let col = perm.as_ref().map_or(j, |perm| perm[j] as usize);
+            let code = i16::from(src[col]) + offset;
+            if !(0..=max).contains(&code) {
+                return Err(LayerError::ParamValue {
+                    tensor: p.name.into(),
+                    index: (x * n + row) * k + col,
+                    value: f64::from(src[col]),
+                    reason: "codes must lie in [-2^(bits-1), 2^(bits-1))",
+                });
+            }
+            *d = code as u8;
+        }
+    }
+    // The scales were loaded from `dtype`, so narrowing them back is exact.
+    let (s16, sb16);
+    let scales = match dtype {
+        DType::F16 => {
+            s16 = scales.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>();
+            Wna16Scales::F16(&s16)
+        }
+        DType::BF16 => {
+            sb16 = scales
+                .iter()
+                .map(|&v| bf16::from_f32(v))
+                .collect::<Vec<_>>();
+            Wna16Scales::Bf16(&sb16)
+        }
+        _ => Wna16Scales::F32(scales),
+    };
+    Ok(PackedWna16::pack(Wna16Desc {
+        n,
+        k,
+        bits,
+        codes: &unsigned,
+        group_size,
+        scales,
+        zeros: None,
+        bias: None,
+        perm: perm.as_deref(),
+    })?)
+}
+
+/// The input rows of expert `x` sorted by group (stable); refuses a `g_idx` whose groups are
+/// not `group_size` rows each.
+fn sort_by_group(
+    p: &Projection<'_>,
+    x: usize,
+    gs: usize,
+    groups: usize,
+) -> Result<Vec<u32>, LayerError> {
+    let k = p.k;
+    let g_idx = p
+        .g_idx
+        .get(x * k..(x + 1) * k)
+        .ok_or(LayerError::ParamShape {
+            tensor: format!("{}_g_idx", p.name),
+            expected: vec![k],
+            actual: vec![p.g_idx.len().saturating_sub(x * k)],
+        })?;
+    let mut counts = vec![0usize; groups];
+    for (index, &g) in g_idx.iter().enumerate() {
+        match usize::try_from(g).ok().filter(|&g| g < groups) {
+            Some(g) => counts[g] += 1,
+            None => {
+                return Err(LayerError::ParamValue {
+                    tensor: format!("{}_g_idx", p.name),
+                    index: x * k + index,
+                    value: f64::from(g),
+                    reason: "group index outside 0..K/group_size",
+                });
+            }
+        }
+    }
+    if let Some(g) = (0..groups).find(|&g| counts[g] != gs.min(k - g * gs)) {
+        return Err(LayerError::ParamValue {
+            tensor: format!("{}_g_idx", p.name),
+            index: x * k,
+            value: g as f64,
+            reason: "act-order groups must each hold group_size input rows",
+        });
+    }
+    let mut perm: Vec<u32> = (0..k as u32).collect();
+    perm.sort_by_key(|&r| g_idx[r as usize]);
+    Ok(perm)
+}

@@ -1,0 +1,159 @@
+//! WNA16 checkpoints written by the test (4-bit GPTQ, GPTQ with act-order, compressed-tensors
+//! pack-quantized, and 8-bit GPTQ) load onto the native WNA16 kernels and compute the MoE block of their
+//! exactly dequantized weights: the layer's f32 output is compared with an f64 evaluation of
+//! the same routing, gated SiLU MLPs and weighted sum.
+#![cfg(feature = "checkpoint")]
+
+mod checkpoint_support;
+
+use checkpoint_support::{Ckpt, E, Fmt, G, H, I, Proj, temp_dir};
+use moe_layer::MoeLayer;
+use moe_layer::checkpoint::{Checkpoint, ShardAccess};
+use moe_router::Logits;
+use moe_testutil::SplitMix64;
+use serde_json::json;
+
+const TOP_K: usize = 2;
+
+/// `x · Wᵀ` in f64 for one projection whose column `k` uses group `group(k)`.
+fn matvec(p: &Proj, x: &[f64], group: &dyn Fn(usize) -> usize) -> Vec<f64> {
+    let groups = p.k / G;
+    (0..p.n)
+        .map(|c| {
+            (0..p.k)
+                .map(|k| {
+                    let s = f64::from(p.scales[c * groups + group(k)]);
+                    x[k] * f64::from(p.codes[c * p.k + k]) * s
+                })
+                .sum()
+        })
+        .collect()
+}
+
+/// The MoE block in f64, on the layer's own routing.
+fn reference(
+    layer: &MoeLayer,
+    experts: &[[Proj; 3]],
+    x: &[f32],
+    logits: &[f32],
+    t: usize,
+    gate_up_group: &dyn Fn(usize) -> usize,
+) -> Vec<f64> {
+    let mut ids = vec![0i32; t * TOP_K];
+    let mut weights = vec![0f32; t * TOP_K];
+    layer
+        .route(Logits::F32(logits), &mut ids, &mut weights)
+        .unwrap();
+    let mut out = vec![0f64; t * H];
+    for tok in 0..t {
+        let xt: Vec<f64> = x[tok * H..][..H].iter().map(|&v| f64::from(v)).collect();
+        for j in 0..TOP_K {
+            let [gate, up, down] = &experts[ids[tok * TOP_K + j] as usize];
+            let g = matvec(gate, &xt, gate_up_group);
+            let u = matvec(up, &xt, gate_up_group);
+            let a: Vec<f64> = g
+                .iter()
+                .zip(&u)
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
+            let y = matvec(down, &a, &|k| k / G);
+            let w = f64::from(weights[tok * TOP_K + j]);
+            for (o, v) in out[tok * H..][..H].iter_mut().zip(&y) {
+                *o += w * v;
+            }
+        }
+    }
+    out
+}
+
+/// Loads `ck`, checks the kernel label and compares a few token counts with the reference.
+fn check(ck: &Ckpt, experts: &[[Proj; 3]], tag: &str, gate_up_group: &dyn Fn(usize) -> usize) {
+    let dir = temp_dir(tag);
+    ck.write(&dir);
+    let ckpt = Checkpoint::open(&dir, ShardAccess::Read).unwrap();
+    let layer = MoeLayer::from_checkpoint(&ckpt, 0, 16).unwrap();
+    let info = layer.backend().unwrap();
+    assert!(info.kernel.starts_with("cpu-wna16/"), "{tag}: {info:?}");
+    let mut rng = SplitMix64::new(7);
+    for t in [1, 5, 16] {
+        let x = rng.vec_uniform(t * H, -2.0, 2.0);
+        let logits = rng.vec_uniform(t * E, -1.0, 1.0);
+        let mut out = vec![0f32; t * H];
+        layer.apply(&x, Logits::F32(&logits), &mut out).unwrap();
+        let want = reference(&layer, experts, &x, &logits, t, gate_up_group);
+        let (mut num, mut den) = (0f64, 0f64);
+        for (g, w) in out.iter().zip(&want) {
+            num += (f64::from(*g) - w).powi(2);
+            den += w.powi(2);
+        }
+        let rel = (num / den).sqrt();
+        assert!(rel < 1e-5, "{tag} t={t}: rel L2 {rel}");
+    }
+}
+
+#[test]
+fn gptq_and_pack_quantized_run_on_the_native_kernels() {
+    for (fmt, tag) in [
+        (Fmt::Gptq, "wna16-gptq"),
+        (Fmt::PackQuantized, "wna16-pack"),
+    ] {
+        let (ck, experts) = Ckpt::build("qwen3_moe", fmt, 21);
+        check(&ck, &experts, tag, &|k| k / G);
+    }
+}
+
+#[test]
+fn eight_bit_gptq_runs_on_the_native_kernels() {
+    let (mut ck, experts) = Ckpt::build("qwen3_moe", Fmt::Gptq, 23);
+    ck.config["quantization_config"]["bits"] = json!(8);
+    // qweight [k/4, n]: byte t of word [r][c] = code of row 4r + t, column c, plus 128.
+    for (e, projs) in experts.iter().enumerate() {
+        for (p, name) in projs.iter().zip(["gate_proj", "up_proj", "down_proj"]) {
+            let (n, k) = (p.n, p.k);
+            let mut q = vec![0u32; k / 4 * n];
+            for c in 0..n {
+                for kk in 0..k {
+                    let code = (i32::from(p.codes[c * k + kk]) + 128) as u32;
+                    q[(kk / 4) * n + c] |= code << (8 * (kk % 4));
+                }
+            }
+            let words: Vec<i32> = q.iter().map(|&w| w as i32).collect();
+            let prefix = format!("model.layers.0.mlp.experts.{e}.{name}");
+            ck.put(
+                &format!("{prefix}.qweight"),
+                safetensors::Dtype::I32,
+                &[k / 4, n],
+                checkpoint_support::i32_bytes(&words),
+            );
+            let groups = k / G;
+            ck.put(
+                &format!("{prefix}.qzeros"),
+                safetensors::Dtype::I32,
+                &[groups, n / 4],
+                checkpoint_support::i32_bytes(&vec![0x7F7F_7F7F; groups * n / 4]),
+            );
+        }
+    }
+    check(&ck, &experts, "wna16-gptq-8bit", &|k| k / G);
+}
+
+#[test]
+fn gptq_act_order_is_sorted_by_group_at_load() {
+    let (mut ck, experts) = Ckpt::build("qwen3_moe", Fmt::Gptq, 22);
+    ck.config["quantization_config"]["desc_act"] = json!(true);
+    // The two groups of H interleaved: input row k belongs to group k mod 2.
+    let groups = H / G;
+    let g_idx: Vec<i32> = (0..H).map(|k| (k % groups) as i32).collect();
+    for e in 0..E {
+        for p in ["gate_proj", "up_proj"] {
+            ck.put(
+                &format!("model.layers.0.mlp.experts.{e}.{p}.g_idx"),
+                safetensors::Dtype::I32,
+                &[H],
+                checkpoint_support::i32_bytes(&g_idx),
+            );
+        }
+    }
+    assert_eq!(I, G, "down_proj has one group, so its g_idx is trivial");
+    check(&ck, &experts, "wna16-gptq-actorder", &move |k| k % groups);
+}
