@@ -251,6 +251,14 @@ impl KernelSet {
         self.bf16_tiles.is_some()
     }
 
+    /// The bf16 tile path for an int4 WNA16 GEMM of `m` rows, where the rung has it and `m`
+    /// reaches it. WNA16 computes in float, and the tiles' numerics (activations and
+    /// dequantized weights rounded to bf16, f32 sums) are those of a bf16 model's weight-only
+    /// kernels, so no choice is needed; `MOE_KERNELS_AMX_BF16_MIN_M` moves the threshold.
+    pub(crate) fn wna16_bf16_for(&self, m: usize) -> Option<Bf16Tiles> {
+        self.bf16_tiles.filter(|t| m >= t.min_m)
+    }
+
     /// The bf16 tile path for a W4A8 GEMM of `m` rows, when chosen and `m` reaches it.
     pub(crate) fn w4bf16_for(&self, m: usize) -> Option<Bf16Tiles> {
         match (self.w4a8_prefill, self.bf16_tiles) {
@@ -391,7 +399,13 @@ impl KernelSet {
                 "w8a8_act_quant: {}",
                 self.act_sym_i8.map_or(Isa::Scalar, |(isa, _)| isa)
             ),
-            format!("wna16_gemm: {}", self.wna16.0),
+            match self.bf16_tiles {
+                Some(t) => format!(
+                    "wna16_gemm: {} below {} rows, {}-bf16 tiles (bf16 activations) from {} (int4)",
+                    self.wna16.0, t.min_m, t.isa, t.min_m
+                ),
+                None => format!("wna16_gemm: {}", self.wna16.0),
+            },
         ]
     }
 

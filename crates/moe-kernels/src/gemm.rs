@@ -11,7 +11,7 @@ use std::ops::Range;
 use crate::KernelError;
 use crate::dispatch::{KernelSet, W4A8Kernel};
 use crate::packed::{PackedW4A8, PackedW8A8, check_len};
-use crate::ukernel::{ActEncoding, W4A8Job, W4A8Out, W4Bf16Job, W8A8Job};
+use crate::ukernel::{ActEncoding, Bf16Weights, W4A8Job, W4A8Out, W4Bf16Job, W8A8Job};
 use moe_quant::act::quantize_row_asym_i8;
 
 /// How a GEMM may use threads.
@@ -96,12 +96,13 @@ impl GemmScratch {
             .reserve(len.saturating_sub(self.f32_rows.len()));
     }
 
-    /// A buffer of `len` f32 (contents unspecified), grown only when too small.
-    pub(crate) fn f32_rows(&mut self, len: usize) -> &mut [f32] {
+    /// Float rows gathered into a weight format's K order (`len` values) and the
+    /// kernel-layout buffer, borrowed together.
+    pub(crate) fn f32_rows_and_tiles(&mut self, len: usize) -> (&mut [f32], &mut Vec<u8>) {
         if self.f32_rows.len() < len {
             self.f32_rows.resize(len, 0.0);
         }
-        &mut self.f32_rows[..len]
+        (&mut self.f32_rows[..len], &mut self.tiles)
     }
 }
 
@@ -133,7 +134,7 @@ pub fn w4a8_gemm(
         // only where its features are available.
         unsafe { (tiles.tile_a)(x, m, k, &mut scratch.tiles) };
         let job = W4Bf16Job {
-            w,
+            w: Bf16Weights::W4A8(w),
             a_tiles: &scratch.tiles,
             m,
             out: out.as_mut_ptr(),

@@ -133,12 +133,48 @@ pub(crate) struct W8A8Job<'a> {
 // SAFETY: as for `W4A8Job`: kernels write disjoint panels only.
 unsafe impl Sync for W8A8Job<'_> {}
 
+/// The int4 weights a bf16 tile GEMM dequantizes: either packed format.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Bf16Weights<'a> {
+    /// W4A8-packed weights (bf16 or f32 scales, symmetric).
+    W4A8(&'a PackedW4A8),
+    /// WNA16-packed int4 weights (any scale precision, optional zero points).
+    Wna16(&'a crate::PackedWna16),
+}
+
+impl Bf16Weights<'_> {
+    /// Output channels N.
+    pub(crate) fn n(&self) -> usize {
+        match self {
+            Self::W4A8(w) => w.n(),
+            Self::Wna16(w) => w.n(),
+        }
+    }
+
+    /// Reduction dimension K.
+    pub(crate) fn k(&self) -> usize {
+        match self {
+            Self::W4A8(w) => w.k(),
+            Self::Wna16(w) => w.k(),
+        }
+    }
+
+    /// The bias of panel `p`, if any.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) fn panel_bias(&self, p: usize) -> Option<&[f32]> {
+        match self {
+            Self::W4A8(w) => w.panel_bias(p),
+            Self::Wna16(w) => w.panel_bias(p),
+        }
+    }
+}
+
 /// One GEMM of int4 weights with bf16 activations (the bf16 tile path), as the kernels see
 /// it: the rows already rounded to bf16 in the kernel's layout.
 #[derive(Debug)]
 pub(crate) struct W4Bf16Job<'a> {
     /// The packed weights.
-    pub w: &'a PackedW4A8,
+    pub w: Bf16Weights<'a>,
     /// The activation rows in the kernel's own layout ([`W4Bf16TileAFn`]), made once per GEMM.
     pub a_tiles: &'a [u8],
     /// Rows.

@@ -24,6 +24,7 @@ use half::{bf16, f16};
 use crate::gemm::split_panels;
 use crate::packed::wna16::{K_STEP, K_STEP8, Wna16ScaleValues};
 use crate::packed::{PANEL, PackedWna16, check_len};
+use crate::ukernel::{Bf16Weights, W4Bf16Job};
 use crate::{GemmScratch, Isa, KernelError, KernelSet, Par};
 
 /// Rows per register tile of the portable body.
@@ -217,18 +218,38 @@ pub fn wna16_gemm(
     if m == 0 || n == 0 {
         return Ok(());
     }
+    let bf16_tiles = ks.wna16_bf16_for(m).filter(|_| w.bits() == 4);
+    let (rows, tiles) = scratch.f32_rows_and_tiles(if w.perm().is_some() { m * k } else { 0 });
     let x = match w.perm() {
         Some(perm) => {
-            let xp = scratch.f32_rows(m * k);
-            for (dst, src) in xp.chunks_exact_mut(k).zip(x.chunks_exact(k)) {
+            for (dst, src) in rows.chunks_exact_mut(k).zip(x.chunks_exact(k)) {
                 for (d, &j) in dst.iter_mut().zip(perm) {
                     *d = src[j as usize];
                 }
             }
-            &*xp
+            &*rows
         }
         None => x,
     };
+    if let Some(t) = bf16_tiles {
+        // SAFETY: the layout function comes from the same `KernelSet` as the entry,
+        // registered only where its features are available.
+        unsafe { (t.tile_a)(x, m, k, tiles) };
+        let job = W4Bf16Job {
+            w: Bf16Weights::Wna16(w),
+            a_tiles: tiles,
+            m,
+            out: out.as_mut_ptr(),
+            ld: n,
+        };
+        split_panels(w.n_panels(), par, m * n * k, |panels| {
+            // SAFETY: the entry comes from the same set as the layout function; `a_tiles`
+            // holds `m` rows of K, `out` holds `m·N` (checked above) and the panel ranges are
+            // disjoint and in bounds.
+            unsafe { (t.entry)(&job, panels) }
+        });
+        return Ok(());
+    }
     let job = Wna16Job {
         w,
         m,

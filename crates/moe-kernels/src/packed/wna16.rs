@@ -355,6 +355,47 @@ impl PackedWna16 {
     pub(crate) fn perm(&self) -> Option<&[u32]> {
         self.perm.as_deref()
     }
+
+    /// The f32 scales of group `g` of panel `p` (16 channels; f16 and bf16 widen exactly).
+    pub(crate) fn group_scales(&self, p: usize, g: usize) -> [f32; PANEL] {
+        let at = (p * self.n_groups + g) * PANEL;
+        let mut out = [0f32; PANEL];
+        match &self.scales {
+            Wna16ScaleValues::F16(v) => {
+                for (o, s) in out.iter_mut().zip(&v[at..at + PANEL]) {
+                    *o = s.to_f32();
+                }
+            }
+            Wna16ScaleValues::Bf16(v) => {
+                for (o, s) in out.iter_mut().zip(&v[at..at + PANEL]) {
+                    *o = s.to_f32();
+                }
+            }
+            Wna16ScaleValues::F32(v) => out.copy_from_slice(&v[at..at + PANEL]),
+        }
+        out
+    }
+
+    /// The zero points of group `g` of panel `p` as f32 (the symmetric zero when there are
+    /// none).
+    pub(crate) fn group_zeros(&self, p: usize, g: usize) -> [f32; PANEL] {
+        match &self.zeros {
+            Some(z) => {
+                let at = (p * self.n_groups + g) * PANEL;
+                let mut out = [0f32; PANEL];
+                for (o, &v) in out.iter_mut().zip(&z[at..at + PANEL]) {
+                    *o = f32::from(v);
+                }
+                out
+            }
+            None => [f32::from(self.symmetric_zero()); PANEL],
+        }
+    }
+
+    /// The bias of panel `p`: 16 values, if any.
+    pub(crate) fn panel_bias(&self, p: usize) -> Option<&[f32]> {
+        self.bias.as_deref().map(|b| &b[p * PANEL..][..PANEL])
+    }
 }
 
 /// Where the code of channel `c` (within its panel) at K value `col` lives inside its step:

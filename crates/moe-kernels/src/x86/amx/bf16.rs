@@ -20,8 +20,9 @@ use super::common::{
     store_live, tiles_for, zero_live,
 };
 use super::tiles::{TILE_MAX_COLSB, TileUnit};
-use crate::packed::{PANEL, PackedW4A8, STEP_BYTES, w4a8::K_STEP};
-use crate::ukernel::W4Bf16Job;
+use crate::packed::wna16::K_STEP as K_STEP_WNA16;
+use crate::packed::{PANEL, PackedW4A8, PackedWna16, STEP_BYTES, w4a8::K_STEP};
+use crate::ukernel::{Bf16Weights, W4Bf16Job};
 
 /// K values per chunk: 32 bf16 fill one 64-byte A row.
 pub(crate) const CHUNK_K: usize = 32;
@@ -87,27 +88,52 @@ pub(crate) struct WideBf16Pair {
     rows_per_panel: usize,
 }
 
+/// Interleaves the even (lanes 0..16) and odd (lanes 16..32) bf16 of `vcvtne2ps2bf16` into one
+/// pair per channel: the index vector of `vpermw`.
+#[target_feature(enable = "avx512f,avx512bw")]
+fn pair_index() -> __m512i {
+    _mm512_set_epi16(
+        31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
+        19, 3, 18, 2, 17, 1, 16, 0,
+    )
+}
+
+/// One B row from two vectors of 16 f32 weights (K values `2r` and `2r + 1`).
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+fn store_pair(row: &mut Row64, even: __m512, odd: __m512, pairs: __m512i) {
+    let both = _mm512_cvtne2ps_pbh(odd, even);
+    // SAFETY: the bf16 vector type is a bit pattern.
+    let both = unsafe { std::mem::transmute::<__m512bh, __m512i>(both) };
+    let bits = _mm512_permutexvar_epi16(pairs, both);
+    // SAFETY: a `Row64` is 64 writable, 64-byte aligned bytes we borrow mutably.
+    unsafe { _mm512_store_si512(row.0.as_mut_ptr().cast(), bits) };
+}
+
 impl WideBf16Pair {
     /// Dequantizes panels `p..p + nb` (`nb` is 1 or 2) of `w`. Reuses the buffer, so a
     /// thread's calls stop allocating once the largest matrix is seen.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub(crate) fn fill(&mut self, w: &PackedW4A8, p: usize, nb: usize) {
-        let k_pad = w.k_pad();
-        let rows_per_panel = k_pad.div_ceil(CHUNK_K) * CHUNK_ROWS;
+    pub(crate) fn fill(&mut self, w: Bf16Weights<'_>, p: usize, nb: usize) {
+        let rows_per_panel = w.k().div_ceil(CHUNK_K) * CHUNK_ROWS;
         self.rows_per_panel = rows_per_panel;
         self.rows.clear();
         self.rows.resize(nb * rows_per_panel, Row64::ZERO);
+        match w {
+            Bf16Weights::W4A8(w) => self.fill_w4a8(w, p, nb),
+            Bf16Weights::Wna16(w) => self.fill_wna16(w, p, nb),
+        }
+    }
+
+    /// [`WideBf16Pair::fill`] from W4A8-packed panels (weights `c − 8`, block scales).
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    fn fill_w4a8(&mut self, w: &PackedW4A8, p: usize, nb: usize) {
+        let rows_per_panel = self.rows_per_panel;
         let block_len = w.block_len();
         // The weight `c − 8` of every nibble code `c`; `vpermps` reads a lane's low 4 bits.
         let lut = _mm512_setr_ps(
             -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0,
         );
-        // Interleaves the even (lanes 0..16) and odd (lanes 16..32) bf16 of `cvtne2ps` into
-        // pairs per channel.
-        let pairs = _mm512_set_epi16(
-            31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20,
-            4, 19, 3, 18, 2, 17, 1, 16, 0,
-        );
+        let pairs = pair_index();
         for j in 0..nb {
             let (steps, _) = w.panel_nibbles(p + j).as_chunks::<STEP_BYTES>();
             let dst = &mut self.rows[j * rows_per_panel..][..rows_per_panel];
@@ -131,13 +157,56 @@ impl WideBf16Pair {
                 };
                 for (row, (even, odd)) in out.iter_mut().zip([(0, 8), (16, 24), (4, 12), (20, 28)])
                 {
-                    let both = _mm512_cvtne2ps_pbh(weight(odd), weight(even));
-                    // SAFETY: the bf16 vector type is a bit pattern.
-                    let both = unsafe { std::mem::transmute::<__m512bh, __m512i>(both) };
-                    let row_bits = _mm512_permutexvar_epi16(pairs, both);
-                    // SAFETY: a `Row64` is 64 writable, 64-byte aligned bytes we borrow
-                    // mutably.
-                    unsafe { _mm512_store_si512(row.0.as_mut_ptr().cast(), row_bits) };
+                    store_pair(row, weight(even), weight(odd), pairs);
+                }
+            }
+        }
+    }
+
+    /// [`WideBf16Pair::fill`] from WNA16-packed int4 panels: weights `(c − zero)·scale` with
+    /// the panel's group scales and zero points (8 when symmetric).
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    fn fill_wna16(&mut self, w: &PackedWna16, p: usize, nb: usize) {
+        debug_assert_eq!(w.bits(), 4, "the bf16 tiles take int4 WNA16 weights");
+        let rows_per_panel = self.rows_per_panel;
+        let (group_size, steps) = (w.group_size(), w.k_steps());
+        // The code `c` of every nibble; `vpermps` reads a lane's low 4 bits.
+        let lut = _mm512_setr_ps(
+            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+        );
+        let pairs = pair_index();
+        for j in 0..nb {
+            let words = &w.codes()[(p + j) * steps * PANEL..][..steps * PANEL];
+            let dst = &mut self.rows[j * rows_per_panel..][..rows_per_panel];
+            let mut group = usize::MAX;
+            let (mut sc, mut zero) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            for (s, (step, out)) in words
+                .as_chunks::<PANEL>()
+                .0
+                .iter()
+                .zip(dst.as_chunks_mut::<4>().0)
+                .enumerate()
+            {
+                let g = s * K_STEP_WNA16 / group_size;
+                if g != group {
+                    group = g;
+                    let scales = w.group_scales(p + j, g);
+                    let zeros = w.group_zeros(p + j, g);
+                    // SAFETY: 16 readable f32 in local arrays; unaligned loads.
+                    sc = unsafe { _mm512_loadu_ps(scales.as_ptr()) };
+                    // SAFETY: as above.
+                    zero = unsafe { _mm512_loadu_ps(zeros.as_ptr()) };
+                }
+                // SAFETY: `step` is 16 readable u32; the load is unaligned.
+                let v = unsafe { _mm512_loadu_si512(step.as_ptr().cast()) };
+                // Nibble `i` of a channel's word holds K value `8s + i`.
+                let weight = |shift: u32| {
+                    let codes = _mm512_srlv_epi32(v, _mm512_set1_epi32(shift as i32));
+                    _mm512_mul_ps(_mm512_sub_ps(_mm512_permutexvar_ps(codes, lut), zero), sc)
+                };
+                for (row, (even, odd)) in out.iter_mut().zip([(0, 4), (8, 12), (16, 20), (24, 28)])
+                {
+                    store_pair(row, weight(even), weight(odd), pairs);
                 }
             }
         }
@@ -374,5 +443,76 @@ mod tests {
         );
         assert!(got[n..2 * n].iter().all(|v| v.is_nan()));
         assert!(got[2 * n..].iter().all(|v| (v - 8.0).abs() < 1e-6));
+    }
+
+    #[test]
+    fn wna16_int4_on_bf16_tiles_matches_the_bf16_reference() {
+        use crate::{PackedWna16, Wna16Desc, Wna16Scales};
+        use half::f16;
+        let Some(ks) = super::super::emulated::bf16_kernel_set() else {
+            eprintln!("note: skipping the emulated bf16 tiles: no AVX-512 VNNI and BF16");
+            return;
+        };
+        assert!(ks.wna16_bf16_for(1).is_some());
+        let round = |v: f64| f64::from(bf16::from_f32(v as f32).to_f32());
+        let mut rng = SplitMix64::new(0x16a);
+        // (K, group size or channelwise, asymmetric, act-order)
+        for &(k, g, asym, act_order) in &[
+            (64, Some(32), false, false),
+            (96, Some(32), true, false),
+            (256, Some(128), false, true),
+            (40, None, false, false),
+            (200, None, true, true),
+        ] {
+            for &(m, n) in &[(1usize, 16usize), (17, 33), (33, 7), (70, 47)] {
+                let groups = g.map_or(1, |g| k / g);
+                let codes: Vec<u8> = (0..n * k).map(|_| rng.below(16) as u8).collect();
+                let scales: Vec<f16> = (0..n * groups)
+                    .map(|_| f16::from_f32(rng.uniform(0.01, 0.1)))
+                    .collect();
+                let zeros: Vec<u8> = (0..n * groups).map(|_| rng.below(16) as u8).collect();
+                let mut perm: Vec<u32> = (0..k as u32).collect();
+                for i in (1..k).rev() {
+                    perm.swap(i, rng.below(i + 1));
+                }
+                let bias = rng.vec_uniform(n, -1.0, 1.0);
+                let w = PackedWna16::pack(Wna16Desc {
+                    n,
+                    k,
+                    bits: 4,
+                    codes: &codes,
+                    group_size: g,
+                    scales: Wna16Scales::F16(&scales),
+                    zeros: asym.then_some(&zeros[..]),
+                    bias: Some(&bias),
+                    perm: act_order.then_some(&perm[..]),
+                })
+                .unwrap();
+                let x: Vec<f32> = (0..m * k).map(|_| rng.normal() * 2.0).collect();
+                let dq = w.dequantize_f64();
+                for par in [Par::Seq, Par::Rayon] {
+                    let mut got = vec![f32::NAN; m * n];
+                    crate::wna16_gemm(&ks, m, &x, &w, &mut got, &mut GemmScratch::new(), par)
+                        .unwrap();
+                    for r in 0..m {
+                        for c in 0..n {
+                            let (mut want, mut mag) =
+                                (f64::from(bias[c]), f64::from(bias[c]).abs());
+                            for col in 0..k {
+                                let t = round(f64::from(x[r * k + col])) * round(dq[c * k + col]);
+                                want += t;
+                                mag += t.abs();
+                            }
+                            let got = f64::from(got[r * n + c]);
+                            assert!(
+                                (got - want).abs() <= 1e-5 * mag + 1e-6,
+                                "k={k} g={g:?} asym={asym} act_order={act_order} m={m} n={n} \
+                                 {par:?}: out[{r},{c}] = {got}, want {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 }
