@@ -17,7 +17,7 @@ use std::arch::x86_64::*;
 
 use super::common::{
     AccBuf, GROUP_ROWS, Row64, TILE_ROWS, TiledA, dpbf16_live, load_a_live, load_b_live, prefetch,
-    store_live, tiles_for, zero_live,
+    store_live, tiles_for, write_panel_rows, zero_live,
 };
 use super::tiles::{TILE_MAX_COLSB, TileUnit};
 use crate::packed::wna16::K_STEP as K_STEP_WNA16;
@@ -269,26 +269,15 @@ pub(crate) unsafe fn bf16_step<U: TileUnit, const NA: usize, const NB: usize>(
 
     let rows = GROUP_ROWS.min(job.m - row0);
     for j in 0..NB {
-        let pj = p + j;
-        let valid = PANEL.min(w.n() - pj * PANEL);
-        let keep: __mmask16 = if valid == PANEL { !0 } else { (1 << valid) - 1 };
-        // SAFETY: a present bias slice holds 16 readable f32; unaligned load.
-        let bias = w
-            .panel_bias(pj)
-            .map(|b| unsafe { _mm512_loadu_ps(b.as_ptr()) });
-        for r in 0..rows {
+        let sums = |r: usize| {
             // SAFETY: channels `16j..16j + 16` of an `AccBuf` row are 16 readable, 64-byte
             // aligned 32-bit values, here the f32 sums the C tiles stored.
-            let mut y = unsafe { _mm512_load_ps(acc.0[r][j * PANEL..].as_ptr().cast()) };
-            if let Some(bias) = bias {
-                y = _mm512_add_ps(y, bias);
-            }
-            let dst = job.out.wrapping_add((row0 + r) * job.ld + pj * PANEL);
-            // SAFETY: row `row0 + r < m` and the masked-in channels `16pj..16pj + valid` are
-            // `< N`, inside the validated output and owned by this call; masked-out lanes are
-            // not accessed.
-            unsafe { _mm512_mask_storeu_ps(dst, keep, y) };
-        }
+            unsafe { _mm512_load_ps(acc.0[r][j * PANEL..].as_ptr().cast()) }
+        };
+        let bias = w.panel_bias(p + j);
+        // SAFETY: rows `row0..row0 + rows < m` and panel `p + j`'s channels are inside the
+        // validated output and owned by this call (our contract).
+        unsafe { write_panel_rows((job.out, job.ld), w.n(), (row0, rows), p + j, bias, sums) };
     }
 }
 

@@ -8,6 +8,8 @@
 //! and `NB` (1 or 2) are const parameters, so each body is compiled once per shape and no tile
 //! instruction sits behind a runtime branch on its register number.
 
+use std::arch::x86_64::{__m512, __mmask16, _mm512_add_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps};
+
 use super::tiles::{TILE_MAX_COLSB, TILE_MAX_ROWS, TileConfig, TileUnit};
 use crate::packed::PANEL;
 
@@ -327,5 +329,37 @@ pub(crate) unsafe fn store_live<U: TileUnit, const NA: usize, const NB: usize>(
             // SAFETY: as above.
             unsafe { unit.store::<C11>(at(1, 1), stride) };
         }
+    }
+}
+
+/// Writes rows `row0..row0 + rows` of panel `p` of an `[m][ld]` f32 output: `y(r)` plus the
+/// bias for row `row0 + r`, the channels past `n` masked out.
+///
+/// # Safety
+/// - Rows `row0..row0 + rows` and channels `16p..min(16p + 16, n)` of `out` are valid for
+///   writes and owned by the caller meanwhile.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn write_panel_rows(
+    out: (*mut f32, usize),
+    n: usize,
+    (row0, rows): (usize, usize),
+    p: usize,
+    bias: Option<&[f32]>,
+    y: impl Fn(usize) -> __m512,
+) {
+    let (ptr, ld) = out;
+    let valid = PANEL.min(n - p * PANEL);
+    let keep: __mmask16 = if valid == PANEL { !0 } else { (1 << valid) - 1 };
+    // SAFETY: a present bias slice holds 16 readable f32; unaligned load.
+    let bias = bias.map(|b| unsafe { _mm512_loadu_ps(b[..PANEL].as_ptr()) });
+    for r in 0..rows {
+        let mut v = y(r);
+        if let Some(bias) = bias {
+            v = _mm512_add_ps(v, bias);
+        }
+        let dst = ptr.wrapping_add((row0 + r) * ld + p * PANEL);
+        // SAFETY: row `row0 + r` and the masked-in channels are the caller's (our contract);
+        // masked-out lanes are not accessed.
+        unsafe { _mm512_mask_storeu_ps(dst, keep, v) };
     }
 }

@@ -249,22 +249,29 @@ unsafe fn w8a8_entry(job: &W8A8Job<'_>, panels: Range<usize>) {
     unsafe { w8a8_panels(&mut HwTiles::new(token), job, panels) }
 }
 
+/// The AVX-512 VNNI set recorded as the AMX rung, with the tile entries `int4` (W4A8) and
+/// `int8` (W8A8) from `min` rows and their activation layouts.
+///
+/// # Safety
+/// - Both entries may be called on this CPU.
+unsafe fn with_tile_entries(
+    token: super::Avx512Vnni,
+    min: (usize, usize),
+    int4: W4A8PanelsFn,
+    int8: W8A8PanelsFn,
+) -> crate::KernelSet {
+    let base = super::avx512vnni_kernel_set(token).for_rung(Isa::Amx);
+    let int4 = (Isa::Amx, ActEncoding::U8Offset128, int4);
+    let int8 = (Isa::Amx, ActEncoding::U8Offset128, int8);
+    // SAFETY: our contract.
+    let set = unsafe { base.with_large_m(min, int4, int8) };
+    set.with_large_m_layouts(w4a8::tile_a, w8a8::tile_a)
+}
+
 /// The kernels of the AMX rung: AVX-512 VNNI below [`min_rows`] rows, tiles from there.
 pub(crate) fn kernel_set(token: Amx) -> crate::KernelSet {
-    let base = super::avx512vnni_kernel_set(token.avx512vnni()).for_rung(Isa::Amx);
-    let w4a8 = (
-        Isa::Amx,
-        ActEncoding::U8Offset128,
-        w4a8_entry as W4A8PanelsFn,
-    );
-    let w8a8 = (
-        Isa::Amx,
-        ActEncoding::U8Offset128,
-        w8a8_entry as W8A8PanelsFn,
-    );
     // SAFETY: the token proves AMX (and AVX-512 VNNI), all the tile entries need.
-    let set = unsafe { base.with_large_m(min_rows(), w4a8, w8a8) }
-        .with_large_m_layouts(w4a8::tile_a, w8a8::tile_a);
+    let set = unsafe { with_tile_entries(token.avx512vnni(), min_rows(), w4a8_entry, w8a8_entry) };
     if has_bf16() {
         // SAFETY: the token proves AMX; AMX-BF16 and AVX-512 BF16 were just checked.
         unsafe { set.with_bf16_tiles(Isa::Amx, bf16_min_rows(), w4bf16_entry, bf16_tile_a) }
@@ -323,20 +330,8 @@ pub(crate) mod emulated {
     /// The AMX rung with the emulated unit from one row on, when AVX-512 VNNI is available.
     pub(crate) fn kernel_set() -> Option<crate::KernelSet> {
         let token = Avx512Vnni::try_new()?;
-        let base = crate::x86::avx512vnni_kernel_set(token).for_rung(Isa::Amx);
-        let w4a8 = (
-            Isa::Amx,
-            ActEncoding::U8Offset128,
-            w4a8_entry as W4A8PanelsFn,
-        );
-        let w8a8 = (
-            Isa::Amx,
-            ActEncoding::U8Offset128,
-            w8a8_entry as W8A8PanelsFn,
-        );
         // SAFETY: the token proves AVX-512 VNNI, all the emulated entries need.
-        let set = unsafe { base.with_large_m((1, 1), w4a8, w8a8) };
-        Some(set.with_large_m_layouts(super::w4a8::tile_a, super::w8a8::tile_a))
+        Some(unsafe { with_tile_entries(token, (1, 1), w4a8_entry, w8a8_entry) })
     }
 
     /// # Safety
@@ -394,20 +389,8 @@ pub(crate) mod cost_model {
             return None;
         }
         let token = Avx512Vnni::try_new()?;
-        let base = crate::x86::avx512vnni_kernel_set(token).for_rung(Isa::Amx);
-        let w4a8 = (
-            Isa::Amx,
-            ActEncoding::U8Offset128,
-            w4a8_entry as W4A8PanelsFn,
-        );
-        let w8a8 = (
-            Isa::Amx,
-            ActEncoding::U8Offset128,
-            w8a8_entry as W8A8PanelsFn,
-        );
         // SAFETY: the token proves AVX-512 VNNI, all the no-op entries need.
-        let set = unsafe { base.with_large_m(min_rows(), w4a8, w8a8) }
-            .with_large_m_layouts(w4a8::tile_a, w8a8::tile_a);
+        let set = unsafe { with_tile_entries(token, min_rows(), w4a8_entry, w8a8_entry) };
         if crate::x86::detect().avx512bf16 {
             // SAFETY: AVX-512 BF16 was just checked; the no-op unit needs nothing else.
             Some(unsafe {

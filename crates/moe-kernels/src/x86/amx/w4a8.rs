@@ -22,7 +22,7 @@ use std::arch::x86_64::*;
 
 use super::common::{
     ARows, AccBuf, GROUP_ROWS, Row64, TILE_ROWS, TiledA, dpbusd_live, load_a_live, load_b_live,
-    prefetch, store_live, tile_rows, zero_live,
+    prefetch, store_live, tile_rows, write_panel_rows, zero_live,
 };
 use super::tiles::{TILE_MAX_COLSB, TileUnit};
 use crate::packed::{PANEL, PackedW4A8, STEP_BYTES, w4a8::K_STEP};
@@ -276,24 +276,12 @@ pub(crate) unsafe fn w4a8_step<U: TileUnit, const NA: usize, const NB: usize>(
 
     if let W4A8Out::Values { ptr, ld } = job.out {
         for j in 0..NB {
-            let pj = p + j;
-            let valid = PANEL.min(w.n() - pj * PANEL);
-            let keep: __mmask16 = if valid == PANEL { !0 } else { (1 << valid) - 1 };
-            // SAFETY: a present bias slice holds 16 readable f32; unaligned load.
-            let bias = w
-                .panel_bias(pj)
-                .map(|b| unsafe { _mm512_loadu_ps(b.as_ptr()) });
-            for r in 0..rows {
-                let mut y = _mm512_mul_ps(acc_f[r][j], _mm512_set1_ps(job.row_recip[row0 + r]));
-                if let Some(bias) = bias {
-                    y = _mm512_add_ps(y, bias);
-                }
-                let dst = ptr.wrapping_add((row0 + r) * ld + pj * PANEL);
-                // SAFETY: row `row0 + r < m` and the masked-in channels `16pj..16pj + valid`
-                // are `< N`, inside the validated output and owned by this call; masked-out
-                // lanes are not accessed.
-                unsafe { _mm512_mask_storeu_ps(dst, keep, y) };
-            }
+            let scaled =
+                |r: usize| _mm512_mul_ps(acc_f[r][j], _mm512_set1_ps(job.row_recip[row0 + r]));
+            let bias = w.panel_bias(p + j);
+            // SAFETY: rows `row0..row0 + rows < m` and panel `p + j`'s channels are inside
+            // the validated output and owned by this call (our contract).
+            unsafe { write_panel_rows((ptr, ld), w.n(), (row0, rows), p + j, bias, scaled) };
         }
     }
 }
