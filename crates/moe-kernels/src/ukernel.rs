@@ -92,11 +92,14 @@ pub(crate) struct W4A8Job<'a> {
     pub a: &'a [u8],
     /// The same rows in the kernel's own layout ([`W4A8TileAFn`]), made once per GEMM; empty
     /// for kernels without one.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the AMX tiles read it
     pub a_tiles: &'a [u8],
     /// Per-row correction (see [`ActEncoding::w4a8_row_corr`]).
     pub row_corr: &'a [i32],
     /// Per-(row, scale block) correction `[m][n_blocks]` for encodings that ask for it
     /// ([`ActEncoding::I8CodeWeights`]); empty otherwise.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    // only the AVX-512 tile reads it
     pub block_corr: &'a [i32],
     /// Per-row dequantization factor `recip`.
     pub row_recip: &'a [f32],
@@ -119,6 +122,7 @@ pub(crate) struct W8A8Job<'a> {
     pub a: &'a [u8],
     /// The same rows in the kernel's own layout ([`W8A8TileAFn`]), made once per GEMM; empty
     /// for kernels without one.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the AMX tiles read it
     pub a_tiles: &'a [u8],
     /// Per-row activation scale `xs`.
     pub row_scale: &'a [f32],
@@ -142,6 +146,7 @@ pub(crate) enum Bf16Weights<'a> {
     Wna16(&'a crate::PackedWna16),
 }
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the AMX tiles read them
 impl Bf16Weights<'_> {
     /// Output channels N.
     pub(crate) fn n(&self) -> usize {
@@ -172,6 +177,7 @@ impl Bf16Weights<'_> {
 /// One GEMM of int4 weights with bf16 activations (the bf16 tile path), as the kernels see
 /// it: the rows already rounded to bf16 in the kernel's layout.
 #[derive(Debug)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the AMX tiles read it
 pub(crate) struct W4Bf16Job<'a> {
     /// The packed weights.
     pub w: Bf16Weights<'a>,

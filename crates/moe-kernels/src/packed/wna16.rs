@@ -357,6 +357,7 @@ impl PackedWna16 {
     }
 
     /// The f32 scales of group `g` of panel `p` (16 channels; f16 and bf16 widen exactly).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the AMX bf16 tiles read them
     pub(crate) fn group_scales(&self, p: usize, g: usize) -> [f32; PANEL] {
         let at = (p * self.n_groups + g) * PANEL;
         let mut out = [0f32; PANEL];
@@ -378,6 +379,7 @@ impl PackedWna16 {
 
     /// The zero points of group `g` of panel `p` as f32 (the symmetric zero when there are
     /// none).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the AMX bf16 tiles read them
     pub(crate) fn group_zeros(&self, p: usize, g: usize) -> [f32; PANEL] {
         match &self.zeros {
             Some(z) => {
