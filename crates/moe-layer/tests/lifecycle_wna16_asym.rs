@@ -1,5 +1,6 @@
 //! Asymmetric WNA16 checkpoints written by the test (AWQ `gemm`, GPTQ `sym: false` in the v1
-//! and v2 zero-point conventions, 4 and 8 bits) load onto the native WNA16 kernels with their
+//! and v2 zero-point conventions, 4 and 8 bits, compressed-tensors `pack-quantized` with
+//! `symmetric: false`) load onto the native WNA16 kernels with their
 //! zero points and compute the MoE block of their exactly dequantized weights `(q − z)·s`: the
 //! layer's f32 output is compared with an f64 evaluation of the same routing, gated SiLU MLPs
 //! and weighted sum. Token counts stay below 64 rows per expert, where int4 GEMMs keep f32
@@ -122,13 +123,17 @@ enum Asym {
         bits: u32,
         v2: bool,
     },
+    /// compressed-tensors `pack-quantized`, `symmetric: false`.
+    PackQuantized {
+        bits: u32,
+    },
 }
 
 impl Asym {
     fn bits(self) -> u32 {
         match self {
             Self::Awq => 4,
-            Self::Gptq { bits, .. } => bits,
+            Self::Gptq { bits, .. } | Self::PackQuantized { bits } => bits,
         }
     }
 }
@@ -138,6 +143,10 @@ fn put_asym(ck: &mut Ckpt, prefix: &str, p: &AsymProj, fmt: Asym) {
     let (n, k, groups) = (p.n, p.k, p.k / G);
     for suffix in ["qweight", "qzeros", "scales", "g_idx"] {
         ck.tensors.remove(&format!("{prefix}.{suffix}"));
+    }
+    if let Asym::PackQuantized { bits } = fmt {
+        put_pack_quantized(ck, prefix, p, bits);
+        return;
     }
     ck.put(
         &format!("{prefix}.scales"),
@@ -162,6 +171,7 @@ fn put_asym(ck: &mut Ckpt, prefix: &str, p: &AsymProj, fmt: Asym) {
                 i32_bytes(&qzeros),
             );
         }
+        Asym::PackQuantized { .. } => unreachable!("written above"),
         Asym::Gptq { bits, v2 } => {
             let pf = (32 / bits) as usize;
             let mask = (1u32 << bits) - 1;
@@ -198,6 +208,42 @@ fn put_asym(ck: &mut Ckpt, prefix: &str, p: &AsymProj, fmt: Asym) {
     }
 }
 
+/// compressed-tensors: codes packed along K as signed values plus `2^(bits−1)` (moe-quant's
+/// `pack_to_int32`, which mirrors the library's), zero points `[n, G]` packed along N the same
+/// way (`[ceil(n/pf), G]`, field `t` of word `[r][g]` = row `r·pf + t`), bf16 scales `[n, G]`.
+fn put_pack_quantized(ck: &mut Ckpt, prefix: &str, p: &AsymProj, bits: u32) {
+    let (n, k, groups) = (p.n, p.k, p.k / G);
+    let offset = 1i16 << (bits - 1);
+    let signed: Vec<i8> = p.q.iter().map(|&q| (i16::from(q) - offset) as i8).collect();
+    let words = moe_quant::pack_to_int32(&signed, n, k, bits).unwrap();
+    let pf = (32 / bits) as usize;
+    ck.put(
+        &format!("{prefix}.weight_packed"),
+        Dtype::I32,
+        &[n, k / pf],
+        i32_bytes(&words),
+    );
+    // The stored zero field is the signed zero point plus the offset: the unsigned z itself.
+    let zp = pack_gptq_rows(n, groups, bits, |r, g| u32::from(p.z[r * groups + g]));
+    ck.put(
+        &format!("{prefix}.weight_zero_point"),
+        Dtype::I32,
+        &[n.div_ceil(pf), groups],
+        i32_bytes(&zp),
+    );
+    ck.put(
+        &format!("{prefix}.weight_scale"),
+        Dtype::BF16,
+        &[n, groups],
+        checkpoint_support::bf16_bytes(&p.s),
+    );
+    let shape: Vec<u8> = [n as i64, k as i64]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    ck.put(&format!("{prefix}.weight_shape"), Dtype::I64, &[2], shape);
+}
+
 /// A one-layer model of `model_type` in `fmt` with random asymmetric experts; returns it with
 /// the logical projections `[expert][gate, up, down]`.
 fn build(model_type: &str, fmt: Asym, seed: u64) -> (Ckpt, Vec<[AsymProj; 3]>) {
@@ -209,6 +255,14 @@ fn build(model_type: &str, fmt: Asym, seed: u64) -> (Ckpt, Vec<[AsymProj; 3]>) {
         Asym::Gptq { bits, v2 } => json!({
             "quant_method": "gptq", "bits": bits, "group_size": G, "desc_act": false,
             "sym": false, "checkpoint_format": if v2 { "gptq_v2" } else { "gptq" }}),
+        Asym::PackQuantized { bits } => json!({
+            "quant_method": "compressed-tensors", "format": "pack-quantized",
+            "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"], "format": "pack-quantized",
+                "weights": {"num_bits": bits, "type": "int", "symmetric": false,
+                            "strategy": "group", "group_size": G, "dynamic": false,
+                            "actorder": null}}},
+            "ignore": ["lm_head", "re:.*mlp.gate$"]}),
     };
     let (block, names) = match model_type {
         "mixtral" => ("block_sparse_moe", ["w1", "w3", "w2"]),
@@ -319,6 +373,14 @@ fn awq_reads_mixtral_names() {
 fn asymmetric_gptq_runs_in_both_zero_conventions() {
     for (v2, tag) in [(false, "asym-gptq-v1"), (true, "asym-gptq-v2")] {
         let (ck, experts) = build("qwen3_moe", Asym::Gptq { bits: 4, v2 }, 33);
+        check(&ck, &experts, tag);
+    }
+}
+
+#[test]
+fn asymmetric_pack_quantized_runs_with_its_zero_points() {
+    for (bits, tag) in [(4, "asym-pack-4"), (8, "asym-pack-8")] {
+        let (ck, experts) = build("qwen3_moe", Asym::PackQuantized { bits }, 42);
         check(&ck, &experts, tag);
     }
 }
@@ -471,6 +533,32 @@ fn a_wrong_qzeros_shape_is_named() {
             }
             other => panic!("{tag}: {other:?}"),
         }
+    }
+}
+
+#[test]
+fn a_wrong_weight_zero_point_shape_is_named() {
+    let (mut ck, _) = build("qwen3_moe", Asym::PackQuantized { bits: 4 }, 43);
+    let name = "model.layers.0.mlp.experts.1.down_proj.weight_zero_point";
+    // down_proj: n = H rows packed 8 per word, one group; stored unpacked instead.
+    ck.put(name, Dtype::I32, &[H, 1], i32_bytes(&[0; H]));
+    let dir = temp_dir("asym-pack-bad-zp");
+    ck.write(&dir);
+    let err = Checkpoint::open(&dir, ShardAccess::Read)
+        .and_then(|c| MoeLayer::from_checkpoint(&c, 0, 16))
+        .unwrap_err();
+    match &err {
+        LayerError::WrongShape {
+            tensor,
+            expected,
+            actual,
+            ..
+        } => {
+            assert_eq!(tensor, name);
+            assert_eq!(expected, &vec![H / 8, 1]);
+            assert_eq!(actual, &vec![H, 1]);
+        }
+        other => panic!("{other:?}"),
     }
 }
 

@@ -135,6 +135,8 @@ pub enum QuantScheme {
         actorder: Option<ActivationOrdering>,
         /// Scale dtype declared in the config.
         scale_dtype: Option<DType>,
+        /// Symmetric codes; asymmetric ones carry `weight_zero_point` (group or channel).
+        symmetric: bool,
     },
     /// GPTQ (AutoGPTQ / GPTQModel): `qweight` packed along K, `scales`, `qzeros`, `g_idx`.
     Gptq {
@@ -738,7 +740,8 @@ fn compressed_tensors_scheme(
             format!("{group_name}: float weights are not supported"),
         ));
     }
-    if !weights.symmetric {
+    // Zero points are read for pack-quantized weights only (W4A8's kernels are symmetric).
+    if !weights.symmetric && format != "pack-quantized" {
         return Err(unsupported(
             scheme_name,
             format!("{group_name}: asymmetric weights (zero points) are not supported"),
@@ -805,6 +808,7 @@ fn compressed_tensors_scheme(
                 group_size,
                 actorder: weights.actorder,
                 scale_dtype,
+                symmetric: weights.symmetric,
             })
         }
         _ => Err(unsupported(

@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | unquantized | `weight` f32/bf16/f16 `[n, k]` | bytes kept as stored |
 //! | compressed-tensors `int-quantized` | `weight` i8 `[n, k]` in [-8, 7], `weight_scale` `[n, G]` | codes checked for range |
-//! | compressed-tensors `pack-quantized` | `weight_packed` i32 `[n, ceil(k·b/32)]`, `weight_shape` `[2]`, `weight_scale` `[n, G]`, `weight_g_idx` `[k]` | `moe_quant::unpack_from_int32` |
+//! | compressed-tensors `pack-quantized` | `weight_packed` i32 `[n, ceil(k·b/32)]`, `weight_shape` `[2]`, `weight_scale` `[n, G]`, `weight_g_idx` `[k]`, `weight_zero_point` i32 `[ceil(n·b/32), G]` (asymmetric only) | `moe_quant::unpack_from_int32`; zero points unpacked along N |
 //! | GPTQ | `qweight` i32 `[k/pf, n]`, `scales` `[G, n]`, `g_idx` `[k]`, `qzeros` i32 `[G, n/pf]` (asymmetric only) | unpacked along K and transposed; scales and zeros transposed |
 //! | AWQ (`gemm`) | `qweight` i32 `[k, n/8]`, `qzeros` i32 `[G, n/8]`, `scales` `[G, n]` | unpacked along N in AWQ's nibble order; scales and zeros transposed |
 //!
@@ -17,7 +17,9 @@
 //! `z` unsigned `[n, G]`, and the weight is `(q − z)·s = (code + 2^(bits−1) − z)·s`. GPTQ's
 //! original ("v1") format stores `z − 1` (its quantizer subtracted one before packing and
 //! every kernel adds it back, wrapping within the field's bits); `gptq_v2` stores `z` itself,
-//! and so does AWQ.
+//! and so does AWQ. compressed-tensors quantizes to signed values and packs codes and zero
+//! points alike with the offset `2^(bits−1)`, so its stored zero field is already the unsigned
+//! `z` that goes with the unsigned code.
 //!
 //! Every size is checked against `config.json` (a disagreement is [`LayerError::ConfigMismatch`]
 //! naming the config field), every derived shape against the format
@@ -45,12 +47,13 @@ pub(crate) enum Format {
         group_size: Option<usize>,
         scale_dtype: Option<DType>,
     },
-    /// compressed-tensors `pack-quantized`.
+    /// compressed-tensors `pack-quantized`; `zeros` when asymmetric.
     PackQuantized {
         bits: u32,
         group_size: Option<usize>,
         act_order: bool,
         scale_dtype: Option<DType>,
+        zeros: bool,
     },
     /// GPTQ; `zeros` is `None` for symmetric checkpoints (their `qzeros` are not read).
     Gptq {
@@ -89,12 +92,14 @@ impl Format {
                 bits,
                 group_size,
                 scale_dtype,
+                symmetric,
                 ..
             } => Self::PackQuantized {
                 bits,
                 group_size,
                 act_order: scheme.has_act_order(),
                 scale_dtype,
+                zeros: !symmetric,
             },
             QuantScheme::Gptq {
                 bits,
@@ -146,7 +151,12 @@ impl Format {
 
     /// Whether the projections carry zero points (asymmetric codes).
     pub(crate) fn has_zeros(self) -> bool {
-        matches!(self, Self::Gptq { zeros: Some(_), .. } | Self::Awq { .. })
+        matches!(
+            self,
+            Self::Gptq { zeros: Some(_), .. }
+                | Self::Awq { .. }
+                | Self::PackQuantized { zeros: true, .. }
+        )
     }
 
     /// Whether the projections carry act-order `g_idx`.
@@ -415,6 +425,7 @@ pub(crate) fn read_projection<'a>(
             bits,
             group_size,
             act_order,
+            zeros,
             ..
         } => {
             let shape_t = src.get(&name(req.prefix, ParamKind::WeightShape))?;
@@ -453,13 +464,22 @@ pub(crate) fn read_projection<'a>(
             } else {
                 (None, None)
             };
+            let zeros = if zeros {
+                let zt =
+                    src.get_as(&name(req.prefix, ParamKind::WeightZeroPoint), &[Dtype::I32])?;
+                let rows = moe_quant::pack::packed_int32_cols(n, bits);
+                zt.expect_shape(&[rows, groups])?;
+                Some(unpack_rows_int32(&i32_words(&zt)?, n, groups, bits))
+            } else {
+                None
+            };
             Ok(LogicalProj {
                 n,
                 k,
                 values: Values::Codes(codes),
                 scales: Some(scales),
                 g_idx,
-                zeros: None,
+                zeros,
                 bias,
                 primary: t,
                 scale_tensor: Some(st),
@@ -619,6 +639,25 @@ fn unpack_gptq_zeros(words: &[i32], groups: usize, n: usize, bits: u32, add: u32
         }
     }
     zeros
+}
+
+/// Unpacks compressed-tensors' zero points `[ceil(n·b/32), G]` (field `t` of word `[r][g]` =
+/// row `r·pf + t`, padding fields past `n` ignored) into unsigned values `[n, G]`.
+fn unpack_rows_int32(words: &[i32], n: usize, groups: usize, bits: u32) -> Vec<u8> {
+    let pf = (32 / bits) as usize;
+    let mask = (1u32 << bits) - 1;
+    let mut out = vec![0u8; n * groups];
+    for (r, row) in words.chunks_exact(groups).enumerate() {
+        for (g, &w) in row.iter().enumerate() {
+            for t in 0..pf {
+                let c = r * pf + t;
+                if c < n {
+                    out[c * groups + g] = (((w as u32) >> (bits as usize * t)) & mask) as u8;
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Rejects the first code outside the signed range of `bits`.

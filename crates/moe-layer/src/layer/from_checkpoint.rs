@@ -32,12 +32,15 @@ impl MoeLayerConfig {
             },
             QuantScheme::Unquantized(_) => LayerQuant::Unquantized,
             QuantScheme::CompressedTensorsWna16 {
-                bits, group_size, ..
+                bits,
+                group_size,
+                symmetric,
+                ..
             } => LayerQuant::Wna16 {
                 bits: *bits,
                 group_size: *group_size,
                 act_order: spec.quant.has_act_order(),
-                zero_points: false,
+                zero_points: !*symmetric,
             },
             QuantScheme::Gptq {
                 bits,
