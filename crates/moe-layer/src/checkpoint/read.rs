@@ -12,6 +12,9 @@
 //!   for channelwise scales). Scales are widened to f32, which is exact for bf16 and f16; the
 //!   stored dtype is kept in [`IntExperts::scale_dtype`] so a later stage can narrow back
 //!   losslessly. GPTQ's K-major `qweight`/`scales` are transposed into this N-major layout.
+//! - Asymmetric formats (GPTQ `sym: false`, AWQ, asymmetric `pack-quantized`) add unsigned zero
+//!   points ([`ZeroPoints`]) laid out and sliced exactly like the scales; their codes are still
+//!   signed `q − 2^(bits−1)`, so the weight is `(code + 2^(bits−1) − z)·s`.
 //! - Float weights stay in their stored dtype ([`FloatData`]).
 //!
 //! Tensor parallelism (rank `r` of `tp`): the gate and up projections keep output rows
