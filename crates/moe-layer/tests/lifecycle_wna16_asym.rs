@@ -27,6 +27,8 @@ struct AsymProj {
     q: Vec<u8>,
     z: Vec<u8>,
     s: Vec<f32>,
+    /// The scale group of every input column (`k / G` unless act-order says otherwise).
+    g_idx: Vec<usize>,
 }
 
 impl AsymProj {
@@ -44,11 +46,12 @@ impl AsymProj {
             s: (0..n * groups)
                 .map(|_| rng.range_i64(1, 15) as f32 / 512.0)
                 .collect(),
+            g_idx: (0..k).map(|kk| kk / G).collect(),
         }
     }
 
     fn weight(&self, c: usize, k: usize) -> f64 {
-        let g = c * (self.k / G) + k / G;
+        let g = c * (self.k / G) + self.g_idx[k];
         (f64::from(self.q[c * self.k + k]) - f64::from(self.z[g])) * f64::from(self.s[g])
     }
 
@@ -385,6 +388,30 @@ fn asymmetric_pack_quantized_runs_with_its_zero_points() {
     }
 }
 
+/// Act-order (`desc_act`) with zero points: columns of a group are scattered over K, and both
+/// the scale and the zero point of a weight are those of its column's group.
+#[test]
+fn asymmetric_gptq_with_act_order_runs() {
+    let (mut ck, mut experts) = build("qwen3_moe", Asym::Gptq { bits: 4, v2: false }, 44);
+    ck.config["quantization_config"]["desc_act"] = json!(true);
+    let groups = H / G;
+    let g_idx: Vec<usize> = (0..H).map(|k| k % groups).collect();
+    let stored: Vec<i32> = g_idx.iter().map(|&g| g as i32).collect();
+    for (e, projs) in experts.iter_mut().enumerate() {
+        for (p, name) in projs.iter_mut().zip(["gate_proj", "up_proj"]) {
+            p.g_idx = g_idx.clone();
+            ck.put(
+                &format!("model.layers.0.mlp.experts.{e}.{name}.g_idx"),
+                Dtype::I32,
+                &[H],
+                i32_bytes(&stored),
+            );
+        }
+    }
+    assert_eq!(I, G, "down_proj has one group, so its g_idx is trivial");
+    check(&ck, &experts, "asym-gptq-actorder");
+}
+
 #[test]
 fn eight_bit_asymmetric_gptq_runs() {
     let (ck, experts) = build("qwen3_moe", Asym::Gptq { bits: 8, v2: false }, 34);
@@ -461,6 +488,7 @@ fn build_with_group(model_type: &str, seed: u64, group: usize) -> (Ckpt, Vec<[As
                     .map(|_| rng.range_i64(0, 15) as u8)
                     .collect(),
                 s: (0..n * groups).map(|_| 1.0 / 64.0).collect(),
+                g_idx: (0..k).map(|kk| kk / group).collect(),
             }
         };
         let ps = [mk(&mut rng, I, H), mk(&mut rng, I, H), mk(&mut rng, H, I)];
