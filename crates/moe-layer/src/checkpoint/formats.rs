@@ -76,9 +76,9 @@ pub(crate) enum GptqZeros {
 }
 
 impl Format {
-    /// The format of a scheme.
-    pub(crate) fn from_scheme(scheme: &QuantScheme, _config: &Path) -> Result<Self, LayerError> {
-        Ok(match *scheme {
+    /// The format of a scheme (every scheme the config parser accepts has one).
+    pub(crate) fn from_scheme(scheme: &QuantScheme) -> Self {
+        match *scheme {
             QuantScheme::Unquantized(_) => Self::Float,
             QuantScheme::CompressedTensorsW4A8 {
                 group_size,
@@ -117,7 +117,7 @@ impl Format {
                 }),
             },
             QuantScheme::Awq { group_size } => Self::Awq { group_size },
-        })
+        }
     }
 
     /// The tensor whose presence identifies a projection in this format.

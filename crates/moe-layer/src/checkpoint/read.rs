@@ -210,7 +210,7 @@ impl Checkpoint {
     /// shard layout. Shards are read with `access` (see [`ShardAccess`]).
     pub fn open(dir: &Path, access: ShardAccess) -> Result<Self, LayerError> {
         let spec = MoeModelSpec::from_dir(dir)?;
-        let format = Format::from_scheme(&spec.quant, &spec.config_path)?;
+        let format = Format::from_scheme(&spec.quant);
         let source = TensorSource::open(dir, access)?;
         Ok(Self {
             names: MoeNames::new(spec.family),
