@@ -313,14 +313,13 @@ fn config_disagreeing_with_tensors_names_field_file_and_tensor() {
 #[test]
 fn unsupported_schemes_are_named() {
     let cases = [
-        (json!({"quant_method": "awq", "bits": 4}), "awq"),
+        (
+            json!({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}),
+            "awq",
+        ),
         (json!({"quant_method": "fp8"}), "fp8"),
         (
             json!({"quant_method": "gptq", "bits": 3, "group_size": 128}),
-            "gptq",
-        ),
-        (
-            json!({"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": false}),
             "gptq",
         ),
     ];

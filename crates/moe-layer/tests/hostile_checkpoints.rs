@@ -490,7 +490,7 @@ fn quant_config_cases(c: &mut Cases) {
     c.config(
         "quant_method unknown",
         err!(LayerError::UnsupportedScheme { .. }),
-        |v| qc(v)["quant_method"] = json!("awq"),
+        |v| qc(v)["quant_method"] = json!("hqq"),
     );
     c.config(
         "quant_method absent",
@@ -615,12 +615,74 @@ fn quant_config_cases(c: &mut Cases) {
         err!(LayerError::ConfigField { .. }),
         gptq_cfg(|q| q["group_size"] = json!(-2)),
     );
+    // Asymmetric GPTQ reads `qzeros` `[K/g, N/8]`; the base's are the v1 encoding of zero 8.
     c.model(
-        "gptq asymmetric",
+        "gptq asymmetric reads its qzeros",
+        gptq,
+        reader,
+        Expect::Ok,
+        gptq_cfg(|q| q["sym"] = json!(false)),
+    );
+    c.model(
+        "gptq asymmetric qzeros of the wrong shape",
+        gptq,
+        reader,
+        err!(LayerError::WrongShape { .. }),
+        |ck| {
+            ck.config["quantization_config"]["sym"] = json!(false);
+            retype(ck, &t(0, 0, "qzeros"), Dtype::I32, &[H / G + 1, I / 8]);
+        },
+    );
+    c.model(
+        "gptq asymmetric qzeros of the wrong dtype",
+        gptq,
+        reader,
+        err!(LayerError::WrongDtype { .. }),
+        |ck| {
+            ck.config["quantization_config"]["sym"] = json!(false);
+            retype(ck, &t(1, 2, "qzeros"), Dtype::I64, &[I / G, H / 8]);
+        },
+    );
+    c.model(
+        "gptq asymmetric without qzeros",
+        gptq,
+        reader,
+        err!(LayerError::MissingTensor { .. }),
+        |ck| {
+            ck.config["quantization_config"]["sym"] = json!(false);
+            ck.tensors.remove(&t(2, 1, "qzeros"));
+        },
+    );
+    // AWQ packs along N (`qweight` `[K, N/8]`): GPTQ's K-packed tensors disagree with the config.
+    // (The GPTQ base is built by the support module, with groups of 8.)
+    c.model(
+        "gptq tensors declared awq",
+        gptq,
+        reader,
+        err!(LayerError::ConfigMismatch { .. }),
+        |ck| {
+            ck.config["quantization_config"] = json!({"quant_method": "awq", "bits": 4,
+                "group_size": 8, "zero_point": true, "version": "gemm"});
+        },
+    );
+    c.model(
+        "awq version gemv",
         gptq,
         reader,
         err!(LayerError::UnsupportedScheme { .. }),
-        gptq_cfg(|q| q["sym"] = json!(false)),
+        |ck| {
+            ck.config["quantization_config"] = json!({"quant_method": "awq", "bits": 4,
+                "group_size": 8, "zero_point": true, "version": "gemv"});
+        },
+    );
+    c.model(
+        "awq group_size missing",
+        gptq,
+        reader,
+        err!(LayerError::JsonParse { .. }),
+        |ck| {
+            ck.config["quantization_config"] = json!({"quant_method": "awq", "bits": 4});
+        },
     );
     c.model(
         "gptq checkpoint_format unknown",

@@ -211,6 +211,9 @@ fn select(spec: &MoeModelSpec) -> Result<Selection, OracleError> {
         QuantScheme::CompressedTensorsWna16 { bits, .. } | QuantScheme::Gptq { bits, .. } => {
             select_wna16_moe_backend(&config, &wna16_weight_key(*bits)?, &platform, &opts)
         }
+        QuantScheme::Awq { .. } => {
+            select_wna16_moe_backend(&config, &wna16_weight_key(4)?, &platform, &opts)
+        }
         _ => select_unquantized_moe_backend(&config, &platform, &opts),
     }
 }
@@ -223,13 +226,18 @@ fn read_layer(ckpt: &Checkpoint, n: usize) -> Result<LayerReport, CliError> {
     let weights = match &t.experts.weights {
         ExpertWeights::Float { w13, .. } => format!("float {:?}", w13.dtype()),
         ExpertWeights::Int(q) => format!(
-            "int{} codes, {}, {:?} scales{}",
+            "int{} codes, {}, {:?} scales{}{}",
             q.bits,
             q.group_size
                 .map_or_else(|| "channelwise".to_string(), |g| format!("groups of {g}")),
             q.scale_dtype,
             if q.act_order.is_some() {
                 ", act-order"
+            } else {
+                ""
+            },
+            if q.zeros.is_some() {
+                ", zero points"
             } else {
                 ""
             }

@@ -183,6 +183,13 @@ fn source_of(scheme: &QuantScheme) -> Result<Source, CliError> {
                 .into(),
         )),
         QuantScheme::CompressedTensorsWna16 {
+            symmetric: false, ..
+        }
+        | QuantScheme::Awq { .. } => Err(CliError(format!(
+            "{} weights with zero points have no Marlin MoE path; only symmetric WNA16 converts",
+            scheme.name()
+        ))),
+        QuantScheme::CompressedTensorsWna16 {
             bits, group_size, ..
         } => Ok(Source {
             bits: *bits,

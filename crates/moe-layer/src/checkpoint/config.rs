@@ -135,6 +135,8 @@ pub enum QuantScheme {
         actorder: Option<ActivationOrdering>,
         /// Scale dtype declared in the config.
         scale_dtype: Option<DType>,
+        /// Symmetric codes; asymmetric ones carry `weight_zero_point` (group or channel).
+        symmetric: bool,
     },
     /// GPTQ (AutoGPTQ / GPTQModel): `qweight` packed along K, `scales`, `qzeros`, `g_idx`.
     Gptq {
@@ -149,6 +151,12 @@ pub enum QuantScheme {
         /// `checkpoint_format` (`gptq` = v1, `gptq_v2`), if stated.
         checkpoint_format: Option<String>,
     },
+    /// AWQ (AutoAWQ `gemm` packing): `qweight` `[k, n/8]`, `qzeros` `[G, n/8]` and `scales`
+    /// `[G, n]`, unsigned 4-bit codes with a zero point per group.
+    Awq {
+        /// Rows of K per scale group; `None` = channelwise (`group_size: -1`).
+        group_size: Option<usize>,
+    },
 }
 
 impl QuantScheme {
@@ -159,6 +167,7 @@ impl QuantScheme {
             Self::CompressedTensorsW4A8 { .. } => "compressed-tensors/int-quantized",
             Self::CompressedTensorsWna16 { .. } => "compressed-tensors/pack-quantized",
             Self::Gptq { .. } => "gptq",
+            Self::Awq { .. } => "awq",
         }
     }
 
@@ -256,6 +265,22 @@ struct GptqConfig {
     sym: bool,
     #[serde(default)]
     checkpoint_format: Option<String>,
+}
+
+/// AWQ's `quantization_config` keys.
+#[derive(Debug, Deserialize)]
+struct AwqConfig {
+    #[serde(default = "default_awq_bits")]
+    bits: u32,
+    group_size: i64,
+    #[serde(default = "default_true")]
+    zero_point: bool,
+    #[serde(default)]
+    version: Option<String>,
+}
+
+fn default_awq_bits() -> u32 {
+    4
 }
 
 fn default_true() -> bool {
@@ -590,15 +615,61 @@ fn quant_scheme(file: &Path, qc: &serde_json::Value) -> Result<QuantScheme, Laye
                 checkpoint_format: cfg.checkpoint_format,
             })
         }
+        "awq" => awq_scheme(file, qc),
         "" => Err(unsupported(
             "unknown".into(),
             "quantization_config has no quant_method".into(),
         )),
         other => Err(unsupported(
             other.to_string(),
-            "moe-rs loads compressed-tensors (int-quantized, pack-quantized) and gptq".into(),
+            "moe-rs loads compressed-tensors (int-quantized, pack-quantized), gptq and awq".into(),
         )),
     }
+}
+
+/// AWQ as AutoAWQ writes it: 4-bit codes with zero points in the `gemm` packing. The `gemv`
+/// packings interleave differently and symmetric AWQ (`zero_point: false`) stores no zeros; both
+/// are refused rather than read with the wrong layout.
+fn awq_scheme(file: &Path, qc: &serde_json::Value) -> Result<QuantScheme, LayerError> {
+    let cfg: AwqConfig = serde_json::from_value(qc.clone()).map_err(|e| LayerError::JsonParse {
+        file: file.to_path_buf(),
+        message: format!("quantization_config (awq): {e}"),
+    })?;
+    let unsupported = |reason: String| LayerError::UnsupportedScheme {
+        file: file.to_path_buf(),
+        scheme: "awq".into(),
+        reason,
+    };
+    if cfg.bits != 4 {
+        return Err(unsupported(format!(
+            "bits = {}; AWQ is read as 4-bit only",
+            cfg.bits
+        )));
+    }
+    if let Some(v) = cfg.version.as_deref()
+        && !v.eq_ignore_ascii_case("gemm")
+    {
+        return Err(unsupported(format!(
+            "version {v:?}; only the gemm packing is supported"
+        )));
+    }
+    if !cfg.zero_point {
+        return Err(unsupported(
+            "zero_point = false; only AWQ with zero points is supported".into(),
+        ));
+    }
+    let group_size = match cfg.group_size {
+        -1 => None,
+        g if g > 0 => Some(g as usize),
+        g => {
+            return Err(LayerError::ConfigField {
+                file: file.to_path_buf(),
+                field: "group_size",
+                reason: format!("must be positive or -1, got {g}"),
+            });
+        }
+    };
+    Ok(QuantScheme::Awq { group_size })
 }
 
 fn compressed_tensors_scheme(
@@ -669,7 +740,8 @@ fn compressed_tensors_scheme(
             format!("{group_name}: float weights are not supported"),
         ));
     }
-    if !weights.symmetric {
+    // Zero points are read for pack-quantized weights only (W4A8's kernels are symmetric).
+    if !weights.symmetric && format != "pack-quantized" {
         return Err(unsupported(
             scheme_name,
             format!("{group_name}: asymmetric weights (zero points) are not supported"),
@@ -736,6 +808,7 @@ fn compressed_tensors_scheme(
                 group_size,
                 actorder: weights.actorder,
                 scale_dtype,
+                symmetric: weights.symmetric,
             })
         }
         _ => Err(unsupported(

@@ -8,8 +8,18 @@
 //! |---|---|---|
 //! | unquantized | `weight` f32/bf16/f16 `[n, k]` | bytes kept as stored |
 //! | compressed-tensors `int-quantized` | `weight` i8 `[n, k]` in [-8, 7], `weight_scale` `[n, G]` | codes checked for range |
-//! | compressed-tensors `pack-quantized` | `weight_packed` i32 `[n, ceil(k·b/32)]`, `weight_shape` `[2]`, `weight_scale` `[n, G]`, `weight_g_idx` `[k]` | `moe_quant::unpack_from_int32` |
-//! | GPTQ | `qweight` i32 `[k/pf, n]`, `scales` `[G, n]`, `g_idx` `[k]` (`qzeros` unused: symmetric) | unpacked along K and transposed; scales transposed |
+//! | compressed-tensors `pack-quantized` | `weight_packed` i32 `[n, ceil(k·b/32)]`, `weight_shape` `[2]`, `weight_scale` `[n, G]`, `weight_g_idx` `[k]`, `weight_zero_point` i32 `[ceil(n·b/32), G]` (asymmetric only) | `moe_quant::unpack_from_int32`; zero points unpacked along N |
+//! | GPTQ | `qweight` i32 `[k/pf, n]`, `scales` `[G, n]`, `g_idx` `[k]`, `qzeros` i32 `[G, n/pf]` (asymmetric only) | unpacked along K and transposed; scales and zeros transposed |
+//! | AWQ (`gemm`) | `qweight` i32 `[k, n/8]`, `qzeros` i32 `[G, n/8]`, `scales` `[G, n]` | unpacked along N in AWQ's nibble order; scales and zeros transposed |
+//!
+//! Zero points. Codes are always returned signed, `q − 2^(bits−1)` for a stored unsigned `q`,
+//! so symmetric formats need nothing more. Asymmetric formats also return their zero points
+//! `z` unsigned `[n, G]`, and the weight is `(q − z)·s = (code + 2^(bits−1) − z)·s`. GPTQ's
+//! original ("v1") format stores `z − 1` (its quantizer subtracted one before packing and
+//! every kernel adds it back, wrapping within the field's bits); `gptq_v2` stores `z` itself,
+//! and so does AWQ. compressed-tensors quantizes to signed values and packs codes and zero
+//! points alike with the offset `2^(bits−1)`, so its stored zero field is already the unsigned
+//! `z` that goes with the unsigned code.
 //!
 //! Every size is checked against `config.json` (a disagreement is [`LayerError::ConfigMismatch`]
 //! naming the config field), every derived shape against the format
@@ -37,25 +47,38 @@ pub(crate) enum Format {
         group_size: Option<usize>,
         scale_dtype: Option<DType>,
     },
-    /// compressed-tensors `pack-quantized`.
+    /// compressed-tensors `pack-quantized`; `zeros` when asymmetric.
     PackQuantized {
         bits: u32,
         group_size: Option<usize>,
         act_order: bool,
         scale_dtype: Option<DType>,
+        zeros: bool,
     },
-    /// Symmetric GPTQ.
+    /// GPTQ; `zeros` is `None` for symmetric checkpoints (their `qzeros` are not read).
     Gptq {
         bits: u32,
         group_size: Option<usize>,
         act_order: bool,
+        zeros: Option<GptqZeros>,
     },
+    /// AWQ `gemm`: 4-bit codes with zero points.
+    Awq { group_size: Option<usize> },
+}
+
+/// How an asymmetric GPTQ checkpoint stores its zero points.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GptqZeros {
+    /// `checkpoint_format: gptq` (or none): the stored field is `z − 1`.
+    MinusOne,
+    /// `checkpoint_format: gptq_v2`: the stored field is `z`.
+    Exact,
 }
 
 impl Format {
-    /// The format of a scheme; asymmetric GPTQ is refused (its zero points are not read).
-    pub(crate) fn from_scheme(scheme: &QuantScheme, config: &Path) -> Result<Self, LayerError> {
-        Ok(match *scheme {
+    /// The format of a scheme (every scheme the config parser accepts has one).
+    pub(crate) fn from_scheme(scheme: &QuantScheme) -> Self {
+        match *scheme {
             QuantScheme::Unquantized(_) => Self::Float,
             QuantScheme::CompressedTensorsW4A8 {
                 group_size,
@@ -69,34 +92,32 @@ impl Format {
                 bits,
                 group_size,
                 scale_dtype,
+                symmetric,
                 ..
             } => Self::PackQuantized {
                 bits,
                 group_size,
                 act_order: scheme.has_act_order(),
                 scale_dtype,
+                zeros: !symmetric,
             },
             QuantScheme::Gptq {
                 bits,
                 group_size,
                 desc_act,
                 sym,
-                ..
-            } => {
-                if !sym {
-                    return Err(LayerError::UnsupportedScheme {
-                        file: config.to_path_buf(),
-                        scheme: "gptq".into(),
-                        reason: "asymmetric GPTQ (sym = false) is not supported".into(),
-                    });
-                }
-                Self::Gptq {
-                    bits,
-                    group_size,
-                    act_order: desc_act,
-                }
-            }
-        })
+                ref checkpoint_format,
+            } => Self::Gptq {
+                bits,
+                group_size,
+                act_order: desc_act,
+                zeros: (!sym).then_some(match checkpoint_format.as_deref() {
+                    Some("gptq_v2") => GptqZeros::Exact,
+                    _ => GptqZeros::MinusOne,
+                }),
+            },
+            QuantScheme::Awq { group_size } => Self::Awq { group_size },
+        }
     }
 
     /// The tensor whose presence identifies a projection in this format.
@@ -104,7 +125,7 @@ impl Format {
         match self {
             Self::Float | Self::IntQuantized { .. } => ParamKind::Weight,
             Self::PackQuantized { .. } => ParamKind::WeightPacked,
-            Self::Gptq { .. } => ParamKind::QWeight,
+            Self::Gptq { .. } | Self::Awq { .. } => ParamKind::QWeight,
         }
     }
 
@@ -112,7 +133,7 @@ impl Format {
     pub(crate) fn bits(self) -> Option<u32> {
         match self {
             Self::Float => None,
-            Self::IntQuantized { .. } => Some(4),
+            Self::IntQuantized { .. } | Self::Awq { .. } => Some(4),
             Self::PackQuantized { bits, .. } | Self::Gptq { bits, .. } => Some(bits),
         }
     }
@@ -123,8 +144,19 @@ impl Format {
             Self::Float => None,
             Self::IntQuantized { group_size, .. }
             | Self::PackQuantized { group_size, .. }
-            | Self::Gptq { group_size, .. } => group_size,
+            | Self::Gptq { group_size, .. }
+            | Self::Awq { group_size } => group_size,
         }
+    }
+
+    /// Whether the projections carry zero points (asymmetric codes).
+    pub(crate) fn has_zeros(self) -> bool {
+        matches!(
+            self,
+            Self::Gptq { zeros: Some(_), .. }
+                | Self::Awq { .. }
+                | Self::PackQuantized { zeros: true, .. }
+        )
     }
 
     /// Whether the projections carry act-order `g_idx`.
@@ -190,6 +222,8 @@ pub(crate) struct LogicalProj<'a> {
     pub values: Values<'a>,
     pub scales: Option<Scales>,
     pub g_idx: Option<Vec<i32>>,
+    /// Unsigned zero points `[n, G]` of asymmetric formats (see the module docs).
+    pub zeros: Option<Vec<u8>>,
     /// Bias `[n]`: dtype and bytes as stored.
     pub bias: Option<(Dtype, &'a [u8])>,
     /// The primary tensor (names the projection in errors).
@@ -359,6 +393,7 @@ pub(crate) fn read_projection<'a>(
                 },
                 scales: None,
                 g_idx: None,
+                zeros: None,
                 bias,
                 primary: t,
                 scale_tensor: None,
@@ -379,6 +414,7 @@ pub(crate) fn read_projection<'a>(
                 values: Values::Codes(codes),
                 scales: Some(scales),
                 g_idx: None,
+                zeros: None,
                 bias,
                 primary: t,
                 scale_tensor: Some(st),
@@ -389,6 +425,7 @@ pub(crate) fn read_projection<'a>(
             bits,
             group_size,
             act_order,
+            zeros,
             ..
         } => {
             let shape_t = src.get(&name(req.prefix, ParamKind::WeightShape))?;
@@ -427,12 +464,22 @@ pub(crate) fn read_projection<'a>(
             } else {
                 (None, None)
             };
+            let zeros = if zeros {
+                let zt =
+                    src.get_as(&name(req.prefix, ParamKind::WeightZeroPoint), &[Dtype::I32])?;
+                let rows = moe_quant::pack::packed_int32_cols(n, bits);
+                zt.expect_shape(&[rows, groups])?;
+                Some(unpack_rows_int32(&i32_words(&zt)?, n, groups, bits))
+            } else {
+                None
+            };
             Ok(LogicalProj {
                 n,
                 k,
                 values: Values::Codes(codes),
                 scales: Some(scales),
                 g_idx,
+                zeros,
                 bias,
                 primary: t,
                 scale_tensor: Some(st),
@@ -443,6 +490,7 @@ pub(crate) fn read_projection<'a>(
             bits,
             group_size,
             act_order,
+            zeros,
         } => {
             let pf = (32 / bits) as usize;
             if !k.is_multiple_of(pf) {
@@ -472,19 +520,144 @@ pub(crate) fn read_projection<'a>(
             } else {
                 (None, None)
             };
+            let zeros = match zeros {
+                None => None,
+                Some(stored) => {
+                    let zt = src.get_as(&name(req.prefix, ParamKind::QZeros), &[Dtype::I32])?;
+                    if !n.is_multiple_of(pf) {
+                        return Err(LayerError::ConfigField {
+                            file: req.config.to_path_buf(),
+                            field: req.n.field,
+                            reason: format!(
+                                "{n} is not a multiple of the GPTQ pack factor {pf} (qzeros)"
+                            ),
+                        });
+                    }
+                    zt.expect_shape(&[groups, n / pf])?;
+                    let add = u32::from(stored == GptqZeros::MinusOne);
+                    Some(unpack_gptq_zeros(&i32_words(&zt)?, groups, n, bits, add))
+                }
+            };
             Ok(LogicalProj {
                 n,
                 k,
                 values: Values::Codes(codes),
                 scales: Some(scales),
                 g_idx,
+                zeros,
                 bias,
                 primary: t,
                 scale_tensor: Some(st),
                 g_idx_tensor,
             })
         }
+        Format::Awq { group_size } => {
+            if !n.is_multiple_of(AWQ_PACK) {
+                return Err(LayerError::ConfigField {
+                    file: req.config.to_path_buf(),
+                    field: req.n.field,
+                    reason: format!("{n} is not a multiple of the AWQ pack factor {AWQ_PACK}"),
+                });
+            }
+            let words = n / AWQ_PACK;
+            let t = src.get_as(&name(req.prefix, ParamKind::QWeight), &[Dtype::I32])?;
+            if t.shape.len() == 2 {
+                if t.shape[0] != k {
+                    return Err(config_mismatch(&t, req.k, t.shape[0], req.config));
+                }
+                if t.shape[1] != words {
+                    return Err(config_mismatch(
+                        &t,
+                        req.n,
+                        t.shape[1].saturating_mul(AWQ_PACK),
+                        req.config,
+                    ));
+                }
+            }
+            t.expect_shape(&[k, words])?;
+            let (groups, _) = groups_of(group_size, k, &t.name)?;
+            let st = src.get(&name(req.prefix, ParamKind::Scales))?;
+            let scales = read_scales(&st, n, groups, true, None)?;
+            let zt = src.get_as(&name(req.prefix, ParamKind::QZeros), &[Dtype::I32])?;
+            zt.expect_shape(&[groups, words])?;
+            // Codes and zeros share the packing: `[rows, n/8]` words → `[n, rows]` values.
+            let q = unpack_awq(&i32_words(&t)?, k, n);
+            let codes = q.into_iter().map(|q| (q as i8) - 8).collect();
+            let zeros = unpack_awq(&i32_words(&zt)?, groups, n);
+            Ok(LogicalProj {
+                n,
+                k,
+                values: Values::Codes(codes),
+                scales: Some(scales),
+                g_idx: None,
+                zeros: Some(zeros),
+                bias,
+                primary: t,
+                scale_tensor: Some(st),
+                g_idx_tensor: None,
+            })
+        }
     }
+}
+
+/// Values per AWQ int32 word.
+const AWQ_PACK: usize = 8;
+
+/// AWQ's `gemm` packing: the nibble (4-bit field index) holding column `8j + c` of word `j`.
+/// AutoAWQ packs columns `0, 2, 4, 6, 1, 3, 5, 7` into fields `0..8`; this is its inverse.
+const AWQ_FIELD_OF_COLUMN: [usize; AWQ_PACK] = [0, 4, 1, 5, 2, 6, 3, 7];
+
+/// Unpacks an AWQ tensor `[rows, n/8]` (qweight with `rows = k`, qzeros with `rows = G`)
+/// into unsigned 4-bit values transposed to `[n, rows]`.
+fn unpack_awq(words: &[i32], rows: usize, n: usize) -> Vec<u8> {
+    let mut out = vec![0u8; n * rows];
+    for (r, row) in words.chunks_exact(n / AWQ_PACK).enumerate().take(rows) {
+        for (j, &w) in row.iter().enumerate() {
+            let w = w as u32;
+            for (c, &field) in AWQ_FIELD_OF_COLUMN.iter().enumerate() {
+                out[(j * AWQ_PACK + c) * rows + r] = ((w >> (4 * field)) & 0xF) as u8;
+            }
+        }
+    }
+    out
+}
+
+/// Unpacks GPTQ `qzeros` `[G, n/pf]` (field `t` of word `[g][j]` = zero of column `j·pf + t`)
+/// into unsigned zero points `[n, G]`, adding `add` within the field's bits (1 for the v1
+/// format, which stores `z − 1`).
+fn unpack_gptq_zeros(words: &[i32], groups: usize, n: usize, bits: u32, add: u32) -> Vec<u8> {
+    let pf = (32 / bits) as usize;
+    let mask = (1u32 << bits) - 1;
+    let mut zeros = vec![0u8; n * groups];
+    for (g, row) in words.chunks_exact(n / pf).enumerate().take(groups) {
+        for (j, &w) in row.iter().enumerate() {
+            let w = w as u32;
+            for t in 0..pf {
+                let z = (((w >> (bits as usize * t)) & mask) + add) & mask;
+                zeros[(j * pf + t) * groups + g] = z as u8;
+            }
+        }
+    }
+    zeros
+}
+
+/// Unpacks compressed-tensors' zero points `[ceil(n·b/32), G]` (field `t` of word `[r][g]` =
+/// row `r·pf + t`, padding fields past `n` ignored) into unsigned values `[n, G]`.
+fn unpack_rows_int32(words: &[i32], n: usize, groups: usize, bits: u32) -> Vec<u8> {
+    let pf = (32 / bits) as usize;
+    let mask = (1u32 << bits) - 1;
+    let mut out = vec![0u8; n * groups];
+    for (r, row) in words.chunks_exact(groups).enumerate() {
+        for (g, &w) in row.iter().enumerate() {
+            for t in 0..pf {
+                let c = r * pf + t;
+                if c < n {
+                    out[c * groups + g] = (((w as u32) >> (bits as usize * t)) & mask) as u8;
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Rejects the first code outside the signed range of `bits`.
@@ -540,5 +713,38 @@ mod tests {
         // 8-bit: 4 codes per word.
         let w: u32 = 0x80_81_7F_00;
         assert_eq!(unpack_gptq(&[w as i32], 4, 1, 8), [-128, -1, 1, 0]);
+    }
+
+    #[test]
+    fn awq_unpack_follows_the_gemm_field_order() {
+        // One word holding columns 0..8: column c is written to field [0,4,1,5,2,6,3,7][c].
+        let word: u32 = [0u32, 4, 1, 5, 2, 6, 3, 7]
+            .iter()
+            .enumerate()
+            .fold(0, |w, (c, &f)| w | ((c as u32 + 1) << (4 * f)));
+        assert_eq!(unpack_awq(&[word as i32], 1, 8), [1, 2, 3, 4, 5, 6, 7, 8]);
+        // Two rows: the output is transposed to [n, rows].
+        let rows = [0x7654_3210u32 as i32, 0xFEDC_BA98u32 as i32];
+        let v = unpack_awq(&rows, 2, 8);
+        // Field f of row 0 holds f, of row 1 holds 8 + f; column c sits in field FIELD[c].
+        for c in 0..8 {
+            let f = AWQ_FIELD_OF_COLUMN[c] as u8;
+            assert_eq!(v[c * 2], f);
+            assert_eq!(v[c * 2 + 1], 8 + f);
+        }
+    }
+
+    #[test]
+    fn gptq_zeros_unpack_along_n_with_the_v1_offset() {
+        // 4-bit, n = 8, one group: stored fields 0..8, and 15 wraps to 0 with the v1 offset.
+        let w: u32 = (0..8).fold(0, |w, t| w | ((if t == 7 { 15 } else { t }) << (4 * t)));
+        assert_eq!(
+            unpack_gptq_zeros(&[w as i32], 1, 8, 4, 0),
+            [0, 1, 2, 3, 4, 5, 6, 15]
+        );
+        assert_eq!(
+            unpack_gptq_zeros(&[w as i32], 1, 8, 4, 1),
+            [1, 2, 3, 4, 5, 6, 7, 0]
+        );
     }
 }

@@ -38,6 +38,6 @@ pub use decode::FloatData;
 pub use names::{ExpertParam, MoeNames, ParamKind, ShardId};
 pub use read::{
     ActOrder, Checkpoint, ExpertTensors, ExpertWeights, IntExperts, MoeLayerTensors, ReadOptions,
-    RouterTensors, SharedExpertTensors,
+    RouterTensors, SharedExpertTensors, ZeroPoints,
 };
 pub use shards::{Dtype, ShardAccess, TensorRef, TensorSource};

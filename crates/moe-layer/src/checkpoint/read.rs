@@ -12,6 +12,9 @@
 //!   for channelwise scales). Scales are widened to f32, which is exact for bf16 and f16; the
 //!   stored dtype is kept in [`IntExperts::scale_dtype`] so a later stage can narrow back
 //!   losslessly. GPTQ's K-major `qweight`/`scales` are transposed into this N-major layout.
+//! - Asymmetric formats (GPTQ `sym: false`, AWQ, asymmetric `pack-quantized`) add unsigned zero
+//!   points ([`ZeroPoints`]) laid out and sliced exactly like the scales; their codes are still
+//!   signed `q − 2^(bits−1)`, so the weight is `(code + 2^(bits−1) − z)·s`.
 //! - Float weights stay in their stored dtype ([`FloatData`]).
 //!
 //! Tensor parallelism (rank `r` of `tp`): the gate and up projections keep output rows
@@ -103,6 +106,19 @@ pub struct IntExperts {
     pub w2_scales: Vec<f32>,
     /// Act-order group indices, when the checkpoint has them.
     pub act_order: Option<ActOrder>,
+    /// Zero points of asymmetric checkpoints (GPTQ `sym: false`, AWQ); `None` = symmetric.
+    pub zeros: Option<ZeroPoints>,
+}
+
+/// Unsigned zero points, laid out like the scales. With them a code `c` (signed, as in
+/// [`IntExperts::w13`]) stands for the weight `(c + 2^(bits−1) − z)·s`: the stored unsigned
+/// code minus the zero point, times the scale.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZeroPoints {
+    /// `[E, 2I, H/g]` (or `[E, 2I, 1]`), each in `0..2^bits`.
+    pub w13: Vec<u8>,
+    /// `[E, H, I/g]` (or `[E, H, 1]`).
+    pub w2: Vec<u8>,
 }
 
 /// Act-order group indices: `g_idx[k]` is the scale group of input column `k`.
@@ -194,7 +210,7 @@ impl Checkpoint {
     /// shard layout. Shards are read with `access` (see [`ShardAccess`]).
     pub fn open(dir: &Path, access: ShardAccess) -> Result<Self, LayerError> {
         let spec = MoeModelSpec::from_dir(dir)?;
-        let format = Format::from_scheme(&spec.quant, &spec.config_path)?;
+        let format = Format::from_scheme(&spec.quant);
         let source = TensorSource::open(dir, access)?;
         Ok(Self {
             names: MoeNames::new(spec.family),
@@ -575,6 +591,8 @@ struct Accumulator {
     scale_dtype: Option<DType>,
     w13_g_idx: Vec<i32>,
     w2_g_idx: Vec<i32>,
+    w13_zeros: Vec<u8>,
+    w2_zeros: Vec<u8>,
     /// Bias dtype, fixed by the first projection (`None` inside = no biases).
     bias: Option<Option<safetensors::Dtype>>,
     first_bias_name: String,
@@ -596,6 +614,8 @@ impl Accumulator {
             scale_dtype: None,
             w13_g_idx: Vec::new(),
             w2_g_idx: Vec::new(),
+            w13_zeros: Vec::new(),
+            w2_zeros: Vec::new(),
             bias: None,
             first_bias_name: String::new(),
             w13_bias: Vec::new(),
@@ -655,7 +675,16 @@ impl Accumulator {
             } else {
                 &mut self.w13_scales
             };
-            append_block(&s.values, g, scale_rows, scale_cols, dst);
+            append_block(&s.values, g, scale_rows.clone(), scale_cols.clone(), dst);
+            // Zero points are laid out like the scales and sliced the same way.
+            if let Some(z) = &p.zeros {
+                let dst = if is_w2 {
+                    &mut self.w2_zeros
+                } else {
+                    &mut self.w13_zeros
+                };
+                append_block(z, g, scale_rows, scale_cols, dst);
+            }
         }
         if let Some(g_idx) = &p.g_idx {
             match shard {
@@ -745,6 +774,10 @@ impl Accumulator {
                 act_order: format.act_order().then_some(ActOrder {
                     w13_g_idx: self.w13_g_idx,
                     w2_g_idx: self.w2_g_idx,
+                }),
+                zeros: format.has_zeros().then_some(ZeroPoints {
+                    w13: self.w13_zeros,
+                    w2: self.w2_zeros,
                 }),
             }),
         };

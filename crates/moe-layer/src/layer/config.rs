@@ -30,11 +30,12 @@ pub enum LayerQuant {
     /// Unquantized experts: bf16/f16/f32 weights kept in their precision (bf16 stays bf16,
     /// f16 is widened to f32 exactly) and run with f32 compute, no activation quantization.
     Unquantized,
-    /// Weight-only integers (WNA16: GPTQ or compressed-tensors `pack-quantized`), symmetric,
-    /// 4 or 8 bits, group sizes 32/64/128 or channelwise, optional act-order, float
-    /// activations and f32 accumulation, packed for the native WNA16 kernels in `process`
-    /// (act-order sorted by group once); with the `cpu-wna16` kernel disabled they are
-    /// repacked into Marlin's layout for the CPU Marlin executor. Scales must be bf16 or f16.
+    /// Weight-only integers (WNA16: GPTQ, AWQ or compressed-tensors `pack-quantized`),
+    /// 4 or 8 bits, group sizes 32/64/128 or channelwise, optional act-order, optional zero
+    /// points, float activations and f32 accumulation, packed for the native WNA16 kernels in
+    /// `process` (act-order sorted by group once); with the `cpu-wna16` kernel disabled
+    /// symmetric weights are repacked into Marlin's layout for the CPU Marlin executor (which
+    /// has no zero points). Scales must be bf16 or f16.
     Wna16 {
         /// Bits per code, 4 or 8.
         bits: u32,
@@ -42,6 +43,9 @@ pub enum LayerQuant {
         group_size: Option<usize>,
         /// Rows carry act-order group indices (`g_idx`).
         act_order: bool,
+        /// Asymmetric codes: every scale group has a zero point (GPTQ `sym: false`, AWQ),
+        /// loaded from a checkpoint with the weights.
+        zero_points: bool,
     },
 }
 

@@ -32,31 +32,34 @@ impl MoeLayerConfig {
             },
             QuantScheme::Unquantized(_) => LayerQuant::Unquantized,
             QuantScheme::CompressedTensorsWna16 {
-                bits, group_size, ..
+                bits,
+                group_size,
+                symmetric,
+                ..
             } => LayerQuant::Wna16 {
                 bits: *bits,
                 group_size: *group_size,
                 act_order: spec.quant.has_act_order(),
+                zero_points: !*symmetric,
             },
             QuantScheme::Gptq {
                 bits,
                 group_size,
                 desc_act,
-                sym: true,
+                sym,
                 ..
             } => LayerQuant::Wna16 {
                 bits: *bits,
                 group_size: *group_size,
                 act_order: *desc_act,
+                zero_points: !*sym,
             },
-            other => {
-                return Err(LayerError::UnsupportedScheme {
-                    file: spec.config_path.clone(),
-                    scheme: other.name().to_string(),
-                    reason: "the layer runs unquantized, compressed-tensors W4A8 (int-quantized) and symmetric WNA16 (GPTQ, pack-quantized) checkpoints only so far"
-                        .into(),
-                });
-            }
+            QuantScheme::Awq { group_size } => LayerQuant::Wna16 {
+                bits: 4,
+                group_size: *group_size,
+                act_order: false,
+                zero_points: true,
+            },
         };
         let activation = match spec.activation.as_str() {
             "silu" | "swiglu" => Activation::SILU,
@@ -228,13 +231,19 @@ fn copy_experts(
             "float weights".into(),
         );
     };
-    let (bits, group_size, act_order) = match cfg.quant {
-        LayerQuant::W4A8 { group_size } => (4, group_size, false),
+    let (bits, group_size, act_order, zero_points) = match cfg.quant {
+        LayerQuant::W4A8 { group_size } => (4, group_size, false, false),
         LayerQuant::Wna16 {
             bits,
             group_size,
             act_order,
-        } => (bits, group_size, act_order && group_size.is_some()),
+            zero_points,
+        } => (
+            bits,
+            group_size,
+            act_order && group_size.is_some(),
+            zero_points,
+        ),
         _ => {
             return mismatch(
                 "weights",
@@ -243,17 +252,49 @@ fn copy_experts(
             );
         }
     };
-    if q.bits != bits || q.group_size != group_size || q.act_order.is_some() != act_order {
+    if q.bits != bits
+        || q.group_size != group_size
+        || q.act_order.is_some() != act_order
+        || q.zeros.is_some() != zero_points
+    {
         return mismatch(
             "weights",
-            format!("int{bits}, group size {group_size:?}, act-order {act_order}"),
             format!(
-                "int{}, group size {:?}, act-order {}",
+                "int{bits}, group size {group_size:?}, act-order {act_order}, zero points \
+                 {zero_points}"
+            ),
+            format!(
+                "int{}, group size {:?}, act-order {}, zero points {}",
                 q.bits,
                 q.group_size,
-                q.act_order.is_some()
+                q.act_order.is_some(),
+                q.zeros.is_some()
             ),
         );
+    }
+    if let Some(z) = &q.zeros {
+        for (name, zeros, scales) in [
+            ("w13_qzeros", &z.w13, p.w13_scale.len()),
+            ("w2_qzeros", &z.w2, p.w2_scale.len()),
+        ] {
+            if zeros.len() != scales {
+                return Err(LayerError::ParamShape {
+                    tensor: name.into(),
+                    expected: vec![scales],
+                    actual: vec![zeros.len()],
+                });
+            }
+            if let Some(index) = zeros.iter().position(|&v| u32::from(v) >> bits != 0) {
+                return Err(LayerError::ParamValue {
+                    tensor: name.into(),
+                    index,
+                    value: f64::from(zeros[index]),
+                    reason: "zero points must lie in [0, 2^bits)",
+                });
+            }
+        }
+        p.w13_zeros = z.w13.clone();
+        p.w2_zeros = z.w2.clone();
     }
     if let Some(ao) = &q.act_order {
         let e = local.len();

@@ -525,8 +525,10 @@ impl MoeLayer {
                 bits,
                 group_size,
                 act_order,
+                zero_points,
             } if selection.kernel.id == moe_oracle::KernelId::CpuWna16 => {
-                let (w13, w2) = wna16::pack_layer(params, bits, group_size, act_order, h, i)?;
+                let (w13, w2) =
+                    wna16::pack_layer(params, bits, group_size, act_order, zero_points, h, i)?;
                 Experts::Wna16Native(FusedMoe::new(
                     ExpertWeights {
                         w13,
@@ -539,9 +541,23 @@ impl MoeLayer {
                 )?)
             }
             LayerQuant::Wna16 {
+                zero_points: true, ..
+            } => {
+                // Marlin's CPU executor applies the implicit symmetric zero only.
+                return Err(LayerError::InvalidArgument {
+                    field: "quant",
+                    reason: format!(
+                        "WNA16 weights with zero points run on the cpu-wna16 kernel only, \
+                         and {} was selected",
+                        selection.kernel.id.name()
+                    ),
+                });
+            }
+            LayerQuant::Wna16 {
                 bits,
                 group_size,
                 act_order,
+                ..
             } => {
                 let (w13, w2) = marlin::repack_layer(params, bits, group_size, act_order, h, i)?;
                 Experts::Wna16(FusedMoe::new(

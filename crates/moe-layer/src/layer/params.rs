@@ -133,6 +133,10 @@ pub(crate) struct Params {
     pub(crate) scale_dtype: Option<moe_quant::DType>,
     pub(crate) w13_g_idx: Vec<i32>,
     pub(crate) w2_g_idx: Vec<i32>,
+    /// WNA16 with zero points only: the unsigned zero point of every scale group, laid out
+    /// like the scales (empty without; only a checkpoint load fills them).
+    pub(crate) w13_zeros: Vec<u8>,
+    pub(crate) w2_zeros: Vec<u8>,
     /// `[E_local][shard][kind]`: whether it was written.
     loaded: Vec<bool>,
     local_experts: Vec<usize>,
@@ -175,6 +179,8 @@ impl Params {
                 scale_dtype: None,
                 w13_g_idx: Vec::new(),
                 w2_g_idx: Vec::new(),
+                w13_zeros: Vec::new(),
+                w2_zeros: Vec::new(),
                 loaded,
                 local_experts,
             };
@@ -191,6 +197,8 @@ impl Params {
             scale_dtype: None,
             w13_g_idx: Vec::new(),
             w2_g_idx: Vec::new(),
+            w13_zeros: Vec::new(),
+            w2_zeros: Vec::new(),
             loaded,
             local_experts,
         }

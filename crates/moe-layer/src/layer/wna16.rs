@@ -2,6 +2,10 @@
 //! packed per expert into [`PackedWna16`] (4-bit codes offset by 8, the `uint4b8` zero, 8-bit
 //! ones by 128, `uint8b128`; scales in the dtype the checkpoint stored them in).
 //!
+//! Asymmetric checkpoints (GPTQ `sym: false`, AWQ) load their codes the same way, signed as
+//! `q − 2^(bits−1)`, so the offset restores the stored unsigned `q`; their zero points go to
+//! the packed matrix as they are, and the kernels compute `(q − z)·s`.
+//!
 //! Act-order checkpoints give every input row a group (`g_idx`) in any order. Packing sorts the
 //! input rows by group once (stable, so rows of a group keep their order), which makes every
 //! group a contiguous run of K values again; the packed matrix keeps the permutation and the
@@ -20,6 +24,7 @@ struct Projection<'a> {
     name: &'static str,
     codes: &'a [i8],
     scales: &'a [f32],
+    zeros: Option<&'a [u8]>,
     g_idx: &'a [i32],
     n: usize,
     k: usize,
@@ -31,6 +36,7 @@ pub(crate) fn pack_layer(
     bits: u32,
     group_size: Option<usize>,
     act_order: bool,
+    zero_points: bool,
     h: usize,
     i: usize,
 ) -> Result<(Vec<PackedWna16>, Vec<PackedWna16>), LayerError> {
@@ -44,10 +50,26 @@ pub(crate) fn pack_layer(
     }
     let e = params.w2.len() / (h * i);
     let act_order = act_order && group_size.is_some();
+    if zero_points {
+        // Zero points come with a checkpoint load only; without them the weights are not known.
+        for (name, zeros, scales) in [
+            ("w13_qzeros", &params.w13_zeros, &params.w13_scale),
+            ("w2_qzeros", &params.w2_zeros, &params.w2_scale),
+        ] {
+            if zeros.len() != scales.len() {
+                return Err(LayerError::ParamShape {
+                    tensor: name.into(),
+                    expected: vec![scales.len()],
+                    actual: vec![zeros.len()],
+                });
+            }
+        }
+    }
     let w13 = Projection {
         name: "w13_weight",
         codes: &params.w13,
         scales: &params.w13_scale,
+        zeros: zero_points.then_some(params.w13_zeros.as_slice()),
         g_idx: &params.w13_g_idx,
         n: 2 * i,
         k: h,
@@ -56,6 +78,7 @@ pub(crate) fn pack_layer(
         name: "w2_weight",
         codes: &params.w2,
         scales: &params.w2_scale,
+        zeros: zero_points.then_some(params.w2_zeros.as_slice()),
         g_idx: &params.w2_g_idx,
         n: h,
         k: i,
@@ -81,6 +104,7 @@ fn pack_expert(
     let groups = group_size.map_or(1, |g| k.div_ceil(g));
     let codes = &p.codes[x * n * k..][..n * k];
     let scales = &p.scales[x * n * groups..][..n * groups];
+    let zeros = p.zeros.map(|z| &z[x * n * groups..][..n * groups]);
     let perm = match group_size {
         Some(gs) if act_order => Some(sort_by_group(p, x, gs, groups)?),
         _ => None,
@@ -128,7 +152,7 @@ fn pack_expert(
         codes: &unsigned,
         group_size,
         scales,
-        zeros: None,
+        zeros,
         bias: None,
         perm: perm.as_deref(),
     })?)
