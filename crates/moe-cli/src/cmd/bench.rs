@@ -19,9 +19,11 @@ use serde::Serialize;
 use super::synth::{self, LayerShape, Rng};
 use super::{CliError, Output, median_ms, parse_bytes, thread_pool};
 
-/// Sustained DRAM read bandwidth of this machine class with both cores (limits.md: plain
-/// AVX-512 loads over 4 GiB, 2 threads).
-pub const DRAM_BYTES_PER_S: f64 = 28.8e9;
+/// Bytes the DRAM bound's streaming read covers at most: far beyond the caches of the machines
+/// this runs on, and quick (a few tenths of a second).
+const DRAM_PROBE_MAX_BYTES: u64 = 1 << 30;
+/// ... and at least, so that the probe does not measure the L3 when `--min-bytes` is small.
+const DRAM_PROBE_MIN_BYTES: u64 = 256 << 20;
 
 /// A named MoE shape.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -142,6 +144,10 @@ pub struct BenchArgs {
     /// has them); default: the process's (`MOE_KERNELS_W4A8_PREFILL`, else int8).
     #[arg(long, value_parser = parse_prefill)]
     pub w4a8_prefill: Option<W4A8Prefill>,
+    /// DRAM read bandwidth the bound divides by, GB/s; default: measured here by a streaming
+    /// read on the benchmark's threads before the rows.
+    #[arg(long)]
+    pub dram_gbs: Option<f64>,
 }
 
 /// Parses `int8` or `bf16`.
@@ -162,6 +168,8 @@ pub struct BenchReport {
     pub threads: usize,
     /// The DRAM bandwidth the bound assumes, bytes per second.
     pub dram_bytes_per_s: f64,
+    /// Where that figure comes from (`measured` or `given`).
+    pub dram_source: &'static str,
     /// The rung moe-kernels dispatches to.
     pub isa: &'static str,
     /// One row per (shape, batch size).
@@ -246,15 +254,33 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
     let pool = thread_pool(args.threads)?;
     let threads = pool.current_num_threads();
     let isa = kernels().isa().name();
+    let (dram, dram_source) = match args.dram_gbs {
+        Some(g) if g.is_finite() && g > 0.0 => (g * 1e9, "given"),
+        Some(g) => {
+            return Err(CliError(format!(
+                "--dram-gbs must be a positive number of GB/s, not {g}"
+            )));
+        }
+        None => {
+            let bytes = args
+                .min_bytes
+                .clamp(DRAM_PROBE_MIN_BYTES, DRAM_PROBE_MAX_BYTES);
+            (measure_dram(&pool, bytes as usize), "measured")
+        }
+    };
     if !out.json {
         println!(
             "moe bench: fused {} MoE, uniform random routing, {threads} threads, rung {isa}",
             args.format.describe(args.group_size)
         );
+        let how = match dram_source {
+            "given" => "given with --dram-gbs".to_string(),
+            _ => format!("measured: streaming read on {threads} threads"),
+        };
         println!(
-            "  cycling through >= {:.0} MiB of distinct weights; DRAM bound = bytes / {:.1} GB/s (limits.md, this machine class, 2 threads)",
+            "  cycling through >= {:.0} MiB of distinct weights; DRAM bound = bytes / {:.1} GB/s ({how})",
             args.min_bytes as f64 / (1 << 20) as f64,
-            DRAM_BYTES_PER_S / 1e9
+            dram / 1e9
         );
         println!();
         println!(
@@ -274,18 +300,40 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
     }
     let mut rows = Vec::new();
     for shape in &shapes {
-        rows.extend(bench_shape(args, shape, &rungs, &pool, out)?);
+        rows.extend(bench_shape(args, shape, &rungs, dram, &pool, out)?);
     }
     if out.json {
         out.print_json(&BenchReport {
             format: args.format,
             threads,
-            dram_bytes_per_s: DRAM_BYTES_PER_S,
+            dram_bytes_per_s: dram,
+            dram_source,
             isa,
             rows,
         })?;
     }
     Ok(())
+}
+
+/// The best of three timed reads of `bytes` of freshly written memory by every pool thread, in
+/// bytes per second: what the weight stream of a decode call can reach at most here.
+fn measure_dram(pool: &rayon::ThreadPool, bytes: usize) -> f64 {
+    use rayon::prelude::*;
+    let words = (bytes / 8).max(1);
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let chunk = words.div_ceil(pool.current_num_threads().max(1));
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        let sum = pool.install(|| {
+            buf.par_chunks(chunk)
+                .map(|c| c.iter().fold(0u64, |a, &b| a.wrapping_add(b)))
+                .reduce(|| 0, u64::wrapping_add)
+        });
+        std::hint::black_box(sum);
+        best = best.max((words * 8) as f64 / t0.elapsed().as_secs_f64().max(1e-9));
+    }
+    best
 }
 
 /// The kernel sets of the requested rungs, or the dispatcher's when none is named.
@@ -310,6 +358,7 @@ fn bench_shape(
     args: &BenchArgs,
     shape: &BenchShape,
     rungs: &[KernelSet],
+    dram: f64,
     pool: &rayon::ThreadPool,
     out: Output,
 ) -> Result<Vec<BenchRow>, CliError> {
@@ -331,17 +380,17 @@ fn bench_shape(
         BenchFormat::W4a8 => {
             let layer = pool.install(|| synth::random_codes_layer(layer_shape, args.seed, &bar))?;
             bar.finish_and_clear();
-            measure_layer(args, shape, layer, rungs, pool, out)
+            measure_layer(args, shape, layer, rungs, dram, pool, out)
         }
         BenchFormat::W8a8 => {
             let layer = pool.install(|| synth::random_int8_layer(layer_shape, args.seed, &bar))?;
             bar.finish_and_clear();
-            measure_layer(args, shape, layer, rungs, pool, out)
+            measure_layer(args, shape, layer, rungs, dram, pool, out)
         }
         BenchFormat::W4a16 => {
             let layer = pool.install(|| synth::random_wna16_layer(layer_shape, args.seed, &bar))?;
             bar.finish_and_clear();
-            measure_layer(args, shape, layer, rungs, pool, out)
+            measure_layer(args, shape, layer, rungs, dram, pool, out)
         }
     }
 }
@@ -358,6 +407,7 @@ fn measure_layer<W: ExpertMatrix + Clone>(
     shape: &BenchShape,
     layer: synth::SynthLayer<W>,
     rungs: &[KernelSet],
+    dram: f64,
     pool: &rayon::ThreadPool,
     out: Output,
 ) -> Result<Vec<BenchRow>, CliError> {
@@ -455,7 +505,7 @@ fn measure_layer<W: ExpertMatrix + Clone>(
             let experts_touched = touched as f64 / args.iters as f64;
             let bytes = experts_touched * layer.expert_bytes as f64;
             let macs = (m * k * 3 * h * i) as f64;
-            let dram_ms = bytes / DRAM_BYTES_PER_S * 1e3;
+            let dram_ms = bytes / dram * 1e3;
             let first = *first_ms.get_or_insert(ms);
             let row = BenchRow {
                 shape: shape.clone(),
