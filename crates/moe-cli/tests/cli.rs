@@ -167,6 +167,34 @@ fn inspect_lists_every_refusal_when_the_kernel_is_disabled() {
 }
 
 #[test]
+fn run_obeys_the_deny_list_like_inspect() {
+    let dir = fixture("qwen3moe-w4a16-g32");
+    let input = dir.join("expected.safetensors");
+    let out_file =
+        std::env::temp_dir().join(format!("moe-cli-deny-{}.safetensors", std::process::id()));
+    let run = |disabled: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_moe"))
+            .args(["run", "--json", "--model", dir.to_str().unwrap()])
+            .args(["--input", input.to_str().unwrap(), "--input-tensor", "x"])
+            .args(["--output", out_file.to_str().unwrap()])
+            .env("MOE_DISABLED_KERNELS", disabled)
+            .output()
+            .expect("the moe binary runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        v["kernel"].as_str().expect("kernel").to_string()
+    };
+    assert!(run("").starts_with("cpu-wna16"));
+    // With the native kernel denied, the Marlin executor serves the layer instead.
+    assert!(run("cpu-wna16").starts_with("cpu-marlin"));
+    let _ = std::fs::remove_file(&out_file);
+}
+
+#[test]
 fn inspect_human_report_names_the_backend() {
     let dir = fixture("qwen3moe-w4a8-g32");
     let out = moe(&["inspect", "--model", dir.to_str().unwrap()]);

@@ -4,8 +4,8 @@
 
 use moe_kernels::KernelSet;
 use moe_oracle::{
-    MoEActivation, MoeConfig, MoeShape, ParallelConfig, ParallelRequest, Platform, SelectOptions,
-    Selection, select_int8_moe_backend, select_unquantized_moe_backend,
+    DisabledKernels, MoEActivation, MoeConfig, MoeShape, ParallelConfig, ParallelRequest, Platform,
+    SelectOptions, Selection, select_int8_moe_backend, select_unquantized_moe_backend,
     select_w4a8_int8_moe_backend, select_wna16_moe_backend, w4a8_weight_key, wna16_weight_key,
 };
 use moe_router::Router;
@@ -41,7 +41,8 @@ pub(crate) fn select(
         parallel,
     )?;
     let platform = Platform::detect();
-    let opts = SelectOptions::native();
+    // The deny-list applies to every selection, as it does to `moe inspect`'s.
+    let opts = SelectOptions::native().with_disabled(DisabledKernels::from_env());
     let selection = match cfg.quant {
         LayerQuant::W4A8 { group_size } => {
             let key = w4a8_weight_key(group_size.map_or(-1, |g| g as i64))?;
