@@ -344,8 +344,20 @@ impl Ckpt {
 /// multiple of 32): `e` experts, hidden `h`, intermediate `i`, group `g`, top-2, random codes
 /// and bf16 scales from `seed`.
 pub fn runnable_w4a8(e: usize, h: usize, i: usize, g: usize, seed: u64) -> Ckpt {
+    runnable(Fmt::IntQuantized, [e, 2, h, i], g, seed)
+}
+
+/// The same kind of checkpoint in `fmt` (`IntQuantized`: W4A8 `int-quantized`;
+/// `PackQuantized`: WNA16 `pack-quantized`, int4 packed eight per int32), shaped
+/// `[experts, top_k, hidden, intermediate]`.
+pub fn runnable(fmt: Fmt, [e, top_k, h, i]: [usize; 4], g: usize, seed: u64) -> Ckpt {
     let mut rng = SplitMix64::new(seed);
-    let mut qc = ct_config("int-quantized", true);
+    let (format, activations) = match fmt {
+        Fmt::IntQuantized => ("int-quantized", true),
+        Fmt::PackQuantized => ("pack-quantized", false),
+        _ => panic!("runnable writes compressed-tensors int-quantized or pack-quantized"),
+    };
+    let mut qc = ct_config(format, activations);
     qc["config_groups"]["group_0"]["weights"]["group_size"] = json!(g);
     let config = json!({
         "model_type": "qwen3_moe",
@@ -355,7 +367,7 @@ pub fn runnable_w4a8(e: usize, h: usize, i: usize, g: usize, seed: u64) -> Ckpt 
         "hidden_size": h,
         "num_hidden_layers": 1,
         "num_experts": e,
-        "num_experts_per_tok": 2,
+        "num_experts_per_tok": top_k,
         "moe_intermediate_size": i,
         "norm_topk_prob": true,
         "quantization_config": qc,
@@ -379,12 +391,28 @@ pub fn runnable_w4a8(e: usize, h: usize, i: usize, g: usize, seed: u64) -> Ckpt 
             let codes: Vec<i8> = (0..n * k).map(|_| rng.range_i64(-8, 7) as i8).collect();
             let scales = rng.vec_uniform(n * k / g, 0.002, 0.02);
             let prefix = format!("model.layers.0.mlp.experts.{x}.{name}");
-            ck.put(
-                &format!("{prefix}.weight"),
-                Dtype::I8,
-                &[n, k],
-                i8_bytes(&codes),
-            );
+            match fmt {
+                Fmt::IntQuantized => ck.put(
+                    &format!("{prefix}.weight"),
+                    Dtype::I8,
+                    &[n, k],
+                    i8_bytes(&codes),
+                ),
+                _ => {
+                    let words = moe_quant::pack_to_int32(&codes, n, k, 4).unwrap();
+                    ck.put(
+                        &format!("{prefix}.weight_packed"),
+                        Dtype::I32,
+                        &[n, k / 8],
+                        i32_bytes(&words),
+                    );
+                    let shape: Vec<u8> = [n as i64, k as i64]
+                        .iter()
+                        .flat_map(|v| v.to_le_bytes())
+                        .collect();
+                    ck.put(&format!("{prefix}.weight_shape"), Dtype::I64, &[2], shape);
+                }
+            }
             ck.put(
                 &format!("{prefix}.weight_scale"),
                 Dtype::BF16,

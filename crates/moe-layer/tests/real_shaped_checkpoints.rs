@@ -1,0 +1,54 @@
+//! Writes one-layer checkpoints of a real model's MoE shape for timing `moe run` by hand (the
+//! checkpoints are hundreds of megabytes, so this is not part of the test run):
+//!
+//!     MOE_REAL_SHAPED_DIR=/tmp/rs cargo test --release -p moe-layer --test real_shaped_checkpoints -- --ignored
+//!
+//! writes `w4a8-g32/` (compressed-tensors `int-quantized`, W4A8) and `w4a16-g128/`
+//! (`pack-quantized`, WNA16) of the Qwen3-30B-A3B MoE shape (128 experts, top-8, hidden 2048,
+//! intermediate 768) with the same random codes, and `x-{1,16,256}.safetensors` inputs
+//! (`hidden_states`, bf16).
+
+mod checkpoint_support;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use checkpoint_support::{Ckpt, Fmt, Stored, bf16_bytes, runnable};
+use moe_testutil::SplitMix64;
+use safetensors::Dtype;
+
+const SHAPE: [usize; 4] = [128, 8, 2048, 768];
+
+#[test]
+#[ignore = "writes about a gigabyte; run by hand to time moe run"]
+fn write_real_shaped_checkpoints() {
+    let dir = PathBuf::from(
+        std::env::var("MOE_REAL_SHAPED_DIR").expect("MOE_REAL_SHAPED_DIR names the output"),
+    );
+    for (name, fmt, g) in [
+        ("w4a8-g32", Fmt::IntQuantized, 32),
+        ("w4a16-g128", Fmt::PackQuantized, 128),
+    ] {
+        let out = dir.join(name);
+        std::fs::create_dir_all(&out).unwrap();
+        runnable(fmt, SHAPE, g, 0x5ea1).write(&out);
+    }
+    let mut rng = SplitMix64::new(0x1f);
+    for tokens in [1usize, 16, 256] {
+        let x = rng.vec_uniform(tokens * SHAPE[2], -1.0, 1.0);
+        let mut tensors = BTreeMap::new();
+        tensors.insert(
+            "hidden_states".to_string(),
+            Stored {
+                dtype: Dtype::BF16,
+                shape: vec![tokens, SHAPE[2]],
+                bytes: bf16_bytes(&x),
+            },
+        );
+        std::fs::write(
+            dir.join(format!("x-{tokens}.safetensors")),
+            Ckpt::serialize(&tensors),
+        )
+        .unwrap();
+    }
+}
