@@ -289,14 +289,17 @@ fn run_w4a8(
         "run_w4a8: rows not prepared"
     );
     assert_eq!(out.len(), m * w.n(), "run_w4a8: output length");
-    tiles.clear();
-    if let Some(tile_a) = kernel.tile_a {
-        tile_a(rows.a, m, w, tiles);
-    }
+    let a_tiles: &[u8] = match kernel.tile_a {
+        Some(tile_a) => {
+            tile_a(rows.a, m, w, tiles);
+            tiles
+        }
+        None => &[],
+    };
     let job = W4A8Job {
         w,
         a: rows.a,
-        a_tiles: tiles,
+        a_tiles,
         row_corr: rows.corr,
         block_corr: rows.block_corr,
         row_recip: rows.recip,
@@ -511,14 +514,17 @@ fn run_w8a8(
     check_len("scale", m, a.scale.len())?;
     let kernel = ks.w8a8_for(m);
     encode_rows(a.q, m, k, k_pad, kernel.encoding, &mut scratch.encoded);
-    scratch.tiles.clear();
-    if let Some(tile_a) = kernel.tile_a {
-        tile_a(&scratch.encoded, m, k_pad, &mut scratch.tiles);
-    }
+    let a_tiles: &[u8] = match kernel.tile_a {
+        Some(tile_a) => {
+            tile_a(&scratch.encoded, m, k_pad, &mut scratch.tiles);
+            &scratch.tiles
+        }
+        None => &[],
+    };
     let job = W8A8Job {
         w,
         a: &scratch.encoded,
-        a_tiles: &scratch.tiles,
+        a_tiles,
         row_scale: a.scale,
         m,
         out: out.as_mut_ptr(),

@@ -526,3 +526,37 @@ fn w4a8_gemm_from_f32_equals_scalar_on_every_rung() {
         }
     }
 }
+
+#[test]
+fn a_scratch_reused_after_a_larger_call_gives_the_same_bits() {
+    // Kernels that lay the activations out in their own buffer reuse it without clearing it:
+    // what a larger earlier call left there must not reach a smaller call's outputs.
+    for (isa, ks) in &rungs() {
+        let mut scratch = GemmScratch::new();
+        let mut rng = SplitMix64::new(0x5c7a);
+        for &(m, n, k, g) in &[
+            (70, 33, 192, Some(64)),
+            (17, 16, 96, Some(32)),
+            (3, 5, 40, None),
+        ] {
+            let case = w4a8_case(&mut rng, m, n, k, g);
+            let want = w4a8_reference(&case.reference_args());
+            let mut got = vec![f32::NAN; m * n];
+            crate::w4a8_gemm_quantized(
+                ks,
+                m,
+                case.rows(),
+                &case.packed,
+                &mut got,
+                &mut scratch,
+                Par::Seq,
+            )
+            .unwrap();
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{isa} m={m} n={n} k={k} g={g:?}");
+        }
+    }
+}
