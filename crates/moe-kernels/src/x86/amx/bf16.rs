@@ -453,7 +453,7 @@ mod tests {
             (40, None, false, false),
             (200, None, true, true),
         ] {
-            for &(m, n) in &[(1usize, 16usize), (17, 33), (33, 7), (70, 47)] {
+            for &(m, n) in &[(0usize, 5usize), (1, 16), (17, 33), (33, 7), (70, 47)] {
                 let groups = g.map_or(1, |g| k / g);
                 let codes: Vec<u8> = (0..n * k).map(|_| rng.below(16) as u8).collect();
                 let scales: Vec<f16> = (0..n * groups)
