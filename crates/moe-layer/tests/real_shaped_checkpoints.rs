@@ -7,6 +7,7 @@
 //! (`pack-quantized`, WNA16) of the Qwen3-30B-A3B MoE shape (128 experts, top-8, hidden 2048,
 //! intermediate 768) with the same random codes, and `x-{1,16,256}.safetensors` inputs
 //! (`hidden_states`, bf16).
+#![cfg(feature = "checkpoint")]
 
 mod checkpoint_support;
 
