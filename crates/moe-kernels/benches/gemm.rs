@@ -3,7 +3,8 @@
 //!
 //! Groups are `"{op}/{isa}"`, cases `BenchmarkId::new(isa, "MxNxK")`; throughput is counted in
 //! elements = multiply-accumulates (M·N·K). Shapes: Qwen3-30B-A3B w13 (N 1536, K 2048) and w2
-//! (N 2048, K 768), and a Mixtral-sized w13 half (N 14336, K 4096); M = 1, 16, 64, 256;
+//! (N 2048, K 768), a Mixtral-sized w13 half (N 14336, K 4096) and Mixtral's w2 (N 4096,
+//! K 14336); M = 1, 16, 64, 256;
 //! W4A8 with groups of 32 and 128 (`w4a8_gemm/g{group}/{isa}`).
 //! Single-threaded (`Par::Seq`) so the figures are per core. `act_quant/scalar` times the
 //! activation quantisation alone.
@@ -16,7 +17,7 @@ use moe_kernels::{
 };
 use moe_testutil::SplitMix64;
 
-const SHAPES: &[(usize, usize)] = &[(1536, 2048), (2048, 768), (14336, 4096)];
+const SHAPES: &[(usize, usize)] = &[(1536, 2048), (2048, 768), (14336, 4096), (4096, 14336)];
 const MS: &[usize] = &[1, 16, 64, 256];
 const GROUPS: &[usize] = &[32, 128];
 
@@ -83,28 +84,35 @@ fn w4a8(c: &mut Criterion) {
 
 fn w8a8(c: &mut Criterion) {
     let mut rng = SplitMix64::new(2);
-    let (n, k) = (1536, 2048);
-    let w: Vec<i8> = (0..n * k).map(|_| rng.range_i64(-127, 127) as i8).collect();
-    let packed = PackedW8A8::pack(n, k, &w, &rng.vec_uniform(n, 0.001, 0.01)).unwrap();
+    let packed: Vec<PackedW8A8> = SHAPES
+        .iter()
+        .map(|&(n, k)| {
+            let w: Vec<i8> = (0..n * k).map(|_| rng.range_i64(-127, 127) as i8).collect();
+            PackedW8A8::pack(n, k, &w, &rng.vec_uniform(n, 0.001, 0.01)).unwrap()
+        })
+        .collect();
     for isa in moe_kernels::available_isas() {
         let ks = KernelSet::for_isa(isa).unwrap();
         let mut group = c.benchmark_group(format!("w8a8_gemm/{isa}"));
         group.sample_size(10);
-        for &m in MS {
-            let macs = m * n * k;
-            if too_slow(isa, macs) {
-                continue;
+        for w in &packed {
+            let (n, k) = (w.n(), w.k());
+            for &m in MS {
+                let macs = m * n * k;
+                if too_slow(isa, macs) {
+                    continue;
+                }
+                let x = rng.vec_uniform(m * k, -1.0, 1.0);
+                let mut out = vec![0f32; m * n];
+                let mut scratch = GemmScratch::with_capacity(m, k);
+                group.throughput(Throughput::Elements(macs as u64));
+                group.bench_function(BenchmarkId::new(isa.name(), format!("{m}x{n}x{k}")), |b| {
+                    b.iter(|| {
+                        moe_kernels::w8a8_gemm(&ks, m, &x, w, &mut out, &mut scratch, Par::Seq)
+                            .unwrap()
+                    })
+                });
             }
-            let x = rng.vec_uniform(m * k, -1.0, 1.0);
-            let mut out = vec![0f32; m * n];
-            let mut scratch = GemmScratch::with_capacity(m, k);
-            group.throughput(Throughput::Elements(macs as u64));
-            group.bench_function(BenchmarkId::new(isa.name(), format!("{m}x{n}x{k}")), |b| {
-                b.iter(|| {
-                    moe_kernels::w8a8_gemm(&ks, m, &x, &packed, &mut out, &mut scratch, Par::Seq)
-                        .unwrap()
-                })
-            });
         }
         group.finish();
     }

@@ -4,6 +4,7 @@
 //! An activation maps one row `h[2I]` to `a[I]`. The gate/up split is never inferred: the
 //! weights carry a [`GateUpLayout`].
 
+use super::exp::exp;
 use super::numerics::Round;
 use crate::KernelError;
 
@@ -126,96 +127,144 @@ impl Activation {
 
     /// `a[i] = φ(g_i, u_i)` for one row, `h.len() == 2·a.len()`. Results are rounded with
     /// `round`: once per element, or after every op for the compatibility mode.
+    ///
+    /// The formulas vectorise; on x86-64 the loop is compiled a second time for AVX-512 and
+    /// chosen at run time. Both copies execute the same IEEE operations in the same order (Rust
+    /// never contracts to FMA), so the bits do not depend on the copy.
     pub(crate) fn apply_row(self, layout: GateUpLayout, h: &[f32], a: &mut [f32], round: Round) {
         debug_assert_eq!(h.len(), 2 * a.len());
-        // One arm and one closure per kind, so each loop runs one inlined formula instead of
-        // calling a function that matches on the kind for every element.
-        let r = |v: f32| round.apply(v);
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512 F, checked just above.
+            unsafe { self.apply_row_avx512(layout, h, a, round) };
+            return;
+        }
+        self.apply_row_portable(layout, h, a, round);
+    }
+
+    /// [`Activation::apply_row`] compiled with AVX-512 F.
+    ///
+    /// # Safety
+    /// - The CPU supports AVX-512 F.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn apply_row_avx512(self, layout: GateUpLayout, h: &[f32], a: &mut [f32], round: Round) {
+        self.apply_row_portable(layout, h, a, round);
+    }
+
+    /// The formulas of [`Activation::apply_row`], inlined into each compiled copy, with the
+    /// rounding chosen once per row (a `match` per element keeps the loop scalar).
+    #[inline(always)]
+    fn apply_row_portable(self, layout: GateUpLayout, h: &[f32], a: &mut [f32], round: Round) {
+        match round {
+            Round::F32 => self.apply_row_rounded::<0>(layout, h, a),
+            Round::Bf16 => self.apply_row_rounded::<1>(layout, h, a),
+            Round::F16 => self.apply_row_rounded::<2>(layout, h, a),
+            Round::Bf16Trunc => self.apply_row_rounded::<3>(layout, h, a),
+        }
+    }
+
+    /// The formulas with the rounding numbered `R` by [`Round::from_code`].
+    #[inline(always)]
+    fn apply_row_rounded<const R: u8>(self, layout: GateUpLayout, h: &[f32], a: &mut [f32]) {
+        // One arm and one loop per kind, each with its formula written inline (a closure
+        // would be compiled once, outside the feature-enabled copy, and called per element).
+        let r = round::<R>;
         match self {
-            Self::Silu { limit: None } => map_pairs(layout, h, a, |g, u| r(silu(g) * u)),
+            Self::Silu { limit: None } => map_pairs!(layout, h, a, |g, u| r(silu(g) * u)),
             Self::Silu { limit: Some(l) } => {
-                map_pairs(
-                    layout,
-                    h,
-                    a,
-                    |g, u| r(silu(min_nan(g, l)) * clamp_nan(u, l)),
-                )
+                map_pairs!(layout, h, a, |g, u| r(
+                    silu(min_nan(g, l)) * clamp_nan(u, l)
+                ))
             }
             Self::SwigluOai { alpha, limit } => {
-                map_pairs(layout, h, a, |g, u| r(swiglu_oai(g, u, alpha, limit)))
+                map_pairs!(layout, h, a, |g, u| r(swiglu_oai(g, u, alpha, limit)))
             }
-            Self::SwigluStep => map_pairs(layout, h, a, |g, u| {
-                r(min_nan(silu(g), STEP_LIMIT) * clamp_nan(u, STEP_LIMIT))
-            }),
-            Self::Gelu => map_pairs(layout, h, a, |g, u| {
-                r(0.5 * g * (1.0 + libm::erff(g * std::f32::consts::FRAC_1_SQRT_2)) * u)
-            }),
-            Self::GeluTanh => map_pairs(layout, h, a, |g, u| {
-                const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-                let inner = SQRT_2_OVER_PI * (g + 0.044_715 * g * g * g);
-                r(0.5 * g * (1.0 + inner.tanh()) * u)
-            }),
+            Self::SwigluStep => map_pairs!(layout, h, a, |g, u| r(
+                min_nan(silu(g), STEP_LIMIT) * clamp_nan(u, STEP_LIMIT)
+            )),
+            Self::Gelu => map_pairs!(layout, h, a, |g, u| r(0.5
+                * g
+                * (1.0 + libm::erff(g * std::f32::consts::FRAC_1_SQRT_2))
+                * u)),
+            Self::GeluTanh => map_pairs!(layout, h, a, |g, u| r(gelu_tanh(g) * u)),
             Self::VllmCpuInt4Compat(Int4ActivationKind::Silu | Int4ActivationKind::SwigluStep) => {
-                map_pairs(layout, h, a, |g, u| r(r(silu(g)) * u))
+                map_pairs!(layout, h, a, |g, u| r(r(silu(g)) * u))
             }
             Self::VllmCpuInt4Compat(Int4ActivationKind::SwigluOai) => {
-                map_pairs(layout, h, a, |g, u| {
-                    // The port's op sequence: (clamp(u, −7, 7) + 1) * (g' * sigmoid(1.702 * g')).
-                    let gp = min_nan(g, OAI_LIMIT);
-                    let up1 = r(clamp_nan(u, OAI_LIMIT) + 1.0);
-                    let sig = r(sigmoid(r(OAI_ALPHA * gp)));
-                    r(up1 * r(gp * sig))
-                })
+                // The port's op sequence: (clamp(u, −7, 7) + 1) * (g' * sigmoid(1.702 * g')).
+                map_pairs!(layout, h, a, |g, u| r(r(clamp_nan(u, OAI_LIMIT) + 1.0)
+                    * r(min_nan(g, OAI_LIMIT)
+                        * r(sigmoid(r(OAI_ALPHA * min_nan(g, OAI_LIMIT)))))))
             }
         }
     }
 }
 
-/// `a[i] = f(g_i, u_i)` over one row in `layout`.
+/// Sets `a[i] = body` over one row in `layout`, with `g` and `u` bound to the pair `i`; a macro
+/// so that the body is inlined into the loop of each compiled copy.
+macro_rules! map_pairs {
+    ($layout:expr, $h:expr, $a:expr, |$g:ident, $u:ident| $body:expr) => {{
+        let (h, a): (&[f32], &mut [f32]) = ($h, $a);
+        match $layout {
+            GateUpLayout::Concatenated => {
+                let (gs, us) = h.split_at(a.len());
+                for ((ai, &$g), &$u) in a.iter_mut().zip(gs).zip(us) {
+                    *ai = $body;
+                }
+            }
+            GateUpLayout::Interleaved => {
+                for (ai, gu) in a.iter_mut().zip(h.chunks_exact(2)) {
+                    let ($g, $u) = (gu[0], gu[1]);
+                    *ai = $body;
+                }
+            }
+        }
+    }};
+}
+use map_pairs;
+
+/// Rounds `v` with the rounding numbered `R` by [`Round::from_code`].
 #[inline(always)]
-fn map_pairs(layout: GateUpLayout, h: &[f32], a: &mut [f32], f: impl Fn(f32, f32) -> f32) {
-    match layout {
-        GateUpLayout::Concatenated => {
-            let (g, u) = h.split_at(a.len());
-            for ((ai, &gi), &ui) in a.iter_mut().zip(g).zip(u) {
-                *ai = f(gi, ui);
-            }
-        }
-        GateUpLayout::Interleaved => {
-            for (ai, gu) in a.iter_mut().zip(h.chunks_exact(2)) {
-                *ai = f(gu[0], gu[1]);
-            }
-        }
-    }
+fn round<const R: u8>(v: f32) -> f32 {
+    Round::from_code(R).apply(v)
+}
+
+/// `0.5·v·(1 + tanh(√(2/π)·(v + 0.044715·v³)))`.
+#[inline(always)]
+fn gelu_tanh(v: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    let inner = SQRT_2_OVER_PI * (v + 0.044_715 * v * v * v);
+    0.5 * v * (1.0 + inner.tanh())
 }
 
 /// `σ(v) = 1/(1 + e^{−v})`.
-#[inline]
+#[inline(always)]
 fn sigmoid(v: f32) -> f32 {
-    1.0 / (1.0 + (-v).exp())
+    1.0 / (1.0 + exp(-v))
 }
 
 /// `silu(v) = v·σ(v)`, written as `v / (1 + e^{−v})`.
-#[inline]
+#[inline(always)]
 fn silu(v: f32) -> f32 {
-    v / (1.0 + (-v).exp())
+    v / (1.0 + exp(-v))
 }
 
 /// SwiGLU-OAI in f32: `g'·σ(α·g')·(u' + 1)`.
-#[inline]
+#[inline(always)]
 fn swiglu_oai(g: f32, u: f32, alpha: f32, limit: f32) -> f32 {
     let gp = min_nan(g, limit);
     gp * sigmoid(alpha * gp) * (clamp_nan(u, limit) + 1.0)
 }
 
 /// `min(v, l)` that keeps a NaN `v` (like `torch.clamp`); `f32::min` would return `l`.
-#[inline]
+#[inline(always)]
 fn min_nan(v: f32, l: f32) -> f32 {
     if v > l { l } else { v }
 }
 
 /// `clamp(v, −l, l)` that keeps a NaN `v`.
-#[inline]
+#[inline(always)]
 fn clamp_nan(v: f32, l: f32) -> f32 {
     if v > l {
         l
@@ -238,7 +287,7 @@ mod tests {
 
     #[test]
     fn formulas() {
-        let s = |v: f32| v / (1.0 + (-v).exp());
+        let s = |v: f32| v / (1.0 + exp(-v));
         assert_eq!(one(Activation::SILU, 2.0, 3.0), s(2.0) * 3.0);
         let lim = Activation::Silu { limit: Some(1.0) };
         assert_eq!(one(lim, 2.0, -3.0), -s(1.0));

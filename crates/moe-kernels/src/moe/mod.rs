@@ -10,6 +10,7 @@
 
 mod activation;
 mod bucket;
+mod exp;
 mod experts;
 mod fused;
 mod numerics;

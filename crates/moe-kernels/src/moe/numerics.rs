@@ -72,7 +72,7 @@ impl Round {
 
     /// The rounding numbered `code` by [`Round::map_twice`]'s dispatch (a constant there).
     #[inline(always)]
-    const fn from_code(code: u8) -> Self {
+    pub(crate) const fn from_code(code: u8) -> Self {
         match code {
             0 => Round::F32,
             1 => Round::Bf16,
