@@ -280,14 +280,22 @@ pub(crate) unsafe fn w4a8_panels<K: W4A8Microkernel>(
 ) {
     debug_assert!(K::NR == crate::packed::PANEL && job.w.k_pad().is_multiple_of(K::KC_ALIGN));
     for p in panels {
-        let mut m0 = 0;
-        while m0 < job.m {
-            let mr = K::MR.min(job.m - m0);
-            // SAFETY: forwarded from this function's contract; `m0 + mr ≤ m` by construction.
-            unsafe { kern.tile(job, p, m0, mr) };
-            m0 += mr;
+        for rows in row_tiles(job.m, K::MR) {
+            // SAFETY: forwarded from this function's contract; `row_tiles` yields ranges of
+            // at most `MR` rows inside `0..m`.
+            unsafe { kern.tile(job, p, rows.start, rows.len()) };
         }
     }
+}
+
+/// Cuts `0..m` into the fewest row tiles of at most `mr` rows, of sizes that differ by at most
+/// one: 13 rows are 7 + 6, not 8 + 5. A tile of few rows has few independent accumulator
+/// chains and shares each weight vector with few rows, so it runs well below the rate of a
+/// full one; evening the sizes keeps every tile near full whenever `m ≥ mr`. Each row's
+/// result does not depend on its tile, so the bits do not change.
+pub(crate) fn row_tiles(m: usize, mr: usize) -> impl Iterator<Item = Range<usize>> {
+    let tiles = m.div_ceil(mr);
+    (0..tiles).map(move |t| t * m / tiles..(t + 1) * m / tiles)
 }
 
 /// W8A8 counterpart of [`w4a8_panels`].
@@ -302,12 +310,10 @@ pub(crate) unsafe fn w8a8_panels<K: W8A8Microkernel>(
 ) {
     debug_assert!(job.w.k_pad().is_multiple_of(K::KC_ALIGN));
     for p in panels {
-        let mut m0 = 0;
-        while m0 < job.m {
-            let mr = K::MR.min(job.m - m0);
-            // SAFETY: forwarded from this function's contract; `m0 + mr ≤ m` by construction.
-            unsafe { kern.tile(job, p, m0, mr) };
-            m0 += mr;
+        for rows in row_tiles(job.m, K::MR) {
+            // SAFETY: forwarded from this function's contract; `row_tiles` yields ranges of
+            // at most `MR` rows inside `0..m`.
+            unsafe { kern.tile(job, p, rows.start, rows.len()) };
         }
     }
 }
@@ -469,3 +475,31 @@ macro_rules! rung_kernel_set {
     allow(unused_imports)
 )]
 pub(crate) use rung_kernel_set;
+
+#[cfg(test)]
+mod tests {
+    use super::row_tiles;
+
+    #[test]
+    fn row_tiles_cover_the_rows_in_the_fewest_even_tiles() {
+        assert_eq!(row_tiles(0, 8).count(), 0);
+        assert_eq!(row_tiles(13, 8).map(|r| r.len()).collect::<Vec<_>>(), [6, 7]);
+        for mr in 1..=8 {
+            for m in 0..100 {
+                let tiles: Vec<_> = row_tiles(m, mr).collect();
+                assert_eq!(tiles.len(), m.div_ceil(mr), "m {m} mr {mr}");
+                let mut next = 0;
+                for t in &tiles {
+                    assert_eq!(t.start, next);
+                    assert!(!t.is_empty() && t.len() <= mr, "m {m} mr {mr}: {t:?}");
+                    next = t.end;
+                }
+                assert_eq!(next, m);
+                let (lo, hi) = tiles.iter().fold((usize::MAX, 0), |(lo, hi), t| {
+                    (lo.min(t.len()), hi.max(t.len()))
+                });
+                assert!(tiles.is_empty() || hi - lo <= 1, "m {m} mr {mr}");
+            }
+        }
+    }
+}

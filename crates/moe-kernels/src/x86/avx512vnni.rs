@@ -23,6 +23,9 @@ use crate::ukernel::{W4A8Job, W4A8Out, W8A8Job};
 /// Rows per tile.
 const MR: usize = 8;
 
+/// Tiles of at most this many rows keep two accumulators per row (see [`w4a8_tile`]).
+const SPLIT_MAX_ROWS: usize = 3;
+
 /// Loads 64 bytes.
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -73,8 +76,9 @@ fn prefetch_ahead<T>(step: &T) {
 /// The weight codes `c = w + 8` (nibbles, `0..=15`) are `vpdpbusd`'s unsigned operand and the
 /// raw activation codes its signed one ([`crate::ukernel::ActEncoding::I8CodeWeights`]), so a
 /// step unpacks with two ANDs and a shift and nothing else. Per block,
-/// `acc_i = Σ q·c − zp·Σc − κ`: the accumulator starts at `−κ` (the driver's block
-/// correction), `Σc` is one more `vpdpbusd` per step shared by all rows, and `zp·Σc` is taken
+/// `acc_i = Σ q·c − zp·Σc − κ`: `κ` (the driver's block correction) is taken off after the
+/// block with a broadcast operand, `Σc` is one more `vpdpbusd` per step shared by all rows,
+/// and `zp·Σc` is taken
 /// off with the `vpdpwssd` intrinsic (`Σc < 2^15` as an i16 times `−zp`; LLVM's generic x86
 /// tuning emits it as `vpmaddwd` + `vpaddd`) or, for blocks too long for
 /// that, a 32-bit multiply.
@@ -115,13 +119,12 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
         for a in &a_block {
             assert_eq!(a.len(), w_block.len());
         }
-        // Two accumulators per row (K values 0..4 and 4..8 of each step) halve the dependency
-        // chain, which matters when few rows share a weight vector.
+        // With few rows, two accumulators per row (K values 0..4 and 4..8 of each step) halve
+        // the dependency chain; from `SPLIT_MAX_ROWS + 1` rows the rows' own chains keep the
+        // unit busy, and one accumulator saves the add that joins the two.
+        let split = R <= SPLIT_MAX_ROWS;
         let mut acc_lo = [_mm512_setzero_si512(); R];
         let mut acc_hi = [_mm512_setzero_si512(); R];
-        for r in 0..R {
-            acc_lo[r] = _mm512_set1_epi32(row_kappa[r][b].wrapping_neg());
-        }
         let mut code_sum = _mm512_setzero_si512();
         for (i, w_step) in w_block.iter().enumerate() {
             prefetch_ahead(w_step);
@@ -135,12 +138,21 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
                 let a_lo = _mm512_set1_epi32(i32::from_le_bytes([a[0], a[1], a[2], a[3]]));
                 let a_hi = _mm512_set1_epi32(i32::from_le_bytes([a[4], a[5], a[6], a[7]]));
                 acc_lo[r] = _mm512_dpbusd_epi32(acc_lo[r], lo, a_lo);
-                acc_hi[r] = _mm512_dpbusd_epi32(acc_hi[r], hi, a_hi);
+                if split {
+                    acc_hi[r] = _mm512_dpbusd_epi32(acc_hi[r], hi, a_hi);
+                } else {
+                    acc_lo[r] = _mm512_dpbusd_epi32(acc_lo[r], hi, a_hi);
+                }
             }
         }
         let sc = load_f32(&w.block_scales(p, b));
         for r in 0..R {
-            let acc = _mm512_add_epi32(acc_lo[r], acc_hi[r]);
+            let joined = if split {
+                _mm512_add_epi32(acc_lo[r], acc_hi[r])
+            } else {
+                acc_lo[r]
+            };
+            let acc = _mm512_sub_epi32(joined, _mm512_set1_epi32(row_kappa[r][b]));
             let acc_i = if short_blocks {
                 _mm512_dpwssd_epi32(acc, code_sum, _mm512_set1_epi32(neg_zp_lo[r]))
             } else {

@@ -262,9 +262,8 @@ type TileFn = unsafe fn(&Wna16Job<'_>, usize, usize);
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn panels<const BITS: u32, const ASYM: bool>(job: &Wna16Job<'_>, panels: Range<usize>) {
     for p in panels {
-        let mut m0 = 0;
-        while m0 < job.m {
-            let mr = MR.min(job.m - m0);
+        for rows in crate::ukernel::row_tiles(job.m, MR) {
+            let (m0, mr) = (rows.start, rows.len());
             let tile_fn: TileFn = match mr {
                 1 => tile::<BITS, 1, 4, ASYM>,
                 2 => tile::<BITS, 2, 4, ASYM>,
@@ -278,7 +277,6 @@ unsafe fn panels<const BITS: u32, const ASYM: bool>(job: &Wna16Job<'_>, panels: 
             // SAFETY: rows `m0..m0 + mr` lie within `0..m`, panel `p` is ours (caller), and the
             // caller's CPU has the features the tile needs.
             unsafe { tile_fn(job, p, m0) };
-            m0 += mr;
         }
     }
 }
