@@ -51,7 +51,8 @@ pub const W4A8_PREFILL_ENV: &str = "MOE_KERNELS_W4A8_PREFILL";
 /// The bf16 tile path of a rung: where it starts and its entry.
 #[derive(Clone, Copy)]
 pub(crate) struct Bf16Tiles {
-    pub(crate) isa: Isa,
+    /// What runs the products, for reports (`amx-bf16 tiles`, `avx512-bf16 dot products`).
+    pub(crate) unit: &'static str,
     pub(crate) min_m: usize,
     pub(crate) entry: W4Bf16PanelsFn,
     pub(crate) tile_a: W4Bf16TileAFn,
@@ -207,22 +208,23 @@ impl KernelSet {
         self
     }
 
-    /// The same set with a bf16 tile path for int4 weights, from `min_m` rows, used when
+    /// The same set with a bf16 path for int4 weights (`unit` names what runs its products),
+    /// from `min_m` rows: int4 WNA16 GEMMs take it, W4A8 ones when
     /// [`W4A8Prefill::Bf16Tiles`] is chosen.
     ///
     /// # Safety
     /// - `entry` and `tile_a` may be called on this CPU: the caller holds the token of their
     ///   rung and has checked the features they need.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the AMX rung has one
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 rungs have one
     pub(crate) unsafe fn with_bf16_tiles(
         mut self,
-        isa: Isa,
+        unit: &'static str,
         min_m: usize,
         entry: W4Bf16PanelsFn,
         tile_a: W4Bf16TileAFn,
     ) -> Self {
         self.bf16_tiles = Some(Bf16Tiles {
-            isa,
+            unit,
             min_m,
             entry,
             tile_a,
@@ -244,6 +246,14 @@ impl KernelSet {
             (W4A8Prefill::Bf16Tiles, Some(_)) => W4A8Prefill::Bf16Tiles,
             _ => W4A8Prefill::ExactInt8,
         }
+    }
+
+    /// The same kernels without the bf16 path: int4 WNA16 GEMMs run the f32 body at every
+    /// row count, and [`W4A8Prefill::Bf16Tiles`] has nothing to choose. For callers who want
+    /// the weight-only GEMM's f32 numerics whatever the CPU.
+    pub fn without_bf16_path(mut self) -> Self {
+        self.bf16_tiles = None;
+        self
     }
 
     /// Whether this set's rung has the bf16 tile path (whether or not it is chosen).
@@ -374,12 +384,9 @@ impl KernelSet {
         let large = self.large_m;
         let bf16 = match (self.w4a8_prefill(), self.bf16_tiles) {
             (W4A8Prefill::Bf16Tiles, Some(t)) => {
-                format!(
-                    ", {}-bf16 tiles (bf16 activations) from {} rows",
-                    t.isa, t.min_m
-                )
+                format!(", {} (bf16 activations) from {} rows", t.unit, t.min_m)
             }
-            (_, Some(_)) => format!(" (bf16 tiles available: {W4A8_PREFILL_ENV}=bf16)"),
+            (_, Some(_)) => format!(" (bf16 path available: {W4A8_PREFILL_ENV}=bf16)"),
             (_, None) => String::new(),
         };
         vec![
@@ -401,8 +408,8 @@ impl KernelSet {
             ),
             match self.bf16_tiles {
                 Some(t) => format!(
-                    "wna16_gemm: {} below {} rows, {}-bf16 tiles (bf16 activations) from {} (int4)",
-                    self.wna16.0, t.min_m, t.isa, t.min_m
+                    "wna16_gemm: {} below {} rows, {} (bf16 activations) from {} (int4)",
+                    self.wna16.0, t.min_m, t.unit, t.min_m
                 ),
                 None => format!("wna16_gemm: {}", self.wna16.0),
             },

@@ -483,7 +483,10 @@ mod tests {
     #[test]
     fn row_tiles_cover_the_rows_in_the_fewest_even_tiles() {
         assert_eq!(row_tiles(0, 8).count(), 0);
-        assert_eq!(row_tiles(13, 8).map(|r| r.len()).collect::<Vec<_>>(), [6, 7]);
+        assert_eq!(
+            row_tiles(13, 8).map(|r| r.len()).collect::<Vec<_>>(),
+            [6, 7]
+        );
         for mr in 1..=8 {
             for m in 0..100 {
                 let tiles: Vec<_> = row_tiles(m, mr).collect();

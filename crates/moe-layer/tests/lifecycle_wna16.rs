@@ -74,6 +74,14 @@ fn check(ck: &Ckpt, experts: &[[Proj; 3]], tag: &str, gate_up_group: &dyn Fn(usi
     let layer = MoeLayer::from_checkpoint(&ckpt, 0, 16).unwrap();
     let info = layer.backend().unwrap();
     assert!(info.kernel.starts_with("cpu-wna16/"), "{tag}: {info:?}");
+    // From some rows per expert on, int4 GEMMs may take the CPU's bf16 path (activations and
+    // dequantized weights rounded to bf16: a relative error of about 2^-9 per product); below
+    // it they compute in f32.
+    let bf16_path = info
+        .ops
+        .iter()
+        .any(|op| op.starts_with("wna16_gemm") && op.contains("bf16 activations"));
+    let tol = if bf16_path { 5e-3 } else { 1e-5 };
     let mut rng = SplitMix64::new(7);
     for t in [1, 5, 16] {
         let x = rng.vec_uniform(t * H, -2.0, 2.0);
@@ -87,7 +95,7 @@ fn check(ck: &Ckpt, experts: &[[Proj; 3]], tag: &str, gate_up_group: &dyn Fn(usi
             den += w.powi(2);
         }
         let rel = (num / den).sqrt();
-        assert!(rel < 1e-5, "{tag} t={t}: rel L2 {rel}");
+        assert!(rel < tol, "{tag} t={t}: rel L2 {rel} (tolerance {tol:e})");
     }
 }
 

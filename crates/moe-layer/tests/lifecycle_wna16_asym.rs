@@ -3,8 +3,8 @@
 //! `symmetric: false`) load onto the native WNA16 kernels with their
 //! zero points and compute the MoE block of their exactly dequantized weights `(q − z)·s`: the
 //! layer's f32 output is compared with an f64 evaluation of the same routing, gated SiLU MLPs
-//! and weighted sum. Token counts stay below 64 rows per expert, where int4 GEMMs keep f32
-//! arithmetic (larger ones may run on bf16 tiles).
+//! and weighted sum, within 1e-5 relative L2 where int4 GEMMs compute in f32 and 5e-3 where
+//! the CPU has a bf16 path that some calls may take.
 #![cfg(feature = "checkpoint")]
 
 mod checkpoint_support;
@@ -343,6 +343,14 @@ fn check(ck: &Ckpt, experts: &[[AsymProj; 3]], tag: &str) {
     let layer = MoeLayer::from_checkpoint(&ckpt, 0, 16).unwrap();
     let info = layer.backend().unwrap();
     assert!(info.kernel.starts_with("cpu-wna16/"), "{tag}: {info:?}");
+    // From some rows per expert on, int4 GEMMs may take the CPU's bf16 path (activations and
+    // dequantized weights rounded to bf16: a relative error of about 2^-9 per product); below
+    // it they compute in f32.
+    let bf16_path = info
+        .ops
+        .iter()
+        .any(|op| op.starts_with("wna16_gemm") && op.contains("bf16 activations"));
+    let tol = if bf16_path { 5e-3 } else { 1e-5 };
     let mut rng = SplitMix64::new(7);
     for t in [1, 5, 16] {
         let x = rng.vec_uniform(t * H, -2.0, 2.0);
@@ -356,7 +364,7 @@ fn check(ck: &Ckpt, experts: &[[AsymProj; 3]], tag: &str) {
             den += w.powi(2);
         }
         let rel = (num / den).sqrt();
-        assert!(rel < 1e-5, "{tag} t={t}: rel L2 {rel}");
+        assert!(rel < tol, "{tag} t={t}: rel L2 {rel} (tolerance {tol:e})");
     }
 }
 

@@ -173,9 +173,12 @@ impl Activation {
         match self {
             Self::Silu { limit: None } => map_pairs!(layout, h, a, |g, u| r(silu(g) * u)),
             Self::Silu { limit: Some(l) } => {
-                map_pairs!(layout, h, a, |g, u| r(
-                    silu(min_nan(g, l)) * clamp_nan(u, l)
-                ))
+                map_pairs!(
+                    layout,
+                    h,
+                    a,
+                    |g, u| r(silu(min_nan(g, l)) * clamp_nan(u, l))
+                )
             }
             Self::SwigluOai { alpha, limit } => {
                 map_pairs!(layout, h, a, |g, u| r(swiglu_oai(g, u, alpha, limit)))
@@ -194,8 +197,9 @@ impl Activation {
             Self::VllmCpuInt4Compat(Int4ActivationKind::SwigluOai) => {
                 // The port's op sequence: (clamp(u, −7, 7) + 1) * (g' * sigmoid(1.702 * g')).
                 map_pairs!(layout, h, a, |g, u| r(r(clamp_nan(u, OAI_LIMIT) + 1.0)
-                    * r(min_nan(g, OAI_LIMIT)
-                        * r(sigmoid(r(OAI_ALPHA * min_nan(g, OAI_LIMIT)))))))
+                    * r(
+                        min_nan(g, OAI_LIMIT) * r(sigmoid(r(OAI_ALPHA * min_nan(g, OAI_LIMIT))))
+                    )))
             }
         }
     }

@@ -213,7 +213,7 @@ impl WideBf16Pair {
     }
 
     /// The B rows of chunk `c` of the pair's panel `j`.
-    fn chunk_rows(&self, j: usize, c: usize) -> *const u8 {
+    pub(crate) fn chunk_rows(&self, j: usize, c: usize) -> *const u8 {
         let at = j * self.rows_per_panel + c * CHUNK_ROWS;
         self.rows[at..at + CHUNK_ROWS].as_ptr().cast()
     }
@@ -320,18 +320,30 @@ mod tests {
         (y, mag)
     }
 
-    #[test]
-    fn bf16_tiles_match_the_bf16_reference_on_ragged_shapes() {
+    /// Every bf16 path this CPU can run, from one row: the AMX-BF16 bodies on the emulated
+    /// unit, on the hardware (on the row counts they take) and the AVX-512 BF16 body.
+    fn bf16_sets() -> Vec<(&'static str, crate::KernelSet)> {
         let mut sets = Vec::new();
         match super::super::emulated::bf16_kernel_set() {
-            Some(ks) => sets.push(("emulated", ks)),
+            Some(ks) => sets.push(("emulated tiles", ks)),
             None => eprintln!("note: skipping the emulated bf16 tiles: no AVX-512 VNNI and BF16"),
         }
-        // The hardware tiles, where present, on the row counts they take.
         if let Some(ks) = crate::KernelSet::for_isa(crate::Isa::Amx).filter(|k| k.has_bf16_tiles())
         {
-            sets.push(("hardware", ks.with_w4a8_prefill(W4A8Prefill::Bf16Tiles)));
+            sets.push((
+                "hardware tiles",
+                ks.with_w4a8_prefill(W4A8Prefill::Bf16Tiles),
+            ));
         }
+        if let Some(ks) = crate::x86::bf16_dot_kernel_set() {
+            sets.push(("avx512-bf16", ks));
+        }
+        sets
+    }
+
+    #[test]
+    fn bf16_tiles_match_the_bf16_reference_on_ragged_shapes() {
+        let sets = bf16_sets();
         let mut rng = SplitMix64::new(0xbf16);
         for &(k, g) in &[(32, 32), (96, 32), (72, 72), (256, 128), (64, 64), (40, 40)] {
             for &m in &[0usize, 1, 5, 16, 17, 33, 70] {
@@ -395,9 +407,12 @@ mod tests {
 
     #[test]
     fn bf16_tiles_keep_nan_rows_nan() {
-        let Some(ks) = super::super::emulated::bf16_kernel_set() else {
-            return;
-        };
+        for (unit, ks) in bf16_sets() {
+            nan_row_stays_nan(unit, &ks);
+        }
+    }
+
+    fn nan_row_stays_nan(unit: &str, ks: &crate::KernelSet) {
         let (m, n, k) = (3, 17, 64);
         let w = vec![1i8; n * k];
         let s = vec![bf16::from_f32(0.5); n * k / 32];
@@ -416,7 +431,7 @@ mod tests {
         x[k + 7] = f32::NAN;
         let mut got = vec![0f32; m * n];
         crate::w4a8_gemm(
-            &ks,
+            ks,
             m,
             &x,
             &packed,
@@ -427,22 +442,24 @@ mod tests {
         .unwrap();
         assert!(
             got[..n].iter().all(|v| (v - 8.0).abs() < 1e-6),
-            "{:?}",
+            "{unit}: {:?}",
             &got[..n]
         );
-        assert!(got[n..2 * n].iter().all(|v| v.is_nan()));
-        assert!(got[2 * n..].iter().all(|v| (v - 8.0).abs() < 1e-6));
+        assert!(got[n..2 * n].iter().all(|v| v.is_nan()), "{unit}");
+        assert!(
+            got[2 * n..].iter().all(|v| (v - 8.0).abs() < 1e-6),
+            "{unit}"
+        );
     }
 
     #[test]
     fn wna16_int4_on_bf16_tiles_matches_the_bf16_reference() {
         use crate::{PackedWna16, Wna16Desc, Wna16Scales};
         use half::f16;
-        let Some(ks) = super::super::emulated::bf16_kernel_set() else {
-            eprintln!("note: skipping the emulated bf16 tiles: no AVX-512 VNNI and BF16");
-            return;
-        };
-        assert!(ks.wna16_bf16_for(1).is_some());
+        let sets = bf16_sets();
+        for (_, ks) in &sets {
+            assert!(ks.wna16_bf16_for(1).is_some());
+        }
         let round = |v: f64| f64::from(bf16::from_f32(v as f32).to_f32());
         let mut rng = SplitMix64::new(0x16a);
         // (K, group size or channelwise, asymmetric, act-order)
@@ -479,9 +496,10 @@ mod tests {
                 .unwrap();
                 let x: Vec<f32> = (0..m * k).map(|_| rng.normal() * 2.0).collect();
                 let dq = w.dequantize_f64();
-                for par in [Par::Seq, Par::Rayon] {
+                for ((unit, ks), par) in sets.iter().flat_map(|s| [(s, Par::Seq), (s, Par::Rayon)])
+                {
                     let mut got = vec![f32::NAN; m * n];
-                    crate::wna16_gemm(&ks, m, &x, &w, &mut got, &mut GemmScratch::new(), par)
+                    crate::wna16_gemm(ks, m, &x, &w, &mut got, &mut GemmScratch::new(), par)
                         .unwrap();
                     for r in 0..m {
                         for c in 0..n {
@@ -495,8 +513,8 @@ mod tests {
                             let got = f64::from(got[r * n + c]);
                             assert!(
                                 (got - want).abs() <= 1e-5 * mag + 1e-6,
-                                "k={k} g={g:?} asym={asym} act_order={act_order} m={m} n={n} \
-                                 {par:?}: out[{r},{c}] = {got}, want {want}"
+                                "{unit}: k={k} g={g:?} asym={asym} act_order={act_order} \
+                                 m={m} n={n} {par:?}: out[{r},{c}] = {got}, want {want}"
                             );
                         }
                     }

@@ -182,6 +182,12 @@ impl<'a> TiledA<'a> {
         let at = (t * self.n_chunks + c) * tile_bytes;
         self.bytes[at..at + tile_bytes].as_ptr()
     }
+
+    /// The first byte of chunk `c` of row `r`.
+    pub(crate) fn row(&self, r: usize, c: usize) -> *const u8 {
+        self.tile(r / TILE_ROWS, c)
+            .wrapping_add((r % TILE_ROWS) * self.chunk)
+    }
 }
 
 /// Loads the live A tiles of the row group starting at row tile `t` for chunk `c`.

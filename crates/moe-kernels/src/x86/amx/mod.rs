@@ -7,7 +7,9 @@
 //!   driver makes once per GEMM, C tiles out to memory, prefetch;
 //! - `w4a8.rs`, `w8a8.rs`: the int8 tile bodies, with the AVX-512 epilogue of the lower rung so
 //!   the outputs are bit-identical to the scalar reference;
-//! - `bf16.rs`: the bf16 tile body (other numerics, chosen with `W4A8Prefill::Bf16Tiles`).
+//! - `bf16.rs`: the bf16 tile body (other numerics, chosen with `W4A8Prefill::Bf16Tiles`); its
+//!   activation layout and dequantized panel pairs also feed the AVX-512 BF16 body
+//!   (`x86/bf16dot.rs`).
 //!
 //! Each entry configures the tiles once (`ldtilecfg`), walks its panels in pairs and each pair's
 //! rows in groups of 32, and releases the tile state before returning, so no tile state leaks
@@ -16,8 +18,8 @@
 //! The tests run the same bodies on the emulated unit (the rung tests' set "amx bodies on
 //! emulated tiles"); on an AMX machine they also run on the hardware.
 
-mod bf16;
-mod common;
+pub(crate) mod bf16;
+pub(crate) mod common;
 mod tiles;
 mod w4a8;
 mod w8a8;
@@ -274,7 +276,7 @@ pub(crate) fn kernel_set(token: Amx) -> crate::KernelSet {
     let set = unsafe { with_tile_entries(token.avx512vnni(), min_rows(), w4a8_entry, w8a8_entry) };
     if has_bf16() {
         // SAFETY: the token proves AMX; AMX-BF16 and AVX-512 BF16 were just checked.
-        unsafe { set.with_bf16_tiles(Isa::Amx, bf16_min_rows(), w4bf16_entry, bf16_tile_a) }
+        unsafe { set.with_bf16_tiles("amx-bf16 tiles", bf16_min_rows(), w4bf16_entry, bf16_tile_a) }
     } else {
         set
     }
@@ -350,7 +352,7 @@ pub(crate) mod emulated {
         }
         let set = kernel_set()?;
         // SAFETY: AVX-512 BF16 was just checked; the emulated unit needs nothing else.
-        let set = unsafe { set.with_bf16_tiles(Isa::Amx, 1, w4bf16_entry, bf16_tile_a) };
+        let set = unsafe { set.with_bf16_tiles("amx-bf16 tiles", 1, w4bf16_entry, bf16_tile_a) };
         Some(set.with_w4a8_prefill(crate::W4A8Prefill::Bf16Tiles))
     }
 }
@@ -394,7 +396,7 @@ pub(crate) mod cost_model {
         if crate::x86::detect().avx512bf16 {
             // SAFETY: AVX-512 BF16 was just checked; the no-op unit needs nothing else.
             Some(unsafe {
-                set.with_bf16_tiles(Isa::Amx, bf16_min_rows(), w4bf16_entry, bf16_tile_a)
+                set.with_bf16_tiles("amx-bf16 tiles", bf16_min_rows(), w4bf16_entry, bf16_tile_a)
             })
         } else {
             Some(set)
