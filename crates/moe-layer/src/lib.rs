@@ -53,6 +53,7 @@
 pub mod checkpoint;
 pub mod error;
 pub mod layer;
+mod par;
 
 pub use error::LayerError;
 pub use layer::{
@@ -61,4 +62,6 @@ pub use layer::{
 };
 /// How `apply` spreads work over threads (re-exported from moe-kernels); see
 /// [`MoeLayer::set_parallelism`].
+#[cfg(feature = "checkpoint")]
+pub use layer::{LoadOptions, LoadProgress};
 pub use moe_kernels::Par;

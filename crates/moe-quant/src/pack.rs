@@ -95,6 +95,36 @@ pub fn pack_to_int32(
     Ok(out)
 }
 
+/// [`unpack_from_int32`] for a width dividing 32: every word holds `PER = 32 / BITS` whole
+/// codes, so each word of a row fills a fixed run of the output (the last one of a row possibly
+/// shorter).
+fn unpack_whole_words<const BITS: u32, const PER: usize>(
+    packed: &[i32],
+    rows: usize,
+    cols: usize,
+    words: usize,
+) -> Vec<i8> {
+    const { assert!(PER as u32 * BITS == 32) };
+    let mask = (1u32 << BITS) - 1;
+    let offset = 1i32 << (BITS - 1);
+    let code = |w: u32, t: usize| (((w >> (BITS as usize * t)) & mask) as i32 - offset) as i8;
+    let mut out = vec![0i8; rows * cols];
+    for (dst, src) in out.chunks_exact_mut(cols).zip(packed.chunks_exact(words)) {
+        let (runs, tail) = dst.as_chunks_mut::<PER>();
+        for (d, &w) in runs.iter_mut().zip(src) {
+            for (t, v) in d.iter_mut().enumerate() {
+                *v = code(w as u32, t);
+            }
+        }
+        if let Some(&w) = src.get(cols / PER) {
+            for (t, v) in tail.iter_mut().enumerate() {
+                *v = code(w as u32, t);
+            }
+        }
+    }
+    out
+}
+
 /// Inverse of [`pack_to_int32`]: unpacks `[rows, ceil(cols·b/32)]` words into `[rows, cols]`
 /// signed codes, dropping the padding.
 pub fn unpack_from_int32(
@@ -120,6 +150,12 @@ pub fn unpack_from_int32(
     check_len("packed", expected, packed.len())?;
     let offset = 1i32 << (num_bits - 1);
     let mask = (1u64 << num_bits) - 1;
+    match num_bits {
+        // No code straddles two words: decode word by word (the common cases).
+        4 => return Ok(unpack_whole_words::<4, 8>(packed, rows, cols, words)),
+        8 => return Ok(unpack_whole_words::<8, 4>(packed, rows, cols, words)),
+        _ => {}
+    }
     let mut out = Vec::with_capacity(rows * cols);
     for row in packed.chunks_exact(words) {
         let mut acc = 0u64;

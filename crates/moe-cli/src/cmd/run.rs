@@ -5,14 +5,17 @@
 use std::collections::HashMap;
 use std::error::Error;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use half::{bf16, f16};
 use moe_kernels::moe::MoeFloat;
-use moe_layer::MoeLayer;
 use moe_layer::checkpoint::{Checkpoint, ShardAccess};
+use moe_layer::{LoadOptions, LoadProgress, MoeLayer, Par};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use serde::Serialize;
+
+use super::Output;
 
 /// Tokens per kernel call (longer inputs are cut into pieces of this size).
 const MAX_TOKENS_PER_CALL: usize = 256;
@@ -84,7 +87,7 @@ pub fn run(args: &RunArgs) -> Result<RunReport, Box<dyn Error>> {
             .first()
             .ok_or("the model has no MoE layer")?,
     };
-    let moe = MoeLayer::from_checkpoint(&ckpt, layer, MAX_TOKENS_PER_CALL)?;
+    let moe = load_layer(&ckpt, layer, args.json)?;
     let load_ms = load_start.elapsed().as_secs_f64() * 1e3;
 
     let bytes = std::fs::read(&args.input).map_err(|e| format!("{}: {e}", args.input.display()))?;
@@ -163,6 +166,40 @@ pub fn run(args: &RunArgs) -> Result<RunReport, Box<dyn Error>> {
         println!("kernels: {}", report.kernel_ops.join("; "));
     }
     Ok(report)
+}
+
+/// Below this many experts a layer loads in a blink and gets no progress bar.
+const PROGRESS_MIN_EXPERTS: usize = 16;
+
+/// Loads and processes `layer`, experts in parallel on rayon's global pool (the one `apply`
+/// runs on), with a progress bar of experts packed on stderr for layers with many experts
+/// (hidden with `--json` or when stderr is not a terminal; cleared when done).
+fn load_layer(ckpt: &Checkpoint, layer: usize, json: bool) -> Result<MoeLayer, Box<dyn Error>> {
+    let experts = ckpt.spec().num_experts;
+    let opts = LoadOptions::new().with_par(Par::Rayon);
+    if experts < PROGRESS_MIN_EXPERTS {
+        return Ok(MoeLayer::from_checkpoint_with(
+            ckpt,
+            layer,
+            MAX_TOKENS_PER_CALL,
+            &opts,
+        )?);
+    }
+    let bar = Output { json }.progress(experts as u64, &format!("loading layer {layer}"));
+    // Reports come from several threads, not always in order: the bar shows the most seen.
+    let most = Mutex::new(0usize);
+    let report = |p: LoadProgress| {
+        let mut most = most.lock().unwrap_or_else(|e| e.into_inner());
+        if p.done > *most {
+            *most = p.done;
+            bar.set_length(p.total as u64);
+            bar.set_position(p.done as u64);
+        }
+    };
+    let opts = opts.with_progress(&report);
+    let moe = MoeLayer::from_checkpoint_with(ckpt, layer, MAX_TOKENS_PER_CALL, &opts);
+    bar.finish_and_clear();
+    Ok(moe?)
 }
 
 /// Little-endian elements of width `N` decoded with `f`.

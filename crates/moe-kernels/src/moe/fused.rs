@@ -165,6 +165,11 @@ impl<W: ExpertMatrix> FusedMoe<W> {
         &self.config
     }
 
+    /// The packed weights (for inspection, and to check that two builds of a layer agree).
+    pub fn weights(&self) -> &ExpertWeights<W> {
+        &self.weights
+    }
+
     /// Number of local experts E.
     pub fn num_experts(&self) -> usize {
         self.weights.w13.len()

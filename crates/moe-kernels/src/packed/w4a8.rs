@@ -30,6 +30,13 @@ pub(crate) const K_STEP: usize = 8;
 /// Largest supported K: int32 block sums stay exact while `K·255·8 < 2^31` (spec §4.6).
 pub const MAX_K: usize = (1 << 20) - 1;
 
+/// Whether every value lies in `[-8, 7]`: a branch-free pass over blocks (which vectorises),
+/// so the common all-valid case does not pay for finding the first bad index.
+fn all_int4(w: &[i8]) -> bool {
+    w.chunks(4096)
+        .all(|c| c.iter().fold(true, |ok, &v| ok & (-8..=7).contains(&v)))
+}
+
 /// Looks up the scale of (row, block) in the caller's scales while packing.
 type BlockScale<'a> = Box<dyn Fn(usize, usize) -> Scale + 'a>;
 
@@ -57,7 +64,8 @@ pub enum W4A8Scales<'a> {
 }
 
 /// An int4 weight matrix `[N, K]` packed for the W4A8 kernels; immutable once built.
-#[derive(Debug, Clone)]
+/// Equality compares the packed bytes, so two builds of the same weights can be checked equal.
+#[derive(Debug, Clone, PartialEq)]
 pub struct PackedW4A8 {
     n: usize,
     k: usize,
@@ -72,7 +80,7 @@ pub struct PackedW4A8 {
 }
 
 /// Per-block scales in the precision they arrived in, `[n_panels][n_blocks][16]`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 enum BlockScales {
     /// Group scales: bf16 in the checkpoint, so storing them as bf16 loses nothing and halves
     /// the scale bytes streamed per call.
@@ -104,7 +112,9 @@ impl PackedW4A8 {
             reason: "N·K overflows usize",
         })?;
         check_len("w_int4", expected_len, w.len())?;
-        if let Some(index) = w.iter().position(|v| !(-8..=7).contains(v)) {
+        if !all_int4(w)
+            && let Some(index) = w.iter().position(|v| !(-8..=7).contains(v))
+        {
             return Err(KernelError::ValueOutOfRange {
                 tensor: "w_int4",
                 index,
@@ -163,14 +173,33 @@ impl PackedW4A8 {
             Some(_) => BlockScales::Bf16(vec![bf16::ZERO; n_scales]),
             None => BlockScales::F32(vec![0.0; n_scales]),
         };
+        // Whole steps of real channels read eight consecutive values of one row; only the last
+        // step of a row whose K is not a multiple of 8, and channels past N, take the padded
+        // lookup. Both give the same bytes.
+        let full_steps = k / K_STEP;
         for p in 0..n_panels {
-            for s in 0..steps {
-                let chunk = &mut nibbles[(p * steps + s) * STEP_BYTES..][..STEP_BYTES];
-                for (j, byte) in chunk.iter_mut().enumerate() {
-                    let row = p * PANEL + j / 4;
-                    let lo = (weight(row, K_STEP * s + j % 4) + 8) as u8;
-                    let hi = (weight(row, K_STEP * s + 4 + j % 4) + 8) as u8;
-                    *byte = lo | (hi << 4);
+            let panel = &mut nibbles[p * steps * STEP_BYTES..][..steps * STEP_BYTES];
+            for c in 0..PANEL {
+                let row = p * PANEL + c;
+                if row >= n {
+                    for step in panel.chunks_exact_mut(STEP_BYTES) {
+                        step[c * 4..c * 4 + 4].fill(0x88);
+                    }
+                    continue;
+                }
+                let src = &w[row * k..][..k];
+                for (s, v) in src.chunks_exact(K_STEP).enumerate() {
+                    let dst = &mut panel[s * STEP_BYTES + c * 4..][..4];
+                    for (t, d) in dst.iter_mut().enumerate() {
+                        *d = ((v[t] + 8) as u8) | (((v[t + 4] + 8) as u8) << 4);
+                    }
+                }
+                for s in full_steps..steps {
+                    for t in 0..4 {
+                        let lo = (weight(row, K_STEP * s + t) + 8) as u8;
+                        let hi = (weight(row, K_STEP * s + 4 + t) + 8) as u8;
+                        panel[s * STEP_BYTES + c * 4 + t] = lo | (hi << 4);
+                    }
                 }
             }
             for b in 0..n_blocks {

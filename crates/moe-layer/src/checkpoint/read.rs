@@ -254,31 +254,8 @@ impl Checkpoint {
         opts: &ReadOptions<'_>,
     ) -> Result<MoeLayerTensors, LayerError> {
         let spec = &self.spec;
-        if !spec.is_moe_layer(layer) {
-            return Err(LayerError::NotMoeLayer {
-                layer,
-                moe_layers: spec.moe_layers.clone(),
-            });
-        }
-        self.check_no_extra_experts(layer)?;
-        // The router `[E, H]` is checked against the file before anything is sized by
-        // `num_experts`, so a hostile config cannot make us allocate for experts that are not
-        // there.
-        let router = self.read_router(layer)?;
-        let local_experts = local_experts(spec.num_experts, opts.expert_map)?;
-
-        let intermediate_field = match spec.family {
-            ModelFamily::Mixtral => "intermediate_size",
-            _ => "moe_intermediate_size",
-        };
-        let routed = Group {
-            intermediate: Dim {
-                size: spec.intermediate,
-                field: intermediate_field,
-            },
-            format: self.format,
-        };
-        let experts = self.assemble(&routed, &local_experts, opts, |e, shard| {
+        let (router, local_experts) = self.read_layer_head(layer, opts)?;
+        let experts = self.assemble(&self.routed_group(), &local_experts, opts, |e, shard| {
             self.names.expert_projection(layer, e, shard)
         })?;
 
@@ -336,6 +313,57 @@ impl Checkpoint {
             router,
             shared,
         })
+    }
+
+    /// The checks of [`Self::read_layer`] that come before the experts, and the router and
+    /// the global id of each local expert.
+    pub(crate) fn read_layer_head(
+        &self,
+        layer: usize,
+        opts: &ReadOptions<'_>,
+    ) -> Result<(RouterTensors, Vec<usize>), LayerError> {
+        let spec = &self.spec;
+        if !spec.is_moe_layer(layer) {
+            return Err(LayerError::NotMoeLayer {
+                layer,
+                moe_layers: spec.moe_layers.clone(),
+            });
+        }
+        self.check_no_extra_experts(layer)?;
+        // The router `[E, H]` is checked against the file before anything is sized by
+        // `num_experts`, so a hostile config cannot make us allocate for experts that are not
+        // there.
+        let router = self.read_router(layer)?;
+        let local_experts = local_experts(spec.num_experts, opts.expert_map)?;
+        Ok((router, local_experts))
+    }
+
+    /// Routed expert `expert` (global id) of `layer` as [`Self::read_layer`] reads it, as a
+    /// group of one expert: its part of the layer's tensors, checked the same way. Checks that
+    /// involve several experts (one scale dtype for all) are the caller's.
+    pub(crate) fn read_routed_expert(
+        &self,
+        layer: usize,
+        expert: usize,
+        opts: &ReadOptions<'_>,
+    ) -> Result<ExpertTensors, LayerError> {
+        self.assemble(&self.routed_group(), &[expert], opts, |e, shard| {
+            self.names.expert_projection(layer, e, shard)
+        })
+    }
+
+    fn routed_group(&self) -> Group {
+        let field = match self.spec.family {
+            ModelFamily::Mixtral => "intermediate_size",
+            _ => "moe_intermediate_size",
+        };
+        Group {
+            intermediate: Dim {
+                size: self.spec.intermediate,
+                field,
+            },
+            format: self.format,
+        }
     }
 
     fn hidden_dim(&self) -> Dim {

@@ -2,8 +2,12 @@
 //! from the model's [`MoeModelSpec`], and the copy of the reader's [`MoeLayerTensors`] (already
 //! fused, sliced for tensor parallelism and filtered by the expert map) into the parameters.
 
+use std::borrow::Cow;
+
 use moe_kernels::Activation;
 use moe_quant::DType;
+
+use moe_kernels::{PackedW4A8, PackedWna16, Par};
 
 use super::MoeLayer;
 use super::config::{LayerQuant, MoeLayerConfig, SharedExperts, router_from_spec};
@@ -101,15 +105,117 @@ impl MoeLayerConfig {
     }
 }
 
+/// How [`MoeLayer::from_checkpoint_with`] loads a layer: over how many threads, and whom to
+/// tell how far it got. Start from [`LoadOptions::new`] (the struct is `#[non_exhaustive]`).
+#[derive(Clone, Copy)]
+#[non_exhaustive]
+pub struct LoadOptions<'a> {
+    /// [`Par::Seq`] (the default) reads and packs experts on the calling thread;
+    /// [`Par::Rayon`] on the current rayon pool (the pool of the caller's
+    /// `ThreadPool::install`, else rayon's global pool, which the library then brings up: so
+    /// it is the host's choice, not the default). The packed weights are the same either way.
+    pub par: Par,
+    /// Called after each expert is packed, possibly from several threads at once and not
+    /// necessarily in increasing order of [`LoadProgress::done`]. The library itself never
+    /// prints; a front end can draw a progress bar from this.
+    pub progress: Option<&'a (dyn Fn(LoadProgress) + Sync)>,
+}
+
+impl<'a> LoadOptions<'a> {
+    /// Experts on the calling thread, no progress reports.
+    pub fn new() -> Self {
+        Self {
+            par: Par::Seq,
+            progress: None,
+        }
+    }
+
+    /// Reads and packs experts with `par`.
+    pub fn with_par(mut self, par: Par) -> Self {
+        self.par = par;
+        self
+    }
+
+    /// Reports progress to `progress`.
+    pub fn with_progress(mut self, progress: &'a (dyn Fn(LoadProgress) + Sync)) -> Self {
+        self.progress = Some(progress);
+        self
+    }
+}
+
+impl Default for LoadOptions<'_> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for LoadOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadOptions")
+            .field("par", &self.par)
+            .field("progress", &self.progress.map(|_| "callback"))
+            .finish()
+    }
+}
+
+/// How far a load has got: experts read, checked and packed, out of the layer's local experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LoadProgress {
+    /// Experts done so far.
+    pub done: usize,
+    /// Experts in the layer on this rank.
+    pub total: usize,
+}
+
 impl MoeLayer {
     /// Creates, loads and processes layer `layer` of `ckpt` on a single rank holding every
-    /// expert, for calls of up to `max_tokens` tokens.
+    /// expert, for calls of up to `max_tokens` tokens, on the calling thread (see
+    /// [`Self::from_checkpoint_with`] for threads and progress).
     pub fn from_checkpoint(
         ckpt: &Checkpoint,
         layer: usize,
         max_tokens: usize,
     ) -> Result<Self, LayerError> {
+        Self::from_checkpoint_with(ckpt, layer, max_tokens, &LoadOptions::new())
+    }
+
+    /// [`Self::from_checkpoint`] with a choice of threads and a progress callback.
+    ///
+    /// W4A8 and native WNA16 layers without shared experts are read and packed one expert at
+    /// a time, experts in parallel: each expert goes from the (memory-mapped) shard through
+    /// the same checks and the same packing as the whole-layer path, so the packed weights are
+    /// identical, but the unpacked codes of the whole layer never exist at once. Any failure
+    /// on that road, and every other layer, takes the whole-layer road (read, load, process),
+    /// which reports the error exactly as it always has.
+    pub fn from_checkpoint_with(
+        ckpt: &Checkpoint,
+        layer: usize,
+        max_tokens: usize,
+        opts: &LoadOptions<'_>,
+    ) -> Result<Self, LayerError> {
         let cfg = MoeLayerConfig::from_spec(ckpt.spec(), 0, 1, None, max_tokens)?;
+        if let Some(moe) = Self::streamed(ckpt, layer, &cfg, opts) {
+            return Ok(moe);
+        }
+        let mut moe = Self::whole_layer(ckpt, layer, cfg)?;
+        moe.set_parallelism(opts.par);
+        moe.process()?;
+        moe.set_parallelism(Par::Rayon);
+        if let Some(report) = opts.progress {
+            let total = moe.cfg.local_experts().len();
+            report(LoadProgress { done: total, total });
+        }
+        Ok(moe)
+    }
+
+    /// Reads and loads every tensor of the layer at once (the road of every layer the
+    /// streamed one does not take), leaving it to be processed.
+    fn whole_layer(
+        ckpt: &Checkpoint,
+        layer: usize,
+        cfg: MoeLayerConfig,
+    ) -> Result<Self, LayerError> {
         // Read (and so validate against the files) before `create` allocates parameters sized
         // by `config.json`: a config declaring huge sizes must fail on the tensors, not abort
         // on an allocation.
@@ -120,8 +226,151 @@ impl MoeLayer {
         let tensors = ckpt.read_layer(layer, &opts)?;
         let mut moe = Self::create(cfg)?;
         moe.load_layer_tensors(&tensors)?;
-        moe.process()?;
         Ok(moe)
+    }
+
+    /// The expert-at-a-time road of [`Self::from_checkpoint_with`]; `None` when the layer is
+    /// not one it takes or anything fails (the caller then takes the whole-layer road).
+    fn streamed(
+        ckpt: &Checkpoint,
+        layer: usize,
+        cfg: &MoeLayerConfig,
+        opts: &LoadOptions<'_>,
+    ) -> Option<Self> {
+        if cfg.shared_experts.is_some()
+            || cfg.tp_size != 1
+            || !matches!(
+                cfg.quant,
+                LayerQuant::W4A8 { .. } | LayerQuant::Wna16 { .. }
+            )
+        {
+            return None;
+        }
+        let read = ReadOptions {
+            shared_experts: false,
+            ..ReadOptions::single_rank()
+        };
+        let (router, local) = ckpt.read_layer_head(layer, &read).ok()?;
+        // `create` allocates by the sizes of `config.json`: the router has backed E, the first
+        // expert's tensors back H and I.
+        ckpt.read_routed_expert(layer, *local.first()?, &read)
+            .ok()?;
+        let mut moe = Self::create(cfg.clone()).ok()?;
+        moe.load_router_weight(&router.weight.to_f32_vec()).ok()?;
+        if let Some(bias) = &router.correction_bias {
+            moe.load_router_correction_bias(bias).ok()?;
+        }
+        if moe.cfg.router_bias_pending || local != moe.cfg.local_experts() {
+            return None;
+        }
+        let (selection, kernels) = super::backend::select(&moe.cfg, &moe.router).ok()?;
+        let native_wna16 = selection.kernel.id == moe_oracle::KernelId::CpuWna16;
+        // One expert's parameters, filled and packed by the whole-layer code.
+        let one = MoeLayerConfig {
+            num_experts: 1,
+            expert_map: None,
+            ..moe.cfg.clone()
+        };
+        let (h, i) = (one.hidden, one.intermediate_per_rank());
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        let total = local.len();
+        let experts = crate::par::map_indexed(total, opts.par, |x| {
+            let ex = ckpt.read_routed_expert(layer, local[x], &read)?;
+            let mut p = Params::create(&one);
+            copy_experts(&one, &mut p, Cow::Owned(ex), layer, &[0])?;
+            let packed = match one.quant {
+                LayerQuant::W4A8 { group_size } => {
+                    let (w13, w2) = super::pack_w4a8(&p, group_size, h, i, Par::Seq)?;
+                    Packed::W4A8(w13, w2)
+                }
+                LayerQuant::Wna16 {
+                    bits,
+                    group_size,
+                    act_order,
+                    zero_points,
+                } if native_wna16 => {
+                    let shape = super::wna16::LayerShape {
+                        bits,
+                        group_size,
+                        act_order,
+                        zero_points,
+                        h,
+                        i,
+                    };
+                    let (w13, w2) = super::wna16::pack_layer(&p, &shape, Par::Seq)?;
+                    Packed::Wna16(w13, w2)
+                }
+                _ => {
+                    return Err(LayerError::InvalidArgument {
+                        field: "quant",
+                        reason: "not packed expert by expert".into(),
+                    });
+                }
+            };
+            let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            if let Some(report) = opts.progress {
+                report(LoadProgress { done: n, total });
+            }
+            Ok((packed, p.scale_dtype))
+        });
+        let experts: Vec<(Packed, Option<DType>)> = experts
+            .into_iter()
+            .collect::<Result<_, LayerError>>()
+            .ok()?;
+        // The whole-layer read requires one scale dtype for the layer.
+        if experts.windows(2).any(|w| w[0].1 != w[1].1) {
+            return None;
+        }
+        let moe_cfg = moe.fused_config();
+        let fused = match cfg.quant {
+            LayerQuant::W4A8 { .. } => {
+                let (w13, w2) = experts
+                    .into_iter()
+                    .filter_map(|(p, _)| match p {
+                        Packed::W4A8(a, b) => Some((a.into_iter().next()?, b.into_iter().next()?)),
+                        Packed::Wna16(..) => None,
+                    })
+                    .unzip();
+                super::Experts::W4A8(
+                    moe_kernels::FusedMoe::new(
+                        moe_kernels::ExpertWeights {
+                            w13,
+                            w2,
+                            w13_bias: None,
+                            w2_bias: None,
+                        },
+                        moe_cfg,
+                        kernels,
+                    )
+                    .ok()?,
+                )
+            }
+            _ => {
+                let (w13, w2) = experts
+                    .into_iter()
+                    .filter_map(|(p, _)| match p {
+                        Packed::Wna16(a, b) => Some((a.into_iter().next()?, b.into_iter().next()?)),
+                        Packed::W4A8(..) => None,
+                    })
+                    .unzip();
+                super::Experts::Wna16Native(
+                    moe_kernels::FusedMoe::new(
+                        moe_kernels::ExpertWeights {
+                            w13,
+                            w2,
+                            w13_bias: None,
+                            w2_bias: None,
+                        },
+                        moe_cfg,
+                        kernels,
+                    )
+                    .ok()?,
+                )
+            }
+        };
+        let ready = moe.ready_with(fused, selection).ok()?;
+        moe.state = super::State::Ready(Box::new(ready));
+        Some(moe)
     }
 
     /// Loads every expert tensor and the router weight of `layer` from `ckpt`, through the
@@ -161,7 +410,8 @@ impl MoeLayer {
             self.load_router_correction_bias(bias)?;
         }
         if let (Some(sh), Some(layer)) = (&t.shared, self.shared.as_mut()) {
-            let loaded = layer.guarded(|cfg, p| copy_experts(cfg, p, &sh.mlp, t.layer, &[0]));
+            let loaded =
+                layer.guarded(|cfg, p| copy_experts(cfg, p, Cow::Borrowed(&sh.mlp), t.layer, &[0]));
             if let Err(e) = loaded {
                 self.state = super::State::Unusable(e.to_string());
                 return Err(e);
@@ -170,19 +420,28 @@ impl MoeLayer {
                 self.load_shared_expert_gate(&gate.to_f32_vec())?;
             }
         }
-        self.guarded(|cfg, p| copy_experts(cfg, p, &t.experts, t.layer, &t.local_experts))
+        self.guarded(|cfg, p| {
+            copy_experts(cfg, p, Cow::Borrowed(&t.experts), t.layer, &t.local_experts)
+        })
     }
 }
 
+/// One expert packed on the streamed road: its `w13` and `w2` (one matrix each).
+enum Packed {
+    W4A8(Vec<PackedW4A8>, Vec<PackedW4A8>),
+    Wna16(Vec<PackedWna16>, Vec<PackedWna16>),
+}
+
 /// Checks the reader's tensors of one expert group (the routed experts, or the shared MLP as
-/// one expert) against the layer's shapes and copies them in.
+/// one expert) against the layer's shapes and copies them in (moves them, when they are owned).
 fn copy_experts(
     cfg: &MoeLayerConfig,
     p: &mut Params,
-    ex: &ExpertTensors,
+    tensors: Cow<'_, ExpertTensors>,
     layer: usize,
     local_experts: &[usize],
 ) -> Result<(), LayerError> {
+    let ex: &ExpertTensors = &tensors;
     let mismatch = |field: &'static str, expected: String, actual: String| {
         Err(LayerError::InvalidArgument {
             field,
@@ -331,10 +590,24 @@ fn copy_experts(
             check_scale(name, index, v, cfg.quant)?;
         }
     }
-    p.w13.copy_from_slice(&q.w13);
-    p.w2.copy_from_slice(&q.w2);
-    p.w13_scale.copy_from_slice(&q.w13_scales);
-    p.w2_scale.copy_from_slice(&q.w2_scales);
+    match tensors {
+        Cow::Owned(ExpertTensors {
+            weights: ExpertWeights::Int(q),
+            ..
+        }) => {
+            // Lengths checked equal above.
+            p.w13 = q.w13;
+            p.w2 = q.w2;
+            p.w13_scale = q.w13_scales;
+            p.w2_scale = q.w2_scales;
+        }
+        _ => {
+            p.w13.copy_from_slice(&q.w13);
+            p.w2.copy_from_slice(&q.w2);
+            p.w13_scale.copy_from_slice(&q.w13_scales);
+            p.w2_scale.copy_from_slice(&q.w2_scales);
+        }
+    }
     p.mark_all_loaded();
     Ok(())
 }
@@ -379,4 +652,64 @@ fn copy_float_experts(p: &mut Params, w13: &FloatData, w2: &FloatData) -> Result
     p.float_dtype = Some(w13.dtype());
     p.mark_all_loaded();
     Ok(())
+}
+
+/// The checkpoint writers of the integration tests.
+#[cfg(test)]
+#[path = "../../tests/checkpoint_support/mod.rs"]
+mod test_support;
+
+#[cfg(test)]
+mod tests {
+    //! The expert-at-a-time road packs exactly what the whole-layer road packs, on every
+    //! thread count.
+
+    use super::test_support::{Fmt, runnable, temp_dir};
+    use super::*;
+    use crate::checkpoint::ShardAccess;
+
+    /// The packed experts of a processed layer, compared by their bytes.
+    fn same_packed(a: &MoeLayer, b: &MoeLayer) -> bool {
+        let (super::super::State::Ready(a), super::super::State::Ready(b)) = (&a.state, &b.state)
+        else {
+            panic!("both layers must be processed");
+        };
+        match (&a.moe, &b.moe) {
+            (super::super::Experts::W4A8(a), super::super::Experts::W4A8(b)) => {
+                a.weights().w13 == b.weights().w13 && a.weights().w2 == b.weights().w2
+            }
+            (super::super::Experts::Wna16Native(a), super::super::Experts::Wna16Native(b)) => {
+                a.weights().w13 == b.weights().w13 && a.weights().w2 == b.weights().w2
+            }
+            _ => false,
+        }
+    }
+
+    #[test]
+    fn streamed_load_packs_the_same_bytes_as_the_whole_layer() {
+        for (tag, fmt, g) in [
+            ("stream-w4a8", Fmt::IntQuantized, 32),
+            ("stream-wna16", Fmt::PackQuantized, 128),
+        ] {
+            let dir = temp_dir(tag);
+            runnable(fmt, [6, 2, 256, 128], g, 0x10ad).write(&dir);
+            let ckpt = Checkpoint::open(&dir, ShardAccess::Mmap).unwrap();
+            let cfg = MoeLayerConfig::from_spec(ckpt.spec(), 0, 1, None, 8).unwrap();
+            let mut whole = MoeLayer::whole_layer(&ckpt, 0, cfg.clone()).unwrap();
+            whole.set_parallelism(Par::Seq);
+            whole.process().unwrap();
+            for par in [Par::Seq, Par::Rayon] {
+                let seen = std::sync::Mutex::new(Vec::new());
+                let report = |p: LoadProgress| seen.lock().unwrap().push(p.done);
+                let opts = LoadOptions::new().with_par(par).with_progress(&report);
+                let streamed = MoeLayer::streamed(&ckpt, 0, &cfg, &opts)
+                    .unwrap_or_else(|| panic!("{tag}: the streamed road was not taken"));
+                assert!(same_packed(&streamed, &whole), "{tag} {par:?}");
+                let mut seen = seen.into_inner().unwrap();
+                seen.sort_unstable();
+                assert_eq!(seen, (1..=6).collect::<Vec<_>>(), "{tag} {par:?}");
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
 }

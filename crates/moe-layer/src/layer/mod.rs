@@ -43,9 +43,11 @@ use moe_router::{IdsOut, Logits, Router, RouterScratch};
 #[cfg(feature = "checkpoint")]
 pub use config::router_from_spec;
 pub use config::{LayerQuant, MoeLayerConfig, SharedExperts, vllm_cpu_softmax_router};
+#[cfg(feature = "checkpoint")]
+pub use from_checkpoint::{LoadOptions, LoadProgress};
 pub use params::{ExpertShard, TensorData, TensorKind, TensorView};
 
-use crate::LayerError;
+use crate::{LayerError, par};
 use params::Params;
 
 /// What a processed layer runs on, for reports.
@@ -485,18 +487,10 @@ impl MoeLayer {
         let cfg = &self.cfg;
         let (h, i) = (cfg.hidden, cfg.intermediate_per_rank());
         let (selection, kernels) = backend::select(cfg, &self.router)?;
-        let moe_cfg = FusedMoeConfig {
-            hidden_size: h,
-            intermediate_size: i,
-            activation: cfg.activation,
-            gate_up_layout: GateUpLayout::Concatenated,
-            apply_router_weight_on_input: self.router.apply_router_weight_on_input(),
-            global_num_experts: cfg.num_experts,
-            expert_map: cfg.expert_map.clone(),
-        };
+        let moe_cfg = self.fused_config();
         let moe = match cfg.quant {
             LayerQuant::W4A8 { group_size } => {
-                let (w13, w2) = pack_w4a8(params, group_size, h, i)?;
+                let (w13, w2) = pack_w4a8(params, group_size, h, i, self.par)?;
                 Experts::W4A8(FusedMoe::new(
                     ExpertWeights {
                         w13,
@@ -527,8 +521,15 @@ impl MoeLayer {
                 act_order,
                 zero_points,
             } if selection.kernel.id == moe_oracle::KernelId::CpuWna16 => {
-                let (w13, w2) =
-                    wna16::pack_layer(params, bits, group_size, act_order, zero_points, h, i)?;
+                let shape = wna16::LayerShape {
+                    bits,
+                    group_size,
+                    act_order,
+                    zero_points,
+                    h,
+                    i,
+                };
+                let (w13, w2) = wna16::pack_layer(params, &shape, self.par)?;
                 Experts::Wna16Native(FusedMoe::new(
                     ExpertWeights {
                         w13,
@@ -585,6 +586,26 @@ impl MoeLayer {
                 )?)
             }
         };
+        self.ready_with(moe, selection)
+    }
+
+    /// The fused-MoE configuration of this layer's experts.
+    fn fused_config(&self) -> FusedMoeConfig {
+        let cfg = &self.cfg;
+        FusedMoeConfig {
+            hidden_size: cfg.hidden,
+            intermediate_size: cfg.intermediate_per_rank(),
+            activation: cfg.activation,
+            gate_up_layout: GateUpLayout::Concatenated,
+            apply_router_weight_on_input: self.router.apply_router_weight_on_input(),
+            global_num_experts: cfg.num_experts,
+            expert_map: cfg.expert_map.clone(),
+        }
+    }
+
+    /// The processed state around packed experts: the scratch pool with its first scratch.
+    fn ready_with(&self, moe: Experts, selection: Selection) -> Result<Ready, LayerError> {
+        let cfg = &self.cfg;
         let lanes = std::thread::available_parallelism().map_or(1, |n| n.get());
         // One scratch up front so that the first call does not allocate it.
         let first = moe.scratch(cfg.max_tokens, cfg.top_k, lanes)?;
@@ -767,13 +788,15 @@ impl MoeLayer {
     }
 }
 
-/// Packs the int4 experts (bf16 group scales or f32 channel scales) for the W4A8 kernels.
+/// Packs the int4 experts (bf16 group scales or f32 channel scales) for the W4A8 kernels,
+/// experts spread over threads as `par` allows (each expert is packed the same either way).
 type Stacks<W> = (Vec<W>, Vec<W>);
 fn pack_w4a8(
     params: &Params,
     group_size: Option<usize>,
     h: usize,
     i: usize,
+    par: Par,
 ) -> Result<Stacks<PackedW4A8>, LayerError> {
     let quant = LayerQuant::W4A8 { group_size };
     let e = params.w2.len() / (h * i);
@@ -796,23 +819,25 @@ fn pack_w4a8(
         })
     };
     let (s13, s2) = (quant.scale_cols(h), quant.scale_cols(i));
-    let mut w13 = Vec::with_capacity(e);
-    let mut w2 = Vec::with_capacity(e);
-    for x in 0..e {
-        w13.push(pack(
+    let experts = par::map_indexed(e, par, |x| {
+        let w13 = pack(
             &params.w13[x * 2 * i * h..][..2 * i * h],
             &params.w13_scale[x * 2 * i * s13..][..2 * i * s13],
             2 * i,
             h,
-        )?);
-        w2.push(pack(
+        )?;
+        let w2 = pack(
             &params.w2[x * h * i..][..h * i],
             &params.w2_scale[x * h * s2..][..h * s2],
             h,
             i,
-        )?);
-    }
-    Ok((w13, w2))
+        )?;
+        Ok((w13, w2))
+    });
+    experts
+        .into_iter()
+        .collect::<Result<Vec<_>, LayerError>>()
+        .map(|v| v.into_iter().unzip())
 }
 
 /// Rejects the first NaN or infinite value of a row-major `[_, width]` argument, naming its row

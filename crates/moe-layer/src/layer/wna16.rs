@@ -13,11 +13,11 @@
 //! `group_size` rows (the last one the remainder), as GPTQ's act-order produces.
 
 use half::{bf16, f16};
-use moe_kernels::{PackedWna16, Wna16Desc, Wna16Scales};
+use moe_kernels::{PackedWna16, Par, Wna16Desc, Wna16Scales};
 use moe_quant::DType;
 
 use super::params::Params;
-use crate::LayerError;
+use crate::{LayerError, par};
 
 /// One projection's tensors, as the packer reads them.
 struct Projection<'a> {
@@ -30,16 +30,31 @@ struct Projection<'a> {
     k: usize,
 }
 
-/// Packs both projections of every local expert.
+/// What the packer needs to know about a layer besides its parameters.
+pub(crate) struct LayerShape {
+    pub(crate) bits: u32,
+    pub(crate) group_size: Option<usize>,
+    pub(crate) act_order: bool,
+    pub(crate) zero_points: bool,
+    pub(crate) h: usize,
+    pub(crate) i: usize,
+}
+
+/// Packs both projections of every local expert, experts spread over threads as `par` allows
+/// (each expert is packed the same either way, and the first failing expert is reported).
 pub(crate) fn pack_layer(
     params: &Params,
-    bits: u32,
-    group_size: Option<usize>,
-    act_order: bool,
-    zero_points: bool,
-    h: usize,
-    i: usize,
+    shape: &LayerShape,
+    par: Par,
 ) -> Result<(Vec<PackedWna16>, Vec<PackedWna16>), LayerError> {
+    let &LayerShape {
+        bits,
+        group_size,
+        act_order,
+        zero_points,
+        h,
+        i,
+    } = shape;
     let dtype = params.scale_dtype.unwrap_or(DType::BF16);
     if !matches!(dtype, DType::F16 | DType::BF16 | DType::F32) {
         return Err(LayerError::ParamDtype {
@@ -83,12 +98,23 @@ pub(crate) fn pack_layer(
         n: h,
         k: i,
     };
-    let pack = |p: &Projection<'_>| -> Result<Vec<PackedWna16>, LayerError> {
-        (0..e)
-            .map(|x| pack_expert(p, x, bits, group_size, act_order, dtype))
-            .collect()
-    };
-    Ok((pack(&w13)?, pack(&w2)?))
+    let experts = par::map_indexed(e, par, |x| {
+        let a = pack_expert(&w13, x, bits, group_size, act_order, dtype)?;
+        let b = pack_expert(&w2, x, bits, group_size, act_order, dtype)?;
+        Ok((a, b))
+    });
+    // The whole-layer order of errors: every w13 before any w2.
+    if experts.iter().any(Result::is_err) {
+        for (x, r) in experts.iter().enumerate() {
+            if r.is_err() {
+                pack_expert(&w13, x, bits, group_size, act_order, dtype)?;
+            }
+        }
+    }
+    experts
+        .into_iter()
+        .collect::<Result<Vec<_>, LayerError>>()
+        .map(|v| v.into_iter().unzip())
 }
 
 /// Packs expert `x` of one projection.
@@ -112,7 +138,19 @@ fn pack_expert(
     let offset: i16 = if bits == 4 { 8 } else { 128 };
     let max = 2 * offset - 1;
     let mut unsigned = vec![0u8; n * k];
-    for row in 0..n {
+    // Without a permutation every code moves to the same place: a branch-free pass (which
+    // vectorises) does the common all-valid case; a bad code is found and named by the loop
+    // below.
+    let all_valid = perm.is_none() && {
+        let mut ok = true;
+        for (d, &c) in unsigned.iter_mut().zip(codes) {
+            let code = i16::from(c) + offset;
+            ok &= (0..=max).contains(&code);
+            *d = code as u8;
+        }
+        ok
+    };
+    for row in (0..n).filter(|_| !all_valid) {
         let src = &codes[row * k..][..k];
         let dst = &mut unsigned[row * k..][..k];
         for (j, d) in dst.iter_mut().enumerate() {

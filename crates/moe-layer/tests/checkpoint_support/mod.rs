@@ -439,7 +439,9 @@ fn ct_config(format: &str, with_activations: bool) -> Value {
 
 /// A fresh, empty directory for one test under cargo's per-target temporary directory.
 pub fn temp_dir(tag: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+    // Unit tests that include this module have no target temporary directory.
+    let root = option_env!("CARGO_TARGET_TMPDIR").map_or_else(std::env::temp_dir, PathBuf::from);
+    let dir = root
         .join("moe-layer-checkpoint")
         .join(format!("{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
