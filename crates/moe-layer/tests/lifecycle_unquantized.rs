@@ -265,3 +265,62 @@ fn shared_experts_are_added_to_the_routed_output() {
     let err = partial.process().unwrap_err().to_string();
     assert!(err.contains("shared_experts.experts.0"), "{err}");
 }
+
+/// Under expert parallelism the ranks' outputs sum to the single-rank block, shared experts
+/// included once: only the rank holding expert 0 adds them.
+#[test]
+fn shared_experts_count_once_across_expert_parallel_ranks() {
+    use moe_router::{ExpertMap, ExpertPlacement};
+    let (ck, _) = Ckpt::build("deepseek_v3", Fmt::Float, 46);
+    let dir = temp_dir("unquantized-deepseek-shared-ep");
+    ck.write(&dir);
+    let ckpt = Checkpoint::open(&dir, ShardAccess::Read).unwrap();
+    let whole = MoeLayer::from_checkpoint(&ckpt, 0, 16).unwrap();
+
+    let mut rng = SplitMix64::new(11);
+    let (tokens, k) = (6, 2);
+    let x = rng.vec_uniform(tokens * H, -1.0, 1.0);
+    let ids: Vec<i32> = (0..tokens * k).map(|s| ((s * 3) % E) as i32).collect();
+    let gates = rng.vec_uniform(tokens * k, 0.2, 0.8);
+    let mut want = vec![0f32; tokens * H];
+    whole.apply_with_topk(&x, &ids, &gates, &mut want).unwrap();
+
+    for placement in [ExpertPlacement::Linear, ExpertPlacement::RoundRobin] {
+        let ep_size = 2;
+        let mut sum = vec![0f64; tokens * H];
+        let mut adding = 0;
+        for rank in 0..ep_size {
+            let map = ExpertMap::new(E, ep_size, rank, placement).unwrap();
+            let map = map.as_slice().to_vec();
+            let cfg =
+                moe_layer::MoeLayerConfig::from_spec(ckpt.spec(), 0, 1, Some(map.clone()), 16)
+                    .unwrap();
+            adding += usize::from(cfg.adds_shared_experts());
+            let mut layer = MoeLayer::create(cfg).unwrap();
+            let t = ckpt
+                .read_layer(
+                    0,
+                    &moe_layer::checkpoint::ReadOptions::single_rank().with_expert_map(Some(&map)),
+                )
+                .unwrap();
+            layer.load_layer_tensors(&t).unwrap();
+            layer.process().unwrap();
+            let mut out = vec![0f32; tokens * H];
+            layer.apply_with_topk(&x, &ids, &gates, &mut out).unwrap();
+            for (s, o) in sum.iter_mut().zip(&out) {
+                *s += f64::from(*o);
+            }
+        }
+        assert_eq!(
+            adding, 1,
+            "{placement}: exactly one rank adds the shared experts"
+        );
+        let want64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+        let sum32: Vec<f32> = sum.iter().map(|&v| v as f32).collect();
+        let err = rel_l2(&sum32, &want64);
+        assert!(
+            err < 1e-5,
+            "{placement}: sum over ranks vs one rank, relative L2 {err:e}"
+        );
+    }
+}

@@ -255,6 +255,15 @@ impl MoeLayerConfig {
         }
     }
 
+    /// Whether this rank adds the shared experts' output: without expert parallelism always,
+    /// with it only on the rank holding global expert 0, so that the sum over the ranks
+    /// counts the shared experts once.
+    pub fn adds_shared_experts(&self) -> bool {
+        self.expert_map
+            .as_ref()
+            .is_none_or(|map| map.first().is_some_and(|&local| local >= 0))
+    }
+
     /// The shared MLP as a layer of its own: one expert, top-1, the shared width, the same
     /// weights scheme, activation and tensor parallelism, every expert local.
     pub(crate) fn shared_view(&self) -> Option<MoeLayerConfig> {

@@ -452,10 +452,18 @@ impl MoeLayer {
 
     /// Adds the shared experts' output (gated per token for Qwen2-MoE) to the routed `out`,
     /// rounding each sum to `X` as the model dtype's addition does.
+    ///
+    /// Under expert parallelism the ranks' outputs are summed, and every rank holds the shared
+    /// experts (sliced only by tensor parallelism), so only the rank holding global expert 0
+    /// adds them: rank 0 under vLLM's linear and round-robin placements, and exactly one rank
+    /// of any partition of the experts. The sum over ranks then counts them once.
     fn add_shared<X: MoeFloat>(&self, x: &[X], out: &mut [X]) -> Result<(), LayerError> {
         let Some(shared) = &self.shared else {
             return Ok(());
         };
+        if !self.cfg.adds_shared_experts() {
+            return Ok(());
+        }
         let h = self.cfg.hidden;
         let gates: Vec<f32> = match &self.shared_gate {
             Some(w) => x
