@@ -297,7 +297,7 @@ pub enum LayerError {
     },
 
     /// A layer parameter holds a value its scheme does not allow (an int4 code outside
-    /// `[-8, 7]`, a negative or non-finite scale, a group scale not exact in bf16).
+    /// `[-8, 7]`, a negative or non-finite scale, a group scale that overflows bf16).
     #[error("layer parameter {tensor}: value {value} at index {index}: {reason}")]
     ParamValue {
         /// The tensor, as the caller named it.

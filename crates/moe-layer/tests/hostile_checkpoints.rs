@@ -1146,12 +1146,29 @@ fn tensor_cases(c: &mut Cases) {
         },
     );
     c.layer(
-        "f32 group scale not exact in bf16",
-        err!(LayerError::ParamValue { .. }),
+        "f32 group scale not exact in bf16 is rounded",
+        Expect::Ok,
         |ck| {
             for e in 0..E {
                 for (p, (n, k)) in [(I, H), (I, H), (H, I)].into_iter().enumerate() {
                     let s = vec![0.0123457f32; n * k / G];
+                    ck.put(
+                        &t(e, p, "weight_scale"),
+                        Dtype::F32,
+                        &[n, k / G],
+                        f32_bytes(&s),
+                    );
+                }
+            }
+        },
+    );
+    c.layer(
+        "f32 group scale that overflows bf16",
+        err!(LayerError::ParamValue { .. }),
+        |ck| {
+            for e in 0..E {
+                for (p, (n, k)) in [(I, H), (I, H), (H, I)].into_iter().enumerate() {
+                    let s = vec![f32::MAX; n * k / G];
                     ck.put(
                         &t(e, p, "weight_scale"),
                         Dtype::F32,

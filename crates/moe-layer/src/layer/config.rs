@@ -16,8 +16,8 @@ use crate::LayerError;
 pub enum LayerQuant {
     /// compressed-tensors `int-quantized` W4A8: int4 codes stored as int8, static symmetric
     /// scales (`group_size` columns per scale, `None` = channelwise), dynamic per-token int8
-    /// activations. Group scales are run as bf16 (the kernels' format), so they must be
-    /// exact in bf16.
+    /// activations. Group scales are run as bf16 (the kernels' format): f32 checkpoint
+    /// scales are rounded to bf16 at load, as vLLM does.
     W4A8 {
         /// Input columns per scale group; `None` = one scale per output channel.
         group_size: Option<usize>,
