@@ -5,10 +5,10 @@
 //!
 //! States: loading → processed, or unusable after any failed load or process (a half-written
 //! layer must never compute). `process` is idempotent. Both `apply` forms take `&self` and may be
-//! called from many threads at once: each call takes a kernel scratch from a small
-//! mutex-protected pool (allocating one when the pool is empty) and returns it afterwards, so
-//! steady-state calls allocate only their routing buffers. Results do not depend on the number
-//! of threads or of concurrent calls.
+//! called from many threads at once: each call takes a scratch (kernel scratch, routing
+//! buffers, router scratch, shared-expert buffers) from a small mutex-protected pool, making
+//! one when the pool is empty, and returns it afterwards, so steady-state calls allocate
+//! nothing. Results do not depend on the number of threads or of concurrent calls.
 //!
 //! Supported today: compressed-tensors W4A8 (int4 codes stored as int8, channelwise or group
 //! scales) on the packed W4A8 kernels, vLLM's online int8 method (float weights quantized per
@@ -25,9 +25,8 @@ mod from_checkpoint;
 mod marlin;
 mod online;
 mod params;
+mod scratch;
 mod wna16;
-
-use std::sync::Mutex;
 
 use half::{bf16, f16};
 use moe_kernels::marlin::MarlinWeights;
@@ -49,6 +48,7 @@ pub use params::{ExpertShard, TensorData, TensorKind, TensorView};
 
 use crate::{LayerError, par};
 use params::Params;
+use scratch::{CallScratch, ScratchPool, SharedScratch, typed_zeros};
 
 /// What a processed layer runs on, for reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,7 +122,7 @@ impl Experts {
 struct Ready {
     moe: Experts,
     selection: Selection,
-    pool: Mutex<Vec<MoeScratch>>,
+    pool: ScratchPool,
     lanes: usize,
 }
 
@@ -457,7 +457,12 @@ impl MoeLayer {
     /// experts (sliced only by tensor parallelism), so only the rank holding global expert 0
     /// adds them: rank 0 under vLLM's linear and round-robin placements, and exactly one rank
     /// of any partition of the experts. The sum over ranks then counts them once.
-    fn add_shared<X: MoeFloat>(&self, x: &[X], out: &mut [X]) -> Result<(), LayerError> {
+    fn add_shared<X: MoeFloat>(
+        &self,
+        x: &[X],
+        out: &mut [X],
+        buf: &mut SharedScratch,
+    ) -> Result<(), LayerError> {
         let Some(shared) = &self.shared else {
             return Ok(());
         };
@@ -465,20 +470,20 @@ impl MoeLayer {
             return Ok(());
         }
         let h = self.cfg.hidden;
-        let gates: Vec<f32> = match &self.shared_gate {
-            Some(w) => x
-                .chunks_exact(h)
-                .map(|row| {
-                    let dot: f32 = row.iter().zip(w).map(|(a, b)| a.to_f32() * b).sum();
-                    1.0 / (1.0 + (-dot).exp())
-                })
-                .collect(),
-            None => vec![1.0; x.len() / h],
-        };
-        let ids = vec![0i32; gates.len()];
-        let mut y = vec![X::from_f32(0.0); x.len()];
-        shared.apply_with_topk(x, &ids, &gates, &mut y)?;
-        for (o, s) in out.iter_mut().zip(&y) {
+        let tokens = x.len() / h;
+        buf.gates.clear();
+        match &self.shared_gate {
+            Some(w) => buf.gates.extend(x.chunks_exact(h).map(|row| {
+                let dot: f32 = row.iter().zip(w).map(|(a, b)| a.to_f32() * b).sum();
+                1.0 / (1.0 + (-dot).exp())
+            })),
+            None => buf.gates.resize(tokens, 1.0),
+        }
+        buf.ids.clear();
+        buf.ids.resize(tokens, 0);
+        let y = typed_zeros(&mut buf.out, x.len(), X::from_f32(0.0));
+        shared.apply_with_topk(x, &buf.ids, &buf.gates, y)?;
+        for (o, s) in out.iter_mut().zip(y.iter()) {
             *o = X::from_f32(o.to_f32() + s.to_f32());
         }
         Ok(())
@@ -616,13 +621,29 @@ impl MoeLayer {
         let cfg = &self.cfg;
         let lanes = std::thread::available_parallelism().map_or(1, |n| n.get());
         // One scratch up front so that the first call does not allocate it.
-        let first = moe.scratch(cfg.max_tokens, cfg.top_k, lanes)?;
+        let first = CallScratch::new(
+            moe.scratch(cfg.max_tokens, cfg.top_k, lanes)?,
+            self.router.new_scratch(),
+        );
         Ok(Ready {
             moe,
             selection,
-            pool: Mutex::new(vec![first]),
+            pool: ScratchPool::with(first),
             lanes,
         })
+    }
+
+    /// A call scratch from the pool, or a new one when every pooled one is in use.
+    fn take_scratch(&self, ready: &Ready) -> Result<CallScratch, LayerError> {
+        match ready.pool.take() {
+            Some(s) => Ok(s),
+            None => Ok(CallScratch::new(
+                ready
+                    .moe
+                    .scratch(self.cfg.max_tokens, self.cfg.top_k, ready.lanes)?,
+                self.router.new_scratch(),
+            )),
+        }
     }
 
     fn ready(&self) -> Result<&Ready, LayerError> {
@@ -722,10 +743,53 @@ impl MoeLayer {
                 ),
             });
         }
-        let pairs = tokens * self.cfg.top_k;
-        let (mut ids, mut weights) = (vec![0i32; pairs], vec![0f32; pairs]);
-        self.route(router_logits, &mut ids, &mut weights)?;
-        self.apply_with_topk(hidden_states, &ids, &weights, out)
+        if out.len() != hidden_states.len() {
+            return Err(LayerError::InvalidArgument {
+                field: "out",
+                reason: format!(
+                    "{} values, hidden_states has {}",
+                    out.len(),
+                    hidden_states.len()
+                ),
+            });
+        }
+        let ready = self.ready()?;
+        let mut scratch = self.take_scratch(ready)?;
+        let result = self.route_and_run(ready, hidden_states, router_logits, out, &mut scratch);
+        ready.pool.put(scratch);
+        result
+    }
+
+    /// [`Self::apply`] on a taken scratch: routes into its buffers, then runs the experts.
+    fn route_and_run<X: MoeFloat>(
+        &self,
+        ready: &Ready,
+        x: &[X],
+        router_logits: Logits<'_>,
+        out: &mut [X],
+        scratch: &mut CallScratch,
+    ) -> Result<(), LayerError> {
+        let pairs = x.len() / self.cfg.hidden * self.cfg.top_k;
+        let CallScratch {
+            moe,
+            router,
+            ids,
+            weights,
+            shared,
+        } = scratch;
+        ids.clear();
+        ids.resize(pairs, 0);
+        weights.clear();
+        weights.resize(pairs, 0.0);
+        self.router
+            .route_into(router_logits, weights, IdsOut::I32(ids), router)?;
+        check_finite(
+            "hidden_states",
+            x.iter().map(|v| v.to_f32()),
+            self.cfg.hidden,
+        )?;
+        check_finite("topk_weights", weights.iter().copied(), self.cfg.top_k)?;
+        self.run_experts(ready, x, ids, weights, out, moe, shared)
     }
 
     /// Runs the experts on `x` `[T, H]` for precomputed routing (`topk_ids` global,
@@ -764,12 +828,29 @@ impl MoeLayer {
         }
         check_finite("hidden_states", x.iter().map(|v| v.to_f32()), h)?;
         check_finite("topk_weights", topk_weights.iter().copied(), k)?;
-        let mut scratch = match ready.pool.lock().unwrap_or_else(|p| p.into_inner()).pop() {
-            Some(s) => s,
-            None => ready.moe.scratch(self.cfg.max_tokens, k, ready.lanes)?,
-        };
+        let mut scratch = self.take_scratch(ready)?;
+        let CallScratch { moe, shared, .. } = &mut scratch;
+        let result = self.run_experts(ready, x, topk_ids, topk_weights, out, moe, shared);
+        ready.pool.put(scratch);
+        result
+    }
+
+    /// Runs the routed experts in pieces of at most `max_tokens` tokens (tokens are
+    /// independent, so results do not change), then adds the shared experts.
+    #[allow(clippy::too_many_arguments)] // one call's inputs, output and two scratches
+    fn run_experts<X: MoeFloat>(
+        &self,
+        ready: &Ready,
+        x: &[X],
+        topk_ids: &[i32],
+        topk_weights: &[f32],
+        out: &mut [X],
+        moe: &mut MoeScratch,
+        shared: &mut SharedScratch,
+    ) -> Result<(), LayerError> {
+        let (h, k) = (self.cfg.hidden, self.cfg.top_k);
+        let tokens = x.len() / h;
         let step = self.cfg.max_tokens;
-        let mut result = Ok(());
         for t0 in (0..tokens).step_by(step) {
             let t = step.min(tokens - t0);
             let input = MoeInput {
@@ -779,20 +860,11 @@ impl MoeLayer {
                 topk_ids: &topk_ids[t0 * k..][..t * k],
                 topk_weights: &topk_weights[t0 * k..][..t * k],
             };
-            result = ready
+            ready
                 .moe
-                .apply(input, &mut out[t0 * h..][..t * h], &mut scratch, self.par);
-            if result.is_err() {
-                break;
-            }
+                .apply(input, &mut out[t0 * h..][..t * h], moe, self.par)?;
         }
-        ready
-            .pool
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(scratch);
-        result?;
-        self.add_shared(x, out)
+        self.add_shared(x, out, shared)
     }
 }
 
