@@ -292,6 +292,59 @@ fn bench_w4a16_reads_its_own_bytes() {
     }
 }
 
+#[test]
+fn bench_layer_times_the_block_and_its_experts_through_moe_layer() {
+    let v = moe_json(&[
+        "bench",
+        "--json",
+        "--layer",
+        "--shape",
+        "e8-k2-h128-i64",
+        "--batch-sizes",
+        "1,5",
+        "--min-bytes",
+        "1M",
+        "--iters",
+        "3",
+        "--warmup-ms",
+        "0",
+    ]);
+    let rows = v["rows"].as_array().expect("rows");
+    let stages: Vec<(&str, u64)> = rows
+        .iter()
+        .map(|r| (r["stage"].as_str().unwrap(), r["batch"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        stages,
+        [("block", 1), ("experts", 1), ("block", 5), ("experts", 5)]
+    );
+    for row in rows {
+        assert!(row["copies"].as_u64().unwrap() >= 2, "{row}");
+        assert!(row["ms_per_call"].as_f64().unwrap() > 0.0, "{row}");
+        // Same packed bytes per expert as the fused benchmark's W4A8 group 32.
+        let per_expert =
+            row["bytes_touched"].as_f64().unwrap() / row["experts_touched"].as_f64().unwrap();
+        assert_eq!(per_expert, (3 * 128 * 64) as f64 * 0.5625, "{row}");
+    }
+    let fused = moe_json(&[
+        "bench",
+        "--json",
+        "--shape",
+        "e8-k2-h128-i64",
+        "--batch-sizes",
+        "1",
+        "--min-bytes",
+        "1M",
+        "--iters",
+        "1",
+        "--warmup-ms",
+        "0",
+    ]);
+    assert_eq!(fused["rows"][0]["stage"], "fused");
+    assert_clean_failure(&["bench", "--layer", "--format", "w8a8"], "--format w4a8");
+    assert_clean_failure(&["bench", "--layer", "--isa", "avx2"], "--isa");
+}
+
 /// Asserts a failing run with a message on stderr and no panic.
 fn assert_clean_failure(args: &[&str], needle: &str) {
     let out = moe(args);

@@ -148,6 +148,12 @@ pub struct BenchArgs {
     /// read on the benchmark's threads before the rows.
     #[arg(long)]
     pub dram_gbs: Option<f64>,
+    /// Time the road a runtime takes instead of the fused pipeline: `MoeLayer::apply` from
+    /// router logits (`block`: routing, experts, shared experts) and `apply_with_topk` with
+    /// the routing precomputed (`experts`), on layers built through `load_expert_tensor` and
+    /// `process` (W4A8).
+    #[arg(long)]
+    pub layer: bool,
 }
 
 /// Parses `int8` or `bf16`.
@@ -183,6 +189,9 @@ pub struct BenchRow {
     pub shape: BenchShape,
     /// The rung that ran.
     pub isa: &'static str,
+    /// What was timed: `fused` (`FusedMoe::apply`), or with `--layer` `block`
+    /// (`MoeLayer::apply` from router logits) and `experts` (`MoeLayer::apply_with_topk`).
+    pub stage: &'static str,
     /// What the rung's kernel set runs per op (e.g. `w4a8_gemm: avx512-vnni below 16 rows,
     /// amx from 16`).
     pub ops: Vec<String>,
@@ -251,6 +260,11 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
             None => ks,
         })
         .collect();
+    if args.layer && !args.isa.is_empty() {
+        return Err(CliError(
+            "--layer runs the kernels the layer selects; leave out --isa".into(),
+        ));
+    }
     let pool = thread_pool(args.threads)?;
     let threads = pool.current_num_threads();
     let isa = kernels().isa().name();
@@ -269,10 +283,20 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
         }
     };
     if !out.json {
-        println!(
-            "moe bench: fused {} MoE, uniform random routing, {threads} threads, rung {isa}",
-            args.format.describe(args.group_size)
-        );
+        if args.layer {
+            println!(
+                "moe bench --layer: MoeLayer with {} experts, softmax top-k routing of random logits, {threads} threads, rung {isa}",
+                args.format.describe(args.group_size)
+            );
+            println!(
+                "  block = apply(hidden, logits): routing + experts + shared; experts = apply_with_topk on that routing; last column: ratio to experts"
+            );
+        } else {
+            println!(
+                "moe bench: fused {} MoE, uniform random routing, {threads} threads, rung {isa}",
+                args.format.describe(args.group_size)
+            );
+        }
         let how = match dram_source {
             "given" => "given with --dram-gbs".to_string(),
             _ => format!("measured: streaming read on {threads} threads"),
@@ -300,7 +324,13 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
     }
     let mut rows = Vec::new();
     for shape in &shapes {
-        rows.extend(bench_shape(args, shape, &rungs, dram, &pool, out)?);
+        if args.layer {
+            rows.extend(super::bench_layer::bench_shape(
+                args, shape, dram, &pool, out,
+            )?);
+        } else {
+            rows.extend(bench_shape(args, shape, &rungs, dram, &pool, out)?);
+        }
     }
     if out.json {
         out.print_json(&BenchReport {
@@ -510,6 +540,7 @@ fn measure_layer<W: ExpertMatrix + Clone>(
             let row = BenchRow {
                 shape: shape.clone(),
                 isa: ks.isa().name(),
+                stage: "fused",
                 ops: ks.describe_ops(),
                 copies,
                 distinct_bytes: layer_bytes * copies as u64,

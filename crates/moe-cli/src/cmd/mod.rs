@@ -8,6 +8,7 @@
 
 pub mod backend;
 pub mod bench;
+mod bench_layer;
 pub mod cpu;
 pub mod demo;
 pub mod inspect;
