@@ -75,14 +75,15 @@ pub enum KernelId {
 pub struct Kernel {
     /// The kernel.
     pub id: KernelId,
-    /// The best available rung, for moe-rs kernels; `None` for vLLM's classes.
+    /// The best available rung, for moe-rs kernels with SIMD rungs; `None` for vLLM's classes
+    /// and for our portable code (`cpu-marlin`), which runs the same on every rung.
     pub isa: Option<Isa>,
 }
 
 impl Kernel {
     /// The kernel as it runs on a platform.
     pub fn on(id: KernelId, platform: &Platform) -> Self {
-        let isa = id.is_ours().then(|| platform.best_isa());
+        let isa = id.has_rungs().then(|| platform.best_isa());
         Self { id, isa }
     }
 
@@ -148,6 +149,12 @@ impl KernelId {
                 | KernelId::CpuWna16
                 | KernelId::CpuUnquantized
         )
+    }
+
+    /// Whether the kernel is ours with code per ISA rung (all ours but the portable CPU
+    /// Marlin executor).
+    pub fn has_rungs(self) -> bool {
+        self.is_ours() && self != KernelId::CpuMarlin
     }
 
     fn is_gpu_stub(self) -> bool {

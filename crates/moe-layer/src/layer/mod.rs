@@ -57,7 +57,8 @@ pub struct BackendInfo {
     pub backend: String,
     /// The kernel and its rung (`"cpu-int4-w4a8/avx512-vnni"`).
     pub kernel: String,
-    /// The ISA rung of the kernel set the experts call.
+    /// The ISA rung of the kernel set the experts call (`portable` for the CPU Marlin
+    /// executor, which calls none).
     pub isa: String,
     /// What that kernel set runs per operation, numerics choices included (e.g.
     /// `w4a8_gemm: avx512-vnni below 32 rows, amx from 32`).
@@ -210,7 +211,11 @@ impl MoeLayer {
             State::Ready(r) => Some(BackendInfo {
                 backend: r.selection.backend.value().to_string(),
                 kernel: r.selection.kernel.to_string(),
-                isa: r.moe.kernels().isa().name().to_string(),
+                isa: match r.moe {
+                    // The Marlin executor is portable code; the kernel set is not called.
+                    Experts::Wna16(_) => "portable".to_string(),
+                    _ => r.moe.kernels().isa().name().to_string(),
+                },
                 ops: r.moe.kernels().describe_ops(),
             }),
             _ => None,
