@@ -250,15 +250,13 @@ impl KernelId {
         }
     }
 
-    /// Whether non-gated (`*_no_mul`) MLPs are supported.
+    /// Whether non-gated (`*_no_mul`) MLPs are supported. None of ours: the fused pipeline
+    /// implements gated activations only, so a non-gated model is refused rather than
+    /// computed as something else.
     pub fn supports_no_act_and_mul(self) -> bool {
         matches!(
             self,
-            KernelId::VllmMarlinExperts
-                | KernelId::VllmBatchedMarlinExperts
-                | KernelId::CpuMarlin
-                | KernelId::CpuWna16
-                | KernelId::CpuUnquantized
+            KernelId::VllmMarlinExperts | KernelId::VllmBatchedMarlinExperts
         ) || self.is_gpu_stub()
     }
 
@@ -292,15 +290,11 @@ impl KernelId {
                     | A::GeluNoMul
                     | A::Relu2NoMul
             ),
-            KernelId::CpuInt4W4A8 | KernelId::CpuInt8W8A8 => OUR_GATED.contains(&act),
-            KernelId::CpuMarlin | KernelId::CpuWna16 => {
-                OUR_GATED.contains(&act)
-                    || matches!(
-                        act,
-                        A::SiluNoMul | A::GeluNoMul | A::GeluTanhNoMul | A::Relu2NoMul
-                    )
-            }
-            KernelId::CpuUnquantized => act != A::Situ,
+            KernelId::CpuInt4W4A8
+            | KernelId::CpuInt8W8A8
+            | KernelId::CpuMarlin
+            | KernelId::CpuWna16
+            | KernelId::CpuUnquantized => OUR_GATED.contains(&act),
             _ => true,
         };
         if ok {

@@ -129,6 +129,7 @@ const EP2_REASON: &str = "kernel does not support parallel config FusedMoEParall
 const NO_W4A8: &str = "No W4A8 Int8 MoE backend supports the deployment configuration.";
 const NO_INT8: &str = "No Int8 MoE backend supports the deployment configuration.";
 const NO_WNA16: &str = "No WNA16 MoE backend supports the deployment configuration.";
+const NO_ACT_AND_MUL: &str = "kernel does not support no act_and_mul MLP layer";
 const DEV_CPU: &str = "kernel does not support current device cpu";
 const ONLY_CPU: &str = "W4A8 Int8 MoE is only supported on CPU platforms";
 
@@ -793,7 +794,14 @@ fn rows() -> Vec<Row> {
             Chosen("MARLIN", "MarlinExperts"),
         ),
         wna16("wna16 native cpu", vnni(), Native, silu(), Chosen("MARLIN", "cpu-wna16/avx512-vnni")),
-        wna16("wna16 native silu_no_mul", arm(), Native, cfg(A::SiluNoMul, R::Default), Chosen("MARLIN", "cpu-wna16/i8mm")),
+        // The fused pipeline has gated activations only: non-gated models are refused.
+        wna16(
+            "wna16 native silu_no_mul",
+            arm(),
+            Native,
+            cfg(A::SiluNoMul, R::Default),
+            Refused(NO_WNA16, &[NO_ACT_AND_MUL, NO_ACT_AND_MUL]),
+        ),
         row(
             "wna16 native 8-bit",
             Family::Wna16,
@@ -850,7 +858,10 @@ fn rows() -> Vec<Row> {
             cfg(A::Relu2NoMul, R::Default),
             None,
             None,
-            Chosen("CPU", "cpu-unquantized/i8mm"),
+            Refused(
+                "No Unquantized MoE backend supports the deployment configuration.",
+                &[NO_ACT_AND_MUL],
+            ),
         ),
     ]);
     // Deny-list and batch invariance rows.
