@@ -249,18 +249,61 @@ fn out_of_range_codes_scales_experts_and_biases_are_refused() {
     );
 
     let ok_codes = vec![0i8; I * H];
-    for (expert, kind) in [(E, TensorKind::Weight), (0, TensorKind::Bias)] {
+    let mut layer = MoeLayer::create(config(None)).unwrap();
+    let e = layer
+        .load_expert_tensor(
+            E,
+            ExpertShard::W1,
+            TensorKind::Weight,
+            &view("t", &[I, H], TensorData::I8(&ok_codes)),
+        )
+        .unwrap_err();
+    assert!(matches!(e, LayerError::InvalidArgument { .. }), "{e:?}");
+
+    // Biases: `[I]` for w1/w3, `[H]` for w2, float and finite.
+    let bias = |shard, shape: &[usize], data: TensorData<'_>| {
         let mut layer = MoeLayer::create(config(None)).unwrap();
-        let e = layer
-            .load_expert_tensor(
-                expert,
-                ExpertShard::W1,
-                kind,
-                &view("t", &[I, H], TensorData::I8(&ok_codes)),
-            )
-            .unwrap_err();
-        assert!(matches!(e, LayerError::InvalidArgument { .. }), "{e:?}");
+        layer
+            .load_expert_tensor(0, shard, TensorKind::Bias, &view("b", shape, data))
+            .unwrap_err()
+    };
+    let e = bias(ExpertShard::W1, &[I, H], TensorData::I8(&ok_codes));
+    assert!(matches!(e, LayerError::ParamShape { .. }), "{e:?}");
+    let e = bias(ExpertShard::W2, &[H + 1], TensorData::F32(&[0.0; H + 1]));
+    assert!(matches!(e, LayerError::ParamShape { .. }), "{e:?}");
+    let e = bias(ExpertShard::W1, &[I], TensorData::I8(&[0; I]));
+    assert!(matches!(e, LayerError::ParamDtype { .. }), "{e:?}");
+    let mut nan = [0.5f32; H];
+    nan[3] = f32::NAN;
+    let e = bias(ExpertShard::W2, &[H], TensorData::F32(&nan));
+    assert!(
+        matches!(e, LayerError::ParamValue { index: 3, .. }),
+        "{e:?}"
+    );
+}
+
+/// A layer with some expert biases must have them all: `process` names the missing ones.
+#[test]
+fn partial_expert_biases_are_named_missing() {
+    let tensors = experts(17);
+    let mut layer = MoeLayer::create(config(None)).unwrap();
+    for (e, t) in tensors.iter().enumerate() {
+        load_expert(&mut layer, e, t).unwrap();
     }
+    layer
+        .load_expert_tensor(
+            1,
+            ExpertShard::W3,
+            TensorKind::Bias,
+            &view("b", &[I], TensorData::F32(&[0.25; I])),
+        )
+        .unwrap();
+    let err = layer.process().unwrap_err().to_string();
+    assert!(
+        err.contains("experts.1.w2.bias") && err.contains("experts.0.w1.bias"),
+        "{err}"
+    );
+    assert!(!err.contains("experts.1.w3.bias"), "{err}");
 }
 
 #[test]

@@ -324,3 +324,89 @@ fn shared_experts_count_once_across_expert_parallel_ranks() {
         );
     }
 }
+
+/// Expert biases (`<proj>.bias`, as gpt-oss stores them) are added inside each expert: gate
+/// and up biases before the activation, the down bias before the router weight; under tensor
+/// parallelism the ranks' outputs sum to the single-rank block, the down bias counted once.
+#[test]
+fn expert_biases_are_added_inside_each_expert() {
+    let (mut ck, experts) = Ckpt::build("qwen3_moe", Fmt::Float, 47);
+    let mut rng = SplitMix64::new(12);
+    let mut biases = Vec::new();
+    for e in 0..E {
+        let mut per = Vec::new();
+        for (proj, n) in [("gate_proj", I), ("up_proj", I), ("down_proj", H)] {
+            let b: Vec<f32> = rng
+                .vec_uniform(n, -0.5, 0.5)
+                .into_iter()
+                .map(|v| bf16::from_f32(v).to_f32())
+                .collect();
+            ck.put(
+                &format!("model.layers.0.mlp.experts.{e}.{proj}.bias"),
+                safetensors::Dtype::BF16,
+                &[n],
+                checkpoint_support::bf16_bytes(&b),
+            );
+            per.push(b.into_iter().map(f64::from).collect::<Vec<f64>>());
+        }
+        biases.push(per);
+    }
+    let dir = temp_dir("unquantized-expert-bias");
+    ck.write(&dir);
+    let ckpt = Checkpoint::open(&dir, ShardAccess::Read).unwrap();
+    let layer = MoeLayer::from_checkpoint(&ckpt, 0, 16).unwrap();
+
+    let (tokens, k) = (5, 2);
+    let x = rng.vec_uniform(tokens * H, -1.0, 1.0);
+    let ids: Vec<i32> = (0..tokens * k).map(|s| ((s * 3 + 1) % E) as i32).collect();
+    let gates = rng.vec_uniform(tokens * k, 0.2, 0.8);
+    let mut want = vec![0f64; tokens * H];
+    for t in 0..tokens {
+        let xt: Vec<f64> = x[t * H..][..H].iter().map(|&v| f64::from(v)).collect();
+        for j in 0..k {
+            let e = ids[t * k + j] as usize;
+            let [gate, up, down] = &experts[e];
+            let b = &biases[e];
+            let g = matvec(&weights(gate), I, H, &xt);
+            let u = matvec(&weights(up), I, H, &xt);
+            let a: Vec<f64> = (0..I)
+                .map(|r| {
+                    let (g, u) = (g[r] + b[0][r], u[r] + b[1][r]);
+                    g / (1.0 + (-g).exp()) * u
+                })
+                .collect();
+            let y = matvec(&weights(down), H, I, &a);
+            for (c, o) in want[t * H..][..H].iter_mut().enumerate() {
+                *o += f64::from(gates[t * k + j]) * (y[c] + b[2][c]);
+            }
+        }
+    }
+    let mut out = vec![0f32; tokens * H];
+    layer.apply_with_topk(&x, &ids, &gates, &mut out).unwrap();
+    let err = rel_l2(&out, &want);
+    assert!(err < 1e-5, "relative L2 {err:e}");
+
+    // Two tensor-parallel ranks: each keeps its rows of the gate/up biases, rank 0 alone adds
+    // the down bias.
+    let mut sum = vec![0f64; tokens * H];
+    for rank in 0..2 {
+        let cfg = moe_layer::MoeLayerConfig::from_spec(ckpt.spec(), rank, 2, None, 16).unwrap();
+        let mut part = MoeLayer::create(cfg).unwrap();
+        let t = ckpt
+            .read_layer(
+                0,
+                &moe_layer::checkpoint::ReadOptions::single_rank().with_tensor_parallel(rank, 2),
+            )
+            .unwrap();
+        part.load_layer_tensors(&t).unwrap();
+        part.process().unwrap();
+        let mut o = vec![0f32; tokens * H];
+        part.apply_with_topk(&x, &ids, &gates, &mut o).unwrap();
+        for (s, v) in sum.iter_mut().zip(&o) {
+            *s += f64::from(*v);
+        }
+    }
+    let sum32: Vec<f32> = sum.iter().map(|&v| v as f32).collect();
+    let err = rel_l2(&sum32, &want);
+    assert!(err < 1e-5, "tp=2 sum: relative L2 {err:e}");
+}

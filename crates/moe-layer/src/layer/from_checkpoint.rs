@@ -278,6 +278,12 @@ impl MoeLayer {
             let ex = ckpt.read_routed_expert(layer, local[x], &read)?;
             let mut p = Params::create(&one);
             copy_experts(&one, &mut p, Cow::Owned(ex), layer, &[0])?;
+            if p.has_biases() {
+                return Err(LayerError::InvalidArgument {
+                    field: "bias",
+                    reason: "expert biases are loaded by the whole-layer road".into(),
+                });
+            }
             let packed = match one.quant {
                 LayerQuant::W4A8 { group_size } => {
                     let (w13, w2) = super::pack_w4a8(&p, group_size, h, i, Par::Seq)?;
@@ -467,9 +473,7 @@ fn copy_experts(
             ),
         );
     }
-    if ex.w13_bias.is_some() || ex.w2_bias.is_some() {
-        return mismatch("bias", "no expert biases".into(), "biases".into());
-    }
+    copy_biases(p, ex, h, i)?;
     if let ExpertWeights::Float { w13, w2 } = &ex.weights
         && cfg.quant.loads_float_weights()
     {
@@ -614,6 +618,47 @@ fn copy_experts(
 
 /// Copies float expert weights (already fused and sliced by the reader) into the parameters,
 /// widened to f32, refusing non-finite values.
+/// Copies the experts' biases, when the checkpoint has them: `w13` `[E_local, 2I]` (already
+/// this rank's rows) and `w2` `[E_local, H]`, finite.
+fn copy_biases(p: &mut Params, ex: &ExpertTensors, h: usize, i: usize) -> Result<(), LayerError> {
+    let e = ex.num_experts;
+    match (&ex.w13_bias, &ex.w2_bias) {
+        (None, None) => return Ok(()),
+        (Some(w13), Some(w2)) => {
+            for (name, data, want, dst) in [
+                ("w13_bias", w13, e * 2 * i, &mut p.w13_bias),
+                ("w2_bias", w2, e * h, &mut p.w2_bias),
+            ] {
+                let v = data.to_f32_vec();
+                if v.len() != want {
+                    return Err(LayerError::ParamShape {
+                        tensor: name.into(),
+                        expected: vec![want],
+                        actual: vec![v.len()],
+                    });
+                }
+                if let Some(index) = v.iter().position(|x| !x.is_finite()) {
+                    return Err(LayerError::ParamValue {
+                        tensor: name.into(),
+                        index,
+                        value: f64::from(v[index]),
+                        reason: "biases must be finite",
+                    });
+                }
+                *dst = v;
+            }
+        }
+        (w13, _) => {
+            let missing = if w13.is_some() { "w2_bias" } else { "w13_bias" };
+            return Err(LayerError::MissingParams {
+                missing: vec![missing.into()],
+            });
+        }
+    }
+    p.mark_biases_loaded();
+    Ok(())
+}
+
 fn copy_float_experts(p: &mut Params, w13: &FloatData, w2: &FloatData) -> Result<(), LayerError> {
     if w13.dtype() != w2.dtype() {
         return Err(LayerError::ParamDtype {

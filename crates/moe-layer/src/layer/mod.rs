@@ -16,7 +16,8 @@
 //! f32-compute GEMM (bf16 kept as bf16), and symmetric WNA16 (GPTQ or compressed-tensors
 //! pack-quantized, 4 or 8 bits, act-order) packed into our panels for the native WNA16 kernels
 //! (the CPU Marlin executor remains the fallback when `cpu-wna16` is disabled). Shared experts (DeepSeek, Qwen2-MoE with its sigmoid gate) run as a
-//! nested one-expert layer added to the routed output. Not yet: expert biases.
+//! nested one-expert layer added to the routed output. Expert biases (`w13` and `w2`, as gpt-oss
+//! has them) are added inside each expert, the `w2` bias on tensor-parallel rank 0 only.
 
 mod backend;
 mod config;
@@ -506,6 +507,7 @@ impl MoeLayer {
         let (h, i) = (cfg.hidden, cfg.intermediate_per_rank());
         let (selection, kernels) = backend::select(cfg, &self.router)?;
         let moe_cfg = self.fused_config();
+        let (b13, b2) = params.expert_biases(cfg.tp_rank);
         let moe = match cfg.quant {
             LayerQuant::W4A8 { group_size } => {
                 let (w13, w2) = pack_w4a8(params, group_size, h, i, self.par)?;
@@ -513,8 +515,8 @@ impl MoeLayer {
                     ExpertWeights {
                         w13,
                         w2,
-                        w13_bias: None,
-                        w2_bias: None,
+                        w13_bias: b13.clone(),
+                        w2_bias: b2.clone(),
                     },
                     moe_cfg,
                     kernels,
@@ -526,8 +528,8 @@ impl MoeLayer {
                     ExpertWeights {
                         w13,
                         w2,
-                        w13_bias: None,
-                        w2_bias: None,
+                        w13_bias: b13.clone(),
+                        w2_bias: b2.clone(),
                     },
                     moe_cfg,
                     kernels,
@@ -552,8 +554,8 @@ impl MoeLayer {
                     ExpertWeights {
                         w13,
                         w2,
-                        w13_bias: None,
-                        w2_bias: None,
+                        w13_bias: b13.clone(),
+                        w2_bias: b2.clone(),
                     },
                     moe_cfg,
                     kernels,
@@ -583,8 +585,8 @@ impl MoeLayer {
                     ExpertWeights {
                         w13,
                         w2,
-                        w13_bias: None,
-                        w2_bias: None,
+                        w13_bias: b13.clone(),
+                        w2_bias: b2.clone(),
                     },
                     moe_cfg,
                     kernels,
@@ -596,8 +598,8 @@ impl MoeLayer {
                     ExpertWeights {
                         w13,
                         w2,
-                        w13_bias: None,
-                        w2_bias: None,
+                        w13_bias: b13.clone(),
+                        w2_bias: b2.clone(),
                     },
                     moe_cfg,
                     kernels,

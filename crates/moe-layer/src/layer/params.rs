@@ -137,6 +137,13 @@ pub(crate) struct Params {
     /// like the scales (empty without; only a checkpoint load fills them).
     pub(crate) w13_zeros: Vec<u8>,
     pub(crate) w2_zeros: Vec<u8>,
+    /// Expert biases: `[E_local, 2I]` (gate rows then up rows, this rank's slice) and
+    /// `[E_local, H]` (whole), zero until loaded.
+    pub(crate) w13_bias: Vec<f32>,
+    pub(crate) w2_bias: Vec<f32>,
+    /// `[E_local][shard]`: whether its bias was written (biases are optional, but a layer
+    /// with any has them all).
+    bias_loaded: Vec<bool>,
     /// `[E_local][shard][kind]`: whether it was written.
     loaded: Vec<bool>,
     local_experts: Vec<usize>,
@@ -181,6 +188,9 @@ impl Params {
                 w2_g_idx: Vec::new(),
                 w13_zeros: Vec::new(),
                 w2_zeros: Vec::new(),
+                w13_bias: vec![0.0; e * 2 * i],
+                w2_bias: vec![0.0; e * h],
+                bias_loaded: vec![false; e * ExpertShard::ALL.len()],
                 loaded,
                 local_experts,
             };
@@ -199,9 +209,93 @@ impl Params {
             w2_g_idx: Vec::new(),
             w13_zeros: Vec::new(),
             w2_zeros: Vec::new(),
+            w13_bias: vec![0.0; e * 2 * i],
+            w2_bias: vec![0.0; e * h],
+            bias_loaded: vec![false; e * ExpertShard::ALL.len()],
             loaded,
             local_experts,
         }
+    }
+
+    /// Whether any expert bias was loaded.
+    pub(crate) fn has_biases(&self) -> bool {
+        self.bias_loaded.iter().any(|&b| b)
+    }
+
+    /// Marks every expert bias loaded (after a whole-layer copy from a checkpoint).
+    #[cfg(feature = "checkpoint")]
+    pub(crate) fn mark_biases_loaded(&mut self) {
+        self.bias_loaded.fill(true);
+    }
+
+    /// The biases the fused pipeline adds, if the layer has them: `w13` on every rank, `w2`
+    /// on tensor-parallel rank 0 only, since every rank holds it whole and the ranks' outputs
+    /// are summed.
+    pub(crate) fn expert_biases(&self, tp_rank: usize) -> (Option<Vec<f32>>, Option<Vec<f32>>) {
+        if !self.has_biases() {
+            return (None, None);
+        }
+        let w2 = (tp_rank == 0).then(|| self.w2_bias.clone());
+        (Some(self.w13_bias.clone()), w2)
+    }
+
+    /// Writes one expert's bias: `w1`/`w3` `[I_full]` (this rank's rows kept), `w2` `[H]`.
+    fn load_bias(
+        &mut self,
+        local: usize,
+        shard: ExpertShard,
+        d: &Dims,
+        view: &TensorView<'_>,
+    ) -> Result<(), LayerError> {
+        let full = match shard {
+            ExpertShard::W1 | ExpertShard::W3 => d.i_full,
+            ExpertShard::W2 => d.h,
+        };
+        if view.shape != [full] || view.data.len() != full {
+            return Err(LayerError::ParamShape {
+                tensor: view.name.to_string(),
+                expected: vec![full],
+                actual: if view.shape == [full] {
+                    vec![view.data.len()]
+                } else {
+                    view.shape.to_vec()
+                },
+            });
+        }
+        if matches!(view.data, TensorData::I8(_)) {
+            return Err(LayerError::ParamDtype {
+                tensor: view.name.to_string(),
+                expected: "f32, bf16 or f16".into(),
+                actual: "i8".into(),
+            });
+        }
+        let (dst, src0) = match shard {
+            ExpertShard::W1 => (&mut self.w13_bias[local * 2 * d.i..][..d.i], d.rank * d.i),
+            ExpertShard::W3 => (
+                &mut self.w13_bias[local * 2 * d.i + d.i..][..d.i],
+                d.rank * d.i,
+            ),
+            ExpertShard::W2 => (&mut self.w2_bias[local * d.h..][..d.h], 0),
+        };
+        for (j, out) in dst.iter_mut().enumerate() {
+            let index = src0 + j;
+            let v = view.data.float_at(index).unwrap_or(f32::NAN);
+            if !v.is_finite() {
+                return Err(LayerError::ParamValue {
+                    tensor: view.name.to_string(),
+                    index,
+                    value: f64::from(v),
+                    reason: "biases must be finite",
+                });
+            }
+            *out = v;
+        }
+        let s = ExpertShard::ALL
+            .iter()
+            .position(|x| *x == shard)
+            .unwrap_or(0);
+        self.bias_loaded[local * ExpertShard::ALL.len() + s] = true;
+        Ok(())
     }
 
     fn slot(local: usize, shard: ExpertShard, kind: TensorKind) -> usize {
@@ -216,12 +310,16 @@ impl Params {
     /// Every parameter not yet loaded, named `experts.{global}.{shard}.{kind}`.
     pub(crate) fn missing(&self) -> Vec<String> {
         let mut out = Vec::new();
+        let biased = self.has_biases();
         for (local, &global) in self.local_experts.iter().enumerate() {
-            for shard in ExpertShard::ALL {
+            for (s, shard) in ExpertShard::ALL.into_iter().enumerate() {
                 for kind in TensorKind::REQUIRED {
                     if !self.loaded[Self::slot(local, shard, kind)] {
                         out.push(format!("experts.{global}.{}.{}", shard.name(), kind.name()));
                     }
+                }
+                if biased && !self.bias_loaded[local * ExpertShard::ALL.len() + s] {
+                    out.push(format!("experts.{global}.{}.bias", shard.name()));
                 }
             }
         }
@@ -265,10 +363,7 @@ impl Params {
             quant: cfg.quant,
         };
         if kind == TensorKind::Bias {
-            return Err(LayerError::InvalidArgument {
-                field: "kind",
-                reason: format!("{}: expert biases are not supported yet", view.name),
-            });
+            return self.load_bias(local, shard, &d, view);
         }
         if d.quant.loads_float_weights() && kind == TensorKind::Scale {
             return Err(LayerError::InvalidArgument {
