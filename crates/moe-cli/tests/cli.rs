@@ -195,6 +195,53 @@ fn run_obeys_the_deny_list_like_inspect() {
     let _ = std::fs::remove_file(&out_file);
 }
 
+/// `moe inspect` and `moe run` decide by the same function: a checkpoint with an activation
+/// the layer implements runs on the kernel inspect names, one it does not is refused by both
+/// with the same reason.
+#[test]
+fn inspect_and_run_agree_on_the_activation() {
+    let src = fixture("qwen3moe-w4a16-g32");
+    let input = src.join("expected.safetensors");
+    for (act, runs) in [("gelu", true), ("relu", false)] {
+        let dir = std::env::temp_dir().join(format!("moe-cli-act-{act}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for entry in std::fs::read_dir(&src).unwrap() {
+            let path = entry.unwrap().path();
+            std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+        }
+        let config = dir.join("config.json");
+        let mut v: Value =
+            serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+        v["hidden_act"] = Value::from(act);
+        std::fs::write(&config, v.to_string()).unwrap();
+        let inspect = moe_json(&["inspect", "--json", "--model", dir.to_str().unwrap()]);
+        let out_file = dir.join("out.safetensors");
+        let run = Command::new(env!("CARGO_BIN_EXE_moe"))
+            .args(["run", "--json", "--model", dir.to_str().unwrap()])
+            .args(["--input", input.to_str().unwrap(), "--input-tensor", "x"])
+            .args(["--output", out_file.to_str().unwrap()])
+            .output()
+            .expect("the moe binary runs");
+        if runs {
+            assert!(
+                run.status.success(),
+                "{act}: {}",
+                String::from_utf8_lossy(&run.stderr)
+            );
+            let ran: Value = serde_json::from_slice(&run.stdout).expect("JSON");
+            assert_eq!(ran["kernel"], inspect["backend"]["kernel"], "{act}");
+        } else {
+            assert!(!run.status.success(), "{act}: run accepted it");
+            assert!(inspect["backend"].is_null(), "{act}: {inspect}");
+            let reason = inspect["no_backend"]["message"].as_str().unwrap();
+            assert!(reason.contains("hidden_act"), "{act}: {reason}");
+            let stderr = String::from_utf8_lossy(&run.stderr);
+            assert!(stderr.contains("hidden_act"), "{act}: {stderr}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 #[test]
 fn inspect_human_report_names_the_backend() {
     let dir = fixture("qwen3moe-w4a8-g32");

@@ -6,18 +6,12 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use clap::Args;
-use moe_layer::checkpoint::{
-    Checkpoint, ExpertWeights, MoeModelSpec, QuantScheme, ReadOptions, ShardAccess,
-};
-use moe_oracle::{
-    MoEActivation, MoeConfig, MoeShape, OracleError, ParallelConfig, RoutingMethodType, Selection,
-    select_unquantized_moe_backend, select_w4a8_int8_moe_backend, select_wna16_moe_backend,
-    w4a8_weight_key, wna16_weight_key,
-};
-use moe_quant::DType;
+use moe_layer::checkpoint::{Checkpoint, ExpertWeights, MoeModelSpec, ReadOptions, ShardAccess};
+use moe_layer::{LayerError, MoeLayerConfig};
+use moe_oracle::Selection;
 use serde::Serialize;
 
-use super::{CliError, Output, backend};
+use super::{CliError, Output};
 
 /// Options of `moe inspect`.
 #[derive(Debug, Args)]
@@ -142,7 +136,10 @@ pub fn run(args: &InspectArgs, out: Output) -> Result<(), CliError> {
             None,
             Some(NoBackend {
                 message: e.to_string(),
-                refusals: e.refusals().iter().map(ToString::to_string).collect(),
+                refusals: match &e {
+                    LayerError::Oracle(o) => o.refusals().iter().map(ToString::to_string).collect(),
+                    _ => Vec::new(),
+                },
             }),
         ),
     };
@@ -177,45 +174,11 @@ pub fn run(args: &InspectArgs, out: Output) -> Result<(), CliError> {
     Ok(())
 }
 
-/// The oracle's answer (native mode, this machine) for the checkpoint's MoE layers.
-fn select(spec: &MoeModelSpec) -> Result<Selection, OracleError> {
-    let activation: MoEActivation = spec.activation.parse()?;
-    let r = &spec.routing;
-    let routing = RoutingMethodType::derive(
-        r.scoring,
-        spec.top_k,
-        r.renormalize,
-        r.num_expert_group,
-        r.has_correction_bias,
-        Some(r.routed_scaling_factor),
-    );
-    let config = MoeConfig::new(
-        MoeShape {
-            num_experts: spec.num_experts,
-            experts_per_token: spec.top_k,
-            hidden_dim: spec.hidden,
-            intermediate_size: spec.intermediate,
-        },
-        activation,
-        routing,
-        spec.dtype.unwrap_or(DType::BF16),
-        ParallelConfig::no_parallel(),
-    )?;
-    let platform = backend::platform();
-    let opts = backend::select_options();
-    match &spec.quant {
-        QuantScheme::CompressedTensorsW4A8 { group_size, .. } => {
-            let key = w4a8_weight_key(group_size.map_or(-1, |g| g as i64))?;
-            select_w4a8_int8_moe_backend(&config, Some(&key), None, &platform, &opts)
-        }
-        QuantScheme::CompressedTensorsWna16 { bits, .. } | QuantScheme::Gptq { bits, .. } => {
-            select_wna16_moe_backend(&config, &wna16_weight_key(*bits)?, &platform, &opts)
-        }
-        QuantScheme::Awq { .. } => {
-            select_wna16_moe_backend(&config, &wna16_weight_key(4)?, &platform, &opts)
-        }
-        _ => select_unquantized_moe_backend(&config, &platform, &opts),
-    }
+/// The backend a layer of the checkpoint would run on, decided as `moe run` decides it: the
+/// layer's configuration from the spec (which refuses what the layer cannot run), then the
+/// layer's own backend selection.
+fn select(spec: &MoeModelSpec) -> Result<Selection, LayerError> {
+    MoeLayerConfig::from_spec(spec, 0, 1, None, 1)?.select_backend()
 }
 
 /// Reads one MoE layer and summarizes it.

@@ -255,6 +255,16 @@ impl MoeLayerConfig {
         }
     }
 
+    /// The backend and kernel a layer of this configuration runs on here, chosen by the rules
+    /// `process` applies (the oracle's native rules, this machine's rungs, the deny-list of
+    /// `MOE_DISABLED_KERNELS`), or why none can: what `moe inspect` reports is what
+    /// `moe run` then runs.
+    pub fn select_backend(&self) -> Result<moe_oracle::Selection, LayerError> {
+        self.validate()?;
+        let router = moe_router::Router::new(self.router.clone())?;
+        Ok(super::backend::select(self, &router)?.0)
+    }
+
     /// Whether this rank adds the shared experts' output: without expert parallelism always,
     /// with it only on the rank holding global expert 0, so that the sum over the ranks
     /// counts the shared experts once.

@@ -67,6 +67,8 @@ impl MoeLayerConfig {
         };
         let activation = match spec.activation.as_str() {
             "silu" | "swiglu" => Activation::SILU,
+            // Hugging Face's `gelu` is the erf form, as vLLM's GeluAndMul.
+            "gelu" => Activation::Gelu,
             other => {
                 return Err(LayerError::ConfigField {
                     file: spec.config_path.clone(),
