@@ -431,7 +431,7 @@ fn config_cases(c: &mut Cases) {
     c.config(
         "hidden_act unsupported",
         err!(LayerError::ConfigField { .. }),
-        |v| v["hidden_act"] = json!("gelu"),
+        |v| v["hidden_act"] = json!("relu"),
     );
     c.config(
         "norm_topk_prob a string",
