@@ -104,6 +104,32 @@ typedef enum {
 typedef struct MoeLayerHandle MoeLayerHandle;
 
 /*
+ One rank's place in a parallel group (`moe_layer_open_checkpoint_ranked`): tensor
+ parallelism slices every expert's intermediate dimension over `tp_size` ranks, expert
+ parallelism spreads the experts over `ep_size` ranks (contiguous ranges, the first
+ `E % ep_size` ranks one more: vLLM's linear placement). The host sums the outputs of all
+ ranks; terms every rank could add (shared experts, the down-projection bias) are added once.
+ */
+typedef struct {
+  /*
+   This rank's tensor-parallel index, `0..tp_size`.
+   */
+  size_t tp_rank;
+  /*
+   Tensor-parallel ranks (1: none).
+   */
+  size_t tp_size;
+  /*
+   This rank's expert-parallel index, `0..ep_size`.
+   */
+  size_t ep_rank;
+  /*
+   Expert-parallel ranks (1: every expert on this rank).
+   */
+  size_t ep_size;
+} MoeRanks;
+
+/*
  The description of a layer built tensor by tensor (`moe_layer_create`): one rank holding
  every expert, SiLU experts, vLLM's CPU softmax router.
  */
@@ -235,6 +261,19 @@ MoeStatus moe_layer_open_checkpoint(const char *model_dir,
                                     MoeLayerHandle **out);
 
 /*
+ [`moe_layer_open_checkpoint`] for one rank of a parallel group (`*ranks`).
+
+ # Safety
+ - `model_dir` is NULL or a NUL-terminated string; `ranks` is NULL or points to a
+   `MoeRanks`; `out` is NULL or valid for one write.
+ */
+MoeStatus moe_layer_open_checkpoint_ranked(const char *model_dir,
+                                           size_t layer,
+                                           size_t max_tokens,
+                                           const MoeRanks *ranks,
+                                           MoeLayerHandle **out);
+
+/*
  Creates an empty layer from `*desc`; load its tensors with `moe_layer_load_tensor`, then
  call `moe_layer_process`. Stores the new handle in `*out` (NULL on failure).
 
@@ -311,6 +350,49 @@ MoeStatus moe_layer_apply(MoeLayerHandle *layer,
                           size_t logits_len,
                           void *out,
                           size_t out_len);
+
+/*
+ Routes `logits_len` router logits (`[T, E]`, dtype `dtype`) with the layer's router and
+ writes the chosen global expert ids and their weights (`[T, k]`, `pairs_len` = `T·k` of
+ each) to `topk_ids` and `topk_weights`: the routing `moe_layer_apply` would use, for hosts
+ that route once and run several ranks (`moe_layer_apply_topk`).
+
+ # Safety
+ - `router_logits` is NULL or points to `logits_len` readable elements of `dtype`;
+   `topk_ids` and `topk_weights` are NULL or point to `pairs_len` writable elements each,
+   not overlapping each other or the logits.
+ */
+MoeStatus moe_layer_route(MoeLayerHandle *layer,
+                          uint32_t dtype,
+                          const void *router_logits,
+                          size_t logits_len,
+                          int32_t *topk_ids,
+                          float *topk_weights,
+                          size_t pairs_len);
+
+/*
+ Runs the experts on `hidden_len` values (`[T, H]`) of `hidden_states` for precomputed
+ routing: `topk_ids` (global expert ids, `[T, k]`) and `topk_weights` (`[T, k]`), `pairs_len`
+ each, and writes `out_len` (= `hidden_len`) values to `out`, all of dtype `dtype` but the
+ routing. On a rank of a parallel group (`moe_layer_open_checkpoint_ranked`) only this
+ rank's experts and slices run: sum the ranks' outputs. Thread safety and determinism as
+ `moe_layer_apply`.
+
+ # Safety
+ - `hidden_states` is NULL or points to `hidden_len` readable elements of `dtype`;
+   `topk_ids` and `topk_weights` are NULL or point to `pairs_len` readable elements each;
+   `out` is NULL or points to `out_len` writable elements of `dtype` that nothing else
+   touches during the call.
+ */
+MoeStatus moe_layer_apply_topk(MoeLayerHandle *layer,
+                               uint32_t dtype,
+                               const void *hidden_states,
+                               size_t hidden_len,
+                               const int32_t *topk_ids,
+                               const float *topk_weights,
+                               size_t pairs_len,
+                               void *out,
+                               size_t out_len);
 
 /*
  Writes the layer's sizes and state to `*out`.

@@ -36,11 +36,15 @@ mod status;
 use std::ffi::c_char;
 
 pub use lifecycle::{
-    MOE_FIRST_MOE_LAYER, MoeLayerDesc, moe_layer_create, moe_layer_free, moe_layer_load_tensor,
-    moe_layer_open_checkpoint, moe_layer_process, moe_layer_set_num_threads,
+    MOE_FIRST_MOE_LAYER, MoeLayerDesc, MoeRanks, moe_layer_create, moe_layer_free,
+    moe_layer_load_tensor, moe_layer_open_checkpoint, moe_layer_open_checkpoint_ranked,
+    moe_layer_process, moe_layer_set_num_threads,
 };
 pub use registry::MoeLayerHandle;
-pub use run::{MoeBackendInfo, MoeLayerInfo, moe_layer_apply, moe_layer_backend, moe_layer_info};
+pub use run::{
+    MoeBackendInfo, MoeLayerInfo, moe_layer_apply, moe_layer_apply_topk, moe_layer_backend,
+    moe_layer_info, moe_layer_route,
+};
 pub use status::{MoeDtype, MoeQuant, MoeStatus};
 
 /// The message of the last failed call on the calling thread, or an empty string after a

@@ -11,6 +11,7 @@ use moe_layer::{
     ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, Par, TensorData, TensorKind, TensorView,
 };
 use moe_quant::DType;
+use moe_router::{ExpertMap, ExpertPlacement};
 
 use crate::args::{slice, utf8, write_out};
 use crate::boundary::guard;
@@ -131,6 +132,87 @@ pub unsafe extern "C" fn moe_layer_open_checkpoint(
             layer
         };
         let moe = MoeLayer::from_checkpoint(&ckpt, layer, max_tokens)?;
+        let handle = registry::insert(moe);
+        // SAFETY: `out` is non-NULL (checked) and writable per this function's contract.
+        unsafe { write_out(out, handle, "out") }.inspect_err(|_| {
+            let _ = registry::remove(handle);
+        })
+    })
+}
+
+/// One rank's place in a parallel group (`moe_layer_open_checkpoint_ranked`): tensor
+/// parallelism slices every expert's intermediate dimension over `tp_size` ranks, expert
+/// parallelism spreads the experts over `ep_size` ranks (contiguous ranges, the first
+/// `E % ep_size` ranks one more: vLLM's linear placement). The host sums the outputs of all
+/// ranks; terms every rank could add (shared experts, the down-projection bias) are added once.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct MoeRanks {
+    /// This rank's tensor-parallel index, `0..tp_size`.
+    pub tp_rank: usize,
+    /// Tensor-parallel ranks (1: none).
+    pub tp_size: usize,
+    /// This rank's expert-parallel index, `0..ep_size`.
+    pub ep_rank: usize,
+    /// Expert-parallel ranks (1: every expert on this rank).
+    pub ep_size: usize,
+}
+
+/// [`moe_layer_open_checkpoint`] for one rank of a parallel group (`*ranks`).
+///
+/// # Safety
+/// - `model_dir` is NULL or a NUL-terminated string; `ranks` is NULL or points to a
+///   `MoeRanks`; `out` is NULL or valid for one write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn moe_layer_open_checkpoint_ranked(
+    model_dir: *const c_char,
+    layer: usize,
+    max_tokens: usize,
+    ranks: *const MoeRanks,
+    out: *mut *mut MoeLayerHandle,
+) -> MoeStatus {
+    // SAFETY: `out` is NULL or writable per this function's contract.
+    unsafe { clear_out(out) };
+    guard(|| {
+        // SAFETY: NULL or NUL-terminated per this function's contract.
+        let dir = unsafe { utf8(model_dir, "model_dir")? };
+        if out.is_null() {
+            return Err(CapiError::null("out"));
+        }
+        // SAFETY: NULL or one readable `MoeRanks` per this function's contract.
+        let ranks = *unsafe { slice(ranks, 1, "ranks")? }
+            .first()
+            .ok_or_else(|| CapiError::null("ranks"))?;
+        let ckpt = Checkpoint::open(std::path::Path::new(dir), ShardAccess::Mmap)?;
+        let layer = if layer == MOE_FIRST_MOE_LAYER {
+            *ckpt.spec().moe_layers.first().ok_or_else(|| {
+                CapiError::new(MoeStatus::Unsupported, format!("{dir}: no MoE layer"))
+            })?
+        } else {
+            layer
+        };
+        let expert_map = match ranks.ep_size {
+            0 => return Err(CapiError::invalid("ranks.ep_size: must be at least 1")),
+            1 if ranks.ep_rank == 0 => None,
+            ep_size => Some(
+                ExpertMap::new(
+                    ckpt.spec().num_experts,
+                    ep_size,
+                    ranks.ep_rank,
+                    ExpertPlacement::Linear,
+                )
+                .map_err(|e| CapiError::invalid(format!("ranks: {e}")))?
+                .as_slice()
+                .to_vec(),
+            ),
+        };
+        let moe = MoeLayer::from_checkpoint_ranked(
+            &ckpt,
+            layer,
+            max_tokens,
+            (ranks.tp_rank, ranks.tp_size),
+            expert_map,
+        )?;
         let handle = registry::insert(moe);
         // SAFETY: `out` is non-NULL (checked) and writable per this function's contract.
         unsafe { write_out(out, handle, "out") }.inspect_err(|_| {

@@ -8,7 +8,9 @@ use moe_kernels::moe::MoeFloat;
 use moe_layer::MoeLayer;
 use moe_router::Logits;
 
-use crate::args::{FloatSlice, FloatSliceMut, float_slice, float_slice_mut, write_out};
+use crate::args::{
+    FloatSlice, FloatSliceMut, float_slice, float_slice_mut, slice, slice_mut, write_out,
+};
 use crate::boundary::guard;
 use crate::registry::{self, BackendNames, MoeLayerHandle, locked};
 use crate::status::{CapiError, MoeDtype, MoeStatus};
@@ -103,6 +105,151 @@ pub unsafe extern "C" fn moe_layer_apply(
                 (FloatSlice::F32(x), FloatSliceMut::F32(y)) => apply_typed(&moe, x, logits, y),
                 (FloatSlice::Bf16(x), FloatSliceMut::Bf16(y)) => apply_typed(&moe, x, logits, y),
                 (FloatSlice::F16(x), FloatSliceMut::F16(y)) => apply_typed(&moe, x, logits, y),
+                _ => Err(CapiError::invalid("hidden_states and out differ in dtype")),
+            }
+        };
+        match pool {
+            Some(pool) => pool.install(run),
+            None => run(),
+        }
+    })
+}
+
+/// Routes `logits_len` router logits (`[T, E]`, dtype `dtype`) with the layer's router and
+/// writes the chosen global expert ids and their weights (`[T, k]`, `pairs_len` = `T·k` of
+/// each) to `topk_ids` and `topk_weights`: the routing `moe_layer_apply` would use, for hosts
+/// that route once and run several ranks (`moe_layer_apply_topk`).
+///
+/// # Safety
+/// - `router_logits` is NULL or points to `logits_len` readable elements of `dtype`;
+///   `topk_ids` and `topk_weights` are NULL or point to `pairs_len` writable elements each,
+///   not overlapping each other or the logits.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)] // The C signature: a pointer and a length per buffer.
+pub unsafe extern "C" fn moe_layer_route(
+    layer: *mut MoeLayerHandle,
+    dtype: u32,
+    router_logits: *const c_void,
+    logits_len: usize,
+    topk_ids: *mut i32,
+    topk_weights: *mut f32,
+    pairs_len: usize,
+) -> MoeStatus {
+    guard(|| {
+        let entry = registry::get(layer)?;
+        let dtype = MoeDtype::from_raw(dtype, "dtype")?;
+        let width = if dtype == MoeDtype::F32 { 4 } else { 2 };
+        let (ids_bytes, weights_bytes) = (pairs_len * 4, pairs_len * 4);
+        if overlaps(
+            topk_ids.cast(),
+            ids_bytes,
+            router_logits,
+            logits_len * width,
+        ) || overlaps(
+            topk_weights.cast(),
+            weights_bytes,
+            router_logits,
+            logits_len * width,
+        ) || overlaps(
+            topk_ids.cast(),
+            ids_bytes,
+            topk_weights.cast(),
+            weights_bytes,
+        ) {
+            return Err(CapiError::invalid("the routing buffers overlap"));
+        }
+        if router_logits.is_null() {
+            return Err(CapiError::null("router_logits"));
+        }
+        // SAFETY: `logits_len` readable elements of `dtype` per this function's contract.
+        let logits = unsafe { float_slice(dtype, router_logits, logits_len, "router_logits")? };
+        // SAFETY: `pairs_len` writable i32, not aliased (overlap checked above).
+        let ids = unsafe { slice_mut(topk_ids, pairs_len, "topk_ids")? };
+        // SAFETY: `pairs_len` writable f32, not aliased (overlap checked above).
+        let weights = unsafe { slice_mut(topk_weights, pairs_len, "topk_weights")? };
+        let moe = locked(entry.layer.read())?;
+        let cfg = moe.config();
+        if logits_len % cfg.num_experts.max(1) != 0
+            || pairs_len != logits_len / cfg.num_experts.max(1) * cfg.top_k
+        {
+            return Err(CapiError::invalid(format!(
+                "{pairs_len} routing pairs for {logits_len} logits of {} experts, top-{}",
+                cfg.num_experts, cfg.top_k
+            )));
+        }
+        let logits = match logits {
+            FloatSlice::F32(l) => Logits::F32(l),
+            FloatSlice::Bf16(l) => Logits::Bf16(l),
+            FloatSlice::F16(l) => Logits::F16(l),
+        };
+        moe.route(logits, ids, weights)?;
+        Ok(())
+    })
+}
+
+/// Runs the experts on `hidden_len` values (`[T, H]`) of `hidden_states` for precomputed
+/// routing: `topk_ids` (global expert ids, `[T, k]`) and `topk_weights` (`[T, k]`), `pairs_len`
+/// each, and writes `out_len` (= `hidden_len`) values to `out`, all of dtype `dtype` but the
+/// routing. On a rank of a parallel group (`moe_layer_open_checkpoint_ranked`) only this
+/// rank's experts and slices run: sum the ranks' outputs. Thread safety and determinism as
+/// `moe_layer_apply`.
+///
+/// # Safety
+/// - `hidden_states` is NULL or points to `hidden_len` readable elements of `dtype`;
+///   `topk_ids` and `topk_weights` are NULL or point to `pairs_len` readable elements each;
+///   `out` is NULL or points to `out_len` writable elements of `dtype` that nothing else
+///   touches during the call.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)] // The C signature: a pointer and a length per buffer.
+pub unsafe extern "C" fn moe_layer_apply_topk(
+    layer: *mut MoeLayerHandle,
+    dtype: u32,
+    hidden_states: *const c_void,
+    hidden_len: usize,
+    topk_ids: *const i32,
+    topk_weights: *const f32,
+    pairs_len: usize,
+    out: *mut c_void,
+    out_len: usize,
+) -> MoeStatus {
+    guard(|| {
+        let entry = registry::get(layer)?;
+        let dtype = MoeDtype::from_raw(dtype, "dtype")?;
+        let width = if dtype == MoeDtype::F32 { 4 } else { 2 };
+        let out_bytes = out_len * width;
+        if overlaps(out, out_bytes, hidden_states, hidden_len * width)
+            || overlaps(out, out_bytes, topk_ids.cast(), pairs_len * 4)
+            || overlaps(out, out_bytes, topk_weights.cast(), pairs_len * 4)
+        {
+            return Err(CapiError::invalid("out overlaps an input buffer"));
+        }
+        if hidden_states.is_null() {
+            return Err(CapiError::null("hidden_states"));
+        }
+        if out.is_null() {
+            return Err(CapiError::null("out"));
+        }
+        // SAFETY: readable `hidden_len` elements of `dtype` per this function's contract.
+        let x = unsafe { float_slice(dtype, hidden_states, hidden_len, "hidden_states")? };
+        // SAFETY: `pairs_len` readable i32 per this function's contract.
+        let ids = unsafe { slice(topk_ids, pairs_len, "topk_ids")? };
+        // SAFETY: `pairs_len` readable f32 per this function's contract.
+        let weights = unsafe { slice(topk_weights, pairs_len, "topk_weights")? };
+        // SAFETY: `out_len` writable elements of `dtype`, not aliased (overlap checked above).
+        let y = unsafe { float_slice_mut(dtype, out, out_len, "out")? };
+        let pool = locked(entry.pool.read())?.clone();
+        let moe = locked(entry.layer.read())?;
+        let run = || -> Result<(), CapiError> {
+            match (x, y) {
+                (FloatSlice::F32(x), FloatSliceMut::F32(y)) => {
+                    Ok(moe.apply_with_topk(x, ids, weights, y)?)
+                }
+                (FloatSlice::Bf16(x), FloatSliceMut::Bf16(y)) => {
+                    Ok(moe.apply_with_topk(x, ids, weights, y)?)
+                }
+                (FloatSlice::F16(x), FloatSliceMut::F16(y)) => {
+                    Ok(moe.apply_with_topk(x, ids, weights, y)?)
+                }
                 _ => Err(CapiError::invalid("hidden_states and out differ in dtype")),
             }
         };

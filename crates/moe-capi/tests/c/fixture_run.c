@@ -5,7 +5,10 @@
  * MoE block on the fixture's hidden states `x` from expected.safetensors three ways (bf16 with
  * the fixture's router logits, bf16 routed by the layer's own gate, f32 routed by the gate),
  * and checks each output against `out_vllm` within the fixtures README's tolerance,
- * 1e-2 * max|out_vllm|. Then it feeds the API bad input (NULL and freed handles, a double free,
+ * 1e-2 * max|out_vllm|; routes once with moe_layer_route and runs the experts for that routing
+ * with moe_layer_apply_topk on the whole layer and on the two ranks of an expert-parallel
+ * group (moe_layer_open_checkpoint_ranked), whose outputs must sum to the whole layer's.
+ * Then it feeds the API bad input (NULL and freed handles, a double free,
  * wrong sizes, an unknown dtype, a path that is not UTF-8) and checks the status codes.
  * Exit status 0 means every check passed.
  */
@@ -196,6 +199,50 @@ int main(int argc, char **argv) {
     s = moe_layer_apply(layer, MOE_DTYPE_F32, x32, n, NULL, 0, out32, n);
     expect_status(s, MOE_STATUS_OK, "apply f32 routed by the gate");
     compare("f32, gate routing, 2 threads", out32, want, n);
+
+    /* Routing once, then the experts for that routing: on the whole layer, and on the two
+       ranks of an expert-parallel group, whose outputs sum to the whole layer's. */
+    size_t tokens = n / h, pairs = tokens * info.top_k;
+    int32_t *ids = malloc(pairs * sizeof *ids);
+    float *weights = malloc(pairs * sizeof *weights), *sum = calloc(n, sizeof *sum);
+    expect_status(moe_layer_route(layer, MOE_DTYPE_BF16, logits, tl.elements, ids, weights, pairs),
+                  MOE_STATUS_OK, "route");
+    s = moe_layer_apply_topk(layer, MOE_DTYPE_F32, x32, n, ids, weights, pairs, out32, n);
+    expect_status(s, MOE_STATUS_OK, "apply f32 with precomputed top-k");
+    compare("f32, precomputed top-k", out32, want, n);
+    for (size_t rank = 0; rank < 2; rank++) {
+        MoeRanks ranks = {.tp_rank = 0, .tp_size = 1, .ep_rank = rank, .ep_size = 2};
+        MoeLayerHandle *part = NULL;
+        s = moe_layer_open_checkpoint_ranked(argv[1], MOE_FIRST_MOE_LAYER, 64, &ranks, &part);
+        expect_status(s, MOE_STATUS_OK, "open an expert-parallel rank");
+        if (s != MOE_STATUS_OK) break;
+        float *part_out = malloc(n * sizeof *part_out);
+        s = moe_layer_apply_topk(part, MOE_DTYPE_F32, x32, n, ids, weights, pairs, part_out, n);
+        expect_status(s, MOE_STATUS_OK, "apply on an expert-parallel rank");
+        for (size_t i = 0; i < n; i++) sum[i] += part_out[i];
+        free(part_out);
+        expect_status(moe_layer_free(part), MOE_STATUS_OK, "free a rank");
+    }
+    {
+        float scale = 0, worst = 0;
+        for (size_t i = 0; i < n; i++) scale = fmaxf(scale, fabsf(out32[i]));
+        for (size_t i = 0; i < n; i++) worst = fmaxf(worst, fabsf(sum[i] - out32[i]));
+        printf("  %-34s max abs diff %.3e (tolerance %.3e)\n", "ep=2 ranks summed vs one rank",
+               worst, 1e-5 * scale);
+        CHECK(scale > 0 && worst <= 1e-5f * scale, "ep=2 sum: max abs diff %g", worst);
+    }
+    MoeRanks bad_ranks = {.tp_rank = 0, .tp_size = 1, .ep_rank = 2, .ep_size = 2};
+    MoeLayerHandle *none = NULL;
+    expect_status(moe_layer_open_checkpoint_ranked(argv[1], MOE_FIRST_MOE_LAYER, 64, &bad_ranks,
+                                                   &none),
+                  MOE_STATUS_INVALID_ARGUMENT, "expert-parallel rank out of range");
+    expect_status(moe_layer_apply_topk(layer, MOE_DTYPE_F32, x32, n, ids, weights, pairs - 1,
+                                       out32, n),
+                  MOE_STATUS_INVALID_ARGUMENT, "top-k of the wrong length");
+    expect_status(moe_layer_route(layer, MOE_DTYPE_BF16, logits, tl.elements, ids, weights,
+                                  pairs + 1),
+                  MOE_STATUS_INVALID_ARGUMENT, "routing buffers of the wrong length");
+    free(ids); free(weights); free(sum);
 
     /* Bad input: every case returns its status and leaves the process running. */
     printf("bad input:\n");

@@ -211,6 +211,40 @@ impl MoeLayer {
         Ok(moe)
     }
 
+    /// Decoder layer `layer`'s MoE block of `ckpt` as one rank of a parallel group: tensor
+    /// parallelism `tp = (rank, size)` keeps this rank's slice of the intermediate dimension,
+    /// `expert_map` (global to local ids, `-1` for another rank's; see
+    /// `moe_router::ExpertMap`) this rank's experts. Loaded and processed; summing the
+    /// outputs of all ranks gives the single-rank block.
+    pub fn from_checkpoint_ranked(
+        ckpt: &Checkpoint,
+        layer: usize,
+        max_tokens: usize,
+        tp: (usize, usize),
+        expert_map: Option<Vec<i32>>,
+    ) -> Result<Self, LayerError> {
+        let (tp_rank, tp_size) = tp;
+        let cfg = MoeLayerConfig::from_spec(
+            ckpt.spec(),
+            tp_rank,
+            tp_size,
+            expert_map.clone(),
+            max_tokens,
+        )?;
+        cfg.validate()?;
+        let opts = ReadOptions {
+            shared_experts: cfg.shared_experts.is_some(),
+            ..ReadOptions::single_rank()
+        }
+        .with_tensor_parallel(tp_rank, tp_size)
+        .with_expert_map(expert_map.as_deref());
+        let tensors = ckpt.read_layer(layer, &opts)?;
+        let mut moe = Self::create(cfg)?;
+        moe.load_layer_tensors(&tensors)?;
+        moe.process()?;
+        Ok(moe)
+    }
+
     /// Reads and loads every tensor of the layer at once (the road of every layer the
     /// streamed one does not take), leaving it to be processed.
     fn whole_layer(
