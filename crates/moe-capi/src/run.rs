@@ -169,7 +169,7 @@ pub unsafe extern "C" fn moe_layer_route(
         let weights = unsafe { slice_mut(topk_weights, pairs_len, "topk_weights")? };
         let moe = locked(entry.layer.read())?;
         let cfg = moe.config();
-        if logits_len % cfg.num_experts.max(1) != 0
+        if !logits_len.is_multiple_of(cfg.num_experts.max(1))
             || pairs_len != logits_len / cfg.num_experts.max(1) * cfg.top_k
         {
             return Err(CapiError::invalid(format!(
