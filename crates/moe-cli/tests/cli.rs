@@ -428,3 +428,91 @@ fn bad_input_fails_with_a_message() {
     assert_clean_failure(&["bench", "--min-bytes", "12X"], "suffix");
     assert_clean_failure(&["frobnicate"], "unrecognized subcommand");
 }
+
+/// `moe run` routes from router logits or takes a precomputed top-k from the input file, and
+/// runs one tensor- or expert-parallel rank; the ranks' outputs sum to the whole layer's.
+#[test]
+fn run_takes_logits_a_precomputed_top_k_and_ranks() {
+    let dir = fixture("qwen3moe-w4a8-g32");
+    let input = dir.join("expected.safetensors");
+    let tmp = std::env::temp_dir().join(format!("moe-cli-routing-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let run = |name: &str, extra: &[&str]| -> Vec<f32> {
+        let out_file = tmp.join(format!("{name}.safetensors"));
+        let out = Command::new(env!("CARGO_BIN_EXE_moe"))
+            .args(["run", "--json", "--model", dir.to_str().unwrap()])
+            .args(["--input", input.to_str().unwrap(), "--input-tensor", "x"])
+            .args(["--output", out_file.to_str().unwrap()])
+            .args(extra)
+            .output()
+            .expect("the moe binary runs");
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let bytes = std::fs::read(&out_file).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let t = st.tensor("output").unwrap();
+        t.data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    };
+    let bytes = std::fs::read(&input).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let want: Vec<f32> = st
+        .tensor("out_vllm")
+        .unwrap()
+        .data()
+        .chunks_exact(2)
+        .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
+        .collect();
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let close = |what: &str, got: &[f32], want: &[f32]| {
+        let worst = got
+            .iter()
+            .zip(want)
+            .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+        assert!(worst <= 1e-2 * scale, "{what}: max abs diff {worst}");
+    };
+    let topk = [
+        "--topk-ids-tensor",
+        "topk_ids",
+        "--topk-weights-tensor",
+        "topk_weights",
+    ];
+    let from_logits = run("logits", &["--logits-tensor", "router_logits"]);
+    close("router logits", &from_logits, &want);
+    let whole = run("topk", &topk);
+    close("precomputed top-k", &whole, &want);
+    for (size_flag, rank_flag) in [("--ep-size", "--ep-rank"), ("--tp-size", "--tp-rank")] {
+        let mut sum = vec![0f32; whole.len()];
+        for rank in ["0", "1"] {
+            let mut args = topk.to_vec();
+            args.extend([size_flag, "2", rank_flag, rank]);
+            let part = run(&format!("{size_flag}-{rank}"), &args);
+            for (s, p) in sum.iter_mut().zip(&part) {
+                *s += p;
+            }
+        }
+        close(size_flag, &sum, &whole);
+    }
+    assert_clean_failure(
+        &[
+            "run",
+            "--model",
+            dir.to_str().unwrap(),
+            "--input",
+            input.to_str().unwrap(),
+            "--input-tensor",
+            "x",
+            "--output",
+            tmp.join("bad.safetensors").to_str().unwrap(),
+            "--logits-tensor",
+            "topk_weights",
+        ],
+        "expected [5, 8]",
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+}

@@ -1,6 +1,8 @@
 //! `moe run`: runs one MoE block (router + experts) of a checkpoint on hidden states read from
 //! a safetensors file, writes the output and the routing to another, and reports what ran
-//! (scheme, backend, kernel, tokens, time) as text or JSON.
+//! (scheme, backend, kernel, tokens, time) as text or JSON. The routing comes from the
+//! checkpoint's gate, or from router logits or a precomputed top-k in the input file; the
+//! layer can be one tensor- or expert-parallel rank.
 
 use std::collections::HashMap;
 use std::error::Error;
@@ -12,6 +14,7 @@ use half::{bf16, f16};
 use moe_kernels::moe::MoeFloat;
 use moe_layer::checkpoint::{Checkpoint, ShardAccess};
 use moe_layer::{LoadOptions, LoadProgress, MoeLayer, Par};
+use moe_router::{ExpertMap, ExpertPlacement, Logits};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use serde::Serialize;
 
@@ -39,6 +42,30 @@ pub struct RunArgs {
     /// `topk_weights` f32 `[T, k]`.
     #[arg(long, value_name = "FILE")]
     pub output: PathBuf,
+    /// Route these router logits `[T, E]` from `--input` (bf16, f16 or f32) instead of
+    /// computing them with the checkpoint's gate.
+    #[arg(long, value_name = "NAME", conflicts_with = "topk_ids_tensor")]
+    pub logits_tensor: Option<String>,
+    /// Run the experts for this precomputed routing from `--input`: global expert ids
+    /// `[T, k]` (i32 or i64), with `--topk-weights-tensor`.
+    #[arg(long, value_name = "NAME", requires = "topk_weights_tensor")]
+    pub topk_ids_tensor: Option<String>,
+    /// The routing weights `[T, k]` (f32) of `--topk-ids-tensor`.
+    #[arg(long, value_name = "NAME", requires = "topk_ids_tensor")]
+    pub topk_weights_tensor: Option<String>,
+    /// This rank's tensor-parallel index (with `--tp-size`); the output is this rank's part.
+    #[arg(long, default_value_t = 0)]
+    pub tp_rank: usize,
+    /// Tensor-parallel ranks.
+    #[arg(long, default_value_t = 1)]
+    pub tp_size: usize,
+    /// This rank's expert-parallel index (with `--ep-size`; vLLM's linear placement); the
+    /// output is this rank's part.
+    #[arg(long, default_value_t = 0)]
+    pub ep_rank: usize,
+    /// Expert-parallel ranks.
+    #[arg(long, default_value_t = 1)]
+    pub ep_size: usize,
     /// Print the report as JSON instead of text (set from the global `--json` flag).
     #[arg(skip)]
     pub json: bool,
@@ -87,7 +114,32 @@ pub fn run(args: &RunArgs) -> Result<RunReport, Box<dyn Error>> {
             .first()
             .ok_or("the model has no MoE layer")?,
     };
-    let moe = load_layer(&ckpt, layer, args.json)?;
+    let moe = if (args.tp_size, args.ep_size) == (1, 1) && (args.tp_rank, args.ep_rank) == (0, 0) {
+        load_layer(&ckpt, layer, args.json)?
+    } else {
+        let map = if args.ep_size == 1 && args.ep_rank == 0 {
+            None
+        } else {
+            Some(
+                ExpertMap::new(
+                    spec.num_experts,
+                    args.ep_size,
+                    args.ep_rank,
+                    ExpertPlacement::Linear,
+                )
+                .map_err(|e| format!("--ep-rank/--ep-size: {e}"))?
+                .as_slice()
+                .to_vec(),
+            )
+        };
+        MoeLayer::from_checkpoint_ranked(
+            &ckpt,
+            layer,
+            MAX_TOKENS_PER_CALL,
+            (args.tp_rank, args.tp_size),
+            map,
+        )?
+    };
     let load_ms = load_start.elapsed().as_secs_f64() * 1e3;
 
     let bytes = std::fs::read(&args.input).map_err(|e| format!("{}: {e}", args.input.display()))?;
@@ -111,11 +163,12 @@ pub fn run(args: &RunArgs) -> Result<RunReport, Box<dyn Error>> {
         .into());
     }
     let data = view.data();
+    let routing = read_routing(&file, args, shape[0], spec.num_experts, spec.top_k)?;
     let run_start = Instant::now();
     let (out, ids, weights) = match view.dtype() {
-        Dtype::BF16 => run_typed(&moe, &decode(data, bf16::from_le_bytes))?,
-        Dtype::F16 => run_typed(&moe, &decode(data, f16::from_le_bytes))?,
-        Dtype::F32 => run_typed(&moe, &decode(data, f32::from_le_bytes))?,
+        Dtype::BF16 => run_typed(&moe, &decode(data, bf16::from_le_bytes), &routing)?,
+        Dtype::F16 => run_typed(&moe, &decode(data, f16::from_le_bytes), &routing)?,
+        Dtype::F32 => run_typed(&moe, &decode(data, f32::from_le_bytes), &routing)?,
         other => {
             return Err(format!(
                 "{}: tensor {:?} is {other:?}; expected bf16, f16 or f32",
@@ -213,17 +266,120 @@ fn decode<T, const N: usize>(data: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
         .collect()
 }
 
-/// Routes with the layer's gate and runs the experts in the input's dtype; returns the output
+/// Where the routing of a run comes from.
+enum Routing {
+    /// The checkpoint's gate on the hidden states.
+    Gate,
+    /// Router logits `[T, E]` given in the input file.
+    Logits(LogitsData),
+    /// Top-k ids and weights given in the input file.
+    TopK(Vec<i32>, Vec<f32>),
+}
+
+/// Router logits in their own dtype.
+enum LogitsData {
+    F32(Vec<f32>),
+    Bf16(Vec<bf16>),
+    F16(Vec<f16>),
+}
+
+/// Reads the routing `--logits-tensor` or `--topk-ids-tensor`/`--topk-weights-tensor` name
+/// from the input file, checking shapes and dtypes.
+fn read_routing(
+    file: &SafeTensors<'_>,
+    args: &RunArgs,
+    tokens: usize,
+    experts: usize,
+    k: usize,
+) -> Result<Routing, Box<dyn Error>> {
+    let input = args.input.display();
+    let tensor = |name: &str, cols: usize| -> Result<TensorView<'_>, Box<dyn Error>> {
+        let v = file
+            .tensor(name)
+            .map_err(|e| format!("{input}: tensor {name:?}: {e}"))?;
+        if v.shape() != [tokens, cols] {
+            return Err(format!(
+                "{input}: tensor {name:?} has shape {:?}, expected [{tokens}, {cols}]",
+                v.shape()
+            )
+            .into());
+        }
+        Ok(v)
+    };
+    if let Some(name) = &args.logits_tensor {
+        let v = tensor(name, experts)?;
+        let data = v.data();
+        return Ok(Routing::Logits(match v.dtype() {
+            Dtype::F32 => LogitsData::F32(decode(data, f32::from_le_bytes)),
+            Dtype::BF16 => LogitsData::Bf16(decode(data, bf16::from_le_bytes)),
+            Dtype::F16 => LogitsData::F16(decode(data, f16::from_le_bytes)),
+            other => {
+                return Err(format!(
+                    "{input}: tensor {name:?} is {other:?}; expected bf16, f16 or f32"
+                )
+                .into());
+            }
+        }));
+    }
+    if let (Some(ids_name), Some(w_name)) = (&args.topk_ids_tensor, &args.topk_weights_tensor) {
+        let v = tensor(ids_name, k)?;
+        let ids: Vec<i32> = match v.dtype() {
+            Dtype::I32 => decode(v.data(), i32::from_le_bytes),
+            Dtype::I64 => decode(v.data(), i64::from_le_bytes)
+                .into_iter()
+                .map(|id| i32::try_from(id).unwrap_or(-1))
+                .collect(),
+            other => {
+                return Err(format!(
+                    "{input}: tensor {ids_name:?} is {other:?}; expected i32 or i64"
+                )
+                .into());
+            }
+        };
+        let v = tensor(w_name, k)?;
+        if v.dtype() != Dtype::F32 {
+            return Err(format!(
+                "{input}: tensor {w_name:?} is {:?}; expected f32",
+                v.dtype()
+            )
+            .into());
+        }
+        return Ok(Routing::TopK(ids, decode(v.data(), f32::from_le_bytes)));
+    }
+    Ok(Routing::Gate)
+}
+
+/// Routes as `routing` says and runs the experts in the input's dtype; returns the output
 /// widened to f32 and the routing.
 type Routed = (Vec<f32>, Vec<i32>, Vec<f32>);
-fn run_typed<X: MoeFloat>(moe: &MoeLayer, x: &[X]) -> Result<Routed, Box<dyn Error>> {
+fn run_typed<X: MoeFloat>(
+    moe: &MoeLayer,
+    x: &[X],
+    routing: &Routing,
+) -> Result<Routed, Box<dyn Error>> {
     let cfg = moe.config();
     let tokens = x.len() / cfg.hidden;
     let (mut ids, mut weights) = (
         vec![0i32; tokens * cfg.top_k],
         vec![0f32; tokens * cfg.top_k],
     );
-    moe.route_hidden(x, &mut ids, &mut weights)?;
+    match routing {
+        Routing::Gate => {
+            moe.route_hidden(x, &mut ids, &mut weights)?;
+        }
+        Routing::Logits(l) => {
+            let logits = match l {
+                LogitsData::F32(v) => Logits::F32(v),
+                LogitsData::Bf16(v) => Logits::Bf16(v),
+                LogitsData::F16(v) => Logits::F16(v),
+            };
+            moe.route(logits, &mut ids, &mut weights)?;
+        }
+        Routing::TopK(i, w) => {
+            ids.copy_from_slice(i);
+            weights.copy_from_slice(w);
+        }
+    }
     let mut out = vec![X::from_f32(0.0); x.len()];
     moe.apply_with_topk(x, &ids, &weights, &mut out)?;
     Ok((out.iter().map(|v| v.to_f32()).collect(), ids, weights))
@@ -307,6 +463,13 @@ mod tests {
                 input: dir.join("expected.safetensors"),
                 input_tensor: "x".into(),
                 output: output.clone(),
+                logits_tensor: None,
+                topk_ids_tensor: None,
+                topk_weights_tensor: None,
+                tp_rank: 0,
+                tp_size: 1,
+                ep_rank: 0,
+                ep_size: 1,
                 json: true,
             };
             let report = run(&args).unwrap();
