@@ -457,21 +457,7 @@ mod tests {
                 std::process::id(),
                 seen
             ));
-            let args = RunArgs {
-                model: dir.clone(),
-                layer: None,
-                input: dir.join("expected.safetensors"),
-                input_tensor: "x".into(),
-                output: output.clone(),
-                logits_tensor: None,
-                topk_ids_tensor: None,
-                topk_weights_tensor: None,
-                tp_rank: 0,
-                tp_size: 1,
-                ep_rank: 0,
-                ep_size: 1,
-                json: true,
-            };
+            let args = fixture_args(&dir, output.clone());
             let report = run(&args).unwrap();
             let got_bytes = std::fs::read(&output).unwrap();
             let _ = std::fs::remove_file(&output);
@@ -499,6 +485,25 @@ mod tests {
         assert!(seen > 0, "no W4A8 fixture under {}", fixtures().display());
     }
 
+    /// A run of fixture `dir` on its hidden states `x`, routed by the gate, as JSON.
+    fn fixture_args(dir: &Path, output: PathBuf) -> RunArgs {
+        RunArgs {
+            model: dir.to_path_buf(),
+            layer: None,
+            input: dir.join("expected.safetensors"),
+            input_tensor: "x".into(),
+            output,
+            logits_tensor: None,
+            topk_ids_tensor: None,
+            topk_weights_tensor: None,
+            tp_rank: 0,
+            tp_size: 1,
+            ep_rank: 0,
+            ep_size: 1,
+            json: true,
+        }
+    }
+
     #[test]
     fn missing_input_tensor_is_an_error() {
         let dir = fixtures().join("qwen3moe-w4a8-g32");
@@ -506,12 +511,12 @@ mod tests {
             return;
         }
         let args = RunArgs {
-            model: dir.clone(),
-            layer: None,
-            input: dir.join("expected.safetensors"),
             input_tensor: "no_such_tensor".into(),
-            output: std::env::temp_dir().join("moe_run_never_written.safetensors"),
             json: false,
+            ..fixture_args(
+                &dir,
+                std::env::temp_dir().join("moe_run_never_written.safetensors"),
+            )
         };
         let e = run(&args).unwrap_err().to_string();
         assert!(e.contains("no_such_tensor"), "{e}");
