@@ -389,6 +389,34 @@ fn bench_layer_times_the_block_and_its_experts_through_moe_layer() {
         "0",
     ]);
     assert_eq!(fused["rows"][0]["stage"], "fused");
+    assert!(fused["rows"][0].get("stages").is_none());
+    let broken_down = moe_json(&[
+        "bench",
+        "--json",
+        "--breakdown",
+        "--shape",
+        "e8-k2-h128-i64",
+        "--batch-sizes",
+        "4",
+        "--min-bytes",
+        "1M",
+        "--iters",
+        "2",
+        "--warmup-ms",
+        "0",
+    ]);
+    let stages = &broken_down["rows"][0]["stages"];
+    for stage in [
+        "route_ms",
+        "gather_ms",
+        "gate_up_ms",
+        "activation_ms",
+        "down_ms",
+        "reduce_ms",
+    ] {
+        assert!(stages[stage].as_f64().unwrap() >= 0.0, "{stage}: {stages}");
+    }
+    assert!(stages["gate_up_ms"].as_f64().unwrap() > 0.0, "{stages}");
     assert_clean_failure(&["bench", "--layer", "--format", "w8a8"], "--format w4a8");
     assert_clean_failure(&["bench", "--layer", "--isa", "avx2"], "--isa");
 }

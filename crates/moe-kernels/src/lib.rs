@@ -89,7 +89,7 @@ pub use isa::{ALL_ISAS, Isa, IsaArch, IsaCap, MAX_ISA_ENV, UnknownIsa};
 pub use marlin::MarlinError;
 pub use moe::{
     Activation, ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, Int4ActivationKind,
-    MoeInput, MoeScratch, MoeScratchDims,
+    MoeInput, MoeScratch, MoeScratchDims, StageTimes,
 };
 pub use packed::{
     PackedDense, PackedW4A8, PackedW8A8, PackedWna16, W4A8Scales, Wna16Desc, Wna16Scales,

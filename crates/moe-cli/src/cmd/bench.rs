@@ -154,6 +154,44 @@ pub struct BenchArgs {
     /// `process` (W4A8).
     #[arg(long)]
     pub layer: bool,
+    /// Also time each stage of the fused pipeline (route, gather, gate/up, activation, down,
+    /// reduce; the GEMM stages include their activation quantisation), in ms per call summed
+    /// over the lanes that run at once.
+    #[arg(long, conflicts_with = "layer")]
+    pub breakdown: bool,
+}
+
+/// Milliseconds per call spent in each stage of the fused pipeline, summed over the lanes
+/// that ran at once (`--breakdown`).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct StageBreakdown {
+    /// Bucketing the routed pairs by expert.
+    pub route_ms: f64,
+    /// Gathering the input rows.
+    pub gather_ms: f64,
+    /// Gate/up GEMMs (with activation quantisation).
+    pub gate_up_ms: f64,
+    /// The activation.
+    pub activation_ms: f64,
+    /// Down GEMMs (with activation quantisation) and the router weight.
+    pub down_ms: f64,
+    /// Summing each token's expert outputs.
+    pub reduce_ms: f64,
+}
+
+impl StageBreakdown {
+    fn per_call(t: moe_kernels::StageTimes) -> Self {
+        let calls = t.calls.max(1) as f64;
+        let ms = |d: Duration| d.as_secs_f64() * 1e3 / calls;
+        Self {
+            route_ms: ms(t.route),
+            gather_ms: ms(t.gather),
+            gate_up_ms: ms(t.gate_up),
+            activation_ms: ms(t.activation),
+            down_ms: ms(t.down),
+            reduce_ms: ms(t.reduce),
+        }
+    }
 }
 
 /// Parses `int8` or `bf16`.
@@ -217,6 +255,9 @@ pub struct BenchRow {
     pub dram_bound_ms: f64,
     /// `dram_bound_ms / ms_per_call` (1 = at the DRAM bound; above 1 = partly cache-served).
     pub dram_ratio: f64,
+    /// With `--breakdown`, the time per stage.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stages: Option<StageBreakdown>,
 }
 
 /// `k` distinct experts out of `e` per token, uniformly, with random renormalized weights.
@@ -470,9 +511,10 @@ fn measure_layer<W: ExpertMatrix + Clone>(
             .collect();
         let out_m = &mut output[..m * h];
         let bar = out.progress(args.iters as u64 + 1, &format!("{}: M={m}", shape.name));
+        let mut stage_sums = vec![moe_kernels::StageTimes::default(); rungs.len()];
         // Call `(routing, copy)` on rung `r`: the copies rotate over every call, so no call
         // finds the weights another rung has just read in the caches.
-        let mut call = |layers: &mut Vec<_>, r: usize, routing: usize, copy: usize| {
+        let mut call = |layers: &mut Vec<_>, r: usize, routing: usize, copy: usize, timed: bool| {
             let (ids, weights) = &routings[routing % routings.len()];
             let input = MoeInput {
                 tokens: m,
@@ -483,10 +525,17 @@ fn measure_layer<W: ExpertMatrix + Clone>(
             };
             retarget(layers, rungs[r]);
             let moe: &moe_kernels::FusedMoe<W> = &layers[copy % copies];
+            if args.breakdown {
+                scratch.record_stage_times(true);
+            }
             let t0 = Instant::now();
             moe.apply(input, &mut *out_m, &mut scratch, Par::Rayon)
                 .map_err(|err| CliError::context("applying the layer", err))?;
-            Ok::<_, CliError>(t0.elapsed())
+            let elapsed = t0.elapsed();
+            if timed {
+                stage_sums[r] += scratch.stage_times();
+            }
+            Ok::<_, CliError>(elapsed)
         };
         let mut samples: Vec<Vec<Duration>> = vec![Vec::with_capacity(args.iters); rungs.len()];
         // The whole loop runs on one of the pool's threads, which then takes part in every
@@ -503,7 +552,7 @@ fn measure_layer<W: ExpertMatrix + Clone>(
             let (mut rounds, mut warm_time, mut copy) = (0usize, Duration::ZERO, 0usize);
             while rounds == 0 || warm_time < warmup {
                 for r in 0..rungs.len() {
-                    warm_time += call(&mut layers, r, rounds, copy)?;
+                    warm_time += call(&mut layers, r, rounds, copy, false)?;
                     copy += 1;
                 }
                 rounds += 1;
@@ -511,7 +560,7 @@ fn measure_layer<W: ExpertMatrix + Clone>(
             bar.inc(1);
             for it in 0..args.iters {
                 for (r, rung_samples) in samples.iter_mut().enumerate() {
-                    rung_samples.push(call(&mut layers, r, rounds + it, copy)?);
+                    rung_samples.push(call(&mut layers, r, rounds + it, copy, true)?);
                     copy += 1;
                 }
                 bar.inc(1);
@@ -529,7 +578,7 @@ fn measure_layer<W: ExpertMatrix + Clone>(
             })
             .sum();
         let mut first_ms = None;
-        for (ks, mut samples) in rungs.iter().zip(samples) {
+        for ((ks, mut samples), stage_sum) in rungs.iter().zip(samples).zip(stage_sums) {
             let ms = median_ms(&mut samples);
             let secs = (ms / 1e3).max(f64::MIN_POSITIVE);
             let experts_touched = touched as f64 / args.iters as f64;
@@ -553,6 +602,7 @@ fn measure_layer<W: ExpertMatrix + Clone>(
                 gmac_per_s: macs / secs / 1e9,
                 dram_bound_ms: dram_ms,
                 dram_ratio: dram_ms / ms.max(f64::MIN_POSITIVE),
+                stages: args.breakdown.then(|| StageBreakdown::per_call(stage_sum)),
             };
             if !out.json {
                 println!(
@@ -569,6 +619,18 @@ fn measure_layer<W: ExpertMatrix + Clone>(
                     row.isa,
                     ms / first
                 );
+                if let Some(b) = &row.stages {
+                    println!(
+                        "{:<24} route {:.3}, gather {:.3}, gate/up {:.3}, activation {:.3}, down {:.3}, reduce {:.3} (ms per call, summed over lanes)",
+                        "  stages:",
+                        b.route_ms,
+                        b.gather_ms,
+                        b.gate_up_ms,
+                        b.activation_ms,
+                        b.down_ms,
+                        b.reduce_ms
+                    );
+                }
             }
             rows.push(row);
         }

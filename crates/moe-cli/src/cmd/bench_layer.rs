@@ -236,6 +236,7 @@ pub(super) fn bench_shape(
                 gmac_per_s: (m * k * 3 * h * i) as f64 / secs / 1e9,
                 dram_bound_ms: dram_ms,
                 dram_ratio: dram_ms / ms.max(f64::MIN_POSITIVE),
+                stages: None,
             };
             if !out.json {
                 println!(

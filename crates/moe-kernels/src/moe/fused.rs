@@ -7,11 +7,13 @@
 //! and the per-token sum runs in ascending expert order afterwards, so results are bitwise
 //! independent of the thread count and of the number of lanes.
 
+use std::time::{Duration, Instant};
+
 use super::activation::{Activation, GateUpLayout};
 use super::bucket::Routing;
 use super::experts::{ExpertMatrix, WeightFormat};
 use super::numerics::{ExpertId, MoeFloat, Numerics, Round, SumMode};
-use super::scratch::{MoeScratch, MoeScratchDims, NOT_LOCAL};
+use super::scratch::{MoeScratch, MoeScratchDims, NOT_LOCAL, StageTimes};
 use crate::packed::check_len;
 use crate::{GemmScratch, KernelError, KernelSet, Par};
 
@@ -260,7 +262,12 @@ impl<W: ExpertMatrix> FusedMoe<W> {
             global_experts: self.config.global_num_experts,
             local_experts: e,
         };
+        let started = scratch.times.is_some().then(Instant::now);
         let rows = routing.bucket(scratch)?;
+        if let (Some(t0), Some(times)) = (started, scratch.times.as_mut()) {
+            times[0].route += t0.elapsed();
+            times[0].calls += 1;
+        }
         if tokens == 0 {
             return Ok(());
         }
@@ -284,8 +291,15 @@ impl<W: ExpertMatrix> FusedMoe<W> {
             h: hbuf,
             a: abuf,
             gemm,
+            times,
             ..
         } = scratch;
+        // Lane `l` records into `lane_times[l]`, the stages outside the lanes into `outer`.
+        let (outer, lane_times): (Option<&mut StageTimes>, Option<&mut [StageTimes]>) =
+            match times.as_deref_mut() {
+                Some([outer, lanes @ ..]) => (Some(outer), Some(lanes)),
+                _ => (None, None),
+            };
         let active = offsets.windows(2).filter(|w| w[1] > w[0]).count();
         let lanes = match par {
             Par::Seq => 1,
@@ -308,8 +322,10 @@ impl<W: ExpertMatrix> FusedMoe<W> {
                 h: &mut hbuf[..rows * 2 * i],
                 a: &mut abuf[..rows * i],
                 gemm: &mut gemm[..lanes],
+                times: lane_times.map(|t| &mut t[..lanes]),
             },
         )?;
+        let started = outer.is_some().then(Instant::now);
         Reduce {
             y: &xy[..rows * h],
             order: &order[..tokens * top_k],
@@ -318,6 +334,9 @@ impl<W: ExpertMatrix> FusedMoe<W> {
             sum: numerics.sum,
         }
         .run(out, par);
+        if let (Some(t0), Some(outer)) = (started, outer) {
+            outer.reduce += t0.elapsed();
+        }
         Ok(())
     }
 }
@@ -377,6 +396,8 @@ struct LaneBufs<'s> {
     h: &'s mut [f32],
     a: &'s mut [f32],
     gemm: &'s mut [GemmScratch],
+    /// One stage-time record per lane, when recording.
+    times: Option<&'s mut [StageTimes]>,
 }
 
 impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
@@ -384,7 +405,10 @@ impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
     fn run_lanes(&self, bounds: &[usize], bufs: LaneBufs<'_>) -> Result<(), KernelError> {
         let lanes = bounds.len() - 1;
         if lanes == 1 {
-            return self.run_experts(bounds[0], bounds[1], bufs.xy, bufs.h, bufs.a, bufs.gemm);
+            let times = bufs.times.and_then(|t| t.first_mut());
+            return self.run_experts(
+                bounds[0], bounds[1], bufs.xy, bufs.h, bufs.a, bufs.gemm, times,
+            );
         }
         let mid = lanes / 2;
         let split_row = self.offsets[bounds[mid]] - self.offsets[bounds[0]];
@@ -396,17 +420,26 @@ impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
         let (h_l, h_r) = bufs.h.split_at_mut(split_row * 2 * i);
         let (a_l, a_r) = bufs.a.split_at_mut(split_row * i);
         let (g_l, g_r) = bufs.gemm.split_at_mut(mid);
+        let (t_l, t_r) = match bufs.times {
+            Some(t) => {
+                let (l, r) = t.split_at_mut(mid);
+                (Some(l), Some(r))
+            }
+            None => (None, None),
+        };
         let left = LaneBufs {
             xy: xy_l,
             h: h_l,
             a: a_l,
             gemm: g_l,
+            times: t_l,
         };
         let right = LaneBufs {
             xy: xy_r,
             h: h_r,
             a: a_r,
             gemm: g_r,
+            times: t_r,
         };
         let (l, r) = join(
             || self.run_lanes(&bounds[..=mid], left),
@@ -416,6 +449,8 @@ impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
     }
 
     /// Experts `e0..e1` one after another; the buffers start at expert `e0`'s first row.
+    /// With `times`, each stage's time is added to it.
+    #[allow(clippy::too_many_arguments)] // one lane's expert range and buffers
     fn run_experts(
         &self,
         e0: usize,
@@ -424,7 +459,18 @@ impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
         hbuf: &mut [f32],
         abuf: &mut [f32],
         gemm: &mut [GemmScratch],
+        mut times: Option<&mut StageTimes>,
     ) -> Result<(), KernelError> {
+        let mut clock = times.as_ref().map(|_| Instant::now());
+        // Adds the time since the last mark to the stage `field` picks.
+        let mut mark = |times: &mut Option<&mut StageTimes>,
+                        field: fn(&mut StageTimes) -> &mut Duration| {
+            if let (Some(t), Some(c)) = (times.as_deref_mut(), clock.as_mut()) {
+                let now = Instant::now();
+                *field(t) += now - *c;
+                *c = now;
+            }
+        };
         let cfg = &self.moe.config;
         let weights = &self.moe.weights;
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
@@ -459,6 +505,8 @@ impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
                 }
             }
 
+            mark(&mut times, |t| &mut t.gather);
+
             // Gate/up projection, bias, activation.
             weights.w13[e].gemm(&self.moe.kernels, n_e, xy_e, h_e, scratch, self.par)?;
             let b13 = weights
@@ -466,10 +514,12 @@ impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
                 .as_deref()
                 .map(|b| &b[e * 2 * i..][..2 * i]);
             finish_gemm_rows(h_e, 2 * i, b13, &nm);
+            mark(&mut times, |t| &mut t.gate_up);
             for (hr, ar) in h_e.chunks_exact(2 * i).zip(a_e.chunks_exact_mut(i)) {
                 cfg.activation
                     .apply_row(cfg.gate_up_layout, hr, ar, nm.compute);
             }
+            mark(&mut times, |t| &mut t.activation);
 
             // Down projection into the gathered rows' place, bias, gating, output dtype.
             weights.w2[e].gemm(&self.moe.kernels, n_e, a_e, xy_e, scratch, self.par)?;
@@ -483,6 +533,7 @@ impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
                     Round::map_twice(row, nm.compute, nm.expert_out, |v| v * g);
                 }
             }
+            mark(&mut times, |t| &mut t.down);
         }
         Ok(())
     }

@@ -23,4 +23,4 @@ pub use activation::{Activation, GateUpLayout, Int4ActivationKind};
 pub use experts::{ExpertMatrix, WeightFormat};
 pub use fused::{ExpertWeights, FusedMoe, FusedMoeConfig, MoeInput};
 pub use numerics::{ExpertId, MoeFloat};
-pub use scratch::{MoeScratch, MoeScratchDims};
+pub use scratch::{MoeScratch, MoeScratchDims, StageTimes};

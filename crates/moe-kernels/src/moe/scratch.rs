@@ -6,7 +6,45 @@
 //! scratch serves one call at a time (`&mut`); concurrent callers of the same `FusedMoe` each
 //! bring their own.
 
+use std::time::Duration;
+
 use crate::{GemmScratch, KernelError};
+
+/// Time spent in each stage of [`FusedMoe::apply`](super::FusedMoe::apply) calls, summed over
+/// the calls since recording started and over the lanes that ran at once (so with several
+/// lanes the stages add up to more than the wall time: read them as shares). The gate/up and
+/// down stages include their GEMMs' activation quantisation and any threads a GEMM splits its
+/// channels over.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[non_exhaustive]
+pub struct StageTimes {
+    /// Bucketing the (token, slot) pairs by expert.
+    pub route: Duration,
+    /// Gathering (and, with the router weight on the input, scaling) the input rows.
+    pub gather: Duration,
+    /// The gate/up GEMMs and their bias and rounding.
+    pub gate_up: Duration,
+    /// The activation.
+    pub activation: Duration,
+    /// The down GEMMs, their bias and rounding, and the router weight.
+    pub down: Duration,
+    /// Summing each token's expert outputs.
+    pub reduce: Duration,
+    /// Calls recorded.
+    pub calls: u64,
+}
+
+impl std::ops::AddAssign for StageTimes {
+    fn add_assign(&mut self, o: Self) {
+        self.route += o.route;
+        self.gather += o.gather;
+        self.gate_up += o.gate_up;
+        self.activation += o.activation;
+        self.down += o.down;
+        self.reduce += o.reduce;
+        self.calls += o.calls;
+    }
+}
 
 /// The sizes a [`MoeScratch`] is built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +95,9 @@ pub struct MoeScratch {
     pub(crate) a: Vec<f32>,
     /// One GEMM scratch per lane.
     pub(crate) gemm: Vec<GemmScratch>,
+    /// Per lane (and one for the stages outside the lanes), the stage times recorded, when
+    /// recording is on.
+    pub(crate) times: Option<Vec<StageTimes>>,
 }
 
 impl MoeScratch {
@@ -102,7 +143,23 @@ impl MoeScratch {
             gemm: (0..dims.lanes)
                 .map(|_| GemmScratch::with_capacity(max_pairs, h.max(i)))
                 .collect(),
+            times: None,
         })
+    }
+
+    /// Starts (from zero) or stops recording the time each stage of the calls on this scratch
+    /// takes ([`Self::stage_times`]). Recording reads the clock a few times per expert.
+    pub fn record_stage_times(&mut self, on: bool) {
+        self.times = on.then(|| vec![StageTimes::default(); self.dims.lanes + 1]);
+    }
+
+    /// The stage times recorded since [`Self::record_stage_times`] (zero when it is off).
+    pub fn stage_times(&self) -> StageTimes {
+        let mut sum = StageTimes::default();
+        for t in self.times.iter().flatten() {
+            sum += *t;
+        }
+        sum
     }
 
     /// The sizes this scratch was built for.

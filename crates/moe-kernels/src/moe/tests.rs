@@ -1092,3 +1092,40 @@ fn wna16_act_order_apply_does_not_allocate() {
         assert_eq!(after - before, 0, "apply allocated with T = {t}");
     }
 }
+
+/// Recording stage times changes no bit of the output, counts the calls, and sees time in
+/// the GEMM stages, on one lane and on several.
+#[test]
+fn stage_times_are_recorded_without_changing_results() {
+    let mut rng = SplitMix64::new(93);
+    let layer = w4a8_layer(94, (8, 128, 64), Some(32), false);
+    let moe = layer.moe(*crate::kernels());
+    let r = routed(&mut rng, 12, 2, |rng| rng.below(8) as i64);
+    let x = rng.vec_uniform(12 * 128, -1.0, 1.0);
+    for par in [Par::Seq, Par::Rayon] {
+        let mut scratch = moe.scratch(12, 2, 3).unwrap();
+        let run = |scratch: &mut MoeScratch| {
+            let mut out = vec![0f32; 12 * 128];
+            let input = MoeInput {
+                tokens: 12,
+                top_k: 2,
+                x: &x,
+                topk_ids: &r.ids,
+                topk_weights: &r.gates,
+            };
+            moe.apply(input, &mut out, scratch, par).unwrap();
+            out
+        };
+        let plain = run(&mut scratch);
+        assert_eq!(scratch.stage_times(), crate::StageTimes::default());
+        scratch.record_stage_times(true);
+        let timed = run(&mut scratch);
+        let _ = run(&mut scratch);
+        assert_bits_eq(&timed, &plain, &format!("{par:?}: recording"));
+        let t = scratch.stage_times();
+        assert_eq!(t.calls, 2, "{par:?}");
+        assert!(!t.gate_up.is_zero() && !t.down.is_zero(), "{par:?}: {t:?}");
+        scratch.record_stage_times(false);
+        assert_eq!(scratch.stage_times().calls, 0);
+    }
+}
