@@ -385,16 +385,26 @@ impl PackedWna16 {
         };
         let n_panels = n.div_ceil(PANEL);
         let mut codes = Vec::with_capacity(n_panels * k_steps * PANEL);
+        // A panel goes through a tile of `PANEL` steps × `PANEL` channels: each channel's words
+        // are read in their stored order (sequential for channel-major runs), and the tile
+        // is appended in packed order, so the buffer is never zero-filled first.
         for panel in at.chunks(PANEL) {
-            // Written in packed order, so the buffer is never zero-filled first.
-            for s in 0..k_steps {
-                let mask = if s + 1 == k_steps { tail } else { u32::MAX };
-                codes.extend(
-                    panel
-                        .iter()
-                        .map(|&(w, first, step)| u32::from_le_bytes(w[first + s * step]) & mask),
-                );
-                codes.extend(std::iter::repeat_n(0, PANEL - panel.len()));
+            // Channels past N stay 0 in every tile of the last panel.
+            let mut tile = [[0u32; PANEL]; PANEL];
+            for s0 in (0..k_steps).step_by(PANEL) {
+                let steps = PANEL.min(k_steps - s0);
+                for (c, &(words, first, stride)) in panel.iter().enumerate() {
+                    let src = words[first + s0 * stride..].iter().step_by(stride);
+                    for (row, w) in tile[..steps].iter_mut().zip(src) {
+                        row[c] = u32::from_le_bytes(*w);
+                    }
+                }
+                if s0 + steps == k_steps {
+                    for w in &mut tile[steps - 1] {
+                        *w &= tail;
+                    }
+                }
+                codes.extend_from_slice(tile[..steps].as_flattened());
             }
         }
         let (scales, zeros, bias) = side.pack(n, n_panels, dims.n_groups);

@@ -207,13 +207,17 @@ pub(crate) fn pack_expert_words(
     group_size: Option<usize>,
 ) -> Result<(PackedWna16, PackedWna16), LayerError> {
     let [w1, w3] = &ex.w13;
-    for (name, parts) in [
-        ("w13_weight_scale", &[w1, w3][..]),
-        ("w2_weight_scale", &[&ex.w2][..]),
-    ] {
-        let values = parts.iter().flat_map(|p| &p.scales.values);
-        for (index, &v) in values.enumerate() {
-            super::params::check_scale(name, index, v, quant)?;
+    // Scales read from f16 or bf16 are finite and non-negative (the reader checked) and exact
+    // in their own dtype, so `check_scale` can only refuse f32 ones.
+    if ex.scale_dtype == DType::F32 {
+        for (name, parts) in [
+            ("w13_weight_scale", &[w1, w3][..]),
+            ("w2_weight_scale", &[&ex.w2][..]),
+        ] {
+            let values = parts.iter().flat_map(|p| &p.scales.values);
+            for (index, &v) in values.enumerate() {
+                super::params::check_scale(name, index, v, quant)?;
+            }
         }
     }
     let w13 = pack_words(&[w1, w3], ex.scale_dtype, group_size)?;
