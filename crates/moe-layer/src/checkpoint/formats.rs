@@ -567,7 +567,10 @@ fn pack_quantized_side<'a>(
         ..
     } = format
     else {
-        unreachable!("pack_quantized_side takes pack-quantized formats only");
+        return Err(LayerError::InvalidArgument {
+            field: "format",
+            reason: format!("{format:?} is not a pack-quantized format"),
+        });
     };
     let (n, k) = (req.n.size, req.k.size);
     let (groups, _) = groups_of(group_size, k, &t.name)?;
@@ -637,7 +640,10 @@ fn gptq_side<'a>(
         zeros,
     } = format
     else {
-        unreachable!("gptq_side takes GPTQ formats only");
+        return Err(LayerError::InvalidArgument {
+            field: "format",
+            reason: format!("{format:?} is not a GPTQ format"),
+        });
     };
     let (n, k) = (req.n.size, req.k.size);
     let pf = (32 / bits) as usize;

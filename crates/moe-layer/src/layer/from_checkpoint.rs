@@ -697,6 +697,47 @@ mod tests {
         }
     }
 
+    #[test]
+    fn bad_words_are_typed_errors_naming_the_tensor() {
+        let good = runnable(Fmt::PackQuantized, [4, 2, 64, 32], 32, 0xbad);
+        let packed = "model.layers.0.mlp.experts.2.up_proj.weight_packed";
+        let scale = "model.layers.0.mlp.experts.1.down_proj.weight_scale";
+        // A word tensor one word short per row, and a NaN scale.
+        let mut short = good.clone();
+        let t = short.tensors.get_mut(packed).unwrap();
+        t.shape = vec![32, 7];
+        t.bytes.truncate(32 * 7 * 4);
+        let mut nan = good.clone();
+        nan.tensors.get_mut(scale).unwrap().bytes[..2]
+            .copy_from_slice(&half::bf16::NAN.to_le_bytes());
+        for (tag, ck, tensor, expert) in [
+            ("words-short", short, packed, 2),
+            ("words-nan", nan, scale, 1),
+        ] {
+            let dir = temp_dir(tag);
+            ck.write(&dir);
+            let ckpt = Checkpoint::open(&dir, ShardAccess::Mmap).unwrap();
+            let named = |e: &LayerError| match e {
+                LayerError::WrongShape {
+                    tensor: t,
+                    expected,
+                    actual,
+                    ..
+                } => t == tensor && expected == &[32, 8] && actual == &[32, 7],
+                LayerError::BadScale { tensor: t, .. } => t == tensor,
+                _ => false,
+            };
+            let e = ckpt.read_routed_expert_words(0, expert).err().unwrap();
+            assert!(named(&e), "{tag}: {e}");
+            let opts = LoadOptions::new().with_par(Par::Rayon);
+            let e = MoeLayer::from_checkpoint_with(&ckpt, 0, 8, &opts)
+                .err()
+                .unwrap();
+            assert!(named(&e), "{tag}: {e}");
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+
     /// Random zero points for every projection of `ck`, making it asymmetric: compressed-tensors
     /// `weight_zero_point` `[ceil(n/8), G]` packed along N, or GPTQ `qzeros` `[G, n/8]`.
     fn make_asymmetric(ck: &mut test_support::Ckpt, seed: u64) {

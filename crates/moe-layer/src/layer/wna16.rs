@@ -6,6 +6,11 @@
 //! `q − 2^(bits−1)`, so the offset restores the stored unsigned `q`; their zero points go to
 //! the packed matrix as they are, and the kernels compute `(q − z)·s`.
 //!
+//! Int4 checkpoints that store eight codes of a channel along K per int32 word, in activation
+//! order (compressed-tensors `pack-quantized`, GPTQ without act-order), are packed on the
+//! streamed load by `pack_expert_words` straight from those words, which are already the
+//! packed layout's step words; the result is the same packed matrix.
+//!
 //! Act-order checkpoints give every input row a group (`g_idx`) in any order. Packing sorts the
 //! input rows by group once (stable, so rows of a group keep their order), which makes every
 //! group a contiguous run of K values again; the packed matrix keeps the permutation and the
