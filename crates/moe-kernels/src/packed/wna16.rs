@@ -124,61 +124,183 @@ pub struct PackedWna16 {
     perm: Option<Vec<u32>>,
 }
 
+/// How a checkpoint stores int4 codes in 32-bit words. Both orders hold eight codes of one
+/// output channel along K per word, nibble `j` (bits `4j..4j+4`) the code at K value `8s + j`
+/// of step `s`: exactly one int4 step word of the packed layout, so they are copied (and,
+/// for [`Int4WordOrder::StepMajor`], transposed) word by word instead of through one byte per
+/// code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Int4WordOrder {
+    /// `[N, ceil(K/8)]`: the words of a channel are consecutive (compressed-tensors
+    /// `weight_packed`).
+    ChannelMajor,
+    /// `[ceil(K/8), N]`: the words of a step are consecutive (GPTQ `qweight`).
+    StepMajor,
+}
+
+/// A run of consecutive output channels of a [`Wna16WordsDesc`]: `channels` channels' int32
+/// words as little-endian bytes, in the desc's [`Int4WordOrder`] (so a fused matrix can be
+/// packed straight from its projections' separately stored tensors).
+#[derive(Debug, Clone, Copy)]
+pub struct Int4WordRows<'a> {
+    /// Output channels in this run.
+    pub channels: usize,
+    /// `channels · ceil(K/8)` words, 4 bytes each, little-endian, any alignment.
+    pub bytes: &'a [u8],
+}
+
+/// What [`PackedWna16::pack_words`] takes: one int4 matrix `[N, K]` as the 32-bit words a
+/// checkpoint stores, plus the same scales, zero points and bias as [`Wna16Desc`].
+#[derive(Debug, Clone, Copy)]
+pub struct Wna16WordsDesc<'a> {
+    /// Output channels N.
+    pub n: usize,
+    /// Reduction dimension K.
+    pub k: usize,
+    /// How the words of each run are ordered.
+    pub order: Int4WordOrder,
+    /// The channels' words, runs in channel order, `N` channels in all. Nibbles past K in a
+    /// channel's last word are ignored.
+    pub rows: &'a [Int4WordRows<'a>],
+    /// K values per group (a multiple of 8); `None` for one scale per channel.
+    pub group_size: Option<usize>,
+    /// Scales `[N, G]` with `G = ceil(K / group_size)` (1 when channelwise).
+    pub scales: Wna16Scales<'a>,
+    /// Zero points `[N, G]` in `0..16`; `None` means symmetric with zero 8.
+    pub zeros: Option<&'a [u8]>,
+    /// f32 bias `[N]`, added to every output row.
+    pub bias: Option<&'a [f32]>,
+}
+
+/// The checked sizes of a matrix to pack.
+struct Dims {
+    k_step: usize,
+    max_code: u8,
+    group_size: usize,
+    n_groups: usize,
+}
+
+/// Checks K, bits and group size, and that `N·K` fits.
+fn check_dims(
+    n: usize,
+    k: usize,
+    bits: u32,
+    group_size: Option<usize>,
+) -> Result<Dims, KernelError> {
+    if k == 0 || k > MAX_K {
+        return Err(KernelError::UnsupportedDim {
+            dim: "K",
+            got: k,
+            reason: "K must be in 1..=2^24",
+        });
+    }
+    n.checked_mul(k).ok_or(KernelError::UnsupportedDim {
+        dim: "N",
+        got: n,
+        reason: "N·K overflows usize",
+    })?;
+    let (k_step, max_code) = match bits {
+        4 => (K_STEP, 15),
+        8 => (K_STEP8, 255),
+        bits => {
+            return Err(KernelError::UnsupportedDim {
+                dim: "bits",
+                got: bits as usize,
+                reason: "WNA16 weights have 4 or 8 bits",
+            });
+        }
+    };
+    let group_size = match group_size {
+        None => k,
+        Some(g) if g > 0 && g % K_STEP == 0 => g,
+        Some(g) => {
+            return Err(KernelError::UnsupportedDim {
+                dim: "group_size",
+                got: g,
+                reason: "WNA16 group sizes must be positive multiples of 8",
+            });
+        }
+    };
+    Ok(Dims {
+        k_step,
+        max_code,
+        group_size,
+        n_groups: k.div_ceil(group_size),
+    })
+}
+
+/// The per-channel tensors every matrix carries besides its codes.
+struct Side<'a> {
+    scales: Wna16Scales<'a>,
+    zeros: Option<&'a [u8]>,
+    bias: Option<&'a [f32]>,
+}
+
+impl Side<'_> {
+    /// Checks lengths, zero-point range and finiteness.
+    fn check(&self, n: usize, dims: &Dims) -> Result<(), KernelError> {
+        check_len("scales", n * dims.n_groups, self.scales.len())?;
+        if let Some(z) = self.zeros {
+            check_len("zeros", n * dims.n_groups, z.len())?;
+            check_codes("zeros", z, dims.max_code)?;
+        }
+        if let Some(b) = self.bias {
+            check_len("bias", n, b.len())?;
+            check_finite("bias", b.len(), |i| b[i])?;
+        }
+        Ok(())
+    }
+
+    /// Checks the scales are finite (after the codes, which keeps the order errors are
+    /// reported in).
+    fn check_scales(&self) -> Result<(), KernelError> {
+        check_finite("scales", self.scales.len(), |i| self.scales.get(i))
+    }
+
+    /// The packed scales, zero points and bias of an `n`-channel matrix.
+    fn pack(
+        &self,
+        n: usize,
+        n_panels: usize,
+        n_groups: usize,
+    ) -> (Wna16ScaleValues, Option<Vec<u8>>, Option<Vec<f32>>) {
+        let sg = n_panels * n_groups * PANEL;
+        let at = |row: usize, g: usize| ((row / PANEL) * n_groups + g) * PANEL + row % PANEL;
+        let scales = match self.scales {
+            Wna16Scales::F16(s) => Wna16ScaleValues::F16(scatter(n, n_groups, sg, s, at)),
+            Wna16Scales::Bf16(s) => Wna16ScaleValues::Bf16(scatter(n, n_groups, sg, s, at)),
+            Wna16Scales::F32(s) => Wna16ScaleValues::F32(scatter(n, n_groups, sg, s, at)),
+        };
+        let zeros = self.zeros.map(|z| scatter(n, n_groups, sg, z, at));
+        let bias = self.bias.map(|b| {
+            let mut v = vec![0f32; n_panels * PANEL];
+            v[..n].copy_from_slice(b);
+            v
+        });
+        (scales, zeros, bias)
+    }
+}
+
 impl PackedWna16 {
     /// Validates and packs one matrix.
     pub fn pack(d: Wna16Desc<'_>) -> Result<Self, KernelError> {
         let (n, k) = (d.n, d.k);
-        if k == 0 || k > MAX_K {
-            return Err(KernelError::UnsupportedDim {
-                dim: "K",
-                got: k,
-                reason: "K must be in 1..=2^24",
-            });
-        }
-        let nk = n.checked_mul(k).ok_or(KernelError::UnsupportedDim {
-            dim: "N",
-            got: n,
-            reason: "N·K overflows usize",
-        })?;
-        let (k_step, max_code) = match d.bits {
-            4 => (K_STEP, 15),
-            8 => (K_STEP8, 255),
-            bits => {
-                return Err(KernelError::UnsupportedDim {
-                    dim: "bits",
-                    got: bits as usize,
-                    reason: "WNA16 weights have 4 or 8 bits",
-                });
-            }
+        let dims = check_dims(n, k, d.bits, d.group_size)?;
+        check_len("w_int", n * k, d.codes.len())?;
+        let side = Side {
+            scales: d.scales,
+            zeros: d.zeros,
+            bias: d.bias,
         };
-        let group_size = match d.group_size {
-            None => k,
-            Some(g) if g > 0 && g % K_STEP == 0 => g,
-            Some(g) => {
-                return Err(KernelError::UnsupportedDim {
-                    dim: "group_size",
-                    got: g,
-                    reason: "WNA16 group sizes must be positive multiples of 8",
-                });
-            }
-        };
-        let n_groups = k.div_ceil(group_size);
-        check_len("w_int", nk, d.codes.len())?;
-        check_len("scales", n * n_groups, d.scales.len())?;
-        if let Some(z) = d.zeros {
-            check_len("zeros", n * n_groups, z.len())?;
-            check_codes("zeros", z, max_code)?;
-        }
-        if let Some(b) = d.bias {
-            check_len("bias", n, b.len())?;
-            check_finite("bias", b.len(), |i| b[i])?;
-        }
-        check_codes("w_int", d.codes, max_code)?;
-        check_finite("scales", d.scales.len(), |i| d.scales.get(i))?;
+        side.check(n, &dims)?;
+        check_codes("w_int", d.codes, dims.max_code)?;
+        side.check_scales()?;
         if let Some(p) = d.perm {
             check_perm(p, k)?;
         }
 
+        let k_step = dims.k_step;
         let n_panels = n.div_ceil(PANEL);
         let k_steps = k.div_ceil(k_step);
         let mut codes = vec![0u32; n_panels * k_steps * PANEL];
@@ -201,33 +323,105 @@ impl PackedWna16 {
                 codes[(p * k_steps + col / k_step) * PANEL + word] |= u32::from(code) << shift;
             }
         }
-        let sg = n_panels * n_groups * PANEL;
-        let at = |row: usize, g: usize| ((row / PANEL) * n_groups + g) * PANEL + row % PANEL;
-        let scales = match d.scales {
-            Wna16Scales::F16(s) => Wna16ScaleValues::F16(scatter(n, n_groups, sg, s, at)),
-            Wna16Scales::Bf16(s) => Wna16ScaleValues::Bf16(scatter(n, n_groups, sg, s, at)),
-            Wna16Scales::F32(s) => Wna16ScaleValues::F32(scatter(n, n_groups, sg, s, at)),
-        };
-        let zeros = d.zeros.map(|z| scatter(n, n_groups, sg, z, at));
-        let bias = d.bias.map(|b| {
-            let mut v = vec![0f32; n_panels * PANEL];
-            v[..n].copy_from_slice(b);
-            v
-        });
+        let (scales, zeros, bias) = side.pack(n, n_panels, dims.n_groups);
         Ok(Self {
             n,
             k,
             bits: d.bits,
             n_panels,
             k_steps,
-            group_size,
+            group_size: dims.group_size,
             channelwise: d.group_size.is_none(),
-            n_groups,
+            n_groups: dims.n_groups,
             codes,
             scales,
             zeros,
             bias,
             perm: d.perm.map(<[u32]>::to_vec),
+        })
+    }
+
+    /// Validates and packs one int4 matrix from a checkpoint's 32-bit words: the same packed
+    /// matrix [`Self::pack`] builds from the words' codes (nibbles past K dropped), without
+    /// unpacking them to one byte per code. Every 4-bit code is valid, so only the shapes,
+    /// scales, zero points and bias can be refused.
+    pub fn pack_words(d: Wna16WordsDesc<'_>) -> Result<Self, KernelError> {
+        let (n, k) = (d.n, d.k);
+        let dims = check_dims(n, k, 4, d.group_size)?;
+        let k_steps = k.div_ceil(K_STEP);
+        let channels = d
+            .rows
+            .iter()
+            .try_fold(0usize, |sum, r| sum.checked_add(r.channels))
+            .unwrap_or(usize::MAX);
+        check_len("w_words channels", n, channels)?;
+        for r in d.rows {
+            check_len("w_words", r.channels * k_steps * 4, r.bytes.len())?;
+        }
+        let side = Side {
+            scales: d.scales,
+            zeros: d.zeros,
+            bias: d.bias,
+        };
+        side.check(n, &dims)?;
+        side.check_scales()?;
+
+        // Where each channel's words are: its run's words, the index of its step-0 word and
+        // the distance between its steps.
+        let mut at: Vec<(&[[u8; 4]], usize, usize)> = Vec::with_capacity(n);
+        for r in d.rows {
+            let words = r.bytes.as_chunks::<4>().0;
+            for local in 0..r.channels {
+                at.push(match d.order {
+                    Int4WordOrder::ChannelMajor => (words, local * k_steps, 1),
+                    Int4WordOrder::StepMajor => (words, local, r.channels),
+                });
+            }
+        }
+        // Nibbles past K in the last step are padding: the packed format holds code 0 there.
+        let tail = match k % K_STEP {
+            0 => u32::MAX,
+            r => (1u32 << (4 * r)) - 1,
+        };
+        let n_panels = n.div_ceil(PANEL);
+        let mut codes = Vec::with_capacity(n_panels * k_steps * PANEL);
+        // A panel goes through a tile of `PANEL` steps × `PANEL` channels: each channel's words
+        // are read in their stored order (sequential for channel-major runs), and the tile
+        // is appended in packed order, so the buffer is never zero-filled first.
+        for panel in at.chunks(PANEL) {
+            // Channels past N stay 0 in every tile of the last panel.
+            let mut tile = [[0u32; PANEL]; PANEL];
+            for s0 in (0..k_steps).step_by(PANEL) {
+                let steps = PANEL.min(k_steps - s0);
+                for (c, &(words, first, stride)) in panel.iter().enumerate() {
+                    let src = words[first + s0 * stride..].iter().step_by(stride);
+                    for (row, w) in tile[..steps].iter_mut().zip(src) {
+                        row[c] = u32::from_le_bytes(*w);
+                    }
+                }
+                if s0 + steps == k_steps {
+                    for w in &mut tile[steps - 1] {
+                        *w &= tail;
+                    }
+                }
+                codes.extend_from_slice(tile[..steps].as_flattened());
+            }
+        }
+        let (scales, zeros, bias) = side.pack(n, n_panels, dims.n_groups);
+        Ok(Self {
+            n,
+            k,
+            bits: 4,
+            n_panels,
+            k_steps,
+            group_size: dims.group_size,
+            channelwise: d.group_size.is_none(),
+            n_groups: dims.n_groups,
+            codes,
+            scales,
+            zeros,
+            bias,
+            perm: None,
         })
     }
 
@@ -562,6 +756,226 @@ mod tests {
             assert_eq!(s, want);
             assert_eq!(p.n_groups(), groups);
         }
+    }
+
+    /// Channel `c`'s words `[ceil(K/8)]` of codes `[N, K]`, with `pad` in the nibbles past K.
+    fn words_of(codes: &[u8], k: usize, c: usize, pad: u32) -> Vec<u32> {
+        let row = &codes[c * k..][..k];
+        (0..k.div_ceil(K_STEP))
+            .map(|s| {
+                (0..K_STEP).fold(0u32, |w, j| {
+                    let q = row.get(s * K_STEP + j).map_or(pad, |&q| u32::from(q));
+                    w | (q << (4 * j))
+                })
+            })
+            .collect()
+    }
+
+    /// Little-endian bytes of channels `range` in `order`.
+    fn run_bytes(
+        codes: &[u8],
+        k: usize,
+        range: std::ops::Range<usize>,
+        order: Int4WordOrder,
+        pad: u32,
+    ) -> Vec<u8> {
+        let rows: Vec<Vec<u32>> = range.map(|c| words_of(codes, k, c, pad)).collect();
+        let words: Vec<u32> = match order {
+            Int4WordOrder::ChannelMajor => rows.concat(),
+            Int4WordOrder::StepMajor => (0..k.div_ceil(K_STEP))
+                .flat_map(|s| rows.iter().map(move |r| r[s]))
+                .collect(),
+        };
+        words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn pack_words_equals_pack_of_the_codes() {
+        let mut rng = SplitMix64::new(11);
+        let shapes: [(usize, usize, Option<usize>); 8] = [
+            (1, 1, None),
+            (1, 8, Some(8)),
+            (7, 35, Some(16)),
+            (17, 35, None),
+            (33, 64, Some(32)),
+            (16, 130, Some(64)),
+            (31, 256, Some(128)),
+            (48, 301, Some(128)),
+        ];
+        for (n, k, g) in shapes {
+            let groups = g.map_or(1, |g| k.div_ceil(g));
+            let codes: Vec<u8> = (0..n * k).map(|_| (rng.next_u64() % 16) as u8).collect();
+            let zeros: Vec<u8> = (0..n * groups)
+                .map(|_| (rng.next_u64() % 16) as u8)
+                .collect();
+            let scales: Vec<bf16> = (0..n * groups)
+                .map(|i| bf16::from_f32(0.01 + i as f32 * 1e-3))
+                .collect();
+            let bias: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+            // Split the channels into one, two or three runs (a fused gate/up matrix).
+            let cuts = [0, (rng.next_u64() as usize) % (n + 1), n];
+            let mut cuts = cuts.to_vec();
+            cuts.sort_unstable();
+            for asym in [false, true] {
+                let want = PackedWna16::pack(Wna16Desc {
+                    n,
+                    k,
+                    bits: 4,
+                    codes: &codes,
+                    group_size: g,
+                    scales: Wna16Scales::Bf16(&scales),
+                    zeros: asym.then_some(zeros.as_slice()),
+                    bias: asym.then_some(bias.as_slice()),
+                    perm: None,
+                })
+                .unwrap();
+                for order in [Int4WordOrder::ChannelMajor, Int4WordOrder::StepMajor] {
+                    let pad = (rng.next_u64() % 16) as u32;
+                    let bytes: Vec<Vec<u8>> = cuts
+                        .windows(2)
+                        .map(|w| run_bytes(&codes, k, w[0]..w[1], order, pad))
+                        .collect();
+                    let rows: Vec<Int4WordRows<'_>> = cuts
+                        .windows(2)
+                        .zip(&bytes)
+                        .map(|(w, b)| Int4WordRows {
+                            channels: w[1] - w[0],
+                            bytes: b,
+                        })
+                        .collect();
+                    let got = PackedWna16::pack_words(Wna16WordsDesc {
+                        n,
+                        k,
+                        order,
+                        rows: &rows,
+                        group_size: g,
+                        scales: Wna16Scales::Bf16(&scales),
+                        zeros: asym.then_some(zeros.as_slice()),
+                        bias: asym.then_some(bias.as_slice()),
+                    })
+                    .unwrap();
+                    assert_eq!(got, want, "n {n} k {k} g {g:?} asym {asym} {order:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_words_are_typed_errors() {
+        let s = [bf16::ONE; 2];
+        let bytes = [0u8; 8];
+        let words = |rows: &'static [Int4WordRows<'static>]| Wna16WordsDesc {
+            n: 2,
+            k: 8,
+            order: Int4WordOrder::ChannelMajor,
+            rows,
+            group_size: None,
+            scales: Wna16Scales::Bf16(&[]),
+            zeros: None,
+            bias: None,
+        };
+        let one = [Int4WordRows {
+            channels: 2,
+            bytes: &[0; 8],
+        }];
+        let mut d = words(&[]);
+        d.scales = Wna16Scales::Bf16(&s);
+        assert!(matches!(
+            PackedWna16::pack_words(d),
+            Err(KernelError::LengthMismatch {
+                tensor: "w_words channels",
+                expected: 2,
+                got: 0
+            })
+        ));
+        let short = [Int4WordRows {
+            channels: 2,
+            bytes: &bytes[..7],
+        }];
+        let mut d = words(&[]);
+        d.rows = &short;
+        d.scales = Wna16Scales::Bf16(&s);
+        assert!(matches!(
+            PackedWna16::pack_words(d),
+            Err(KernelError::LengthMismatch {
+                tensor: "w_words",
+                expected: 8,
+                got: 7
+            })
+        ));
+        let huge = [
+            Int4WordRows {
+                channels: usize::MAX,
+                bytes: &[],
+            },
+            Int4WordRows {
+                channels: 3,
+                bytes: &[],
+            },
+        ];
+        let mut d = words(&[]);
+        d.rows = &huge;
+        assert!(matches!(
+            PackedWna16::pack_words(d),
+            Err(KernelError::LengthMismatch {
+                tensor: "w_words channels",
+                ..
+            })
+        ));
+        let mut d = words(&[]);
+        d.rows = &one;
+        assert!(matches!(
+            PackedWna16::pack_words(d),
+            Err(KernelError::LengthMismatch {
+                tensor: "scales",
+                expected: 2,
+                got: 0
+            })
+        ));
+        let nan = [bf16::ONE, bf16::INFINITY];
+        let mut d = words(&[]);
+        d.rows = &one;
+        d.scales = Wna16Scales::Bf16(&nan);
+        assert!(matches!(
+            PackedWna16::pack_words(d),
+            Err(KernelError::NonFiniteWeight {
+                tensor: "scales",
+                index: 1,
+                ..
+            })
+        ));
+        let zeros = [3u8, 16];
+        let mut d = words(&[]);
+        d.rows = &one;
+        d.scales = Wna16Scales::Bf16(&s);
+        d.zeros = Some(&zeros);
+        assert!(matches!(
+            PackedWna16::pack_words(d),
+            Err(KernelError::ValueOutOfRange {
+                tensor: "zeros",
+                index: 1,
+                value: 16,
+                ..
+            })
+        ));
+        let mut d = words(&[]);
+        d.rows = &one;
+        d.scales = Wna16Scales::Bf16(&s);
+        d.group_size = Some(4);
+        assert!(matches!(
+            PackedWna16::pack_words(d),
+            Err(KernelError::UnsupportedDim {
+                dim: "group_size",
+                got: 4,
+                ..
+            })
+        ));
+        let mut d = words(&[]);
+        d.k = 0;
+        assert!(matches!(
+            PackedWna16::pack_words(d),
+            Err(KernelError::UnsupportedDim { dim: "K", .. })
+        ));
     }
 
     #[test]

@@ -27,6 +27,7 @@
 
 use std::path::Path;
 
+use moe_kernels::Int4WordOrder;
 use moe_quant::DType;
 
 use super::config::QuantScheme;
@@ -421,32 +422,8 @@ pub(crate) fn read_projection<'a>(
                 g_idx_tensor: None,
             })
         }
-        Format::PackQuantized {
-            bits,
-            group_size,
-            act_order,
-            zeros,
-            ..
-        } => {
-            let shape_t = src.get(&name(req.prefix, ParamKind::WeightShape))?;
-            shape_t.expect_shape(&[2])?;
-            let stored = int_values(&shape_t, &[Dtype::I64, Dtype::I32])?;
-            for (dim, &v) in [req.n, req.k].into_iter().zip(&stored) {
-                if v != dim.size as i64 {
-                    return Err(config_mismatch(
-                        &shape_t,
-                        dim,
-                        usize::try_from(v).unwrap_or(usize::MAX),
-                        req.config,
-                    ));
-                }
-            }
-            let t = src.get_as(&name(req.prefix, ParamKind::WeightPacked), &[Dtype::I32])?;
-            let words = moe_quant::pack::packed_int32_cols(k, bits);
-            if t.shape.len() == 2 && t.shape[0] != n {
-                return Err(config_mismatch(&t, req.n, t.shape[0], req.config));
-            }
-            t.expect_shape(&[n, words])?;
+        Format::PackQuantized { bits, .. } => {
+            let t = pack_quantized_words(src, bits, req)?;
             let codes =
                 moe_quant::unpack_from_int32(&i32_words(&t)?, n, k, bits).map_err(|source| {
                     LayerError::Quant {
@@ -455,100 +432,35 @@ pub(crate) fn read_projection<'a>(
                         source,
                     }
                 })?;
-            let (groups, _) = groups_of(group_size, k, &t.name)?;
-            let st = src.get(&name(req.prefix, ParamKind::WeightScale))?;
-            let scales = read_scales(&st, n, groups, false, format.declared_scale_dtype())?;
-            let (g_idx, g_idx_tensor) = if act_order {
-                let (g, gt) = read_g_idx(src, &name(req.prefix, ParamKind::WeightGIdx), k, groups)?;
-                (Some(g), Some(gt))
-            } else {
-                (None, None)
-            };
-            let zeros = if zeros {
-                let zt =
-                    src.get_as(&name(req.prefix, ParamKind::WeightZeroPoint), &[Dtype::I32])?;
-                let rows = moe_quant::pack::packed_int32_cols(n, bits);
-                zt.expect_shape(&[rows, groups])?;
-                Some(unpack_rows_int32(&i32_words(&zt)?, n, groups, bits))
-            } else {
-                None
-            };
+            let side = pack_quantized_side(src, format, req, &t)?;
             Ok(LogicalProj {
                 n,
                 k,
                 values: Values::Codes(codes),
-                scales: Some(scales),
-                g_idx,
-                zeros,
+                scales: Some(side.scales),
+                g_idx: side.g_idx,
+                zeros: side.zeros,
                 bias,
                 primary: t,
-                scale_tensor: Some(st),
-                g_idx_tensor,
+                scale_tensor: Some(side.scale_tensor),
+                g_idx_tensor: side.g_idx_tensor,
             })
         }
-        Format::Gptq {
-            bits,
-            group_size,
-            act_order,
-            zeros,
-        } => {
-            let pf = (32 / bits) as usize;
-            if !k.is_multiple_of(pf) {
-                return Err(LayerError::ConfigField {
-                    file: req.config.to_path_buf(),
-                    field: req.k.field,
-                    reason: format!("{k} is not a multiple of the GPTQ pack factor {pf}"),
-                });
-            }
-            let t = src.get_as(&name(req.prefix, ParamKind::QWeight), &[Dtype::I32])?;
-            if t.shape.len() == 2 {
-                if t.shape[1] != n {
-                    return Err(config_mismatch(&t, req.n, t.shape[1], req.config));
-                }
-                if t.shape[0] != k / pf {
-                    return Err(config_mismatch(&t, req.k, t.shape[0] * pf, req.config));
-                }
-            }
-            t.expect_shape(&[k / pf, n])?;
+        Format::Gptq { bits, .. } => {
+            let t = gptq_words(src, bits, req)?;
             let codes = unpack_gptq(&i32_words(&t)?, k, n, bits);
-            let (groups, _) = groups_of(group_size, k, &t.name)?;
-            let st = src.get(&name(req.prefix, ParamKind::Scales))?;
-            let scales = read_scales(&st, n, groups, true, None)?;
-            let (g_idx, g_idx_tensor) = if act_order {
-                let (g, gt) = read_g_idx(src, &name(req.prefix, ParamKind::GIdx), k, groups)?;
-                (Some(g), Some(gt))
-            } else {
-                (None, None)
-            };
-            let zeros = match zeros {
-                None => None,
-                Some(stored) => {
-                    let zt = src.get_as(&name(req.prefix, ParamKind::QZeros), &[Dtype::I32])?;
-                    if !n.is_multiple_of(pf) {
-                        return Err(LayerError::ConfigField {
-                            file: req.config.to_path_buf(),
-                            field: req.n.field,
-                            reason: format!(
-                                "{n} is not a multiple of the GPTQ pack factor {pf} (qzeros)"
-                            ),
-                        });
-                    }
-                    zt.expect_shape(&[groups, n / pf])?;
-                    let add = u32::from(stored == GptqZeros::MinusOne);
-                    Some(unpack_gptq_zeros(&i32_words(&zt)?, groups, n, bits, add))
-                }
-            };
+            let side = gptq_side(src, format, req)?;
             Ok(LogicalProj {
                 n,
                 k,
                 values: Values::Codes(codes),
-                scales: Some(scales),
-                g_idx,
-                zeros,
+                scales: Some(side.scales),
+                g_idx: side.g_idx,
+                zeros: side.zeros,
                 bias,
                 primary: t,
-                scale_tensor: Some(st),
-                g_idx_tensor,
+                scale_tensor: Some(side.scale_tensor),
+                g_idx_tensor: side.g_idx_tensor,
             })
         }
         Format::Awq { group_size } => {
@@ -598,6 +510,261 @@ pub(crate) fn read_projection<'a>(
             })
         }
     }
+}
+
+/// The scales `[n, G]`, act-order `g_idx` and zero points of a quantized projection.
+struct Side<'a> {
+    scales: Scales,
+    scale_tensor: TensorRef<'a>,
+    g_idx: Option<Vec<i32>>,
+    g_idx_tensor: Option<TensorRef<'a>>,
+    zeros: Option<Vec<u8>>,
+}
+
+/// compressed-tensors `pack-quantized`: checks `weight_shape` against the config and returns
+/// `weight_packed` checked for dtype and shape `[n, ceil(k·b/32)]`.
+fn pack_quantized_words<'a>(
+    src: &'a TensorSource,
+    bits: u32,
+    req: &ProjRequest<'_>,
+) -> Result<TensorRef<'a>, LayerError> {
+    let (n, k) = (req.n.size, req.k.size);
+    let shape_t = src.get(&name(req.prefix, ParamKind::WeightShape))?;
+    shape_t.expect_shape(&[2])?;
+    let stored = int_values(&shape_t, &[Dtype::I64, Dtype::I32])?;
+    for (dim, &v) in [req.n, req.k].into_iter().zip(&stored) {
+        if v != dim.size as i64 {
+            return Err(config_mismatch(
+                &shape_t,
+                dim,
+                usize::try_from(v).unwrap_or(usize::MAX),
+                req.config,
+            ));
+        }
+    }
+    let t = src.get_as(&name(req.prefix, ParamKind::WeightPacked), &[Dtype::I32])?;
+    let words = moe_quant::pack::packed_int32_cols(k, bits);
+    if t.shape.len() == 2 && t.shape[0] != n {
+        return Err(config_mismatch(&t, req.n, t.shape[0], req.config));
+    }
+    t.expect_shape(&[n, words])?;
+    Ok(t)
+}
+
+/// compressed-tensors `pack-quantized`: the scales, `g_idx` (act-order) and zero points of the
+/// projection whose `weight_packed` is `t`.
+fn pack_quantized_side<'a>(
+    src: &'a TensorSource,
+    format: Format,
+    req: &ProjRequest<'_>,
+    t: &TensorRef<'_>,
+) -> Result<Side<'a>, LayerError> {
+    let Format::PackQuantized {
+        bits,
+        group_size,
+        act_order,
+        zeros,
+        ..
+    } = format
+    else {
+        return Err(LayerError::InvalidArgument {
+            field: "format",
+            reason: format!("{format:?} is not a pack-quantized format"),
+        });
+    };
+    let (n, k) = (req.n.size, req.k.size);
+    let (groups, _) = groups_of(group_size, k, &t.name)?;
+    let st = src.get(&name(req.prefix, ParamKind::WeightScale))?;
+    let scales = read_scales(&st, n, groups, false, format.declared_scale_dtype())?;
+    let (g_idx, g_idx_tensor) = if act_order {
+        let (g, gt) = read_g_idx(src, &name(req.prefix, ParamKind::WeightGIdx), k, groups)?;
+        (Some(g), Some(gt))
+    } else {
+        (None, None)
+    };
+    let zeros = if zeros {
+        let zt = src.get_as(&name(req.prefix, ParamKind::WeightZeroPoint), &[Dtype::I32])?;
+        let rows = moe_quant::pack::packed_int32_cols(n, bits);
+        zt.expect_shape(&[rows, groups])?;
+        Some(unpack_rows_int32(&i32_words(&zt)?, n, groups, bits))
+    } else {
+        None
+    };
+    Ok(Side {
+        scales,
+        scale_tensor: st,
+        g_idx,
+        g_idx_tensor,
+        zeros,
+    })
+}
+
+/// GPTQ: `qweight` checked for dtype and shape `[k/pf, n]` (`k` a multiple of the pack factor).
+fn gptq_words<'a>(
+    src: &'a TensorSource,
+    bits: u32,
+    req: &ProjRequest<'_>,
+) -> Result<TensorRef<'a>, LayerError> {
+    let (n, k) = (req.n.size, req.k.size);
+    let pf = (32 / bits) as usize;
+    if !k.is_multiple_of(pf) {
+        return Err(LayerError::ConfigField {
+            file: req.config.to_path_buf(),
+            field: req.k.field,
+            reason: format!("{k} is not a multiple of the GPTQ pack factor {pf}"),
+        });
+    }
+    let t = src.get_as(&name(req.prefix, ParamKind::QWeight), &[Dtype::I32])?;
+    if t.shape.len() == 2 {
+        if t.shape[1] != n {
+            return Err(config_mismatch(&t, req.n, t.shape[1], req.config));
+        }
+        if t.shape[0] != k / pf {
+            return Err(config_mismatch(&t, req.k, t.shape[0] * pf, req.config));
+        }
+    }
+    t.expect_shape(&[k / pf, n])?;
+    Ok(t)
+}
+
+/// GPTQ: the scales (stored `[G, n]`), `g_idx` (act-order) and zero points of a projection.
+fn gptq_side<'a>(
+    src: &'a TensorSource,
+    format: Format,
+    req: &ProjRequest<'_>,
+) -> Result<Side<'a>, LayerError> {
+    let Format::Gptq {
+        bits,
+        group_size,
+        act_order,
+        zeros,
+    } = format
+    else {
+        return Err(LayerError::InvalidArgument {
+            field: "format",
+            reason: format!("{format:?} is not a GPTQ format"),
+        });
+    };
+    let (n, k) = (req.n.size, req.k.size);
+    let pf = (32 / bits) as usize;
+    let (groups, _) = groups_of(group_size, k, &name(req.prefix, ParamKind::QWeight))?;
+    let st = src.get(&name(req.prefix, ParamKind::Scales))?;
+    let scales = read_scales(&st, n, groups, true, None)?;
+    let (g_idx, g_idx_tensor) = if act_order {
+        let (g, gt) = read_g_idx(src, &name(req.prefix, ParamKind::GIdx), k, groups)?;
+        (Some(g), Some(gt))
+    } else {
+        (None, None)
+    };
+    let zeros = match zeros {
+        None => None,
+        Some(stored) => {
+            let zt = src.get_as(&name(req.prefix, ParamKind::QZeros), &[Dtype::I32])?;
+            if !n.is_multiple_of(pf) {
+                return Err(LayerError::ConfigField {
+                    file: req.config.to_path_buf(),
+                    field: req.n.field,
+                    reason: format!("{n} is not a multiple of the GPTQ pack factor {pf} (qzeros)"),
+                });
+            }
+            zt.expect_shape(&[groups, n / pf])?;
+            let add = u32::from(stored == GptqZeros::MinusOne);
+            Some(unpack_gptq_zeros(&i32_words(&zt)?, groups, n, bits, add))
+        }
+    };
+    Ok(Side {
+        scales,
+        scale_tensor: st,
+        g_idx,
+        g_idx_tensor,
+        zeros,
+    })
+}
+
+/// One int4 projection whose codes stay in the int32 words the checkpoint stores (8 codes of
+/// one output channel along K per word), for [`moe_kernels::PackedWna16::pack_words`].
+pub(crate) struct WordProj<'a> {
+    /// Output channels.
+    pub n: usize,
+    /// Input features (the reduction dimension).
+    pub k: usize,
+    /// How the words are laid out: `[n, k/8]` or `[k/8, n]`.
+    pub order: Int4WordOrder,
+    /// The words as stored (little-endian, borrowed from the shard).
+    pub bytes: &'a [u8],
+    /// Scales `[n, G]`.
+    pub scales: Scales,
+    /// Unsigned zero points `[n, G]` of asymmetric formats.
+    pub zeros: Option<Vec<u8>>,
+    /// The scale tensor (names it in errors).
+    pub scale_tensor: TensorRef<'a>,
+}
+
+impl Format {
+    /// Whether [`read_projection_words`] reads this format: int4 codes packed along K, eight
+    /// per word, in their activation order (compressed-tensors `pack-quantized` and GPTQ
+    /// without act-order).
+    pub(crate) fn has_int4_words(self) -> bool {
+        matches!(
+            self,
+            Self::PackQuantized {
+                bits: 4,
+                act_order: false,
+                ..
+            } | Self::Gptq {
+                bits: 4,
+                act_order: false,
+                ..
+            }
+        )
+    }
+}
+
+/// Reads one projection of a format with [`Format::has_int4_words`] with the checks of
+/// [`read_projection`], leaving the codes in their words (`None` for other formats). A bias is
+/// refused: only layers without expert biases are packed from words.
+pub(crate) fn read_projection_words<'a>(
+    src: &'a TensorSource,
+    format: Format,
+    req: &ProjRequest<'_>,
+) -> Result<Option<WordProj<'a>>, LayerError> {
+    if !format.has_int4_words() {
+        return Ok(None);
+    }
+    let (n, k) = (req.n.size, req.k.size);
+    if let Some((_, _)) = read_bias(src, req.prefix, n)? {
+        return Err(LayerError::InvalidArgument {
+            field: "bias",
+            reason: format!("{}: expert biases are not packed from words", req.prefix),
+        });
+    }
+    let (t, side, order) = match format {
+        Format::PackQuantized { bits, .. } => {
+            if n == 0 || k == 0 {
+                return Err(LayerError::InvalidArgument {
+                    field: "weight_shape",
+                    reason: format!("{}: [{n}, {k}] is empty", req.prefix),
+                });
+            }
+            let t = pack_quantized_words(src, bits, req)?;
+            let side = pack_quantized_side(src, format, req, &t)?;
+            (t, side, Int4WordOrder::ChannelMajor)
+        }
+        Format::Gptq { bits, .. } => {
+            let t = gptq_words(src, bits, req)?;
+            (t, gptq_side(src, format, req)?, Int4WordOrder::StepMajor)
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(WordProj {
+        n,
+        k,
+        order,
+        bytes: t.bytes,
+        scales: side.scales,
+        zeros: side.zeros,
+        scale_tensor: side.scale_tensor,
+    }))
 }
 
 /// Values per AWQ int32 word.

@@ -41,3 +41,6 @@ pub use read::{
     RouterTensors, SharedExpertTensors, ZeroPoints,
 };
 pub use shards::{Dtype, ShardAccess, TensorRef, TensorSource};
+
+pub(crate) use formats::WordProj;
+pub(crate) use read::ExpertWords;

@@ -35,7 +35,10 @@ use moe_quant::DType;
 
 use super::config::{ModelFamily, MoeModelSpec};
 use super::decode::{FLOAT_DTYPES, FloatData, append_block, check_finite, f32_values};
-use super::formats::{Dim, Format, LogicalProj, ProjRequest, Values, groups_of, read_projection};
+use super::formats::{
+    Dim, Format, LogicalProj, ProjRequest, Values, WordProj, groups_of, read_projection,
+    read_projection_words,
+};
 use super::names::{MoeNames, ParamKind, ShardId};
 use super::shards::{ShardAccess, TensorRef, TensorSource, dtype_name};
 use crate::error::LayerError;
@@ -352,6 +355,64 @@ impl Checkpoint {
         })
     }
 
+    /// Routed expert `expert` (global id) of `layer` on a single rank with its int4 codes left
+    /// in the int32 words the checkpoint stores, for packing them word by word; checked as
+    /// [`Self::read_routed_expert`] checks them (biases refused). `None` when the format does
+    /// not store such words ([`Format::has_int4_words`]).
+    pub(crate) fn read_routed_expert_words(
+        &self,
+        layer: usize,
+        expert: usize,
+    ) -> Result<Option<ExpertWords<'_>>, LayerError> {
+        let group = self.routed_group();
+        if !group.format.has_int4_words() {
+            return Ok(None);
+        }
+        let hidden = self.hidden_dim();
+        TpSlice::new(
+            &ReadOptions::single_rank(),
+            group.intermediate,
+            group.format,
+        )?;
+        let read = |shard: ShardId| {
+            let candidates = self.names.expert_projection(layer, expert, shard);
+            let prefix = self.pick_prefix(&candidates, group.format.primary());
+            let (n, k) = match shard {
+                ShardId::W1 | ShardId::W3 => (group.intermediate, hidden),
+                ShardId::W2 => (hidden, group.intermediate),
+            };
+            let req = ProjRequest {
+                prefix: &prefix,
+                n,
+                k,
+                config: &self.spec.config_path,
+            };
+            read_projection_words(&self.source, group.format, &req)
+        };
+        let (Some(w1), Some(w3), Some(w2)) =
+            (read(ShardId::W1)?, read(ShardId::W3)?, read(ShardId::W2)?)
+        else {
+            return Ok(None);
+        };
+        // One scale dtype per expert, as the whole-layer read requires.
+        let scale_dtype = w1.scales.dtype;
+        for p in [&w3, &w2] {
+            if p.scales.dtype != scale_dtype {
+                return Err(LayerError::WrongDtype {
+                    tensor: p.scale_tensor.name.clone(),
+                    file: p.scale_tensor.file.to_path_buf(),
+                    expected: scale_dtype.to_string(),
+                    actual: p.scales.dtype.to_string(),
+                });
+            }
+        }
+        Ok(Some(ExpertWords {
+            w13: [w1, w3],
+            w2,
+            scale_dtype,
+        }))
+    }
+
     fn routed_group(&self) -> Group {
         let field = match self.spec.family {
             ModelFamily::Mixtral => "intermediate_size",
@@ -509,6 +570,16 @@ impl Checkpoint {
             .cloned()
             .unwrap_or_default()
     }
+}
+
+/// One routed expert read by [`Checkpoint::read_routed_expert_words`].
+pub(crate) struct ExpertWords<'a> {
+    /// The gate and up projections, the rows `0..I` and `I..2I` of `w13`.
+    pub(crate) w13: [WordProj<'a>; 2],
+    /// The down projection.
+    pub(crate) w2: WordProj<'a>,
+    /// The dtype all three projections store their scales in.
+    pub(crate) scale_dtype: DType,
 }
 
 /// A set of experts sharing an intermediate size and storage format.

@@ -311,6 +311,18 @@ impl MoeLayer {
         let done = std::sync::atomic::AtomicUsize::new(0);
         let total = local.len();
         let experts = crate::par::map_indexed(total, opts.par, |x| {
+            if let LayerQuant::Wna16 { group_size, .. } = one.quant
+                && native_wna16
+                && let Some(words) = ckpt.read_routed_expert_words(layer, local[x])?
+            {
+                // The codes go from the checkpoint's words to the packed layout directly.
+                let (w13, w2) = super::wna16::pack_expert_words(&words, one.quant, group_size)?;
+                let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                if let Some(report) = opts.progress {
+                    report(LoadProgress { done: n, total });
+                }
+                return Ok((Packed::Wna16(vec![w13], vec![w2]), Some(words.scale_dtype)));
+            }
             let ex = ckpt.read_routed_expert(layer, local[x], &read)?;
             let mut p = Params::create(&one);
             copy_experts(&one, &mut p, Cow::Owned(ex), layer, &[0])?;
@@ -767,18 +779,126 @@ mod tests {
     }
 
     #[test]
-    fn streamed_load_packs_the_same_bytes_as_the_whole_layer() {
-        for (tag, fmt, g) in [
-            ("stream-w4a8", Fmt::IntQuantized, 32),
-            ("stream-wna16", Fmt::PackQuantized, 128),
+    fn bad_words_are_typed_errors_naming_the_tensor() {
+        let good = runnable(Fmt::PackQuantized, [4, 2, 64, 32], 32, 0xbad);
+        let packed = "model.layers.0.mlp.experts.2.up_proj.weight_packed";
+        let scale = "model.layers.0.mlp.experts.1.down_proj.weight_scale";
+        // A word tensor one word short per row, and a NaN scale.
+        let mut short = good.clone();
+        let t = short.tensors.get_mut(packed).unwrap();
+        t.shape = vec![32, 7];
+        t.bytes.truncate(32 * 7 * 4);
+        let mut nan = good.clone();
+        nan.tensors.get_mut(scale).unwrap().bytes[..2]
+            .copy_from_slice(&half::bf16::NAN.to_le_bytes());
+        for (tag, ck, tensor, expert) in [
+            ("words-short", short, packed, 2),
+            ("words-nan", nan, scale, 1),
         ] {
             let dir = temp_dir(tag);
-            runnable(fmt, [6, 2, 256, 128], g, 0x10ad).write(&dir);
+            ck.write(&dir);
             let ckpt = Checkpoint::open(&dir, ShardAccess::Mmap).unwrap();
+            let named = |e: &LayerError| match e {
+                LayerError::WrongShape {
+                    tensor: t,
+                    expected,
+                    actual,
+                    ..
+                } => t == tensor && expected == &[32, 8] && actual == &[32, 7],
+                LayerError::BadScale { tensor: t, .. } => t == tensor,
+                _ => false,
+            };
+            let e = ckpt.read_routed_expert_words(0, expert).err().unwrap();
+            assert!(named(&e), "{tag}: {e}");
+            let opts = LoadOptions::new().with_par(Par::Rayon);
+            let e = MoeLayer::from_checkpoint_with(&ckpt, 0, 8, &opts)
+                .err()
+                .unwrap();
+            assert!(named(&e), "{tag}: {e}");
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+
+    /// Random zero points for every projection of `ck`, making it asymmetric: compressed-tensors
+    /// `weight_zero_point` `[ceil(n/8), G]` packed along N, or GPTQ `qzeros` `[G, n/8]`.
+    fn make_asymmetric(ck: &mut test_support::Ckpt, seed: u64) {
+        use test_support::i32_bytes;
+        let mut rng = moe_testutil::SplitMix64::new(seed);
+        let names: Vec<String> = ck.tensors.keys().cloned().collect();
+        for name in names {
+            let (prefix, gptq) = match name.strip_suffix(".weight_scale") {
+                Some(p) => (p, false),
+                None => match name.strip_suffix(".scales") {
+                    Some(p) => (p, true),
+                    None => continue,
+                },
+            };
+            let shape = ck.tensors[&name].shape.clone();
+            let ((n, g), zname) = if gptq {
+                ((shape[1], shape[0]), format!("{prefix}.qzeros"))
+            } else {
+                ((shape[0], shape[1]), format!("{prefix}.weight_zero_point"))
+            };
+            let words: Vec<i32> = (0..n.div_ceil(8) * g)
+                .map(|_| rng.next_u64() as i32)
+                .collect();
+            let shape = if gptq { [g, n / 8] } else { [n.div_ceil(8), g] };
+            ck.put(&zname, safetensors::Dtype::I32, &shape, i32_bytes(&words));
+        }
+        let qc = &mut ck.config["quantization_config"];
+        if qc["quant_method"] == "gptq" {
+            qc["sym"] = false.into();
+        } else {
+            qc["config_groups"]["group_0"]["weights"]["symmetric"] = false.into();
+        }
+    }
+
+    #[test]
+    fn streamed_load_packs_the_same_bytes_as_the_whole_layer() {
+        let gptq = |seed| test_support::Ckpt::build("qwen3_moe", Fmt::Gptq, seed).0;
+        let cases = [
+            (
+                "stream-w4a8",
+                runnable(Fmt::IntQuantized, [6, 2, 256, 128], 32, 0x10ad),
+                false,
+                false,
+            ),
+            (
+                "stream-wna16",
+                runnable(Fmt::PackQuantized, [6, 2, 256, 128], 128, 0x10ad),
+                false,
+                true,
+            ),
+            (
+                "stream-wna16-odd",
+                runnable(Fmt::PackQuantized, [3, 2, 24, 40], 8, 0x10ae),
+                false,
+                true,
+            ),
+            (
+                "stream-wna16-asym",
+                runnable(Fmt::PackQuantized, [6, 2, 256, 128], 64, 0x10af),
+                true,
+                true,
+            ),
+            ("stream-gptq", gptq(0x10b0), false, true),
+            ("stream-gptq-asym", gptq(0x10b1), true, true),
+        ];
+        for (tag, mut ck, asym, words) in cases {
+            if asym {
+                make_asymmetric(&mut ck, 0x2e50);
+            }
+            let dir = temp_dir(tag);
+            ck.write(&dir);
+            let ckpt = Checkpoint::open(&dir, ShardAccess::Mmap).unwrap();
+            // The int4 formats are read as words: the road under test.
+            let read = ckpt.read_routed_expert_words(0, 0).unwrap();
+            assert_eq!(read.is_some(), words, "{tag}");
             let cfg = MoeLayerConfig::from_spec(ckpt.spec(), 0, 1, None, 8).unwrap();
             let mut whole = MoeLayer::whole_layer(&ckpt, 0, cfg.clone()).unwrap();
             whole.set_parallelism(Par::Seq);
             whole.process().unwrap();
+            let experts = cfg.local_experts().len();
             for par in [Par::Seq, Par::Rayon] {
                 let seen = std::sync::Mutex::new(Vec::new());
                 let report = |p: LoadProgress| seen.lock().unwrap().push(p.done);
@@ -788,7 +908,7 @@ mod tests {
                 assert!(same_packed(&streamed, &whole), "{tag} {par:?}");
                 let mut seen = seen.into_inner().unwrap();
                 seen.sort_unstable();
-                assert_eq!(seen, (1..=6).collect::<Vec<_>>(), "{tag} {par:?}");
+                assert_eq!(seen, (1..=experts).collect::<Vec<_>>(), "{tag} {par:?}");
             }
             let _ = std::fs::remove_dir_all(&dir);
         }

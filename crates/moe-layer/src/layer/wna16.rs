@@ -6,6 +6,11 @@
 //! `q − 2^(bits−1)`, so the offset restores the stored unsigned `q`; their zero points go to
 //! the packed matrix as they are, and the kernels compute `(q − z)·s`.
 //!
+//! Int4 checkpoints that store eight codes of a channel along K per int32 word, in activation
+//! order (compressed-tensors `pack-quantized`, GPTQ without act-order), are packed on the
+//! streamed load by `pack_expert_words` straight from those words, which are already the
+//! packed layout's step words; the result is the same packed matrix.
+//!
 //! Act-order checkpoints give every input row a group (`g_idx`) in any order. Packing sorts the
 //! input rows by group once (stable, so rows of a group keep their order), which makes every
 //! group a contiguous run of K values again; the packed matrix keeps the permutation and the
@@ -193,6 +198,97 @@ fn pack_expert(
         zeros,
         bias: None,
         perm: perm.as_deref(),
+    })?)
+}
+
+/// Packs one expert read as int4 words (compressed-tensors `pack-quantized`, GPTQ without
+/// act-order): the matrices [`pack_expert`] builds from the same expert's codes, after the same
+/// scale checks, but copied word by word from the checkpoint instead of through one byte per
+/// code.
+#[cfg(feature = "checkpoint")]
+pub(crate) fn pack_expert_words(
+    ex: &crate::checkpoint::ExpertWords<'_>,
+    quant: super::config::LayerQuant,
+    group_size: Option<usize>,
+) -> Result<(PackedWna16, PackedWna16), LayerError> {
+    let [w1, w3] = &ex.w13;
+    // Scales read from f16 or bf16 are finite and non-negative (the reader checked) and exact
+    // in their own dtype, so `check_scale` can only refuse f32 ones.
+    if ex.scale_dtype == DType::F32 {
+        for (name, parts) in [
+            ("w13_weight_scale", &[w1, w3][..]),
+            ("w2_weight_scale", &[&ex.w2][..]),
+        ] {
+            let values = parts.iter().flat_map(|p| &p.scales.values);
+            for (index, &v) in values.enumerate() {
+                super::params::check_scale(name, index, v, quant)?;
+            }
+        }
+    }
+    let w13 = pack_words(&[w1, w3], ex.scale_dtype, group_size)?;
+    let w2 = pack_words(&[&ex.w2], ex.scale_dtype, group_size)?;
+    Ok((w13, w2))
+}
+
+/// Packs the projections `parts`, stacked along N, as one matrix.
+#[cfg(feature = "checkpoint")]
+fn pack_words(
+    parts: &[&crate::checkpoint::WordProj<'_>],
+    dtype: DType,
+    group_size: Option<usize>,
+) -> Result<PackedWna16, LayerError> {
+    use moe_kernels::{Int4WordRows, Wna16WordsDesc};
+    let (Some(first), n) = (parts.first(), parts.iter().map(|p| p.n).sum()) else {
+        return Err(LayerError::InvalidArgument {
+            field: "parts",
+            reason: "no projection to pack".into(),
+        });
+    };
+    let rows: Vec<Int4WordRows<'_>> = parts
+        .iter()
+        .map(|p| Int4WordRows {
+            channels: p.n,
+            bytes: p.bytes,
+        })
+        .collect();
+    let values = || parts.iter().flat_map(|p| p.scales.values.iter().copied());
+    // The scales were read from `dtype`, so narrowing them back is exact.
+    let (s16, sb16, s32);
+    let scales = match dtype {
+        DType::F16 => {
+            s16 = values().map(f16::from_f32).collect::<Vec<_>>();
+            Wna16Scales::F16(&s16)
+        }
+        DType::BF16 => {
+            sb16 = values().map(bf16::from_f32).collect::<Vec<_>>();
+            Wna16Scales::Bf16(&sb16)
+        }
+        DType::F32 => {
+            s32 = values().collect::<Vec<_>>();
+            Wna16Scales::F32(&s32)
+        }
+        other => {
+            return Err(LayerError::ParamDtype {
+                tensor: "weight_scale".into(),
+                expected: "f16, bf16 or f32".into(),
+                actual: format!("{other:?}"),
+            });
+        }
+    };
+    let zeros = parts
+        .iter()
+        .map(|p| p.zeros.as_deref())
+        .collect::<Option<Vec<_>>>()
+        .map(|z| z.concat());
+    Ok(PackedWna16::pack_words(Wna16WordsDesc {
+        n,
+        k: first.k,
+        order: first.order,
+        rows: &rows,
+        group_size,
+        scales,
+        zeros: zeros.as_deref(),
+        bias: None,
     })?)
 }
 
