@@ -100,6 +100,31 @@ unsafe fn clear_out(out: *mut *mut MoeLayerHandle) {
     }
 }
 
+/// The decoder layer `layer` names: itself, or the model's first MoE layer for
+/// `MOE_FIRST_MOE_LAYER`.
+fn resolve_layer(ckpt: &Checkpoint, dir: &str, layer: usize) -> Result<usize, CapiError> {
+    if layer != MOE_FIRST_MOE_LAYER {
+        return Ok(layer);
+    }
+    ckpt.spec()
+        .moe_layers
+        .first()
+        .copied()
+        .ok_or_else(|| CapiError::new(MoeStatus::Unsupported, format!("{dir}: no MoE layer")))
+}
+
+/// Stores `moe` in the registry and its handle in `*out`, removing it again if that fails.
+///
+/// # Safety
+/// - `out` is non-NULL and valid for one write.
+unsafe fn publish(moe: MoeLayer, out: *mut *mut MoeLayerHandle) -> Result<(), CapiError> {
+    let handle = registry::insert(moe);
+    // SAFETY: non-NULL and writable per this function's contract.
+    unsafe { write_out(out, handle, "out") }.inspect_err(|_| {
+        let _ = registry::remove(handle);
+    })
+}
+
 /// Opens the Hugging Face model directory `model_dir` (`config.json` plus safetensors shards),
 /// builds decoder layer `layer`'s MoE block (or the first MoE layer for
 /// `MOE_FIRST_MOE_LAYER`) for calls of up to `max_tokens` tokens, loads and processes it, and
@@ -124,19 +149,10 @@ pub unsafe extern "C" fn moe_layer_open_checkpoint(
             return Err(CapiError::null("out"));
         }
         let ckpt = Checkpoint::open(std::path::Path::new(dir), ShardAccess::Mmap)?;
-        let layer = if layer == MOE_FIRST_MOE_LAYER {
-            *ckpt.spec().moe_layers.first().ok_or_else(|| {
-                CapiError::new(MoeStatus::Unsupported, format!("{dir}: no MoE layer"))
-            })?
-        } else {
-            layer
-        };
+        let layer = resolve_layer(&ckpt, dir, layer)?;
         let moe = MoeLayer::from_checkpoint(&ckpt, layer, max_tokens)?;
-        let handle = registry::insert(moe);
         // SAFETY: `out` is non-NULL (checked) and writable per this function's contract.
-        unsafe { write_out(out, handle, "out") }.inspect_err(|_| {
-            let _ = registry::remove(handle);
-        })
+        unsafe { publish(moe, out) }
     })
 }
 
@@ -184,13 +200,7 @@ pub unsafe extern "C" fn moe_layer_open_checkpoint_ranked(
             .first()
             .ok_or_else(|| CapiError::null("ranks"))?;
         let ckpt = Checkpoint::open(std::path::Path::new(dir), ShardAccess::Mmap)?;
-        let layer = if layer == MOE_FIRST_MOE_LAYER {
-            *ckpt.spec().moe_layers.first().ok_or_else(|| {
-                CapiError::new(MoeStatus::Unsupported, format!("{dir}: no MoE layer"))
-            })?
-        } else {
-            layer
-        };
+        let layer = resolve_layer(&ckpt, dir, layer)?;
         let expert_map = match ranks.ep_size {
             0 => return Err(CapiError::invalid("ranks.ep_size: must be at least 1")),
             1 if ranks.ep_rank == 0 => None,
@@ -213,11 +223,8 @@ pub unsafe extern "C" fn moe_layer_open_checkpoint_ranked(
             (ranks.tp_rank, ranks.tp_size),
             expert_map,
         )?;
-        let handle = registry::insert(moe);
         // SAFETY: `out` is non-NULL (checked) and writable per this function's contract.
-        unsafe { write_out(out, handle, "out") }.inspect_err(|_| {
-            let _ = registry::remove(handle);
-        })
+        unsafe { publish(moe, out) }
     })
 }
 
@@ -241,11 +248,8 @@ pub unsafe extern "C" fn moe_layer_create(
             return Err(CapiError::null("out"));
         }
         let moe = MoeLayer::create(desc.to_config()?)?;
-        let handle = registry::insert(moe);
         // SAFETY: `out` is non-NULL (checked) and writable per this function's contract.
-        unsafe { write_out(out, handle, "out") }.inspect_err(|_| {
-            let _ = registry::remove(handle);
-        })
+        unsafe { publish(moe, out) }
     })
 }
 

@@ -12,7 +12,7 @@ use crate::args::{
     FloatSlice, FloatSliceMut, float_slice, float_slice_mut, slice, slice_mut, write_out,
 };
 use crate::boundary::guard;
-use crate::registry::{self, BackendNames, MoeLayerHandle, locked};
+use crate::registry::{self, BackendNames, Entry, MoeLayerHandle, locked};
 use crate::status::{CapiError, MoeDtype, MoeStatus};
 
 /// Sizes and state of a layer (`moe_layer_info`).
@@ -80,39 +80,73 @@ pub unsafe extern "C" fn moe_layer_apply(
         let entry = registry::get(layer)?;
         let dtype = MoeDtype::from_raw(dtype, "dtype")?;
         let width = if dtype == MoeDtype::F32 { 4 } else { 2 };
-        if overlaps(out, out_len * width, hidden_states, hidden_len * width)
-            || overlaps(out, out_len * width, router_logits, logits_len * width)
-        {
-            return Err(CapiError::invalid("out overlaps an input buffer"));
-        }
-        if hidden_states.is_null() {
-            return Err(CapiError::null("hidden_states"));
-        }
-        if out.is_null() {
-            return Err(CapiError::null("out"));
-        }
-        // SAFETY: readable `hidden_len` elements of `dtype` per this function's contract.
-        let x = unsafe { float_slice(dtype, hidden_states, hidden_len, "hidden_states")? };
+        // SAFETY: the buffers are as this function's contract says; `router_logits` is the
+        // one other input `out` must not overlap.
+        let (x, y) = unsafe {
+            io_slices(
+                dtype,
+                (hidden_states, hidden_len),
+                (out, out_len),
+                &[(router_logits, logits_len * width)],
+            )?
+        };
         // SAFETY: NULL or `logits_len` readable elements of `dtype` per the contract.
         let logits = unsafe { float_slice(dtype, router_logits, logits_len, "router_logits")? };
         let logits = (!router_logits.is_null()).then_some(logits);
-        // SAFETY: `out_len` writable elements of `dtype`, not aliased (overlap checked above).
-        let y = unsafe { float_slice_mut(dtype, out, out_len, "out")? };
-        let pool = locked(entry.pool.read())?.clone();
-        let moe = locked(entry.layer.read())?;
-        let run = || -> Result<(), CapiError> {
-            match (x, y) {
-                (FloatSlice::F32(x), FloatSliceMut::F32(y)) => apply_typed(&moe, x, logits, y),
-                (FloatSlice::Bf16(x), FloatSliceMut::Bf16(y)) => apply_typed(&moe, x, logits, y),
-                (FloatSlice::F16(x), FloatSliceMut::F16(y)) => apply_typed(&moe, x, logits, y),
-                _ => Err(CapiError::invalid("hidden_states and out differ in dtype")),
-            }
-        };
-        match pool {
-            Some(pool) => pool.install(run),
-            None => run(),
-        }
+        on_pool(&entry, |moe| match (x, y) {
+            (FloatSlice::F32(x), FloatSliceMut::F32(y)) => apply_typed(moe, x, logits, y),
+            (FloatSlice::Bf16(x), FloatSliceMut::Bf16(y)) => apply_typed(moe, x, logits, y),
+            (FloatSlice::F16(x), FloatSliceMut::F16(y)) => apply_typed(moe, x, logits, y),
+            _ => Err(CapiError::invalid("hidden_states and out differ in dtype")),
+        })
     })
+}
+
+/// Checks that `out` overlaps neither the hidden states nor any of `others` (pointer and byte
+/// length) and that neither is NULL, and views the hidden states and the output.
+///
+/// # Safety
+/// - `x` and `out` are as `moe_layer_apply`'s contract says of `hidden_states` and `out`.
+unsafe fn io_slices<'a>(
+    dtype: MoeDtype,
+    (x, x_len): (*const c_void, usize),
+    (out, out_len): (*mut c_void, usize),
+    others: &[(*const c_void, usize)],
+) -> Result<(FloatSlice<'a>, FloatSliceMut<'a>), CapiError> {
+    let width = if dtype == MoeDtype::F32 { 4 } else { 2 };
+    let out_bytes = out_len * width;
+    if overlaps(out, out_bytes, x, x_len * width)
+        || others
+            .iter()
+            .any(|&(p, bytes)| overlaps(out, out_bytes, p, bytes))
+    {
+        return Err(CapiError::invalid("out overlaps an input buffer"));
+    }
+    if x.is_null() {
+        return Err(CapiError::null("hidden_states"));
+    }
+    if out.is_null() {
+        return Err(CapiError::null("out"));
+    }
+    // SAFETY: readable `x_len` elements of `dtype` per this function's contract.
+    let x = unsafe { float_slice(dtype, x, x_len, "hidden_states")? };
+    // SAFETY: `out_len` writable elements of `dtype`, not aliased (overlap checked above).
+    let y = unsafe { float_slice_mut(dtype, out, out_len, "out")? };
+    Ok((x, y))
+}
+
+/// Runs `f` on the layer, on its private pool when the host gave it one.
+fn on_pool(
+    entry: &Entry,
+    f: impl FnOnce(&MoeLayer) -> Result<(), CapiError> + Send,
+) -> Result<(), CapiError> {
+    let pool = locked(entry.pool.read())?.clone();
+    let moe = locked(entry.layer.read())?;
+    let moe: &MoeLayer = &moe;
+    match pool {
+        Some(pool) => pool.install(|| f(moe)),
+        None => f(moe),
+    }
 }
 
 /// Routes `logits_len` router logits (`[T, E]`, dtype `dtype`) with the layer's router and
@@ -215,48 +249,38 @@ pub unsafe extern "C" fn moe_layer_apply_topk(
     guard(|| {
         let entry = registry::get(layer)?;
         let dtype = MoeDtype::from_raw(dtype, "dtype")?;
-        let width = if dtype == MoeDtype::F32 { 4 } else { 2 };
-        let out_bytes = out_len * width;
-        if overlaps(out, out_bytes, hidden_states, hidden_len * width)
-            || overlaps(out, out_bytes, topk_ids.cast(), pairs_len * 4)
-            || overlaps(out, out_bytes, topk_weights.cast(), pairs_len * 4)
-        {
-            return Err(CapiError::invalid("out overlaps an input buffer"));
-        }
-        if hidden_states.is_null() {
-            return Err(CapiError::null("hidden_states"));
-        }
-        if out.is_null() {
-            return Err(CapiError::null("out"));
-        }
-        // SAFETY: readable `hidden_len` elements of `dtype` per this function's contract.
-        let x = unsafe { float_slice(dtype, hidden_states, hidden_len, "hidden_states")? };
+        // SAFETY: the buffers are as this function's contract says; the routing buffers are
+        // the other inputs `out` must not overlap.
+        let (x, y) = unsafe {
+            io_slices(
+                dtype,
+                (hidden_states, hidden_len),
+                (out, out_len),
+                &[
+                    (topk_ids.cast(), pairs_len * 4),
+                    (topk_weights.cast(), pairs_len * 4),
+                ],
+            )?
+        };
         // SAFETY: `pairs_len` readable i32 per this function's contract.
         let ids = unsafe { slice(topk_ids, pairs_len, "topk_ids")? };
         // SAFETY: `pairs_len` readable f32 per this function's contract.
         let weights = unsafe { slice(topk_weights, pairs_len, "topk_weights")? };
-        // SAFETY: `out_len` writable elements of `dtype`, not aliased (overlap checked above).
-        let y = unsafe { float_slice_mut(dtype, out, out_len, "out")? };
-        let pool = locked(entry.pool.read())?.clone();
-        let moe = locked(entry.layer.read())?;
-        let run = || -> Result<(), CapiError> {
+        on_pool(&entry, |moe| {
             match (x, y) {
                 (FloatSlice::F32(x), FloatSliceMut::F32(y)) => {
-                    Ok(moe.apply_with_topk(x, ids, weights, y)?)
+                    moe.apply_with_topk(x, ids, weights, y)?
                 }
                 (FloatSlice::Bf16(x), FloatSliceMut::Bf16(y)) => {
-                    Ok(moe.apply_with_topk(x, ids, weights, y)?)
+                    moe.apply_with_topk(x, ids, weights, y)?
                 }
                 (FloatSlice::F16(x), FloatSliceMut::F16(y)) => {
-                    Ok(moe.apply_with_topk(x, ids, weights, y)?)
+                    moe.apply_with_topk(x, ids, weights, y)?
                 }
-                _ => Err(CapiError::invalid("hidden_states and out differ in dtype")),
+                _ => return Err(CapiError::invalid("hidden_states and out differ in dtype")),
             }
-        };
-        match pool {
-            Some(pool) => pool.install(run),
-            None => run(),
-        }
+            Ok(())
+        })
     })
 }
 

@@ -260,6 +260,37 @@ pub struct BenchRow {
     pub stages: Option<StageBreakdown>,
 }
 
+/// Prints one row of the human report: `label` in the rung column, `ratio` in the last, and
+/// the stage times on a line of their own when the row has them.
+pub(super) fn print_row(row: &BenchRow, label: &str, ratio: f64) {
+    println!(
+        "{:<18} {:>5} {:>10.3} {:>11.1} {:>8.1} {:>9.2} {:>9.2} {:>10.3} {:>6.2}  {:<12} {:>8.2}",
+        row.shape.name,
+        row.batch,
+        row.ms_per_call,
+        row.tokens_per_s,
+        row.experts_touched,
+        row.weight_gb_per_s,
+        row.gmac_per_s,
+        row.dram_bound_ms,
+        row.dram_ratio,
+        label,
+        ratio
+    );
+    if let Some(b) = &row.stages {
+        println!(
+            "{:<24} route {:.3}, gather {:.3}, gate/up {:.3}, activation {:.3}, down {:.3}, reduce {:.3} (ms per call, summed over lanes)",
+            "  stages:",
+            b.route_ms,
+            b.gather_ms,
+            b.gate_up_ms,
+            b.activation_ms,
+            b.down_ms,
+            b.reduce_ms
+        );
+    }
+}
+
 /// `k` distinct experts out of `e` per token, uniformly, with random renormalized weights.
 fn uniform_routing(rng: &mut Rng, m: usize, e: usize, k: usize) -> (Vec<i32>, Vec<f32>) {
     let mut ids = Vec::with_capacity(m * k);
@@ -605,32 +636,7 @@ fn measure_layer<W: ExpertMatrix + Clone>(
                 stages: args.breakdown.then(|| StageBreakdown::per_call(stage_sum)),
             };
             if !out.json {
-                println!(
-                    "{:<18} {:>5} {:>10.3} {:>11.1} {:>8.1} {:>9.2} {:>9.2} {:>10.3} {:>6.2}  {:<12} {:>8.2}",
-                    row.shape.name,
-                    m,
-                    row.ms_per_call,
-                    row.tokens_per_s,
-                    row.experts_touched,
-                    row.weight_gb_per_s,
-                    row.gmac_per_s,
-                    row.dram_bound_ms,
-                    row.dram_ratio,
-                    row.isa,
-                    ms / first
-                );
-                if let Some(b) = &row.stages {
-                    println!(
-                        "{:<24} route {:.3}, gather {:.3}, gate/up {:.3}, activation {:.3}, down {:.3}, reduce {:.3} (ms per call, summed over lanes)",
-                        "  stages:",
-                        b.route_ms,
-                        b.gather_ms,
-                        b.gate_up_ms,
-                        b.activation_ms,
-                        b.down_ms,
-                        b.reduce_ms
-                    );
-                }
+                print_row(&row, row.isa, ms / first);
             }
             rows.push(row);
         }

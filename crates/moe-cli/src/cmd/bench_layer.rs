@@ -18,7 +18,7 @@ use moe_layer::{
 use moe_quant::DType;
 use moe_router::Logits;
 
-use super::bench::{BenchArgs, BenchFormat, BenchRow, BenchShape};
+use super::bench::{BenchArgs, BenchFormat, BenchRow, BenchShape, print_row};
 use super::synth::Rng;
 use super::{CliError, Output, median_ms};
 
@@ -239,20 +239,8 @@ pub(super) fn bench_shape(
                 stages: None,
             };
             if !out.json {
-                println!(
-                    "{:<18} {:>5} {:>10.3} {:>11.1} {:>8.1} {:>9.2} {:>9.2} {:>10.3} {:>6.2}  {:<12} {:>8.2}",
-                    row.shape.name,
-                    m,
-                    row.ms_per_call,
-                    row.tokens_per_s,
-                    row.experts_touched,
-                    row.weight_gb_per_s,
-                    row.gmac_per_s,
-                    row.dram_bound_ms,
-                    row.dram_ratio,
-                    format!("{isa}/{}", stage.name()),
-                    ms / medians[1].max(f64::MIN_POSITIVE)
-                );
+                let label = format!("{isa}/{}", stage.name());
+                print_row(&row, &label, ms / medians[1].max(f64::MIN_POSITIVE));
             }
             rows.push(row);
         }
