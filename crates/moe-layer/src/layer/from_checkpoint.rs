@@ -376,51 +376,46 @@ impl MoeLayer {
             return None;
         }
         let moe_cfg = moe.fused_config();
+        // The experts packed one by one, as one layer of a single format (no biases: layers
+        // with biases take the whole-layer road).
+        fn one_format<W: moe_kernels::moe::ExpertMatrix>(
+            experts: impl Iterator<Item = Option<(Vec<W>, Vec<W>)>>,
+            moe_cfg: moe_kernels::FusedMoeConfig,
+            kernels: moe_kernels::KernelSet,
+        ) -> Option<moe_kernels::FusedMoe<W>> {
+            let (w13, w2) = experts
+                .map(|pair| {
+                    let (a, b) = pair?;
+                    Some((a.into_iter().next()?, b.into_iter().next()?))
+                })
+                .collect::<Option<Vec<_>>>()?
+                .into_iter()
+                .unzip();
+            let weights = moe_kernels::ExpertWeights {
+                w13,
+                w2,
+                w13_bias: None,
+                w2_bias: None,
+            };
+            moe_kernels::FusedMoe::new(weights, moe_cfg, kernels).ok()
+        }
         let fused = match cfg.quant {
-            LayerQuant::W4A8 { .. } => {
-                let (w13, w2) = experts
-                    .into_iter()
-                    .filter_map(|(p, _)| match p {
-                        Packed::W4A8(a, b) => Some((a.into_iter().next()?, b.into_iter().next()?)),
-                        Packed::Wna16(..) => None,
-                    })
-                    .unzip();
-                super::Experts::W4A8(
-                    moe_kernels::FusedMoe::new(
-                        moe_kernels::ExpertWeights {
-                            w13,
-                            w2,
-                            w13_bias: None,
-                            w2_bias: None,
-                        },
-                        moe_cfg,
-                        kernels,
-                    )
-                    .ok()?,
-                )
-            }
-            _ => {
-                let (w13, w2) = experts
-                    .into_iter()
-                    .filter_map(|(p, _)| match p {
-                        Packed::Wna16(a, b) => Some((a.into_iter().next()?, b.into_iter().next()?)),
-                        Packed::W4A8(..) => None,
-                    })
-                    .unzip();
-                super::Experts::Wna16Native(
-                    moe_kernels::FusedMoe::new(
-                        moe_kernels::ExpertWeights {
-                            w13,
-                            w2,
-                            w13_bias: None,
-                            w2_bias: None,
-                        },
-                        moe_cfg,
-                        kernels,
-                    )
-                    .ok()?,
-                )
-            }
+            LayerQuant::W4A8 { .. } => super::Experts::W4A8(one_format(
+                experts.into_iter().map(|(p, _)| match p {
+                    Packed::W4A8(a, b) => Some((a, b)),
+                    Packed::Wna16(..) => None,
+                }),
+                moe_cfg,
+                kernels,
+            )?),
+            _ => super::Experts::Wna16Native(one_format(
+                experts.into_iter().map(|(p, _)| match p {
+                    Packed::Wna16(a, b) => Some((a, b)),
+                    Packed::W4A8(..) => None,
+                }),
+                moe_cfg,
+                kernels,
+            )?),
         };
         let ready = moe.ready_with(fused, selection).ok()?;
         moe.state = super::State::Ready(Box::new(ready));
