@@ -95,6 +95,60 @@ static void set_weights(struct ggml_tensor *t, const char *src, char *staging) {
     ggml_backend_tensor_set(t, staging, 0, ggml_nbytes(t));
 }
 
+// Relative error (2-norm) of `got` ([tokens, H]) against a float reference computed from the
+// dequantized source weights, the same inputs and routing: a graph that computed something
+// else than the MoE layer (a wrong view, a wrong expert) would show here.
+static double reference_rel_err(enum ggml_type type, int64_t K, int64_t H, int64_t I,
+                                const char *src_gu, const char *src_down, const float *x,
+                                const int32_t *ids, const float *rw, const float *got,
+                                int tokens) {
+    ggml_to_float_t to_float = ggml_get_type_traits(type)->to_float;
+    const size_t gu_row = ggml_row_size(type, H), down_row = ggml_row_size(type, I);
+    float *row = malloc(sizeof(float) * (H > I ? H : I));
+    float *act = malloc(sizeof(float) * I);
+    double *want = malloc(sizeof(double) * H);
+    double err = 0.0, norm = 0.0;
+    for (int t = 0; t < tokens; t++) {
+        for (int64_t h = 0; h < H; h++) {
+            want[h] = 0.0;
+        }
+        for (int64_t j = 0; j < K; j++) {
+            const int64_t src = ids[t * K + j] % SRC_EXPERTS;
+            const char *gu = src_gu + src * gu_row * 2 * I;
+            const char *down = src_down + src * down_row * H;
+            for (int64_t n = 0; n < I; n++) {
+                double g = 0.0, u = 0.0;
+                to_float(gu + n * gu_row, row, H);
+                for (int64_t k = 0; k < H; k++) {
+                    g += (double)row[k] * x[t * H + k];
+                }
+                to_float(gu + (I + n) * gu_row, row, H);
+                for (int64_t k = 0; k < H; k++) {
+                    u += (double)row[k] * x[t * H + k];
+                }
+                act[n] = (float)(g / (1.0 + exp(-g)) * u);
+            }
+            for (int64_t h = 0; h < H; h++) {
+                double d = 0.0;
+                to_float(down + h * down_row, row, I);
+                for (int64_t k = 0; k < I; k++) {
+                    d += (double)row[k] * act[k];
+                }
+                want[h] += rw[t * K + j] * d;
+            }
+        }
+        for (int64_t h = 0; h < H; h++) {
+            double diff = got[t * H + h] - want[h];
+            err += diff * diff;
+            norm += want[h] * want[h];
+        }
+    }
+    free(row);
+    free(act);
+    free(want);
+    return norm > 0.0 ? sqrt(err / norm) : INFINITY;
+}
+
 struct args {
     int64_t experts, top_k, hidden, inter;
     int m[MAX_M];
@@ -302,10 +356,10 @@ int main(int argc, char **argv) {
             ggml_version(), ggml_commit(), ggml_type_name(a.type), layout, (long long)E,
             (long long)K, (long long)H, (long long)I, a.threads, copies,
             (double)layer_bytes * copies / 1073741824.0);
+    const size_t gu_expert = w_gu[0]->nb[2], down_expert = w_down[0]->nb[2];
+    char *src_gu = malloc(gu_expert * SRC_EXPERTS);
+    char *src_down = malloc(down_expert * SRC_EXPERTS);
     {
-        const size_t gu_expert = w_gu[0]->nb[2], down_expert = w_down[0]->nb[2];
-        char *src_gu = malloc(gu_expert * SRC_EXPERTS);
-        char *src_down = malloc(down_expert * SRC_EXPERTS);
         size_t staging_bytes = ggml_nbytes(w_gu[0]) > ggml_nbytes(w_down[0])
                                    ? ggml_nbytes(w_gu[0])
                                    : ggml_nbytes(w_down[0]);
@@ -320,21 +374,23 @@ int main(int argc, char **argv) {
             set_weights(w_down[c], src_down, staging);
         }
         free(staging);
-        free(src_gu);
-        free(src_down);
     }
     fprintf(stderr, "llama_mul_mat_id: weights ready in %.1f s\n", now_s() - t0);
 
+    // Host copies of the inputs, for the reference check.
+    float *x_host = malloc(sizeof(float) * H * max_m);
+    int32_t *ids_host = malloc(sizeof(int32_t) * K * max_m * ROUTINGS);
+    float *rw_host = malloc(sizeof(float) * K * max_m * ROUTINGS);
     {
-        float *x = malloc(sizeof(float) * H * max_m);
-        int32_t *ids = malloc(sizeof(int32_t) * K * max_m);
-        float *rw = malloc(sizeof(float) * K * max_m);
+        float *x = x_host;
         int *perm = malloc(sizeof(int) * E);
         for (int64_t i = 0; i < H * max_m; i++) {
             x[i] = rng_uniform() * 2.0f - 1.0f;
         }
         ggml_backend_tensor_set(x_all, x, 0, ggml_nbytes(x_all));
         for (int r = 0; r < ROUTINGS; r++) {
+            int32_t *ids = ids_host + r * K * max_m;
+            float *rw = rw_host + r * K * max_m;
             for (int t = 0; t < max_m; t++) {
                 // k distinct experts, uniformly: a partial Fisher-Yates shuffle.
                 for (int e = 0; e < E; e++) {
@@ -357,9 +413,6 @@ int main(int argc, char **argv) {
             ggml_backend_tensor_set(ids_all[r], ids, 0, ggml_nbytes(ids_all[r]));
             ggml_backend_tensor_set(rw_all[r], rw, 0, ggml_nbytes(rw_all[r]));
         }
-        free(x);
-        free(ids);
-        free(rw);
         free(perm);
     }
 
@@ -416,6 +469,7 @@ int main(int argc, char **argv) {
             }
         }
         int finite = 1;
+        double rel_err = NAN;
         if (status_ok && calls > 0) {
             const int g = calls % n_graphs;
             struct ggml_tensor *o = outs[g];
@@ -432,6 +486,10 @@ int main(int argc, char **argv) {
                     break;
                 }
             }
+            const int r = g % ROUTINGS;
+            rel_err = reference_rel_err(a.type, K, H, I, src_gu, src_down, x_host,
+                                        ids_host + r * K * max_m, rw_host + r * K * max_m, host,
+                                        M < 2 ? M : 2);
             free(host);
         }
         printf("{\"peer\": \"llama.cpp\", \"ggml_version\": \"%s\", \"ggml_commit\": \"%s\", "
@@ -451,10 +509,12 @@ int main(int argc, char **argv) {
             double med = calls % 2 ? times[calls / 2]
                                    : 0.5 * (times[calls / 2 - 1] + times[calls / 2]);
             printf("\"status\": \"ok\", \"calls\": %d, \"ms_median\": %.4f, \"ms_min\": %.4f, "
-                   "\"ms_max\": %.4f}\n",
-                   calls, med * 1e3, times[0] * 1e3, times[calls - 1] * 1e3);
-            fprintf(stderr, "llama_mul_mat_id: M=%d %.3f ms (min %.3f, %d calls)\n", M,
-                    med * 1e3, times[0] * 1e3, calls);
+                   "\"ms_max\": %.4f, \"check_rel_err\": %.5f}\n",
+                   calls, med * 1e3, times[0] * 1e3, times[calls - 1] * 1e3, rel_err);
+            fprintf(stderr,
+                    "llama_mul_mat_id: M=%d %.3f ms (min %.3f, %d calls), rel_err vs f64 "
+                    "reference %.4f\n",
+                    M, med * 1e3, times[0] * 1e3, calls, rel_err);
         }
         fflush(stdout);
         free(times);
@@ -463,6 +523,11 @@ int main(int argc, char **argv) {
         ggml_free(gctx);
     }
 
+    free(src_gu);
+    free(src_down);
+    free(x_host);
+    free(ids_host);
+    free(rw_host);
     ggml_gallocr_free(galloc);
     ggml_backend_buffer_free(wbuf);
     ggml_backend_buffer_free(ibuf);
