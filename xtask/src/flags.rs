@@ -90,7 +90,7 @@ pub enum Command {
     Miri,
     /// Run the whole CI sequence.
     Ci,
-    /// Compare `moe bench` with the vLLM CPU peer.
+    /// Compare `moe bench` with the vLLM, KT-Kernel and llama.cpp peers.
     BenchPeers(BenchPeers),
 }
 
