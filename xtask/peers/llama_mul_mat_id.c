@@ -13,11 +13,12 @@
 // least --cycle-gib of distinct memory, one copy per call, so the weights come from DRAM as
 // they do in a model with many layers.
 //
-// Output: one JSON object per line and per M on stdout; progress on stderr.
+// Output: one JSON object per line and per M on stdout (or in --out FILE, written as each M
+// finishes, so a crash keeps the Ms before it); progress and errors on stderr.
 //
 //   llama_mul_mat_id --experts 128 --top-k 8 --hidden 2048 --inter 768 --m 1,16,256,1024
 //                    [--type q4_0|q8_0] [--threads 2] [--iters 20] [--budget-s 20]
-//                    [--cycle-gib 2] [--no-repack]
+//                    [--cycle-gib 2] [--no-repack] [--out FILE]
 
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -192,6 +193,10 @@ static void parse_args(int argc, char **argv, struct args *a) {
             a->iters = atoi(v);
         } else if (!strcmp(k, "--budget-s")) {
             a->budget_s = atof(v);
+        } else if (!strcmp(k, "--out")) {
+            if (!freopen(v, "w", stdout)) {
+                die("cannot open the --out file");
+            }
         } else if (!strcmp(k, "--cycle-gib")) {
             a->cycle_gib = atof(v);
         } else if (!strcmp(k, "--type")) {

@@ -262,7 +262,7 @@ pub fn run(opts: &BenchPeers) -> Result<()> {
                     batch_sizes: &batch_sizes,
                 };
                 let cells = match (&ready[&peer], peer) {
-                    (Ok(program), Peer::Llama) => run_llama(opts, program, &job, &mut m),
+                    (Ok(program), Peer::Llama) => run_llama(opts, program, &scratch, &job, &mut m),
                     (Ok(python), _) => {
                         let script = shared.join("peers").join(peer.script());
                         run_peer(opts, python, &script, &scratch, &job, &mut m)
@@ -411,10 +411,15 @@ fn render_file(file: &Path) -> Result<()> {
         if let Some(note) = entry.get("report").and_then(peer_note) {
             m.notes.insert(path.clone(), note);
         }
+        // A llama.cpp run that died keeps its report of the Ms before, and the reason.
+        let died = entry.get("died").and_then(Value::as_str);
         for &b in &batches {
             let cell = match (&failed, entry.get("report")) {
                 (Some(reason), _) => PeerCell::Failed(reason.clone()),
-                (None, Some(report)) => peer_cell(report, bare, b),
+                (None, Some(report)) => match (peer_cell(report, bare, b), died) {
+                    (PeerCell::Failed(_), Some(reason)) => PeerCell::Failed(reason.into()),
+                    (cell, _) => cell,
+                },
                 (None, None) => PeerCell::Failed("no report".into()),
             };
             m.peer
@@ -659,10 +664,12 @@ fn run_peer(
     cells
 }
 
-/// Runs the llama.cpp timing program for one shape and one ggml type. Returns one cell per M.
+/// Runs the llama.cpp timing program for one shape and one ggml type in its own process.
+/// Returns one cell per M: the Ms it finished before dying keep their times.
 fn run_llama(
     opts: &BenchPeers,
     program: &Path,
+    scratch: &Path,
     job: &PeerJob,
     m: &mut Measurements,
 ) -> Vec<(usize, PeerCell)> {
@@ -672,64 +679,90 @@ fn run_llama(
         bare,
         batch_sizes,
     } = *job;
-    let report = match llama::shape_dims(shape) {
-        None => Err(format!("no dimensions known for shape {shape:?}")),
-        Some([experts, top_k, hidden, inter]) => {
-            let cmd = Cmd::new(program)
-                .arg("--experts")
-                .arg(experts.to_string())
-                .arg("--top-k")
-                .arg(top_k.to_string())
-                .arg("--hidden")
-                .arg(hidden.to_string())
-                .arg("--inter")
-                .arg(inter.to_string())
-                .arg("--m")
-                .arg(join(batch_sizes))
-                .args(["--type", bare, "--threads"])
-                .arg(opts.threads.to_string())
-                .arg("--iters")
-                .arg(opts.iters.to_string())
-                .arg("--budget-s")
-                .arg(LLAMA_BUDGET_S.to_string())
-                .timeout(RUN_LIMIT);
-            println!("$ {}", cmd.display());
-            cmd.read_stdout()
-                .map_err(|e| e.to_string())
-                .and_then(|text| llama::report_from_lines(&text, bare))
-        }
+    let mut failed_all = |reason: String| {
+        println!("  peer {path}: failed: {reason}");
+        m.raw.push(Value::obj([
+            ("side", Value::str("peer")),
+            ("shape", Value::str(shape)),
+            ("path", Value::str(path)),
+            ("failed", Value::str(&reason)),
+        ]));
+        batch_sizes
+            .iter()
+            .map(|&b| (b, PeerCell::Failed(reason.clone())))
+            .collect()
     };
-    match report {
-        Ok(report) => {
-            if let Some(note) = peer_note(&report) {
-                m.notes.insert(path.to_string(), note);
-            }
-            let cells = batch_sizes
-                .iter()
-                .map(|&b| (b, peer_cell(&report, bare, b)))
-                .collect();
-            m.raw.push(Value::obj([
-                ("side", Value::str("peer")),
-                ("shape", Value::str(shape)),
-                ("path", Value::str(path)),
-                ("report", report),
-            ]));
-            cells
-        }
-        Err(reason) => {
-            println!("  peer {path}: failed: {reason}");
-            m.raw.push(Value::obj([
-                ("side", Value::str("peer")),
-                ("shape", Value::str(shape)),
-                ("path", Value::str(path)),
-                ("failed", Value::str(&reason)),
-            ]));
-            batch_sizes
-                .iter()
-                .map(|&b| (b, PeerCell::Failed(reason.clone())))
-                .collect()
-        }
+    let Some([experts, top_k, hidden, inter]) = llama::shape_dims(shape) else {
+        return failed_all(format!("no dimensions known for shape {shape:?}"));
+    };
+    let out = scratch.join(format!("peer-{shape}-{}.jsonl", path.replace(':', "-")));
+    let _ = std::fs::remove_file(&out);
+    let cmd = Cmd::new(program)
+        .arg("--experts")
+        .arg(experts.to_string())
+        .arg("--top-k")
+        .arg(top_k.to_string())
+        .arg("--hidden")
+        .arg(hidden.to_string())
+        .arg("--inter")
+        .arg(inter.to_string())
+        .arg("--m")
+        .arg(join(batch_sizes))
+        .args(["--type", bare, "--threads"])
+        .arg(opts.threads.to_string())
+        .arg("--iters")
+        .arg(opts.iters.to_string())
+        .arg("--budget-s")
+        .arg(LLAMA_BUDGET_S.to_string())
+        .arg("--out")
+        .arg(&out)
+        .timeout(RUN_LIMIT);
+    let (status, log) = match run_keeping_stderr(&cmd) {
+        Ok(done) => done,
+        Err(e) => return failed_all(e),
+    };
+    // The program writes each M's line as it finishes, so a crash keeps the earlier Ms.
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    let report = llama::report_from_lines(&text, bare);
+    let reason = status.map(|reason| {
+        let tail = log
+            .iter()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .map(|t| format!(" ({})", t.trim()))
+            .unwrap_or_default();
+        format!("{reason}{tail}")
+    });
+    let report = match (report, &reason) {
+        (Ok(report), _) => report,
+        (Err(_), Some(reason)) => return failed_all(reason.clone()),
+        (Err(e), None) => return failed_all(e),
+    };
+    if let Some(note) = peer_note(&report) {
+        m.notes.insert(path.to_string(), note);
     }
+    let cells = batch_sizes
+        .iter()
+        .map(|&b| {
+            let cell = match (peer_cell(&report, bare, b), &reason) {
+                (PeerCell::Failed(_), Some(reason)) => PeerCell::Failed(reason.clone()),
+                (cell, _) => cell,
+            };
+            (b, cell)
+        })
+        .collect();
+    let mut entry = vec![
+        ("side".to_string(), Value::str("peer")),
+        ("shape".to_string(), Value::str(shape)),
+        ("path".to_string(), Value::str(path)),
+        ("report".to_string(), report),
+    ];
+    if let Some(reason) = reason {
+        println!("  peer {path}: failed: {reason}");
+        entry.push(("died".to_string(), Value::str(reason)));
+    }
+    m.raw.push(Value::Obj(entry));
+    cells
 }
 
 /// What a peer report says about how the peer ran: KT-Kernel's ISA variant, llama.cpp's
@@ -1050,6 +1083,13 @@ fn render_table(
                     (Some(p), Some(o)) => format!("{} ({:.2}x)", fmt_ms(p), p / o),
                     (Some(p), None) => fmt_ms(p),
                     (None, _) if cells.is_empty() => "-".into(),
+                    (None, _)
+                        if cells.iter().all(
+                            |c| matches!(c, PeerCell::Failed(r) if r.starts_with("not installed")),
+                        ) =>
+                    {
+                        "not installed".into()
+                    }
                     (None, _) => "failed".into(),
                 };
                 write!(line, " {cell:>22} |").expect("writing to a String");
@@ -1276,6 +1316,42 @@ mod tests {
             PeerCell::Ran { experts_ms, rel_err: Some(e), .. } if experts_ms == 84.0 && e == 0.0234
         ));
         assert!(matches!(&cells[1].1, PeerCell::Failed(r) if r == "exit 1"));
+    }
+
+    #[test]
+    fn peers_that_do_not_install_or_run_are_rows_saying_why() {
+        let paths = ["kt:amx_int4", "llama:q4_0"].map(String::from).to_vec();
+        let mut m = Measurements::default();
+        let key = |p: &str| ("qwen3-30b-a3b".to_string(), p.to_string(), 1);
+        m.peer.insert(
+            key("kt:amx_int4"),
+            vec![PeerCell::Failed("not installed: no venv".into())],
+        );
+        m.peer.insert(
+            key("llama:q4_0"),
+            vec![PeerCell::Failed("killed by SIGSEGV (signal 11)".into())],
+        );
+        let table = render_table(&paths, 20, &["qwen3-30b-a3b".into()], &[1], &m);
+        assert!(table.text.contains("not installed |"), "{}", table.text);
+        assert!(
+            table
+                .text
+                .contains("  kt:amx_int4: did not run; not installed: no venv")
+        );
+        assert!(
+            table
+                .text
+                .contains("  llama:q4_0: did not run; failed: killed by SIGSEGV")
+        );
+        assert!(table.text.contains("kt int4 (channelwise) ms"));
+        assert!(table.text.contains("llama.cpp Q4_0 ms"));
+    }
+
+    #[test]
+    fn paths_name_their_peer() {
+        assert_eq!(Peer::of_path("kt:amx_int8"), (Peer::Kt, "amx_int8"));
+        assert_eq!(Peer::of_path("llama:q8_0"), (Peer::Llama, "q8_0"));
+        assert_eq!(Peer::of_path("int8_w8a8"), (Peer::Vllm, "int8_w8a8"));
     }
 
     #[test]
