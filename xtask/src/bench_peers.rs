@@ -1090,6 +1090,13 @@ fn render_table(
                     {
                         "not installed".into()
                     }
+                    (None, _)
+                        if cells.iter().all(
+                            |c| matches!(c, PeerCell::Failed(r) if r.starts_with("skipped")),
+                        ) =>
+                    {
+                        "skipped".into()
+                    }
                     (None, _) => "failed".into(),
                 };
                 write!(line, " {cell:>22} |").expect("writing to a String");
@@ -1176,7 +1183,7 @@ fn render_table(
             format!("  {path}: did not run{note}")
         };
         for reason in &reasons {
-            if reason.starts_with("not installed") {
+            if reason.starts_with("not installed") || reason.starts_with("skipped") {
                 write!(line, "; {reason}").expect("writing to a String");
             } else {
                 write!(line, "; failed: {reason}").expect("writing to a String");
