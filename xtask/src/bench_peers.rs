@@ -1,18 +1,29 @@
-//! `cargo xtask bench-peers`: our `moe bench` against vLLM's CPU MoE kernels (the peer), on the
-//! same shapes, batch sizes and thread count, in one run, with one table of medians at the end.
+//! `cargo xtask bench-peers`: our `moe bench` against three peers' CPU MoE kernels on the same
+//! shapes, batch sizes and thread count, in one run, with one table of medians at the end:
 //!
-//! The machine is shared and noisy, so the two sides alternate per shape (ours, peer, ours,
-//! peer, ... for `--rounds` rounds) and the table quotes the median over rounds of each round's
-//! median; the load average is printed before and after. Each peer path runs in its own Python
+//! - vLLM's CPU build (`<shared>/peers/bench_vllm_cpu.py`, venv from `setup_venv.sh`), paths
+//!   named as that script names them (`int4_amx_g32`, `int8_w8a8`, ...);
+//! - KTransformers' KT-Kernel (`<shared>/peers/bench_kt_kernel.py`, venv from
+//!   `setup_venv_kt.sh`), paths `kt:<its path>` (`kt:amx_int4`, `kt:amx_int8`, ...);
+//! - llama.cpp's MUL_MAT_ID (our `xtask/peers/llama_mul_mat_id.c` against a ggml built from the
+//!   llama-cpp-python sdist, see [`llama`]), paths `llama:<ggml type>` (`llama:q4_0`).
+//!
+//! The machine is shared and noisy, so the sides alternate per shape (ours, each peer path,
+//! ours, ... for `--rounds` rounds) and the table quotes the median over rounds of each round's
+//! median; the load average is printed before and after. Each peer path runs in its own
 //! process, so a path that dies (vLLM's AMX kernels raise SIGILL on CPUs without AMX, or when the
 //! process never asked Linux for tile state) is reported as `failed: <reason>` instead of taking
-//! the other paths down with it. The peer's own correctness check (relative error against a
-//! float32 reference) is carried into the report, so a path that falls back to something wrong
-//! is visible too.
+//! the other paths down with it, and a peer that does not install gives `not installed:
+//! <reason>` rows instead of ending the run. The Python peers' own correctness check (relative
+//! error against a float32 reference) is carried into the report, so a path that falls back to
+//! something wrong is visible too.
 //!
-//! Both sides are compared on the experts stage: `moe bench` times `apply` with routing drawn
-//! in advance, and the peer script times routing plus experts and also reports the routing
-//! alone, which is subtracted.
+//! All sides are compared on the experts stage: `moe bench` times `apply` with routing drawn
+//! in advance; the vLLM script times routing plus experts and also reports the routing alone,
+//! which is subtracted; KT-Kernel's operator and the llama.cpp graph take routing ids and
+//! weights drawn in advance, so their times are the experts stage as measured.
+
+mod llama;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -63,6 +74,82 @@ const PEER_COMBO_BUDGET_S: u32 = 60;
 /// Upper bound for the peer venv installation.
 const SETUP_LIMIT: Duration = Duration::from_secs(45 * 60);
 
+/// The llama.cpp program's time budget per M (seconds of timed calls; at least 3 calls).
+const LLAMA_BUDGET_S: u32 = 20;
+
+/// The peer paths of a full run: KT-Kernel's bf16 path is left out as it is not a quantized
+/// comparison, and its group-32 RAWINT4 path because it is wrong for Mixtral (kt_kernel.md).
+const DEFAULT_PATHS: [&str; 7] = [
+    "int4_amx_g32",
+    "int4_amx_g128",
+    "int8_w8a8",
+    "kt:amx_int4",
+    "kt:amx_int8",
+    "llama:q4_0",
+    "llama:q8_0",
+];
+
+/// The peer paths of `--quick`: each peer's int4 path, and vLLM's int8.
+const QUICK_PATHS: [&str; 4] = ["int4_amx_g32", "int8_w8a8", "kt:amx_int4", "llama:q4_0"];
+
+/// Who runs a peer path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Peer {
+    /// vLLM's CPU build, through `bench_vllm_cpu.py`.
+    Vllm,
+    /// KTransformers' KT-Kernel, through `bench_kt_kernel.py`.
+    Kt,
+    /// llama.cpp's ggml, through our `llama_mul_mat_id.c`.
+    Llama,
+}
+
+impl Peer {
+    /// The peer of a path and the path's name in that peer's own terms (`kt:amx_int4` is
+    /// KT-Kernel's `amx_int4`; names without a known prefix are vLLM's).
+    fn of_path(path: &str) -> (Peer, &str) {
+        if let Some(bare) = path.strip_prefix("kt:") {
+            (Peer::Kt, bare)
+        } else if let Some(bare) = path.strip_prefix("llama:") {
+            (Peer::Llama, bare)
+        } else {
+            (Peer::Vllm, path)
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Peer::Vllm => "vLLM",
+            Peer::Kt => "KT-Kernel",
+            Peer::Llama => "llama.cpp",
+        }
+    }
+
+    /// The Python peers' benchmark and venv setup scripts in `<shared>/peers`.
+    fn script(self) -> &'static str {
+        match self {
+            Peer::Kt => "bench_kt_kernel.py",
+            _ => "bench_vllm_cpu.py",
+        }
+    }
+
+    fn setup_script(self) -> &'static str {
+        match self {
+            Peer::Kt => "setup_venv_kt.sh",
+            _ => "setup_venv.sh",
+        }
+    }
+}
+
+/// One peer path's run on one shape.
+struct PeerJob<'a> {
+    shape: &'a str,
+    /// The path as the report names it (`kt:amx_int4`).
+    path: &'a str,
+    /// The path as its peer names it (`amx_int4`).
+    bare: &'a str,
+    batch_sizes: &'a [usize],
+}
+
 /// What one peer path gave for one (shape, M) in one round.
 #[derive(Debug, Clone)]
 enum PeerCell {
@@ -81,6 +168,8 @@ enum PeerCell {
 /// Everything measured, keyed by shape then M (ours) or by shape, path, M (peer).
 #[derive(Default)]
 struct Measurements {
+    /// Per peer path: what its report says about how it ran (ISA variant, weight layout).
+    notes: BTreeMap<String, String>,
     /// Per (shape, M): the `moe bench` rows of every round.
     ours: BTreeMap<(String, usize), Vec<Value>>,
     /// Per shape: why `moe bench` failed, if it did.
@@ -122,11 +211,33 @@ pub fn run(opts: &BenchPeers) -> Result<()> {
     println!("machine: {machine}");
     println!("load at start: {load_start}");
 
+    let paths = if !opts.paths.is_empty() {
+        opts.paths.clone()
+    } else if opts.quick {
+        QUICK_PATHS.map(String::from).to_vec()
+    } else {
+        DEFAULT_PATHS.map(String::from).to_vec()
+    };
     let shared = shared_dir(opts);
     println!("shared: {}", shared.display());
-    let peer = prepare_peer(opts, &shared);
-    if let Err(reason) = &peer {
-        println!("peer unavailable: {reason}");
+    let scratch = target_dir().join("bench-peers");
+    std::fs::create_dir_all(&scratch)?;
+    // Each peer that a path needs, installed (or found) once: its program, or why not.
+    let mut ready: BTreeMap<Peer, Result<PathBuf, String>> = BTreeMap::new();
+    for path in &paths {
+        let (peer, _) = Peer::of_path(path);
+        if ready.contains_key(&peer) {
+            continue;
+        }
+        let prepared = match peer {
+            Peer::Vllm => prepare_venv(&opts.venv, &shared, peer),
+            Peer::Kt => prepare_venv(&opts.kt_venv, &shared, peer),
+            Peer::Llama => llama::prepare(&opts.llama_dir, &scratch),
+        };
+        if let Err(reason) = &prepared {
+            println!("{} not installed: {reason}", peer.name());
+        }
+        ready.insert(peer, prepared);
     }
 
     banner("building moe (release)");
@@ -134,31 +245,31 @@ pub fn run(opts: &BenchPeers) -> Result<()> {
     let moe = target_dir().join("release").join("moe");
 
     let mut m = Measurements::default();
-    let scratch = target_dir().join("bench-peers");
-    std::fs::create_dir_all(&scratch)?;
     for shape in &shapes {
         for round in 1..=opts.rounds {
             banner(&format!("{shape}: round {round}/{}: ours", opts.rounds));
             run_ours(opts, &moe, shape, &batch_sizes, &mut m);
-            for path in &opts.paths {
+            for path in &paths {
                 banner(&format!(
                     "{shape}: round {round}/{}: peer {path}",
                     opts.rounds
                 ));
-                let cells = match &peer {
-                    Ok(py) => run_peer(
-                        opts,
-                        py,
-                        &shared,
-                        &scratch,
-                        shape,
-                        path,
-                        &batch_sizes,
-                        &mut m,
-                    ),
-                    Err(reason) => batch_sizes
+                let (peer, bare) = Peer::of_path(path);
+                let job = PeerJob {
+                    shape,
+                    path,
+                    bare,
+                    batch_sizes: &batch_sizes,
+                };
+                let cells = match (&ready[&peer], peer) {
+                    (Ok(program), Peer::Llama) => run_llama(opts, program, &scratch, &job, &mut m),
+                    (Ok(python), _) => {
+                        let script = shared.join("peers").join(peer.script());
+                        run_peer(opts, python, &script, &scratch, &job, &mut m)
+                    }
+                    (Err(reason), _) => batch_sizes
                         .iter()
-                        .map(|&b| (b, PeerCell::Failed(format!("peer unavailable: {reason}"))))
+                        .map(|&b| (b, PeerCell::Failed(format!("not installed: {reason}"))))
                         .collect(),
                 };
                 for (b, cell) in cells {
@@ -189,12 +300,9 @@ pub fn run(opts: &BenchPeers) -> Result<()> {
             "batch_sizes",
             Value::Arr(batch_sizes.iter().map(|&b| Value::Num(b as f64)).collect()),
         ),
-        (
-            "paths",
-            Value::Arr(opts.paths.iter().map(Value::str).collect()),
-        ),
+        ("paths", Value::Arr(paths.iter().map(Value::str).collect())),
     ]);
-    let table = render_table(&opts.paths, opts.iters, &shapes, &batch_sizes, &m);
+    let table = render_table(&paths, opts.iters, &shapes, &batch_sizes, &m);
     print_result(&run, &table);
 
     if let Some(out) = &opts.out {
@@ -223,7 +331,7 @@ fn print_result(run: &Value, table: &Table) {
     println!("command: {}", text("command"));
     println!("machine: {}", text("machine"));
     println!(
-        "threads: {}; rounds: {} (ours and the peer alternate per shape); wall {}",
+        "threads: {}; rounds: {} (ours and the peers alternate per shape); wall {}",
         num("threads"),
         num("rounds"),
         fmt_duration(Duration::from_secs_f64(num("wall_s").max(0.0)))
@@ -299,10 +407,19 @@ fn render_file(file: &Path) -> Result<()> {
         if !paths.contains(&path) {
             paths.push(path.clone());
         }
+        let (_, bare) = Peer::of_path(&path);
+        if let Some(note) = entry.get("report").and_then(peer_note) {
+            m.notes.insert(path.clone(), note);
+        }
+        // A llama.cpp run that died keeps its report of the Ms before, and the reason.
+        let died = entry.get("died").and_then(Value::as_str);
         for &b in &batches {
             let cell = match (&failed, entry.get("report")) {
                 (Some(reason), _) => PeerCell::Failed(reason.clone()),
-                (None, Some(report)) => peer_cell(report, &path, b),
+                (None, Some(report)) => match (peer_cell(report, bare, b), died) {
+                    (PeerCell::Failed(_), Some(reason)) => PeerCell::Failed(reason.into()),
+                    (cell, _) => cell,
+                },
                 (None, None) => PeerCell::Failed("no report".into()),
             };
             m.peer
@@ -339,42 +456,51 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| project_root().join("target"))
 }
 
-/// Checks the peer script and the venv, installing the venv when it is missing. Returns the
-/// venv's python, or why the peer cannot run.
-fn prepare_peer(opts: &BenchPeers, shared: &Path) -> Result<PathBuf, String> {
-    let script = shared.join("peers").join("bench_vllm_cpu.py");
+/// Checks a Python peer's script and venv, installing the venv with the peer's setup script
+/// when it is missing. Returns the venv's python, or why the peer cannot run.
+fn prepare_venv(venv: &Path, shared: &Path, peer: Peer) -> Result<PathBuf, String> {
+    let script = shared.join("peers").join(peer.script());
     if !script.is_file() {
         return Err(format!(
             "{} not found (set --shared or MOE_SHARED)",
             script.display()
         ));
     }
-    let python = opts.venv.join("bin").join("python");
+    let python = venv.join("bin").join("python");
     if python.is_file() {
         return Ok(python);
     }
-    let setup = shared.join("peers").join("setup_venv.sh");
-    banner("installing the peer venv");
+    let setup = shared.join("peers").join(peer.setup_script());
+    banner(&format!("installing the {} venv", peer.name()));
     println!(
-        "{} is missing: installing vLLM's CPU build there with {} (takes ~5 min on 2 cores and ~7 GB)",
-        opts.venv.display(),
+        "{} is missing: installing {} there with {} (takes ~5 min on 2 cores and ~7 GB)",
+        venv.display(),
+        peer.name(),
         setup.display()
     );
     let started = Instant::now();
     let outcome = Cmd::new("bash")
         .arg(&setup)
-        .arg(&opts.venv)
+        .arg(venv)
         .timeout(SETUP_LIMIT)
         .run_outcome()
         .map_err(|e| e.to_string())?;
     println!("venv setup took {}", fmt_duration(started.elapsed()));
     if !outcome.success() {
-        return Err(format!("setup_venv.sh failed: {}", outcome.describe()));
+        return Err(format!(
+            "{} failed: {}",
+            peer.setup_script(),
+            outcome.describe()
+        ));
     }
     if python.is_file() {
         Ok(python)
     } else {
-        Err(format!("setup_venv.sh left no {}", python.display()))
+        Err(format!(
+            "{} left no {}",
+            peer.setup_script(),
+            python.display()
+        ))
     }
 }
 
@@ -440,23 +566,27 @@ fn run_ours(
     ]));
 }
 
-/// Runs the peer script for one shape and one path in its own process. Returns one cell per M.
-#[allow(clippy::too_many_arguments)]
+/// Runs a Python peer's script (vLLM's or KT-Kernel's: both take the same options and write
+/// the same report shape) for one shape and one path in its own process. Returns one cell per M.
 fn run_peer(
     opts: &BenchPeers,
     python: &Path,
-    shared: &Path,
+    script: &Path,
     scratch: &Path,
-    shape: &str,
-    path: &str,
-    batch_sizes: &[usize],
+    job: &PeerJob,
     m: &mut Measurements,
 ) -> Vec<(usize, PeerCell)> {
-    let out = scratch.join(format!("peer-{shape}-{path}.json"));
+    let PeerJob {
+        shape,
+        path,
+        bare,
+        batch_sizes,
+    } = *job;
+    let out = scratch.join(format!("peer-{shape}-{}.json", path.replace(':', "-")));
     let _ = std::fs::remove_file(&out);
     let mut cmd = Cmd::new(python)
-        .arg(shared.join("peers").join("bench_vllm_cpu.py"))
-        .args(["--shapes", shape, "--paths", path, "--m"])
+        .arg(script)
+        .args(["--shapes", shape, "--paths", bare, "--m"])
         .arg(join(batch_sizes))
         .arg("--threads")
         .arg(opts.threads.to_string())
@@ -495,7 +625,7 @@ fn run_peer(
         let reason = format!("{reason}{tail}");
         println!("  peer {path}: failed: {reason}");
         // The script writes its JSON only at the end; keep what its log shows had finished.
-        let cells = cells_from_log(&log, shape, path, batch_sizes, &reason);
+        let cells = cells_from_log(&log, shape, bare, batch_sizes, &reason);
         m.raw.push(Value::obj([
             ("side", Value::str("peer")),
             ("shape", Value::str(shape)),
@@ -517,9 +647,12 @@ fn run_peer(
         .and_then(|meta| meta.get("amx"))
         .cloned()
         .unwrap_or(Value::Null);
+    if let Some(note) = peer_note(&report) {
+        m.notes.insert(path.to_string(), note);
+    }
     let cells = batch_sizes
         .iter()
-        .map(|&b| (b, peer_cell(&report, path, b)))
+        .map(|&b| (b, peer_cell(&report, bare, b)))
         .collect();
     m.raw.push(Value::obj([
         ("side", Value::str("peer")),
@@ -529,6 +662,130 @@ fn run_peer(
         ("report", report),
     ]));
     cells
+}
+
+/// Runs the llama.cpp timing program for one shape and one ggml type in its own process.
+/// Returns one cell per M: the Ms it finished before dying keep their times.
+fn run_llama(
+    opts: &BenchPeers,
+    program: &Path,
+    scratch: &Path,
+    job: &PeerJob,
+    m: &mut Measurements,
+) -> Vec<(usize, PeerCell)> {
+    let PeerJob {
+        shape,
+        path,
+        bare,
+        batch_sizes,
+    } = *job;
+    let mut failed_all = |reason: String| {
+        println!("  peer {path}: failed: {reason}");
+        m.raw.push(Value::obj([
+            ("side", Value::str("peer")),
+            ("shape", Value::str(shape)),
+            ("path", Value::str(path)),
+            ("failed", Value::str(&reason)),
+        ]));
+        batch_sizes
+            .iter()
+            .map(|&b| (b, PeerCell::Failed(reason.clone())))
+            .collect()
+    };
+    let Some([experts, top_k, hidden, inter]) = llama::shape_dims(shape) else {
+        return failed_all(format!("no dimensions known for shape {shape:?}"));
+    };
+    let out = scratch.join(format!("peer-{shape}-{}.jsonl", path.replace(':', "-")));
+    let _ = std::fs::remove_file(&out);
+    let cmd = Cmd::new(program)
+        .arg("--experts")
+        .arg(experts.to_string())
+        .arg("--top-k")
+        .arg(top_k.to_string())
+        .arg("--hidden")
+        .arg(hidden.to_string())
+        .arg("--inter")
+        .arg(inter.to_string())
+        .arg("--m")
+        .arg(join(batch_sizes))
+        .args(["--type", bare, "--threads"])
+        .arg(opts.threads.to_string())
+        .arg("--iters")
+        .arg(opts.iters.to_string())
+        .arg("--budget-s")
+        .arg(LLAMA_BUDGET_S.to_string())
+        .arg("--out")
+        .arg(&out)
+        .timeout(RUN_LIMIT);
+    let (status, log) = match run_keeping_stderr(&cmd) {
+        Ok(done) => done,
+        Err(e) => return failed_all(e),
+    };
+    // The program writes each M's line as it finishes, so a crash keeps the earlier Ms.
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    let report = llama::report_from_lines(&text, bare);
+    let reason = status.map(|reason| {
+        let tail = log
+            .iter()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .map(|t| format!(" ({})", t.trim()))
+            .unwrap_or_default();
+        format!("{reason}{tail}")
+    });
+    let report = match (report, &reason) {
+        (Ok(report), _) => report,
+        (Err(_), Some(reason)) => return failed_all(reason.clone()),
+        (Err(e), None) => return failed_all(e),
+    };
+    if let Some(note) = peer_note(&report) {
+        m.notes.insert(path.to_string(), note);
+    }
+    let cells = batch_sizes
+        .iter()
+        .map(|&b| {
+            let cell = match (peer_cell(&report, bare, b), &reason) {
+                (PeerCell::Failed(_), Some(reason)) => PeerCell::Failed(reason.clone()),
+                (cell, _) => cell,
+            };
+            (b, cell)
+        })
+        .collect();
+    let mut entry = vec![
+        ("side".to_string(), Value::str("peer")),
+        ("shape".to_string(), Value::str(shape)),
+        ("path".to_string(), Value::str(path)),
+        ("report".to_string(), report),
+    ];
+    if let Some(reason) = reason {
+        println!("  peer {path}: failed: {reason}");
+        entry.push(("died".to_string(), Value::str(reason)));
+    }
+    m.raw.push(Value::Obj(entry));
+    cells
+}
+
+/// What a peer report says about how the peer ran: KT-Kernel's ISA variant, llama.cpp's
+/// weight layout and ggml version, vLLM's AMX flag.
+fn peer_note(report: &Value) -> Option<String> {
+    let meta = report.get("meta")?;
+    let text = |key: &str| meta.get(key).and_then(Value::as_str);
+    if let Some(variant) = text("cpu_variant") {
+        return Some(format!(
+            "kt-kernel {} variant {variant}",
+            text("kt_kernel").unwrap_or("?")
+        ));
+    }
+    if let Some(layout) = text("layout") {
+        return Some(format!(
+            "ggml {}, weights {layout}",
+            text("ggml_version").unwrap_or("?")
+        ));
+    }
+    match meta.get("amx") {
+        Some(Value::Bool(amx)) => Some(format!("amx {amx}")),
+        _ => None,
+    }
 }
 
 /// Reads the peer result of one path and M out of a peer report.
@@ -575,6 +832,7 @@ fn peer_cell(report: &Value, path: &str, batch: usize) -> PeerCell {
         }
         Some("skipped") => PeerCell::Failed(format!("skipped: {}", text("reason"))),
         Some("build_failed") => PeerCell::Failed(format!("build failed: {}", text("error"))),
+        Some("failed") => PeerCell::Failed(text("reason")),
         other => PeerCell::Failed(format!("status {other:?}")),
     }
 }
@@ -706,7 +964,15 @@ fn path_label(path: &str) -> String {
         "int4_amx_g128" => "vLLM int4 g128".into(),
         "int4_amx_ch" => "vLLM int4 ch".into(),
         "int8_w8a8" => "vLLM int8".into(),
-        other => format!("vLLM {other}"),
+        "kt:amx_int4" => "kt int4 (channelwise)".into(),
+        "kt:amx_int8" => "kt int8".into(),
+        "kt:amx_bf16" => "kt bf16".into(),
+        "kt:rawint4_g32" => "kt int4 g32".into(),
+        other => match Peer::of_path(other) {
+            (Peer::Kt, bare) => format!("kt {bare}"),
+            (Peer::Llama, bare) => format!("llama.cpp {}", bare.to_uppercase()),
+            (Peer::Vllm, bare) => format!("vLLM {bare}"),
+        },
     }
 }
 
@@ -817,6 +1083,20 @@ fn render_table(
                     (Some(p), Some(o)) => format!("{} ({:.2}x)", fmt_ms(p), p / o),
                     (Some(p), None) => fmt_ms(p),
                     (None, _) if cells.is_empty() => "-".into(),
+                    (None, _)
+                        if cells.iter().all(
+                            |c| matches!(c, PeerCell::Failed(r) if r.starts_with("not installed")),
+                        ) =>
+                    {
+                        "not installed".into()
+                    }
+                    (None, _)
+                        if cells.iter().all(
+                            |c| matches!(c, PeerCell::Failed(r) if r.starts_with("skipped")),
+                        ) =>
+                    {
+                        "skipped".into()
+                    }
                     (None, _) => "failed".into(),
                 };
                 write!(line, " {cell:>22} |").expect("writing to a String");
@@ -853,13 +1133,42 @@ fn render_table(
          median over rounds of the median of {iters} calls.\nbound = the touched experts' int4 weights \
          and bf16 group scales (0.5625 B per weight) / 28.8 GB/s; packed = the same for the bytes our \
          packed layout reads, moe bench's own bound (0.5625 B per weight from commit 2c99c28 on; \
-         0.75 B before, with an f32 scale and an i32 code sum per 32 weights); target = issue 8.\npeer = bench_vllm_cpu.py, experts stage (its \
-         routing median subtracted), median over rounds; peer/ours > 1 means ours is faster.\n\n\
-         peer paths:"
+         0.75 B before, with an f32 scale and an i32 code sum per 32 weights); target = issue 8.\n\
+         peer = experts stage, median over rounds; peer/ours > 1 means ours is faster:"
     )
     .expect("writing to a String");
+    let has = |peer: Peer| paths.iter().any(|p| Peer::of_path(p).0 == peer);
+    if has(Peer::Vllm) {
+        writeln!(
+            text,
+            "  vLLM = bench_vllm_cpu.py, routing + experts with its routing median subtracted."
+        )
+        .expect("writing to a String");
+    }
+    if has(Peer::Kt) {
+        writeln!(
+            text,
+            "  kt = bench_kt_kernel.py, KT-Kernel's forward_task (routing drawn in advance; \
+             activation and weighted sum inside); bf16 weights quantized by KT per output row."
+        )
+        .expect("writing to a String");
+    }
+    if has(Peer::Llama) {
+        writeln!(
+            text,
+            "  llama.cpp = xtask/peers/llama_mul_mat_id.c, ggml's graph after routing: MUL_MAT_ID \
+             gate/up, SwiGLU, MUL_MAT_ID down, routing weights and the top-k sum; weights in \
+             ggml's Q4_0/Q8_0 blocks of 32 (one f16 scale each), cycled beyond the caches."
+        )
+        .expect("writing to a String");
+    }
+    writeln!(text, "\npeer paths:").expect("writing to a String");
     for path in paths {
         let (ran, rel_err, reasons) = status.get(path.as_str()).cloned().unwrap_or_default();
+        let note = m
+            .notes
+            .get(path.as_str())
+            .map_or(String::new(), |n| format!(" [{n}]"));
         let mut line = if ran > 0 {
             let check = rel_err.map_or(String::new(), |e| {
                 let verdict = if e > WRONG_REL_ERR {
@@ -869,12 +1178,16 @@ fn render_table(
                 };
                 format!(", rel_err vs f32 reference {e:.4}{verdict}")
             });
-            format!("  {path}: ran ({ran} measurements{check})")
+            format!("  {path}: ran ({ran} measurements{check}){note}")
         } else {
-            format!("  {path}: did not run")
+            format!("  {path}: did not run{note}")
         };
         for reason in &reasons {
-            write!(line, "; failed: {reason}").expect("writing to a String");
+            if reason.starts_with("not installed") || reason.starts_with("skipped") {
+                write!(line, "; {reason}").expect("writing to a String");
+            } else {
+                write!(line, "; failed: {reason}").expect("writing to a String");
+            }
         }
         writeln!(text, "{line}").expect("writing to a String");
     }
@@ -1010,6 +1323,42 @@ mod tests {
             PeerCell::Ran { experts_ms, rel_err: Some(e), .. } if experts_ms == 84.0 && e == 0.0234
         ));
         assert!(matches!(&cells[1].1, PeerCell::Failed(r) if r == "exit 1"));
+    }
+
+    #[test]
+    fn peers_that_do_not_install_or_run_are_rows_saying_why() {
+        let paths = ["kt:amx_int4", "llama:q4_0"].map(String::from).to_vec();
+        let mut m = Measurements::default();
+        let key = |p: &str| ("qwen3-30b-a3b".to_string(), p.to_string(), 1);
+        m.peer.insert(
+            key("kt:amx_int4"),
+            vec![PeerCell::Failed("not installed: no venv".into())],
+        );
+        m.peer.insert(
+            key("llama:q4_0"),
+            vec![PeerCell::Failed("killed by SIGSEGV (signal 11)".into())],
+        );
+        let table = render_table(&paths, 20, &["qwen3-30b-a3b".into()], &[1], &m);
+        assert!(table.text.contains("not installed |"), "{}", table.text);
+        assert!(
+            table
+                .text
+                .contains("  kt:amx_int4: did not run; not installed: no venv")
+        );
+        assert!(
+            table
+                .text
+                .contains("  llama:q4_0: did not run; failed: killed by SIGSEGV")
+        );
+        assert!(table.text.contains("kt int4 (channelwise) ms"));
+        assert!(table.text.contains("llama.cpp Q4_0 ms"));
+    }
+
+    #[test]
+    fn paths_name_their_peer() {
+        assert_eq!(Peer::of_path("kt:amx_int8"), (Peer::Kt, "amx_int8"));
+        assert_eq!(Peer::of_path("llama:q8_0"), (Peer::Llama, "q8_0"));
+        assert_eq!(Peer::of_path("int8_w8a8"), (Peer::Vllm, "int8_w8a8"));
     }
 
     #[test]

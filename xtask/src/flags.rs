@@ -30,24 +30,35 @@ Commands:
   miri
       Run the scalar kernels', packers' and quantizers' tests under Miri on nightly
       (MOE_KERNELS_MAX_ISA=scalar). Installs the miri component when missing.
-  bench-peers [--quick] [--venv <dir>] [--shared <dir>] [--shape <name,...>]
-              [--batch-sizes <m,...>] [--threads <n>] [--rounds <n>] [--iters <n>]
-              [--paths <path,...>] [--out <file.json>] [--render <file.json>]
-      Time `moe bench` (our W4A8 group-32 pipeline) and vLLM's CPU MoE paths (the peer, run by
-      <shared>/peers/bench_vllm_cpu.py in its own venv) back to back on the same shapes, batch
-      sizes and thread count, alternating ours and the peer round by round, and print one table
-      of medians: ours, the DRAM bound, issue 8's target, each peer path and peer/ours. Installs
-      the peer venv with <shared>/peers/setup_venv.sh when it is missing (~5 min, ~7 GB).
-      Slow, and not part of `ci`.
-        --quick                 qwen3-30b-a3b only, M = 1,16
-        --venv <dir>            the peer venv (default /opt/peers/venv)
+  bench-peers [--quick] [--venv <dir>] [--kt-venv <dir>] [--llama-dir <dir>]
+              [--shared <dir>] [--shape <name,...>] [--batch-sizes <m,...>] [--threads <n>]
+              [--rounds <n>] [--iters <n>] [--paths <path,...>] [--out <file.json>]
+              [--render <file.json>]
+      Time `moe bench` (our W4A8 group-32 pipeline) and three peers back to back on the same
+      shapes, batch sizes and thread count, alternating ours and the peers round by round, and
+      print one table of medians: ours, the DRAM bound, issue 8's target, each peer path and
+      peer/ours. The peers: vLLM's CPU MoE kernels (<shared>/peers/bench_vllm_cpu.py in a venv
+      from <shared>/peers/setup_venv.sh), KTransformers' KT-Kernel
+      (<shared>/peers/bench_kt_kernel.py in a venv from <shared>/peers/setup_venv_kt.sh) and
+      llama.cpp's MUL_MAT_ID (xtask/peers/llama_mul_mat_id.c against a ggml built from the
+      llama-cpp-python sdist). Each is installed when missing (~5 min and ~7 GB per venv, ~5
+      min for ggml); a peer that does not install or run is a row saying why. Slow, and not
+      part of `ci`.
+        --quick                 qwen3-30b-a3b only, M = 1,16, fewer peer paths
+        --venv <dir>            the vLLM venv (default /opt/peers/venv)
+        --kt-venv <dir>         the KT-Kernel venv (default /opt/peers/venv-kt)
+        --llama-dir <dir>       llama.cpp's sdist and ggml build (default /opt/peers/llama)
         --shared <dir>          the shared folder (default $MOE_SHARED, else ../shared)
         --shape <names>         moe bench shapes (default: all three standard shapes)
         --batch-sizes <list>    tokens per call (default 1,16,256,1024)
         --threads <n>           threads for both sides (default 2)
         --rounds <n>            alternations of ours and the peer per shape (default 2)
         --iters <n>             timed calls per moe bench row (default 20)
-        --paths <list>          peer paths (default int4_amx_g32,int4_amx_g128,int8_w8a8)
+        --paths <list>          peer paths: vLLM's by name (int4_amx_g32, int4_amx_g128,
+                                int4_amx_ch, int8_w8a8), kt:<path> (amx_int4, amx_int8,
+                                amx_bf16, rawint4_g32), llama:<type> (q4_0, q8_0); default
+                                all but int4_amx_ch, kt:amx_bf16 and kt:rawint4_g32 (--quick:
+                                int4_amx_g32, int8_w8a8, kt:amx_int4, llama:q4_0)
         --out <file.json>       also write every raw report and the table as JSON
         --render <file.json>    print the table of an earlier run's --out file and exit
   ci
@@ -79,7 +90,7 @@ pub enum Command {
     Miri,
     /// Run the whole CI sequence.
     Ci,
-    /// Compare `moe bench` with the vLLM CPU peer.
+    /// Compare `moe bench` with the vLLM, KT-Kernel and llama.cpp peers.
     BenchPeers(BenchPeers),
 }
 
@@ -88,8 +99,12 @@ pub enum Command {
 pub struct BenchPeers {
     /// The short selection: one shape, two batch sizes.
     pub quick: bool,
-    /// The peer's virtual environment.
+    /// vLLM's virtual environment.
     pub venv: PathBuf,
+    /// KT-Kernel's virtual environment.
+    pub kt_venv: PathBuf,
+    /// Where llama.cpp's source is fetched and ggml is built.
+    pub llama_dir: PathBuf,
     /// The shared folder holding `peers/`; `None` means `$MOE_SHARED`, else `../shared`.
     pub shared: Option<PathBuf>,
     /// Shapes by name; empty means the default for the mode.
@@ -102,7 +117,8 @@ pub struct BenchPeers {
     pub rounds: usize,
     /// Timed calls per `moe bench` row.
     pub iters: usize,
-    /// Peer paths (names of `bench_vllm_cpu.py --paths`).
+    /// Peer paths: `bench_vllm_cpu.py --paths` names, `kt:` + `bench_kt_kernel.py --paths`
+    /// names, `llama:` + a ggml type; empty means the default for the mode.
     pub paths: Vec<String>,
     /// Where to write the merged JSON report.
     pub out: Option<PathBuf>,
@@ -115,15 +131,15 @@ impl Default for BenchPeers {
         Self {
             quick: false,
             venv: PathBuf::from("/opt/peers/venv"),
+            kt_venv: PathBuf::from("/opt/peers/venv-kt"),
+            llama_dir: PathBuf::from("/opt/peers/llama"),
             shared: None,
             shapes: Vec::new(),
             batch_sizes: Vec::new(),
             threads: 2,
             rounds: 2,
             iters: 20,
-            paths: ["int4_amx_g32", "int4_amx_g128", "int8_w8a8"]
-                .map(String::from)
-                .to_vec(),
+            paths: Vec::new(),
             out: None,
             render: None,
         }
@@ -227,6 +243,8 @@ fn parse_bench_peers(mut args: impl Iterator<Item = String>) -> Result<BenchPeer
         match arg.as_str() {
             "--quick" => opts.quick = true,
             "--venv" => opts.venv = value_of(&mut args, "--venv")?.into(),
+            "--kt-venv" => opts.kt_venv = value_of(&mut args, "--kt-venv")?.into(),
+            "--llama-dir" => opts.llama_dir = value_of(&mut args, "--llama-dir")?.into(),
             "--shared" => opts.shared = Some(value_of(&mut args, "--shared")?.into()),
             "--shape" | "--shapes" => opts.shapes = list_of(&value_of(&mut args, &arg)?),
             "--batch-sizes" => {
@@ -354,12 +372,14 @@ mod tests {
     #[test]
     fn bench_peers_flags_are_read() {
         let Ok(Command::BenchPeers(opts)) = parse_str(
-            "bench-peers --quick --venv /v --batch-sizes 1,16 --shape qwen3-30b-a3b --threads 1 --out o.json",
+            "bench-peers --quick --venv /v --kt-venv /k --llama-dir /l --batch-sizes 1,16 --shape qwen3-30b-a3b --threads 1 --out o.json",
         ) else {
             panic!("bench-peers did not parse");
         };
         assert!(opts.quick);
         assert_eq!(opts.venv, PathBuf::from("/v"));
+        assert_eq!(opts.kt_venv, PathBuf::from("/k"));
+        assert_eq!(opts.llama_dir, PathBuf::from("/l"));
         assert_eq!(opts.batch_sizes, [1, 16]);
         assert_eq!(opts.shapes, ["qwen3-30b-a3b"]);
         assert_eq!((opts.threads, opts.rounds), (1, 2));
