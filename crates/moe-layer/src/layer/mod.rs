@@ -140,9 +140,9 @@ enum State {
 pub struct MoeLayer {
     cfg: MoeLayerConfig,
     router: Router,
-    /// Gate weight `[E, H]`, widened to f32, when loaded (needed only to route from hidden
-    /// states; `apply` takes logits).
-    router_weight: Option<Vec<f32>>,
+    /// Gate weight `[E, H]`, widened to f32 and packed for the dense GEMM, when loaded
+    /// (needed only to route from hidden states; `apply` takes logits).
+    router_weight: Option<PackedDense>,
     /// How `apply` spreads its work over threads.
     par: Par,
     /// The shared experts as a one-expert layer of their own, and the Qwen2-MoE sigmoid gate
@@ -338,7 +338,17 @@ impl MoeLayer {
     pub fn load_router_weight(&mut self, weight: &[f32]) -> Result<(), LayerError> {
         let result = self.check_router_weight(weight);
         match result {
-            Ok(()) => self.router_weight = Some(weight.to_vec()),
+            Ok(()) => {
+                let (e, h) = (self.cfg.num_experts, self.cfg.hidden);
+                match PackedDense::pack_f32(e, h, weight) {
+                    Ok(w) => self.router_weight = Some(w),
+                    Err(err) => {
+                        let err = LayerError::from(err);
+                        self.state = State::Unusable(err.to_string());
+                        return Err(err);
+                    }
+                }
+            }
             Err(ref e) => self.state = State::Unusable(e.to_string()),
         }
         result
@@ -703,22 +713,22 @@ impl MoeLayer {
         }
     }
 
-    /// `x · gateᵀ` `[T, E]` with f32 accumulation, each value rounded to `X` (as f32).
+    /// `x · gateᵀ` `[T, E]` with f32 accumulation (on the dense GEMM of the dispatched rung,
+    /// whose summation order is its own), each value rounded to `X` (as f32).
     pub fn router_logits<X: MoeFloat>(&self, x: &[X]) -> Result<Vec<f32>, LayerError> {
         let (h, e) = (self.cfg.hidden, self.cfg.num_experts);
         let w = self
             .router_weight
-            .as_deref()
+            .as_ref()
             .ok_or(LayerError::MissingParams {
                 missing: vec!["router.weight".into()],
             })?;
-        check_rows("hidden_states", x.len(), h)?;
-        let mut out = Vec::with_capacity(x.len() / h * e);
-        for row in x.chunks_exact(h) {
-            for wr in w.chunks_exact(h) {
-                let dot: f32 = row.iter().zip(wr).map(|(a, b)| a.to_f32() * b).sum();
-                out.push(X::round_f32(dot));
-            }
+        let tokens = check_rows("hidden_states", x.len(), h)?;
+        let wide: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+        let mut out = vec![0f32; tokens * e];
+        moe_kernels::dense_gemm(moe_kernels::kernels(), tokens, &wide, w, &mut out, self.par)?;
+        for v in &mut out {
+            *v = X::round_f32(*v);
         }
         Ok(out)
     }
