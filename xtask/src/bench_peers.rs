@@ -38,7 +38,7 @@ use crate::json::{self, Value};
 use crate::project_root;
 use crate::util::{Cmd, Result, banner, fmt_duration};
 
-/// Issue 8's targets for our pipeline, ms per call at M = 1, 16, 256, 1024 (2 threads, W4A8
+/// The W4A8 targets for our pipeline, ms per call at M = 1, 16, 256, 1024 (2 threads, W4A8
 /// group 32, uniform routing, weights cycled beyond the caches).
 const TARGETS_MS: [(&str, [(usize, f64); 4]); 3] = [
     (
@@ -1133,7 +1133,7 @@ fn render_table(
          median over rounds of the median of {iters} calls.\nbound = the touched experts' int4 weights \
          and bf16 group scales (0.5625 B per weight) / 28.8 GB/s; packed = the same for the bytes our \
          packed layout reads, moe bench's own bound (0.5625 B per weight from commit 2c99c28 on; \
-         0.75 B before, with an f32 scale and an i32 code sum per 32 weights); target = issue 8.\n\
+         0.75 B before, with an f32 scale and an i32 code sum per 32 weights); target = the W4A8 target.\n\
          peer = experts stage, median over rounds; peer/ours > 1 means ours is faster:"
     )
     .expect("writing to a String");
@@ -1195,7 +1195,7 @@ fn render_table(
 }
 
 /// The DRAM time of the bytes a `moe bench` row's call touches in the checkpoint's own format:
-/// int4 weights plus one bf16 scale per group of 32 (what issue 8's targets are measured against).
+/// int4 weights plus one bf16 scale per group of 32 (what the W4A8 targets are measured against).
 fn nominal_bound_ms(row: &Value) -> Option<f64> {
     let shape = row.get("shape")?;
     let dim = |key: &str| shape.get(key).and_then(Value::as_f64);

@@ -77,6 +77,10 @@ const PACKAGE_ARGS: &[&str] = &[
     "moe-capi",
 ];
 
+/// Tells the tests that skip without a tool or input (a C compiler, the shared fixtures) to
+/// fail instead: in CI a skipped check would pass silently.
+const REQUIRE_TOOLS: (&str, &str) = ("MOE_REQUIRE_TEST_TOOLS", "1");
+
 /// The CI sequence. `cargo test --workspace` is the test command the README gives.
 const STEPS: [Step; 10] = [
     Step::Cargo {
@@ -125,14 +129,17 @@ const STEPS: [Step; 10] = [
     },
     Step::Cargo {
         args: &["test", "--workspace"],
-        env: &[],
+        env: &[(REQUIRE_TOOLS.0, REQUIRE_TOOLS.1)],
     },
     Step::X86Ladder,
     Step::Arm,
     // Reductions must not depend on the thread count (style item 11).
     Step::Cargo {
         args: &["test", "--workspace"],
-        env: &[("RAYON_NUM_THREADS", "1")],
+        env: &[
+            ("RAYON_NUM_THREADS", "1"),
+            (REQUIRE_TOOLS.0, REQUIRE_TOOLS.1),
+        ],
     },
     // Hostile inputs (docs/reliability.md): a short fuzz of every target. Miri (`cargo xtask
     // miri`, 15-20 minutes on a cold machine) is run by hand: with it the sequence would come

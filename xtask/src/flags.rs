@@ -36,7 +36,7 @@ Commands:
               [--render <file.json>]
       Time `moe bench` (our W4A8 group-32 pipeline) and three peers back to back on the same
       shapes, batch sizes and thread count, alternating ours and the peers round by round, and
-      print one table of medians: ours, the DRAM bound, issue 8's target, each peer path and
+      print one table of medians: ours, the DRAM bound, the W4A8 target, each peer path and
       peer/ours. The peers: vLLM's CPU MoE kernels (<shared>/peers/bench_vllm_cpu.py in a venv
       from <shared>/peers/setup_venv.sh), KTransformers' KT-Kernel
       (<shared>/peers/bench_kt_kernel.py in a venv from <shared>/peers/setup_venv_kt.sh) and

@@ -1,5 +1,6 @@
 //! Proves which rung ran: fails when `MOE_EXPECT_ISA` names another rung than the selected one,
-//! and prints what was detected (run with `--nocapture`).
+//! and prints what was detected (run with `--nocapture`), checking that the report is
+//! consistent.
 
 use moe_kernels::{Isa, IsaArch, cpu_features, isa_cap, kernels, selected_isa};
 
@@ -50,9 +51,31 @@ fn report_detected_cpu_features() {
         println!("  {name:<28} {}", if present { "yes" } else { "no" });
     }
     println!("cap: {:?}", isa_cap());
-    println!("available rungs: {:?}", moe_kernels::available_isas());
+    let available = moe_kernels::available_isas();
+    println!("available rungs: {available:?}");
     println!("selected rung: {}", selected_isa());
-    for line in kernels().describe_ops() {
+    let ops = kernels().describe_ops();
+    for line in &ops {
         println!("  {line}");
+    }
+    // What is printed must hang together: the selected rung is one the CPU supports (or the
+    // scalar fallback), every available rung builds its kernel set, and the report names every
+    // operation.
+    assert!(
+        available.contains(&selected_isa()) || selected_isa() == Isa::Scalar,
+        "selected rung {} is not available ({available:?})",
+        selected_isa()
+    );
+    for isa in &available {
+        assert!(
+            moe_kernels::KernelSet::for_isa(*isa).is_some(),
+            "available rung {isa} has no kernel set"
+        );
+    }
+    for op in ["w4a8_gemm", "w8a8_gemm", "wna16_gemm"] {
+        assert!(
+            ops.iter().any(|line| line.starts_with(op)),
+            "describe_ops names no {op}: {ops:?}"
+        );
     }
 }

@@ -508,6 +508,11 @@ mod tests {
     fn missing_input_tensor_is_an_error() {
         let dir = fixtures().join("qwen3moe-w4a8-g32");
         if !dir.is_dir() {
+            assert!(
+                std::env::var_os("MOE_REQUIRE_TEST_TOOLS").is_none(),
+                "{} is missing, and MOE_REQUIRE_TEST_TOOLS forbids skipping",
+                dir.display()
+            );
             return;
         }
         let args = RunArgs {
