@@ -7,7 +7,8 @@
 //! K 14336); M = 1, 16, 64, 256;
 //! W4A8 with groups of 32 and 128 (`w4a8_gemm/g{group}/{isa}`).
 //! Single-threaded (`Par::Seq`) so the figures are per core. `act_quant/scalar` times the
-//! activation quantisation alone.
+//! activation quantisation alone. WNA16 runs each rung as dispatched and, where the rung has
+//! a bf16 path, again with f32 at every row count (`wna16_gemm/{isa}-f32`).
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use half::bf16;
@@ -144,9 +145,18 @@ fn wna16(c: &mut Criterion) {
             .unwrap()
         })
         .collect();
+    // Each rung as dispatched, and, where it has a bf16 path, also with f32 at every row count.
+    let mut sets = Vec::new();
     for isa in moe_kernels::available_isas() {
         let ks = KernelSet::for_isa(isa).unwrap();
-        let mut group = c.benchmark_group(format!("wna16_gemm/{isa}"));
+        sets.push((isa.to_string(), ks));
+        if ks.has_bf16_tiles() {
+            sets.push((format!("{isa}-f32"), ks.without_bf16_path()));
+        }
+    }
+    for (name, ks) in sets {
+        let isa = ks.isa();
+        let mut group = c.benchmark_group(format!("wna16_gemm/{name}"));
         group.sample_size(10);
         for w in &packed {
             let (n, k) = (w.n(), w.k());
@@ -159,7 +169,7 @@ fn wna16(c: &mut Criterion) {
                 let mut out = vec![0f32; m * n];
                 let mut scratch = GemmScratch::new();
                 group.throughput(Throughput::Elements(macs as u64));
-                group.bench_function(BenchmarkId::new(isa.name(), format!("{m}x{n}x{k}")), |b| {
+                group.bench_function(BenchmarkId::new(&name, format!("{m}x{n}x{k}")), |b| {
                     b.iter(|| {
                         moe_kernels::wna16_gemm(&ks, m, &x, w, &mut out, &mut scratch, Par::Seq)
                             .unwrap()
