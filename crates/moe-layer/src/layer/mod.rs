@@ -42,7 +42,9 @@ use moe_router::{IdsOut, Logits, Router, RouterScratch};
 
 #[cfg(feature = "checkpoint")]
 pub use config::router_from_spec;
-pub use config::{LayerQuant, MoeLayerConfig, SharedExperts, vllm_cpu_softmax_router};
+pub use config::{
+    LayerQuant, MoeLayerConfig, SharedExperts, Wna16Activations, vllm_cpu_softmax_router,
+};
 #[cfg(feature = "checkpoint")]
 pub use from_checkpoint::{LoadOptions, LoadProgress};
 pub use params::{ExpertShard, TensorData, TensorKind, TensorView};
@@ -535,6 +537,20 @@ impl MoeLayer {
             LayerQuant::Int8Online => {
                 let (w13, w2) = online::quantize_and_pack(params, h, i)?;
                 Experts::W8A8(FusedMoe::new(
+                    ExpertWeights {
+                        w13,
+                        w2,
+                        w13_bias: b13.clone(),
+                        w2_bias: b2.clone(),
+                    },
+                    moe_cfg,
+                    kernels,
+                )?)
+            }
+            LayerQuant::Wna16 { group_size, .. } if cfg.wna16_on_w4a8() => {
+                // Symmetric int4 codes are stored signed (`q − 8`), the W4A8 kernels' values.
+                let (w13, w2) = pack_w4a8(params, group_size, h, i, self.par)?;
+                Experts::W4A8(FusedMoe::new(
                     ExpertWeights {
                         w13,
                         w2,
