@@ -212,7 +212,7 @@ fn int8_activations_run_symmetric_int4_on_the_w4a8_kernels() {
 }
 
 /// Int8 activations are refused, naming the setting, for weights the W4A8 kernels cannot
-/// hold: 8-bit codes, zero points, act-order, other schemes.
+/// hold: 8-bit codes, zero points, act-order. Other schemes ignore the setting.
 #[test]
 fn int8_activations_refuse_weights_the_w4a8_kernels_cannot_hold() {
     let wna16 = |bits, act_order, zero_points| LayerQuant::Wna16 {
@@ -225,9 +225,6 @@ fn int8_activations_refuse_weights_the_w4a8_kernels_cannot_hold() {
         wna16(8, false, false),
         wna16(4, true, false),
         wna16(4, false, true),
-        LayerQuant::W4A8 {
-            group_size: Some(G),
-        },
     ] {
         let cfg = MoeLayerConfig::new(E, TOP_K, H, I, quant)
             .with_wna16_activations(Wna16Activations::DynamicInt8);
@@ -245,7 +242,19 @@ fn int8_activations_refuse_weights_the_w4a8_kernels_cannot_hold() {
             })
         ));
     }
-    // The same weights with float activations are accepted.
+    // The same weights with float activations are accepted, and so is the setting on a
+    // scheme it does not concern.
     let cfg = MoeLayerConfig::new(E, TOP_K, H, I, wna16(4, false, true));
+    assert!(cfg.select_backend().is_ok());
+    let cfg = MoeLayerConfig::new(
+        E,
+        TOP_K,
+        64,
+        64,
+        LayerQuant::W4A8 {
+            group_size: Some(32),
+        },
+    )
+    .with_wna16_activations(Wna16Activations::DynamicInt8);
     assert!(cfg.select_backend().is_ok());
 }

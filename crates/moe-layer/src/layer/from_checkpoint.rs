@@ -244,7 +244,7 @@ impl MoeLayer {
             max_tokens,
             tp,
             expert_map,
-            &LoadOptions::new(),
+            &LoadOptions::new().with_par(Par::Rayon),
         )
     }
 
