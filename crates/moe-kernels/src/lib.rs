@@ -92,8 +92,8 @@ pub use moe::{
     MoeInput, MoeScratch, MoeScratchDims, StageTimes,
 };
 pub use packed::{
-    Int4WordOrder, Int4WordRows, PackedDense, PackedW4A8, PackedW8A8, PackedWna16, W4A8Scales,
-    Wna16Desc, Wna16Scales, Wna16WordsDesc,
+    E2M1_VALUES, Int4Values, Int4WordOrder, Int4WordRows, Mxfp4Desc, PackedDense, PackedW4A8,
+    PackedW8A8, PackedWna16, W4A8Scales, Wna16Desc, Wna16Scales, Wna16WordsDesc,
 };
 pub use wna16::{wna16_gemm, wna16_isa, wna16_reference};
 

@@ -2,10 +2,12 @@
 //! [`PackedWna16`] weights, f32 activations, f32 compute, no activation quantization.
 //!
 //! The definition (the scalar reference, [`wna16_reference`]): for each row and channel,
-//! `out = Σ_g s_g · (Σ_{k ∈ g} x[k]·(c_k − z_g)) (+ bias)`. Each group's partial sum starts at 0
-//! and adds `x·(c − z)` in ascending packed K order (a multiply, then an add); the group sums are
-//! then added in ascending group order into an accumulator starting at 0 (`acc + part·s`, a
-//! multiply, then an add), and the bias is added last. `c − z` is an exact small integer in f32.
+//! `out = Σ_g s_g · (Σ_{k ∈ g} x[k]·(v(c_k) − z_g)) (+ bias)`, with `v(c) = c` for integer codes
+//! and the e2m1 value for MXFP4 ([`crate::Int4Values`], zero 0). Each group's partial sum starts
+//! at 0 and adds `x·(v(c) − z)` in ascending packed K order (a multiply, then an add); the group
+//! sums are then added in ascending group order into an accumulator starting at 0
+//! (`acc + part·s`, a multiply, then an add), and the bias is added last. `v(c) − z` is exact in
+//! f32 (a small integer, or an e2m1 value).
 //!
 //! The portable body computes exactly these operations in exactly this order, one lane per
 //! channel, so its scalar build and its AVX2+FMA build (the compiler never contracts a
@@ -22,7 +24,7 @@ use std::ops::Range;
 use half::{bf16, f16};
 
 use crate::gemm::split_panels;
-use crate::packed::wna16::{K_STEP, K_STEP8, Wna16ScaleValues};
+use crate::packed::wna16::{E2M1_VALUES, Int4Values, K_STEP, K_STEP8, Wna16ScaleValues};
 use crate::packed::{PANEL, PackedWna16, check_len};
 use crate::ukernel::{Bf16Weights, W4Bf16Job};
 use crate::{GemmScratch, Isa, KernelError, KernelSet, Par};
@@ -80,9 +82,10 @@ impl Widen for f16 {
     }
 }
 
-/// Computes rows `m0..m0 + R` of panel `p` in the reference order (`BITS` = 4 or 8).
+/// Computes rows `m0..m0 + R` of panel `p` in the reference order (`BITS` = 4 or 8; `E2M1`:
+/// int4 codes are e2m1 values, with no zero point).
 #[inline(always)]
-fn tile<S: Widen, const BITS: u32, const ASYM: bool, const R: usize>(
+fn tile<S: Widen, const BITS: u32, const ASYM: bool, const E2M1: bool, const R: usize>(
     job: &Wna16Job<'_>,
     scales: &[S],
     p: usize,
@@ -105,7 +108,11 @@ fn tile<S: Widen, const BITS: u32, const ASYM: bool, const R: usize>(
         };
         let mut part = [[0f32; PANEL]; R];
         for kk in kr {
-            let wv: [f32; PANEL] = if BITS == 4 {
+            let wv: [f32; PANEL] = if E2M1 {
+                let step = &steps[kk / K_STEP];
+                let shift = 4 * (kk % K_STEP) as u32;
+                std::array::from_fn(|c| E2M1_VALUES[((step[c] >> shift) & 0xF) as usize])
+            } else if BITS == 4 {
                 let step = &steps[kk / K_STEP];
                 let shift = 4 * (kk % K_STEP) as u32;
                 std::array::from_fn(|c| ((step[c] >> shift) & 0xF) as f32 - zero[c])
@@ -148,9 +155,9 @@ fn tile<S: Widen, const BITS: u32, const ASYM: bool, const R: usize>(
     }
 }
 
-/// Walks the row tiles of `panels` for one code width, scale type and symmetry.
+/// Walks the row tiles of `panels` for one code width, scale type, symmetry and code kind.
 #[inline(always)]
-fn panels_typed<S: Widen, const BITS: u32, const ASYM: bool>(
+fn panels_typed<S: Widen, const BITS: u32, const ASYM: bool, const E2M1: bool>(
     job: &Wna16Job<'_>,
     s: &[S],
     panels: Range<usize>,
@@ -159,24 +166,27 @@ fn panels_typed<S: Widen, const BITS: u32, const ASYM: bool>(
         let mut m0 = 0;
         while m0 < job.m {
             match job.m - m0 {
-                1 => tile::<S, BITS, ASYM, 1>(job, s, p, m0),
-                2 => tile::<S, BITS, ASYM, 2>(job, s, p, m0),
-                3 => tile::<S, BITS, ASYM, 3>(job, s, p, m0),
-                _ => tile::<S, BITS, ASYM, MR>(job, s, p, m0),
+                1 => tile::<S, BITS, ASYM, E2M1, 1>(job, s, p, m0),
+                2 => tile::<S, BITS, ASYM, E2M1, 2>(job, s, p, m0),
+                3 => tile::<S, BITS, ASYM, E2M1, 3>(job, s, p, m0),
+                _ => tile::<S, BITS, ASYM, E2M1, MR>(job, s, p, m0),
             }
             m0 += MR.min(job.m - m0);
         }
     }
 }
 
-/// Picks the code width and symmetry for one scale type.
+/// Picks the code width, symmetry and code kind for one scale type.
 #[inline(always)]
 fn panels_scaled<S: Widen>(job: &Wna16Job<'_>, s: &[S], panels: Range<usize>) {
+    if job.w.values() == Int4Values::E2m1 {
+        return panels_typed::<S, 4, false, true>(job, s, panels);
+    }
     match (job.w.bits(), job.w.zeros().is_some()) {
-        (4, false) => panels_typed::<S, 4, false>(job, s, panels),
-        (4, true) => panels_typed::<S, 4, true>(job, s, panels),
-        (_, false) => panels_typed::<S, 8, false>(job, s, panels),
-        (_, true) => panels_typed::<S, 8, true>(job, s, panels),
+        (4, false) => panels_typed::<S, 4, false, false>(job, s, panels),
+        (4, true) => panels_typed::<S, 4, true, false>(job, s, panels),
+        (_, false) => panels_typed::<S, 8, false, false>(job, s, panels),
+        (_, true) => panels_typed::<S, 8, true, false>(job, s, panels),
     }
 }
 
@@ -287,7 +297,7 @@ pub fn wna16_reference(m: usize, x: &[f32], w: &PackedWna16) -> Vec<f32> {
                 let mut part = 0f32;
                 for kk in g * gs..k.min((g + 1) * gs) {
                     let xv = w.perm().map_or(xr[kk], |p| xr[p[kk] as usize]);
-                    part += xv * (f32::from(codes[c * k + kk]) - z);
+                    part += xv * (w.code_value(codes[c * k + kk]) - z);
                 }
                 acc += part * scales[c * ng + g];
             }
@@ -303,7 +313,7 @@ pub fn wna16_reference(m: usize, x: &[f32], w: &PackedWna16) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::packed::wna16::{Wna16Desc, Wna16Scales};
+    use crate::packed::wna16::{Mxfp4Desc, Wna16Desc, Wna16Scales};
     use moe_testutil::SplitMix64;
 
     /// Random weights of every kind for one shape.
@@ -320,6 +330,9 @@ mod tests {
         perm: Vec<u32>,
         codes8: Vec<u8>,
         zeros8: Vec<u8>,
+        /// MXFP4 blocks `[n, ceil(k/32), 16]` and e8m0 scales `[n, ceil(k/32)]`.
+        blocks: Vec<u8>,
+        e8m0: Vec<u8>,
     }
 
     impl Case {
@@ -337,7 +350,18 @@ mod tests {
             }
             let codes8 = (0..n * k).map(|_| rng.below(256) as u8).collect();
             let zeros8 = (0..n * ng).map(|_| rng.below(256) as u8).collect();
+            let nb = k.div_ceil(32);
+            let blocks = (0..n * nb * 16).map(|_| rng.below(256) as u8).collect();
+            // Scales 2^-10..2^2, and now and then 2^-127 (e8m0 0, a subnormal in f32 and bf16).
+            let e8m0 = (0..n * nb)
+                .map(|_| match rng.below(40) {
+                    0 => 0,
+                    _ => 117 + rng.below(13) as u8,
+                })
+                .collect();
             Self {
+                blocks,
+                e8m0,
                 codes8,
                 zeros8,
                 n,
@@ -353,7 +377,8 @@ mod tests {
             }
         }
 
-        /// Every variant: bits × scale dtype × symmetry × bias and permutation.
+        /// Every variant: bits × scale dtype × symmetry × bias and permutation, then MXFP4
+        /// without and with bias.
         fn variants(&self) -> Vec<PackedWna16> {
             let mut all = Vec::new();
             for variant in 0..24 {
@@ -380,6 +405,18 @@ mod tests {
                         zeros: asym.then_some(&zeros[..]),
                         bias: extras.then_some(&self.bias[..]),
                         perm: extras.then_some(&self.perm[..]),
+                    })
+                    .unwrap(),
+                );
+            }
+            for bias in [None, Some(&self.bias[..])] {
+                all.push(
+                    PackedWna16::pack_mxfp4(Mxfp4Desc {
+                        n: self.n,
+                        k: self.k,
+                        blocks: &self.blocks,
+                        scales: &self.e8m0,
+                        bias,
                     })
                     .unwrap(),
                 );
@@ -477,10 +514,11 @@ mod tests {
                             };
                             assert!(
                                 ok,
-                                "{} m={m} n={n} k={k} g={g:?} bits={} asym={} i={i}: {a} vs {b}",
+                                "{} m={m} n={n} k={k} g={g:?} bits={} asym={} {:?} i={i}: {a} vs {b}",
                                 ks.wna16_isa(),
                                 w.bits(),
-                                w.is_asymmetric()
+                                w.is_asymmetric(),
+                                w.values()
                             );
                         }
                     }

@@ -256,8 +256,16 @@ impl KernelId {
                 .contains(k),
                 None => false,
             },
-            KernelId::CpuMarlin | KernelId::CpuWna16 => match w {
+            KernelId::CpuMarlin => match w {
                 Some(WeightKey::Scalar(k)) => our_wna16_key(k),
+                _ => false,
+            },
+            // MXFP4 runs on the WNA16 kernels (e2m1 codes through their value table); the
+            // Marlin executor decodes integers only.
+            KernelId::CpuWna16 => match w {
+                Some(WeightKey::Scalar(k)) => {
+                    our_wna16_key(k) || *k == ScalarQuantKey::MXFP4_STATIC
+                }
                 _ => false,
             },
             KernelId::CpuUnquantized => w.is_none() && a.is_none(),

@@ -41,6 +41,13 @@ impl ScalarQuantKey {
         scale: F16_STATIC_GROUP,
         symmetric: true,
     };
+    /// MXFP4 (gpt-oss): `float4_e2m1f` weights with static e8m0 scales per 32 input columns,
+    /// held as `uint8` exponents (moe-quant has no e8m0 dtype).
+    pub const MXFP4_STATIC: ScalarQuantKey = ScalarQuantKey {
+        scalar_type: ScalarType::FLOAT4_E2M1F,
+        scale: ScaleDesc::new(DType::U8, true, GroupShape::new(1, 32)),
+        symmetric: true,
+    };
 }
 
 impl fmt::Display for ScalarQuantKey {
@@ -344,6 +351,11 @@ pub fn wna16_weight_key(weight_bits: u32) -> Result<ScalarQuantKey, OracleError>
             reason: format!("GPTQMarlinMoEMethod only supports int4 and int8 now. (got {b})"),
         }),
     }
+}
+
+/// The MXFP4 weight key (gpt-oss experts): e2m1 codes, e8m0 scales per 32 columns.
+pub fn mxfp4_weight_key() -> ScalarQuantKey {
+    ScalarQuantKey::MXFP4_STATIC
 }
 
 /// An unquantized config: every descriptor empty.

@@ -1077,3 +1077,23 @@ fn every_activation_and_routing_method_has_an_answer() {
         }
     }
 }
+
+/// MXFP4 (gpt-oss) weights run on the native WNA16 kernel only: the Marlin executor refuses
+/// the e2m1 key, so disabling `cpu-wna16` leaves no kernel, and every refusal is named.
+#[test]
+fn mxfp4_selects_cpu_wna16_and_nothing_else() {
+    let key = mxfp4_weight_key();
+    assert_eq!(
+        key.to_string(),
+        "QuantKey(float4_e2m1f,scale(u8,static,GroupShape(row=1, col=32)),symmetric)"
+    );
+    let c = cfg(A::Swigluoai, R::Renormalize);
+    let s = select_wna16_moe_backend(&c, &key, &vnni(), &SelectOptions::native()).unwrap();
+    assert_eq!(s.kernel.to_string(), "cpu-wna16/avx512-vnni");
+    let opts = SelectOptions::native().with_disabled(DisabledKernels::parse("cpu-wna16"));
+    let e = select_wna16_moe_backend(&c, &key, &vnni(), &opts).unwrap_err();
+    let text = e.detailed();
+    assert!(text.contains("cpu-wna16"), "{text}");
+    assert!(text.contains("cpu-marlin"), "{text}");
+    assert!(text.contains("float4_e2m1f"), "{text}");
+}

@@ -23,7 +23,8 @@ pub enum NanRepr {
 /// stored code.
 ///
 /// Integers have `exponent == 0`; their width is `mantissa + signed`.
-/// Names follow vLLM: `int4`, `uint4`, `uint4b8`, `int8`, `uint8b128`, `float8_e4m3fn`.
+/// Names follow vLLM: `int4`, `uint4`, `uint4b8`, `int8`, `uint8b128`, `float8_e4m3fn`,
+/// `float4_e2m1f`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ScalarType {
     /// Exponent bits (0 for integers).
@@ -83,6 +84,17 @@ impl ScalarType {
         bias: 0,
         finite_values_only: true,
         nan_repr: NanRepr::ExtdRangeMaxMinNegZero,
+    };
+
+    /// fp4 with 2 exponent and 1 mantissa bits, finite only, no NaN (OCP `e2m1`, the element of
+    /// MXFP4): values `{0, 0.5, 1, 1.5, 2, 3, 4, 6}` and their negatives.
+    pub const FLOAT4_E2M1F: ScalarType = ScalarType {
+        exponent: 2,
+        mantissa: 1,
+        signed: true,
+        bias: 0,
+        finite_values_only: true,
+        nan_repr: NanRepr::None,
     };
 
     /// Total storage width in bits.
@@ -224,6 +236,7 @@ mod tests {
             (ScalarType::UINT8, "uint8", 8, 0.0, 255.0),
             (ScalarType::UINT8B128, "uint8b128", 8, -128.0, 127.0),
             (ScalarType::FLOAT8_E4M3FN, "float8_e4m3fn", 8, -448.0, 448.0),
+            (ScalarType::FLOAT4_E2M1F, "float4_e2m1f", 4, -6.0, 6.0),
         ];
         for (t, name, bits, min, max) in cases {
             assert_eq!(t.to_string(), name);

@@ -14,7 +14,10 @@ pub mod wna16;
 pub use dense::PackedDense;
 pub use w4a8::{PackedW4A8, W4A8Scales};
 pub use w8a8::PackedW8A8;
-pub use wna16::{Int4WordOrder, Int4WordRows, PackedWna16, Wna16Desc, Wna16Scales, Wna16WordsDesc};
+pub use wna16::{
+    E2M1_VALUES, Int4Values, Int4WordOrder, Int4WordRows, Mxfp4Desc, PackedWna16, Wna16Desc,
+    Wna16Scales, Wna16WordsDesc,
+};
 
 /// Output channels per panel: one 16-lane i32 vector, or two 8-lane ones.
 pub const PANEL: usize = 16;

@@ -22,8 +22,10 @@
 //! Channels past `N` and K values past `K` hold code 0 and zero scale; the kernels never read
 //! K values past `K` (the last step is processed nibble by nibble).
 //!
-//! A weight is `(code − zero)·scale`; at group size 128 with bf16 scales the int4 format streams
-//! 0.5 bytes of codes plus 1/64 byte of scale per weight.
+//! A weight is `(value(code) − zero)·scale`, where `value` is the code's integer for integer
+//! weights and the e2m1 table ([`E2M1_VALUES`]) for MXFP4 weights ([`Int4Values::E2m1`]: zero 0,
+//! groups of 32, power-of-two scales). At group size 128 with bf16 scales the int4 format
+//! streams 0.5 bytes of codes plus 1/64 byte of scale per weight; MXFP4 streams 0.5 + 1/16.
 
 use half::{bf16, f16};
 
@@ -38,6 +40,37 @@ pub(crate) const K_STEP8: usize = 4;
 
 /// Largest supported K (keeps every index product far from overflow).
 pub const MAX_K: usize = 1 << 24;
+
+/// K values per MXFP4 block: one e8m0 scale per 32 e2m1 codes.
+pub const MXFP4_BLOCK: usize = 32;
+
+/// The value of each e2m1 code (MXFP4's element type): sign bit 3, then two exponent bits and
+/// one mantissa bit, so codes 0..=7 are `{0, 0.5, 1, 1.5, 2, 3, 4, 6}` and 8..=15 their
+/// negatives. Every value has at most two significant bits, so a value times a power-of-two
+/// scale is exact in f32 and in bf16.
+pub const E2M1_VALUES: [f32; 16] = [
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+];
+
+/// What the 4-bit codes of a packed matrix stand for. Both kinds decode a code through a
+/// 16-entry table, which is what every WNA16 body already does, so MXFP4 runs on the same
+/// kernels as integer int4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Int4Values {
+    /// Unsigned integers `0..=15` less a zero point (8 when symmetric): GPTQ, AWQ,
+    /// compressed-tensors.
+    Integer,
+    /// e2m1 floats ([`E2M1_VALUES`]) with no zero point: MXFP4.
+    E2m1,
+}
+
+/// The bf16 bits of an e8m0 scale `2^(e − 127)`: every `e` in `0..=254` is exact in bf16 (which
+/// has f32's exponent range), `e = 0` as the subnormal `2^-127`; `e = 255` is NaN and refused by
+/// the caller.
+fn e8m0_to_bf16(e: u8) -> bf16 {
+    bf16::from_bits(if e == 0 { 0x0040 } else { u16::from(e) << 7 })
+}
 
 /// Group scales of a WNA16 matrix, row-major `[N, G]`, in the checkpoint's precision.
 #[derive(Debug, Clone, Copy)]
@@ -112,6 +145,7 @@ pub struct PackedWna16 {
     n: usize,
     k: usize,
     bits: u32,
+    values: Int4Values,
     n_panels: usize,
     k_steps: usize,
     group_size: usize,
@@ -169,6 +203,23 @@ pub struct Wna16WordsDesc<'a> {
     pub scales: Wna16Scales<'a>,
     /// Zero points `[N, G]` in `0..16`; `None` means symmetric with zero 8.
     pub zeros: Option<&'a [u8]>,
+    /// f32 bias `[N]`, added to every output row.
+    pub bias: Option<&'a [f32]>,
+}
+
+/// What [`PackedWna16::pack_mxfp4`] takes: one MXFP4 matrix `[N, K]` as a checkpoint stores it
+/// (gpt-oss `*_blocks` / `*_scales`), one expert's slice of bytes each.
+#[derive(Debug, Clone, Copy)]
+pub struct Mxfp4Desc<'a> {
+    /// Output channels N.
+    pub n: usize,
+    /// Reduction dimension K.
+    pub k: usize,
+    /// `[N, ceil(K/32), 16]` bytes: byte `j` of a block holds the code of its element `2j` in
+    /// the low nibble and `2j + 1` in the high one. Nibbles past K are ignored.
+    pub blocks: &'a [u8],
+    /// `[N, ceil(K/32)]` e8m0 scales: block scale `2^(e − 127)`; 255 (NaN) is refused.
+    pub scales: &'a [u8],
     /// f32 bias `[N]`, added to every output row.
     pub bias: Option<&'a [f32]>,
 }
@@ -328,6 +379,7 @@ impl PackedWna16 {
             n,
             k,
             bits: d.bits,
+            values: Int4Values::Integer,
             n_panels,
             k_steps,
             group_size: dims.group_size,
@@ -378,40 +430,14 @@ impl PackedWna16 {
                 });
             }
         }
-        // Nibbles past K in the last step are padding: the packed format holds code 0 there.
-        let tail = match k % K_STEP {
-            0 => u32::MAX,
-            r => (1u32 << (4 * r)) - 1,
-        };
         let n_panels = n.div_ceil(PANEL);
-        let mut codes = Vec::with_capacity(n_panels * k_steps * PANEL);
-        // A panel goes through a tile of `PANEL` steps × `PANEL` channels: each channel's words
-        // are read in their stored order (sequential for channel-major runs), and the tile
-        // is appended in packed order, so the buffer is never zero-filled first.
-        for panel in at.chunks(PANEL) {
-            // Channels past N stay 0 in every tile of the last panel.
-            let mut tile = [[0u32; PANEL]; PANEL];
-            for s0 in (0..k_steps).step_by(PANEL) {
-                let steps = PANEL.min(k_steps - s0);
-                for (c, &(words, first, stride)) in panel.iter().enumerate() {
-                    let src = words[first + s0 * stride..].iter().step_by(stride);
-                    for (row, w) in tile[..steps].iter_mut().zip(src) {
-                        row[c] = u32::from_le_bytes(*w);
-                    }
-                }
-                if s0 + steps == k_steps {
-                    for w in &mut tile[steps - 1] {
-                        *w &= tail;
-                    }
-                }
-                codes.extend_from_slice(tile[..steps].as_flattened());
-            }
-        }
+        let codes = gather_words(&at, k);
         let (scales, zeros, bias) = side.pack(n, n_panels, dims.n_groups);
         Ok(Self {
             n,
             k,
             bits: 4,
+            values: Int4Values::Integer,
             n_panels,
             k_steps,
             group_size: dims.group_size,
@@ -423,6 +449,88 @@ impl PackedWna16 {
             bias,
             perm: None,
         })
+    }
+
+    /// Validates and packs one MXFP4 matrix from a checkpoint's blocks and e8m0 scales.
+    ///
+    /// The 16 bytes of a block, read as four little-endian 32-bit words, are exactly four int4
+    /// steps of one channel (nibble `j` of word `i` is element `8i + j`), so the blocks are
+    /// gathered word by word like channel-major int4 words. The scales become bf16, which holds
+    /// every e8m0 value exactly, so the kernels see groups of 32 with bf16 scales and the e2m1
+    /// table: weights are exactly `e2m1(code)·2^(e − 127)`.
+    pub fn pack_mxfp4(d: Mxfp4Desc<'_>) -> Result<Self, KernelError> {
+        let (n, k) = (d.n, d.k);
+        let dims = check_dims(n, k, 4, Some(MXFP4_BLOCK))?;
+        let blocks = dims.n_groups;
+        check_len("blocks", n * blocks * 16, d.blocks.len())?;
+        check_len("scales", n * blocks, d.scales.len())?;
+        if let Some(index) = d.scales.iter().position(|&e| e == u8::MAX) {
+            return Err(KernelError::ValueOutOfRange {
+                tensor: "scales",
+                index,
+                value: i64::from(u8::MAX),
+                min: 0,
+                max: 254,
+            });
+        }
+        let scales: Vec<bf16> = d.scales.iter().map(|&e| e8m0_to_bf16(e)).collect();
+        let side = Side {
+            scales: Wna16Scales::Bf16(&scales),
+            zeros: None,
+            bias: d.bias,
+        };
+        side.check(n, &dims)?;
+
+        let words = d.blocks.as_chunks::<4>().0;
+        let row_words = blocks * 4;
+        let at: Vec<(&[[u8; 4]], usize, usize)> =
+            (0..n).map(|c| (words, c * row_words, 1)).collect();
+        let codes = gather_words(&at, k);
+        let n_panels = n.div_ceil(PANEL);
+        let (scales, zeros, bias) = side.pack(n, n_panels, dims.n_groups);
+        Ok(Self {
+            n,
+            k,
+            bits: 4,
+            values: Int4Values::E2m1,
+            n_panels,
+            k_steps: k.div_ceil(K_STEP),
+            group_size: dims.group_size,
+            channelwise: false,
+            n_groups: dims.n_groups,
+            codes,
+            scales,
+            zeros,
+            bias,
+            perm: None,
+        })
+    }
+
+    /// What the codes stand for: integers or e2m1 values.
+    pub fn values(&self) -> Int4Values {
+        self.values
+    }
+
+    /// The value of code `c` before the zero point is subtracted: `c` for integer codes, the
+    /// e2m1 value for MXFP4.
+    pub fn code_value(&self, c: u8) -> f32 {
+        match self.values {
+            Int4Values::Integer => f32::from(c),
+            Int4Values::E2m1 => E2M1_VALUES[usize::from(c & 0xF)],
+        }
+    }
+
+    /// The 16-entry table the bodies decode int4 codes through before subtracting the zero
+    /// point: the codes themselves for integers, [`E2M1_VALUES`] for MXFP4.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the bf16 fills read it
+    pub(crate) fn raw_table(&self) -> &'static [f32; 16] {
+        const CODES: [f32; 16] = [
+            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+        ];
+        match self.values {
+            Int4Values::Integer => &CODES,
+            Int4Values::E2m1 => &E2M1_VALUES,
+        }
     }
 
     /// Output channels N.
@@ -469,7 +577,7 @@ impl PackedWna16 {
     }
 
     /// The weights back as `(codes [N, K], scales [N, G] as f32, zeros [N, G])`, in the
-    /// packed K order (tests and reports).
+    /// packed K order (tests and reports); a weight is `(code_value(code) − zero)·scale`.
     pub fn unpack(&self) -> (Vec<u8>, Vec<f32>, Vec<u8>) {
         let (n, k, g) = (self.n, self.k, self.n_groups);
         let mut codes = vec![0u8; n * k];
@@ -496,7 +604,7 @@ impl PackedWna16 {
     }
 
     /// The dequantized weights `[N, K]` in f64, columns in activation order: the exact value
-    /// `(code − zero)·scale` of every weight (tests).
+    /// `(value(code) − zero)·scale` of every weight (tests and references).
     pub fn dequantize_f64(&self) -> Vec<f64> {
         let (codes, scales, zeros) = self.unpack();
         let (n, k, g) = (self.n, self.k, self.n_groups);
@@ -504,7 +612,7 @@ impl PackedWna16 {
         for row in 0..n {
             for col in 0..k {
                 let gi = row * g + col / self.group_size;
-                let v = (f64::from(codes[row * k + col]) - f64::from(zeros[gi]))
+                let v = (f64::from(self.code_value(codes[row * k + col])) - f64::from(zeros[gi]))
                     * f64::from(scales[gi]);
                 let dst = self.perm.as_ref().map_or(col, |p| p[col] as usize);
                 w[row * k + dst] = v;
@@ -521,9 +629,13 @@ impl PackedWna16 {
         }
     }
 
-    /// The zero point of symmetric weights: 8 for int4, 128 for int8.
+    /// The zero point of symmetric weights: 8 for int4, 128 for int8, 0 for e2m1 values.
     pub(crate) fn symmetric_zero(&self) -> u8 {
-        if self.bits == 4 { 8 } else { 128 }
+        match (self.values, self.bits) {
+            (Int4Values::E2m1, _) => 0,
+            (_, 4) => 8,
+            _ => 128,
+        }
     }
 
     /// K values per packed step.
@@ -605,6 +717,43 @@ impl PackedWna16 {
     pub(crate) fn panel_bias(&self, p: usize) -> Option<&[f32]> {
         self.bias.as_deref().map(|b| &b[p * PANEL..][..PANEL])
     }
+}
+
+/// The packed int4 steps of the channels whose words `at` locates: per channel, its words, the
+/// index of its step-0 word and the distance between its steps (1 when a channel's words are
+/// consecutive). Nibbles past `k` are cleared.
+fn gather_words(at: &[(&[[u8; 4]], usize, usize)], k: usize) -> Vec<u32> {
+    let k_steps = k.div_ceil(K_STEP);
+    let n_panels = at.len().div_ceil(PANEL);
+    // Nibbles past K in the last step are padding: the packed format holds code 0 there.
+    let tail = match k % K_STEP {
+        0 => u32::MAX,
+        r => (1u32 << (4 * r)) - 1,
+    };
+    let mut codes = Vec::with_capacity(n_panels * k_steps * PANEL);
+    // A panel goes through a tile of `PANEL` steps × `PANEL` channels: each channel's words
+    // are read in their stored order (sequential for channel-major runs), and the tile
+    // is appended in packed order, so the buffer is never zero-filled first.
+    for panel in at.chunks(PANEL) {
+        // Channels past N stay 0 in every tile of the last panel.
+        let mut tile = [[0u32; PANEL]; PANEL];
+        for s0 in (0..k_steps).step_by(PANEL) {
+            let steps = PANEL.min(k_steps - s0);
+            for (c, &(words, first, stride)) in panel.iter().enumerate() {
+                let src = words[first + s0 * stride..].iter().step_by(stride);
+                for (row, w) in tile[..steps].iter_mut().zip(src) {
+                    row[c] = u32::from_le_bytes(*w);
+                }
+            }
+            if s0 + steps == k_steps {
+                for w in &mut tile[steps - 1] {
+                    *w &= tail;
+                }
+            }
+            codes.extend_from_slice(tile[..steps].as_flattened());
+        }
+    }
+    codes
 }
 
 /// Where the code of channel `c` (within its panel) at K value `col` lives inside its step:
@@ -858,6 +1007,119 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// MXFP4 blocks decode to the codes the checkpoint format defines (element `2j` of a block
+    /// in the low nibble of byte `j`), nibbles past K dropped, and e8m0 scales to `2^(e − 127)`
+    /// exactly, the subnormal `2^-127` and the largest, `2^127`, included.
+    #[test]
+    fn pack_mxfp4_decodes_blocks_and_e8m0_scales() {
+        let mut rng = SplitMix64::new(0x4f4);
+        for (n, k) in [
+            (1usize, 1usize),
+            (3, 32),
+            (17, 33),
+            (16, 64),
+            (33, 100),
+            (5, 2880),
+        ] {
+            let nb = k.div_ceil(MXFP4_BLOCK);
+            let blocks: Vec<u8> = (0..n * nb * 16).map(|_| rng.next_u64() as u8).collect();
+            let mut e8m0: Vec<u8> = (0..n * nb).map(|_| (rng.next_u64() % 255) as u8).collect();
+            e8m0[0] = 0;
+            *e8m0.last_mut().unwrap() = 254;
+            let bias: Vec<f32> = (0..n).map(|i| i as f32 - 1.5).collect();
+            let p = PackedWna16::pack_mxfp4(Mxfp4Desc {
+                n,
+                k,
+                blocks: &blocks,
+                scales: &e8m0,
+                bias: Some(&bias),
+            })
+            .unwrap();
+            assert_eq!(p.values(), Int4Values::E2m1);
+            assert_eq!((p.group_size(), p.n_groups()), (MXFP4_BLOCK, nb));
+            assert!(!p.is_asymmetric() && !p.is_channelwise());
+            let (codes, scales, zeros) = p.unpack();
+            for row in 0..n {
+                for col in 0..k {
+                    let byte = blocks[row * nb * 16 + col / 2];
+                    let want = if col % 2 == 0 { byte & 0xF } else { byte >> 4 };
+                    assert_eq!(codes[row * k + col], want, "n {n} k {k} [{row}, {col}]");
+                }
+            }
+            for (i, (&s, &e)) in scales.iter().zip(&e8m0).enumerate() {
+                assert_eq!(f64::from(s), 2f64.powi(i32::from(e) - 127), "scale {i}");
+            }
+            assert!(zeros.iter().all(|&z| z == 0));
+            let dq = p.dequantize_f64();
+            for row in 0..n {
+                for col in 0..k {
+                    let g = row * nb + col / MXFP4_BLOCK;
+                    let v = f64::from(E2M1_VALUES[usize::from(codes[row * k + col])]);
+                    assert_eq!(dq[row * k + col], v * 2f64.powi(i32::from(e8m0[g]) - 127));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_mxfp4_inputs_are_typed_errors() {
+        let blocks = [0u8; 32];
+        let scales = [127u8, 255];
+        let d = |n, k, blocks, scales| Mxfp4Desc {
+            n,
+            k,
+            blocks,
+            scales,
+            bias: None,
+        };
+        assert!(matches!(
+            PackedWna16::pack_mxfp4(d(2, 32, &blocks[..31], &scales[..1])),
+            Err(KernelError::LengthMismatch {
+                tensor: "blocks",
+                expected: 32,
+                got: 31
+            })
+        ));
+        assert!(matches!(
+            PackedWna16::pack_mxfp4(d(2, 32, &blocks, &scales[..1])),
+            Err(KernelError::LengthMismatch {
+                tensor: "scales",
+                expected: 2,
+                got: 1
+            })
+        ));
+        assert!(matches!(
+            PackedWna16::pack_mxfp4(d(2, 32, &blocks, &scales)),
+            Err(KernelError::ValueOutOfRange {
+                tensor: "scales",
+                index: 1,
+                value: 255,
+                ..
+            })
+        ));
+        assert!(matches!(
+            PackedWna16::pack_mxfp4(d(2, 0, &[], &[])),
+            Err(KernelError::UnsupportedDim { dim: "K", .. })
+        ));
+        let mut bad = d(2, 32, &blocks, &scales[..1]);
+        bad.n = 1;
+        bad.blocks = &blocks[..16];
+        bad.bias = Some(&[0.0, 1.0]);
+        assert!(matches!(
+            PackedWna16::pack_mxfp4(bad),
+            Err(KernelError::LengthMismatch {
+                tensor: "bias",
+                expected: 1,
+                got: 2
+            })
+        ));
+        bad.bias = Some(&[f32::NAN]);
+        assert!(matches!(
+            PackedWna16::pack_mxfp4(bad),
+            Err(KernelError::NonFiniteWeight { tensor: "bias", .. })
+        ));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! channels, one channel per 32-bit lane (nibble `j` = K value `8s + j`), so K value `j` is
 //! one `vpsrld` by `4j` and one `vpermps` from a 16-entry f32 table (which reads the low four
 //! bits of each lane): `c − 8` for symmetric weights, `c` for asymmetric ones, whose per-group
-//! zero vector is then subtracted (`c − z` stays exact). Each row broadcasts its activation and
+//! zero vector is then subtracted (`c − z` stays exact), the e2m1 values for MXFP4 weights. Each row broadcasts its activation and
 //! fuses the multiply-add into a per-group partial sum (`vfmadd`); tiles of four rows or fewer
 //! keep two or four partial sums per row (K value `j` of a step into chain `j mod C`), so one
 //! FMA latency chain does not bound them. At the end of a group the chains are added and the
@@ -27,7 +27,7 @@ use std::ops::Range;
 use half::{bf16, f16};
 
 use crate::packed::PANEL;
-use crate::packed::wna16::{K_STEP, K_STEP8, Wna16ScaleValues};
+use crate::packed::wna16::{E2M1_VALUES, Int4Values, K_STEP, K_STEP8, Wna16ScaleValues};
 use crate::wna16::Wna16Job;
 
 /// Rows per tile: 8 partial sums, 8 accumulators, the table, the step, the decoded weights and
@@ -146,7 +146,11 @@ unsafe fn tile<const BITS: u32, const R: usize, const C: usize, const ASYM: bool
     let zeros = w
         .zeros()
         .map(|z| z[p * ng * PANEL..][..ng * PANEL].as_chunks::<PANEL>().0);
-    let lut = load_f32(if ASYM { &LUT_RAW } else { &LUT_SYM });
+    let lut = load_f32(match w.values() {
+        Int4Values::E2m1 => &E2M1_VALUES,
+        _ if ASYM => &LUT_RAW,
+        _ => &LUT_SYM,
+    });
     let mut acc = [_mm512_setzero_ps(); R];
     for g in 0..ng {
         let (k0, k1) = (g * gs, k.min((g + 1) * gs));

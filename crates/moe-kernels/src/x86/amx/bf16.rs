@@ -163,17 +163,18 @@ impl WideBf16Pair {
         }
     }
 
-    /// [`WideBf16Pair::fill`] from WNA16-packed int4 panels: weights `(c − zero)·scale` with
-    /// the panel's group scales and zero points (8 when symmetric).
+    /// [`WideBf16Pair::fill`] from WNA16-packed int4 panels: weights `(v(c) − zero)·scale` with
+    /// the panel's group scales and zero points (8 when symmetric; `v(c) = c`), or the e2m1
+    /// value times the scale for MXFP4 (zero 0; exact in bf16).
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     fn fill_wna16(&mut self, w: &PackedWna16, p: usize, nb: usize) {
         debug_assert_eq!(w.bits(), 4, "the bf16 tiles take int4 WNA16 weights");
         let rows_per_panel = self.rows_per_panel;
         let (group_size, steps) = (w.group_size(), w.k_steps());
-        // The code `c` of every nibble; `vpermps` reads a lane's low 4 bits.
-        let lut = _mm512_setr_ps(
-            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
-        );
+        // The value of every nibble code before the zero point (the code itself, or its e2m1
+        // value); `vpermps` reads a lane's low 4 bits.
+        // SAFETY: the table is 16 readable f32; unaligned load.
+        let lut = unsafe { _mm512_loadu_ps(w.raw_table().as_ptr()) };
         let pairs = pair_index();
         for j in 0..nb {
             let words = &w.codes()[(p + j) * steps * PANEL..][..steps * PANEL];
@@ -462,9 +463,11 @@ mod tests {
         }
         let round = |v: f64| f64::from(bf16::from_f32(v as f32).to_f32());
         let mut rng = SplitMix64::new(0x16a);
-        // (K, group size or channelwise, asymmetric, act-order)
+        // (K, group size or channelwise, asymmetric, act-order); the symmetric shape with groups
+        // of 32 runs MXFP4 weights.
         for &(k, g, asym, act_order) in &[
             (64, Some(32), false, false),
+            (80, Some(32), false, false),
             (96, Some(32), true, false),
             (256, Some(128), false, true),
             (40, None, false, false),
@@ -482,17 +485,32 @@ mod tests {
                     perm.swap(i, rng.below(i + 1));
                 }
                 let bias = rng.vec_uniform(n, -1.0, 1.0);
-                let w = PackedWna16::pack(Wna16Desc {
-                    n,
-                    k,
-                    bits: 4,
-                    codes: &codes,
-                    group_size: g,
-                    scales: Wna16Scales::F16(&scales),
-                    zeros: asym.then_some(&zeros[..]),
-                    bias: Some(&bias),
-                    perm: act_order.then_some(&perm[..]),
-                })
+                // MXFP4 where the shape has groups of 32 and no zero points or act-order.
+                let mx = g == Some(32) && !asym && !act_order;
+                let nb = k.div_ceil(32);
+                let blocks: Vec<u8> = (0..n * nb * 16).map(|_| rng.below(256) as u8).collect();
+                let e8m0: Vec<u8> = (0..n * nb).map(|_| 120 + rng.below(8) as u8).collect();
+                let w = if mx {
+                    PackedWna16::pack_mxfp4(crate::Mxfp4Desc {
+                        n,
+                        k,
+                        blocks: &blocks,
+                        scales: &e8m0,
+                        bias: Some(&bias),
+                    })
+                } else {
+                    PackedWna16::pack(Wna16Desc {
+                        n,
+                        k,
+                        bits: 4,
+                        codes: &codes,
+                        group_size: g,
+                        scales: Wna16Scales::F16(&scales),
+                        zeros: asym.then_some(&zeros[..]),
+                        bias: Some(&bias),
+                        perm: act_order.then_some(&perm[..]),
+                    })
+                }
                 .unwrap();
                 let x: Vec<f32> = (0..m * k).map(|_| rng.normal() * 2.0).collect();
                 let dq = w.dequantize_f64();
