@@ -6,14 +6,21 @@
 //! Every output is `Σ_k x[m,k]·w[n,k]` accumulated in ascending k from 0 with a separate
 //! multiply and add (Rust never contracts them into FMA), and lanes never mix, so every build of
 //! the body gives the same bits as the scalar reference whatever the rung or thread count.
+//!
+//! Experts stored in bf16 take the rung's bf16 path instead from its row threshold on
+//! ([`dense_expert_gemm`]): the weights are already bf16 B rows, the activations are rounded
+//! to bf16 and the products summed in f32 by `vdpbf16ps` or the AMX-BF16 tiles. Those are a
+//! bf16 model's numerics, not this body's; [`dense_gemm`] itself (the router gate's GEMM)
+//! always runs the body.
 
 use std::ops::Range;
 
 use half::bf16;
 
-use crate::gemm::split_panels;
+use crate::gemm::{GemmScratch, split_panels};
 use crate::packed::dense::DenseValues;
 use crate::packed::{PANEL, PackedDense, check_len};
+use crate::ukernel::{Bf16Weights, W4Bf16Job};
 use crate::{Isa, KernelError, KernelSet, Par};
 
 /// Rows per register tile.
@@ -178,6 +185,48 @@ pub fn dense_gemm(
             split_panels(w.n_panels(), par, macs, |panels| run(ks, &job, panels));
         }
     }
+    Ok(())
+}
+
+/// An expert GEMM on dense weights: [`dense_gemm`], except that bf16 weights take the rung's
+/// bf16 path from its row threshold on (activations rounded to bf16, f32 sums; see the module
+/// docs), with the activation layout made once in `scratch`.
+pub(crate) fn dense_expert_gemm(
+    ks: &KernelSet,
+    m: usize,
+    x: &[f32],
+    w: &PackedDense,
+    out: &mut [f32],
+    scratch: &mut GemmScratch,
+    par: Par,
+) -> Result<(), KernelError> {
+    let (n, k) = (w.n(), w.k());
+    let bf16_path = ks.wna16_bf16_for(m).filter(|_| w.is_bf16());
+    let Some(t) = bf16_path else {
+        return dense_gemm(ks, m, x, w, out, par);
+    };
+    check_len("x", m.saturating_mul(k), x.len())?;
+    check_len("out", m.saturating_mul(n), out.len())?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (_, tiles) = scratch.f32_rows_and_tiles(0);
+    // SAFETY: the layout function comes from the same `KernelSet` as the entry, registered
+    // only where its features are available.
+    unsafe { (t.tile_a)(x, m, k, tiles) };
+    let job = W4Bf16Job {
+        w: Bf16Weights::Dense(w),
+        a_tiles: tiles,
+        m,
+        out: out.as_mut_ptr(),
+        ld: n,
+    };
+    split_panels(w.n_panels(), par, m * n * k, |panels| {
+        // SAFETY: the entry comes from the same set as the layout function; `a_tiles` holds
+        // `m` rows of K, `out` holds `m·N` (checked above) and the panel ranges are disjoint
+        // and in bounds.
+        unsafe { (t.entry)(&job, panels) }
+    });
     Ok(())
 }
 

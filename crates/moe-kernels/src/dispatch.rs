@@ -413,6 +413,17 @@ impl KernelSet {
                 ),
                 None => format!("wna16_gemm: {}", self.wna16.0),
             },
+            match self.bf16_tiles {
+                Some(t) => format!(
+                    "dense_expert_gemm: {} below {} rows, {} (bf16 activations) from {} \
+                     (bf16 weights)",
+                    crate::dense_isa(self),
+                    t.min_m,
+                    t.unit,
+                    t.min_m
+                ),
+                None => format!("dense_expert_gemm: {}", crate::dense_isa(self)),
+            },
         ]
     }
 

@@ -137,13 +137,16 @@ pub(crate) struct W8A8Job<'a> {
 // SAFETY: as for `W4A8Job`: kernels write disjoint panels only.
 unsafe impl Sync for W8A8Job<'_> {}
 
-/// The int4 weights a bf16 tile GEMM dequantizes: either packed format.
+/// The weights a bf16 tile GEMM reads as bf16 B rows: int4 formats dequantized per call, or
+/// bf16 dense weights as they are.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Bf16Weights<'a> {
     /// W4A8-packed weights (bf16 or f32 scales, symmetric).
     W4A8(&'a PackedW4A8),
     /// WNA16-packed int4 weights (any scale precision, optional zero points).
     Wna16(&'a crate::PackedWna16),
+    /// Dense weights stored in bf16 (exact as B rows).
+    Dense(&'a crate::PackedDense),
 }
 
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the AMX tiles read them
@@ -153,6 +156,7 @@ impl Bf16Weights<'_> {
         match self {
             Self::W4A8(w) => w.n(),
             Self::Wna16(w) => w.n(),
+            Self::Dense(w) => w.n(),
         }
     }
 
@@ -161,6 +165,7 @@ impl Bf16Weights<'_> {
         match self {
             Self::W4A8(w) => w.k(),
             Self::Wna16(w) => w.k(),
+            Self::Dense(w) => w.k(),
         }
     }
 
@@ -170,6 +175,7 @@ impl Bf16Weights<'_> {
         match self {
             Self::W4A8(w) => w.panel_bias(p),
             Self::Wna16(w) => w.panel_bias(p),
+            Self::Dense(_) => None,
         }
     }
 }

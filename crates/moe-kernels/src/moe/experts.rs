@@ -141,10 +141,10 @@ impl ExpertMatrix for PackedDense {
         m: usize,
         x: &[f32],
         out: &mut [f32],
-        _scratch: &mut GemmScratch,
+        scratch: &mut GemmScratch,
         par: Par,
     ) -> Result<(), KernelError> {
-        crate::dense_gemm(ks, m, x, self, out, par)
+        crate::dense::dense_expert_gemm(ks, m, x, self, out, scratch, par)
     }
 }
 

@@ -106,6 +106,15 @@ impl PackedDense {
         }
     }
 
+    /// The panels' bf16 values, when the weights are stored in bf16.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the bf16 B rows read it
+    pub(crate) fn bf16_values(&self) -> Option<&[bf16]> {
+        match &self.values {
+            DenseValues::Bf16(v) => Some(v),
+            DenseValues::F32(_) => None,
+        }
+    }
+
     /// Output channels N.
     pub fn n(&self) -> usize {
         self.n

@@ -21,7 +21,7 @@ use super::common::{
 };
 use super::tiles::{TILE_MAX_COLSB, TileUnit};
 use crate::packed::wna16::K_STEP as K_STEP_WNA16;
-use crate::packed::{PANEL, PackedW4A8, PackedWna16, STEP_BYTES, w4a8::K_STEP};
+use crate::packed::{PANEL, PackedDense, PackedW4A8, PackedWna16, STEP_BYTES, w4a8::K_STEP};
 use crate::ukernel::{Bf16Weights, W4Bf16Job};
 
 /// K values per chunk: 32 bf16 fill one 64-byte A row.
@@ -98,15 +98,20 @@ fn pair_index() -> __m512i {
     )
 }
 
+/// Stores one B row.
+#[target_feature(enable = "avx512f")]
+fn store_row(row: &mut Row64, bits: __m512i) {
+    // SAFETY: a `Row64` is 64 writable, 64-byte aligned bytes we borrow mutably.
+    unsafe { _mm512_store_si512(row.0.as_mut_ptr().cast(), bits) };
+}
+
 /// One B row from two vectors of 16 f32 weights (K values `2r` and `2r + 1`).
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 fn store_pair(row: &mut Row64, even: __m512, odd: __m512, pairs: __m512i) {
     let both = _mm512_cvtne2ps_pbh(odd, even);
     // SAFETY: the bf16 vector type is a bit pattern.
     let both = unsafe { std::mem::transmute::<__m512bh, __m512i>(both) };
-    let bits = _mm512_permutexvar_epi16(pairs, both);
-    // SAFETY: a `Row64` is 64 writable, 64-byte aligned bytes we borrow mutably.
-    unsafe { _mm512_store_si512(row.0.as_mut_ptr().cast(), bits) };
+    store_row(row, _mm512_permutexvar_epi16(pairs, both));
 }
 
 impl WideBf16Pair {
@@ -121,6 +126,38 @@ impl WideBf16Pair {
         match w {
             Bf16Weights::W4A8(w) => self.fill_w4a8(w, p, nb),
             Bf16Weights::Wna16(w) => self.fill_wna16(w, p, nb),
+            Bf16Weights::Dense(w) => self.fill_dense(w, p, nb),
+        }
+    }
+
+    /// [`WideBf16Pair::fill`] from bf16 dense panels, whose weights are B rows as they are:
+    /// K values `2r` and `2r + 1` of a panel's 16 channels are 64 consecutive bytes (the panel
+    /// is K-major), even channels' values first, which `vpermw` interleaves into pairs. An odd
+    /// K leaves the last row's odd halves zero, as are the rows past K.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    fn fill_dense(&mut self, w: &PackedDense, p: usize, nb: usize) {
+        let rows_per_panel = self.rows_per_panel;
+        let k = w.k();
+        let Some(values) = w.bf16_values() else {
+            debug_assert!(false, "the bf16 path takes bf16 dense weights only");
+            return;
+        };
+        let pairs = pair_index();
+        for j in 0..nb {
+            let panel = &values[(p + j) * k * PANEL..][..k * PANEL];
+            let dst = &mut self.rows[j * rows_per_panel..][..k.div_ceil(2)];
+            let (whole, tail) = panel.as_chunks::<{ 2 * PANEL }>();
+            for (row, two) in dst.iter_mut().zip(whole) {
+                // SAFETY: 32 readable bf16 (64 bytes); the load is unaligned.
+                let v = unsafe { _mm512_loadu_si512(two.as_ptr().cast()) };
+                store_row(row, _mm512_permutexvar_epi16(pairs, v));
+            }
+            if let (Some(row), false) = (dst.last_mut(), tail.is_empty()) {
+                // SAFETY: the tail is one K value of 16 channels, 32 readable bytes; unaligned.
+                let even = unsafe { _mm256_loadu_si256(tail.as_ptr().cast()) };
+                let v = _mm512_zextsi256_si512(even);
+                store_row(row, _mm512_permutexvar_epi16(pairs, v));
+            }
         }
     }
 
@@ -451,6 +488,84 @@ mod tests {
             got[2 * n..].iter().all(|v| (v - 8.0).abs() < 1e-6),
             "{unit}"
         );
+    }
+
+    /// bf16 dense experts on every bf16 path: the weights exact, the activations rounded to
+    /// bf16, f32 sums, against the f64 sum of those products on ragged shapes (odd K, K past a
+    /// chunk, N past a panel, M = 0 and 1); f32 dense weights stay on the f32 body, bit for bit.
+    #[test]
+    fn dense_bf16_experts_on_the_bf16_path_match_the_bf16_reference() {
+        use crate::PackedDense;
+        let sets = bf16_sets();
+        let mut rng = SplitMix64::new(0xde5e);
+        let round = |v: f32| f64::from(bf16::from_f32(v).to_f32());
+        for &k in &[1usize, 2, 33, 64, 70, 129] {
+            for &(m, n) in &[
+                (0usize, 5usize),
+                (1, 16),
+                (5, 17),
+                (17, 33),
+                (33, 1),
+                (40, 47),
+            ] {
+                let w: Vec<bf16> = (0..n * k)
+                    .map(|_| bf16::from_f32(rng.normal() * 0.5))
+                    .collect();
+                let w32: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
+                let packed = PackedDense::pack_bf16(n, k, &w).unwrap();
+                let packed32 = PackedDense::pack_f32(n, k, &w32).unwrap();
+                let x: Vec<f32> = (0..m * k).map(|_| rng.normal() * 2.0).collect();
+                let exact = crate::dense::dense_reference(m, n, k, &x, &w32);
+                for ((unit, ks), par) in sets.iter().flat_map(|s| [(s, Par::Seq), (s, Par::Rayon)])
+                {
+                    let mut got = vec![f32::NAN; m * n];
+                    let mut scratch = GemmScratch::new();
+                    crate::dense::dense_expert_gemm(
+                        ks,
+                        m,
+                        &x,
+                        &packed,
+                        &mut got,
+                        &mut scratch,
+                        par,
+                    )
+                    .unwrap();
+                    for r in 0..m {
+                        for c in 0..n {
+                            let (mut want, mut mag) = (0f64, 0f64);
+                            for i in 0..k {
+                                let t = round(x[r * k + i]) * f64::from(w32[c * k + i]);
+                                want += t;
+                                mag += t.abs();
+                            }
+                            let g = f64::from(got[r * n + c]);
+                            assert!(
+                                (g - want).abs() <= 1e-5 * mag + 1e-6,
+                                "{unit}: k={k} m={m} n={n} {par:?}: out[{r},{c}] = {g}, want {want}"
+                            );
+                        }
+                    }
+                    let mut got32 = vec![f32::NAN; m * n];
+                    crate::dense::dense_expert_gemm(
+                        ks,
+                        m,
+                        &x,
+                        &packed32,
+                        &mut got32,
+                        &mut scratch,
+                        par,
+                    )
+                    .unwrap();
+                    assert!(
+                        got32
+                            .iter()
+                            .zip(&exact)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{unit}: f32 weights left the f32 body (k={k} m={m} n={n})"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
