@@ -417,8 +417,73 @@ fn bench_layer_times_the_block_and_its_experts_through_moe_layer() {
         assert!(stages[stage].as_f64().unwrap() >= 0.0, "{stage}: {stages}");
     }
     assert!(stages["gate_up_ms"].as_f64().unwrap() > 0.0, "{stages}");
-    assert_clean_failure(&["bench", "--layer", "--format", "w8a8"], "--format w4a8");
     assert_clean_failure(&["bench", "--layer", "--isa", "avx2"], "--isa");
+    assert_clean_failure(&["bench", "--zero-points"], "--zero-points");
+}
+
+/// Every format runs on both roads at a tiny shape, the layer built through `MoeLayer`'s
+/// lifecycle with the same packed bytes per expert as the fused pipeline's.
+#[test]
+fn bench_runs_every_format_on_both_roads_with_its_own_bytes() {
+    let weights = (3 * 128 * 64) as f64;
+    let cases: [(&[&str], f64); 7] = [
+        (&["--format", "w4a8"], 0.5 + 2.0 / 32.0),
+        // int8 codes plus an f32 scale and an i32 code sum per channel.
+        (
+            &["--format", "w8a8"],
+            1.0 + 8.0 * (2 * 64 + 128) as f64 / weights,
+        ),
+        (
+            &["--format", "w4a16", "--group-size", "64"],
+            0.5 + 2.0 / 64.0,
+        ),
+        // A zero point byte per group next to the bf16 scale.
+        (&["--format", "w4a16", "--zero-points"], 0.5 + 3.0 / 32.0),
+        (&["--format", "w8a16", "--zero-points"], 1.0 + 3.0 / 32.0),
+        (&["--format", "bf16"], 2.0),
+        (&["--format", "f32"], 4.0),
+    ];
+    for (format, bytes_per_weight) in cases {
+        for road in [ROAD_LAYER, ROAD_FUSED] {
+            let mut args = vec![
+                "bench",
+                "--json",
+                "--shape",
+                "e8-k2-h128-i64",
+                "--batch-sizes",
+                "3",
+                "--min-bytes",
+                "1M",
+                "--iters",
+                "2",
+                "--warmup-ms",
+                "0",
+                "--dram-gbs",
+                "10",
+            ];
+            args.extend_from_slice(format);
+            args.extend_from_slice(road);
+            let v = moe_json(&args);
+            let rows = v["rows"].as_array().expect("rows");
+            let stages: Vec<&str> = rows.iter().map(|r| r["stage"].as_str().unwrap()).collect();
+            let want: &[&str] = if road == ROAD_LAYER {
+                &["block", "experts"]
+            } else {
+                &["fused"]
+            };
+            assert_eq!(stages, want, "{args:?}");
+            for row in rows {
+                let per_expert = row["bytes_touched"].as_f64().unwrap()
+                    / row["experts_touched"].as_f64().unwrap();
+                assert_eq!(per_expert, weights * bytes_per_weight, "{args:?}: {row}");
+                assert!(row["copies"].as_u64().unwrap() >= 2, "{args:?}: {row}");
+                assert!(
+                    row["ms_per_call"].as_f64().unwrap() > 0.0,
+                    "{args:?}: {row}"
+                );
+            }
+        }
+    }
 }
 
 /// Asserts a failing run with a message on stderr and no panic.
@@ -544,3 +609,7 @@ fn run_takes_logits_a_precomputed_top_k_and_ranks() {
     );
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// The options that pick the road a runtime takes (`MoeLayer`) and the fused pipeline alone.
+const ROAD_LAYER: &[&str] = &["--layer"];
+const ROAD_FUSED: &[&str] = &[];

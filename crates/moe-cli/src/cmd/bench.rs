@@ -1,8 +1,9 @@
-//! `moe bench`: times the fused W4A8 pipeline (group 32), or with `--format w8a8` the W8A8 one
-//! (int8 per channel), or with `--format w4a16` the weight-only int4 one (f32 compute), on
+//! `moe bench`: times the fused W4A8 pipeline (group 32), or with `--format` another weight
+//! format (W8A8, weight-only int4/int8 with or without zero points, dense bf16/f32), on
 //! standard MoE shapes with uniform random routing, cycling through
 //! enough independent copies of the layer that the weights cannot stay in the caches, and
-//! relates each time to this machine's DRAM bound.
+//! relates each time to this machine's DRAM bound. With `--layer`, the same for the road a
+//! runtime takes ([`super::bench_layer`]).
 //!
 //! Weights are random codes and scales drawn directly (values do not change the work), and
 //! the copies are clones of one packed layer in separate allocations: what defeats the caches
@@ -86,20 +87,45 @@ fn parse_shape(text: &str) -> Result<BenchShape, String> {
 pub enum BenchFormat {
     /// Int4 weights with bf16 group scales, int8 asymmetric per-token activations.
     W4a8,
-    /// Int8 weights with per-channel scales, int8 symmetric per-token activations.
+    /// Int8 weights with per-channel scales, int8 symmetric per-token activations (with
+    /// `--layer`: bf16 weights quantized by the online int8 method in `process`).
     W8a8,
     /// Int4 weights with bf16 group scales, float activations, f32 compute (weight-only).
     W4a16,
+    /// Int8 weights with bf16 group scales, float activations, f32 compute (weight-only).
+    W8a16,
+    /// Unquantized bf16 weights, f32 compute.
+    Bf16,
+    /// Unquantized f32 weights.
+    F32,
 }
 
 impl BenchFormat {
     /// How the report names the format.
-    fn describe(self, group_size: usize) -> String {
+    pub(crate) fn describe(self, group_size: usize, zero_points: bool) -> String {
+        let zp = if zero_points { ", zero points" } else { "" };
         match self {
             Self::W4a8 => format!("W4A8 (int4 groups of {group_size})"),
             Self::W8a8 => "W8A8 (int8 per channel)".to_string(),
-            Self::W4a16 => format!("W4A16 (int4 groups of {group_size}, f32 compute)"),
+            Self::W4a16 => format!("W4A16 (int4 groups of {group_size}{zp}, f32 compute)"),
+            Self::W8a16 => format!("W8A16 (int8 groups of {group_size}{zp}, f32 compute)"),
+            Self::Bf16 => "dense bf16 (f32 compute)".to_string(),
+            Self::F32 => "dense f32".to_string(),
         }
+    }
+
+    /// The weight-only integer formats: their bits per code.
+    pub(crate) fn wna16_bits(self) -> Option<u32> {
+        match self {
+            Self::W4a16 => Some(4),
+            Self::W8a16 => Some(8),
+            _ => None,
+        }
+    }
+
+    /// Whether the format has int4/int8 group scales (and so a `--group-size`).
+    pub(crate) fn grouped(self) -> bool {
+        matches!(self, Self::W4a8 | Self::W4a16 | Self::W8a16)
     }
 }
 
@@ -125,9 +151,12 @@ pub struct BenchArgs {
     /// Least total bytes of distinct packed weights to cycle through (K, M, G suffixes).
     #[arg(long, default_value = "2G", value_parser = parse_bytes)]
     pub min_bytes: u64,
-    /// Int4 group size (W4A8 and W4A16).
+    /// Group size of the int4/int8 scales (W4A8, W4A16, W8A16).
     #[arg(long, default_value_t = 32)]
     pub group_size: usize,
+    /// Asymmetric weight-only codes: a zero point per scale group (W4A16, W8A16).
+    #[arg(long)]
+    pub zero_points: bool,
     /// Worker threads (0 = available parallelism).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -150,8 +179,8 @@ pub struct BenchArgs {
     pub dram_gbs: Option<f64>,
     /// Time the road a runtime takes instead of the fused pipeline: `MoeLayer::apply` from
     /// router logits (`block`: routing, experts, shared experts) and `apply_with_topk` with
-    /// the routing precomputed (`experts`), on layers built through `load_expert_tensor` and
-    /// `process` (W4A8).
+    /// the routing precomputed (`experts`), on layers built through `create`, the tensor
+    /// loaders and `process` (every format).
     #[arg(long)]
     pub layer: bool,
     /// Also time each stage of the fused pipeline (route, gather, gate/up, activation, down,
@@ -325,6 +354,7 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
     if args.iters == 0 {
         return Err(CliError("--iters must be at least 1".into()));
     }
+    check_format_options(args)?;
     let rungs: Vec<KernelSet> = rung_sets(&args.isa)?
         .into_iter()
         .map(|ks| match args.w4a8_prefill {
@@ -358,7 +388,7 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
         if args.layer {
             println!(
                 "moe bench --layer: MoeLayer with {} experts, softmax top-k routing of random logits, {threads} threads, rung {isa}",
-                args.format.describe(args.group_size)
+                args.format.describe(args.group_size, args.zero_points)
             );
             println!(
                 "  block = apply(hidden, logits): routing + experts + shared; experts = apply_with_topk on that routing; last column: ratio to experts"
@@ -366,7 +396,7 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
         } else {
             println!(
                 "moe bench: fused {} MoE, uniform random routing, {threads} threads, rung {isa}",
-                args.format.describe(args.group_size)
+                args.format.describe(args.group_size, args.zero_points)
             );
         }
         let how = match dram_source {
@@ -413,6 +443,22 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
             isa,
             rows,
         })?;
+    }
+    Ok(())
+}
+
+/// Rejects options the format does not have, naming them.
+fn check_format_options(args: &BenchArgs) -> Result<(), CliError> {
+    if args.zero_points && args.format.wna16_bits().is_none() {
+        return Err(CliError(
+            "--zero-points applies to the weight-only formats (--format w4a16 or w8a16)".into(),
+        ));
+    }
+    let g = args.group_size;
+    if args.format.grouped() && (g == 0 || !g.is_multiple_of(32)) {
+        return Err(CliError(format!(
+            "--group-size {g} must be a positive multiple of 32"
+        )));
     }
     Ok(())
 }
@@ -478,23 +524,62 @@ fn bench_shape(
         group_size: args.group_size,
     };
     let bar = out.progress(e as u64, &format!("{}: packing", shape.name));
+    let seed = args.seed;
     match args.format {
         BenchFormat::W4a8 => {
-            let layer = pool.install(|| synth::random_codes_layer(layer_shape, args.seed, &bar))?;
+            let layer = pool.install(|| synth::random_codes_layer(layer_shape, seed, &bar))?;
             bar.finish_and_clear();
             measure_layer(args, shape, layer, rungs, dram, pool, out)
         }
         BenchFormat::W8a8 => {
-            let layer = pool.install(|| synth::random_int8_layer(layer_shape, args.seed, &bar))?;
+            let layer = pool.install(|| synth::random_int8_layer(layer_shape, seed, &bar))?;
             bar.finish_and_clear();
             measure_layer(args, shape, layer, rungs, dram, pool, out)
         }
-        BenchFormat::W4a16 => {
-            let layer = pool.install(|| synth::random_wna16_layer(layer_shape, args.seed, &bar))?;
+        BenchFormat::W4a16 | BenchFormat::W8a16 => {
+            let codes = synth::Wna16Codes {
+                bits: args.format.wna16_bits().unwrap_or(4),
+                zero_points: args.zero_points,
+            };
+            let layer =
+                pool.install(|| synth::random_wna16_layer(layer_shape, codes, seed, &bar))?;
+            bar.finish_and_clear();
+            measure_layer(args, shape, layer, rungs, dram, pool, out)
+        }
+        BenchFormat::Bf16 | BenchFormat::F32 => {
+            let bf16 = args.format == BenchFormat::Bf16;
+            let layer =
+                pool.install(|| synth::random_dense_layer(layer_shape, bf16, seed, &bar))?;
             bar.finish_and_clear();
             measure_layer(args, shape, layer, rungs, dram, pool, out)
         }
     }
+}
+
+/// Packed bytes of one expert of `shape` in the format `args` asks for, from one expert
+/// packed by the same packers the layer's `process` calls.
+pub(crate) fn expert_bytes(args: &BenchArgs, shape: &BenchShape) -> Result<usize, CliError> {
+    let one = LayerShape {
+        experts: 1,
+        hidden: shape.hidden,
+        intermediate: shape.intermediate,
+        group_size: args.group_size,
+    };
+    let bar = indicatif::ProgressBar::hidden();
+    Ok(match args.format {
+        BenchFormat::W4a8 => synth::random_codes_layer(one, 0, &bar)?.expert_bytes,
+        BenchFormat::W8a8 => synth::random_int8_layer(one, 0, &bar)?.expert_bytes,
+        BenchFormat::W4a16 | BenchFormat::W8a16 => {
+            let codes = synth::Wna16Codes {
+                bits: args.format.wna16_bits().unwrap_or(4),
+                zero_points: args.zero_points,
+            };
+            synth::random_wna16_layer(one, codes, 0, &bar)?.expert_bytes
+        }
+        BenchFormat::Bf16 | BenchFormat::F32 => {
+            synth::random_dense_layer(one, args.format == BenchFormat::Bf16, 0, &bar)?.expert_bytes
+        }
+    })
 }
 
 /// Points every copy at `ks`.
