@@ -18,8 +18,10 @@
 //! error against a float32 reference) is carried into the report, so a path that falls back to
 //! something wrong is visible too.
 //!
-//! All sides are compared on the experts stage: `moe bench` times `apply` with routing drawn
-//! in advance; the vLLM script times routing plus experts and also reports the routing alone,
+//! All sides are compared on the experts stage: `moe bench` times the road a runtime takes,
+//! `MoeLayer`, and its `experts` rows (`apply_with_topk`, routing drawn in advance) are the ones
+//! compared (its `block` rows, routing included, stay in the raw report; reports of the fused
+//! pipeline alone, `fused` rows, are read too); the vLLM script times routing plus experts and also reports the routing alone,
 //! which is subtracted; KT-Kernel's operator and the llama.cpp graph take routing ids and
 //! weights drawn in advance, so their times are the experts stage as measured.
 
@@ -391,6 +393,8 @@ fn render_file(file: &Path) -> Result<()> {
                 .and_then(|r| r.get("rows"))
                 .map(Value::items)
                 .unwrap_or_default()
+                .iter()
+                .filter(|row| compared(row))
             {
                 let b = row.get("batch").and_then(Value::as_f64).unwrap_or(0.0) as usize;
                 if !batches.contains(&b) {
@@ -436,6 +440,16 @@ fn render_file(file: &Path) -> Result<()> {
     print_result(&run, &table);
     println!("\n(rendered from {})", file.display());
     Ok(())
+}
+
+/// Whether a `moe bench` row is the one compared with the peers: the layer's experts stage
+/// (routing precomputed, as the peers are timed), or a fused-pipeline row (reports of the
+/// fused pipeline alone, and those from before the layer road, which name no stage).
+fn compared(row: &Value) -> bool {
+    matches!(
+        row.get("stage").and_then(Value::as_str),
+        None | Some("experts" | "fused")
+    )
 }
 
 /// `--shared`, else `$MOE_SHARED`, else `../shared` next to the workspace.
@@ -544,7 +558,13 @@ fn run_ours(
             return;
         }
     };
-    for row in report.get("rows").map(Value::items).unwrap_or_default() {
+    for row in report
+        .get("rows")
+        .map(Value::items)
+        .unwrap_or_default()
+        .iter()
+        .filter(|row| compared(row))
+    {
         let (Some(batch), Some(ms), Some(bound)) = (
             row.get("batch").and_then(Value::as_f64),
             row.get("ms_per_call").and_then(Value::as_f64),
@@ -1129,7 +1149,7 @@ fn render_table(
     }
     writeln!(
         text,
-        "\nours = `moe bench` (W4A8, int4 groups of 32, bf16 scales; weights cycled beyond the caches), \
+        "\nours = `moe bench` (W4A8, int4 groups of 32, bf16 scales; the layer's experts stage, or the fused pipeline in older reports; weights cycled beyond the caches), \
          median over rounds of the median of {iters} calls.\nbound = the touched experts' int4 weights \
          and bf16 group scales (0.5625 B per weight) / 28.8 GB/s; packed = the same for the bytes our \
          packed layout reads, moe bench's own bound (0.5625 B per weight from commit 2c99c28 on; \
@@ -1352,6 +1372,24 @@ mod tests {
         );
         assert!(table.text.contains("kt int4 (channelwise) ms"));
         assert!(table.text.contains("llama.cpp Q4_0 ms"));
+    }
+
+    #[test]
+    fn ours_is_compared_on_the_experts_stage_of_the_layer() {
+        let rows = json::parse(
+            r#"[{"stage": "block", "batch": 1, "ms_per_call": 9.0},
+                {"stage": "experts", "batch": 1, "ms_per_call": 1.0},
+                {"stage": "fused", "batch": 1, "ms_per_call": 1.1},
+                {"batch": 1, "ms_per_call": 1.2}]"#,
+        )
+        .expect("rows parse");
+        let kept: Vec<f64> = rows
+            .items()
+            .iter()
+            .filter(|r| compared(r))
+            .filter_map(|r| r.get("ms_per_call").and_then(Value::as_f64))
+            .collect();
+        assert_eq!(kept, [1.0, 1.1, 1.2]);
     }
 
     #[test]

@@ -34,7 +34,8 @@ Commands:
               [--shared <dir>] [--shape <name,...>] [--batch-sizes <m,...>] [--threads <n>]
               [--rounds <n>] [--iters <n>] [--paths <path,...>] [--out <file.json>]
               [--render <file.json>]
-      Time `moe bench` (our W4A8 group-32 pipeline) and three peers back to back on the same
+      Time `moe bench` (our W4A8 group-32 layer; its `experts` rows, routing precomputed) and
+      three peers back to back on the same
       shapes, batch sizes and thread count, alternating ours and the peers round by round, and
       print one table of medians: ours, the DRAM bound, the W4A8 target, each peer path and
       peer/ours. The peers: vLLM's CPU MoE kernels (<shared>/peers/bench_vllm_cpu.py in a venv

@@ -259,6 +259,7 @@ fn bench_at_a_tiny_shape_reports_every_batch_size() {
     let v = moe_json(&[
         "bench",
         "--json",
+        "--experts-only",
         "--shape",
         "e8-k2-h128-i64",
         "--batch-sizes",
@@ -268,9 +269,11 @@ fn bench_at_a_tiny_shape_reports_every_batch_size() {
         "--iters",
         "3",
     ]);
+    assert_eq!(v["road"], "experts-only");
     let rows = v["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 2);
     for row in rows {
+        assert_eq!(row["stage"], "fused", "{row}");
         assert!(row["copies"].as_u64().unwrap() >= 2, "{row}");
         assert!(row["distinct_bytes"].as_u64().unwrap() >= 1 << 20);
         assert!(row["ms_per_call"].as_f64().unwrap() > 0.0);
@@ -342,6 +345,7 @@ fn bench_w4a16_reads_its_own_bytes() {
 
 #[test]
 fn bench_layer_times_the_block_and_its_experts_through_moe_layer() {
+    // The layer road is the default; `--layer` still names it.
     let v = moe_json(&[
         "bench",
         "--json",
@@ -357,6 +361,7 @@ fn bench_layer_times_the_block_and_its_experts_through_moe_layer() {
         "--warmup-ms",
         "0",
     ]);
+    assert_eq!(v["road"], "layer");
     let rows = v["rows"].as_array().expect("rows");
     let stages: Vec<(&str, u64)> = rows
         .iter()
@@ -377,6 +382,7 @@ fn bench_layer_times_the_block_and_its_experts_through_moe_layer() {
     let fused = moe_json(&[
         "bench",
         "--json",
+        "--experts-only",
         "--shape",
         "e8-k2-h128-i64",
         "--batch-sizes",
@@ -393,6 +399,7 @@ fn bench_layer_times_the_block_and_its_experts_through_moe_layer() {
     let broken_down = moe_json(&[
         "bench",
         "--json",
+        "--experts-only",
         "--breakdown",
         "--shape",
         "e8-k2-h128-i64",
@@ -417,7 +424,15 @@ fn bench_layer_times_the_block_and_its_experts_through_moe_layer() {
         assert!(stages[stage].as_f64().unwrap() >= 0.0, "{stage}: {stages}");
     }
     assert!(stages["gate_up_ms"].as_f64().unwrap() > 0.0, "{stages}");
-    assert_clean_failure(&["bench", "--layer", "--isa", "avx2"], "--isa");
+    for flag in [
+        &["--isa", "avx2"][..],
+        &["--w4a8-prefill", "bf16"],
+        &["--breakdown"],
+    ] {
+        let args: Vec<&str> = ["bench"].iter().chain(flag).copied().collect();
+        assert_clean_failure(&args, "--experts-only");
+    }
+    assert_clean_failure(&["bench", "--layer", "--experts-only"], "cannot be used");
     assert_clean_failure(&["bench", "--zero-points"], "--zero-points");
 }
 
@@ -444,7 +459,7 @@ fn bench_runs_every_format_on_both_roads_with_its_own_bytes() {
         (&["--format", "f32"], 4.0),
     ];
     for (format, bytes_per_weight) in cases {
-        for road in [ROAD_LAYER, ROAD_FUSED] {
+        for road in [&[][..], &["--experts-only"]] {
             let mut args = vec![
                 "bench",
                 "--json",
@@ -466,7 +481,7 @@ fn bench_runs_every_format_on_both_roads_with_its_own_bytes() {
             let v = moe_json(&args);
             let rows = v["rows"].as_array().expect("rows");
             let stages: Vec<&str> = rows.iter().map(|r| r["stage"].as_str().unwrap()).collect();
-            let want: &[&str] = if road == ROAD_LAYER {
+            let want: &[&str] = if road.is_empty() {
                 &["block", "experts"]
             } else {
                 &["fused"]
@@ -609,7 +624,3 @@ fn run_takes_logits_a_precomputed_top_k_and_ranks() {
     );
     let _ = std::fs::remove_dir_all(&tmp);
 }
-
-/// The options that pick the road a runtime takes (`MoeLayer`) and the fused pipeline alone.
-const ROAD_LAYER: &[&str] = &["--layer"];
-const ROAD_FUSED: &[&str] = &[];

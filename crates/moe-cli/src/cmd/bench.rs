@@ -1,13 +1,16 @@
-//! `moe bench`: times the fused W4A8 pipeline (group 32), or with `--format` another weight
-//! format (W8A8, weight-only int4/int8 with or without zero points, dense bf16/f32), on
-//! standard MoE shapes with uniform random routing, cycling through
-//! enough independent copies of the layer that the weights cannot stay in the caches, and
-//! relates each time to this machine's DRAM bound. With `--layer`, the same for the road a
-//! runtime takes ([`super::bench_layer`]).
+//! `moe bench`: times a MoE layer in one of the weight formats (`--format`: W4A8 group 32 by
+//! default, W8A8, weight-only int4/int8 with or without zero points, dense bf16/f32) on
+//! standard MoE shapes, cycling through enough independent copies of the layer that the
+//! weights cannot stay in the caches, and relates each time to this machine's DRAM bound.
 //!
-//! Weights are random codes and scales drawn directly (values do not change the work), and
-//! the copies are clones of one packed layer in separate allocations: what defeats the caches
-//! is distinct memory, not distinct values.
+//! Two roads. By default the road a runtime takes ([`super::bench_layer`]): `MoeLayer`s built
+//! through `create`, the per-tensor loaders and `process`, timed from router logits (`block`)
+//! and from a precomputed routing (`experts`). With `--experts-only`, the fused expert pipeline
+//! alone (`FusedMoe::apply`, uniform random routing), which also offers `--isa`,
+//! `--w4a8-prefill` and `--breakdown`; its copies are clones of one packed layer in separate
+//! allocations: what defeats the caches is distinct memory, not distinct values.
+//!
+//! Weights are random codes and scales drawn directly (values do not change the work).
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -87,8 +90,8 @@ fn parse_shape(text: &str) -> Result<BenchShape, String> {
 pub enum BenchFormat {
     /// Int4 weights with bf16 group scales, int8 asymmetric per-token activations.
     W4a8,
-    /// Int8 weights with per-channel scales, int8 symmetric per-token activations (with
-    /// `--layer`: bf16 weights quantized by the online int8 method in `process`).
+    /// Int8 weights with per-channel scales, int8 symmetric per-token activations (on the
+    /// layer road: bf16 weights quantized by the online int8 method in `process`).
     W8a8,
     /// Int4 weights with bf16 group scales, float activations, f32 compute (weight-only).
     W4a16,
@@ -126,6 +129,25 @@ impl BenchFormat {
     /// Whether the format has int4/int8 group scales (and so a `--group-size`).
     pub(crate) fn grouped(self) -> bool {
         matches!(self, Self::W4a8 | Self::W4a16 | Self::W8a16)
+    }
+}
+
+/// What `moe bench` times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Road {
+    /// `MoeLayer` built through its lifecycle: `block` and `experts` rows.
+    Layer,
+    /// `FusedMoe::apply` alone: `fused` rows.
+    ExpertsOnly,
+}
+
+impl Road {
+    /// How the report names the road.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Layer => "layer",
+            Self::ExpertsOnly => "experts-only",
+        }
     }
 }
 
@@ -177,17 +199,31 @@ pub struct BenchArgs {
     /// read on the benchmark's threads before the rows.
     #[arg(long)]
     pub dram_gbs: Option<f64>,
-    /// Time the road a runtime takes instead of the fused pipeline: `MoeLayer::apply` from
-    /// router logits (`block`: routing, experts, shared experts) and `apply_with_topk` with
-    /// the routing precomputed (`experts`), on layers built through `create`, the tensor
-    /// loaders and `process` (every format).
+    /// Time the fused expert pipeline alone (`FusedMoe::apply`) instead of the road a runtime
+    /// takes (the default: `MoeLayer::apply` from router logits, `block`, and
+    /// `apply_with_topk` with the routing precomputed, `experts`, on layers built through
+    /// `create`, the tensor loaders and `process`).
     #[arg(long)]
+    pub experts_only: bool,
+    /// The road a runtime takes, which is the default (kept so that older command lines run).
+    #[arg(long, hide = true, conflicts_with = "experts_only")]
     pub layer: bool,
     /// Also time each stage of the fused pipeline (route, gather, gate/up, activation, down,
     /// reduce; the GEMM stages include their activation quantisation), in ms per call summed
-    /// over the lanes that run at once.
-    #[arg(long, conflicts_with = "layer")]
+    /// over the lanes that run at once (with `--experts-only`).
+    #[arg(long)]
     pub breakdown: bool,
+}
+
+impl BenchArgs {
+    /// The road the options ask for.
+    pub fn road(&self) -> Road {
+        if self.experts_only {
+            Road::ExpertsOnly
+        } else {
+            Road::Layer
+        }
+    }
 }
 
 /// Milliseconds per call spent in each stage of the fused pipeline, summed over the lanes
@@ -237,6 +273,11 @@ fn parse_prefill(text: &str) -> Result<W4A8Prefill, String> {
 pub struct BenchReport {
     /// The expert weight format.
     pub format: BenchFormat,
+    /// The format in words (group size and zero points included).
+    pub format_label: String,
+    /// What was timed: `layer` (`MoeLayer`, `block` and `experts` rows) or `experts-only`
+    /// (`FusedMoe`, `fused` rows).
+    pub road: &'static str,
     /// Worker threads.
     pub threads: usize,
     /// The DRAM bandwidth the bound assumes, bytes per second.
@@ -355,6 +396,20 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
         return Err(CliError("--iters must be at least 1".into()));
     }
     check_format_options(args)?;
+    let road = args.road();
+    if road == Road::Layer {
+        for (given, flag) in [
+            (!args.isa.is_empty(), "--isa"),
+            (args.w4a8_prefill.is_some(), "--w4a8-prefill"),
+            (args.breakdown, "--breakdown"),
+        ] {
+            if given {
+                return Err(CliError(format!(
+                    "{flag} applies to the fused pipeline: add --experts-only (the layer road runs the kernels the layer selects)"
+                )));
+            }
+        }
+    }
     let rungs: Vec<KernelSet> = rung_sets(&args.isa)?
         .into_iter()
         .map(|ks| match args.w4a8_prefill {
@@ -362,11 +417,7 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
             None => ks,
         })
         .collect();
-    if args.layer && !args.isa.is_empty() {
-        return Err(CliError(
-            "--layer runs the kernels the layer selects; leave out --isa".into(),
-        ));
-    }
+    let format_label = args.format.describe(args.group_size, args.zero_points);
     let pool = thread_pool(args.threads)?;
     let threads = pool.current_num_threads();
     let isa = kernels().isa().name();
@@ -385,19 +436,18 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
         }
     };
     if !out.json {
-        if args.layer {
-            println!(
-                "moe bench --layer: MoeLayer with {} experts, softmax top-k routing of random logits, {threads} threads, rung {isa}",
-                args.format.describe(args.group_size, args.zero_points)
-            );
-            println!(
-                "  block = apply(hidden, logits): routing + experts + shared; experts = apply_with_topk on that routing; last column: ratio to experts"
-            );
-        } else {
-            println!(
-                "moe bench: fused {} MoE, uniform random routing, {threads} threads, rung {isa}",
-                args.format.describe(args.group_size, args.zero_points)
-            );
+        match road {
+            Road::Layer => {
+                println!(
+                    "moe bench (road: layer): MoeLayer with {format_label} experts, built by create, load, process; softmax top-k routing of random logits, {threads} threads, rung {isa}"
+                );
+                println!(
+                    "  block = apply(hidden, logits): routing + experts + shared; experts = apply_with_topk on that routing; last column: ratio to experts"
+                );
+            }
+            Road::ExpertsOnly => println!(
+                "moe bench (road: experts only): fused {format_label} MoE (FusedMoe::apply), uniform random routing, {threads} threads, rung {isa}"
+            ),
         }
         let how = match dram_source {
             "given" => "given with --dram-gbs".to_string(),
@@ -420,29 +470,39 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
             "GMAC/s",
             "DRAM ms",
             "ratio",
-            "rung",
-            "vs first"
+            match road {
+                Road::Layer => "rung/stage",
+                Road::ExpertsOnly => "rung",
+            },
+            match road {
+                Road::Layer => "vs experts",
+                Road::ExpertsOnly => "vs first",
+            }
         );
     }
     let mut rows = Vec::new();
     for shape in &shapes {
-        if args.layer {
-            rows.extend(super::bench_layer::bench_shape(
+        match road {
+            Road::Layer => rows.extend(super::bench_layer::bench_shape(
                 args, shape, dram, &pool, out,
-            )?);
-        } else {
-            rows.extend(bench_shape(args, shape, &rungs, dram, &pool, out)?);
+            )?),
+            Road::ExpertsOnly => {
+                rows.extend(bench_shape(args, shape, &rungs, dram, &pool, out)?);
+            }
         }
     }
+    let report = BenchReport {
+        format: args.format,
+        format_label,
+        road: road.name(),
+        threads,
+        dram_bytes_per_s: dram,
+        dram_source,
+        isa,
+        rows,
+    };
     if out.json {
-        out.print_json(&BenchReport {
-            format: args.format,
-            threads,
-            dram_bytes_per_s: dram,
-            dram_source,
-            isa,
-            rows,
-        })?;
+        out.print_json(&report)?;
     }
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! `moe bench --layer`, the road a runtime takes: `MoeLayer`, on the same shapes as
+//! `moe bench` on the road a runtime takes (its default): `MoeLayer`, on the same shapes as
 //! the fused benchmark, timed two ways call by call on the same layer copies: `apply` from
 //! router logits (routing, experts, shared experts: the whole block after the gate GEMM) and
 //! `apply_with_topk` with that routing precomputed (the experts alone, through the layer).
