@@ -82,6 +82,48 @@ fn demo_at_a_tiny_shape_reports_the_kernel_and_a_small_error() {
         assert!(row["ms_per_call"].as_f64().expect("ms") > 0.0);
     }
     assert_eq!(rows[1]["ref_tokens"], 3);
+    assert_eq!(v["road"], "layer");
+}
+
+/// The demo's layer (built by create, load, process and applied from logits) computes what
+/// the fused pipeline alone computes on the same routing: the same weights, the same kernels.
+#[test]
+fn demo_on_both_roads_gives_the_same_error() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "demo",
+            "--json",
+            "--experts",
+            "8",
+            "--top-k",
+            "2",
+            "--hidden",
+            "128",
+            "--intermediate",
+            "64",
+            "--batch-sizes",
+            "1,5",
+            "--reps",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        moe_json(&args)
+    };
+    let (layer, fused) = (run(&[]), run(&["--experts-only"]));
+    assert_eq!(
+        (&layer["road"], &fused["road"]),
+        (&"layer".into(), &"experts-only".into())
+    );
+    for (a, b) in layer["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .zip(fused["results"].as_array().expect("results"))
+    {
+        assert_eq!(a["rel_l2_error"], b["rel_l2_error"], "{a} vs {b}");
+        assert_eq!(a["max_abs_error"], b["max_abs_error"], "{a} vs {b}");
+    }
+    assert_eq!(layer["packed_bytes"], fused["packed_bytes"]);
 }
 
 #[test]

@@ -161,19 +161,61 @@ fn pack(
     .map_err(|e| CliError::context("packing expert weights", e))
 }
 
-/// Quantizes an `[n, k]` f32 matrix to int4 in groups of `g`, returning the packed matrix, its
-/// codes and its scales as the kernel sees them (rounded to bf16, widened back to f32).
-fn quantize_and_pack(
-    w: &[f32],
-    n: usize,
-    k: usize,
-    g: usize,
-) -> Result<(PackedW4A8, Vec<i8>, Vec<f32>), CliError> {
+/// Quantizes an `[n, k]` f32 matrix to int4 in groups of `g`: its codes and its scales rounded
+/// to bf16 (the format the kernels and a checkpoint hold them in).
+fn quantize(w: &[f32], n: usize, k: usize, g: usize) -> Result<(Vec<i8>, Vec<bf16>), CliError> {
     let q = quantize_int4_grouped(w, n, k, Some(g))
         .map_err(|e| CliError::context("quantizing expert weights", e))?;
     let scales: Vec<bf16> = q.scales.iter().map(|&s| bf16::from_f32(s)).collect();
-    let packed = pack(n, k, &q.codes, &scales, g)?;
-    Ok((packed, q.codes, scales.iter().map(|s| s.to_f32()).collect()))
+    Ok((q.codes, scales))
+}
+
+/// One expert of [`normal_layer`], quantized: int4 codes and bf16 group scales of its fused
+/// gate/up `[2I, H]` (gate rows first) and down `[H, I]` projections.
+#[derive(Debug, Clone)]
+pub struct NormalExpert {
+    /// `[2I, H]` codes in `[-8, 7]`.
+    pub w13_codes: Vec<i8>,
+    /// `[2I, H/g]` scales.
+    pub w13_scales: Vec<bf16>,
+    /// `[H, I]` codes.
+    pub w2_codes: Vec<i8>,
+    /// `[H, I/g]` scales.
+    pub w2_scales: Vec<bf16>,
+}
+
+impl NormalExpert {
+    /// Draws expert `e` of a [`normal_layer`] of `shape` (normal(0, 0.02) f32 weights from the
+    /// expert's own stream of `seed`) and quantizes it to int4 with bf16 group scales.
+    pub fn draw(shape: LayerShape, seed: u64, e: usize) -> Result<Self, CliError> {
+        let (h, i, g) = (shape.hidden, shape.intermediate, shape.group_size);
+        let mut rng = Rng::stream(seed, e as u64);
+        let mut w13 = vec![0.0f32; 2 * i * h];
+        rng.fill_normal(&mut w13, 0.02);
+        let (w13_codes, w13_scales) = quantize(&w13, 2 * i, h, g)?;
+        drop(w13);
+        let mut w2 = vec![0.0f32; h * i];
+        rng.fill_normal(&mut w2, 0.02);
+        let (w2_codes, w2_scales) = quantize(&w2, h, i, g)?;
+        Ok(Self {
+            w13_codes,
+            w13_scales,
+            w2_codes,
+            w2_scales,
+        })
+    }
+
+    /// Its codes and scales as the reference reads them (scales widened to f32), for `visit`.
+    pub fn visit<T>(&self, expert: usize, visit: impl Fn(ExpertQuant<'_>) -> T) -> T {
+        let widen = |s: &[bf16]| -> Vec<f32> { s.iter().map(|v| v.to_f32()).collect() };
+        visit(ExpertQuant {
+            expert,
+            w13_codes: &self.w13_codes,
+            w13_scales: &widen(&self.w13_scales),
+            w2_codes: &self.w2_codes,
+            w2_scales: &widen(&self.w2_scales),
+        })
+    }
 }
 
 /// The fused-pipeline configuration of a synthetic layer: SiLU, concatenated gate/up.
@@ -223,21 +265,10 @@ pub fn normal_layer<T: Send>(
     let experts = (0..shape.experts)
         .into_par_iter()
         .map(|e| {
-            let mut rng = Rng::stream(seed, e as u64);
-            let mut w13 = vec![0.0f32; 2 * i * h];
-            rng.fill_normal(&mut w13, 0.02);
-            let (p13, c13, s13) = quantize_and_pack(&w13, 2 * i, h, g)?;
-            drop(w13);
-            let mut w2 = vec![0.0f32; h * i];
-            rng.fill_normal(&mut w2, 0.02);
-            let (p2, c2, s2) = quantize_and_pack(&w2, h, i, g)?;
-            let seen = visit(ExpertQuant {
-                expert: e,
-                w13_codes: &c13,
-                w13_scales: &s13,
-                w2_codes: &c2,
-                w2_scales: &s2,
-            });
+            let q = NormalExpert::draw(shape, seed, e)?;
+            let seen = q.visit(e, &visit);
+            let p13 = pack(2 * i, h, &q.w13_codes, &q.w13_scales, g)?;
+            let p2 = pack(h, i, &q.w2_codes, &q.w2_scales, g)?;
             bar.inc(1);
             Ok(((p13, p2), seen))
         })
