@@ -543,6 +543,44 @@ fn bench_runs_every_format_on_both_roads_with_its_own_bytes() {
     }
 }
 
+/// `--plot` draws the rows: an SVG naming the shape's lines and the axes.
+#[test]
+fn bench_plot_writes_an_svg_of_the_rows() {
+    let svg = std::env::temp_dir().join(format!("moe-cli-plot-{}.svg", std::process::id()));
+    let v = moe_json(&[
+        "bench",
+        "--json",
+        "--shape",
+        "e8-k2-h128-i64",
+        "--batch-sizes",
+        "1,4",
+        "--min-bytes",
+        "1M",
+        "--iters",
+        "2",
+        "--warmup-ms",
+        "0",
+        "--dram-gbs",
+        "10",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(v["rows"].as_array().map(Vec::len), Some(4));
+    let text = std::fs::read_to_string(&svg).expect("the plot was written");
+    std::fs::remove_file(&svg).ok();
+    assert!(text.trim_start().starts_with("<svg"), "{text}");
+    assert!(text.trim_end().ends_with("</svg>"), "{text}");
+    for needle in [
+        "e8-k2-h128-i64 block",
+        "e8-k2-h128-i64 experts",
+        "e8-k2-h128-i64 DRAM bound",
+        "M (tokens per call)",
+        "ms per call",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing");
+    }
+}
+
 /// Asserts a failing run with a message on stderr and no panic.
 fn assert_clean_failure(args: &[&str], needle: &str) {
     let out = moe(args);

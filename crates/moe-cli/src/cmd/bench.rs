@@ -213,6 +213,10 @@ pub struct BenchArgs {
     /// over the lanes that run at once (with `--experts-only`).
     #[arg(long)]
     pub breakdown: bool,
+    /// Also draw the rows as an SVG chart (ms per call against tokens per call, log axes, one
+    /// line per shape and stage, the DRAM bound dashed).
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<std::path::PathBuf>,
 }
 
 impl BenchArgs {
@@ -501,6 +505,13 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
         isa,
         rows,
     };
+    if let Some(path) = &args.plot {
+        super::plot::write_svg(path, &super::plot::bench_chart(&report))?;
+        if !out.json {
+            println!();
+            println!("plot: {}", path.display());
+        }
+    }
     if out.json {
         out.print_json(&report)?;
     }
