@@ -476,6 +476,7 @@ fn bench_layer_times_the_block_and_its_experts_through_moe_layer() {
     }
     assert_clean_failure(&["bench", "--layer", "--experts-only"], "cannot be used");
     assert_clean_failure(&["bench", "--zero-points"], "--zero-points");
+    assert_clean_failure(&["bench", "--peak-gmacs", "0"], "--peak-gmacs");
 }
 
 /// Every format runs on both roads at a tiny shape, the layer built through `MoeLayer`'s
@@ -562,6 +563,8 @@ fn bench_plot_writes_an_svg_of_the_rows() {
         "0",
         "--dram-gbs",
         "10",
+        "--peak-gmacs",
+        "50",
         "--plot",
         svg.to_str().unwrap(),
     ]);
@@ -574,6 +577,7 @@ fn bench_plot_writes_an_svg_of_the_rows() {
         "e8-k2-h128-i64 block",
         "e8-k2-h128-i64 experts",
         "e8-k2-h128-i64 DRAM bound",
+        "e8-k2-h128-i64 compute bound",
         "M (tokens per call)",
         "ms per call",
     ] {

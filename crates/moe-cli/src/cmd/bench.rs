@@ -199,6 +199,11 @@ pub struct BenchArgs {
     /// read on the benchmark's threads before the rows.
     #[arg(long)]
     pub dram_gbs: Option<f64>,
+    /// Peak multiply-accumulates per second of the benchmark's threads, G/s (a microbenchmark
+    /// of the rung's dot-product instruction gives it); when given, the report carries it and
+    /// `--plot` also draws each shape's compute bound, `M·k·3·H·I` MACs / peak.
+    #[arg(long)]
+    pub peak_gmacs: Option<f64>,
     /// Time the fused expert pipeline alone (`FusedMoe::apply`) instead of the road a runtime
     /// takes (the default: `MoeLayer::apply` from router logits, `block`, and
     /// `apply_with_topk` with the routing precomputed, `experts`, on layers built through
@@ -288,6 +293,9 @@ pub struct BenchReport {
     pub dram_bytes_per_s: f64,
     /// Where that figure comes from (`measured` or `given`).
     pub dram_source: &'static str,
+    /// The peak multiply-accumulates per second given with `--peak-gmacs`, in G/s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_gmacs: Option<f64>,
     /// The rung moe-kernels dispatches to.
     pub isa: &'static str,
     /// One row per (shape, batch size).
@@ -400,6 +408,13 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
         return Err(CliError("--iters must be at least 1".into()));
     }
     check_format_options(args)?;
+    if let Some(g) = args.peak_gmacs
+        && !(g.is_finite() && g > 0.0)
+    {
+        return Err(CliError(format!(
+            "--peak-gmacs must be a positive number of G MAC/s, not {g}"
+        )));
+    }
     let road = args.road();
     if road == Road::Layer {
         for (given, flag) in [
@@ -462,6 +477,11 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
             args.min_bytes as f64 / (1 << 20) as f64,
             dram / 1e9
         );
+        if let Some(g) = args.peak_gmacs {
+            println!(
+                "  compute bound = M·k·3·H·I MACs / {g} G MAC/s (given with --peak-gmacs; drawn by --plot)"
+            );
+        }
         println!();
         println!(
             "{:<18} {:>5} {:>10} {:>11} {:>8} {:>9} {:>9} {:>10} {:>6}  {:<12} {:>8}",
@@ -502,6 +522,7 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
         threads,
         dram_bytes_per_s: dram,
         dram_source,
+        peak_gmacs: args.peak_gmacs,
         isa,
         rows,
     };

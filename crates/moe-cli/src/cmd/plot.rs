@@ -1,7 +1,8 @@
 //! `moe bench --plot`: the rows as an SVG chart that reads at a glance: milliseconds per call
 //! against tokens per call (M), both axes logarithmic, one line per shape and stage (and rung,
 //! when several ran), and each shape's DRAM bound as a dashed line in the colour of its first
-//! line, so the distance to the bound is the gap between a line and its dashes.
+//! line, so the distance to the bound is the gap between a line and its dashes; with
+//! `--peak-gmacs`, each shape's compute bound as a dotted line too.
 //!
 //! [`bench_chart`] turns a report into plain lines; [`render_svg`] draws any [`Chart`], so the
 //! drawing is tested without running a benchmark.
@@ -41,8 +42,19 @@ pub struct Line {
     pub points: Vec<(f64, f64)>,
     /// Index into the palette.
     pub color: usize,
-    /// A bound (dashed, thin) rather than a measurement (solid, with points).
-    pub bound: bool,
+    /// What the line shows, and so how it is drawn.
+    pub kind: LineKind,
+}
+
+/// What a line shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineKind {
+    /// Measured times: solid, with points.
+    Measured,
+    /// The time the weights take to stream from DRAM: dashed, thin.
+    DramBound,
+    /// The time the multiply-accumulates take at the given peak: dotted, thin.
+    ComputeBound,
 }
 
 /// A titled set of lines on shared log axes.
@@ -76,23 +88,31 @@ pub fn bench_chart(report: &BenchReport) -> Chart {
                 name,
                 points: vec![point],
                 color: measured.len(),
-                bound: false,
+                kind: LineKind::Measured,
             }),
         }
-        let bound_name = format!("{} DRAM bound", row.shape.name);
-        let bound = (row.batch as f64, row.dram_bound_ms);
-        match bounds.iter_mut().find(|l| l.name == bound_name) {
-            Some(line) => {
-                if !line.points.iter().any(|p| p.0 == bound.0) {
-                    line.points.push(bound);
+        let s = &row.shape;
+        let macs = (row.batch * s.top_k * 3 * s.hidden * s.intermediate) as f64;
+        let compute = report
+            .peak_gmacs
+            .map(|g| (LineKind::ComputeBound, "compute", macs / (g * 1e9) * 1e3));
+        let dram = Some((LineKind::DramBound, "DRAM", row.dram_bound_ms));
+        for (kind, what, ms) in [dram, compute].into_iter().flatten() {
+            let name = format!("{} {what} bound", s.name);
+            let point = (row.batch as f64, ms);
+            match bounds.iter_mut().find(|l| l.name == name) {
+                Some(line) => {
+                    if !line.points.iter().any(|p| p.0 == point.0) {
+                        line.points.push(point);
+                    }
                 }
+                None => bounds.push(Line {
+                    name,
+                    points: vec![point],
+                    color: measured.len() - 1,
+                    kind,
+                }),
             }
-            None => bounds.push(Line {
-                name: bound_name,
-                points: vec![bound],
-                color: measured.len() - 1,
-                bound: true,
-            }),
         }
     }
     for line in measured.iter_mut().chain(bounds.iter_mut()) {
@@ -167,16 +187,20 @@ pub fn render_svg(chart: &Chart) -> Result<String, CliError> {
                 .copied()
                 .filter(|(x, y)| x.is_finite() && *x > 0.0 && y.is_finite() && *y > 0.0)
                 .collect();
-            let width = if line.bound { 1 } else { 2 };
-            let anno = if line.bound {
-                plot.draw_series(DashedLineSeries::new(
-                    points,
-                    6,
-                    4,
-                    color.stroke_width(width),
-                ))
+            let width = if line.kind == LineKind::Measured {
+                2
             } else {
-                plot.draw_series(LineSeries::new(points, color.stroke_width(width)).point_size(3))
+                1
+            };
+            let style = color.stroke_width(width);
+            let anno = match line.kind {
+                LineKind::Measured => {
+                    plot.draw_series(LineSeries::new(points, style).point_size(3))
+                }
+                LineKind::DramBound => plot.draw_series(DashedLineSeries::new(points, 6, 4, style)),
+                LineKind::ComputeBound => {
+                    plot.draw_series(DashedLineSeries::new(points, 2, 3, style))
+                }
             }
             .map_err(draw_err)?;
             anno.label(line.name.as_str()).legend(move |(x, y)| {
@@ -286,6 +310,7 @@ mod tests {
             threads: 2,
             dram_bytes_per_s: 28.8e9,
             dram_source: "given",
+            peak_gmacs: Some(100.0),
             isa: "avx2",
             rows: vec![row(1, 0.9, 0.7), row(16, 9.5, 7.4)],
         }
@@ -294,7 +319,11 @@ mod tests {
     #[test]
     fn a_plot_of_two_rows_is_well_formed_svg_with_its_names_and_axes() {
         let chart = bench_chart(&two_rows());
-        assert_eq!(chart.lines.len(), 2, "{chart:?}");
+        assert_eq!(chart.lines.len(), 3, "{chart:?}");
+        // 1 token × 8 experts × 3·2048·768 MACs at 100 G MAC/s.
+        let compute = &chart.lines[2];
+        assert_eq!(compute.kind, LineKind::ComputeBound);
+        assert!((compute.points[0].1 - 0.3775).abs() < 1e-3, "{compute:?}");
         let file = std::env::temp_dir().join(format!("moe-plot-{}.svg", std::process::id()));
         write_svg(&file, &chart).expect("written");
         let svg = std::fs::read_to_string(&file).expect("read back");
@@ -305,6 +334,7 @@ mod tests {
         for needle in [
             "qwen3-30b-a3b experts",
             "qwen3-30b-a3b DRAM bound",
+            "qwen3-30b-a3b compute bound",
             X_LABEL,
             Y_LABEL,
             "W4A8 (int4 groups of 32), road layer",
