@@ -331,7 +331,8 @@ pub struct BenchRow {
     pub bytes_touched: f64,
     /// Weight bytes read per second, GB/s.
     pub weight_gb_per_s: f64,
-    /// int8 multiply-accumulates per second, `M·k·3·H·I / t`, in G/s.
+    /// Multiply-accumulates per second, `M·k·3·H·I / t`, in G/s (int8 ones for W4A8 and W8A8,
+    /// float ones for the weight-only and dense formats).
     pub gmac_per_s: f64,
     /// The time reading the touched weights from DRAM takes, ms.
     pub dram_bound_ms: f64,
