@@ -18,8 +18,10 @@
 //! error against a float32 reference) is carried into the report, so a path that falls back to
 //! something wrong is visible too.
 //!
-//! All sides are compared on the experts stage: `moe bench` times `apply` with routing drawn
-//! in advance; the vLLM script times routing plus experts and also reports the routing alone,
+//! All sides are compared on the experts stage: `moe bench` times the road a runtime takes,
+//! `MoeLayer`, and its `experts` rows (`apply_with_topk`, routing drawn in advance) are the ones
+//! compared (its `block` rows, routing included, stay in the raw report; reports of the fused
+//! pipeline alone, `fused` rows, are read too); the vLLM script times routing plus experts and also reports the routing alone,
 //! which is subtracted; KT-Kernel's operator and the llama.cpp graph take routing ids and
 //! weights drawn in advance, so their times are the experts stage as measured.
 
@@ -35,6 +37,7 @@ use std::time::{Duration, Instant};
 
 use crate::flags::BenchPeers;
 use crate::json::{self, Value};
+use crate::plot::{self, Line, Panel};
 use crate::project_root;
 use crate::util::{Cmd, Result, banner, fmt_duration};
 
@@ -183,7 +186,7 @@ struct Measurements {
 /// Runs `cargo xtask bench-peers`.
 pub fn run(opts: &BenchPeers) -> Result<()> {
     if let Some(file) = &opts.render {
-        return render_file(file);
+        return render_file(file, opts.plot.as_deref());
     }
     let start = Instant::now();
     let shapes = if !opts.shapes.is_empty() {
@@ -304,6 +307,9 @@ pub fn run(opts: &BenchPeers) -> Result<()> {
     ]);
     let table = render_table(&paths, opts.iters, &shapes, &batch_sizes, &m);
     print_result(&run, &table);
+    if let Some(svg) = &opts.plot {
+        plot_table(svg, &run, &table.rows)?;
+    }
 
     if let Some(out) = &opts.out {
         let Value::Obj(mut members) = run else {
@@ -342,8 +348,9 @@ fn print_result(run: &Value, table: &Table) {
     print!("{}", table.text);
 }
 
-/// `--render FILE`: prints the table of an earlier run from its `--out` JSON.
-fn render_file(file: &Path) -> Result<()> {
+/// `--render FILE`: prints the table of an earlier run from its `--out` JSON (and draws it,
+/// with `--plot`).
+fn render_file(file: &Path, svg: Option<&Path>) -> Result<()> {
     let text = std::fs::read_to_string(file)
         .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
     let run = json::parse(&text)?;
@@ -391,6 +398,8 @@ fn render_file(file: &Path) -> Result<()> {
                 .and_then(|r| r.get("rows"))
                 .map(Value::items)
                 .unwrap_or_default()
+                .iter()
+                .filter(|row| compared(row))
             {
                 let b = row.get("batch").and_then(Value::as_f64).unwrap_or(0.0) as usize;
                 if !batches.contains(&b) {
@@ -435,6 +444,87 @@ fn render_file(file: &Path) -> Result<()> {
     let table = render_table(&paths, iters, &shapes, &batches, &m);
     print_result(&run, &table);
     println!("\n(rendered from {})", file.display());
+    if let Some(svg) = svg {
+        plot_table(svg, &run, &table.rows)?;
+    }
+    Ok(())
+}
+
+/// Whether a `moe bench` row is the one compared with the peers: the layer's experts stage
+/// (routing precomputed, as the peers are timed), or a fused-pipeline row (reports of the
+/// fused pipeline alone, and those from before the layer road, which name no stage).
+fn compared(row: &Value) -> bool {
+    matches!(
+        row.get("stage").and_then(Value::as_str),
+        None | Some("experts" | "fused")
+    )
+}
+
+/// The table's rows as one panel per shape: ours, each peer path, and the DRAM bound.
+fn table_panels(rows: &[Value]) -> Vec<Panel> {
+    let mut panels: Vec<Panel> = Vec::new();
+    for row in rows {
+        let (Some(shape), Some(m)) = (
+            row.get("shape").and_then(Value::as_str),
+            row.get("M").and_then(Value::as_f64),
+        ) else {
+            continue;
+        };
+        let at = match panels.iter().position(|p| p.title == shape) {
+            Some(at) => at,
+            None => {
+                panels.push(Panel {
+                    title: shape.to_string(),
+                    lines: Vec::new(),
+                });
+                panels.len() - 1
+            }
+        };
+        let lines = &mut panels[at].lines;
+        let mut add = |name: String, ms: Option<f64>, bound: bool| {
+            let Some(ms) = ms else { return };
+            match lines.iter_mut().find(|l| l.name == name) {
+                Some(line) => line.points.push((m, ms)),
+                None => lines.push(Line {
+                    name,
+                    points: vec![(m, ms)],
+                    bound,
+                }),
+            }
+        };
+        add(
+            "ours".into(),
+            row.get("ours_ms").and_then(Value::as_f64),
+            false,
+        );
+        for peer in row.get("peer").map(Value::items).unwrap_or_default() {
+            if let Some(path) = peer.get("path").and_then(Value::as_str) {
+                let ms = peer.get("experts_ms").and_then(Value::as_f64);
+                add(path_label(path), ms, false);
+            }
+        }
+        add(
+            "DRAM bound".into(),
+            row.get("dram_bound_ms").and_then(Value::as_f64),
+            true,
+        );
+    }
+    // Bounds last, so that the measured lines keep one colour per side in every panel.
+    for panel in &mut panels {
+        panel.lines.sort_by_key(|l| l.bound);
+    }
+    panels
+}
+
+/// `--plot FILE`: draws the table into the SVG file.
+fn plot_table(svg: &Path, run: &Value, rows: &[Value]) -> Result<()> {
+    let threads = run.get("threads").and_then(Value::as_f64).unwrap_or(0.0);
+    let title = format!(
+        "bench-peers: experts stage, median ms per call, {threads} threads; {}",
+        run.get("machine").and_then(Value::as_str).unwrap_or("?")
+    );
+    plot::write_svg(svg, &title, &table_panels(rows))?;
+    println!("plot written to {}", svg.display());
     Ok(())
 }
 
@@ -544,7 +634,13 @@ fn run_ours(
             return;
         }
     };
-    for row in report.get("rows").map(Value::items).unwrap_or_default() {
+    for row in report
+        .get("rows")
+        .map(Value::items)
+        .unwrap_or_default()
+        .iter()
+        .filter(|row| compared(row))
+    {
         let (Some(batch), Some(ms), Some(bound)) = (
             row.get("batch").and_then(Value::as_f64),
             row.get("ms_per_call").and_then(Value::as_f64),
@@ -1129,7 +1225,7 @@ fn render_table(
     }
     writeln!(
         text,
-        "\nours = `moe bench` (W4A8, int4 groups of 32, bf16 scales; weights cycled beyond the caches), \
+        "\nours = `moe bench` (W4A8, int4 groups of 32, bf16 scales; the layer's experts stage, or the fused pipeline in older reports; weights cycled beyond the caches), \
          median over rounds of the median of {iters} calls.\nbound = the touched experts' int4 weights \
          and bf16 group scales (0.5625 B per weight) / 28.8 GB/s; packed = the same for the bytes our \
          packed layout reads, moe bench's own bound (0.5625 B per weight from commit 2c99c28 on; \
@@ -1352,6 +1448,56 @@ mod tests {
         );
         assert!(table.text.contains("kt int4 (channelwise) ms"));
         assert!(table.text.contains("llama.cpp Q4_0 ms"));
+    }
+
+    #[test]
+    fn ours_is_compared_on_the_experts_stage_of_the_layer() {
+        let rows = json::parse(
+            r#"[{"stage": "block", "batch": 1, "ms_per_call": 9.0},
+                {"stage": "experts", "batch": 1, "ms_per_call": 1.0},
+                {"stage": "fused", "batch": 1, "ms_per_call": 1.1},
+                {"batch": 1, "ms_per_call": 1.2}]"#,
+        )
+        .expect("rows parse");
+        let kept: Vec<f64> = rows
+            .items()
+            .iter()
+            .filter(|r| compared(r))
+            .filter_map(|r| r.get("ms_per_call").and_then(Value::as_f64))
+            .collect();
+        assert_eq!(kept, [1.0, 1.1, 1.2]);
+    }
+
+    #[test]
+    fn a_plot_of_two_table_rows_has_every_side_and_its_axes() {
+        let rows = json::parse(
+            r#"[{"shape": "qwen3-30b-a3b", "M": 1, "ours_ms": 0.73, "dram_bound_ms": 0.74,
+                 "peer": [{"path": "int4_amx_g32", "experts_ms": 1.27},
+                          {"path": "llama:q4_0", "experts_ms": null}]},
+                {"shape": "qwen3-30b-a3b", "M": 16, "ours_ms": 10.3, "dram_bound_ms": 7.46,
+                 "peer": [{"path": "int4_amx_g32", "experts_ms": 60.6},
+                          {"path": "llama:q4_0", "experts_ms": 136.0}]}]"#,
+        )
+        .expect("rows parse");
+        let panels = table_panels(rows.items());
+        assert_eq!(panels.len(), 1);
+        let names: Vec<&str> = panels[0].lines.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["ours", "vLLM int4 g32", "llama.cpp Q4_0", "DRAM bound"]
+        );
+        assert_eq!(panels[0].lines[2].points, [(16.0, 136.0)]);
+        let svg = plot::render_svg("two rows", &panels).expect("drawn");
+        let elements = plot::tests::element_names(&svg).unwrap_or_else(|e| panic!("{e}:\n{svg}"));
+        assert_eq!(elements.first().map(String::as_str), Some("svg"));
+        for needle in
+            names
+                .iter()
+                .copied()
+                .chain([plot::X_LABEL, plot::Y_LABEL, "qwen3-30b-a3b", "two rows"])
+        {
+            assert!(svg.contains(needle), "{needle:?} missing from\n{svg}");
+        }
     }
 
     #[test]

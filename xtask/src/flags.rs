@@ -33,8 +33,9 @@ Commands:
   bench-peers [--quick] [--venv <dir>] [--kt-venv <dir>] [--llama-dir <dir>]
               [--shared <dir>] [--shape <name,...>] [--batch-sizes <m,...>] [--threads <n>]
               [--rounds <n>] [--iters <n>] [--paths <path,...>] [--out <file.json>]
-              [--render <file.json>]
-      Time `moe bench` (our W4A8 group-32 pipeline) and three peers back to back on the same
+              [--render <file.json>] [--plot <file.svg>]
+      Time `moe bench` (our W4A8 group-32 layer; its `experts` rows, routing precomputed) and
+      three peers back to back on the same
       shapes, batch sizes and thread count, alternating ours and the peers round by round, and
       print one table of medians: ours, the DRAM bound, the W4A8 target, each peer path and
       peer/ours. The peers: vLLM's CPU MoE kernels (<shared>/peers/bench_vllm_cpu.py in a venv
@@ -61,6 +62,8 @@ Commands:
                                 int4_amx_g32, int8_w8a8, kt:amx_int4, llama:q4_0)
         --out <file.json>       also write every raw report and the table as JSON
         --render <file.json>    print the table of an earlier run's --out file and exit
+        --plot <file.svg>       also draw the table: ms per call against M on log axes, one
+                                panel per shape, one line per side, the DRAM bound dashed
   ci
       Run the CI sequence (what .ci/run runs), stopping at the first failure: fmt check,
       clippy, cargo doc (-D warnings), moe-kernels and moe-layer without default features,
@@ -124,6 +127,8 @@ pub struct BenchPeers {
     pub out: Option<PathBuf>,
     /// Print the table of this earlier `--out` report instead of measuring.
     pub render: Option<PathBuf>,
+    /// Also draw the table as an SVG chart into this file.
+    pub plot: Option<PathBuf>,
 }
 
 impl Default for BenchPeers {
@@ -142,6 +147,7 @@ impl Default for BenchPeers {
             paths: Vec::new(),
             out: None,
             render: None,
+            plot: None,
         }
     }
 }
@@ -261,6 +267,7 @@ fn parse_bench_peers(mut args: impl Iterator<Item = String>) -> Result<BenchPeer
             "--paths" => opts.paths = list_of(&value_of(&mut args, "--paths")?),
             "--out" => opts.out = Some(value_of(&mut args, "--out")?.into()),
             "--render" => opts.render = Some(value_of(&mut args, "--render")?.into()),
+            "--plot" => opts.plot = Some(value_of(&mut args, "--plot")?.into()),
             other => return Err(format!("bench-peers: unknown option {other:?}")),
         }
     }
@@ -384,10 +391,12 @@ mod tests {
         assert_eq!(opts.shapes, ["qwen3-30b-a3b"]);
         assert_eq!((opts.threads, opts.rounds), (1, 2));
         assert_eq!(opts.out, Some(PathBuf::from("o.json")));
-        let Ok(Command::BenchPeers(opts)) = parse_str("bench-peers --render o.json") else {
+        let Ok(Command::BenchPeers(opts)) = parse_str("bench-peers --render o.json --plot p.svg")
+        else {
             panic!("bench-peers --render did not parse");
         };
         assert_eq!(opts.render, Some(PathBuf::from("o.json")));
+        assert_eq!(opts.plot, Some(PathBuf::from("p.svg")));
         assert!(parse_str("bench-peers --batch-sizes 0").is_err());
         assert!(parse_str("bench-peers --threads").is_err());
     }

@@ -4,9 +4,10 @@
 //! xtask is the single front door for anything beyond a plain `cargo` call: the aarch64 test
 //! ladder under QEMU, the capped x86 ISA ladder, fuzzing and Miri, the generated C header
 //! (`codegen`), the CI sequence that `.ci/run` executes, and the side-by-side benchmark against
-//! the CPU MoE kernels of vLLM, KT-Kernel and llama.cpp. Its one dependency is cbindgen (for the
-//! header); otherwise it uses std, shells out through `$CARGO` (the cargo that launched it), and
-//! always works from the workspace root, so it behaves the same from any directory.
+//! the CPU MoE kernels of vLLM, KT-Kernel and llama.cpp. Its dependencies are cbindgen (for the
+//! header) and plotters (for `bench-peers --plot`); otherwise it uses std, shells out through
+//! `$CARGO` (the cargo that launched it), and always works from the workspace root, so it
+//! behaves the same from any directory.
 
 mod bench_peers;
 mod ci;
@@ -15,6 +16,7 @@ mod flags;
 mod fuzz;
 mod json;
 mod miri;
+mod plot;
 mod test_arm;
 mod test_binaries;
 mod test_x86;

@@ -1,6 +1,7 @@
 //! The `moe` command: reports the CPU (`moe cpu`), runs a demonstration MoE layer end to end
-//! (`moe demo`), describes a checkpoint and the backend that would serve it (`moe inspect`) and
-//! measures the fused W4A8 pipeline on the standard model shapes (`moe bench`), and converts
+//! (`moe demo`), describes a checkpoint and the backend that would serve it (`moe inspect`),
+//! measures a MoE layer in each weight format on the standard model shapes (`moe bench`: the
+//! road a runtime takes through `MoeLayer`, or the fused experts alone), and converts
 //! WNA16 checkpoints to vLLM's Marlin layout (`moe repack-marlin`).
 //!
 //! Every command takes `--json` (machine-readable output on stdout). Logs go to stderr through
@@ -34,7 +35,8 @@ enum Command {
     Demo(cmd::demo::DemoArgs),
     /// Describe a checkpoint directory and the backend that would serve it.
     Inspect(cmd::inspect::InspectArgs),
-    /// Time the fused W4A8 pipeline on standard MoE shapes, with weights beyond the caches.
+    /// Time a MoE layer (the road a runtime takes, or the fused experts alone) on standard
+    /// shapes in each weight format, with weights beyond the caches.
     Bench(cmd::bench::BenchArgs),
     /// Run one MoE block (router + experts) of a checkpoint on hidden states from a file.
     Run(cmd::run::RunArgs),

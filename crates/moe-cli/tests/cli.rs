@@ -82,6 +82,48 @@ fn demo_at_a_tiny_shape_reports_the_kernel_and_a_small_error() {
         assert!(row["ms_per_call"].as_f64().expect("ms") > 0.0);
     }
     assert_eq!(rows[1]["ref_tokens"], 3);
+    assert_eq!(v["road"], "layer");
+}
+
+/// The demo's layer (built by create, load, process and applied from logits) computes what
+/// the fused pipeline alone computes on the same routing: the same weights, the same kernels.
+#[test]
+fn demo_on_both_roads_gives_the_same_error() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "demo",
+            "--json",
+            "--experts",
+            "8",
+            "--top-k",
+            "2",
+            "--hidden",
+            "128",
+            "--intermediate",
+            "64",
+            "--batch-sizes",
+            "1,5",
+            "--reps",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        moe_json(&args)
+    };
+    let (layer, fused) = (run(&[]), run(&["--experts-only"]));
+    assert_eq!(
+        (&layer["road"], &fused["road"]),
+        (&"layer".into(), &"experts-only".into())
+    );
+    for (a, b) in layer["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .zip(fused["results"].as_array().expect("results"))
+    {
+        assert_eq!(a["rel_l2_error"], b["rel_l2_error"], "{a} vs {b}");
+        assert_eq!(a["max_abs_error"], b["max_abs_error"], "{a} vs {b}");
+    }
+    assert_eq!(layer["packed_bytes"], fused["packed_bytes"]);
 }
 
 #[test]
@@ -259,6 +301,7 @@ fn bench_at_a_tiny_shape_reports_every_batch_size() {
     let v = moe_json(&[
         "bench",
         "--json",
+        "--experts-only",
         "--shape",
         "e8-k2-h128-i64",
         "--batch-sizes",
@@ -268,9 +311,11 @@ fn bench_at_a_tiny_shape_reports_every_batch_size() {
         "--iters",
         "3",
     ]);
+    assert_eq!(v["road"], "experts-only");
     let rows = v["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 2);
     for row in rows {
+        assert_eq!(row["stage"], "fused", "{row}");
         assert!(row["copies"].as_u64().unwrap() >= 2, "{row}");
         assert!(row["distinct_bytes"].as_u64().unwrap() >= 1 << 20);
         assert!(row["ms_per_call"].as_f64().unwrap() > 0.0);
@@ -342,6 +387,7 @@ fn bench_w4a16_reads_its_own_bytes() {
 
 #[test]
 fn bench_layer_times_the_block_and_its_experts_through_moe_layer() {
+    // The layer road is the default; `--layer` still names it.
     let v = moe_json(&[
         "bench",
         "--json",
@@ -357,6 +403,7 @@ fn bench_layer_times_the_block_and_its_experts_through_moe_layer() {
         "--warmup-ms",
         "0",
     ]);
+    assert_eq!(v["road"], "layer");
     let rows = v["rows"].as_array().expect("rows");
     let stages: Vec<(&str, u64)> = rows
         .iter()
@@ -377,6 +424,7 @@ fn bench_layer_times_the_block_and_its_experts_through_moe_layer() {
     let fused = moe_json(&[
         "bench",
         "--json",
+        "--experts-only",
         "--shape",
         "e8-k2-h128-i64",
         "--batch-sizes",
@@ -393,6 +441,7 @@ fn bench_layer_times_the_block_and_its_experts_through_moe_layer() {
     let broken_down = moe_json(&[
         "bench",
         "--json",
+        "--experts-only",
         "--breakdown",
         "--shape",
         "e8-k2-h128-i64",
@@ -417,8 +466,123 @@ fn bench_layer_times_the_block_and_its_experts_through_moe_layer() {
         assert!(stages[stage].as_f64().unwrap() >= 0.0, "{stage}: {stages}");
     }
     assert!(stages["gate_up_ms"].as_f64().unwrap() > 0.0, "{stages}");
-    assert_clean_failure(&["bench", "--layer", "--format", "w8a8"], "--format w4a8");
-    assert_clean_failure(&["bench", "--layer", "--isa", "avx2"], "--isa");
+    for flag in [
+        &["--isa", "avx2"][..],
+        &["--w4a8-prefill", "bf16"],
+        &["--breakdown"],
+    ] {
+        let args: Vec<&str> = ["bench"].iter().chain(flag).copied().collect();
+        assert_clean_failure(&args, "--experts-only");
+    }
+    assert_clean_failure(&["bench", "--layer", "--experts-only"], "cannot be used");
+    assert_clean_failure(&["bench", "--zero-points"], "--zero-points");
+    assert_clean_failure(&["bench", "--peak-gmacs", "0"], "--peak-gmacs");
+}
+
+/// Every format runs on both roads at a tiny shape, the layer built through `MoeLayer`'s
+/// lifecycle with the same packed bytes per expert as the fused pipeline's.
+#[test]
+fn bench_runs_every_format_on_both_roads_with_its_own_bytes() {
+    let weights = (3 * 128 * 64) as f64;
+    let cases: [(&[&str], f64); 7] = [
+        (&["--format", "w4a8"], 0.5 + 2.0 / 32.0),
+        // int8 codes plus an f32 scale and an i32 code sum per channel.
+        (
+            &["--format", "w8a8"],
+            1.0 + 8.0 * (2 * 64 + 128) as f64 / weights,
+        ),
+        (
+            &["--format", "w4a16", "--group-size", "64"],
+            0.5 + 2.0 / 64.0,
+        ),
+        // A zero point byte per group next to the bf16 scale.
+        (&["--format", "w4a16", "--zero-points"], 0.5 + 3.0 / 32.0),
+        (&["--format", "w8a16", "--zero-points"], 1.0 + 3.0 / 32.0),
+        (&["--format", "bf16"], 2.0),
+        (&["--format", "f32"], 4.0),
+    ];
+    for (format, bytes_per_weight) in cases {
+        for road in [&[][..], &["--experts-only"]] {
+            let mut args = vec![
+                "bench",
+                "--json",
+                "--shape",
+                "e8-k2-h128-i64",
+                "--batch-sizes",
+                "3",
+                "--min-bytes",
+                "1M",
+                "--iters",
+                "2",
+                "--warmup-ms",
+                "0",
+                "--dram-gbs",
+                "10",
+            ];
+            args.extend_from_slice(format);
+            args.extend_from_slice(road);
+            let v = moe_json(&args);
+            let rows = v["rows"].as_array().expect("rows");
+            let stages: Vec<&str> = rows.iter().map(|r| r["stage"].as_str().unwrap()).collect();
+            let want: &[&str] = if road.is_empty() {
+                &["block", "experts"]
+            } else {
+                &["fused"]
+            };
+            assert_eq!(stages, want, "{args:?}");
+            for row in rows {
+                let per_expert = row["bytes_touched"].as_f64().unwrap()
+                    / row["experts_touched"].as_f64().unwrap();
+                assert_eq!(per_expert, weights * bytes_per_weight, "{args:?}: {row}");
+                assert!(row["copies"].as_u64().unwrap() >= 2, "{args:?}: {row}");
+                assert!(
+                    row["ms_per_call"].as_f64().unwrap() > 0.0,
+                    "{args:?}: {row}"
+                );
+            }
+        }
+    }
+}
+
+/// `--plot` draws the rows: an SVG naming the shape's lines and the axes.
+#[test]
+fn bench_plot_writes_an_svg_of_the_rows() {
+    let svg = std::env::temp_dir().join(format!("moe-cli-plot-{}.svg", std::process::id()));
+    let v = moe_json(&[
+        "bench",
+        "--json",
+        "--shape",
+        "e8-k2-h128-i64",
+        "--batch-sizes",
+        "1,4",
+        "--min-bytes",
+        "1M",
+        "--iters",
+        "2",
+        "--warmup-ms",
+        "0",
+        "--dram-gbs",
+        "10",
+        "--peak-gmacs",
+        "50",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(v["rows"].as_array().map(Vec::len), Some(4));
+    let text = std::fs::read_to_string(&svg).expect("the plot was written");
+    std::fs::remove_file(&svg).ok();
+    assert!(text.trim_start().starts_with("<svg"), "{text}");
+    assert!(text.trim_end().ends_with("</svg>"), "{text}");
+    for needle in [
+        "e8-k2-h128-i64 block",
+        "e8-k2-h128-i64 experts",
+        "e8-k2-h128-i64 DRAM bound",
+        "e8-k2-h128-i64 compute bound",
+        "M (tokens per call)",
+        "ms per call",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing");
+    }
 }
 
 /// Asserts a failing run with a message on stderr and no panic.

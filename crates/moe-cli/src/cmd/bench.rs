@@ -1,12 +1,16 @@
-//! `moe bench`: times the fused W4A8 pipeline (group 32), or with `--format w8a8` the W8A8 one
-//! (int8 per channel), or with `--format w4a16` the weight-only int4 one (f32 compute), on
-//! standard MoE shapes with uniform random routing, cycling through
-//! enough independent copies of the layer that the weights cannot stay in the caches, and
-//! relates each time to this machine's DRAM bound.
+//! `moe bench`: times a MoE layer in one of the weight formats (`--format`: W4A8 group 32 by
+//! default, W8A8, weight-only int4/int8 with or without zero points, dense bf16/f32) on
+//! standard MoE shapes, cycling through enough independent copies of the layer that the
+//! weights cannot stay in the caches, and relates each time to this machine's DRAM bound.
 //!
-//! Weights are random codes and scales drawn directly (values do not change the work), and
-//! the copies are clones of one packed layer in separate allocations: what defeats the caches
-//! is distinct memory, not distinct values.
+//! Two roads. By default the road a runtime takes ([`super::bench_layer`]): `MoeLayer`s built
+//! through `create`, the per-tensor loaders and `process`, timed from router logits (`block`)
+//! and from a precomputed routing (`experts`). With `--experts-only`, the fused expert pipeline
+//! alone (`FusedMoe::apply`, uniform random routing), which also offers `--isa`,
+//! `--w4a8-prefill` and `--breakdown`; its copies are clones of one packed layer in separate
+//! allocations: what defeats the caches is distinct memory, not distinct values.
+//!
+//! Weights are random codes and scales drawn directly (values do not change the work).
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -86,19 +90,63 @@ fn parse_shape(text: &str) -> Result<BenchShape, String> {
 pub enum BenchFormat {
     /// Int4 weights with bf16 group scales, int8 asymmetric per-token activations.
     W4a8,
-    /// Int8 weights with per-channel scales, int8 symmetric per-token activations.
+    /// Int8 weights with per-channel scales, int8 symmetric per-token activations (on the
+    /// layer road: bf16 weights quantized by the online int8 method in `process`).
     W8a8,
     /// Int4 weights with bf16 group scales, float activations, f32 compute (weight-only).
     W4a16,
+    /// Int8 weights with bf16 group scales, float activations, f32 compute (weight-only).
+    W8a16,
+    /// Unquantized bf16 weights, f32 compute.
+    Bf16,
+    /// Unquantized f32 weights.
+    F32,
 }
 
 impl BenchFormat {
     /// How the report names the format.
-    fn describe(self, group_size: usize) -> String {
+    pub(crate) fn describe(self, group_size: usize, zero_points: bool) -> String {
+        let zp = if zero_points { ", zero points" } else { "" };
         match self {
             Self::W4a8 => format!("W4A8 (int4 groups of {group_size})"),
             Self::W8a8 => "W8A8 (int8 per channel)".to_string(),
-            Self::W4a16 => format!("W4A16 (int4 groups of {group_size}, f32 compute)"),
+            Self::W4a16 => format!("W4A16 (int4 groups of {group_size}{zp}, f32 compute)"),
+            Self::W8a16 => format!("W8A16 (int8 groups of {group_size}{zp}, f32 compute)"),
+            Self::Bf16 => "dense bf16 (f32 compute)".to_string(),
+            Self::F32 => "dense f32".to_string(),
+        }
+    }
+
+    /// The weight-only integer formats: their bits per code.
+    pub(crate) fn wna16_bits(self) -> Option<u32> {
+        match self {
+            Self::W4a16 => Some(4),
+            Self::W8a16 => Some(8),
+            _ => None,
+        }
+    }
+
+    /// Whether the format has int4/int8 group scales (and so a `--group-size`).
+    pub(crate) fn grouped(self) -> bool {
+        matches!(self, Self::W4a8 | Self::W4a16 | Self::W8a16)
+    }
+}
+
+/// What `moe bench` times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Road {
+    /// `MoeLayer` built through its lifecycle: `block` and `experts` rows.
+    Layer,
+    /// `FusedMoe::apply` alone: `fused` rows.
+    ExpertsOnly,
+}
+
+impl Road {
+    /// How the report names the road.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Layer => "layer",
+            Self::ExpertsOnly => "experts-only",
         }
     }
 }
@@ -125,9 +173,12 @@ pub struct BenchArgs {
     /// Least total bytes of distinct packed weights to cycle through (K, M, G suffixes).
     #[arg(long, default_value = "2G", value_parser = parse_bytes)]
     pub min_bytes: u64,
-    /// Int4 group size (W4A8 and W4A16).
+    /// Group size of the int4/int8 scales (W4A8, W4A16, W8A16).
     #[arg(long, default_value_t = 32)]
     pub group_size: usize,
+    /// Asymmetric weight-only codes: a zero point per scale group (W4A16, W8A16).
+    #[arg(long)]
+    pub zero_points: bool,
     /// Worker threads (0 = available parallelism).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -148,17 +199,40 @@ pub struct BenchArgs {
     /// read on the benchmark's threads before the rows.
     #[arg(long)]
     pub dram_gbs: Option<f64>,
-    /// Time the road a runtime takes instead of the fused pipeline: `MoeLayer::apply` from
-    /// router logits (`block`: routing, experts, shared experts) and `apply_with_topk` with
-    /// the routing precomputed (`experts`), on layers built through `load_expert_tensor` and
-    /// `process` (W4A8).
+    /// Peak multiply-accumulates per second of the benchmark's threads, G/s (a microbenchmark
+    /// of the rung's dot-product instruction gives it); when given, the report carries it and
+    /// `--plot` also draws each shape's compute bound, `M·k·3·H·I` MACs / peak.
     #[arg(long)]
+    pub peak_gmacs: Option<f64>,
+    /// Time the fused expert pipeline alone (`FusedMoe::apply`) instead of the road a runtime
+    /// takes (the default: `MoeLayer::apply` from router logits, `block`, and
+    /// `apply_with_topk` with the routing precomputed, `experts`, on layers built through
+    /// `create`, the tensor loaders and `process`).
+    #[arg(long)]
+    pub experts_only: bool,
+    /// The road a runtime takes, which is the default (kept so that older command lines run).
+    #[arg(long, hide = true, conflicts_with = "experts_only")]
     pub layer: bool,
     /// Also time each stage of the fused pipeline (route, gather, gate/up, activation, down,
     /// reduce; the GEMM stages include their activation quantisation), in ms per call summed
-    /// over the lanes that run at once.
-    #[arg(long, conflicts_with = "layer")]
+    /// over the lanes that run at once (with `--experts-only`).
+    #[arg(long)]
     pub breakdown: bool,
+    /// Also draw the rows as an SVG chart (ms per call against tokens per call, log axes, one
+    /// line per shape and stage, the DRAM bound dashed).
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<std::path::PathBuf>,
+}
+
+impl BenchArgs {
+    /// The road the options ask for.
+    pub fn road(&self) -> Road {
+        if self.experts_only {
+            Road::ExpertsOnly
+        } else {
+            Road::Layer
+        }
+    }
 }
 
 /// Milliseconds per call spent in each stage of the fused pipeline, summed over the lanes
@@ -208,12 +282,20 @@ fn parse_prefill(text: &str) -> Result<W4A8Prefill, String> {
 pub struct BenchReport {
     /// The expert weight format.
     pub format: BenchFormat,
+    /// The format in words (group size and zero points included).
+    pub format_label: String,
+    /// What was timed: `layer` (`MoeLayer`, `block` and `experts` rows) or `experts-only`
+    /// (`FusedMoe`, `fused` rows).
+    pub road: &'static str,
     /// Worker threads.
     pub threads: usize,
     /// The DRAM bandwidth the bound assumes, bytes per second.
     pub dram_bytes_per_s: f64,
     /// Where that figure comes from (`measured` or `given`).
     pub dram_source: &'static str,
+    /// The peak multiply-accumulates per second given with `--peak-gmacs`, in G/s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_gmacs: Option<f64>,
     /// The rung moe-kernels dispatches to.
     pub isa: &'static str,
     /// One row per (shape, batch size).
@@ -249,7 +331,8 @@ pub struct BenchRow {
     pub bytes_touched: f64,
     /// Weight bytes read per second, GB/s.
     pub weight_gb_per_s: f64,
-    /// int8 multiply-accumulates per second, `M·k·3·H·I / t`, in G/s.
+    /// Multiply-accumulates per second, `M·k·3·H·I / t`, in G/s (int8 ones for W4A8 and W8A8,
+    /// float ones for the weight-only and dense formats).
     pub gmac_per_s: f64,
     /// The time reading the touched weights from DRAM takes, ms.
     pub dram_bound_ms: f64,
@@ -325,6 +408,28 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
     if args.iters == 0 {
         return Err(CliError("--iters must be at least 1".into()));
     }
+    check_format_options(args)?;
+    if let Some(g) = args.peak_gmacs
+        && !(g.is_finite() && g > 0.0)
+    {
+        return Err(CliError(format!(
+            "--peak-gmacs must be a positive number of G MAC/s, not {g}"
+        )));
+    }
+    let road = args.road();
+    if road == Road::Layer {
+        for (given, flag) in [
+            (!args.isa.is_empty(), "--isa"),
+            (args.w4a8_prefill.is_some(), "--w4a8-prefill"),
+            (args.breakdown, "--breakdown"),
+        ] {
+            if given {
+                return Err(CliError(format!(
+                    "{flag} applies to the fused pipeline: add --experts-only (the layer road runs the kernels the layer selects)"
+                )));
+            }
+        }
+    }
     let rungs: Vec<KernelSet> = rung_sets(&args.isa)?
         .into_iter()
         .map(|ks| match args.w4a8_prefill {
@@ -332,11 +437,7 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
             None => ks,
         })
         .collect();
-    if args.layer && !args.isa.is_empty() {
-        return Err(CliError(
-            "--layer runs the kernels the layer selects; leave out --isa".into(),
-        ));
-    }
+    let format_label = args.format.describe(args.group_size, args.zero_points);
     let pool = thread_pool(args.threads)?;
     let threads = pool.current_num_threads();
     let isa = kernels().isa().name();
@@ -355,19 +456,18 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
         }
     };
     if !out.json {
-        if args.layer {
-            println!(
-                "moe bench --layer: MoeLayer with {} experts, softmax top-k routing of random logits, {threads} threads, rung {isa}",
-                args.format.describe(args.group_size)
-            );
-            println!(
-                "  block = apply(hidden, logits): routing + experts + shared; experts = apply_with_topk on that routing; last column: ratio to experts"
-            );
-        } else {
-            println!(
-                "moe bench: fused {} MoE, uniform random routing, {threads} threads, rung {isa}",
-                args.format.describe(args.group_size)
-            );
+        match road {
+            Road::Layer => {
+                println!(
+                    "moe bench (road: layer): MoeLayer with {format_label} experts, built by create, load, process; softmax top-k routing of random logits, {threads} threads, rung {isa}"
+                );
+                println!(
+                    "  block = apply(hidden, logits): routing + experts + shared; experts = apply_with_topk on that routing; last column: ratio to experts"
+                );
+            }
+            Road::ExpertsOnly => println!(
+                "moe bench (road: experts only): fused {format_label} MoE (FusedMoe::apply), uniform random routing, {threads} threads, rung {isa}"
+            ),
         }
         let how = match dram_source {
             "given" => "given with --dram-gbs".to_string(),
@@ -378,6 +478,11 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
             args.min_bytes as f64 / (1 << 20) as f64,
             dram / 1e9
         );
+        if let Some(g) = args.peak_gmacs {
+            println!(
+                "  compute bound = M·k·3·H·I MACs / {g} G MAC/s (given with --peak-gmacs; drawn by --plot)"
+            );
+        }
         println!();
         println!(
             "{:<18} {:>5} {:>10} {:>11} {:>8} {:>9} {:>9} {:>10} {:>6}  {:<12} {:>8}",
@@ -390,29 +495,63 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
             "GMAC/s",
             "DRAM ms",
             "ratio",
-            "rung",
-            "vs first"
+            match road {
+                Road::Layer => "rung/stage",
+                Road::ExpertsOnly => "rung",
+            },
+            match road {
+                Road::Layer => "vs experts",
+                Road::ExpertsOnly => "vs first",
+            }
         );
     }
     let mut rows = Vec::new();
     for shape in &shapes {
-        if args.layer {
-            rows.extend(super::bench_layer::bench_shape(
+        match road {
+            Road::Layer => rows.extend(super::bench_layer::bench_shape(
                 args, shape, dram, &pool, out,
-            )?);
-        } else {
-            rows.extend(bench_shape(args, shape, &rungs, dram, &pool, out)?);
+            )?),
+            Road::ExpertsOnly => {
+                rows.extend(bench_shape(args, shape, &rungs, dram, &pool, out)?);
+            }
+        }
+    }
+    let report = BenchReport {
+        format: args.format,
+        format_label,
+        road: road.name(),
+        threads,
+        dram_bytes_per_s: dram,
+        dram_source,
+        peak_gmacs: args.peak_gmacs,
+        isa,
+        rows,
+    };
+    if let Some(path) = &args.plot {
+        super::plot::write_svg(path, &super::plot::bench_chart(&report))?;
+        if !out.json {
+            println!();
+            println!("plot: {}", path.display());
         }
     }
     if out.json {
-        out.print_json(&BenchReport {
-            format: args.format,
-            threads,
-            dram_bytes_per_s: dram,
-            dram_source,
-            isa,
-            rows,
-        })?;
+        out.print_json(&report)?;
+    }
+    Ok(())
+}
+
+/// Rejects options the format does not have, naming them.
+fn check_format_options(args: &BenchArgs) -> Result<(), CliError> {
+    if args.zero_points && args.format.wna16_bits().is_none() {
+        return Err(CliError(
+            "--zero-points applies to the weight-only formats (--format w4a16 or w8a16)".into(),
+        ));
+    }
+    let g = args.group_size;
+    if args.format.grouped() && (g == 0 || !g.is_multiple_of(32)) {
+        return Err(CliError(format!(
+            "--group-size {g} must be a positive multiple of 32"
+        )));
     }
     Ok(())
 }
@@ -478,23 +617,62 @@ fn bench_shape(
         group_size: args.group_size,
     };
     let bar = out.progress(e as u64, &format!("{}: packing", shape.name));
+    let seed = args.seed;
     match args.format {
         BenchFormat::W4a8 => {
-            let layer = pool.install(|| synth::random_codes_layer(layer_shape, args.seed, &bar))?;
+            let layer = pool.install(|| synth::random_codes_layer(layer_shape, seed, &bar))?;
             bar.finish_and_clear();
             measure_layer(args, shape, layer, rungs, dram, pool, out)
         }
         BenchFormat::W8a8 => {
-            let layer = pool.install(|| synth::random_int8_layer(layer_shape, args.seed, &bar))?;
+            let layer = pool.install(|| synth::random_int8_layer(layer_shape, seed, &bar))?;
             bar.finish_and_clear();
             measure_layer(args, shape, layer, rungs, dram, pool, out)
         }
-        BenchFormat::W4a16 => {
-            let layer = pool.install(|| synth::random_wna16_layer(layer_shape, args.seed, &bar))?;
+        BenchFormat::W4a16 | BenchFormat::W8a16 => {
+            let codes = synth::Wna16Codes {
+                bits: args.format.wna16_bits().unwrap_or(4),
+                zero_points: args.zero_points,
+            };
+            let layer =
+                pool.install(|| synth::random_wna16_layer(layer_shape, codes, seed, &bar))?;
+            bar.finish_and_clear();
+            measure_layer(args, shape, layer, rungs, dram, pool, out)
+        }
+        BenchFormat::Bf16 | BenchFormat::F32 => {
+            let bf16 = args.format == BenchFormat::Bf16;
+            let layer =
+                pool.install(|| synth::random_dense_layer(layer_shape, bf16, seed, &bar))?;
             bar.finish_and_clear();
             measure_layer(args, shape, layer, rungs, dram, pool, out)
         }
     }
+}
+
+/// Packed bytes of one expert of `shape` in the format `args` asks for, from one expert
+/// packed by the same packers the layer's `process` calls.
+pub(crate) fn expert_bytes(args: &BenchArgs, shape: &BenchShape) -> Result<usize, CliError> {
+    let one = LayerShape {
+        experts: 1,
+        hidden: shape.hidden,
+        intermediate: shape.intermediate,
+        group_size: args.group_size,
+    };
+    let bar = indicatif::ProgressBar::hidden();
+    Ok(match args.format {
+        BenchFormat::W4a8 => synth::random_codes_layer(one, 0, &bar)?.expert_bytes,
+        BenchFormat::W8a8 => synth::random_int8_layer(one, 0, &bar)?.expert_bytes,
+        BenchFormat::W4a16 | BenchFormat::W8a16 => {
+            let codes = synth::Wna16Codes {
+                bits: args.format.wna16_bits().unwrap_or(4),
+                zero_points: args.zero_points,
+            };
+            synth::random_wna16_layer(one, codes, 0, &bar)?.expert_bytes
+        }
+        BenchFormat::Bf16 | BenchFormat::F32 => {
+            synth::random_dense_layer(one, args.format == BenchFormat::Bf16, 0, &bar)?.expert_bytes
+        }
+    })
 }
 
 /// Points every copy at `ks`.

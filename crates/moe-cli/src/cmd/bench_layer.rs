@@ -1,28 +1,39 @@
-//! `moe bench --layer`: times the road a runtime takes, `MoeLayer`, on the same shapes as the
-//! fused benchmark: `apply` from router logits (routing, experts, shared experts: the whole
-//! block after the gate GEMM) against `apply_with_topk` with that routing precomputed (the
-//! experts alone, through the layer), call by call on the same layer copies.
+//! `moe bench` on the road a runtime takes (its default): `MoeLayer`, on the same shapes as
+//! the fused benchmark, timed two ways call by call on the same layer copies: `apply` from
+//! router logits (routing, experts, shared experts: the whole block after the gate GEMM) and
+//! `apply_with_topk` with that routing precomputed (the experts alone, through the layer).
 //!
-//! The layers are built as a runtime builds them: `MoeLayer::create`, every expert's int4
-//! codes and bf16 group scales through `load_expert_tensor`, then `process`, which packs them
-//! and asks the oracle for the backend. The copies hold the same values in separate
-//! allocations, enough of them that the weights cycle through more than `--min-bytes`.
+//! The layers are built as a runtime builds them, for every format `moe bench` offers:
+//! `MoeLayer::create`, every expert's tensors through `load_expert_tensor` (int4/int8 codes
+//! with bf16 group scales, or bf16/f32 weights, which online int8 quantizes in `process`), then
+//! `process`, which packs them and asks the oracle for the backend. Weight-only codes with zero
+//! points are loaded with `load_layer_tensors`, the whole-layer loader, because zero points
+//! have no per-tensor loader.
+//!
+//! Every copy is drawn from the same seeded streams, a few experts at a time, so the copies
+//! hold the same values in separate allocations while only one copy's unpacked tensors exist
+//! at once (the zero-point road holds one layer's codes, shared by every copy); enough copies
+//! that the weights cycle through more than `--min-bytes`.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use half::bf16;
+use moe_layer::checkpoint::{
+    ExpertTensors, ExpertWeights, FloatData, IntExperts, MoeLayerTensors, RouterTensors, ZeroPoints,
+};
 use moe_layer::{
     ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, TensorData, TensorKind, TensorView,
 };
 use moe_quant::DType;
 use moe_router::Logits;
+use rayon::prelude::*;
 
-use super::bench::{BenchArgs, BenchFormat, BenchRow, BenchShape, print_row};
-use super::synth::Rng;
+use super::bench::{self, BenchArgs, BenchFormat, BenchRow, BenchShape, print_row};
+use super::synth::{self, Rng};
 use super::{CliError, Output, median_ms};
 
-/// The stages a `--layer` row times.
+/// The stages a layer row times.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stage {
     /// `MoeLayer::apply` from router logits.
@@ -42,78 +53,176 @@ impl Stage {
     }
 }
 
-/// The codes and scales of one expert's three projections, shared by every copy.
-struct ExpertData {
-    /// `w1`, `w3` `[I, H]` and `w2` `[H, I]` codes in `[-8, 7]`.
-    codes: [Vec<i8>; 3],
-    /// Their bf16 group scales `[rows, cols / g]`.
-    scales: [Vec<bf16>; 3],
+/// The three projections of an expert: gate and up `[I, H]`, down `[H, I]`.
+const PROJECTIONS: [ExpertShard; 3] = [ExpertShard::W1, ExpertShard::W3, ExpertShard::W2];
+
+/// One projection's weight as a checkpoint stores it.
+enum Weight {
+    /// Signed integer codes.
+    I8(Vec<i8>),
+    /// bf16 weights.
+    Bf16(Vec<bf16>),
+    /// f32 weights.
+    F32(Vec<f32>),
 }
 
-/// Random W4A8 expert data for `shape` with groups of `g`.
-fn expert_data(shape: &BenchShape, g: usize, seed: u64) -> Vec<ExpertData> {
-    let (h, i) = (shape.hidden, shape.intermediate);
-    (0..shape.experts)
-        .map(|e| {
-            let mut rng = Rng::stream(seed, e as u64);
-            let mut codes =
-                |n: usize| -> Vec<i8> { (0..n).map(|_| rng.below(16) as i8 - 8).collect() };
-            let codes = [codes(i * h), codes(i * h), codes(h * i)];
-            let mut rng = Rng::stream(seed ^ 0x5CA1E, e as u64);
-            let mut scales = |n: usize| -> Vec<bf16> {
-                (0..n)
-                    .map(|_| bf16::from_f32(0.005 + 0.015 * rng.unit()))
-                    .collect()
-            };
-            let scales = [scales(i * h / g), scales(i * h / g), scales(h * i / g)];
-            ExpertData { codes, scales }
-        })
+impl Weight {
+    fn data(&self) -> TensorData<'_> {
+        match self {
+            Self::I8(v) => TensorData::I8(v),
+            Self::Bf16(v) => TensorData::Bf16(v),
+            Self::F32(v) => TensorData::F32(v),
+        }
+    }
+}
+
+/// One projection of one expert: its weight, and for the integer formats its bf16 group
+/// scales and (with `--zero-points`) its zero points, `[rows, cols / g]`.
+struct Projection {
+    weight: Weight,
+    scales: Option<Vec<bf16>>,
+    zeros: Option<Vec<u8>>,
+}
+
+/// What the options ask the layer to be.
+fn layer_quant(args: &BenchArgs) -> LayerQuant {
+    let group_size = Some(args.group_size);
+    match args.format {
+        BenchFormat::W4a8 => LayerQuant::W4A8 { group_size },
+        BenchFormat::W8a8 => LayerQuant::Int8Online,
+        BenchFormat::W4a16 | BenchFormat::W8a16 => LayerQuant::Wna16 {
+            bits: args.format.wna16_bits().unwrap_or(4),
+            group_size,
+            act_order: false,
+            zero_points: args.zero_points,
+        },
+        BenchFormat::Bf16 | BenchFormat::F32 => LayerQuant::Unquantized,
+    }
+}
+
+/// `(rows, cols)` of a projection.
+fn dims(shape: &BenchShape, proj: ExpertShard) -> (usize, usize) {
+    match proj {
+        ExpertShard::W2 => (shape.hidden, shape.intermediate),
+        _ => (shape.intermediate, shape.hidden),
+    }
+}
+
+/// Projection `j` of expert `e`, drawn from its own stream of `seed`, so every copy draws the
+/// same values.
+fn draw(args: &BenchArgs, shape: &BenchShape, e: usize, j: usize) -> Projection {
+    let (rows, cols) = dims(shape, PROJECTIONS[j]);
+    let g = args.group_size;
+    let mut rng = Rng::stream(args.seed, (e * PROJECTIONS.len() + j) as u64);
+    let mut codes = |bits: u32| -> Vec<i8> {
+        let mut u = vec![0u8; rows * cols];
+        synth::fill_codes(&mut rng, bits, &mut u);
+        let offset = 1i16 << (bits - 1);
+        u.into_iter()
+            .map(|c| (i16::from(c) - offset) as i8)
+            .collect()
+    };
+    let floats = |rng: &mut Rng| -> Vec<f32> {
+        let mut w = vec![0f32; rows * cols];
+        synth::fill_small(rng, &mut w);
+        w
+    };
+    match args.format {
+        BenchFormat::W4a8 | BenchFormat::W4a16 | BenchFormat::W8a16 => {
+            let bits = args.format.wna16_bits().unwrap_or(4);
+            let weight = Weight::I8(codes(bits));
+            let scales = (0..rows * cols / g)
+                .map(|_| bf16::from_f32(0.001 + (rng.next_u64() % 1000) as f32 * 2e-6))
+                .collect();
+            let zeros = args.zero_points.then(|| {
+                let mut z = vec![0u8; rows * cols / g];
+                synth::fill_codes(&mut rng, bits, &mut z);
+                z
+            });
+            Projection {
+                weight,
+                scales: Some(scales),
+                zeros,
+            }
+        }
+        BenchFormat::W8a8 | BenchFormat::Bf16 => Projection {
+            weight: Weight::Bf16(floats(&mut rng).into_iter().map(bf16::from_f32).collect()),
+            scales: None,
+            zeros: None,
+        },
+        BenchFormat::F32 => Projection {
+            weight: Weight::F32(floats(&mut rng)),
+            scales: None,
+            zeros: None,
+        },
+    }
+}
+
+/// Every projection of experts `experts`, drawn in parallel on the current pool.
+fn draw_experts(
+    args: &BenchArgs,
+    shape: &BenchShape,
+    experts: std::ops::Range<usize>,
+) -> Vec<[Projection; 3]> {
+    experts
+        .into_par_iter()
+        .map(|e| [0, 1, 2].map(|j| draw(args, shape, e, j)))
         .collect()
 }
 
-/// One layer built from `data` through the layer's own loading road.
-fn build_layer(
+/// A created, unloaded layer for the options.
+fn create_layer(
+    args: &BenchArgs,
     shape: &BenchShape,
-    g: usize,
     max_tokens: usize,
-    data: &[ExpertData],
 ) -> Result<MoeLayer, CliError> {
-    let (h, i) = (shape.hidden, shape.intermediate);
     let cfg = MoeLayerConfig::new(
         shape.experts,
         shape.top_k,
-        h,
-        i,
-        LayerQuant::W4A8 {
-            group_size: Some(g),
-        },
+        shape.hidden,
+        shape.intermediate,
+        layer_quant(args),
     )
     .with_in_dtype(DType::F32)
     .with_max_tokens(max_tokens);
-    let mut layer = MoeLayer::create(cfg).map_err(|err| CliError::context("creating", err))?;
-    for (e, d) in data.iter().enumerate() {
-        for (j, (shard, rows, cols)) in [
-            (ExpertShard::W1, i, h),
-            (ExpertShard::W3, i, h),
-            (ExpertShard::W2, h, i),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let weight = TensorView {
-                name: "weight",
-                shape: &[rows, cols],
-                data: TensorData::I8(&d.codes[j]),
-            };
-            let scale = TensorView {
-                name: "weight_scale",
-                shape: &[rows, cols / g],
-                data: TensorData::Bf16(&d.scales[j]),
-            };
-            layer
-                .load_expert_tensor(e, shard, TensorKind::Weight, &weight)
-                .and_then(|()| layer.load_expert_tensor(e, shard, TensorKind::Scale, &scale))
-                .map_err(|err| CliError::context("loading", err))?;
+    MoeLayer::create(cfg).map_err(|err| CliError::context("creating the layer", err))
+}
+
+/// One layer loaded tensor by tensor through `load_expert_tensor` and processed; experts are
+/// drawn as many at a time as the pool has threads.
+fn build_layer(
+    args: &BenchArgs,
+    shape: &BenchShape,
+    max_tokens: usize,
+) -> Result<MoeLayer, CliError> {
+    let mut layer = create_layer(args, shape, max_tokens)?;
+    let g = args.group_size;
+    let batch = rayon::current_num_threads().max(1);
+    for first in (0..shape.experts).step_by(batch) {
+        let drawn = draw_experts(args, shape, first..(first + batch).min(shape.experts));
+        for (offset, projections) in drawn.iter().enumerate() {
+            let e = first + offset;
+            for (proj, p) in PROJECTIONS.iter().zip(projections) {
+                let (rows, cols) = dims(shape, *proj);
+                let weight = TensorView {
+                    name: "weight",
+                    shape: &[rows, cols],
+                    data: p.weight.data(),
+                };
+                layer
+                    .load_expert_tensor(e, *proj, TensorKind::Weight, &weight)
+                    .map_err(|err| CliError::context("loading", err))?;
+                if let Some(scales) = &p.scales {
+                    let scale = TensorView {
+                        name: "weight_scale",
+                        shape: &[rows, cols / g],
+                        data: TensorData::Bf16(scales),
+                    };
+                    layer
+                        .load_expert_tensor(e, *proj, TensorKind::Scale, &scale)
+                        .map_err(|err| CliError::context("loading", err))?;
+                }
+            }
         }
     }
     layer
@@ -122,7 +231,69 @@ fn build_layer(
     Ok(layer)
 }
 
-/// Times `--layer` rows for one shape.
+/// The whole layer's tensors in the reader's fused layout (`w13` `[E, 2I, H]`: gate rows then
+/// up rows), for the weight-only formats with zero points, which only the whole-layer loader
+/// takes; with a router gate weight, which that loader requires.
+fn layer_tensors(args: &BenchArgs, shape: &BenchShape) -> MoeLayerTensors {
+    let (e, h, i, g) = (
+        shape.experts,
+        shape.hidden,
+        shape.intermediate,
+        args.group_size,
+    );
+    let mut w13 = Vec::with_capacity(e * 2 * i * h);
+    let mut w2 = Vec::with_capacity(e * h * i);
+    let (mut s13, mut s2, mut z13, mut z2) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let batch = rayon::current_num_threads().max(1);
+    for first in (0..e).step_by(batch) {
+        for projections in draw_experts(args, shape, first..(first + batch).min(e)) {
+            for (j, p) in projections.into_iter().enumerate() {
+                let (codes, scales, zeros) = if j == 2 {
+                    (&mut w2, &mut s2, &mut z2)
+                } else {
+                    (&mut w13, &mut s13, &mut z13)
+                };
+                if let Weight::I8(c) = p.weight {
+                    codes.extend_from_slice(&c);
+                }
+                scales.extend(p.scales.unwrap_or_default().iter().map(|s| s.to_f32()));
+                zeros.extend(p.zeros.unwrap_or_default());
+            }
+        }
+    }
+    let mut rng = Rng::stream(args.seed, 0x6A7E);
+    let mut router = vec![0f32; e * h];
+    synth::fill_small(&mut rng, &mut router);
+    MoeLayerTensors {
+        layer: 0,
+        local_experts: (0..e).collect(),
+        experts: ExpertTensors {
+            num_experts: e,
+            hidden: h,
+            intermediate: i,
+            weights: ExpertWeights::Int(IntExperts {
+                bits: args.format.wna16_bits().unwrap_or(4),
+                group_size: Some(g),
+                scale_dtype: DType::BF16,
+                w13,
+                w13_scales: s13,
+                w2,
+                w2_scales: s2,
+                act_order: None,
+                zeros: Some(ZeroPoints { w13: z13, w2: z2 }),
+            }),
+            w13_bias: None,
+            w2_bias: None,
+        },
+        router: RouterTensors {
+            weight: FloatData::F32(router),
+            correction_bias: None,
+        },
+        shared: None,
+    }
+}
+
+/// Times the layer rows for one shape.
 pub(super) fn bench_shape(
     args: &BenchArgs,
     shape: &BenchShape,
@@ -130,33 +301,59 @@ pub(super) fn bench_shape(
     pool: &rayon::ThreadPool,
     out: Output,
 ) -> Result<Vec<BenchRow>, CliError> {
-    if args.format != BenchFormat::W4a8 {
-        return Err(CliError(
-            "--layer times W4A8 layers (--format w4a8) for now".into(),
-        ));
-    }
     let (e, k, h, i) = (shape.experts, shape.top_k, shape.hidden, shape.intermediate);
+    if k == 0 || k > e {
+        return Err(CliError(format!(
+            "shape {}: top-k {k} must be between 1 and the expert count {e}",
+            shape.name
+        )));
+    }
     let g = args.group_size;
-    if g == 0 || h % g != 0 || i % g != 0 {
+    if args.format.grouped() && (g == 0 || !h.is_multiple_of(g) || !i.is_multiple_of(g)) {
         return Err(CliError(format!(
             "--group-size {g} must divide the hidden size {h} and the intermediate size {i}"
         )));
     }
     let max_m = args.batch_sizes.iter().copied().max().unwrap_or(1);
-    let data = pool.install(|| expert_data(shape, g, args.seed));
-    // int4 nibbles plus a bf16 scale per group: the packed bytes a copy holds.
-    let expert_bytes = 3 * h * i / 2 + 3 * h * i / g * 2;
+    // The packed bytes a copy holds, from one expert packed by the same packers.
+    let expert_bytes = pool.install(|| bench::expert_bytes(args, shape))?;
     let layer_bytes = (expert_bytes * e) as u64;
     let copies = args.min_bytes.div_ceil(layer_bytes.max(1)).max(1) as usize;
     let bar = out.progress(copies as u64, &format!("{}: building layers", shape.name));
     let mut layers = Vec::with_capacity(copies);
-    for _ in 0..copies {
-        layers.push(pool.install(|| build_layer(shape, g, max_m, &data))?);
-        bar.inc(1);
+    if args.zero_points {
+        let tensors = pool.install(|| layer_tensors(args, shape));
+        for _ in 0..copies {
+            let mut layer = create_layer(args, shape, max_m)?;
+            pool.install(|| {
+                layer
+                    .load_layer_tensors(&tensors)
+                    .and_then(|()| layer.process())
+            })
+            .map_err(|err| CliError::context("loading and processing", err))?;
+            layers.push(layer);
+            bar.inc(1);
+        }
+    } else {
+        for _ in 0..copies {
+            layers.push(pool.install(|| build_layer(args, shape, max_m))?);
+            bar.inc(1);
+        }
     }
     bar.finish_and_clear();
-    drop(data);
-    let ops = layers[0].backend().map(|b| b.ops).unwrap_or_default();
+    let backend = layers[0]
+        .backend()
+        .ok_or_else(|| CliError("the layer did not report its backend".into()))?;
+    if !out.json {
+        println!(
+            "{:<18} layer: kernel {} ({} copies, {:.0} MiB)",
+            shape.name,
+            backend.kernel,
+            copies,
+            (layer_bytes * copies as u64) as f64 / (1 << 20) as f64
+        );
+    }
+    let ops = backend.ops;
     let isa = moe_kernels::kernels().isa().name();
 
     let mut rng = Rng::stream(args.seed, 0xB10C);
@@ -193,6 +390,8 @@ pub(super) fn bench_shape(
         };
         let mut samples: [Vec<Duration>; 2] = Default::default();
         let warmup = Duration::from_millis(args.warmup_ms);
+        // The loop runs on one of the pool's threads, which takes part in every call; the
+        // stages alternate call by call so that drifts of the machine reach both alike.
         pool.install(|| -> Result<(), CliError> {
             let (mut rounds, mut warm, mut copy) = (0usize, Duration::ZERO, 0usize);
             while rounds == 0 || warm < warmup {

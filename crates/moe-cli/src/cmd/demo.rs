@@ -1,19 +1,30 @@
 //! `moe demo`: the newcomer's first run. Builds a Qwen3-30B-A3B-shaped MoE layer from seeded
 //! random weights (no download), quantizes it to W4A8 (int4 weights in groups of 32 with bf16
 //! scales, int8 activations), routes random tokens with renormalized softmax top-k, lets the
-//! oracle pick the backend, then times the fused pipeline for a few batch sizes and checks it
-//! against an f32 reference on the dequantized weights.
+//! oracle pick the backend, then times the layer for a few batch sizes and checks it against an
+//! f32 reference on the dequantized weights.
+//!
+//! By default the layer takes the road a runtime takes: `MoeLayer::create`, every expert's codes
+//! and scales through `load_expert_tensor`, `process`, and `apply` from the router logits.
+//! `--experts-only` runs the fused expert pipeline alone (`FusedMoe::apply` on the demo's own
+//! routing of the same logits), as the demo did before.
 
 use std::time::Instant;
 
 use clap::Args;
+use indicatif::ProgressBar;
 use moe_kernels::{Par, kernels};
+use moe_layer::{
+    ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, TensorData, TensorKind, TensorView,
+};
 use moe_oracle::MoeShape;
+use moe_quant::DType;
 use moe_router::{IdsOut, Logits, Router, RouterConfig};
+use rayon::prelude::*;
 use serde::Serialize;
 
-use super::reference::{self, RefTokens};
-use super::synth::{self, LayerShape, Rng};
+use super::reference::{self, Contributions, RefTokens};
+use super::synth::{self, ExpertQuant, LayerShape, NormalExpert, Rng};
 use super::{CliError, Output, backend, median_ms, thread_pool};
 
 /// Relative L2 error above which the demo's verdict is a failure (W4A8 is expected at ~1–2 %).
@@ -52,6 +63,10 @@ pub struct DemoArgs {
     /// Tokens checked against the f32 reference (the first ones of each batch).
     #[arg(long, default_value_t = 8)]
     pub ref_tokens: usize,
+    /// Run the fused expert pipeline alone (`FusedMoe::apply`) instead of the road a runtime
+    /// takes (`MoeLayer` built by create, load, process, applied from router logits).
+    #[arg(long)]
+    pub experts_only: bool,
 }
 
 /// The demo's result, as printed with `--json`.
@@ -77,6 +92,9 @@ pub struct DemoReport {
     pub kernel: String,
     /// The rung moe-kernels dispatches to.
     pub isa: &'static str,
+    /// What was timed: `layer` (`MoeLayer::apply` from router logits) or `experts-only`
+    /// (`FusedMoe::apply`).
+    pub road: &'static str,
     /// Packed weight bytes of the layer.
     pub packed_bytes: usize,
     /// Seconds spent generating, quantizing and packing the weights (reference included).
@@ -143,6 +161,15 @@ pub fn run(args: &DemoArgs, out: Output) -> Result<(), CliError> {
             "  routing: softmax top-{k} over random logits, renormalized; {threads} threads, seed {}",
             args.seed
         );
+        if args.experts_only {
+            println!(
+                "  road: experts only (FusedMoe::apply on that routing; the layer's own routing and checks not run)"
+            );
+        } else {
+            println!(
+                "  road: layer (MoeLayer built by create, load_expert_tensor, process; apply from the router logits)"
+            );
+        }
     }
     let selection = backend::select_w4a8(
         MoeShape {
@@ -191,16 +218,31 @@ pub fn run(args: &DemoArgs, out: Output) -> Result<(), CliError> {
     };
     let started = Instant::now();
     let bar = out.progress(e as u64, "quantizing + packing experts");
-    let (layer, contributions) = pool.install(|| {
-        synth::normal_layer(shape, args.seed, &bar, |q| {
-            reference::expert_contributions(&tokens, &q)
-        })
-    })?;
+    let contribute = |q: ExpertQuant<'_>| reference::expert_contributions(&tokens, &q);
+    let (road, contributions) = if args.experts_only {
+        let (layer, seen) =
+            pool.install(|| synth::normal_layer(shape, args.seed, &bar, contribute))?;
+        (Road::Fused(Box::new(layer)), seen)
+    } else {
+        let (layer, seen) =
+            pool.install(|| build_layer(shape, k, max_m, args.seed, &bar, contribute))?;
+        (Road::Layer(Box::new(layer)), seen)
+    };
     bar.finish_and_clear();
     let contributions = contributions.into_iter().collect::<Result<Vec<_>, _>>()?;
     let want = reference::combine(r, k, h, &weights[..r * k], contributions);
     let generation_s = started.elapsed().as_secs_f64();
-    let packed_bytes = layer.expert_bytes * e;
+    let packed_bytes = match &road {
+        Road::Fused(layer) => layer.expert_bytes * e,
+        // int4 nibbles and a bf16 scale per group, as the fused layer's packer counts them.
+        Road::Layer(_) => e * (3 * h * i / 2 + 3 * h * i / args.group_size * 2),
+    };
+    let kernel = match &road {
+        Road::Layer(layer) => layer
+            .backend()
+            .map_or_else(|| selection.kernel.to_string(), |b| b.kernel),
+        Road::Fused(_) => selection.kernel.to_string(),
+    };
     if !out.json {
         println!(
             "  packed {:.1} MiB of expert weights in {generation_s:.1} s",
@@ -208,10 +250,15 @@ pub fn run(args: &DemoArgs, out: Output) -> Result<(), CliError> {
         );
     }
 
-    let mut scratch = layer
-        .moe
-        .scratch(max_m, k, threads)
-        .map_err(|err| CliError::context("scratch", err))?;
+    let mut scratch = match &road {
+        Road::Fused(layer) => Some(
+            layer
+                .moe
+                .scratch(max_m, k, threads)
+                .map_err(|err| CliError::context("scratch", err))?,
+        ),
+        Road::Layer(_) => None,
+    };
     let mut output = vec![0.0f32; max_m * h];
     let mut results = Vec::new();
     for &m in &args.batch_sizes {
@@ -226,8 +273,16 @@ pub fn run(args: &DemoArgs, out: Output) -> Result<(), CliError> {
         let mut samples = Vec::with_capacity(args.reps);
         for rep in 0..=args.reps.max(1) {
             let t0 = Instant::now();
-            pool.install(|| layer.moe.apply(input, out_m, &mut scratch, Par::Rayon))
-                .map_err(|err| CliError::context("applying the layer", err))?;
+            pool.install(|| match (&road, scratch.as_mut()) {
+                (Road::Fused(layer), Some(scratch)) => layer
+                    .moe
+                    .apply(input, &mut *out_m, scratch, Par::Rayon)
+                    .map_err(|err| CliError::context("applying the layer", err)),
+                (Road::Layer(layer), _) => layer
+                    .apply(&x[..m * h], Logits::F32(&logits[..m * e]), &mut *out_m)
+                    .map_err(|err| CliError::context("applying the layer", err)),
+                (Road::Fused(_), None) => Err(CliError("no scratch for the fused layer".into())),
+            })?;
             // The first call warms caches and pages; it is not timed.
             if rep > 0 {
                 samples.push(t0.elapsed());
@@ -258,8 +313,13 @@ pub fn run(args: &DemoArgs, out: Output) -> Result<(), CliError> {
         threads,
         seed: args.seed,
         backend: selection.backend.to_string(),
-        kernel: selection.kernel.to_string(),
+        kernel,
         isa,
+        road: if args.experts_only {
+            "experts-only"
+        } else {
+            "layer"
+        },
         packed_bytes,
         generation_s,
         results,
@@ -278,6 +338,107 @@ pub fn run(args: &DemoArgs, out: Output) -> Result<(), CliError> {
             MAX_REL_ERROR * 100.0
         )))
     }
+}
+
+/// The layer being timed, on either road.
+enum Road {
+    /// `FusedMoe` alone.
+    Fused(Box<synth::SynthLayer>),
+    /// `MoeLayer`, processed.
+    Layer(Box<MoeLayer>),
+}
+
+/// One projection as `load_expert_tensor` takes it: which, `[rows, cols]`, codes, scales.
+type Projection<'a> = (ExpertShard, usize, usize, &'a [i8], &'a [half::bf16]);
+
+/// The demo layer built as a runtime builds it: `MoeLayer::create` (softmax top-k,
+/// renormalized, f32 activations), every expert's gate, up and down codes and bf16 scales
+/// through `load_expert_tensor`, then `process`. Experts are drawn and quantized in parallel,
+/// as many at a time as the pool has threads, ticking `bar` once per expert; `visit` sees each
+/// one's codes and scales, and its results are returned in expert order.
+fn build_layer(
+    shape: LayerShape,
+    top_k: usize,
+    max_tokens: usize,
+    seed: u64,
+    bar: &ProgressBar,
+    visit: impl Fn(ExpertQuant<'_>) -> Result<Contributions, CliError> + Sync,
+) -> Result<(MoeLayer, Vec<Result<Contributions, CliError>>), CliError> {
+    let (e, h, i, g) = (
+        shape.experts,
+        shape.hidden,
+        shape.intermediate,
+        shape.group_size,
+    );
+    let cfg = MoeLayerConfig::new(
+        e,
+        top_k,
+        h,
+        i,
+        LayerQuant::W4A8 {
+            group_size: Some(g),
+        },
+    )
+    .with_router(RouterConfig::cpu_softmax(e, top_k).with_renormalize(true))
+    .with_in_dtype(DType::F32)
+    .with_max_tokens(max_tokens);
+    let mut layer = MoeLayer::create(cfg).map_err(|err| CliError::context("creating", err))?;
+    let mut seen = Vec::with_capacity(e);
+    let batch = rayon::current_num_threads().max(1);
+    for first in (0..e).step_by(batch) {
+        let drawn = (first..(first + batch).min(e))
+            .into_par_iter()
+            .map(|x| {
+                let q = NormalExpert::draw(shape, seed, x)?;
+                let contributions = q.visit(x, &visit);
+                Ok((q, contributions))
+            })
+            .collect::<Result<Vec<_>, CliError>>()?;
+        for (offset, (q, contributions)) in drawn.into_iter().enumerate() {
+            let (w13, s13) = (i * h, i * (h / g));
+            let tensors: [Projection<'_>; 3] = [
+                (
+                    ExpertShard::W1,
+                    i,
+                    h,
+                    &q.w13_codes[..w13],
+                    &q.w13_scales[..s13],
+                ),
+                (
+                    ExpertShard::W3,
+                    i,
+                    h,
+                    &q.w13_codes[w13..],
+                    &q.w13_scales[s13..],
+                ),
+                (ExpertShard::W2, h, i, &q.w2_codes, &q.w2_scales),
+            ];
+            for (proj, rows, cols, codes, scales) in tensors {
+                let weight = TensorView {
+                    name: "weight",
+                    shape: &[rows, cols],
+                    data: TensorData::I8(codes),
+                };
+                let scale = TensorView {
+                    name: "weight_scale",
+                    shape: &[rows, cols / g],
+                    data: TensorData::Bf16(scales),
+                };
+                layer
+                    .load_expert_tensor(first + offset, proj, TensorKind::Weight, &weight)
+                    .and_then(|()| {
+                        layer.load_expert_tensor(first + offset, proj, TensorKind::Scale, &scale)
+                    })
+                    .map_err(|err| CliError::context("loading", err))?;
+            }
+            seen.push(contributions);
+            bar.inc(1);
+        }
+    }
+    layer
+        .process()
+        .map_err(|err| CliError::context("processing", err))?;
+    Ok((layer, seen))
 }
 
 /// The human table and verdict.

@@ -3,6 +3,7 @@
 //!
 //! - [`cpu`], [`demo`], [`inspect`], [`bench`](mod@bench), [`run`], [`repack_marlin`]: the commands.
 //! - [`backend`]: the oracle's view of this machine and its answer for a layer.
+//! - [`plot`]: benchmark rows drawn as an SVG chart (`moe bench --plot`).
 //! - [`synth`]: seeded random weights, quantized and packed into a [`moe_kernels::FusedMoe`].
 //! - [`reference`](mod@reference): the f32 MoE on dequantized weights that the demo checks against.
 
@@ -12,6 +13,7 @@ mod bench_layer;
 pub mod cpu;
 pub mod demo;
 pub mod inspect;
+pub mod plot;
 pub mod reference;
 pub mod repack_marlin;
 pub mod run;

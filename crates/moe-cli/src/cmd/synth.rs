@@ -1,19 +1,21 @@
 //! Seeded synthetic MoE layers: random expert weights quantized to int4 in groups and packed
-//! into a [`FusedMoe<PackedW4A8>`] (or int8 per channel, for the W8A8 benchmark), with a
+//! into a [`FusedMoe<PackedW4A8>`] (or in the other formats `moe bench` times), with a
 //! progress bar per expert.
 //!
-//! Three generators: [`normal_layer`] draws f32 weights (normal · 0.02, like a freshly
-//! initialised model), quantizes them the way compressed-tensors does and keeps the bf16
-//! scales for the f32 reference; [`random_codes_layer`] draws int4 codes and scales directly,
-//! which is all a benchmark needs and much faster for gigabytes of weights;
-//! [`random_int8_layer`] does the same for int8 codes with per-channel scales.
+//! [`normal_layer`] draws f32 weights (normal · 0.02, like a freshly initialised model),
+//! quantizes them the way compressed-tensors does and keeps the bf16 scales for the f32
+//! reference; [`random_codes_layer`] draws int4 codes and scales directly, which is all a
+//! benchmark needs and much faster for gigabytes of weights; [`random_int8_layer`],
+//! [`random_wna16_layer`] and [`random_dense_layer`] do the same for int8 codes with
+//! per-channel scales, weight-only int4/int8 codes (with or without zero points) and float
+//! weights. [`fill_codes`] and [`fill_small`] are the draws the layer benchmark also loads.
 
 use half::bf16;
 use indicatif::ProgressBar;
 use moe_kernels::moe::ExpertMatrix;
 use moe_kernels::{
-    Activation, ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, PackedW4A8, PackedW8A8,
-    PackedWna16, W4A8Scales, Wna16Desc, Wna16Scales, kernels,
+    Activation, ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, PackedDense, PackedW4A8,
+    PackedW8A8, PackedWna16, W4A8Scales, Wna16Desc, Wna16Scales, kernels,
 };
 use moe_quant::quantize_int4_grouped;
 use rayon::prelude::*;
@@ -159,19 +161,61 @@ fn pack(
     .map_err(|e| CliError::context("packing expert weights", e))
 }
 
-/// Quantizes an `[n, k]` f32 matrix to int4 in groups of `g`, returning the packed matrix, its
-/// codes and its scales as the kernel sees them (rounded to bf16, widened back to f32).
-fn quantize_and_pack(
-    w: &[f32],
-    n: usize,
-    k: usize,
-    g: usize,
-) -> Result<(PackedW4A8, Vec<i8>, Vec<f32>), CliError> {
+/// Quantizes an `[n, k]` f32 matrix to int4 in groups of `g`: its codes and its scales rounded
+/// to bf16 (the format the kernels and a checkpoint hold them in).
+fn quantize(w: &[f32], n: usize, k: usize, g: usize) -> Result<(Vec<i8>, Vec<bf16>), CliError> {
     let q = quantize_int4_grouped(w, n, k, Some(g))
         .map_err(|e| CliError::context("quantizing expert weights", e))?;
     let scales: Vec<bf16> = q.scales.iter().map(|&s| bf16::from_f32(s)).collect();
-    let packed = pack(n, k, &q.codes, &scales, g)?;
-    Ok((packed, q.codes, scales.iter().map(|s| s.to_f32()).collect()))
+    Ok((q.codes, scales))
+}
+
+/// One expert of [`normal_layer`], quantized: int4 codes and bf16 group scales of its fused
+/// gate/up `[2I, H]` (gate rows first) and down `[H, I]` projections.
+#[derive(Debug, Clone)]
+pub struct NormalExpert {
+    /// `[2I, H]` codes in `[-8, 7]`.
+    pub w13_codes: Vec<i8>,
+    /// `[2I, H/g]` scales.
+    pub w13_scales: Vec<bf16>,
+    /// `[H, I]` codes.
+    pub w2_codes: Vec<i8>,
+    /// `[H, I/g]` scales.
+    pub w2_scales: Vec<bf16>,
+}
+
+impl NormalExpert {
+    /// Draws expert `e` of a [`normal_layer`] of `shape` (normal(0, 0.02) f32 weights from the
+    /// expert's own stream of `seed`) and quantizes it to int4 with bf16 group scales.
+    pub fn draw(shape: LayerShape, seed: u64, e: usize) -> Result<Self, CliError> {
+        let (h, i, g) = (shape.hidden, shape.intermediate, shape.group_size);
+        let mut rng = Rng::stream(seed, e as u64);
+        let mut w13 = vec![0.0f32; 2 * i * h];
+        rng.fill_normal(&mut w13, 0.02);
+        let (w13_codes, w13_scales) = quantize(&w13, 2 * i, h, g)?;
+        drop(w13);
+        let mut w2 = vec![0.0f32; h * i];
+        rng.fill_normal(&mut w2, 0.02);
+        let (w2_codes, w2_scales) = quantize(&w2, h, i, g)?;
+        Ok(Self {
+            w13_codes,
+            w13_scales,
+            w2_codes,
+            w2_scales,
+        })
+    }
+
+    /// Its codes and scales as the reference reads them (scales widened to f32), for `visit`.
+    pub fn visit<T>(&self, expert: usize, visit: impl Fn(ExpertQuant<'_>) -> T) -> T {
+        let widen = |s: &[bf16]| -> Vec<f32> { s.iter().map(|v| v.to_f32()).collect() };
+        visit(ExpertQuant {
+            expert,
+            w13_codes: &self.w13_codes,
+            w13_scales: &widen(&self.w13_scales),
+            w2_codes: &self.w2_codes,
+            w2_scales: &widen(&self.w2_scales),
+        })
+    }
 }
 
 /// The fused-pipeline configuration of a synthetic layer: SiLU, concatenated gate/up.
@@ -221,21 +265,10 @@ pub fn normal_layer<T: Send>(
     let experts = (0..shape.experts)
         .into_par_iter()
         .map(|e| {
-            let mut rng = Rng::stream(seed, e as u64);
-            let mut w13 = vec![0.0f32; 2 * i * h];
-            rng.fill_normal(&mut w13, 0.02);
-            let (p13, c13, s13) = quantize_and_pack(&w13, 2 * i, h, g)?;
-            drop(w13);
-            let mut w2 = vec![0.0f32; h * i];
-            rng.fill_normal(&mut w2, 0.02);
-            let (p2, c2, s2) = quantize_and_pack(&w2, h, i, g)?;
-            let seen = visit(ExpertQuant {
-                expert: e,
-                w13_codes: &c13,
-                w13_scales: &s13,
-                w2_codes: &c2,
-                w2_scales: &s2,
-            });
+            let q = NormalExpert::draw(shape, seed, e)?;
+            let seen = q.visit(e, &visit);
+            let p13 = pack(2 * i, h, &q.w13_codes, &q.w13_scales, g)?;
+            let p2 = pack(h, i, &q.w2_codes, &q.w2_scales, g)?;
             bar.inc(1);
             Ok(((p13, p2), seen))
         })
@@ -281,42 +314,79 @@ pub fn random_codes_layer(
     assemble(shape, experts, PackedW4A8::packed_bytes)
 }
 
-/// Random unsigned int4 codes and bf16 group scales for an `[n, k]` weight-only matrix, packed.
+/// The weight-only (WNA16) codes of a synthetic layer: bits per code and whether every scale
+/// group carries a zero point (asymmetric, as GPTQ `sym: false` and AWQ checkpoints).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wna16Codes {
+    /// Bits per code, 4 or 8.
+    pub bits: u32,
+    /// Asymmetric codes with a zero point per scale group.
+    pub zero_points: bool,
+}
+
+/// Fills `out` with uniformly random `bits`-bit unsigned codes (4 or 8), several per draw.
+pub fn fill_codes(rng: &mut Rng, bits: u32, out: &mut [u8]) {
+    let per_draw = (64 / bits) as usize;
+    let mask = (1u64 << bits) - 1;
+    for chunk in out.chunks_mut(per_draw) {
+        let draw = rng.next_u64();
+        for (j, c) in chunk.iter_mut().enumerate() {
+            *c = ((draw >> (bits as usize * j)) & mask) as u8;
+        }
+    }
+}
+
+/// Fills `out` with small uniformly random floats in `[-0.02, 0.02)`, four per draw (the
+/// values change no work; they only have to be finite and of a weight's size).
+pub fn fill_small(rng: &mut Rng, out: &mut [f32]) {
+    for chunk in out.chunks_mut(4) {
+        let draw = rng.next_u64();
+        for (j, v) in chunk.iter_mut().enumerate() {
+            let bits = (draw >> (16 * j)) & 0xFFFF;
+            *v = (bits as f32 / 65536.0 - 0.5) * 0.04;
+        }
+    }
+}
+
+/// Random `bits`-bit unsigned codes, bf16 group scales and, when asked, zero points for an
+/// `[n, k]` weight-only matrix, packed.
 fn random_wna16_packed(
     rng: &mut Rng,
     n: usize,
     k: usize,
     g: usize,
+    codes_of: Wna16Codes,
 ) -> Result<PackedWna16, CliError> {
     let mut codes = vec![0u8; n * k];
-    for chunk in codes.chunks_mut(16) {
-        let bits = rng.next_u64();
-        for (j, c) in chunk.iter_mut().enumerate() {
-            *c = ((bits >> (4 * j)) & 0xF) as u8;
-        }
-    }
+    fill_codes(rng, codes_of.bits, &mut codes);
     let scales: Vec<bf16> = (0..n * (k / g))
         .map(|_| bf16::from_f32(0.001 + (rng.next_u64() % 1000) as f32 * 2e-6))
         .collect();
+    let zeros = codes_of.zero_points.then(|| {
+        let mut z = vec![0u8; n * (k / g)];
+        fill_codes(rng, codes_of.bits, &mut z);
+        z
+    });
     PackedWna16::pack(Wna16Desc {
         n,
         k,
-        bits: 4,
+        bits: codes_of.bits,
         codes: &codes,
         group_size: Some(g),
         scales: Wna16Scales::Bf16(&scales),
-        zeros: None,
+        zeros: zeros.as_deref(),
         bias: None,
         perm: None,
     })
     .map_err(|e| CliError::context("packing expert weights", e))
 }
 
-/// A weight-only (W4A16) layer of uniformly random int4 codes and bf16 group scales, run with
-/// float activations on the native WNA16 kernels; experts are built in parallel on the
-/// current rayon pool, ticking `bar` once per expert.
+/// A weight-only (WNA16) layer of uniformly random int4 or int8 codes, bf16 group scales and
+/// optional zero points, run with float activations on the native WNA16 kernels; experts are
+/// built in parallel on the current rayon pool, ticking `bar` once per expert.
 pub fn random_wna16_layer(
     shape: LayerShape,
+    codes_of: Wna16Codes,
     seed: u64,
     bar: &ProgressBar,
 ) -> Result<SynthLayer<PackedWna16>, CliError> {
@@ -326,13 +396,52 @@ pub fn random_wna16_layer(
         .into_par_iter()
         .map(|e| {
             let mut rng = Rng::stream(seed, e as u64);
-            let p13 = random_wna16_packed(&mut rng, 2 * i, h, g)?;
-            let p2 = random_wna16_packed(&mut rng, h, i, g)?;
+            let p13 = random_wna16_packed(&mut rng, 2 * i, h, g, codes_of)?;
+            let p2 = random_wna16_packed(&mut rng, h, i, g, codes_of)?;
             bar.inc(1);
             Ok((p13, p2))
         })
         .collect::<Result<Vec<_>, CliError>>()?;
     assemble(shape, experts, PackedWna16::packed_bytes)
+}
+
+/// An unquantized layer of small random weights, kept in bf16 or in f32, run on the dense
+/// f32-compute GEMM; `shape.group_size` is not used. Experts are built in parallel on the
+/// current rayon pool, ticking `bar` once per expert.
+pub fn random_dense_layer(
+    shape: LayerShape,
+    bf16_weights: bool,
+    seed: u64,
+    bar: &ProgressBar,
+) -> Result<SynthLayer<PackedDense>, CliError> {
+    let (h, i) = (shape.hidden, shape.intermediate);
+    if shape.experts == 0 || h == 0 || i == 0 {
+        return Err(CliError(
+            "--experts, --hidden and --intermediate must be positive".into(),
+        ));
+    }
+    let pack = |rng: &mut Rng, n: usize, k: usize| {
+        let mut w = vec![0f32; n * k];
+        fill_small(rng, &mut w);
+        if bf16_weights {
+            let w: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
+            PackedDense::pack_bf16(n, k, &w)
+        } else {
+            PackedDense::pack_f32(n, k, &w)
+        }
+        .map_err(|e| CliError::context("packing expert weights", e))
+    };
+    let experts = (0..shape.experts)
+        .into_par_iter()
+        .map(|e| {
+            let mut rng = Rng::stream(seed, e as u64);
+            let p13 = pack(&mut rng, 2 * i, h)?;
+            let p2 = pack(&mut rng, h, i)?;
+            bar.inc(1);
+            Ok((p13, p2))
+        })
+        .collect::<Result<Vec<_>, CliError>>()?;
+    assemble(shape, experts, PackedDense::packed_bytes)
 }
 
 /// An `[n, k]` matrix of uniformly random int8 codes in `[-127, 127]` (spec §5.1's range) with
