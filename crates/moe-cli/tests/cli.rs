@@ -708,3 +708,49 @@ fn run_takes_logits_a_precomputed_top_k_and_ranks() {
     );
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// `--wna16-activations int8` runs W4A16 weights on the W4A8 kernels through the layer and
+/// reads the W4A8 packing's bytes; it is refused where it does not apply.
+#[test]
+fn bench_w4a16_with_int8_activations_runs_on_the_w4a8_kernels() {
+    let args = [
+        "bench",
+        "--shape",
+        "e8-k2-h128-i64",
+        "--batch-sizes",
+        "1,3",
+        "--min-bytes",
+        "1M",
+        "--iters",
+        "2",
+        "--warmup-ms",
+        "0",
+        "--dram-gbs",
+        "10",
+        "--format",
+        "w4a16",
+        "--wna16-activations",
+        "int8",
+    ];
+    let out = moe(&args);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("kernel cpu-int4-w4a8/"), "{text}");
+    assert!(text.contains("int8 activations"), "{text}");
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let v = moe_json(&json_args);
+    let weights = (3 * 128 * 64) as f64;
+    for row in v["rows"].as_array().expect("rows") {
+        let per_expert =
+            row["bytes_touched"].as_f64().unwrap() / row["experts_touched"].as_f64().unwrap();
+        assert_eq!(per_expert, weights * (0.5 + 2.0 / 32.0), "{row}");
+    }
+    let mut w8 = args.to_vec();
+    let format_at = w8.len() - 3;
+    w8[format_at] = "w8a16";
+    assert_clean_failure(&w8, "--wna16-activations int8");
+    let mut fused = args.to_vec();
+    fused.push("--experts-only");
+    assert_clean_failure(&fused, "--wna16-activations int8");
+}

@@ -179,6 +179,11 @@ pub struct BenchArgs {
     /// Asymmetric weight-only codes: a zero point per scale group (W4A16, W8A16).
     #[arg(long)]
     pub zero_points: bool,
+    /// What W4A16 weights are multiplied with on the layer road: `float` (their own numerics)
+    /// or `int8` (dynamic per-token int8 activations on the W4A8 kernels, as
+    /// `moe run --wna16-activations int8`).
+    #[arg(long, value_name = "float|int8", default_value = "float", value_parser = super::parse_wna16_activations)]
+    pub wna16_activations: moe_layer::Wna16Activations,
     /// Worker threads (0 = available parallelism).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -437,7 +442,10 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
             None => ks,
         })
         .collect();
-    let format_label = args.format.describe(args.group_size, args.zero_points);
+    let mut format_label = args.format.describe(args.group_size, args.zero_points);
+    if args.wna16_activations == moe_layer::Wna16Activations::DynamicInt8 {
+        format_label.push_str(" with int8 activations on the W4A8 kernels");
+    }
     let pool = thread_pool(args.threads)?;
     let threads = pool.current_num_threads();
     let isa = kernels().isa().name();
@@ -542,6 +550,20 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
 
 /// Rejects options the format does not have, naming them.
 fn check_format_options(args: &BenchArgs) -> Result<(), CliError> {
+    if args.wna16_activations == moe_layer::Wna16Activations::DynamicInt8 {
+        if args.format != BenchFormat::W4a16 || args.zero_points {
+            return Err(CliError(
+                "--wna16-activations int8 applies to symmetric int4 weights (--format w4a16 \
+                 without --zero-points)"
+                    .into(),
+            ));
+        }
+        if args.experts_only {
+            return Err(CliError(
+                "--wna16-activations int8 is a layer setting: drop --experts-only".into(),
+            ));
+        }
+    }
     if args.zero_points && args.format.wna16_bits().is_none() {
         return Err(CliError(
             "--zero-points applies to the weight-only formats (--format w4a16 or w8a16)".into(),
@@ -661,6 +683,12 @@ pub(crate) fn expert_bytes(args: &BenchArgs, shape: &BenchShape) -> Result<usize
     let bar = indicatif::ProgressBar::hidden();
     Ok(match args.format {
         BenchFormat::W4a8 => synth::random_codes_layer(one, 0, &bar)?.expert_bytes,
+        // Int8 activations pack the int4 codes as W4A8 weights.
+        BenchFormat::W4a16
+            if args.wna16_activations == moe_layer::Wna16Activations::DynamicInt8 =>
+        {
+            synth::random_codes_layer(one, 0, &bar)?.expert_bytes
+        }
         BenchFormat::W8a8 => synth::random_int8_layer(one, 0, &bar)?.expert_bytes,
         BenchFormat::W4a16 | BenchFormat::W8a16 => {
             let codes = synth::Wna16Codes {

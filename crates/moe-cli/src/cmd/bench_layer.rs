@@ -184,7 +184,8 @@ fn create_layer(
         layer_quant(args),
     )
     .with_in_dtype(DType::F32)
-    .with_max_tokens(max_tokens);
+    .with_max_tokens(max_tokens)
+    .with_wna16_activations(args.wna16_activations);
     MoeLayer::create(cfg).map_err(|err| CliError::context("creating the layer", err))
 }
 
