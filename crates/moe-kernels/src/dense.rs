@@ -59,48 +59,85 @@ struct DenseJob<'a, T> {
 // ranges (the split), so sharing the job between threads creates no data race.
 unsafe impl<T: Sync> Sync for DenseJob<'_, T> {}
 
-/// Computes rows `m0..m0 + R` of panel `p`.
+/// Computes rows `m0..m0 + R` of panels `p..p + NP`. Each (row, panel) pair is its own chain
+/// of adds, so several panels keep the adder busy when there are few rows; within a lane the
+/// sum still runs in ascending k, so the panel count never changes a result.
 #[inline(always)]
-fn tile<T: Widen, const R: usize>(job: &DenseJob<'_, T>, p: usize, m0: usize) {
+fn tile<T: Widen, const R: usize, const NP: usize>(job: &DenseJob<'_, T>, p: usize, m0: usize) {
     let k = job.k;
-    let panel = &job.w[p * k * PANEL..][..k * PANEL];
-    let (steps, _) = panel.as_chunks::<PANEL>();
+    let steps: [&[[T; PANEL]]; NP] = std::array::from_fn(|j| {
+        job.w[(p + j) * k * PANEL..][..k * PANEL]
+            .as_chunks::<PANEL>()
+            .0
+    });
     let rows: [&[f32]; R] = std::array::from_fn(|r| &job.x[(m0 + r) * k..][..k]);
-    let mut acc = [[0f32; PANEL]; R];
-    for (kk, step) in steps.iter().enumerate() {
-        let w: [f32; PANEL] = std::array::from_fn(|c| step[c].widen());
-        for r in 0..R {
-            let xv = rows[r][kk];
+    let mut acc = [[[0f32; PANEL]; NP]; R];
+    for kk in 0..k {
+        for j in 0..NP {
+            let step = &steps[j][kk];
+            let mut w = [0f32; PANEL];
             for c in 0..PANEL {
-                acc[r][c] += xv * w[c];
+                w[c] = step[c].widen();
+            }
+            for r in 0..R {
+                let xv = rows[r][kk];
+                for c in 0..PANEL {
+                    acc[r][j][c] += xv * w[c];
+                }
             }
         }
     }
-    let valid = PANEL.min(job.n - p * PANEL);
     for (r, acc_row) in acc.iter().enumerate() {
-        let at = (m0 + r) * job.n + p * PANEL;
-        for (c, v) in acc_row.iter().enumerate().take(valid) {
-            // SAFETY: row `m0 + r < m` and channel `16p + c < N` address an element of the
-            // caller's `m·N` output that belongs to this panel alone (disjoint split).
-            unsafe { job.out.wrapping_add(at + c).write(*v) };
+        for (j, acc_panel) in acc_row.iter().enumerate() {
+            let valid = PANEL.min(job.n - (p + j) * PANEL);
+            let at = (m0 + r) * job.n + (p + j) * PANEL;
+            for (c, v) in acc_panel.iter().enumerate().take(valid) {
+                // SAFETY: row `m0 + r < m` and channel `16(p + j) + c < N` address an element
+                // of the caller's `m·N` output that belongs to these panels alone (disjoint
+                // split).
+                unsafe { job.out.wrapping_add(at + c).write(*v) };
+            }
         }
     }
 }
 
-/// Walks the row tiles of `panels`.
+/// Walks `panels` in groups of up to four (two for tiles of more than two rows, to stay in
+/// registers) and each group's row tiles.
 #[inline(always)]
 fn panels_body<T: Widen>(job: &DenseJob<'_, T>, panels: Range<usize>) {
-    for p in panels {
+    let mut p = panels.start;
+    while p < panels.end {
+        let left = panels.end - p;
         let mut m0 = 0;
+        // Panels this group covers: what tiles of up to two rows take (four), and what the
+        // larger tiles take (two) inside it.
+        let wide = left.min(4);
         while m0 < job.m {
-            match job.m - m0 {
-                1 => tile::<T, 1>(job, p, m0),
-                2 => tile::<T, 2>(job, p, m0),
-                3 => tile::<T, 3>(job, p, m0),
-                _ => tile::<T, MR>(job, p, m0),
+            let rows = MR.min(job.m - m0);
+            match (rows, wide) {
+                (1, 4) => tile::<T, 1, 4>(job, p, m0),
+                (2, 4) => tile::<T, 2, 4>(job, p, m0),
+                _ => {
+                    let mut q = p;
+                    while q < p + wide {
+                        let np = (p + wide - q).min(2);
+                        match (rows, np) {
+                            (1, 2) => tile::<T, 1, 2>(job, q, m0),
+                            (1, _) => tile::<T, 1, 1>(job, q, m0),
+                            (2, 2) => tile::<T, 2, 2>(job, q, m0),
+                            (2, _) => tile::<T, 2, 1>(job, q, m0),
+                            (3, 2) => tile::<T, 3, 2>(job, q, m0),
+                            (3, _) => tile::<T, 3, 1>(job, q, m0),
+                            (_, 2) => tile::<T, MR, 2>(job, q, m0),
+                            _ => tile::<T, MR, 1>(job, q, m0),
+                        }
+                        q += np;
+                    }
+                }
             }
-            m0 += MR.min(job.m - m0);
+            m0 += rows;
         }
+        p += wide;
     }
 }
 
@@ -269,6 +306,11 @@ mod tests {
             (3, 16, 64),
             (5, 33, 70),
             (9, 47, 129),
+            // Groups of four panels (tiles of one and two rows) with ragged leftovers.
+            (1, 70, 33),
+            (2, 64, 17),
+            (6, 81, 40),
+            (2, 100, 3),
         ] {
             let x = rng.vec_uniform(m * k, -2.0, 2.0);
             let w32 = rng.vec_uniform(n * k, -1.0, 1.0);
