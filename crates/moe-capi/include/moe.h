@@ -96,6 +96,11 @@ typedef enum {
    vLLM's online int8: float weights quantized per row when the layer is processed.
    */
   MOE_QUANT_INT8_ONLINE = 1,
+  /*
+   Unquantized experts: f32/bf16/f16 weights kept in their precision (f16 widened to
+   f32) and run in f32, bf16 experts on the CPU's bf16 path from its row threshold on.
+   */
+  MOE_QUANT_UNQUANTIZED = 2,
 } MoeQuant;
 
 /*

@@ -57,9 +57,11 @@ impl MoeLayerDesc {
                 group_size: (self.group_size != 0).then_some(self.group_size),
             },
             1 => LayerQuant::Int8Online,
+            2 => LayerQuant::Unquantized,
             other => {
                 return Err(CapiError::invalid(format!(
-                    "desc.quant: {other} is not a MoeQuant (0 = W4A8, 1 = int8 online)"
+                    "desc.quant: {other} is not a MoeQuant (0 = W4A8, 1 = int8 online, \
+                     2 = unquantized)"
                 )));
             }
         };

@@ -77,6 +77,9 @@ pub enum MoeQuant {
     W4a8 = 0,
     /// vLLM's online int8: float weights quantized per row when the layer is processed.
     Int8Online = 1,
+    /// Unquantized experts: f32/bf16/f16 weights kept in their precision (f16 widened to
+    /// f32) and run in f32, bf16 experts on the CPU's bf16 path from its row threshold on.
+    Unquantized = 2,
 }
 
 /// An error on its way to C: the status to return and the message to keep.

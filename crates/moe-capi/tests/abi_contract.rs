@@ -676,3 +676,90 @@ fn bad_layer_options_are_refused() {
     let status = unsafe { moe_layer_create_with(&desc, &opts, &mut layer) };
     expect(status, MoeStatus::InvalidArgument);
 }
+
+/// An unquantized layer built through the ABI from bf16 tensors computes exactly what the Rust
+/// layer built from the same tensors computes.
+#[test]
+fn an_unquantized_layer_built_tensor_by_tensor_matches_the_rust_layer() {
+    use moe_layer::{ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, TensorData, TensorKind};
+    let (e, k, h, i) = (4usize, 2usize, 64usize, 32usize);
+    let desc = MoeLayerDesc {
+        num_experts: e,
+        top_k: k,
+        hidden: h,
+        intermediate: i,
+        quant: MoeQuant::Unquantized as u32,
+        group_size: 0,
+        renormalize: 1,
+        dtype: MoeDtype::Bf16 as u32,
+        max_tokens: 16,
+    };
+    let mut layer = null_mut();
+    // SAFETY: a valid desc and out-pointer.
+    expect(
+        unsafe { moe_layer_create(&desc, &mut layer) },
+        MoeStatus::Ok,
+    );
+    let cfg = MoeLayerConfig::new(e, k, h, i, LayerQuant::Unquantized).with_max_tokens(16);
+    let mut reference = MoeLayer::create(cfg).unwrap();
+    let mut seed = 0x5eedu64;
+    let mut next = move || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2
+    };
+    for x in 0..e {
+        for (proj, shard, shape) in [
+            ("gate_proj", ExpertShard::W1, [i, h]),
+            ("up_proj", ExpertShard::W3, [i, h]),
+            ("down_proj", ExpertShard::W2, [h, i]),
+        ] {
+            let w: Vec<bf16> = (0..h * i).map(|_| bf16::from_f32(next())).collect();
+            let name = format!("experts.{x}.{proj}.weight");
+            let bits: Vec<u16> = w.iter().map(|v| v.to_bits()).collect();
+            expect(
+                load(
+                    layer,
+                    &name,
+                    MoeDtype::Bf16,
+                    &shape,
+                    bits.as_ptr().cast(),
+                    bits.len(),
+                ),
+                MoeStatus::Ok,
+            );
+            let view = moe_layer::TensorView {
+                name: &name,
+                shape: &shape,
+                data: TensorData::Bf16(&w),
+            };
+            reference
+                .load_expert_tensor(x, shard, TensorKind::Weight, &view)
+                .unwrap();
+        }
+    }
+    let gate: Vec<f32> = (0..e * h).map(|_| next()).collect();
+    expect(
+        load(
+            layer,
+            "gate.weight",
+            MoeDtype::F32,
+            &[e, h],
+            gate.as_ptr().cast(),
+            gate.len(),
+        ),
+        MoeStatus::Ok,
+    );
+    reference.load_router_weight(&gate).unwrap();
+    expect(moe_layer_process(layer), MoeStatus::Ok);
+    reference.process().unwrap();
+    let x: Vec<f32> = (0..12 * h).map(|_| next() * 10.0).collect();
+    let mut got = vec![0f32; x.len()];
+    expect(apply_f32(layer, &x, &mut got), MoeStatus::Ok);
+    let mut want = vec![0f32; x.len()];
+    reference.apply_with_gate(&x, &mut want).unwrap();
+    assert_eq!(got, want);
+    assert!(got.iter().any(|v| *v != 0.0));
+    expect(moe_layer_free(layer), MoeStatus::Ok);
+}
