@@ -61,6 +61,7 @@ fn w8_dot(sums: int32x4_t, w: int8x16_t, a: int8x16_t) -> int32x4_t {
 /// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`
 ///   (see [`crate::ukernel::W4A8PanelsFn`]).
 #[target_feature(enable = "neon")]
+#[cfg_attr(feature = "arm-cost", inline(never))]
 unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize, m0: usize) {
     let w = job.w;
     let (k_pad, steps_per_block, n_blocks) = (w.k_pad(), w.block_len() / 8, w.n_blocks());
@@ -101,6 +102,7 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
 /// # Safety
 /// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`.
 #[target_feature(enable = "neon")]
+#[cfg_attr(feature = "arm-cost", inline(never))]
 unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
     let w = job.w;
     let k_pad = w.k_pad();
