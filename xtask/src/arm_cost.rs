@@ -290,6 +290,7 @@ pub fn run(opts: &ArmCost) -> Result<()> {
                     model.get_or_insert_with(|| out.model.clone());
                     Ok(Some(Cost {
                         cycles: out.cycles,
+                        rthroughput: out.rthroughput,
                         macs: l.useful_macs(),
                         k: l.k_per_iter,
                     }))
@@ -331,6 +332,8 @@ pub fn run(opts: &ArmCost) -> Result<()> {
 #[derive(Clone, Debug)]
 struct McaOut {
     cycles: f64,
+    /// Block RThroughput: cycles per iteration if only the execution resources limited it.
+    rthroughput: f64,
     /// The scheduling model, named by the prefix of its resource names (`A57`, `N2`, ...).
     model: String,
 }
@@ -339,6 +342,7 @@ struct McaOut {
 #[derive(Clone, Copy, Debug)]
 struct Cost {
     cycles: f64,
+    rthroughput: f64,
     macs: u64,
     k: u64,
 }
@@ -346,6 +350,15 @@ struct Cost {
 impl Cost {
     fn per_cycle(&self) -> f64 {
         self.macs as f64 / self.cycles
+    }
+
+    /// `MAC/cyc (resource bound)` for the table.
+    fn rates(&self) -> String {
+        format!(
+            "{:.1} ({:.1})",
+            self.per_cycle(),
+            self.macs as f64 / self.rthroughput
+        )
     }
 }
 
@@ -554,12 +567,38 @@ impl Loop {
                         let _ = writeln!(text, "\t{}\t.Lmca_top", i.mnemonic);
                     }
                 }
+            } else if let Some((access, base, step)) = split_post_index(&i.mnemonic, &i.operands) {
+                let _ = writeln!(text, "\t{}\t{access}", i.mnemonic);
+                let _ = writeln!(text, "\tadd\t{base}, {base}, {step}");
             } else {
                 let _ = writeln!(text, "\t{}\t{}", i.mnemonic, i.operands);
             }
         }
         text
     }
+}
+
+/// A post-indexed load or store (`ld1r {v0.2d}, [x1], #8`) as the access without the
+/// write-back (`{v0.2d}, [x1]`), the base register and the step. llvm-mca's models give the
+/// write-back the load's full latency, so a chain of post-indexed loads on one base register
+/// (as KleidiAI's activation loads are) would serialise at the load latency each, which no
+/// core does: the base update is an integer add. Splitting it out costs the add's slot and
+/// keeps the dependency at an add's latency, for both sides alike.
+fn split_post_index(mnemonic: &str, operands: &str) -> Option<(String, String, String)> {
+    if !(mnemonic.starts_with("ld") || mnemonic.starts_with("st")) {
+        return None;
+    }
+    let (access, step) = operands.rsplit_once("],")?;
+    let step = step.trim();
+    let (_, base) = access.rsplit_once('[')?;
+    if base.contains(',') || step.is_empty() {
+        return None;
+    }
+    Some((
+        format!("{access}]"),
+        base.trim().to_string(),
+        step.to_string(),
+    ))
 }
 
 /// Conditional and unconditional direct branches (not calls, returns or register branches).
@@ -774,6 +813,7 @@ fn parse_mca(text: &str) -> Option<McaOut> {
     };
     let iterations = field("Iterations:")?;
     let total = field("Total Cycles:")?;
+    let rthroughput = field("Block RThroughput:")?;
     let model = text
         .lines()
         .skip_while(|l| !l.starts_with("Resources:"))
@@ -786,6 +826,7 @@ fn parse_mca(text: &str) -> Option<McaOut> {
         .unwrap_or_else(|| "?".into());
     Some(McaOut {
         cycles: total / iterations,
+        rthroughput,
         model,
     })
 }
@@ -816,7 +857,10 @@ fn render(command: &str, sections: &[Section], have_kai: bool) -> String {
         s,
         "Cycles per iteration of each tile's steady-state inner loop (llvm-mca Total Cycles / \
          {MCA_ITERATIONS} iterations), MACs per iteration counted from its instructions (useful \
-         ones: a row of zeros padding an `smmla` pair does not count), and MACs per cycle. \
+         ones: a row of zeros padding an `smmla` pair does not count), and MACs per cycle; in brackets the MACs per cycle if only \
+         the execution resources limited the loop (MACs over llvm-mca's Block RThroughput, no \
+         dependency chains). Post-indexed loads are given to llvm-mca as a load and an add, \
+         because its models give the base-register write-back the load's latency. \
          \"K\" is the K values one iteration covers; ours are 16 channels wide, KleidiAI's \
          as wide as the tile says."
     );
@@ -837,8 +881,8 @@ fn render(command: &str, sections: &[Section], have_kai: bool) -> String {
         );
         let _ = writeln!(
             s,
-            "| format | rung | rows | core | ours: tile, K/iter | cyc/iter | MAC/cyc | \
-             KleidiAI: kernel, K/iter | cyc/iter | MAC/cyc | ours ÷ KleidiAI (MAC/cyc) |"
+            "| format | rung | rows | core | ours: tile, K/iter | cyc/iter | MAC/cyc (bound) | \
+             KleidiAI: kernel, K/iter | cyc/iter | MAC/cyc (bound) | ours ÷ KleidiAI (MAC/cyc) |"
         );
         let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
         for r in &sec.rows {
@@ -847,7 +891,7 @@ fn render(command: &str, sections: &[Section], have_kai: bool) -> String {
                 (Some(o), Some(c)) => (
                     format!("{}×16, K {}", o.rows, c.k),
                     format!("{:.2}", c.cycles),
-                    format!("{:.1}", c.per_cycle()),
+                    c.rates(),
                 ),
                 _ => ("—".into(), "—".into(), "—".into()),
             };
@@ -855,7 +899,7 @@ fn render(command: &str, sections: &[Section], have_kai: bool) -> String {
                 (Some(k), Some(c)) => (
                     format!("{}, K {}", kai_label(k), c.k),
                     format!("{:.2}", c.cycles),
-                    format!("{:.1}", c.per_cycle()),
+                    c.rates(),
                 ),
                 (Some(k), None) if have_kai => (
                     format!("{} (not on this core)", kai_label(k)),
@@ -981,6 +1025,21 @@ g:
     }
 
     #[test]
+    fn post_indexed_accesses_lose_their_write_back() {
+        assert_eq!(
+            split_post_index("ld1r", "{ v28.2d }, [x22], #8"),
+            Some(("{ v28.2d }, [x22]".into(), "x22".into(), "#8".into()))
+        );
+        assert_eq!(
+            split_post_index("ldp", "q0, q1, [x8], x3"),
+            Some(("q0, q1, [x8]".into(), "x8".into(), "x3".into()))
+        );
+        assert_eq!(split_post_index("ldr", "q0, [x8, #16]"), None);
+        assert_eq!(split_post_index("ldr", "d24, [x27, x0, lsl #3]"), None);
+        assert_eq!(split_post_index("add", "x0, x0, #1"), None);
+    }
+
+    #[test]
     fn mca_summary_is_read() {
         let out = "\
 Iterations:        1000
@@ -994,6 +1053,7 @@ Resources:
 ";
         let m = parse_mca(out).unwrap();
         assert!((m.cycles - 6.013).abs() < 1e-9);
+        assert!((m.rthroughput - 5.7).abs() < 1e-9);
         assert_eq!(m.model, "A57");
     }
 
