@@ -221,8 +221,13 @@ pub fn run(opts: &ArmCost) -> Result<()> {
     let work = project_root().join("target").join("arm-cost");
     std::fs::create_dir_all(work.join("mca"))?;
 
-    banner("arm-cost: compiling moe-kernels for aarch64 to assembly");
-    let asm_path = build_ours(&work)?;
+    let asm_path = match &opts.asm {
+        Some(path) => path.clone(),
+        None => {
+            banner("arm-cost: compiling moe-kernels for aarch64 to assembly");
+            build_ours(&work)?
+        }
+    };
     let asm = std::fs::read_to_string(&asm_path)
         .map_err(|e| format!("reading {}: {e}", asm_path.display()))?;
 
@@ -929,10 +934,14 @@ fn render(command: &str, sections: &[Section], have_kai: bool) -> String {
         "\nWhat the model leaves out: memory (every load hits L1; decode is DRAM-bound on real \
          machines), clock frequency, the front end (fetch, decode, branch prediction), cache and \
          TLB misses, prefetching, and everything outside the inner loop: our per-block \
-         epilogue (weight-sum recount, scale, convert) and KleidiAI's per-block scaling run once \
-         per 32 K values at group size 32, and neither is in these numbers. llvm-mca knows only \
-         the scheduling models its LLVM version has; a core without a model of its own is \
-         modelled with another core's tables (the resource names above say which)."
+         epilogue (code-sum recount, corrections, convert, scale) and KleidiAI's per-block \
+         scaling run once per 32 K values at group size 32, and neither is in these numbers. \
+         The models have no late forwarding of multiply-accumulate results, so a loop that \
+         chains its `sdot`s into few accumulators (KleidiAI's 1-row kernels) is held to the \
+         full `sdot` latency per step; the bracketed resource bound is the fairer figure there. \
+         llvm-mca knows only the scheduling models its LLVM version has; a core without a \
+         model of its own is modelled with another core's tables (the resource names above \
+         say which)."
     );
     s
 }

@@ -61,8 +61,8 @@ Commands:
                                 int4_amx_g32, int8_w8a8, kt:amx_int4, llama:q4_0)
         --out <file.json>       also write every raw report and the table as JSON
         --render <file.json>    print the table of an earlier run's --out file and exit
-  arm-cost [--kleidiai <dir>] [--mca <llvm-mca>]... [--cpus <cpu,...>] [--no-install]
-           [--write-doc]
+  arm-cost [--kleidiai <dir>] [--mca <llvm-mca>]... [--cpus <cpu,...>] [--asm <file.s>]
+           [--no-install] [--write-doc]
       Compile our aarch64 tile bodies to assembly (Debian's rustc-web, as test-arm) and
       KleidiAI's matching W4A8/W8A8 micro-kernels with aarch64-linux-gnu-gcc, find each
       tile's inner loop by its backward branch, and print llvm-mca's cycles and MACs per
@@ -74,6 +74,8 @@ Commands:
         --mca <llvm-mca>        the llvm-mca to run, repeatable (default llvm-mca-14, Debian's
                                 llvm-14; llvm-mca-16 from llvm-16 has a Neoverse N2 model)
         --cpus <list>           core models (default neoverse-n1,neoverse-n2,neoverse-v1)
+        --asm <file.s>          model this moe-kernels assembly (an earlier build's
+                                target/arm-cost/.../moe_kernels-*.s) instead of building one
         --no-install            fail instead of installing missing cross-build packages
         --write-doc             also write the table into docs/performance.md (aarch64)
   ci
@@ -120,6 +122,8 @@ pub struct ArmCost {
     pub mca: Vec<String>,
     /// The core models (`-mcpu`).
     pub cpus: Vec<String>,
+    /// Model this moe-kernels assembly instead of building it.
+    pub asm: Option<PathBuf>,
     /// Refuse to install missing Debian packages.
     pub no_install: bool,
     /// Write the table into docs/performance.md.
@@ -134,6 +138,7 @@ impl Default for ArmCost {
             cpus: ["neoverse-n1", "neoverse-n2", "neoverse-v1"]
                 .map(String::from)
                 .to_vec(),
+            asm: None,
             no_install: false,
             write_doc: false,
         }
@@ -322,6 +327,7 @@ fn parse_arm_cost(mut args: impl Iterator<Item = String>) -> Result<ArmCost, Str
             "--kleidiai" => opts.kleidiai = Some(value_of(&mut args, "--kleidiai")?.into()),
             "--mca" => mca.push(value_of(&mut args, "--mca")?),
             "--cpus" => opts.cpus = list_of(&value_of(&mut args, "--cpus")?),
+            "--asm" => opts.asm = Some(value_of(&mut args, "--asm")?.into()),
             "--no-install" => opts.no_install = true,
             "--write-doc" => opts.write_doc = true,
             other => return Err(format!("arm-cost: unknown option {other:?}")),

@@ -21,8 +21,8 @@ use std::arch::aarch64::*;
 use super::NeonI8mm;
 use super::asm::smmla;
 use super::common::{
-    RowAccF, RowSums, load_i8x8, load_i8x16, load_u8x16, unpack_nibbles, w4a8_block_end,
-    w4a8_store, w8a8_store,
+    RowAccF, RowSums, load_i8x8, load_i8x16, load_u8x16, unpack_codes, w4a8_block_end, w4a8_store,
+    w8a8_store,
 };
 use crate::ukernel::{W4A8Job, W8A8Job};
 
@@ -116,7 +116,7 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
             let a: [int8x16_t; PAIRS] = std::array::from_fn(|pair| row_pair(rows, pair));
             let (quarters, _) = step.as_chunks::<16>();
             for (q, quarter) in quarters.iter().enumerate() {
-                let [lo, hi] = unpack_nibbles(load_u8x16(quarter));
+                let [lo, hi] = unpack_codes(load_u8x16(quarter));
                 mm_quarter::<R>(&mut mm, &a, q, lo, hi);
             }
         }
@@ -183,6 +183,6 @@ crate::ukernel::rung_kernel_set! {
     doc: "The kernels of the int8 matrix-multiply rung.",
     token: NeonI8mm,
     isa: crate::Isa::NeonI8mm,
-    w4a8: I8,
+    w4a8: I8CodeWeights,
     w8a8: I8,
 }
