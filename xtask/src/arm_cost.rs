@@ -148,22 +148,40 @@ const KAI_W8_MM_16X4: Kai = Kai {
 
 /// The comparison lines. KleidiAI has no plain-NEON int8 kernels and no i8mm kernel for a
 /// single row (its decode path on i8mm cores is the dot-product 1×8 kernel), and we have no
-/// tile taller than 4 rows, so some cells are empty or borrowed and say so.
+/// tile taller than 4 rows, so some cells are empty or borrowed and say so. Our i8mm rung runs
+/// 1-row tiles on the dot-product body, so that is the loop its 1-row lines model.
 const PAIRINGS: &[Pairing] = &[
     pair(Format::W4A8, "neon", 1, Some(1), None),
     pair(Format::W4A8, "neon", 4, Some(4), None),
     pair(Format::W4A8, "dotprod", 1, Some(1), Some(KAI_DOT_1X8)),
     pair(Format::W4A8, "dotprod", 4, Some(4), Some(KAI_DOT_4X8)),
-    pair(Format::W4A8, "i8mm", 1, Some(1), Some(KAI_DOT_1X8)),
+    pair_with(Format::W4A8, "i8mm", 1, "dotprod", Some(KAI_DOT_1X8)),
     pair(Format::W4A8, "i8mm", 4, Some(4), Some(KAI_MM_4X8)),
     pair(Format::W4A8, "i8mm", 8, Some(4), Some(KAI_MM_8X4)),
     pair(Format::W8A8, "neon", 1, Some(1), None),
     pair(Format::W8A8, "neon", 4, Some(4), None),
     pair(Format::W8A8, "dotprod", 1, Some(1), Some(KAI_W8_DOT_1X4)),
     pair(Format::W8A8, "dotprod", 4, Some(4), None),
-    pair(Format::W8A8, "i8mm", 1, Some(1), Some(KAI_W8_DOT_1X4)),
+    pair_with(Format::W8A8, "i8mm", 1, "dotprod", Some(KAI_W8_DOT_1X4)),
     pair(Format::W8A8, "i8mm", 4, Some(4), Some(KAI_W8_MM_16X4)),
 ];
+
+/// A line whose tile of ours is another rung's body (`rows` rows of rung `body`).
+const fn pair_with(
+    format: Format,
+    rung: &'static str,
+    rows: usize,
+    body: &'static str,
+    kai: Option<Kai>,
+) -> Pairing {
+    Pairing {
+        format,
+        rung,
+        rows,
+        ours: Some(Ours { rung: body, rows }),
+        kai,
+    }
+}
 
 const fn pair(
     format: Format,
@@ -893,6 +911,11 @@ fn render(command: &str, sections: &[Section], have_kai: bool) -> String {
         for r in &sec.rows {
             let p = r.pairing;
             let (ours_tile, ours_cyc, ours_rate) = match (p.ours, r.ours) {
+                (Some(o), Some(c)) if o.rung != p.rung => (
+                    format!("{}×16 ({} body), K {}", o.rows, o.rung, c.k),
+                    format!("{:.2}", c.cycles),
+                    c.rates(),
+                ),
                 (Some(o), Some(c)) => (
                     format!("{}×16, K {}", o.rows, c.k),
                     format!("{:.2}", c.cycles),

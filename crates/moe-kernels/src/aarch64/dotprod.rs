@@ -26,7 +26,11 @@ const MR: usize = 4;
 /// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`
 ///   (see [`crate::ukernel::W4A8PanelsFn`]).
 #[target_feature(enable = "neon,dotprod")]
-unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize, m0: usize) {
+pub(super) unsafe fn w4a8_tile<const R: usize, const ACC: bool>(
+    job: &W4A8Job<'_>,
+    p: usize,
+    m0: usize,
+) {
     let w = job.w;
     let (k_pad, steps_per_block, n_blocks) = (w.k_pad(), w.block_len() / 8, w.n_blocks());
     let (weight_steps, _) = w.panel_nibbles(p).as_chunks::<64>();
@@ -81,7 +85,7 @@ fn w8_step<const LANE: u32, const R: usize>(
 /// # Safety
 /// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`.
 #[target_feature(enable = "neon,dotprod")]
-unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
+pub(super) unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
     let w = job.w;
     let k_pad = w.k_pad();
     // Groups of 4 steps share one 16-byte activation load per row; the remaining 0..3 steps
