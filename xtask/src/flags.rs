@@ -64,6 +64,23 @@ Commands:
         --render <file.json>    print the table of an earlier run's --out file and exit
         --plot <file.svg>       also draw the table: ms per call against M on log axes, one
                                 panel per shape, one line per side, the DRAM bound dashed
+  arm-cost [--kleidiai <dir>] [--mca <llvm-mca>]... [--cpus <cpu,...>] [--asm <file.s>]
+           [--no-install] [--write-doc]
+      Compile our aarch64 tile bodies to assembly (Debian's rustc-web, as test-arm) and
+      KleidiAI's matching W4A8/W8A8 micro-kernels with aarch64-linux-gnu-gcc, find each
+      tile's inner loop by its backward branch, and print llvm-mca's cycles and MACs per
+      cycle per core model, ours beside KleidiAI's. Static and the same on any host; no Arm
+      machine or emulator runs anything.
+        --kleidiai <dir>        root of a KleidiAI source checkout (default $KLEIDIAI_DIR;
+                                without one only our loops are modelled). It is not part of
+                                this repository: clone ARM-software/kleidiai from GitHub.
+        --mca <llvm-mca>        the llvm-mca to run, repeatable (default llvm-mca-14, Debian's
+                                llvm-14; llvm-mca-16 from llvm-16 has a Neoverse N2 model)
+        --cpus <list>           core models (default neoverse-n1,neoverse-n2,neoverse-v1)
+        --asm <file.s>          model this moe-kernels assembly (an earlier build's
+                                target/arm-cost/.../moe_kernels-*.s) instead of building one
+        --no-install            fail instead of installing missing cross-build packages
+        --write-doc             also write the table into docs/performance.md (aarch64)
   ci
       Run the CI sequence (what .ci/run runs), stopping at the first failure: fmt check,
       clippy, cargo doc (-D warnings), moe-kernels and moe-layer without default features,
@@ -95,6 +112,40 @@ pub enum Command {
     Ci,
     /// Compare `moe bench` with the vLLM, KT-Kernel and llama.cpp peers.
     BenchPeers(BenchPeers),
+    /// Model the aarch64 tile loops with llvm-mca, ours beside KleidiAI's.
+    ArmCost(ArmCost),
+}
+
+/// Options of `arm-cost`.
+#[derive(Debug)]
+pub struct ArmCost {
+    /// The root of a KleidiAI checkout; `None` means `$KLEIDIAI_DIR`, else ours only.
+    pub kleidiai: Option<PathBuf>,
+    /// The llvm-mca binaries to run.
+    pub mca: Vec<String>,
+    /// The core models (`-mcpu`).
+    pub cpus: Vec<String>,
+    /// Model this moe-kernels assembly instead of building it.
+    pub asm: Option<PathBuf>,
+    /// Refuse to install missing Debian packages.
+    pub no_install: bool,
+    /// Write the table into docs/performance.md.
+    pub write_doc: bool,
+}
+
+impl Default for ArmCost {
+    fn default() -> Self {
+        Self {
+            kleidiai: None,
+            mca: vec!["llvm-mca-14".into()],
+            cpus: ["neoverse-n1", "neoverse-n2", "neoverse-v1"]
+                .map(String::from)
+                .to_vec(),
+            asm: None,
+            no_install: false,
+            write_doc: false,
+        }
+    }
 }
 
 /// Options of `bench-peers`.
@@ -218,6 +269,7 @@ pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Command, String> 
         "fuzz" => parse_fuzz(args).map(Command::Fuzz),
         "bench-peers" => parse_bench_peers(args).map(Command::BenchPeers),
         "test-arm" => parse_test_arm(args).map(Command::TestArm),
+        "arm-cost" => parse_arm_cost(args).map(Command::ArmCost),
         "test-x86-ladder" => {
             let test_args = after_double_dash(&mut args, "test-x86-ladder")?;
             Ok(Command::TestX86Ladder(TestX86Ladder { test_args }))
@@ -270,6 +322,29 @@ fn parse_bench_peers(mut args: impl Iterator<Item = String>) -> Result<BenchPeer
             "--plot" => opts.plot = Some(value_of(&mut args, "--plot")?.into()),
             other => return Err(format!("bench-peers: unknown option {other:?}")),
         }
+    }
+    Ok(opts)
+}
+
+fn parse_arm_cost(mut args: impl Iterator<Item = String>) -> Result<ArmCost, String> {
+    let mut opts = ArmCost::default();
+    let mut mca = Vec::new();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--kleidiai" => opts.kleidiai = Some(value_of(&mut args, "--kleidiai")?.into()),
+            "--mca" => mca.push(value_of(&mut args, "--mca")?),
+            "--cpus" => opts.cpus = list_of(&value_of(&mut args, "--cpus")?),
+            "--asm" => opts.asm = Some(value_of(&mut args, "--asm")?.into()),
+            "--no-install" => opts.no_install = true,
+            "--write-doc" => opts.write_doc = true,
+            other => return Err(format!("arm-cost: unknown option {other:?}")),
+        }
+    }
+    if !mca.is_empty() {
+        opts.mca = mca;
+    }
+    if opts.cpus.is_empty() {
+        return Err("arm-cost: --cpus needs at least one core model".into());
     }
     Ok(opts)
 }
@@ -399,6 +474,25 @@ mod tests {
         assert_eq!(opts.plot, Some(PathBuf::from("p.svg")));
         assert!(parse_str("bench-peers --batch-sizes 0").is_err());
         assert!(parse_str("bench-peers --threads").is_err());
+    }
+
+    #[test]
+    fn arm_cost_flags_are_read() {
+        let Ok(Command::ArmCost(opts)) = parse_str(
+            "arm-cost --kleidiai /k --mca llvm-mca-14 --mca llvm-mca-16 --cpus neoverse-n2 --write-doc",
+        ) else {
+            panic!("arm-cost did not parse");
+        };
+        assert_eq!(opts.kleidiai, Some(PathBuf::from("/k")));
+        assert_eq!(opts.mca, ["llvm-mca-14", "llvm-mca-16"]);
+        assert_eq!(opts.cpus, ["neoverse-n2"]);
+        assert!(opts.write_doc && !opts.no_install);
+        let Ok(Command::ArmCost(opts)) = parse_str("arm-cost") else {
+            panic!("bare arm-cost did not parse");
+        };
+        assert_eq!(opts.mca, ["llvm-mca-14"]);
+        assert_eq!(opts.cpus.len(), 3);
+        assert!(parse_str("arm-cost --cpus ,").is_err());
     }
 
     #[test]

@@ -2,13 +2,14 @@
 //! commands.
 //!
 //! xtask is the single front door for anything beyond a plain `cargo` call: the aarch64 test
-//! ladder under QEMU, the capped x86 ISA ladder, fuzzing and Miri, the generated C header
+//! ladder under QEMU, the static cost model of the aarch64 tile loops (`arm-cost`), the capped x86 ISA ladder, fuzzing and Miri, the generated C header
 //! (`codegen`), the CI sequence that `.ci/run` executes, and the side-by-side benchmark against
 //! the CPU MoE kernels of vLLM, KT-Kernel and llama.cpp. Its dependencies are cbindgen (for the
 //! header) and plotters (for `bench-peers --plot`); otherwise it uses std, shells out through
 //! `$CARGO` (the cargo that launched it), and always works from the workspace root, so it
 //! behaves the same from any directory.
 
+mod arm_cost;
 mod bench_peers;
 mod ci;
 mod codegen;
@@ -51,6 +52,7 @@ fn main() -> ExitCode {
         Command::Miri => miri::run(),
         Command::Ci => ci::run(),
         Command::BenchPeers(opts) => bench_peers::run(&opts),
+        Command::ArmCost(opts) => arm_cost::run(&opts),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -18,11 +18,11 @@ use crate::test_binaries::{self, TestBinary, TestCounts};
 use crate::util::{Cmd, Result, banner, fmt_duration};
 
 /// The cross target.
-const TARGET: &str = "aarch64-unknown-linux-gnu";
+pub(crate) const TARGET: &str = "aarch64-unknown-linux-gnu";
 
 /// Debian's `rustc-web` compiler, which has the aarch64 standard library. rustup's rustc stays
 /// first on PATH, so it is named by its full path.
-const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
+pub(crate) const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
 
 /// The cross linker from `gcc-aarch64-linux-gnu`.
 const LINKER: &str = "aarch64-linux-gnu-gcc";
@@ -168,7 +168,7 @@ fn selected_rungs(names: &[String]) -> Result<Vec<Rung>> {
 // Toolchain: check, and install with apt when something is missing.
 
 /// Checks that every tool of the cross build is present, installing the Debian packages when not.
-fn ensure_toolchain(no_install: bool) -> Result<()> {
+pub(crate) fn ensure_toolchain(no_install: bool) -> Result<()> {
     let missing = missing_tools();
     if missing.is_empty() {
         println!("aarch64 toolchain present: {DEBIAN_RUSTC}, {LINKER}, {QEMU}");
@@ -258,7 +258,7 @@ fn static_libc_present() -> bool {
         .is_ok_and(|path| Path::new(path.trim()).is_absolute())
 }
 
-fn find_on_path(program: &str) -> Option<PathBuf> {
+pub(crate) fn find_on_path(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .map(|dir| dir.join(program))

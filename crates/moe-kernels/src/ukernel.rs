@@ -25,14 +25,15 @@ pub(crate) enum ActEncoding {
     I8,
     /// `q + 128` as u8 (`q ^ 0x80`), for `vpdpbusd`/`vpmaddubsw` whose first operand is
     /// unsigned; W4A8 row correction is `128 + zp`.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the aarch64 rungs use `I8`
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    // aarch64 uses `I8`, `I8CodeWeights`
     U8Offset128,
     /// The codes as they are, for W4A8 kernels that make the weight codes `c = w + 8` the
     /// unsigned operand of `vpdpbusd` (no per-step `− 8` on the weights). Such a kernel forms
     /// `Σ q·c`, and `Σ (q − zp)·w = Σ q·c − zp·Σc − κ` with the per-(row, block) constant
     /// `κ = 8·(Σ_{k∈b} q_k − zp·B)` (B the block length, padding included), which the driver
-    /// computes into [`W4A8Job::block_corr`]. The row correction is `zp`.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    /// computes into [`W4A8Job::block_corr`]. The row correction is `zp`. The aarch64 rungs
+    /// use it too, with the codes as signed bytes (`0..=15`) in `sdot`/`smmla`/`smull`.
     I8CodeWeights,
 }
 
@@ -98,8 +99,6 @@ pub(crate) struct W4A8Job<'a> {
     pub row_corr: &'a [i32],
     /// Per-(row, scale block) correction `[m][n_blocks]` for encodings that ask for it
     /// ([`ActEncoding::I8CodeWeights`]); empty otherwise.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    // only the AVX-512 tile reads it
     pub block_corr: &'a [i32],
     /// Per-row dequantization factor `recip`.
     pub row_recip: &'a [f32],

@@ -81,20 +81,24 @@ fn load_f32x4(v: &[f32]) -> float32x4_t {
     unsafe { vld1q_f32(v.as_ptr()) }
 }
 
-/// The signed int4 weights of 16 packed bytes (4 channels × 4 byte positions): the low
-/// nibbles (K values 0..4 of the step) and the high nibbles (K values 4..8), each minus 8.
+/// The int4 weight codes `c = w + 8` (`0..=15`, valid signed bytes) of 16 packed bytes (4
+/// channels × 4 byte positions): the low nibbles (K values 0..4 of the step) and the high
+/// nibbles (K values 4..8). The tiles multiply the codes as they are, two instructions per 16
+/// bytes; the block end takes the `+ 8` off (see [`w4a8_block_end`]).
 #[target_feature(enable = "neon")]
 #[inline]
-pub(super) fn unpack_nibbles(v: uint8x16_t) -> [int8x16_t; 2] {
-    let eight = vdupq_n_s8(8);
+pub(super) fn unpack_codes(v: uint8x16_t) -> [int8x16_t; 2] {
     let lo = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0F)));
     let hi = vreinterpretq_s8_u8(vshrq_n_u8::<4>(v));
-    [vsubq_s8(lo, eight), vsubq_s8(hi, eight)]
+    [lo, hi]
 }
 
-/// Closes scale block `b` of a W4A8 tile (rows `m0..m0 + R` of panel `p`): forms the exact
-/// `acc_i = Σ q·w − zp·Σw` from the signed-code sums, then either stores it (block-accumulator
-/// mode, `ACC`) or adds `f32(acc_i) · scale` to `acc_f`, multiply then add.
+/// Closes scale block `b` of a W4A8 tile (rows `m0..m0 + R` of panel `p`) from the code sums
+/// `Σ q·c` (`ActEncoding::I8CodeWeights`): forms the exact `acc_i = Σ q·c − zp·Σc − κ`
+/// (`= Σ (q − zp)·w`; `κ` per row and block from the driver, in `job.block_corr`), then
+/// either stores it (block-accumulator mode, `ACC`) or adds `f32(acc_i) · scale` to `acc_f`,
+/// multiply then add. The int32 arithmetic wraps like the scalar reference's, so `acc_i` is
+/// exact whenever it fits.
 ///
 /// # Safety
 /// - In block-accumulator mode the job's pointer is valid for the whole
@@ -111,16 +115,17 @@ pub(super) unsafe fn w4a8_block_end<const R: usize, const ACC: bool>(
 ) {
     let w = job.w;
     let n_blocks = w.n_blocks();
-    // The weight sums come from the portable recount of the block's nibbles, which the tile
-    // has just streamed through L1 (see `PackedW4A8::block_wsum`).
-    let wsum = w.block_wsum(p, b);
+    // The code sums come from the portable recount of the block's nibbles, which the tile has
+    // just streamed through L1 (see `PackedW4A8::block_code_sum`).
+    let csum = w.block_code_sum(p, b);
     let scales = w.block_scales(p, b);
-    let ws: [int32x4_t; 4] = std::array::from_fn(|q| load_i32x4(&wsum[4 * q..]));
+    let cs: [int32x4_t; 4] = std::array::from_fn(|q| load_i32x4(&csum[4 * q..]));
     let sc: [float32x4_t; 4] = std::array::from_fn(|q| load_f32x4(&scales[4 * q..]));
     for (r, (row_sums, row_acc)) in sums.iter().zip(acc_f.iter_mut()).enumerate() {
-        let corr = vdupq_n_s32(job.row_corr[m0 + r]);
+        let zp = vdupq_n_s32(job.row_corr[m0 + r]);
+        let kappa = vdupq_n_s32(job.block_corr[(m0 + r) * n_blocks + b]);
         for (q, (&sum, acc)) in row_sums.iter().zip(row_acc.iter_mut()).enumerate() {
-            let acc_i = vsubq_s32(sum, vmulq_s32(corr, ws[q]));
+            let acc_i = vsubq_s32(vsubq_s32(sum, vmulq_s32(zp, cs[q])), kappa);
             match job.out {
                 W4A8Out::BlockAcc { ptr } if ACC => {
                     let at = ((m0 + r) * n_blocks + b) * PANEL * w.n_panels() + p * PANEL + 4 * q;

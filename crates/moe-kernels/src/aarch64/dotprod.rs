@@ -12,7 +12,7 @@ use std::arch::aarch64::*;
 use super::NeonDot;
 use super::asm::{sdot_lane, sdot_lane_d};
 use super::common::{
-    RowAccF, RowSums, dup4, load_i8x8, load_i8x16, load_u8x16, unpack_nibbles, w4a8_block_end,
+    RowAccF, RowSums, dup4, load_i8x8, load_i8x16, load_u8x16, unpack_codes, w4a8_block_end,
     w4a8_store, w8a8_store, zero_sums,
 };
 use crate::ukernel::{W4A8Job, W8A8Job};
@@ -26,7 +26,11 @@ const MR: usize = 4;
 /// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`
 ///   (see [`crate::ukernel::W4A8PanelsFn`]).
 #[target_feature(enable = "neon,dotprod")]
-unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize, m0: usize) {
+pub(super) unsafe fn w4a8_tile<const R: usize, const ACC: bool>(
+    job: &W4A8Job<'_>,
+    p: usize,
+    m0: usize,
+) {
     let w = job.w;
     let (k_pad, steps_per_block, n_blocks) = (w.k_pad(), w.block_len() / 8, w.n_blocks());
     let (weight_steps, _) = w.panel_nibbles(p).as_chunks::<64>();
@@ -45,7 +49,7 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
             let a: [int8x8_t; R] = std::array::from_fn(|r| load_i8x8(&a_block[r][i]));
             let (quarters, _) = step.as_chunks::<16>();
             for (q, quarter) in quarters.iter().enumerate() {
-                let [lo, hi] = unpack_nibbles(load_u8x16(quarter));
+                let [lo, hi] = unpack_codes(load_u8x16(quarter));
                 for (row, &a) in sums.iter_mut().zip(&a) {
                     row[q] = sdot_lane_d::<1>(sdot_lane_d::<0>(row[q], lo, a), hi, a);
                 }
@@ -81,7 +85,7 @@ fn w8_step<const LANE: u32, const R: usize>(
 /// # Safety
 /// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`.
 #[target_feature(enable = "neon,dotprod")]
-unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
+pub(super) unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
     let w = job.w;
     let k_pad = w.k_pad();
     // Groups of 4 steps share one 16-byte activation load per row; the remaining 0..3 steps
@@ -128,6 +132,6 @@ crate::ukernel::rung_kernel_set! {
     doc: "The kernels of the dot-product rung.",
     token: NeonDot,
     isa: crate::Isa::NeonDot,
-    w4a8: I8,
+    w4a8: I8CodeWeights,
     w8a8: I8,
 }

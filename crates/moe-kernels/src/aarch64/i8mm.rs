@@ -12,7 +12,10 @@
 //! - W8A8: a step holds 4 K values, so two consecutive steps are zipped the same way; an odd
 //!   last step is paired with zero weights (and its 4 activation bytes with zeros).
 //!
-//! An odd last row is paired with zero activations, whose results are dropped. The 2×2 blocks
+//! A tile of one row runs the dot-product body instead (the token implies dot product): `smmla`
+//! would spend half its work on a row of zeros, and the 1-row `sdot` loop does more MACs per
+//! cycle (`cargo xtask arm-cost`). An odd last row of a taller tile is paired with zero
+//! activations, whose results are dropped. The 2×2 blocks
 //! are regrouped into rows (`zip1`/`zip2` on 64-bit lanes), giving the exact [`RowSums`] that
 //! the shared epilogue (`common.rs`) turns into outputs bit-identical to the scalar reference.
 
@@ -21,8 +24,8 @@ use std::arch::aarch64::*;
 use super::NeonI8mm;
 use super::asm::smmla;
 use super::common::{
-    RowAccF, RowSums, load_i8x8, load_i8x16, load_u8x16, unpack_nibbles, w4a8_block_end,
-    w4a8_store, w8a8_store,
+    RowAccF, RowSums, load_i8x8, load_i8x16, load_u8x16, unpack_codes, w4a8_block_end, w4a8_store,
+    w8a8_store,
 };
 use crate::ukernel::{W4A8Job, W8A8Job};
 
@@ -97,6 +100,12 @@ fn rows_of<const R: usize>(mm: &PairSums) -> [RowSums; R] {
 ///   (see [`crate::ukernel::W4A8PanelsFn`]).
 #[target_feature(enable = "neon,i8mm")]
 unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize, m0: usize) {
+    if R == 1 {
+        // SAFETY: the i8mm token is only made where dot product is present too
+        // (`NeonI8mm::is_available`), so the dot-product body may run here; the output
+        // contract is forwarded from our caller.
+        return unsafe { super::dotprod::w4a8_tile::<1, ACC>(job, p, m0) };
+    }
     let w = job.w;
     let (k_pad, steps_per_block, n_blocks) = (w.k_pad(), w.block_len() / 8, w.n_blocks());
     let (weight_steps, _) = w.panel_nibbles(p).as_chunks::<64>();
@@ -116,7 +125,7 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
             let a: [int8x16_t; PAIRS] = std::array::from_fn(|pair| row_pair(rows, pair));
             let (quarters, _) = step.as_chunks::<16>();
             for (q, quarter) in quarters.iter().enumerate() {
-                let [lo, hi] = unpack_nibbles(load_u8x16(quarter));
+                let [lo, hi] = unpack_codes(load_u8x16(quarter));
                 mm_quarter::<R>(&mut mm, &a, q, lo, hi);
             }
         }
@@ -134,6 +143,11 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
 /// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`.
 #[target_feature(enable = "neon,i8mm")]
 unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
+    if R == 1 {
+        // SAFETY: as in `w4a8_tile`: the i8mm token implies dot product; the output contract
+        // is forwarded from our caller.
+        return unsafe { super::dotprod::w8a8_tile::<1>(job, p, m0) };
+    }
     let w = job.w;
     let k_pad = w.k_pad();
     let (step_pairs, odd_step) = w.panel_bytes(p).as_chunks::<128>();
@@ -183,6 +197,6 @@ crate::ukernel::rung_kernel_set! {
     doc: "The kernels of the int8 matrix-multiply rung.",
     token: NeonI8mm,
     isa: crate::Isa::NeonI8mm,
-    w4a8: I8,
+    w4a8: I8CodeWeights,
     w8a8: I8,
 }

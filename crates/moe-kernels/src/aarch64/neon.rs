@@ -1,13 +1,15 @@
 //! The baseline NEON rung (every aarch64 CPU): 4 rows × 16 channels with widening multiplies.
 //!
-//! Activations stay signed (`ActEncoding::I8`). One packed 16-byte vector holds 4 channels × 4
-//! K values; each row's 4 matching activation bytes are repeated over a vector, `smull`/`smull2`
-//! give the i16 products of 2 channels each, `addp` adds neighbouring products and `sadalp`
-//! widens the pair sums into one i32 lane per channel, so the accumulators need no final
+//! Activations stay signed (`ActEncoding::I8`; W4A8 `ActEncoding::I8CodeWeights`). One packed
+//! 16-byte vector holds 4 channels × 4 K values; each row's 4 matching activation bytes are
+//! repeated over a vector, `smull`/`smull2` give the i16 products of 2 channels each, `addp`
+//! adds neighbouring products and `sadalp` widens the pair sums into one i32 lane per channel,
+//! so the accumulators need no final
 //! reduction. The i16 stages cannot overflow:
 //!
-//! - W4A8 adds the low- and high-nibble products first (`smlal`): `|q·w| ≤ 128·8`, so a lane
-//!   holds at most `2·1024`, and after `addp` at most `4096`;
+//! - W4A8 multiplies the weight codes `c = w + 8` (`0..=15`, see `common::unpack_codes`) and
+//!   adds the low- and high-nibble products first (`smlal`): `|q·c| ≤ 128·15`, so a lane holds
+//!   at most `2·1920`, and after `addp` at most `7680`;
 //! - W8A8 products are at most `128·127 = 16256` in magnitude (the driver rejects the code
 //!   `−128`), so after `addp` at most `32512 < 2^15`.
 //!
@@ -18,7 +20,7 @@ use std::arch::aarch64::*;
 
 use super::Neon;
 use super::common::{
-    RowAccF, RowSums, dup4, load_i8x16, load_u8x16, unpack_nibbles, w4a8_block_end, w4a8_store,
+    RowAccF, RowSums, dup4, load_i8x16, load_u8x16, unpack_codes, w4a8_block_end, w4a8_store,
     w8a8_store, zero_sums,
 };
 use crate::ukernel::{W4A8Job, W8A8Job};
@@ -61,6 +63,7 @@ fn w8_dot(sums: int32x4_t, w: int8x16_t, a: int8x16_t) -> int32x4_t {
 /// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`
 ///   (see [`crate::ukernel::W4A8PanelsFn`]).
 #[target_feature(enable = "neon")]
+#[cfg_attr(feature = "arm-cost", inline(never))]
 unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize, m0: usize) {
     let w = job.w;
     let (k_pad, steps_per_block, n_blocks) = (w.k_pad(), w.block_len() / 8, w.n_blocks());
@@ -83,7 +86,7 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
             });
             let (quarters, _) = step.as_chunks::<16>();
             for (q, quarter) in quarters.iter().enumerate() {
-                let [lo, hi] = unpack_nibbles(load_u8x16(quarter));
+                let [lo, hi] = unpack_codes(load_u8x16(quarter));
                 for (row, [a_lo, a_hi]) in sums.iter_mut().zip(a) {
                     row[q] = w4_dot(row[q], lo, a_lo, hi, a_hi);
                 }
@@ -101,6 +104,7 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
 /// # Safety
 /// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`.
 #[target_feature(enable = "neon")]
+#[cfg_attr(feature = "arm-cost", inline(never))]
 unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
     let w = job.w;
     let k_pad = w.k_pad();
@@ -138,6 +142,6 @@ crate::ukernel::rung_kernel_set! {
     doc: "The kernels of the NEON rung.",
     token: Neon,
     isa: crate::Isa::Neon,
-    w4a8: I8,
+    w4a8: I8CodeWeights,
     w8a8: I8,
 }

@@ -15,8 +15,8 @@
 //!
 //! Decode streams every byte of this format from DRAM once per call, so it holds nothing that
 //! can be derived: the per-block weight sums `Σw` that the zero-point correction needs are
-//! recomputed by the kernels from the nibbles they already have in registers (`block_wsum` is
-//! the portable form). At group size 32 that is 0.5625 bytes per
+//! recomputed by the kernels from the nibbles they already have in registers (the aarch64 tiles
+//! recount the code sums from L1 with `block_code_sum`). At group size 32 that is 0.5625 bytes per
 //! weight, the size of the checkpoint's own int4 codes and bf16 scales.
 
 use half::bf16;
@@ -329,12 +329,13 @@ impl PackedW4A8 {
         }
     }
 
-    /// `Σ_{k∈b} w` of the 16 channels of block `b` of panel `p`, recomputed from the nibbles:
-    /// the portable form of what the SIMD tiles accumulate alongside their dot products.
-    /// Padding K values are code 8 (weight 0), so they add nothing.
+    /// `Σ_{k∈b} c` of the codes `c = w + 8` of the 16 channels of block `b` of panel `p`,
+    /// recounted from the nibbles: the aarch64 tiles multiply the codes themselves
+    /// ([`crate::ukernel::ActEncoding::I8CodeWeights`]) and read the block they have just
+    /// streamed through L1 again for this sum. Padding K values are code 8.
     #[cfg(any(test, target_arch = "aarch64"))]
     #[inline(always)]
-    pub(crate) fn block_wsum(&self, p: usize, b: usize) -> [i32; PANEL] {
+    pub(crate) fn block_code_sum(&self, p: usize, b: usize) -> [i32; PANEL] {
         let steps_per_block = self.block_len / K_STEP;
         let nibbles = &self.panel_nibbles(p)[b * steps_per_block * STEP_BYTES..]
             [..steps_per_block * STEP_BYTES];
@@ -349,8 +350,17 @@ impl PackedW4A8 {
                 codes[c] += (lo + hi).wrapping_mul(0x0101_0101) >> 24;
             }
         }
+        // At most 15·2^20 < 2^31.
+        codes.map(|sum| sum as i32)
+    }
+
+    /// `Σ_{k∈b} w` of the 16 channels of block `b` of panel `p`: the code sums less `8·B`, so
+    /// padding K values (weight 0) add nothing.
+    #[cfg(test)]
+    pub(crate) fn block_wsum(&self, p: usize, b: usize) -> [i32; PANEL] {
         let bias = 8 * self.block_len as i64;
-        codes.map(|sum| (i64::from(sum) - bias) as i32)
+        self.block_code_sum(p, b)
+            .map(|sum| (i64::from(sum) - bias) as i32)
     }
 
     /// The bias of panel `p`: 16 values, if any.
