@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 
-use moe_kernels::Activation;
+use moe_kernels::{Activation, GateUpLayout};
 use moe_quant::DType;
 
 use moe_kernels::{PackedW4A8, PackedWna16, Par};
@@ -14,8 +14,8 @@ use super::config::{LayerQuant, MoeLayerConfig, SharedExperts, router_from_spec}
 use super::params::{Params, check_scale};
 use crate::LayerError;
 use crate::checkpoint::{
-    Checkpoint, ExpertTensors, ExpertWeights, FloatData, MoeLayerTensors, MoeModelSpec,
-    QuantScheme, ReadOptions,
+    Checkpoint, ExpertTensors, ExpertWeights, FloatData, ModelFamily, MoeLayerTensors,
+    MoeModelSpec, QuantScheme, ReadOptions,
 };
 
 impl MoeLayerConfig {
@@ -64,8 +64,15 @@ impl MoeLayerConfig {
                 act_order: false,
                 zero_points: true,
             },
+            QuantScheme::Mxfp4 => LayerQuant::Mxfp4,
         };
+        let gpt_oss = spec.family == ModelFamily::GptOss;
         let activation = match spec.activation.as_str() {
+            // gpt-oss's experts are SwiGLU-OAI whatever `hidden_act` says (it says "silu").
+            _ if gpt_oss => Activation::SwigluOai {
+                alpha: 1.702,
+                limit: spec.swiglu_limit.unwrap_or(7.0),
+            },
             "silu" | "swiglu" => Activation::SILU,
             // Hugging Face's `gelu` is the erf form, as vLLM's GeluAndMul.
             "gelu" => Activation::Gelu,
@@ -94,6 +101,12 @@ impl MoeLayerConfig {
             tp_size,
             expert_map,
             activation,
+            gate_up_layout: if gpt_oss {
+                GateUpLayout::Interleaved
+            } else {
+                GateUpLayout::Concatenated
+            },
+            router_has_bias: gpt_oss,
             router,
             router_bias_pending: r.has_correction_bias,
             shared_experts: spec.shared_experts.map(|s| SharedExperts {
@@ -458,6 +471,9 @@ impl MoeLayer {
         if let Some(bias) = &t.router.correction_bias {
             self.load_router_correction_bias(bias)?;
         }
+        if let Some(bias) = &t.router.bias {
+            self.load_router_bias(bias)?;
+        }
         if let (Some(sh), Some(layer)) = (&t.shared, self.shared.as_mut()) {
             let loaded =
                 layer.guarded(|cfg, p| copy_experts(cfg, p, Cow::Borrowed(&sh.mlp), t.layer, &[0]));
@@ -517,6 +533,50 @@ fn copy_experts(
         );
     }
     copy_biases(p, ex, h, i)?;
+    if let ExpertWeights::Mxfp4(m) = &ex.weights {
+        if cfg.quant != LayerQuant::Mxfp4 {
+            return mismatch(
+                "weights",
+                format!("weights for a {} layer", cfg.quant.name()),
+                "MXFP4 blocks".into(),
+            );
+        }
+        let block = moe_kernels::packed::wna16::MXFP4_BLOCK;
+        let (e, hb, ib) = (local.len(), h.div_ceil(block), i.div_ceil(block));
+        for (name, got, want) in [
+            ("w13_blocks", m.w13_blocks.len(), e * 2 * i * hb * 16),
+            ("w13_scales", m.w13_scales.len(), e * 2 * i * hb),
+            ("w2_blocks", m.w2_blocks.len(), e * h * ib * 16),
+            ("w2_scales", m.w2_scales.len(), e * h * ib),
+        ] {
+            if got != want {
+                return Err(LayerError::ParamShape {
+                    tensor: name.into(),
+                    expected: vec![want],
+                    actual: vec![got],
+                });
+            }
+        }
+        p.mx = match tensors {
+            Cow::Owned(ExpertTensors {
+                weights: ExpertWeights::Mxfp4(m),
+                ..
+            }) => super::params::MxBytes {
+                w13_blocks: m.w13_blocks,
+                w13_scales: m.w13_scales,
+                w2_blocks: m.w2_blocks,
+                w2_scales: m.w2_scales,
+            },
+            _ => super::params::MxBytes {
+                w13_blocks: m.w13_blocks.clone(),
+                w13_scales: m.w13_scales.clone(),
+                w2_blocks: m.w2_blocks.clone(),
+                w2_scales: m.w2_scales.clone(),
+            },
+        };
+        p.mark_all_loaded();
+        return Ok(());
+    }
     if let ExpertWeights::Float { w13, w2 } = &ex.weights
         && cfg.quant.loads_float_weights()
     {
