@@ -98,6 +98,8 @@ pub struct LayerReport {
     pub weights: String,
     /// Router weight values.
     pub router_values: usize,
+    /// Whether the router linear has a bias (gpt-oss).
+    pub router_bias: bool,
     /// Whether shared experts were read.
     pub shared_experts: bool,
 }
@@ -205,6 +207,9 @@ fn read_layer(ckpt: &Checkpoint, n: usize) -> Result<LayerReport, CliError> {
                 ""
             }
         ),
+        ExpertWeights::Mxfp4(_) => "MXFP4: e2m1 codes, e8m0 scales per 32 columns, \
+                                    gate/up rows interleaved, expert biases"
+            .to_string(),
         _ => "other".to_string(),
     };
     Ok(LayerReport {
@@ -214,6 +219,7 @@ fn read_layer(ckpt: &Checkpoint, n: usize) -> Result<LayerReport, CliError> {
         intermediate: t.experts.intermediate,
         weights,
         router_values: t.router.weight.len(),
+        router_bias: t.router.bias.is_some(),
         shared_experts: t.shared.is_some(),
     })
 }
@@ -257,13 +263,14 @@ fn print_report(r: &InspectReport) {
     }
     if let Some(l) = &r.layer {
         println!(
-            "  layer {}:       {} experts, H {}, I {}, {}; router {} values; shared experts: {}",
+            "  layer {}:       {} experts, H {}, I {}, {}; router {} values{}; shared experts: {}",
             l.layer,
             l.experts,
             l.hidden,
             l.intermediate,
             l.weights,
             l.router_values,
+            if l.router_bias { " and a bias" } else { "" },
             if l.shared_experts { "yes" } else { "no" }
         );
     }
