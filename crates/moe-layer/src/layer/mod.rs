@@ -15,7 +15,9 @@
 //! row in `process`) on the W8A8 kernels, and unquantized bf16/f16/f32 experts on the dense
 //! f32-compute GEMM (bf16 kept as bf16), and symmetric WNA16 (GPTQ or compressed-tensors
 //! pack-quantized, 4 or 8 bits, act-order) packed into our panels for the native WNA16 kernels
-//! (the CPU Marlin executor remains the fallback when `cpu-wna16` is disabled). Shared experts (DeepSeek, Qwen2-MoE with its sigmoid gate) run as a
+//! (the CPU Marlin executor remains the fallback when `cpu-wna16` is disabled), and gpt-oss's
+//! MXFP4 experts (loaded from a checkpoint's fused tensors, on the same native kernels, gate/up
+//! rows interleaved, router linear with a bias). Shared experts (DeepSeek, Qwen2-MoE with its sigmoid gate) run as a
 //! nested one-expert layer added to the routed output. Expert biases (`w13` and `w2`, as gpt-oss
 //! has them) are added inside each expert, the `w2` bias on tensor-parallel rank 0 only.
 
