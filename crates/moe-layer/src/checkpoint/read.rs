@@ -606,19 +606,11 @@ impl Checkpoint {
         acc.finish(experts.len(), hidden.size, tp.local)
     }
 
-    /// The fused MXFP4 experts of a gpt-oss layer (see the module docs): every tensor's dtype
-    /// and shape checked against `config.json`, every scale and bias checked, then this rank's
-    /// slice of each local expert copied as bytes.
-    fn read_mxfp4_experts(
-        &self,
-        layer: usize,
-        experts: &[usize],
-        opts: &ReadOptions<'_>,
-    ) -> Result<ExpertTensors, LayerError> {
+    /// The fused MXFP4 tensors of a gpt-oss layer, every expert, checked: dtypes and shapes
+    /// against `config.json`, no e8m0 255 (NaN), finite biases.
+    pub(crate) fn mxfp4_refs(&self, layer: usize) -> Result<Mxfp4Refs<'_>, LayerError> {
         let group = self.routed_group();
         let (e, h, i) = (self.experts_dim(), self.hidden_dim(), group.intermediate);
-        let tp = TpSlice::new(opts, i, group.format)?;
-        let il = tp.local;
         let w13_n = Dim {
             size: 2 * i.size,
             field: i.field,
@@ -665,9 +657,51 @@ impl Checkpoint {
             }
             let bias = get(&format!("{proj}_bias"), FLOAT_DTYPES)?;
             check(&bias, &dims[..2], &[])?;
-            check_finite(&bias, &f32_values(&bias)?)?;
-            out.push((n.size, kb, blocks, scales, bias));
+            let bias_values = f32_values(&bias)?;
+            check_finite(&bias, &bias_values)?;
+            out.push(Mxfp4Proj {
+                n: n.size,
+                kb,
+                blocks,
+                scales,
+                bias,
+                bias_values,
+            });
         }
+        let w2 = out.pop().expect("two projections");
+        let w13 = out.pop().expect("two projections");
+        Ok(Mxfp4Refs { w13, w2 })
+    }
+
+    /// The fused MXFP4 experts of a gpt-oss layer (see the module docs): every tensor's dtype
+    /// and shape checked against `config.json`, every scale and bias checked, then this rank's
+    /// slice of each local expert copied as bytes.
+    fn read_mxfp4_experts(
+        &self,
+        layer: usize,
+        experts: &[usize],
+        opts: &ReadOptions<'_>,
+    ) -> Result<ExpertTensors, LayerError> {
+        let group = self.routed_group();
+        let tp = TpSlice::new(opts, group.intermediate, group.format)?;
+        let il = tp.local;
+        let refs = self.mxfp4_refs(layer)?;
+        let out = [
+            (
+                refs.w13.n,
+                refs.w13.kb,
+                &refs.w13.blocks,
+                &refs.w13.scales,
+                &refs.w13.bias,
+            ),
+            (
+                refs.w2.n,
+                refs.w2.kb,
+                &refs.w2.blocks,
+                &refs.w2.scales,
+                &refs.w2.bias,
+            ),
+        ];
         let (w13, w2) = (&out[0], &out[1]);
         let (rows13, cols2) = (
             2 * tp.rank * il..2 * (tp.rank + 1) * il,
@@ -707,7 +741,7 @@ impl Checkpoint {
         }
         Ok(ExpertTensors {
             num_experts: experts.len(),
-            hidden: h.size,
+            hidden: self.spec.hidden,
             intermediate: il,
             weights: ExpertWeights::Mxfp4(m),
             w13_bias: FloatData::from_le_bytes(w13.4.dtype, &b13),
@@ -735,6 +769,26 @@ pub(crate) struct ExpertWords<'a> {
     pub(crate) w2: WordProj<'a>,
     /// The dtype all three projections store their scales in.
     pub(crate) scale_dtype: DType,
+}
+
+/// A gpt-oss layer's fused MXFP4 tensors, checked by [`Checkpoint::mxfp4_refs`], borrowed
+/// from the shards (so experts can be packed straight from them).
+pub(crate) struct Mxfp4Refs<'a> {
+    /// `gate_up_proj_*`: `n = 2I`, `kb = ceil(H/32)`.
+    pub(crate) w13: Mxfp4Proj<'a>,
+    /// `down_proj_*`: `n = H`, `kb = I/32`.
+    pub(crate) w2: Mxfp4Proj<'a>,
+}
+
+/// One fused MXFP4 projection of every expert: `[E, n, kb, 16]` blocks, `[E, n, kb]` scales,
+/// `[E, n]` bias (also widened to f32).
+pub(crate) struct Mxfp4Proj<'a> {
+    pub(crate) n: usize,
+    pub(crate) kb: usize,
+    pub(crate) blocks: TensorRef<'a>,
+    pub(crate) scales: TensorRef<'a>,
+    pub(crate) bias: TensorRef<'a>,
+    pub(crate) bias_values: Vec<f32>,
 }
 
 /// A set of experts sharing an intermediate size and storage format.
