@@ -637,6 +637,10 @@ fn gpt_oss_mxfp4_runs_and_matches_the_dequantized_reference() {
         "{v}"
     );
     assert_eq!(v["layer"]["router_bias"], true);
+    assert_eq!(
+        v["runs_activation"],
+        "swigluoai (alpha 1.702, limit 0.75, gate/up Interleaved)"
+    );
     let _ = std::fs::remove_dir_all(&tmp);
 }
 

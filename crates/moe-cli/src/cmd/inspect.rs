@@ -47,6 +47,9 @@ pub struct InspectReport {
     pub intermediate: usize,
     /// Expert activation as written.
     pub activation: String,
+    /// The activation the layer runs when it is not what `activation` names (gpt-oss's
+    /// config says `silu`; its experts are SwiGLU-OAI with the config's clamp).
+    pub runs_activation: Option<String>,
     /// Model dtype.
     pub dtype: Option<String>,
     /// Quantization scheme name.
@@ -160,6 +163,15 @@ pub fn run(args: &InspectArgs, out: Output) -> Result<(), CliError> {
         hidden: spec.hidden,
         intermediate: spec.intermediate,
         activation: spec.activation.clone(),
+        runs_activation: MoeLayerConfig::from_spec(spec, 0, 1, None, 1)
+            .ok()
+            .and_then(|c| match c.activation {
+                moe_kernels::Activation::SwigluOai { alpha, limit } => Some(format!(
+                    "swigluoai (alpha {alpha}, limit {limit}, gate/up {:?})",
+                    c.gate_up_layout
+                )),
+                _ => None,
+            }),
         dtype: spec.dtype.map(|d| format!("{d:?}")),
         quant_scheme: spec.quant.name(),
         quant_detail: format!("{:?}", spec.quant),
@@ -238,8 +250,15 @@ fn print_report(r: &InspectReport) {
         r.moe_layers
     );
     println!(
-        "  experts:       {} routed, top-{}; hidden {}, expert intermediate {}; activation {}",
-        r.experts, r.top_k, r.hidden, r.intermediate, r.activation
+        "  experts:       {} routed, top-{}; hidden {}, expert intermediate {}; activation {}{}",
+        r.experts,
+        r.top_k,
+        r.hidden,
+        r.intermediate,
+        r.activation,
+        r.runs_activation
+            .as_ref()
+            .map_or_else(String::new, |a| format!(", run as {a}"))
     );
     println!(
         "  dtype:         {}",
