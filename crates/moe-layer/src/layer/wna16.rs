@@ -337,7 +337,7 @@ fn sort_by_group(
 }
 
 /// Packs both projections of every local expert of an MXFP4 layer from the checkpoint's bytes
-/// (`PackedWna16::pack_mxfp4`: blocks gathered as int4 steps, scales made bf16 exactly), experts
+/// (`PackedWna16::pack_mxfp4`: blocks gathered as int4 steps, e8m0 scales kept as bytes), experts
 /// spread over threads as `par` allows. `w13` keeps the checkpoint's interleaved gate/up rows.
 /// The reader has checked every length and refused e8m0 255, so an error here is one the
 /// kernels' packer found in bytes a caller put together otherwise.
