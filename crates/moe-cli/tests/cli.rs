@@ -754,3 +754,131 @@ fn bench_w4a16_with_int8_activations_runs_on_the_w4a8_kernels() {
     fused.push("--experts-only");
     assert_clean_failure(&fused, "--wna16-activations int8");
 }
+
+/// A gpt-oss MXFP4 checkpoint written by the test runs through `moe run` (the router computed
+/// from the hidden states with its bias) and matches the f64 forward of its dequantized weights
+/// (transformers' gpt-oss: softmax over the top-k logits, interleaved gate/up with biases,
+/// SwiGLU-OAI with a clamp that clips) within `1e-5·max|out|`; `moe inspect` describes it and
+/// names the native WNA16 kernel.
+#[test]
+fn gpt_oss_mxfp4_runs_and_matches_the_dequantized_reference() {
+    use moe_testutil::gpt_oss::GptOss;
+    let tmp = std::env::temp_dir().join(format!("moe-cli-gpt-oss-{}", std::process::id()));
+    let model = tmp.join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    let m = GptOss::random(0x9055, [8, 4, 64, 64], 0.75);
+    m.write(&model);
+    let t = 6;
+    let x = moe_testutil::SplitMix64::new(17).vec_uniform(t * m.h, -1.0, 1.0);
+    let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![t, m.h], &bytes)
+        .unwrap();
+    let input = tmp.join("input.safetensors");
+    std::fs::write(
+        &input,
+        safetensors::serialize([("hidden_states", view)], None).unwrap(),
+    )
+    .unwrap();
+    let output = tmp.join("output.safetensors");
+    let v = moe_json(&[
+        "run",
+        "--json",
+        "--model",
+        model.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        output.to_str().unwrap(),
+    ]);
+    assert_eq!(v["scheme"], "mxfp4", "{v}");
+    assert!(
+        v["kernel"].as_str().unwrap().starts_with("cpu-wna16"),
+        "{v}"
+    );
+    let bytes = std::fs::read(&output).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let f32s = |name: &str| -> Vec<f32> {
+        st.tensor(name)
+            .unwrap()
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    };
+    let ids: Vec<usize> = st
+        .tensor("topk_ids")
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        .collect();
+    let (want_ids, weights) = m.route(&x);
+    assert_eq!(ids, want_ids);
+    let (clipped, total) = m.clipped(&x, &want_ids);
+    assert!(clipped > 0 && clipped < total, "{clipped}/{total}");
+    let want = m.forward(&x, &want_ids, &weights);
+    let got = f32s("output");
+    let scale = want.iter().fold(1e-6f64, |a, v| a.max(v.abs()));
+    for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (f64::from(g) - w).abs() <= 1e-5 * scale,
+            "[{i}]: {g} vs {w} (scale {scale})"
+        );
+    }
+    let v = moe_json(&[
+        "inspect",
+        "--json",
+        "--model",
+        model.to_str().unwrap(),
+        "--layer",
+        "0",
+    ]);
+    assert_eq!(v["family"], "GptOss", "{v}");
+    assert_eq!(v["quant_scheme"], "mxfp4");
+    assert!(
+        v["backend"]["kernel"]
+            .as_str()
+            .unwrap()
+            .starts_with("cpu-wna16"),
+        "{v}"
+    );
+    assert!(
+        v["layer"]["weights"].as_str().unwrap().contains("MXFP4"),
+        "{v}"
+    );
+    assert_eq!(v["layer"]["router_bias"], true);
+    assert_eq!(
+        v["runs_activation"],
+        "swigluoai (alpha 1.702, limit 0.75, gate/up Interleaved)"
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn bench_mxfp4_reads_codes_and_scales() {
+    let v = moe_json(&[
+        "bench",
+        "--json",
+        "--format",
+        "mxfp4",
+        "--experts-only",
+        "--shape",
+        "e8-k2-h128-i64",
+        "--batch-sizes",
+        "1,3",
+        "--min-bytes",
+        "1M",
+        "--iters",
+        "3",
+    ]);
+    assert_eq!(v["format"], "mxfp4");
+    // Per expert and weight: half a byte of code plus a one-byte e8m0 scale per 32 weights,
+    // the checkpoint's own bytes.
+    let weights = (3 * 128 * 64) as f64;
+    for row in v["rows"].as_array().expect("rows") {
+        let per_expert =
+            row["bytes_touched"].as_f64().unwrap() / row["experts_touched"].as_f64().unwrap();
+        assert_eq!(per_expert, weights * (0.5 + 1.0 / 32.0), "{row}");
+        assert!(row["ms_per_call"].as_f64().unwrap() > 0.0);
+    }
+}

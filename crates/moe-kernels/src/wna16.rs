@@ -75,6 +75,14 @@ impl Widen for bf16 {
     }
 }
 
+/// A `u8` scale is an e8m0 exponent (MXFP4): `2^(e − 127)`, exact.
+impl Widen for u8 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        crate::packed::wna16::e8m0_to_f32(self)
+    }
+}
+
 impl Widen for f16 {
     #[inline(always)]
     fn widen(self) -> f32 {
@@ -197,6 +205,7 @@ pub(crate) fn panels_body(job: &Wna16Job<'_>, panels: Range<usize>) {
         Wna16ScaleValues::F16(s) => panels_scaled(job, s, panels),
         Wna16ScaleValues::Bf16(s) => panels_scaled(job, s, panels),
         Wna16ScaleValues::F32(s) => panels_scaled(job, s, panels),
+        Wna16ScaleValues::E8m0(s) => panels_scaled(job, s, panels),
     }
 }
 
@@ -522,6 +531,46 @@ mod tests {
                             );
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// The extreme e8m0 scales reach every rung's body exactly: `2^-127` (e = 0, a subnormal no
+    /// exponent shift makes) and `2^127` (e = 254), checked relative to the reference's own
+    /// magnitude rather than against the sum of magnitudes, which would hide a scale read as 0.
+    #[test]
+    fn e8m0_extremes_on_every_rung() {
+        let mut rng = SplitMix64::new(0xe8);
+        let (m, n, k) = (3, 17, 64);
+        let blocks: Vec<u8> = (0..n * 2 * 16).map(|_| rng.below(256) as u8).collect();
+        for (e, x_scale) in [(0u8, 1.0f32), (254, 1.0 / 1024.0)] {
+            let scales = vec![e; n * 2];
+            let w = PackedWna16::pack_mxfp4(Mxfp4Desc {
+                n,
+                k,
+                blocks: &blocks,
+                scales: &scales,
+                bias: None,
+            })
+            .unwrap();
+            let x: Vec<f32> = rng
+                .vec_uniform(m * k, -1.0, 1.0)
+                .iter()
+                .map(|v| v * x_scale)
+                .collect();
+            let want = f64_reference(m, &x, &w);
+            for ks in &sets() {
+                let mut out = vec![f32::NAN; m * n];
+                wna16_gemm(ks, m, &x, &w, &mut out, &mut GemmScratch::new(), Par::Seq).unwrap();
+                for (i, (&a, &b)) in out.iter().zip(&want).enumerate() {
+                    // Subnormal results keep absolute precision 2^-149 only.
+                    let tol = 1e-5 * b.abs() + 8.0 * f64::from(f32::from_bits(1));
+                    assert!(
+                        (f64::from(a) - b).abs() <= tol && b != 0.0,
+                        "{} e={e} [{i}]: {a:e} vs {b:e}",
+                        ks.wna16_isa()
+                    );
                 }
             }
         }

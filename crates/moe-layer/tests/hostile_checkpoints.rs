@@ -113,6 +113,20 @@ fn deepseek() -> Ckpt {
     Ckpt::build("deepseek_v3", Fmt::IntQuantized, 13).0
 }
 
+/// A one-layer gpt-oss MXFP4 checkpoint (fused 3-D experts with biases, router with a bias)
+/// with the hidden size of the call cases, so that it loads and runs on their tokens.
+fn gpt_oss() -> Ckpt {
+    let m = moe_testutil::gpt_oss::GptOss::random(0x6055, [E, 2, H, 32], 0.75);
+    let mut ck = Ckpt {
+        config: m.config(),
+        tensors: Default::default(),
+    };
+    for (name, (dtype, shape, bytes)) in m.tensors() {
+        ck.put(&name, dtype, &shape, bytes);
+    }
+    ck
+}
+
 /// Tensor name of expert `e`'s projection `p` (0 gate, 1 up, 2 down), tensor `what`.
 fn t(e: usize, p: usize, what: &str) -> String {
     format!("{EXPERTS}.{e}.{}.{what}", PROJ[p])
@@ -1528,8 +1542,202 @@ fn all_cases() -> Vec<Case> {
     safetensors_cases(&mut c);
     tensor_cases(&mut c);
     format_cases(&mut c);
+    mxfp4_cases(&mut c);
     call_cases(&mut c);
     c.0
+}
+
+/// gpt-oss MXFP4: every fused expert tensor and the router bias missing, mistyped, misshapen
+/// or holding a value the format cannot mean, and configs the loader must refuse.
+fn mxfp4_cases(c: &mut Cases) {
+    let layer = Via::Layer;
+    let reader = Via::Reader(ShardAccess::Read);
+    let x = |t: &str| format!("{EXPERTS}.{t}");
+    c.model(
+        "gpt-oss control: the MXFP4 checkpoint loads and runs",
+        gpt_oss,
+        layer,
+        Expect::Ok,
+        |_| {},
+    );
+    for t in [
+        "gate_up_proj_blocks",
+        "gate_up_proj_scales",
+        "gate_up_proj_bias",
+        "down_proj_blocks",
+        "down_proj_scales",
+        "down_proj_bias",
+    ] {
+        let name = x(t);
+        c.model(
+            &format!("gpt-oss {t} missing"),
+            gpt_oss,
+            reader,
+            err!(LayerError::MissingTensor { .. }),
+            move |ck| {
+                ck.tensors.remove(&name);
+            },
+        );
+    }
+    for name in ["router.weight", "router.bias"] {
+        let name = format!("model.layers.0.mlp.{name}");
+        c.model(
+            &format!("gpt-oss {name} missing"),
+            gpt_oss,
+            reader,
+            err!(LayerError::MissingTensor { .. }),
+            move |ck| {
+                ck.tensors.remove(&name);
+            },
+        );
+    }
+    let blocks = x("gate_up_proj_blocks");
+    let b = blocks.clone();
+    c.model(
+        "gpt-oss blocks stored as i32",
+        gpt_oss,
+        reader,
+        err!(LayerError::WrongDtype { .. }),
+        move |ck| retype(ck, &b, Dtype::I32, &[E, 64, 2, 4]),
+    );
+    let b = blocks.clone();
+    c.model(
+        "gpt-oss blocks of 8 bytes",
+        gpt_oss,
+        reader,
+        err!(LayerError::WrongShape { .. }),
+        move |ck| retype(ck, &b, Dtype::U8, &[E, 64, 2, 8]),
+    );
+    let b = blocks.clone();
+    c.model(
+        "gpt-oss blocks for fewer experts than the config",
+        gpt_oss,
+        reader,
+        err!(LayerError::ConfigMismatch {
+            field: "num_local_experts",
+            ..
+        }),
+        move |ck| retype(ck, &b, Dtype::U8, &[E - 1, 64, 2, 16]),
+    );
+    let b = x("down_proj_blocks");
+    c.model(
+        "gpt-oss down blocks for another hidden size",
+        gpt_oss,
+        reader,
+        err!(LayerError::ConfigMismatch {
+            field: "hidden_size",
+            ..
+        }),
+        move |ck| retype(ck, &b, Dtype::U8, &[E, H + 1, 1, 16]),
+    );
+    let s = x("down_proj_scales");
+    c.model(
+        "gpt-oss down scales with two blocks per row",
+        gpt_oss,
+        reader,
+        err!(LayerError::WrongShape { .. }),
+        move |ck| retype(ck, &s, Dtype::U8, &[E, H, 2]),
+    );
+    let s = x("gate_up_proj_scales");
+    c.model(
+        "gpt-oss e8m0 scale 255 (NaN)",
+        gpt_oss,
+        reader,
+        err!(LayerError::BadScale { index: 5, .. }),
+        move |ck| stored(ck, &s).bytes[5] = 255,
+    );
+    let s = x("down_proj_scales");
+    c.model(
+        "gpt-oss e8m0 scales 0 and 254 are values",
+        gpt_oss,
+        layer,
+        Expect::Ok,
+        move |ck| {
+            stored(ck, &s).bytes[0] = 0;
+            stored(ck, &s).bytes[1] = 254;
+        },
+    );
+    let bias = x("gate_up_proj_bias");
+    c.model(
+        "gpt-oss NaN expert bias",
+        gpt_oss,
+        reader,
+        err!(LayerError::NonFinite { index: 3, .. }),
+        move |ck| set_bf16(ck, &bias, 3, f32::NAN),
+    );
+    let bias = x("down_proj_bias");
+    c.model(
+        "gpt-oss down bias [E, H + 1]",
+        gpt_oss,
+        reader,
+        err!(LayerError::ConfigMismatch { .. }),
+        move |ck| retype(ck, &bias, Dtype::BF16, &[E, H + 1]),
+    );
+    c.model(
+        "gpt-oss router bias [E + 1]",
+        gpt_oss,
+        reader,
+        err!(LayerError::ConfigMismatch { .. }),
+        |ck| retype(ck, "model.layers.0.mlp.router.bias", Dtype::BF16, &[E + 1]),
+    );
+    c.model(
+        "gpt-oss infinite router bias",
+        gpt_oss,
+        reader,
+        err!(LayerError::NonFinite { .. }),
+        |ck| set_bf16(ck, "model.layers.0.mlp.router.bias", 1, f32::INFINITY),
+    );
+    c.model(
+        "gpt-oss swiglu_limit negative",
+        gpt_oss,
+        reader,
+        err!(LayerError::ConfigField {
+            field: "swiglu_limit",
+            ..
+        }),
+        |ck| ck.config["swiglu_limit"] = serde_json::json!(-7.0),
+    );
+    c.model(
+        "gpt-oss experts listed in modules_to_not_convert",
+        gpt_oss,
+        reader,
+        err!(LayerError::UnsupportedScheme { .. }),
+        |ck| {
+            ck.config["quantization_config"]["modules_to_not_convert"] =
+                serde_json::json!(["model.layers.*.mlp.experts"]);
+        },
+    );
+    c.model(
+        "gpt-oss without a quantization_config",
+        gpt_oss,
+        reader,
+        err!(LayerError::UnsupportedScheme { .. }),
+        |ck| {
+            ck.config
+                .as_object_mut()
+                .unwrap()
+                .remove("quantization_config");
+        },
+    );
+    c.model(
+        "gpt-oss top-k from experts_per_token only",
+        gpt_oss,
+        layer,
+        Expect::Ok,
+        |ck| {
+            ck.config
+                .as_object_mut()
+                .unwrap()
+                .remove("num_experts_per_tok");
+        },
+    );
+    c.model(
+        "mxfp4 quant_method on a qwen3_moe config",
+        w4a8,
+        reader,
+        err!(LayerError::UnsupportedScheme { .. }),
+        |ck| ck.config["quantization_config"] = serde_json::json!({"quant_method": "mxfp4"}),
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

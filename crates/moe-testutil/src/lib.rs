@@ -7,6 +7,7 @@
 //! panics freely, because a failing test should.
 
 mod golden;
+pub mod gpt_oss;
 mod rng;
 
 pub use golden::{GoldenCase, fixtures_dir, for_each_golden_case, goldens_dir, workspace_root};

@@ -51,6 +51,10 @@ const STANDARD: [(&str, [usize; 4]); 3] = [
     ("deepseek-v2-lite", [64, 6, 2048, 1408]),
 ];
 
+/// gpt-oss-20b's MoE block: a named shape, and one of the defaults of `--format mxfp4` only
+/// (its 2880 is no multiple of the 128-column groups other formats are often run with).
+const GPT_OSS_20B: (&str, [usize; 4]) = ("gpt-oss-20b", [32, 4, 2880, 2880]);
+
 /// Parses a standard shape name or a custom `eE-kK-hH-iI` (e.g. `e8-k2-h128-i64`).
 fn parse_shape(text: &str) -> Result<BenchShape, String> {
     let make = |name: &str, [experts, top_k, hidden, intermediate]: [usize; 4]| BenchShape {
@@ -60,11 +64,19 @@ fn parse_shape(text: &str) -> Result<BenchShape, String> {
         hidden,
         intermediate,
     };
-    if let Some((name, dims)) = STANDARD.iter().find(|(n, _)| *n == text) {
+    if let Some((name, dims)) = STANDARD
+        .iter()
+        .chain([&GPT_OSS_20B])
+        .find(|(n, _)| *n == text)
+    {
         return Ok(make(name, *dims));
     }
     let usage = || {
-        let names: Vec<&str> = STANDARD.iter().map(|(n, _)| *n).collect();
+        let names: Vec<&str> = STANDARD
+            .iter()
+            .chain([&GPT_OSS_20B])
+            .map(|(n, _)| *n)
+            .collect();
         format!(
             "unknown shape {text:?}: use one of {} or eE-kK-hH-iI (e.g. e8-k2-h128-i64)",
             names.join(", ")
@@ -101,6 +113,9 @@ pub enum BenchFormat {
     Bf16,
     /// Unquantized f32 weights.
     F32,
+    /// MXFP4 (gpt-oss): e2m1 codes with an e8m0 scale per 32 columns, float activations, f32
+    /// compute on the WNA16 kernels, SwiGLU-OAI on interleaved gate/up rows.
+    Mxfp4,
 }
 
 impl BenchFormat {
@@ -114,6 +129,7 @@ impl BenchFormat {
             Self::W8a16 => format!("W8A16 (int8 groups of {group_size}{zp}, f32 compute)"),
             Self::Bf16 => "dense bf16 (f32 compute)".to_string(),
             Self::F32 => "dense f32".to_string(),
+            Self::Mxfp4 => "MXFP4 (e2m1, e8m0 scales per 32 columns, f32 compute)".to_string(),
         }
     }
 
@@ -157,7 +173,8 @@ pub struct BenchArgs {
     /// Expert weight format.
     #[arg(long, value_enum, default_value = "w4a8")]
     pub format: BenchFormat,
-    /// Shapes to run (standard names or eE-kK-hH-iI), comma-separated; default: all standard.
+    /// Shapes to run (standard names, `gpt-oss-20b`, or eE-kK-hH-iI), comma-separated;
+    /// default: all standard ones (and `gpt-oss-20b` with `--format mxfp4`).
     #[arg(long, value_delimiter = ',', value_parser = parse_shape)]
     pub shape: Vec<BenchShape>,
     /// Batch sizes (tokens per call), comma-separated.
@@ -173,7 +190,7 @@ pub struct BenchArgs {
     /// Least total bytes of distinct packed weights to cycle through (K, M, G suffixes).
     #[arg(long, default_value = "2G", value_parser = parse_bytes)]
     pub min_bytes: u64,
-    /// Group size of the int4/int8 scales (W4A8, W4A16, W8A16).
+    /// Group size of the int4/int8 scales (W4A8, W4A16, W8A16; MXFP4 blocks are always 32).
     #[arg(long, default_value_t = 32)]
     pub group_size: usize,
     /// Asymmetric weight-only codes: a zero point per scale group (W4A16, W8A16).
@@ -400,8 +417,10 @@ fn uniform_routing(rng: &mut Rng, m: usize, e: usize, k: usize) -> (Vec<i32>, Ve
 /// Runs `moe bench`.
 pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
     let shapes: Vec<BenchShape> = if args.shape.is_empty() {
+        let extra = (args.format == BenchFormat::Mxfp4).then_some(&GPT_OSS_20B);
         STANDARD
             .iter()
+            .chain(extra)
             .map(|(n, _)| parse_shape(n).map_err(CliError))
             .collect::<Result<_, _>>()?
     } else {
@@ -550,6 +569,13 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
 
 /// Rejects options the format does not have, naming them.
 fn check_format_options(args: &BenchArgs) -> Result<(), CliError> {
+    if args.format == BenchFormat::Mxfp4 && !args.experts_only {
+        return Err(CliError(
+            "--format mxfp4 runs on the fused pipeline only (MXFP4 layers are built from \
+             checkpoints, not tensor by tensor): add --experts-only"
+                .into(),
+        ));
+    }
     if args.wna16_activations == moe_layer::Wna16Activations::DynamicInt8 {
         if args.format != BenchFormat::W4a16 || args.zero_points {
             return Err(CliError(
@@ -668,6 +694,15 @@ fn bench_shape(
             bar.finish_and_clear();
             measure_layer(args, shape, layer, rungs, dram, pool, out)
         }
+        BenchFormat::Mxfp4 => {
+            let layer_shape = LayerShape {
+                group_size: moe_kernels::packed::wna16::MXFP4_BLOCK,
+                ..layer_shape
+            };
+            let layer = pool.install(|| synth::random_mxfp4_layer(layer_shape, args.seed, &bar))?;
+            bar.finish_and_clear();
+            measure_layer(args, shape, layer, rungs, dram, pool, out)
+        }
     }
 }
 
@@ -700,6 +735,7 @@ pub(crate) fn expert_bytes(args: &BenchArgs, shape: &BenchShape) -> Result<usize
         BenchFormat::Bf16 | BenchFormat::F32 => {
             synth::random_dense_layer(one, args.format == BenchFormat::Bf16, 0, &bar)?.expert_bytes
         }
+        BenchFormat::Mxfp4 => synth::random_mxfp4_layer(one, 0, &bar)?.expert_bytes,
     })
 }
 

@@ -97,6 +97,7 @@ fn layer_quant(args: &BenchArgs) -> LayerQuant {
             zero_points: args.zero_points,
         },
         BenchFormat::Bf16 | BenchFormat::F32 => LayerQuant::Unquantized,
+        BenchFormat::Mxfp4 => LayerQuant::Mxfp4,
     }
 }
 
@@ -155,6 +156,7 @@ fn draw(args: &BenchArgs, shape: &BenchShape, e: usize, j: usize) -> Projection 
             scales: None,
             zeros: None,
         },
+        BenchFormat::Mxfp4 => unreachable!("check_format_options keeps MXFP4 off the layer road"),
     }
 }
 
@@ -289,6 +291,7 @@ fn layer_tensors(args: &BenchArgs, shape: &BenchShape) -> MoeLayerTensors {
         router: RouterTensors {
             weight: FloatData::F32(router),
             correction_bias: None,
+            bias: None,
         },
         shared: None,
     }

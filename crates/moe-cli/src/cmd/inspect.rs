@@ -51,6 +51,9 @@ pub struct InspectReport {
     pub intermediate: usize,
     /// Expert activation as written.
     pub activation: String,
+    /// The activation the layer runs when it is not what `activation` names (gpt-oss's
+    /// config says `silu`; its experts are SwiGLU-OAI with the config's clamp).
+    pub runs_activation: Option<String>,
     /// Model dtype.
     pub dtype: Option<String>,
     /// Quantization scheme name.
@@ -102,6 +105,8 @@ pub struct LayerReport {
     pub weights: String,
     /// Router weight values.
     pub router_values: usize,
+    /// Whether the router linear has a bias (gpt-oss).
+    pub router_bias: bool,
     /// Whether shared experts were read.
     pub shared_experts: bool,
 }
@@ -162,6 +167,15 @@ pub fn run(args: &InspectArgs, out: Output) -> Result<(), CliError> {
         hidden: spec.hidden,
         intermediate: spec.intermediate,
         activation: spec.activation.clone(),
+        runs_activation: MoeLayerConfig::from_spec(spec, 0, 1, None, 1)
+            .ok()
+            .and_then(|c| match c.activation {
+                moe_kernels::Activation::SwigluOai { alpha, limit } => Some(format!(
+                    "swigluoai (alpha {alpha}, limit {limit}, gate/up {:?})",
+                    c.gate_up_layout
+                )),
+                _ => None,
+            }),
         dtype: spec.dtype.map(|d| format!("{d:?}")),
         quant_scheme: spec.quant.name(),
         quant_detail: format!("{:?}", spec.quant),
@@ -214,6 +228,9 @@ fn read_layer(ckpt: &Checkpoint, n: usize) -> Result<LayerReport, CliError> {
                 ""
             }
         ),
+        ExpertWeights::Mxfp4(_) => "MXFP4: e2m1 codes, e8m0 scales per 32 columns, \
+                                    gate/up rows interleaved, expert biases"
+            .to_string(),
         _ => "other".to_string(),
     };
     Ok(LayerReport {
@@ -223,6 +240,7 @@ fn read_layer(ckpt: &Checkpoint, n: usize) -> Result<LayerReport, CliError> {
         intermediate: t.experts.intermediate,
         weights,
         router_values: t.router.weight.len(),
+        router_bias: t.router.bias.is_some(),
         shared_experts: t.shared.is_some(),
     })
 }
@@ -241,8 +259,15 @@ fn print_report(r: &InspectReport) {
         r.moe_layers
     );
     println!(
-        "  experts:       {} routed, top-{}; hidden {}, expert intermediate {}; activation {}",
-        r.experts, r.top_k, r.hidden, r.intermediate, r.activation
+        "  experts:       {} routed, top-{}; hidden {}, expert intermediate {}; activation {}{}",
+        r.experts,
+        r.top_k,
+        r.hidden,
+        r.intermediate,
+        r.activation,
+        r.runs_activation
+            .as_ref()
+            .map_or_else(String::new, |a| format!(", run as {a}"))
     );
     println!(
         "  dtype:         {}",
@@ -266,13 +291,14 @@ fn print_report(r: &InspectReport) {
     }
     if let Some(l) = &r.layer {
         println!(
-            "  layer {}:       {} experts, H {}, I {}, {}; router {} values; shared experts: {}",
+            "  layer {}:       {} experts, H {}, I {}, {}; router {} values{}; shared experts: {}",
             l.layer,
             l.experts,
             l.hidden,
             l.intermediate,
             l.weights,
             l.router_values,
+            if l.router_bias { " and a bias" } else { "" },
             if l.shared_experts { "yes" } else { "no" }
         );
     }

@@ -14,7 +14,8 @@ use half::bf16;
 use indicatif::ProgressBar;
 use moe_kernels::moe::ExpertMatrix;
 use moe_kernels::{
-    Activation, ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, PackedDense, PackedW4A8,
+    Activation, ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, Mxfp4Desc, PackedDense,
+    PackedW4A8,
     PackedW8A8, PackedWna16, W4A8Scales, Wna16Desc, Wna16Scales, kernels,
 };
 use moe_quant::quantize_int4_grouped;
@@ -237,6 +238,15 @@ fn assemble<W: ExpertMatrix>(
     experts: Vec<(W, W)>,
     bytes: impl Fn(&W) -> usize,
 ) -> Result<SynthLayer<W>, CliError> {
+    assemble_with(config(shape), experts, bytes)
+}
+
+/// [`assemble`] with a configuration of the caller's.
+fn assemble_with<W: ExpertMatrix>(
+    cfg: FusedMoeConfig,
+    experts: Vec<(W, W)>,
+    bytes: impl Fn(&W) -> usize,
+) -> Result<SynthLayer<W>, CliError> {
     let expert_bytes = experts.first().map_or(0, |(a, b)| bytes(a) + bytes(b));
     let (w13, w2): (Vec<_>, Vec<_>) = experts.into_iter().unzip();
     let weights = ExpertWeights {
@@ -245,7 +255,7 @@ fn assemble<W: ExpertMatrix>(
         w13_bias: None,
         w2_bias: None,
     };
-    let moe = FusedMoe::new(weights, config(shape), *kernels())
+    let moe = FusedMoe::new(weights, cfg, *kernels())
         .map_err(|e| CliError::context("building the fused layer", e))?;
     Ok(SynthLayer { moe, expert_bytes })
 }
@@ -442,6 +452,56 @@ pub fn random_dense_layer(
         })
         .collect::<Result<Vec<_>, CliError>>()?;
     assemble(shape, experts, PackedDense::packed_bytes)
+}
+
+/// Random e2m1 codes and e8m0 scales (`2^-9..2^-6`) for an `[n, k]` MXFP4 matrix, packed
+/// from the checkpoint's byte layout as a load does.
+fn random_mxfp4_packed(rng: &mut Rng, n: usize, k: usize) -> Result<PackedWna16, CliError> {
+    let blocks_per_row = k.div_ceil(moe_kernels::packed::wna16::MXFP4_BLOCK);
+    let mut blocks = vec![0u8; n * blocks_per_row * 16];
+    for chunk in blocks.chunks_mut(8) {
+        let bits = rng.next_u64().to_le_bytes();
+        chunk.copy_from_slice(&bits[..chunk.len()]);
+    }
+    let scales: Vec<u8> = (0..n * blocks_per_row)
+        .map(|_| 118 + (rng.next_u64() % 4) as u8)
+        .collect();
+    PackedWna16::pack_mxfp4(Mxfp4Desc {
+        n,
+        k,
+        blocks: &blocks,
+        scales: &scales,
+        bias: None,
+    })
+    .map_err(|e| CliError::context("packing expert weights", e))
+}
+
+/// An MXFP4 layer of uniformly random e2m1 codes and e8m0 scales, as gpt-oss runs it
+/// (SwiGLU-OAI on interleaved gate/up rows, clamp 7), on the native WNA16 kernels; experts
+/// are built in parallel on the current rayon pool, ticking `bar` once per expert.
+pub fn random_mxfp4_layer(
+    shape: LayerShape,
+    seed: u64,
+    bar: &ProgressBar,
+) -> Result<SynthLayer<PackedWna16>, CliError> {
+    shape.validate()?;
+    let (h, i) = (shape.hidden, shape.intermediate);
+    let experts = (0..shape.experts)
+        .into_par_iter()
+        .map(|e| {
+            let mut rng = Rng::stream(seed, e as u64);
+            let p13 = random_mxfp4_packed(&mut rng, 2 * i, h)?;
+            let p2 = random_mxfp4_packed(&mut rng, h, i)?;
+            bar.inc(1);
+            Ok((p13, p2))
+        })
+        .collect::<Result<Vec<_>, CliError>>()?;
+    let cfg = FusedMoeConfig {
+        activation: Activation::SWIGLU_OAI,
+        gate_up_layout: GateUpLayout::Interleaved,
+        ..config(shape)
+    };
+    assemble_with(cfg, experts, PackedWna16::packed_bytes)
 }
 
 /// An `[n, k]` matrix of uniformly random int8 codes in `[-127, 127]` (spec §5.1's range) with

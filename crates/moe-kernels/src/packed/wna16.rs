@@ -24,8 +24,9 @@
 //!
 //! A weight is `(value(code) − zero)·scale`, where `value` is the code's integer for integer
 //! weights and the e2m1 table ([`E2M1_VALUES`]) for MXFP4 weights ([`Int4Values::E2m1`]: zero 0,
-//! groups of 32, power-of-two scales). At group size 128 with bf16 scales the int4 format
-//! streams 0.5 bytes of codes plus 1/64 byte of scale per weight; MXFP4 streams 0.5 + 1/16.
+//! groups of 32, power-of-two scales kept as the checkpoint's e8m0 bytes). At group size 128
+//! with bf16 scales the int4 format streams 0.5 bytes of codes plus 1/64 byte of scale per
+//! weight; MXFP4 streams 0.5 + 1/32, exactly the checkpoint's bytes.
 
 use half::{bf16, f16};
 
@@ -65,11 +66,16 @@ pub enum Int4Values {
     E2m1,
 }
 
-/// The bf16 bits of an e8m0 scale `2^(e − 127)`: every `e` in `0..=254` is exact in bf16 (which
-/// has f32's exponent range), `e = 0` as the subnormal `2^-127`; `e = 255` is NaN and refused by
-/// the caller.
-fn e8m0_to_bf16(e: u8) -> bf16 {
-    bf16::from_bits(if e == 0 { 0x0040 } else { u16::from(e) << 7 })
+/// The value of an e8m0 scale, `2^(e − 127)`: the exponent bits of an f32, exact for every `e`
+/// in `0..=254` (`e = 0` is the subnormal `2^-127`, which a shift cannot make); `e = 255` is NaN
+/// and refused at pack time.
+#[inline(always)]
+pub(crate) fn e8m0_to_f32(e: u8) -> f32 {
+    if e == 0 {
+        f32::from_bits(0x0040_0000)
+    } else {
+        f32::from_bits(u32::from(e) << 23)
+    }
 }
 
 /// Group scales of a WNA16 matrix, row-major `[N, G]`, in the checkpoint's precision.
@@ -111,6 +117,8 @@ pub(crate) enum Wna16ScaleValues {
     Bf16(Vec<bf16>),
     /// f32 scales.
     F32(Vec<f32>),
+    /// e8m0 scales (MXFP4), the checkpoint's bytes: `2^(e − 127)`.
+    E8m0(Vec<u8>),
 }
 
 /// What [`PackedWna16::pack`] takes: one integer weight matrix `[N, K]` as unsigned codes.
@@ -455,9 +463,9 @@ impl PackedWna16 {
     ///
     /// The 16 bytes of a block, read as four little-endian 32-bit words, are exactly four int4
     /// steps of one channel (nibble `j` of word `i` is element `8i + j`), so the blocks are
-    /// gathered word by word like channel-major int4 words. The scales become bf16, which holds
-    /// every e8m0 value exactly, so the kernels see groups of 32 with bf16 scales and the e2m1
-    /// table: weights are exactly `e2m1(code)·2^(e − 127)`.
+    /// gathered word by word like channel-major int4 words. The e8m0 scales stay bytes (the
+    /// kernels make `2^(e − 127)` from them exactly), so the kernels see groups of 32 and the
+    /// e2m1 table: weights are exactly `e2m1(code)·2^(e − 127)`.
     pub fn pack_mxfp4(d: Mxfp4Desc<'_>) -> Result<Self, KernelError> {
         let (n, k) = (d.n, d.k);
         let dims = check_dims(n, k, 4, Some(MXFP4_BLOCK))?;
@@ -473,21 +481,26 @@ impl PackedWna16 {
                 max: 254,
             });
         }
-        let scales: Vec<bf16> = d.scales.iter().map(|&e| e8m0_to_bf16(e)).collect();
-        let side = Side {
-            scales: Wna16Scales::Bf16(&scales),
-            zeros: None,
-            bias: d.bias,
-        };
-        side.check(n, &dims)?;
+        if let Some(b) = d.bias {
+            check_len("bias", n, b.len())?;
+            check_finite("bias", b.len(), |i| b[i])?;
+        }
+        let n_panels = n.div_ceil(PANEL);
+        let groups = dims.n_groups;
+        let at = |row: usize, g: usize| ((row / PANEL) * groups + g) * PANEL + row % PANEL;
+        let scales =
+            Wna16ScaleValues::E8m0(scatter(n, groups, n_panels * groups * PANEL, d.scales, at));
+        let bias = d.bias.map(|b| {
+            let mut v = vec![0f32; n_panels * PANEL];
+            v[..n].copy_from_slice(b);
+            v
+        });
 
         let words = d.blocks.as_chunks::<4>().0;
         let row_words = blocks * 4;
         let at: Vec<(&[[u8; 4]], usize, usize)> =
             (0..n).map(|c| (words, c * row_words, 1)).collect();
         let codes = gather_words(&at, k);
-        let n_panels = n.div_ceil(PANEL);
-        let (scales, zeros, bias) = side.pack(n, n_panels, dims.n_groups);
         Ok(Self {
             n,
             k,
@@ -500,7 +513,7 @@ impl PackedWna16 {
             n_groups: dims.n_groups,
             codes,
             scales,
-            zeros,
+            zeros: None,
             bias,
             perm: None,
         })
@@ -569,6 +582,7 @@ impl PackedWna16 {
             Wna16ScaleValues::F16(s) => s.len() * 2,
             Wna16ScaleValues::Bf16(s) => s.len() * 2,
             Wna16ScaleValues::F32(s) => s.len() * 4,
+            Wna16ScaleValues::E8m0(s) => s.len(),
         };
         self.codes.len() * 4
             + scales
@@ -626,6 +640,7 @@ impl PackedWna16 {
             Wna16ScaleValues::F16(s) => s[at].to_f32(),
             Wna16ScaleValues::Bf16(s) => s[at].to_f32(),
             Wna16ScaleValues::F32(s) => s[at],
+            Wna16ScaleValues::E8m0(s) => e8m0_to_f32(s[at]),
         }
     }
 
@@ -692,6 +707,11 @@ impl PackedWna16 {
                 }
             }
             Wna16ScaleValues::F32(v) => out.copy_from_slice(&v[at..at + PANEL]),
+            Wna16ScaleValues::E8m0(v) => {
+                for (o, &e) in out.iter_mut().zip(&v[at..at + PANEL]) {
+                    *o = e8m0_to_f32(e);
+                }
+            }
         }
         out
     }

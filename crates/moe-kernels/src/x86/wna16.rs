@@ -97,6 +97,16 @@ fn group_scales(s: &Wna16ScaleValues, at: usize) -> __m512 {
             _mm512_castsi512_ps(_mm512_slli_epi32::<16>(wide))
         }
         Wna16ScaleValues::F32(v) => load_f32(v[at..at + 16].try_into().expect("16 scales")),
+        Wna16ScaleValues::E8m0(v) => {
+            let v: &[u8; 16] = v[at..at + 16].try_into().expect("16 scales");
+            // SAFETY: the reference covers 16 readable bytes, and the load is unaligned.
+            let bytes = unsafe { _mm_loadu_si128(v.as_ptr().cast()) };
+            let e = _mm512_cvtepu8_epi32(bytes);
+            // `e << 23` is the f32 `2^(e − 127)` for e ≥ 1; e = 0 is the subnormal 2^-127.
+            let pow = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(e));
+            let zero = _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512());
+            _mm512_mask_mov_ps(pow, zero, _mm512_set1_ps(f32::from_bits(0x0040_0000)))
+        }
     }
 }
 

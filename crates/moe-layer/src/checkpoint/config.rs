@@ -13,6 +13,11 @@
 //! | scoring | softmax | softmax | `scoring_func` (V2 default softmax, V3 sigmoid) |
 //! | shared experts | Qwen2: `shared_expert_intermediate_size`, sigmoid-gated | none | `n_shared_experts × moe_intermediate_size` |
 //!
+//! gpt-oss (`gpt_oss`) spells it as Mixtral does (`num_local_experts`, `intermediate_size`,
+//! every layer MoE; top-k `num_experts_per_tok` or `experts_per_token`), routes by a softmax
+//! over the top-k logits (equal to the renormalized softmax), and adds `swiglu_limit` (the
+//! SwiGLU-OAI clamp) and MXFP4 experts (`quant_method: mxfp4`).
+//!
 //! Defaults for absent routing fields are those of the transformers config classes; sizes have
 //! no defaults (a missing size is a [`LayerError::ConfigField`]). The `quantization_config`
 //! (or a GPTQ `quantize_config.json` next to `config.json`) becomes a [`QuantScheme`]; schemes
@@ -50,6 +55,9 @@ pub enum ModelFamily {
     DeepseekV2,
     /// DeepSeek-V3 (`deepseek_v3`, also Kimi-K2): sigmoid scoring with correction bias.
     DeepseekV3,
+    /// gpt-oss (`gpt_oss`): experts fused per layer as 3-D MXFP4 tensors with biases, gate and
+    /// up rows interleaved, SwiGLU-OAI, a router linear with a bias.
+    GptOss,
 }
 
 impl ModelFamily {
@@ -61,6 +69,7 @@ impl ModelFamily {
             "mixtral" => Some(Self::Mixtral),
             "deepseek_v2" => Some(Self::DeepseekV2),
             "deepseek_v3" | "kimi_k2" => Some(Self::DeepseekV3),
+            "gpt_oss" => Some(Self::GptOss),
             _ => None,
         };
         by_type.or_else(|| {
@@ -70,6 +79,7 @@ impl ModelFamily {
                 "MixtralForCausalLM" => Some(Self::Mixtral),
                 "DeepseekV2ForCausalLM" => Some(Self::DeepseekV2),
                 "DeepseekV3ForCausalLM" => Some(Self::DeepseekV3),
+                "GptOssForCausalLM" => Some(Self::GptOss),
                 _ => None,
             })
         })
@@ -157,6 +167,9 @@ pub enum QuantScheme {
         /// Rows of K per scale group; `None` = channelwise (`group_size: -1`).
         group_size: Option<usize>,
     },
+    /// MXFP4 (`quant_method: mxfp4`, gpt-oss): e2m1 codes in `*_blocks` `[E, N, K/32, 16]`,
+    /// e8m0 scales in `*_scales` `[E, N, K/32]`, one per 32 input columns.
+    Mxfp4,
 }
 
 impl QuantScheme {
@@ -168,6 +181,7 @@ impl QuantScheme {
             Self::CompressedTensorsWna16 { .. } => "compressed-tensors/pack-quantized",
             Self::Gptq { .. } => "gptq",
             Self::Awq { .. } => "awq",
+            Self::Mxfp4 => "mxfp4",
         }
     }
 
@@ -217,6 +231,8 @@ pub struct MoeModelSpec {
     pub shared_experts: Option<SharedExpertSpec>,
     /// How the expert weights are stored.
     pub quant: QuantScheme,
+    /// The SwiGLU-OAI clamp limit (`swiglu_limit`, gpt-oss), if the config states one.
+    pub swiglu_limit: Option<f32>,
 }
 
 /// The fields of `config.json` the loader reads, every one optional so that each family's
@@ -249,6 +265,9 @@ struct RawConfig {
     first_k_dense_replace: Option<usize>,
     moe_layer_freq: Option<usize>,
     n_shared_experts: Option<usize>,
+    /// gpt-oss's spelling of the top-k.
+    experts_per_token: Option<usize>,
+    swiglu_limit: Option<f64>,
     quantization_config: Option<serde_json::Value>,
     /// Older compressed-tensors spelling of `quantization_config`.
     compression_config: Option<serde_json::Value>,
@@ -365,7 +384,10 @@ impl MoeModelSpec {
             ));
         }
         let hidden = required(raw.hidden_size, "hidden_size")?;
-        let top_k = required(raw.num_experts_per_tok, "num_experts_per_tok")?;
+        let top_k = match (family, raw.num_experts_per_tok) {
+            (ModelFamily::GptOss, None) => required(raw.experts_per_token, "experts_per_token")?,
+            (_, top_k) => required(top_k, "num_experts_per_tok")?,
+        };
         let (num_experts, experts_field) = match family {
             ModelFamily::Qwen2Moe | ModelFamily::Qwen3Moe => match raw.num_experts {
                 Some(n) => (n, "num_experts"),
@@ -374,7 +396,7 @@ impl MoeModelSpec {
                     "num_local_experts",
                 ),
             },
-            ModelFamily::Mixtral => (
+            ModelFamily::Mixtral | ModelFamily::GptOss => (
                 required(raw.num_local_experts, "num_local_experts")?,
                 "num_local_experts",
             ),
@@ -393,7 +415,9 @@ impl MoeModelSpec {
             ));
         }
         let intermediate = match family {
-            ModelFamily::Mixtral => required(raw.intermediate_size, "intermediate_size")?,
+            ModelFamily::Mixtral | ModelFamily::GptOss => {
+                required(raw.intermediate_size, "intermediate_size")?
+            }
             _ => required(raw.moe_intermediate_size, "moe_intermediate_size")?,
         };
 
@@ -408,7 +432,7 @@ impl MoeModelSpec {
                     .filter(|l| !dense.contains(l) && (l + 1) % step == 0)
                     .collect()
             }
-            ModelFamily::Mixtral => (0..num_layers).collect(),
+            ModelFamily::Mixtral | ModelFamily::GptOss => (0..num_layers).collect(),
             ModelFamily::DeepseekV2 | ModelFamily::DeepseekV3 => {
                 let freq = raw.moe_layer_freq.unwrap_or(1);
                 if freq == 0 {
@@ -449,6 +473,35 @@ impl MoeModelSpec {
             (None, Some((side_file, qc))) => quant_scheme(&side_file, &qc)?,
             (None, None) => QuantScheme::Unquantized(dtype),
         };
+        // gpt-oss stores unquantized experts transposed (`gate_up_proj` `[E, H, 2I]`), a layout
+        // not read yet; MXFP4 is what it ships. Other families have no MXFP4 tensors to read.
+        match (family, &quant) {
+            (ModelFamily::GptOss, QuantScheme::Mxfp4) => {}
+            (ModelFamily::GptOss, other) => {
+                return Err(LayerError::UnsupportedScheme {
+                    file: file.clone(),
+                    scheme: other.name().into(),
+                    reason: "gpt-oss experts are read as MXFP4 only".into(),
+                });
+            }
+            (_, QuantScheme::Mxfp4) => {
+                return Err(LayerError::UnsupportedScheme {
+                    file: file.clone(),
+                    scheme: "mxfp4".into(),
+                    reason: "MXFP4 experts are read for gpt-oss (model_type gpt_oss) only".into(),
+                });
+            }
+            _ => {}
+        }
+        let swiglu_limit = match raw.swiglu_limit {
+            Some(l) if !(l.is_finite() && l > 0.0) => {
+                return Err(field(
+                    "swiglu_limit",
+                    format!("must be finite and positive, got {l}"),
+                ));
+            }
+            l => l.map(|l| l as f32),
+        };
 
         Ok(Self {
             config_path: config_path.clone(),
@@ -466,6 +519,7 @@ impl MoeModelSpec {
             activation: raw.hidden_act.unwrap_or_else(|| "silu".into()),
             shared_experts,
             quant,
+            swiglu_limit,
         })
     }
 
@@ -497,7 +551,8 @@ fn routing_spec(
         _ => ScoringFunc::Softmax,
     };
     let renormalize = match family {
-        ModelFamily::Mixtral => true,
+        // gpt-oss: softmax over the top-k logits, which is the renormalized full softmax.
+        ModelFamily::Mixtral | ModelFamily::GptOss => true,
         ModelFamily::DeepseekV3 => raw.norm_topk_prob.unwrap_or(true),
         _ => raw.norm_topk_prob.unwrap_or(false),
     };
@@ -616,15 +671,51 @@ fn quant_scheme(file: &Path, qc: &serde_json::Value) -> Result<QuantScheme, Laye
             })
         }
         "awq" => awq_scheme(file, qc),
+        "mxfp4" => mxfp4_scheme(file, qc),
         "" => Err(unsupported(
             "unknown".into(),
             "quantization_config has no quant_method".into(),
         )),
         other => Err(unsupported(
             other.to_string(),
-            "moe-rs loads compressed-tensors (int-quantized, pack-quantized), gptq and awq".into(),
+            "moe-rs loads compressed-tensors (int-quantized, pack-quantized), gptq, awq and mxfp4"
+                .into(),
         )),
     }
+}
+
+/// MXFP4 as gpt-oss ships it: every expert tensor quantized, the modules listed in
+/// `modules_to_not_convert` (attention, router, embeddings) left in bf16. A list naming the
+/// experts would mean float experts, which are refused rather than misread.
+fn mxfp4_scheme(file: &Path, qc: &serde_json::Value) -> Result<QuantScheme, LayerError> {
+    let skipped = match qc.get("modules_to_not_convert") {
+        None | Some(serde_json::Value::Null) => Vec::new(),
+        Some(serde_json::Value::Array(items)) => items
+            .iter()
+            .map(|v| {
+                v.as_str().ok_or_else(|| LayerError::ConfigField {
+                    file: file.to_path_buf(),
+                    field: "modules_to_not_convert",
+                    reason: format!("entries must be strings, got {v}"),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(other) => {
+            return Err(LayerError::ConfigField {
+                file: file.to_path_buf(),
+                field: "modules_to_not_convert",
+                reason: format!("must be a list of module names, got {other}"),
+            });
+        }
+    };
+    if let Some(m) = skipped.iter().find(|m| m.contains("experts")) {
+        return Err(LayerError::UnsupportedScheme {
+            file: file.to_path_buf(),
+            scheme: "mxfp4".into(),
+            reason: format!("modules_to_not_convert lists {m:?}: float experts are not read"),
+        });
+    }
+    Ok(QuantScheme::Mxfp4)
 }
 
 /// AWQ as AutoAWQ writes it: 4-bit codes with zero points in the `gemm` packing. The `gemv`

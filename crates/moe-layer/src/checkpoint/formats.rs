@@ -65,6 +65,8 @@ pub(crate) enum Format {
     },
     /// AWQ `gemm`: 4-bit codes with zero points.
     Awq { group_size: Option<usize> },
+    /// MXFP4 (gpt-oss): fused per layer, read by the reader's own path, never per projection.
+    Mxfp4,
 }
 
 /// How an asymmetric GPTQ checkpoint stores its zero points.
@@ -118,13 +120,14 @@ impl Format {
                 }),
             },
             QuantScheme::Awq { group_size } => Self::Awq { group_size },
+            QuantScheme::Mxfp4 => Self::Mxfp4,
         }
     }
 
     /// The tensor whose presence identifies a projection in this format.
     pub(crate) fn primary(self) -> ParamKind {
         match self {
-            Self::Float | Self::IntQuantized { .. } => ParamKind::Weight,
+            Self::Float | Self::IntQuantized { .. } | Self::Mxfp4 => ParamKind::Weight,
             Self::PackQuantized { .. } => ParamKind::WeightPacked,
             Self::Gptq { .. } | Self::Awq { .. } => ParamKind::QWeight,
         }
@@ -134,7 +137,7 @@ impl Format {
     pub(crate) fn bits(self) -> Option<u32> {
         match self {
             Self::Float => None,
-            Self::IntQuantized { .. } | Self::Awq { .. } => Some(4),
+            Self::IntQuantized { .. } | Self::Awq { .. } | Self::Mxfp4 => Some(4),
             Self::PackQuantized { bits, .. } | Self::Gptq { bits, .. } => Some(bits),
         }
     }
@@ -147,6 +150,7 @@ impl Format {
             | Self::PackQuantized { group_size, .. }
             | Self::Gptq { group_size, .. }
             | Self::Awq { group_size } => group_size,
+            Self::Mxfp4 => Some(moe_kernels::packed::wna16::MXFP4_BLOCK),
         }
     }
 
@@ -382,6 +386,15 @@ pub(crate) fn read_projection<'a>(
     let (n, k) = (req.n.size, req.k.size);
     let bias = read_bias(src, req.prefix, n)?;
     match format {
+        // The reader takes MXFP4 layers through its fused-tensor path; a per-projection read
+        // of one is a caller's mistake, reported rather than guessed at.
+        Format::Mxfp4 => Err(LayerError::InvalidArgument {
+            field: "format",
+            reason: format!(
+                "{}: MXFP4 experts are stored fused per layer, not per projection",
+                req.prefix
+            ),
+        }),
         Format::Float => {
             let t = src.get_as(&name(req.prefix, ParamKind::Weight), FLOAT_DTYPES)?;
             check_config_shape(&t, req.n, req.k, req.config)?;

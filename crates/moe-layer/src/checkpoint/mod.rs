@@ -37,10 +37,10 @@ pub use config::{ModelFamily, MoeModelSpec, QuantScheme, RoutingSpec, SharedExpe
 pub use decode::FloatData;
 pub use names::{ExpertParam, MoeNames, ParamKind, ShardId};
 pub use read::{
-    ActOrder, Checkpoint, ExpertTensors, ExpertWeights, IntExperts, MoeLayerTensors, ReadOptions,
-    RouterTensors, SharedExpertTensors, ZeroPoints,
+    ActOrder, Checkpoint, ExpertTensors, ExpertWeights, IntExperts, MoeLayerTensors, Mxfp4Experts,
+    ReadOptions, RouterTensors, SharedExpertTensors, ZeroPoints,
 };
 pub use shards::{Dtype, ShardAccess, TensorRef, TensorSource};
 
 pub(crate) use formats::WordProj;
-pub(crate) use read::ExpertWords;
+pub(crate) use read::{ExpertWords, Mxfp4Proj};

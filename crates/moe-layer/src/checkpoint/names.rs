@@ -7,6 +7,7 @@
 //! | Qwen2/3-MoE | `model.layers.{l}.mlp.experts.{e}.{gate_proj,up_proj,down_proj}.{suffix}` | `mlp.gate.weight` | Qwen2: `mlp.shared_expert.*`, `mlp.shared_expert_gate.weight` |
 //! | Mixtral | `model.layers.{l}.block_sparse_moe.experts.{e}.{w1,w3,w2}.{suffix}` or `…{gate_proj,up_proj,down_proj}…` | `block_sparse_moe.gate.weight` | |
 //! | DeepSeek-V2/V3 | `model.layers.{l}.mlp.experts.{e}.{gate_proj,up_proj,down_proj}.{suffix}` | `mlp.gate.weight` | `mlp.gate.e_score_correction_bias`, `mlp.shared_experts.*` |
+//! | gpt-oss | all experts fused: `model.layers.{l}.mlp.experts.{gate_up_proj,down_proj}_{blocks,scales,bias}` | `mlp.router.weight` | `mlp.router.bias` |
 //!
 //! `gate_proj`/`w1` is shard `w1` (rows `0..I` of `w13`), `up_proj`/`w3` is `w3` (rows
 //! `I..2I`), `down_proj`/`w2` is `w2`. The suffix says which tensor of the projection it is
@@ -207,7 +208,30 @@ impl MoeNames {
 
     /// The router (gate) weight `[E, H]`.
     pub fn router_weight(&self, layer: usize) -> String {
-        format!("{}.gate.weight", self.block_prefix(layer))
+        format!(
+            "{}.{}.weight",
+            self.block_prefix(layer),
+            self.router_module()
+        )
+    }
+
+    /// The router linear's bias `[E]`, for the families whose router has one (gpt-oss).
+    pub fn router_bias(&self, layer: usize) -> Option<String> {
+        (self.family == ModelFamily::GptOss)
+            .then(|| format!("{}.router.bias", self.block_prefix(layer)))
+    }
+
+    fn router_module(&self) -> &'static str {
+        match self.family {
+            ModelFamily::GptOss => "router",
+            _ => "gate",
+        }
+    }
+
+    /// A tensor of the experts a family stores fused per layer (gpt-oss): `tensor` is
+    /// `gate_up_proj_blocks`, `down_proj_scales`, ...
+    pub fn fused_experts(&self, layer: usize, tensor: &str) -> String {
+        format!("{}.experts.{tensor}", self.block_prefix(layer))
     }
 
     /// The router's score correction bias `[E]` (DeepSeek-V3 `noaux_tc`).
@@ -337,6 +361,16 @@ mod tests {
             "model.layers.4.block_sparse_moe.gate.weight"
         );
         assert!(m.shared_projection(0, ShardId::W1).is_none());
+        assert!(m.router_bias(4).is_none());
+
+        let g = MoeNames::new(ModelFamily::GptOss);
+        assert_eq!(g.router_weight(1), "model.layers.1.mlp.router.weight");
+        assert_eq!(g.router_bias(1).unwrap(), "model.layers.1.mlp.router.bias");
+        assert_eq!(
+            g.fused_experts(1, "down_proj_scales"),
+            "model.layers.1.mlp.experts.down_proj_scales"
+        );
+        assert!(g.is_layer_expert_tensor(1, "model.layers.1.mlp.experts.gate_up_proj_bias"));
 
         let d = MoeNames::new(ModelFamily::DeepseekV3);
         assert_eq!(

@@ -27,11 +27,19 @@
 //! Expert parallelism: with a global-to-local expert map (`-1` = held elsewhere), only local
 //! experts are read, in local-id order. The router weight is always the full `[E, H]`.
 //!
+//! gpt-oss stores each layer's experts fused, as MXFP4 ([`Mxfp4Experts`]): its `w13` rows are
+//! interleaved (row `2j` is gate `j`, `2j + 1` is up `j`), so a tensor-parallel rank keeps the
+//! contiguous rows `[2·r·I, 2·(r+1)·I)` of `gate_up_proj_*` (biases alike); `down_proj_*` keeps
+//! the 32-column blocks `[r·I/32, (r+1)·I/32)` of every row, so `I` must split into whole
+//! blocks. The codes stay in the checkpoint's bytes: nothing is decoded while reading.
+//!
 //! Everything is validated before anything is returned; on error nothing is handed out.
 
 use std::path::Path;
 
 use moe_quant::DType;
+
+use moe_kernels::packed::wna16::MXFP4_BLOCK;
 
 use super::config::{ModelFamily, MoeModelSpec};
 use super::decode::{FLOAT_DTYPES, FloatData, append_block, check_finite, f32_values};
@@ -146,6 +154,24 @@ pub enum ExpertWeights {
     },
     /// Integer codes with scales.
     Int(IntExperts),
+    /// MXFP4 blocks and e8m0 scales as the checkpoint stores them (gpt-oss).
+    Mxfp4(Mxfp4Experts),
+}
+
+/// MXFP4 expert weights, this rank's slice, in the checkpoint's bytes: e2m1 codes in blocks of
+/// 32 (16 bytes, element `2j` in the low nibble of byte `j`) with one e8m0 scale each
+/// (`2^(e − 127)`; 255 is refused while reading). `w13` rows are interleaved: row `2j` is gate
+/// `j`, row `2j + 1` up `j`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mxfp4Experts {
+    /// `[E, 2I, ceil(H/32), 16]`.
+    pub w13_blocks: Vec<u8>,
+    /// `[E, 2I, ceil(H/32)]`.
+    pub w13_scales: Vec<u8>,
+    /// `[E, H, I/32, 16]`.
+    pub w2_blocks: Vec<u8>,
+    /// `[E, H, I/32]`.
+    pub w2_scales: Vec<u8>,
 }
 
 /// A group of experts (routed experts of a layer, or its shared MLP as one expert).
@@ -173,6 +199,8 @@ pub struct RouterTensors {
     pub weight: FloatData,
     /// `e_score_correction_bias` `[E_global]` widened to f32 (DeepSeek-V3).
     pub correction_bias: Option<Vec<f32>>,
+    /// The router linear's bias `[E_global]` widened to f32 (gpt-oss): added to the logits.
+    pub bias: Option<Vec<f32>>,
 }
 
 /// The shared experts of a MoE layer, fused into one MLP.
@@ -258,9 +286,13 @@ impl Checkpoint {
     ) -> Result<MoeLayerTensors, LayerError> {
         let spec = &self.spec;
         let (router, local_experts) = self.read_layer_head(layer, opts)?;
-        let experts = self.assemble(&self.routed_group(), &local_experts, opts, |e, shard| {
-            self.names.expert_projection(layer, e, shard)
-        })?;
+        let experts = if spec.family == ModelFamily::GptOss {
+            self.read_mxfp4_experts(layer, &local_experts, opts)?
+        } else {
+            self.assemble(&self.routed_group(), &local_experts, opts, |e, shard| {
+                self.names.expert_projection(layer, e, shard)
+            })?
+        };
 
         let shared = match spec.shared_experts {
             Some(shared) if opts.shared_experts => {
@@ -415,7 +447,7 @@ impl Checkpoint {
 
     fn routed_group(&self) -> Group {
         let field = match self.spec.family {
-            ModelFamily::Mixtral => "intermediate_size",
+            ModelFamily::Mixtral | ModelFamily::GptOss => "intermediate_size",
             _ => "moe_intermediate_size",
         };
         Group {
@@ -438,7 +470,7 @@ impl Checkpoint {
         Dim {
             size: self.spec.num_experts,
             field: match self.spec.family {
-                ModelFamily::Mixtral => "num_local_experts",
+                ModelFamily::Mixtral | ModelFamily::GptOss => "num_local_experts",
                 ModelFamily::DeepseekV2 | ModelFamily::DeepseekV3 => "n_routed_experts",
                 _ => "num_experts",
             },
@@ -507,9 +539,23 @@ impl Checkpoint {
         } else {
             None
         };
+        let bias = match self.names.router_bias(layer) {
+            Some(name) => {
+                let b = self.source.get_as(&name, FLOAT_DTYPES)?;
+                if b.shape.len() == 1 && b.shape[0] != e.size {
+                    return Err(self.mismatch(&b, e, b.shape[0]));
+                }
+                b.expect_shape(&[e.size])?;
+                let values = f32_values(&b)?;
+                check_finite(&b, &values)?;
+                Some(values)
+            }
+            None => None,
+        };
         Ok(RouterTensors {
             weight,
             correction_bias,
+            bias,
         })
     }
 
@@ -560,6 +606,149 @@ impl Checkpoint {
         acc.finish(experts.len(), hidden.size, tp.local)
     }
 
+    /// The fused MXFP4 tensors of a gpt-oss layer, every expert, checked: dtypes and shapes
+    /// against `config.json`, no e8m0 255 (NaN), finite biases.
+    pub(crate) fn mxfp4_refs(&self, layer: usize) -> Result<Mxfp4Refs<'_>, LayerError> {
+        let group = self.routed_group();
+        let (e, h, i) = (self.experts_dim(), self.hidden_dim(), group.intermediate);
+        let w13_n = Dim {
+            size: 2 * i.size,
+            field: i.field,
+        };
+        let get = |tensor: &str, dtypes: &[safetensors::Dtype]| {
+            self.source
+                .get_as(&self.names.fused_experts(layer, tensor), dtypes)
+        };
+        // Checks a `[E, N, K/32 (, 16)]` tensor dimension by dimension against the config,
+        // then as a whole (rank, trailing 16).
+        let check = |t: &TensorRef<'_>, dims: &[(Dim, usize)], tail: &[usize]| {
+            // The block count is not a config value: a wrong one is a plain shape error.
+            for (at, &(dim, expected)) in dims.iter().enumerate().take(2) {
+                if let Some(&actual) = t.shape.get(at)
+                    && t.shape.len() == dims.len() + tail.len()
+                    && actual != expected
+                {
+                    return Err(self.mismatch(t, dim, actual));
+                }
+            }
+            let mut want: Vec<usize> = dims.iter().map(|&(_, v)| v).collect();
+            want.extend_from_slice(tail);
+            t.expect_shape(&want)
+        };
+        let mut out = Vec::with_capacity(2);
+        for (proj, n, k) in [("gate_up_proj", w13_n, h), ("down_proj", h, i)] {
+            let kb = k.size.div_ceil(MXFP4_BLOCK);
+            let blocks_dim = Dim {
+                size: kb,
+                field: k.field,
+            };
+            let dims = [(e, e.size), (n, n.size), (blocks_dim, kb)];
+            let blocks = get(&format!("{proj}_blocks"), &[safetensors::Dtype::U8])?;
+            check(&blocks, &dims, &[16])?;
+            let scales = get(&format!("{proj}_scales"), &[safetensors::Dtype::U8])?;
+            check(&scales, &dims, &[])?;
+            if let Some(index) = scales.bytes.iter().position(|&s| s == u8::MAX) {
+                return Err(LayerError::BadScale {
+                    tensor: scales.name.clone(),
+                    file: scales.file.to_path_buf(),
+                    index,
+                    value: f32::NAN,
+                });
+            }
+            let bias = get(&format!("{proj}_bias"), FLOAT_DTYPES)?;
+            check(&bias, &dims[..2], &[])?;
+            let bias_values = f32_values(&bias)?;
+            check_finite(&bias, &bias_values)?;
+            out.push(Mxfp4Proj {
+                n: n.size,
+                kb,
+                blocks,
+                scales,
+                bias,
+                bias_values,
+            });
+        }
+        let w2 = out.pop().expect("two projections");
+        let w13 = out.pop().expect("two projections");
+        Ok(Mxfp4Refs { w13, w2 })
+    }
+
+    /// The fused MXFP4 experts of a gpt-oss layer (see the module docs): every tensor's dtype
+    /// and shape checked against `config.json`, every scale and bias checked, then this rank's
+    /// slice of each local expert copied as bytes.
+    fn read_mxfp4_experts(
+        &self,
+        layer: usize,
+        experts: &[usize],
+        opts: &ReadOptions<'_>,
+    ) -> Result<ExpertTensors, LayerError> {
+        let group = self.routed_group();
+        let tp = TpSlice::new(opts, group.intermediate, group.format)?;
+        let il = tp.local;
+        let refs = self.mxfp4_refs(layer)?;
+        let out = [
+            (
+                refs.w13.n,
+                refs.w13.kb,
+                &refs.w13.blocks,
+                &refs.w13.scales,
+                &refs.w13.bias,
+            ),
+            (
+                refs.w2.n,
+                refs.w2.kb,
+                &refs.w2.blocks,
+                &refs.w2.scales,
+                &refs.w2.bias,
+            ),
+        ];
+        let (w13, w2) = (&out[0], &out[1]);
+        let (rows13, cols2) = (
+            2 * tp.rank * il..2 * (tp.rank + 1) * il,
+            tp.rank * il / MXFP4_BLOCK..(tp.rank + 1) * il / MXFP4_BLOCK,
+        );
+        let mut m = Mxfp4Experts {
+            w13_blocks: Vec::new(),
+            w13_scales: Vec::new(),
+            w2_blocks: Vec::new(),
+            w2_scales: Vec::new(),
+        };
+        let (mut b13, mut b2) = (Vec::new(), Vec::new());
+        let es13 = dtype_bytes(w13.4.dtype);
+        let es2 = dtype_bytes(w2.4.dtype);
+        for &g in experts {
+            let (n13, kb13) = (w13.0, w13.1);
+            let blocks = &w13.2.bytes[g * n13 * kb13 * 16..][..n13 * kb13 * 16];
+            append_block(
+                blocks,
+                kb13 * 16,
+                rows13.clone(),
+                0..kb13 * 16,
+                &mut m.w13_blocks,
+            );
+            let scales = &w13.3.bytes[g * n13 * kb13..][..n13 * kb13];
+            append_block(scales, kb13, rows13.clone(), 0..kb13, &mut m.w13_scales);
+            let bias = &w13.4.bytes[g * n13 * es13..][..n13 * es13];
+            b13.extend_from_slice(&bias[rows13.start * es13..rows13.end * es13]);
+
+            let (n2, kb2) = (w2.0, w2.1);
+            let blocks = &w2.2.bytes[g * n2 * kb2 * 16..][..n2 * kb2 * 16];
+            let cols = cols2.start * 16..cols2.end * 16;
+            append_block(blocks, kb2 * 16, 0..n2, cols, &mut m.w2_blocks);
+            let scales = &w2.3.bytes[g * n2 * kb2..][..n2 * kb2];
+            append_block(scales, kb2, 0..n2, cols2.clone(), &mut m.w2_scales);
+            b2.extend_from_slice(&w2.4.bytes[g * n2 * es2..][..n2 * es2]);
+        }
+        Ok(ExpertTensors {
+            num_experts: experts.len(),
+            hidden: self.spec.hidden,
+            intermediate: il,
+            weights: ExpertWeights::Mxfp4(m),
+            w13_bias: FloatData::from_le_bytes(w13.4.dtype, &b13),
+            w2_bias: FloatData::from_le_bytes(w2.4.dtype, &b2),
+        })
+    }
+
     /// The first candidate prefix whose primary tensor exists, else the first (so that the
     /// missing-tensor error names the preferred spelling).
     fn pick_prefix(&self, candidates: &[String], primary: ParamKind) -> String {
@@ -580,6 +769,26 @@ pub(crate) struct ExpertWords<'a> {
     pub(crate) w2: WordProj<'a>,
     /// The dtype all three projections store their scales in.
     pub(crate) scale_dtype: DType,
+}
+
+/// A gpt-oss layer's fused MXFP4 tensors, checked by [`Checkpoint::mxfp4_refs`], borrowed
+/// from the shards (so experts can be packed straight from them).
+pub(crate) struct Mxfp4Refs<'a> {
+    /// `gate_up_proj_*`: `n = 2I`, `kb = ceil(H/32)`.
+    pub(crate) w13: Mxfp4Proj<'a>,
+    /// `down_proj_*`: `n = H`, `kb = I/32`.
+    pub(crate) w2: Mxfp4Proj<'a>,
+}
+
+/// One fused MXFP4 projection of every expert: `[E, n, kb, 16]` blocks, `[E, n, kb]` scales,
+/// `[E, n]` bias (also widened to f32).
+pub(crate) struct Mxfp4Proj<'a> {
+    pub(crate) n: usize,
+    pub(crate) kb: usize,
+    pub(crate) blocks: TensorRef<'a>,
+    pub(crate) scales: TensorRef<'a>,
+    pub(crate) bias: TensorRef<'a>,
+    pub(crate) bias_values: Vec<f32>,
 }
 
 /// A set of experts sharing an intermediate size and storage format.

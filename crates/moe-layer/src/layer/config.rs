@@ -2,7 +2,7 @@
 //! routing, quantization scheme, largest call), and its derivation from a checkpoint's
 //! [`MoeModelSpec`](crate::checkpoint::MoeModelSpec).
 
-use moe_kernels::Activation;
+use moe_kernels::{Activation, GateUpLayout};
 use moe_quant::DType;
 #[cfg(feature = "checkpoint")]
 use moe_router::{Grouping, ScalingPlacement, ScoringFunc};
@@ -47,6 +47,11 @@ pub enum LayerQuant {
         /// loaded from a checkpoint with the weights.
         zero_points: bool,
     },
+    /// MXFP4 (gpt-oss): e2m1 codes with an e8m0 scale per 32 input columns, float
+    /// activations and f32 compute, on the native WNA16 kernels (the codes decode through the
+    /// e2m1 table). Loaded from a checkpoint's fused tensors only
+    /// ([`crate::MoeLayer::load_from_checkpoint`]), not tensor by tensor.
+    Mxfp4,
 }
 
 impl LayerQuant {
@@ -65,7 +70,8 @@ impl LayerQuant {
                 group_size: None, ..
             }
             | Self::Int8Online
-            | Self::Unquantized => 1,
+            | Self::Unquantized
+            | Self::Mxfp4 => 1,
         }
     }
 
@@ -73,6 +79,7 @@ impl LayerQuant {
     pub(crate) fn group_size(self) -> Option<usize> {
         match self {
             Self::W4A8 { group_size } | Self::Wna16 { group_size, .. } => group_size,
+            Self::Mxfp4 => Some(moe_kernels::packed::wna16::MXFP4_BLOCK),
             Self::Int8Online | Self::Unquantized => None,
         }
     }
@@ -97,6 +104,7 @@ impl LayerQuant {
             Self::Int8Online => "int8-online",
             Self::Unquantized => "unquantized",
             Self::Wna16 { .. } => "wna16",
+            Self::Mxfp4 => "mxfp4",
         }
     }
 }
@@ -174,6 +182,13 @@ pub struct MoeLayerConfig {
     pub expert_map: Option<Vec<i32>>,
     /// The gated activation.
     pub activation: Activation,
+    /// How the gate and up rows of `w13` are laid out: gate rows then up rows
+    /// (`Concatenated`, the default), or alternating (`Interleaved`, gpt-oss).
+    pub gate_up_layout: GateUpLayout,
+    /// The router linear has a bias `[E]` (gpt-oss) that
+    /// [`crate::MoeLayer::load_router_bias`] must load before `process` finishes; it is added
+    /// to the logits [`crate::MoeLayer::route_hidden`] computes.
+    pub router_has_bias: bool,
     /// The router (global expert ids: keep its expert map unset; the layer's `expert_map`
     /// applies in the kernels).
     pub router: RouterConfig,
@@ -218,6 +233,8 @@ impl MoeLayerConfig {
             tp_size: 1,
             expert_map: None,
             activation: Activation::SILU,
+            gate_up_layout: GateUpLayout::Concatenated,
+            router_has_bias: false,
             router: vllm_cpu_softmax_router(num_experts, top_k, true),
             router_bias_pending: false,
             shared_experts: None,
@@ -330,6 +347,7 @@ impl MoeLayerConfig {
             expert_map: None,
             router: RouterConfig::cpu_softmax(1, 1),
             router_bias_pending: false,
+            router_has_bias: false,
             shared_experts: None,
             ..self.clone()
         })
@@ -401,7 +419,10 @@ impl MoeLayerConfig {
         self.validate_wna16_activations()?;
         if let Some(g) = self.quant.group_size() {
             let i = self.intermediate_per_rank();
-            if g == 0 || !self.hidden.is_multiple_of(g) {
+            // An MXFP4 row may end in a partial block (its nibbles past H are ignored); the
+            // down projection's K is sliced by rank, so it must hold whole blocks.
+            let ragged_h = self.quant == LayerQuant::Mxfp4;
+            if g == 0 || !(ragged_h || self.hidden.is_multiple_of(g)) {
                 return Err(LayerError::GroupSizeNotDividing {
                     tensor: "w13".into(),
                     group_size: g,

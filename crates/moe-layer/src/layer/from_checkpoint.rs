@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 
-use moe_kernels::Activation;
+use moe_kernels::{Activation, GateUpLayout};
 use moe_quant::DType;
 
 use moe_kernels::{PackedW4A8, PackedWna16, Par};
@@ -16,8 +16,8 @@ use super::config::{
 use super::params::{Params, check_scale};
 use crate::LayerError;
 use crate::checkpoint::{
-    Checkpoint, ExpertTensors, ExpertWeights, FloatData, MoeLayerTensors, MoeModelSpec,
-    QuantScheme, ReadOptions,
+    Checkpoint, ExpertTensors, ExpertWeights, FloatData, ModelFamily, MoeLayerTensors,
+    MoeModelSpec, QuantScheme, ReadOptions,
 };
 
 impl MoeLayerConfig {
@@ -66,8 +66,15 @@ impl MoeLayerConfig {
                 act_order: false,
                 zero_points: true,
             },
+            QuantScheme::Mxfp4 => LayerQuant::Mxfp4,
         };
+        let gpt_oss = spec.family == ModelFamily::GptOss;
         let activation = match spec.activation.as_str() {
+            // gpt-oss's experts are SwiGLU-OAI whatever `hidden_act` says (it says "silu").
+            _ if gpt_oss => Activation::SwigluOai {
+                alpha: 1.702,
+                limit: spec.swiglu_limit.unwrap_or(7.0),
+            },
             "silu" | "swiglu" => Activation::SILU,
             // Hugging Face's `gelu` is the erf form, as vLLM's GeluAndMul.
             "gelu" => Activation::Gelu,
@@ -96,6 +103,12 @@ impl MoeLayerConfig {
             tp_size,
             expert_map,
             activation,
+            gate_up_layout: if gpt_oss {
+                GateUpLayout::Interleaved
+            } else {
+                GateUpLayout::Concatenated
+            },
+            router_has_bias: gpt_oss,
             router,
             router_bias_pending: r.has_correction_bias,
             shared_experts: spec.shared_experts.map(|s| SharedExperts {
@@ -277,7 +290,7 @@ impl MoeLayer {
         .with_expert_map(expert_map.as_deref());
         let tensors = ckpt.read_layer(layer, &opts)?;
         let mut moe = Self::create(cfg)?;
-        moe.load_layer_tensors(&tensors)?;
+        moe.load_tensors(Cow::Owned(tensors))?;
         moe.set_parallelism(load.par);
         moe.process()?;
         moe.set_parallelism(Par::Rayon);
@@ -304,7 +317,7 @@ impl MoeLayer {
         };
         let tensors = ckpt.read_layer(layer, &opts)?;
         let mut moe = Self::create(cfg)?;
-        moe.load_layer_tensors(&tensors)?;
+        moe.load_tensors(Cow::Owned(tensors))?;
         Ok(moe)
     }
 
@@ -316,6 +329,9 @@ impl MoeLayer {
         cfg: &MoeLayerConfig,
         opts: &LoadOptions<'_>,
     ) -> Option<Self> {
+        if cfg.quant == LayerQuant::Mxfp4 {
+            return Self::streamed_mxfp4(ckpt, layer, cfg, opts);
+        }
         if cfg.shared_experts.is_some()
             || cfg.tp_size != 1
             || !matches!(
@@ -470,6 +486,76 @@ impl MoeLayer {
         Some(moe)
     }
 
+    /// The streamed road of an MXFP4 layer on one rank holding every expert: each expert is
+    /// packed straight from the (memory-mapped) fused tensors, experts in parallel, after the
+    /// whole-layer road's checks ([`Checkpoint::mxfp4_refs`]), so no copy of the layer's bytes
+    /// is made; the packed weights and biases are the whole-layer road's.
+    fn streamed_mxfp4(
+        ckpt: &Checkpoint,
+        layer: usize,
+        cfg: &MoeLayerConfig,
+        opts: &LoadOptions<'_>,
+    ) -> Option<Self> {
+        if cfg.tp_size != 1 || cfg.expert_map.is_some() || cfg.shared_experts.is_some() {
+            return None;
+        }
+        let read = ReadOptions {
+            shared_experts: false,
+            ..ReadOptions::single_rank()
+        };
+        let (router, local) = ckpt.read_layer_head(layer, &read).ok()?;
+        let refs = ckpt.mxfp4_refs(layer).ok()?;
+        let mut moe = Self::create(cfg.clone()).ok()?;
+        moe.load_router_weight(&router.weight.to_f32_vec()).ok()?;
+        moe.load_router_bias(router.bias.as_deref()?).ok()?;
+        if local != moe.cfg.local_experts() {
+            return None;
+        }
+        let (selection, kernels) = super::backend::select(&moe.cfg, &moe.router).ok()?;
+        if selection.kernel.id != moe_oracle::KernelId::CpuWna16 {
+            return None;
+        }
+        let (h, i) = (cfg.hidden, cfg.intermediate);
+        let pack = |p: &crate::checkpoint::Mxfp4Proj<'_>, g: usize, k: usize| {
+            let (n, kb) = (p.n, p.kb);
+            PackedWna16::pack_mxfp4(moe_kernels::Mxfp4Desc {
+                n,
+                k,
+                blocks: p.blocks.bytes.get(g * n * kb * 16..)?.get(..n * kb * 16)?,
+                scales: p.scales.bytes.get(g * n * kb..)?.get(..n * kb)?,
+                bias: None,
+            })
+            .ok()
+        };
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        let total = local.len();
+        let experts = crate::par::map_indexed(total, opts.par, |x| {
+            let pair = (pack(&refs.w13, local[x], h)?, pack(&refs.w2, local[x], i)?);
+            let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            if let Some(report) = opts.progress {
+                report(LoadProgress { done: n, total });
+            }
+            Some(pair)
+        });
+        let (w13, w2) = experts
+            .into_iter()
+            .collect::<Option<Vec<_>>>()?
+            .into_iter()
+            .unzip();
+        let weights = moe_kernels::ExpertWeights {
+            w13,
+            w2,
+            w13_bias: Some(refs.w13.bias_values.clone()),
+            w2_bias: Some(refs.w2.bias_values.clone()),
+        };
+        let fused = moe_kernels::FusedMoe::new(weights, moe.fused_config(), kernels).ok()?;
+        let ready = moe
+            .ready_with(super::Experts::Wna16Native(fused), selection)
+            .ok()?;
+        moe.state = super::State::Ready(Box::new(ready));
+        Some(moe)
+    }
+
     /// Loads every expert tensor and the router weight of `layer` from `ckpt`, through the
     /// checkpoint reader (which fuses, slices this rank's shard and skips other ranks'
     /// experts). A failure leaves the layer unusable.
@@ -492,12 +578,18 @@ impl MoeLayer {
                 return Err(e);
             }
         };
-        self.load_layer_tensors(&tensors)
+        self.load_tensors(Cow::Owned(tensors))
     }
 
     /// Loads a whole layer as the checkpoint reader returns it (see
     /// [`Self::load_from_checkpoint`]). A failure leaves the layer unusable.
     pub fn load_layer_tensors(&mut self, t: &MoeLayerTensors) -> Result<(), LayerError> {
+        self.load_tensors(Cow::Borrowed(t))
+    }
+
+    /// [`Self::load_layer_tensors`], moving the expert weights in when they are owned (a
+    /// layer's worth of bytes is not copied twice).
+    fn load_tensors(&mut self, t: Cow<'_, MoeLayerTensors>) -> Result<(), LayerError> {
         let router = t.router.weight.to_f32_vec();
         if let Err(e) = self.load_router_weight(&router) {
             self.state = super::State::Unusable(e.to_string());
@@ -505,6 +597,9 @@ impl MoeLayer {
         }
         if let Some(bias) = &t.router.correction_bias {
             self.load_router_correction_bias(bias)?;
+        }
+        if let Some(bias) = &t.router.bias {
+            self.load_router_bias(bias)?;
         }
         if let (Some(sh), Some(layer)) = (&t.shared, self.shared.as_mut()) {
             let loaded =
@@ -517,9 +612,12 @@ impl MoeLayer {
                 self.load_shared_expert_gate(&gate.to_f32_vec())?;
             }
         }
-        self.guarded(|cfg, p| {
-            copy_experts(cfg, p, Cow::Borrowed(&t.experts), t.layer, &t.local_experts)
-        })
+        let (layer, local) = (t.layer, t.local_experts.clone());
+        let experts = match t {
+            Cow::Owned(t) => Cow::Owned(t.experts),
+            Cow::Borrowed(t) => Cow::Borrowed(&t.experts),
+        };
+        self.guarded(|cfg, p| copy_experts(cfg, p, experts, layer, &local))
     }
 }
 
@@ -565,6 +663,50 @@ fn copy_experts(
         );
     }
     copy_biases(p, ex, h, i)?;
+    if let ExpertWeights::Mxfp4(m) = &ex.weights {
+        if cfg.quant != LayerQuant::Mxfp4 {
+            return mismatch(
+                "weights",
+                format!("weights for a {} layer", cfg.quant.name()),
+                "MXFP4 blocks".into(),
+            );
+        }
+        let block = moe_kernels::packed::wna16::MXFP4_BLOCK;
+        let (e, hb, ib) = (local.len(), h.div_ceil(block), i.div_ceil(block));
+        for (name, got, want) in [
+            ("w13_blocks", m.w13_blocks.len(), e * 2 * i * hb * 16),
+            ("w13_scales", m.w13_scales.len(), e * 2 * i * hb),
+            ("w2_blocks", m.w2_blocks.len(), e * h * ib * 16),
+            ("w2_scales", m.w2_scales.len(), e * h * ib),
+        ] {
+            if got != want {
+                return Err(LayerError::ParamShape {
+                    tensor: name.into(),
+                    expected: vec![want],
+                    actual: vec![got],
+                });
+            }
+        }
+        p.mx = match tensors {
+            Cow::Owned(ExpertTensors {
+                weights: ExpertWeights::Mxfp4(m),
+                ..
+            }) => super::params::MxBytes {
+                w13_blocks: m.w13_blocks,
+                w13_scales: m.w13_scales,
+                w2_blocks: m.w2_blocks,
+                w2_scales: m.w2_scales,
+            },
+            _ => super::params::MxBytes {
+                w13_blocks: m.w13_blocks.clone(),
+                w13_scales: m.w13_scales.clone(),
+                w2_blocks: m.w2_blocks.clone(),
+                w2_scales: m.w2_scales.clone(),
+            },
+        };
+        p.mark_all_loaded();
+        return Ok(());
+    }
     if let ExpertWeights::Float { w13, w2 } = &ex.weights
         && cfg.quant.loads_float_weights()
     {
@@ -894,6 +1036,47 @@ mod tests {
         } else {
             qc["config_groups"]["group_0"]["weights"]["symmetric"] = false.into();
         }
+    }
+
+    /// gpt-oss's MXFP4 experts packed straight from the shards equal the whole-layer road's
+    /// packed weights, biases and outputs.
+    #[test]
+    fn streamed_mxfp4_load_packs_the_same_bytes_as_the_whole_layer() {
+        let m = moe_testutil::gpt_oss::GptOss::random(0x57e, [4, 2, 80, 64], 0.75);
+        let dir = temp_dir("stream-mxfp4");
+        m.write(&dir);
+        let ckpt = Checkpoint::open(&dir, ShardAccess::Mmap).unwrap();
+        let cfg = MoeLayerConfig::from_spec(ckpt.spec(), 0, 1, None, 8).unwrap();
+        let mut whole = MoeLayer::whole_layer(&ckpt, 0, cfg.clone()).unwrap();
+        whole.process().unwrap();
+        let x = moe_testutil::SplitMix64::new(9).vec_uniform(3 * m.h, -1.0, 1.0);
+        let run = |layer: &MoeLayer| {
+            let (mut ids, mut w) = (vec![0i32; 6], vec![0f32; 6]);
+            layer.route_hidden(&x, &mut ids, &mut w).unwrap();
+            let mut out = vec![0f32; x.len()];
+            layer.apply_with_topk(&x, &ids, &w, &mut out).unwrap();
+            out
+        };
+        for par in [Par::Seq, Par::Rayon] {
+            let opts = LoadOptions::new().with_par(par);
+            let streamed =
+                MoeLayer::streamed(&ckpt, 0, &cfg, &opts).expect("the streamed road was taken");
+            assert!(same_packed(&streamed, &whole), "{par:?}");
+            let (super::super::State::Ready(a), super::super::State::Ready(b)) =
+                (&streamed.state, &whole.state)
+            else {
+                panic!("both processed");
+            };
+            let (super::super::Experts::Wna16Native(a), super::super::Experts::Wna16Native(b)) =
+                (&a.moe, &b.moe)
+            else {
+                panic!("both on the native WNA16 kernels");
+            };
+            assert_eq!(a.weights().w13_bias, b.weights().w13_bias);
+            assert_eq!(a.weights().w2_bias, b.weights().w2_bias);
+            assert_eq!(run(&streamed), run(&whole), "{par:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

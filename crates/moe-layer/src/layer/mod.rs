@@ -15,7 +15,9 @@
 //! row in `process`) on the W8A8 kernels, and unquantized bf16/f16/f32 experts on the dense
 //! f32-compute GEMM (bf16 kept as bf16), and symmetric WNA16 (GPTQ or compressed-tensors
 //! pack-quantized, 4 or 8 bits, act-order) packed into our panels for the native WNA16 kernels
-//! (the CPU Marlin executor remains the fallback when `cpu-wna16` is disabled). Shared experts (DeepSeek, Qwen2-MoE with its sigmoid gate) run as a
+//! (the CPU Marlin executor remains the fallback when `cpu-wna16` is disabled), and gpt-oss's
+//! MXFP4 experts (loaded from a checkpoint's fused tensors, on the same native kernels, gate/up
+//! rows interleaved, router linear with a bias). Shared experts (DeepSeek, Qwen2-MoE with its sigmoid gate) run as a
 //! nested one-expert layer added to the routed output. Expert biases (`w13` and `w2`, as gpt-oss
 //! has them) are added inside each expert, the `w2` bias on tensor-parallel rank 0 only.
 
@@ -33,8 +35,8 @@ use half::{bf16, f16};
 use moe_kernels::marlin::MarlinWeights;
 use moe_kernels::moe::MoeFloat;
 use moe_kernels::{
-    ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, MoeInput, MoeScratch, PackedDense,
-    PackedW4A8, PackedW8A8, PackedWna16, Par, W4A8Scales,
+    ExpertWeights, FusedMoe, FusedMoeConfig, MoeInput, MoeScratch, PackedDense, PackedW4A8,
+    PackedW8A8, PackedWna16, Par, W4A8Scales,
 };
 use moe_oracle::Selection;
 use moe_quant::DType;
@@ -145,6 +147,8 @@ pub struct MoeLayer {
     /// Gate weight `[E, H]`, widened to f32 and packed for the dense GEMM, when loaded
     /// (needed only to route from hidden states; `apply` takes logits).
     router_weight: Option<PackedDense>,
+    /// The router linear's bias `[E]` (gpt-oss), when the config has one and it is loaded.
+    router_bias: Option<Vec<f32>>,
     /// How `apply` spreads its work over threads.
     par: Par,
     /// The shared experts as a one-expert layer of their own, and the Qwen2-MoE sigmoid gate
@@ -169,6 +173,7 @@ impl MoeLayer {
             cfg,
             router,
             router_weight: None,
+            router_bias: None,
             par: Par::Rayon,
             shared,
             shared_gate: None,
@@ -356,6 +361,44 @@ impl MoeLayer {
         result
     }
 
+    /// Sets the router linear's bias `[E]` (gpt-oss), added to the logits
+    /// [`Self::route_hidden`] computes. A wrong size, a non-finite value or a layer whose
+    /// config says its router has no bias leaves the layer unusable.
+    pub fn load_router_bias(&mut self, bias: &[f32]) -> Result<(), LayerError> {
+        let result = self.check_router_bias(bias);
+        match result {
+            Ok(()) => self.router_bias = Some(bias.to_vec()),
+            Err(ref e) => self.state = State::Unusable(e.to_string()),
+        }
+        result
+    }
+
+    fn check_router_bias(&self, bias: &[f32]) -> Result<(), LayerError> {
+        self.params_ref()?;
+        if !self.cfg.router_has_bias {
+            return Err(LayerError::InvalidArgument {
+                field: "router.bias",
+                reason: "the layer's router has no bias (router_has_bias is false)".into(),
+            });
+        }
+        if bias.len() != self.cfg.num_experts {
+            return Err(LayerError::ParamShape {
+                tensor: "router.bias".into(),
+                expected: vec![self.cfg.num_experts],
+                actual: vec![bias.len()],
+            });
+        }
+        if let Some(index) = bias.iter().position(|v| !v.is_finite()) {
+            return Err(LayerError::ParamValue {
+                tensor: "router.bias".into(),
+                index,
+                value: f64::from(bias[index]),
+                reason: "router biases must be finite",
+            });
+        }
+        Ok(())
+    }
+
     /// Sets the router's `e_score_correction_bias` `[E]` (DeepSeek-V3 style grouped routing;
     /// it steers selection only). A wrong size or a non-finite value leaves the layer unusable.
     pub fn load_router_correction_bias(&mut self, bias: &[f32]) -> Result<(), LayerError> {
@@ -512,6 +555,9 @@ impl MoeLayer {
         if self.cfg.router_bias_pending {
             missing.push("router.e_score_correction_bias".into());
         }
+        if self.cfg.router_has_bias && self.router_bias.is_none() {
+            missing.push("router.bias".into());
+        }
         if !missing.is_empty() {
             return Err(LayerError::MissingParams { missing });
         }
@@ -618,6 +664,28 @@ impl MoeLayer {
                     kernels,
                 )?)
             }
+            LayerQuant::Mxfp4 if selection.kernel.id == moe_oracle::KernelId::CpuWna16 => {
+                let (w13, w2) = wna16::pack_mxfp4_layer(params, h, i, self.par)?;
+                Experts::Wna16Native(FusedMoe::new(
+                    ExpertWeights {
+                        w13,
+                        w2,
+                        w13_bias: b13.clone(),
+                        w2_bias: b2.clone(),
+                    },
+                    moe_cfg,
+                    kernels,
+                )?)
+            }
+            LayerQuant::Mxfp4 => {
+                return Err(LayerError::InvalidArgument {
+                    field: "quant",
+                    reason: format!(
+                        "MXFP4 weights run on the cpu-wna16 kernel only, and {} was selected",
+                        selection.kernel.id.name()
+                    ),
+                });
+            }
             LayerQuant::Unquantized => {
                 let (w13, w2) = pack_dense(params, h, i)?;
                 Experts::Dense(FusedMoe::new(
@@ -642,7 +710,7 @@ impl MoeLayer {
             hidden_size: cfg.hidden,
             intermediate_size: cfg.intermediate_per_rank(),
             activation: cfg.activation,
-            gate_up_layout: GateUpLayout::Concatenated,
+            gate_up_layout: cfg.gate_up_layout,
             apply_router_weight_on_input: self.router.apply_router_weight_on_input(),
             global_num_experts: cfg.num_experts,
             expert_map: cfg.expert_map.clone(),
@@ -781,8 +849,20 @@ impl MoeLayer {
             &mut gate.logits,
             self.par,
         )?;
-        for v in &mut gate.logits {
-            *v = X::round_f32(*v);
+        match &self.router_bias {
+            // A linear with a bias: the bias joins the f32 sum before the one rounding.
+            Some(bias) => {
+                for row in gate.logits.chunks_exact_mut(e) {
+                    for (v, b) in row.iter_mut().zip(bias) {
+                        *v = X::round_f32(*v + b);
+                    }
+                }
+            }
+            None => {
+                for v in &mut gate.logits {
+                    *v = X::round_f32(*v);
+                }
+            }
         }
         Ok(match X::DTYPE {
             DType::BF16 => {

@@ -141,12 +141,26 @@ pub(crate) struct Params {
     /// `[E_local, H]` (whole), zero until loaded.
     pub(crate) w13_bias: Vec<f32>,
     pub(crate) w2_bias: Vec<f32>,
+    /// MXFP4 only: the checkpoint's blocks and e8m0 scales, this rank's slice (empty
+    /// otherwise; the integer code and scale vectors above stay empty for MXFP4).
+    pub(crate) mx: MxBytes,
     /// `[E_local][shard]`: whether its bias was written (biases are optional, but a layer
     /// with any has them all).
     bias_loaded: Vec<bool>,
     /// `[E_local][shard][kind]`: whether it was written.
     loaded: Vec<bool>,
     local_experts: Vec<usize>,
+}
+
+/// MXFP4 weights as bytes: `w13` `[E_local, 2I, ceil(H/32), 16]` blocks (gate/up rows
+/// interleaved) with `[E_local, 2I, ceil(H/32)]` e8m0 scales, `w2` `[E_local, H, I/32, 16]`
+/// with `[E_local, H, I/32]`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct MxBytes {
+    pub(crate) w13_blocks: Vec<u8>,
+    pub(crate) w13_scales: Vec<u8>,
+    pub(crate) w2_blocks: Vec<u8>,
+    pub(crate) w2_scales: Vec<u8>,
 }
 
 /// Per-expert sizes the slicing needs.
@@ -190,16 +204,19 @@ impl Params {
                 w2_zeros: Vec::new(),
                 w13_bias: vec![0.0; e * 2 * i],
                 w2_bias: vec![0.0; e * h],
+                mx: MxBytes::default(),
                 bias_loaded: vec![false; e * ExpertShard::ALL.len()],
                 loaded,
                 local_experts,
             };
         }
+        // MXFP4 keeps the checkpoint's bytes (`mx`), filled whole by a checkpoint load.
+        let codes = if cfg.quant == LayerQuant::Mxfp4 { 0 } else { 1 };
         Self {
-            w13: vec![0; e * 2 * i * h],
-            w2: vec![0; e * h * i],
-            w13_scale: vec![0.0; e * 2 * i * cfg.quant.scale_cols(h)],
-            w2_scale: vec![0.0; e * h * cfg.quant.scale_cols(i)],
+            w13: vec![0; codes * e * 2 * i * h],
+            w2: vec![0; codes * e * h * i],
+            w13_scale: vec![0.0; codes * e * 2 * i * cfg.quant.scale_cols(h)],
+            w2_scale: vec![0.0; codes * e * h * cfg.quant.scale_cols(i)],
             w13_f: Vec::new(),
             w2_f: Vec::new(),
             float_dtype: None,
@@ -211,6 +228,7 @@ impl Params {
             w2_zeros: Vec::new(),
             w13_bias: vec![0.0; e * 2 * i],
             w2_bias: vec![0.0; e * h],
+            mx: MxBytes::default(),
             bias_loaded: vec![false; e * ExpertShard::ALL.len()],
             loaded,
             local_experts,
@@ -362,6 +380,16 @@ impl Params {
             rank: cfg.tp_rank,
             quant: cfg.quant,
         };
+        if d.quant == LayerQuant::Mxfp4 {
+            return Err(LayerError::InvalidArgument {
+                field: "quant",
+                reason: format!(
+                    "{}: MXFP4 experts are loaded from a checkpoint's fused tensors, not tensor \
+                     by tensor",
+                    view.name
+                ),
+            });
+        }
         if kind == TensorKind::Bias {
             return self.load_bias(local, shard, &d, view);
         }

@@ -18,7 +18,7 @@
 //! `group_size` rows (the last one the remainder), as GPTQ's act-order produces.
 
 use half::{bf16, f16};
-use moe_kernels::{PackedWna16, Par, Wna16Desc, Wna16Scales};
+use moe_kernels::{Mxfp4Desc, PackedWna16, Par, Wna16Desc, Wna16Scales};
 use moe_quant::DType;
 
 use super::params::Params;
@@ -334,4 +334,44 @@ fn sort_by_group(
     let mut perm: Vec<u32> = (0..k as u32).collect();
     perm.sort_by_key(|&r| g_idx[r as usize]);
     Ok(perm)
+}
+
+/// Packs both projections of every local expert of an MXFP4 layer from the checkpoint's bytes
+/// (`PackedWna16::pack_mxfp4`: blocks gathered as int4 steps, e8m0 scales kept as bytes), experts
+/// spread over threads as `par` allows. `w13` keeps the checkpoint's interleaved gate/up rows.
+/// The reader has checked every length and refused e8m0 255, so an error here is one the
+/// kernels' packer found in bytes a caller put together otherwise.
+pub(crate) fn pack_mxfp4_layer(
+    params: &Params,
+    h: usize,
+    i: usize,
+    par: Par,
+) -> Result<(Vec<PackedWna16>, Vec<PackedWna16>), LayerError> {
+    let mx = &params.mx;
+    let (hb, ib) = (
+        h.div_ceil(moe_kernels::packed::wna16::MXFP4_BLOCK),
+        i.div_ceil(moe_kernels::packed::wna16::MXFP4_BLOCK),
+    );
+    let e = mx.w2_scales.len() / (h * ib).max(1);
+    let experts = par::map_indexed(e, par, |x| {
+        let w13 = PackedWna16::pack_mxfp4(Mxfp4Desc {
+            n: 2 * i,
+            k: h,
+            blocks: &mx.w13_blocks[x * 2 * i * hb * 16..][..2 * i * hb * 16],
+            scales: &mx.w13_scales[x * 2 * i * hb..][..2 * i * hb],
+            bias: None,
+        })?;
+        let w2 = PackedWna16::pack_mxfp4(Mxfp4Desc {
+            n: h,
+            k: i,
+            blocks: &mx.w2_blocks[x * h * ib * 16..][..h * ib * 16],
+            scales: &mx.w2_scales[x * h * ib..][..h * ib],
+            bias: None,
+        })?;
+        Ok::<_, LayerError>((w13, w2))
+    });
+    experts
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .map(|v| v.into_iter().unzip())
 }
