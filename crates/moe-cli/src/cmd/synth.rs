@@ -15,8 +15,7 @@ use indicatif::ProgressBar;
 use moe_kernels::moe::ExpertMatrix;
 use moe_kernels::{
     Activation, ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, Mxfp4Desc, PackedDense,
-    PackedW4A8,
-    PackedW8A8, PackedWna16, W4A8Scales, Wna16Desc, Wna16Scales, kernels,
+    PackedW4A8, PackedW8A8, PackedWna16, W4A8Scales, Wna16Desc, Wna16Scales, kernels,
 };
 use moe_quant::quantize_int4_grouped;
 use rayon::prelude::*;
