@@ -1,8 +1,8 @@
 //! `cargo xtask test-arm`: the aarch64 test ladder under qemu-user.
 //!
-//! rustup cannot add the aarch64 target on our machines, so the cross build uses Debian's
-//! `rustc-web` compiler (which ships an aarch64 standard library) through rustup's cargo, in a
-//! target directory of its own. Every binary is linked statically, because qemu-aarch64 7.2 hangs
+//! The cross build does not depend on rustup's aarch64 target (a download rustup cannot always
+//! make); it uses Debian's `rustc-web` compiler (which ships an aarch64 standard library)
+//! through rustup's cargo, in a target directory of its own. Every binary is linked statically, because qemu-aarch64 7.2 hangs
 //! on dynamically linked binaries that start threads. The tests are built once and each test
 //! binary is then run directly under qemu-aarch64 once per CPU rung, with `MOE_EXPECT_ISA` naming
 //! the kernel rung that moe-kernels must select there. Before a rung's tests, a tiny probe program

@@ -99,6 +99,71 @@ typedef enum {
 } MoeQuant;
 
 /*
+ The gated activation of the experts (`MoeLayerOptions::activation`).
+ */
+typedef enum {
+  /*
+   `silu(gate)·up`; with `activation_limit > 0`, `silu(min(gate, L))·clamp(up, −L, L)`.
+   */
+  MOE_ACTIVATION_SILU = 0,
+  /*
+   `gelu(gate)·up` with the exact (erf) GELU.
+   */
+  MOE_ACTIVATION_GELU = 1,
+  /*
+   `gelu(gate)·up` with the tanh approximation.
+   */
+  MOE_ACTIVATION_GELU_TANH = 2,
+  /*
+   SwiGLU-OAI (gpt-oss): `g = min(gate, L)`, `u = clamp(up, −L, L)`,
+   `g·σ(α·g)·(u + 1)`, with `α = activation_alpha` and `L = activation_limit`.
+   */
+  MOE_ACTIVATION_SWIGLU_OAI = 3,
+  /*
+   SwiGLU-step: `min(silu(gate), 7)·clamp(up, −7, 7)`.
+   */
+  MOE_ACTIVATION_SWIGLU_STEP = 4,
+} MoeActivation;
+
+/*
+ How router logits become expert ids and weights (`MoeLayerOptions::routing`).
+ */
+typedef enum {
+  /*
+   Softmax over all experts, then top-k (vLLM's CPU router; Qwen-MoE, Mixtral).
+   */
+  MOE_ROUTING_SOFTMAX = 0,
+  /*
+   Sigmoid scores, then top-k.
+   */
+  MOE_ROUTING_SIGMOID = 1,
+  /*
+   Grouped top-k on softmax scores (DeepSeek-V2): the best `topk_group` of
+   `num_groups` expert groups, then top-k among their experts.
+   */
+  MOE_ROUTING_GROUPED_SOFTMAX = 2,
+  /*
+   Grouped top-k on sigmoid scores (DeepSeek-V3), usually with a correction bias.
+   */
+  MOE_ROUTING_GROUPED_SIGMOID = 3,
+} MoeRouting;
+
+/*
+ What WNA16 weights are multiplied with (`MoeLayerOptions::wna16_activations`).
+ */
+typedef enum {
+  /*
+   Float activations, f32 accumulation: the checkpoint's own numerics.
+   */
+  MOE_WNA16_ACTIVATIONS_FLOAT = 0,
+  /*
+   Dynamic per-token int8 activations on the W4A8 kernels: faster decode with W4A8's
+   numerics; symmetric int4 weights without act-order only.
+   */
+  MOE_WNA16_ACTIVATIONS_INT8 = 1,
+} MoeWna16Activations;
+
+/*
  An opaque MoE layer; C code only ever holds pointers to it.
  */
 typedef struct MoeLayerHandle MoeLayerHandle;
@@ -128,6 +193,59 @@ typedef struct {
    */
   size_t ep_size;
 } MoeRanks;
+
+/*
+ Settings of a layer beyond `MoeLayerDesc`, for `moe_layer_create_with` and
+ `moe_layer_open_checkpoint_with`. Start from `moe_layer_options_default` and change the
+ fields you need. A checkpoint's `config.json` decides its activation and routing, so
+ `moe_layer_open_checkpoint_with` reads only `wna16_activations`.
+ */
+typedef struct {
+  /*
+   `sizeof(MoeLayerOptions)` as the caller was compiled (set by
+   `moe_layer_options_default`); fields past it keep their defaults.
+   */
+  size_t struct_size;
+  /*
+   A `MoeActivation` value (default `MOE_ACTIVATION_SILU`).
+   */
+  uint32_t activation;
+  /*
+   Sigmoid slope α of `MOE_ACTIVATION_SWIGLU_OAI` (default 1.702).
+   */
+  float activation_alpha;
+  /*
+   Clamp limit of `MOE_ACTIVATION_SWIGLU_OAI` (default 7), or of `MOE_ACTIVATION_SILU`
+   when positive (default 0: none).
+   */
+  float activation_limit;
+  /*
+   A `MoeRouting` value (default `MOE_ROUTING_SOFTMAX`).
+   */
+  uint32_t routing;
+  /*
+   Grouped routings: expert groups (`n_group`).
+   */
+  size_t num_groups;
+  /*
+   Grouped routings: groups kept per token (`topk_group`).
+   */
+  size_t topk_group;
+  /*
+   Factor on the routing weights (`routed_scaling_factor`, default 1).
+   */
+  float routed_scaling_factor;
+  /*
+   Non-zero: the router adds a per-expert bias to the scores for selection only
+   (DeepSeek-V3's `e_score_correction_bias`), loaded with `moe_layer_load_tensor` as
+   `gate.e_score_correction_bias` (f32 `[E]`) before `moe_layer_process`.
+   */
+  uint32_t correction_bias;
+  /*
+   A `MoeWna16Activations` value (default `MOE_WNA16_ACTIVATIONS_FLOAT`).
+   */
+  uint32_t wna16_activations;
+} MoeLayerOptions;
 
 /*
  The description of a layer built tensor by tensor (`moe_layer_create`): one rank holding
@@ -250,7 +368,7 @@ const char *moe_version(void);
  builds decoder layer `layer`'s MoE block (or the first MoE layer for
  `MOE_FIRST_MOE_LAYER`) for calls of up to `max_tokens` tokens, loads and processes it, and
  stores the new handle in `*out` (NULL on failure). The checkpoint files are only read during
- this call.
+ this call; experts are packed on rayon's global pool.
 
  # Safety
  - `model_dir` is NULL or a NUL-terminated string; `out` is NULL or valid for one write.
@@ -274,6 +392,24 @@ MoeStatus moe_layer_open_checkpoint_ranked(const char *model_dir,
                                            MoeLayerHandle **out);
 
 /*
+ [`moe_layer_open_checkpoint`] for one rank of a parallel group (`*ranks`; NULL: a single
+ rank holding every expert) with `*options` (NULL: the defaults). The checkpoint's
+ `config.json` decides the activation and the routing, so only
+ `options->wna16_activations` is read.
+
+ # Safety
+ - `model_dir` is NULL or a NUL-terminated string; `ranks` is NULL or points to a
+   `MoeRanks`; `options` is NULL or points to a `MoeLayerOptions` of at least
+   `options->struct_size` bytes; `out` is NULL or valid for one write.
+ */
+MoeStatus moe_layer_open_checkpoint_with(const char *model_dir,
+                                         size_t layer,
+                                         size_t max_tokens,
+                                         const MoeRanks *ranks,
+                                         const MoeLayerOptions *options,
+                                         MoeLayerHandle **out);
+
+/*
  Creates an empty layer from `*desc`; load its tensors with `moe_layer_load_tensor`, then
  call `moe_layer_process`. Stores the new handle in `*out` (NULL on failure).
 
@@ -281,6 +417,20 @@ MoeStatus moe_layer_open_checkpoint_ranked(const char *model_dir,
  - `desc` is NULL or points to a `MoeLayerDesc`; `out` is NULL or valid for one write.
  */
 MoeStatus moe_layer_create(const MoeLayerDesc *desc, MoeLayerHandle **out);
+
+/*
+ [`moe_layer_create`] with the settings of `*options` (activation, routing, WNA16
+ activations); NULL means the defaults of `moe_layer_options_default`. With
+ `options->correction_bias` set, load `gate.e_score_correction_bias` before processing.
+
+ # Safety
+ - `desc` is NULL or points to a `MoeLayerDesc`; `options` is NULL or points to a
+   `MoeLayerOptions` of at least `options->struct_size` bytes; `out` is NULL or valid for
+   one write.
+ */
+MoeStatus moe_layer_create_with(const MoeLayerDesc *desc,
+                                const MoeLayerOptions *options,
+                                MoeLayerHandle **out);
 
 /*
  Loads one checkpoint tensor: `len` elements of `dtype` at `data`, row-major with shape
@@ -327,6 +477,16 @@ MoeStatus moe_layer_set_num_threads(MoeLayerHandle *layer, size_t threads);
  Any pointer value is accepted: handles are looked up, never dereferenced.
  */
 MoeStatus moe_layer_free(MoeLayerHandle *layer);
+
+/*
+ Fills `*options` with the defaults: SiLU experts, softmax routing, float activations for
+ WNA16 weights, and `struct_size` set to this library's `sizeof(MoeLayerOptions)`. Does
+ nothing for NULL.
+
+ # Safety
+ - `options` is NULL or valid for one write of a `MoeLayerOptions`.
+ */
+void moe_layer_options_default(MoeLayerOptions *options);
 
 /*
  Runs the MoE block on `hidden_len` values (`[T, H]`, row-major) of `hidden_states` and

@@ -29,6 +29,7 @@
 mod args;
 mod boundary;
 pub mod lifecycle;
+pub mod options;
 mod registry;
 pub mod run;
 mod status;
@@ -36,9 +37,13 @@ mod status;
 use std::ffi::c_char;
 
 pub use lifecycle::{
-    MOE_FIRST_MOE_LAYER, MoeLayerDesc, MoeRanks, moe_layer_create, moe_layer_free,
-    moe_layer_load_tensor, moe_layer_open_checkpoint, moe_layer_open_checkpoint_ranked,
-    moe_layer_process, moe_layer_set_num_threads,
+    MOE_FIRST_MOE_LAYER, MoeLayerDesc, MoeRanks, moe_layer_create, moe_layer_create_with,
+    moe_layer_free, moe_layer_load_tensor, moe_layer_open_checkpoint,
+    moe_layer_open_checkpoint_ranked, moe_layer_open_checkpoint_with, moe_layer_process,
+    moe_layer_set_num_threads,
+};
+pub use options::{
+    MoeActivation, MoeLayerOptions, MoeRouting, MoeWna16Activations, moe_layer_options_default,
 };
 pub use registry::MoeLayerHandle;
 pub use run::{

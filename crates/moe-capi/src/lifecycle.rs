@@ -8,13 +8,15 @@ use std::ffi::{c_char, c_void};
 use half::{bf16, f16};
 use moe_layer::checkpoint::{Checkpoint, ShardAccess};
 use moe_layer::{
-    ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, Par, TensorData, TensorKind, TensorView,
+    ExpertShard, LayerQuant, LoadOptions, MoeLayer, MoeLayerConfig, Par, TensorData, TensorKind,
+    TensorView,
 };
 use moe_quant::DType;
 use moe_router::{ExpertMap, ExpertPlacement};
 
 use crate::args::{slice, utf8, write_out};
 use crate::boundary::guard;
+use crate::options::MoeLayerOptions;
 use crate::registry::{self, MoeLayerHandle, locked};
 use crate::status::{CapiError, MoeDtype, MoeStatus};
 
@@ -129,7 +131,7 @@ unsafe fn publish(moe: MoeLayer, out: *mut *mut MoeLayerHandle) -> Result<(), Ca
 /// builds decoder layer `layer`'s MoE block (or the first MoE layer for
 /// `MOE_FIRST_MOE_LAYER`) for calls of up to `max_tokens` tokens, loads and processes it, and
 /// stores the new handle in `*out` (NULL on failure). The checkpoint files are only read during
-/// this call.
+/// this call; experts are packed on rayon's global pool.
 ///
 /// # Safety
 /// - `model_dir` is NULL or a NUL-terminated string; `out` is NULL or valid for one write.
@@ -140,20 +142,18 @@ pub unsafe extern "C" fn moe_layer_open_checkpoint(
     max_tokens: usize,
     out: *mut *mut MoeLayerHandle,
 ) -> MoeStatus {
-    // SAFETY: `out` is NULL or writable per this function's contract.
-    unsafe { clear_out(out) };
-    guard(|| {
-        // SAFETY: NULL or NUL-terminated per this function's contract.
-        let dir = unsafe { utf8(model_dir, "model_dir")? };
-        if out.is_null() {
-            return Err(CapiError::null("out"));
-        }
-        let ckpt = Checkpoint::open(std::path::Path::new(dir), ShardAccess::Mmap)?;
-        let layer = resolve_layer(&ckpt, dir, layer)?;
-        let moe = MoeLayer::from_checkpoint(&ckpt, layer, max_tokens)?;
-        // SAFETY: `out` is non-NULL (checked) and writable per this function's contract.
-        unsafe { publish(moe, out) }
-    })
+    // SAFETY: the contracts of `model_dir` and `out` are this function's; NULL ranks and
+    // options are valid.
+    unsafe {
+        moe_layer_open_checkpoint_with(
+            model_dir,
+            layer,
+            max_tokens,
+            std::ptr::null(),
+            std::ptr::null(),
+            out,
+        )
+    }
 }
 
 /// One rank's place in a parallel group (`moe_layer_open_checkpoint_ranked`): tensor
@@ -187,6 +187,35 @@ pub unsafe extern "C" fn moe_layer_open_checkpoint_ranked(
     ranks: *const MoeRanks,
     out: *mut *mut MoeLayerHandle,
 ) -> MoeStatus {
+    if ranks.is_null() {
+        // SAFETY: nothing is read through `out` before it is checked.
+        unsafe { clear_out(out) };
+        return guard(|| Err(CapiError::null("ranks")));
+    }
+    // SAFETY: the contracts of every pointer are this function's; NULL options are valid.
+    unsafe {
+        moe_layer_open_checkpoint_with(model_dir, layer, max_tokens, ranks, std::ptr::null(), out)
+    }
+}
+
+/// [`moe_layer_open_checkpoint`] for one rank of a parallel group (`*ranks`; NULL: a single
+/// rank holding every expert) with `*options` (NULL: the defaults). The checkpoint's
+/// `config.json` decides the activation and the routing, so only
+/// `options->wna16_activations` is read.
+///
+/// # Safety
+/// - `model_dir` is NULL or a NUL-terminated string; `ranks` is NULL or points to a
+///   `MoeRanks`; `options` is NULL or points to a `MoeLayerOptions` of at least
+///   `options->struct_size` bytes; `out` is NULL or valid for one write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn moe_layer_open_checkpoint_with(
+    model_dir: *const c_char,
+    layer: usize,
+    max_tokens: usize,
+    ranks: *const MoeRanks,
+    options: *const MoeLayerOptions,
+    out: *mut *mut MoeLayerHandle,
+) -> MoeStatus {
     // SAFETY: `out` is NULL or writable per this function's contract.
     unsafe { clear_out(out) };
     guard(|| {
@@ -196,33 +225,45 @@ pub unsafe extern "C" fn moe_layer_open_checkpoint_ranked(
             return Err(CapiError::null("out"));
         }
         // SAFETY: NULL or one readable `MoeRanks` per this function's contract.
-        let ranks = *unsafe { slice(ranks, 1, "ranks")? }
+        let ranks = unsafe { slice(ranks, usize::from(!ranks.is_null()), "ranks")? }
             .first()
-            .ok_or_else(|| CapiError::null("ranks"))?;
+            .copied();
+        // SAFETY: NULL or a readable MoeLayerOptions per this function's contract.
+        let options = unsafe { MoeLayerOptions::read(options)? };
+        // Experts are packed on rayon's global pool, the pool `apply` uses by default.
+        let load = LoadOptions::new()
+            .with_par(Par::Rayon)
+            .with_wna16_activations(options.wna16_activations()?);
         let ckpt = Checkpoint::open(std::path::Path::new(dir), ShardAccess::Mmap)?;
         let layer = resolve_layer(&ckpt, dir, layer)?;
-        let expert_map = match ranks.ep_size {
-            0 => return Err(CapiError::invalid("ranks.ep_size: must be at least 1")),
-            1 if ranks.ep_rank == 0 => None,
-            ep_size => Some(
-                ExpertMap::new(
-                    ckpt.spec().num_experts,
-                    ep_size,
-                    ranks.ep_rank,
-                    ExpertPlacement::Linear,
-                )
-                .map_err(|e| CapiError::invalid(format!("ranks: {e}")))?
-                .as_slice()
-                .to_vec(),
-            ),
+        let moe = match ranks {
+            None => MoeLayer::from_checkpoint_with(&ckpt, layer, max_tokens, &load)?,
+            Some(ranks) => {
+                let expert_map = match ranks.ep_size {
+                    0 => return Err(CapiError::invalid("ranks.ep_size: must be at least 1")),
+                    1 if ranks.ep_rank == 0 => None,
+                    ep_size => Some(
+                        ExpertMap::new(
+                            ckpt.spec().num_experts,
+                            ep_size,
+                            ranks.ep_rank,
+                            ExpertPlacement::Linear,
+                        )
+                        .map_err(|e| CapiError::invalid(format!("ranks: {e}")))?
+                        .as_slice()
+                        .to_vec(),
+                    ),
+                };
+                MoeLayer::from_checkpoint_ranked_with(
+                    &ckpt,
+                    layer,
+                    max_tokens,
+                    (ranks.tp_rank, ranks.tp_size),
+                    expert_map,
+                    &load,
+                )?
+            }
         };
-        let moe = MoeLayer::from_checkpoint_ranked(
-            &ckpt,
-            layer,
-            max_tokens,
-            (ranks.tp_rank, ranks.tp_size),
-            expert_map,
-        )?;
         // SAFETY: `out` is non-NULL (checked) and writable per this function's contract.
         unsafe { publish(moe, out) }
     })
@@ -238,16 +279,37 @@ pub unsafe extern "C" fn moe_layer_create(
     desc: *const MoeLayerDesc,
     out: *mut *mut MoeLayerHandle,
 ) -> MoeStatus {
+    // SAFETY: the contracts of `desc` and `out` are this function's; NULL options are valid.
+    unsafe { moe_layer_create_with(desc, std::ptr::null(), out) }
+}
+
+/// [`moe_layer_create`] with the settings of `*options` (activation, routing, WNA16
+/// activations); NULL means the defaults of `moe_layer_options_default`. With
+/// `options->correction_bias` set, load `gate.e_score_correction_bias` before processing.
+///
+/// # Safety
+/// - `desc` is NULL or points to a `MoeLayerDesc`; `options` is NULL or points to a
+///   `MoeLayerOptions` of at least `options->struct_size` bytes; `out` is NULL or valid for
+///   one write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn moe_layer_create_with(
+    desc: *const MoeLayerDesc,
+    options: *const MoeLayerOptions,
+    out: *mut *mut MoeLayerHandle,
+) -> MoeStatus {
     // SAFETY: `out` is NULL or writable per this function's contract.
     unsafe { clear_out(out) };
     guard(|| {
         // SAFETY: NULL or one readable MoeLayerDesc per this function's contract.
         let desc = unsafe { slice(desc, 1, "desc")? };
         let desc = desc.first().ok_or_else(|| CapiError::null("desc"))?;
+        // SAFETY: NULL or a readable MoeLayerOptions per this function's contract.
+        let options = unsafe { MoeLayerOptions::read(options)? };
         if out.is_null() {
             return Err(CapiError::null("out"));
         }
-        let moe = MoeLayer::create(desc.to_config()?)?;
+        let cfg = options.configure(desc.to_config()?, desc.renormalize != 0)?;
+        let moe = MoeLayer::create(cfg)?;
         // SAFETY: `out` is non-NULL (checked) and writable per this function's contract.
         unsafe { publish(moe, out) }
     })
@@ -262,16 +324,18 @@ enum Target {
         kind: TensorKind,
     },
     Router,
+    CorrectionBias,
 }
 
 /// Parses checkpoint-style names: `[...]experts.<e>.<proj>.<weight|weight_scale|bias>` with
 /// `<proj>` one of `gate_proj`/`w1`, `up_proj`/`w3`, `down_proj`/`w2`, and `[...]gate.weight`
-/// for the router.
+/// for the router, `[...]gate.e_score_correction_bias` for its selection bias.
 fn parse_name(name: &str) -> Result<Target, CapiError> {
     let bad = || {
         CapiError::invalid(format!(
             "tensor name {name:?}: expected [prefix.]experts.<e>.<gate_proj|up_proj|down_proj|w1|w3|w2>.\
-             <weight|weight_scale|bias> or [prefix.]gate.weight"
+             <weight|weight_scale|bias>, [prefix.]gate.weight or \
+             [prefix.]gate.e_score_correction_bias"
         ))
     };
     if let Some(pos) = name.rfind("experts.") {
@@ -300,6 +364,9 @@ fn parse_name(name: &str) -> Result<Target, CapiError> {
     }
     if name == "gate.weight" || name.ends_with(".gate.weight") {
         return Ok(Target::Router);
+    }
+    if name == "gate.e_score_correction_bias" || name.ends_with(".gate.e_score_correction_bias") {
+        return Ok(Target::CorrectionBias);
     }
     Err(bad())
 }
@@ -362,27 +429,43 @@ pub unsafe extern "C" fn moe_layer_load_tensor(
                 moe.load_expert_tensor(expert, shard, kind, &view)?;
             }
             Target::Router => {
-                let weight: Vec<f32> = match data {
-                    TensorData::F32(v) => v.to_vec(),
-                    TensorData::Bf16(v) => v.iter().map(|x| x.to_f32()).collect(),
-                    TensorData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
-                    _ => {
-                        return Err(CapiError::invalid(format!(
-                            "{name}: the router gate must be f32, bf16 or f16"
-                        )));
-                    }
-                };
                 let want = [moe.config().num_experts, moe.config().hidden];
-                if shape != want {
-                    return Err(CapiError::invalid(format!(
-                        "{name}: shape {shape:?}, expected {want:?}"
-                    )));
-                }
+                let weight = router_floats(name, data, shape, &want)?;
                 moe.load_router_weight(&weight)?;
+            }
+            Target::CorrectionBias => {
+                let want = [moe.config().num_experts];
+                let bias = router_floats(name, data, shape, &want)?;
+                moe.load_router_correction_bias(&bias)?;
             }
         }
         Ok(())
     })
+}
+
+/// A router tensor (gate weight or correction bias) as f32, checked to be `want`-shaped.
+fn router_floats(
+    name: &str,
+    data: TensorData<'_>,
+    shape: &[usize],
+    want: &[usize],
+) -> Result<Vec<f32>, CapiError> {
+    let values: Vec<f32> = match data {
+        TensorData::F32(v) => v.to_vec(),
+        TensorData::Bf16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        TensorData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        _ => {
+            return Err(CapiError::invalid(format!(
+                "{name}: router tensors must be f32, bf16 or f16"
+            )));
+        }
+    };
+    if shape != want {
+        return Err(CapiError::invalid(format!(
+            "{name}: shape {shape:?}, expected {want:?}"
+        )));
+    }
+    Ok(values)
 }
 
 /// Checks that every tensor was loaded, packs the experts and selects the backend. Calling

@@ -295,13 +295,7 @@ fn apply_typed<X: MoeFloat>(
         Some(FloatSlice::F32(l)) => moe.apply(x, Logits::F32(l), out)?,
         Some(FloatSlice::Bf16(l)) => moe.apply(x, Logits::Bf16(l), out)?,
         Some(FloatSlice::F16(l)) => moe.apply(x, Logits::F16(l), out)?,
-        None => {
-            let cfg = moe.config();
-            let pairs = x.len() / cfg.hidden.max(1) * cfg.top_k;
-            let (mut ids, mut weights) = (vec![0i32; pairs], vec![0f32; pairs]);
-            moe.route_hidden(x, &mut ids, &mut weights)?;
-            moe.apply_with_topk(x, &ids, &weights, out)?;
-        }
+        None => moe.apply_with_gate(x, out)?,
     }
     Ok(())
 }

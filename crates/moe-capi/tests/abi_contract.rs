@@ -90,39 +90,10 @@ fn load(
     }
 }
 
-#[test]
-fn a_layer_built_tensor_by_tensor_matches_the_checkpoint_path() {
-    let ckpt = Checkpoint::open(&fixture(), ShardAccess::Read).unwrap();
+/// Loads every expert tensor and the router gate of the fixture's first MoE layer through
+/// `moe_layer_load_tensor`.
+fn load_fixture_tensors(layer: *mut MoeLayerHandle, ckpt: &Checkpoint) {
     let spec = ckpt.spec();
-    let desc = MoeLayerDesc {
-        num_experts: spec.num_experts,
-        top_k: spec.top_k,
-        hidden: spec.hidden,
-        intermediate: spec.intermediate,
-        quant: MoeQuant::W4a8 as u32,
-        group_size: 32,
-        renormalize: 1,
-        dtype: MoeDtype::Bf16 as u32,
-        max_tokens: 16,
-    };
-    let mut layer = null_mut();
-    // SAFETY: a valid desc and out-pointer.
-    expect(
-        unsafe { moe_layer_create(&desc, &mut layer) },
-        MoeStatus::Ok,
-    );
-    let mut info = std::mem::MaybeUninit::<MoeLayerInfo>::uninit();
-    // SAFETY: a valid out-pointer.
-    expect(
-        unsafe { moe_layer_info(layer, info.as_mut_ptr()) },
-        MoeStatus::Ok,
-    );
-    // SAFETY: written by the successful call.
-    assert!(!unsafe { info.assume_init() }.processed);
-    let mut x = fixture_x();
-    let mut out = vec![0f32; x.len()];
-    expect(apply_f32(layer, &x, &mut out), MoeStatus::BadState);
-
     let src = ckpt.source();
     let layer_index = spec.moe_layers[0];
     for e in 0..spec.num_experts {
@@ -179,6 +150,42 @@ fn a_layer_built_tensor_by_tensor_matches_the_checkpoint_path() {
         ),
         MoeStatus::Ok,
     );
+}
+
+#[test]
+fn a_layer_built_tensor_by_tensor_matches_the_checkpoint_path() {
+    let ckpt = Checkpoint::open(&fixture(), ShardAccess::Read).unwrap();
+    let spec = ckpt.spec();
+    let desc = MoeLayerDesc {
+        num_experts: spec.num_experts,
+        top_k: spec.top_k,
+        hidden: spec.hidden,
+        intermediate: spec.intermediate,
+        quant: MoeQuant::W4a8 as u32,
+        group_size: 32,
+        renormalize: 1,
+        dtype: MoeDtype::Bf16 as u32,
+        max_tokens: 16,
+    };
+    let mut layer = null_mut();
+    // SAFETY: a valid desc and out-pointer.
+    expect(
+        unsafe { moe_layer_create(&desc, &mut layer) },
+        MoeStatus::Ok,
+    );
+    let mut info = std::mem::MaybeUninit::<MoeLayerInfo>::uninit();
+    // SAFETY: a valid out-pointer.
+    expect(
+        unsafe { moe_layer_info(layer, info.as_mut_ptr()) },
+        MoeStatus::Ok,
+    );
+    // SAFETY: written by the successful call.
+    assert!(!unsafe { info.assume_init() }.processed);
+    let mut x = fixture_x();
+    let mut out = vec![0f32; x.len()];
+    expect(apply_f32(layer, &x, &mut out), MoeStatus::BadState);
+
+    load_fixture_tensors(layer, &ckpt);
     expect(moe_layer_process(layer), MoeStatus::Ok);
     expect(moe_layer_process(layer), MoeStatus::Ok);
 
@@ -445,4 +452,227 @@ fn a_free_racing_with_applies_only_unregisters_the_handle() {
         });
     });
     expect(moe_layer_free(layer), MoeStatus::InvalidHandle);
+}
+
+/// The defaults of `moe_layer_options_default`, changed by `f`.
+fn options(f: impl FnOnce(&mut MoeLayerOptions)) -> MoeLayerOptions {
+    let mut o = std::mem::MaybeUninit::<MoeLayerOptions>::uninit();
+    // SAFETY: a valid out-pointer.
+    unsafe { moe_layer_options_default(o.as_mut_ptr()) };
+    // SAFETY: written by the call above.
+    let mut o = unsafe { o.assume_init() };
+    assert_eq!(o.struct_size, size_of::<MoeLayerOptions>());
+    f(&mut o);
+    o
+}
+
+fn fixture_desc(ckpt: &Checkpoint) -> MoeLayerDesc {
+    let spec = ckpt.spec();
+    MoeLayerDesc {
+        num_experts: spec.num_experts,
+        top_k: spec.top_k,
+        hidden: spec.hidden,
+        intermediate: spec.intermediate,
+        quant: MoeQuant::W4a8 as u32,
+        group_size: 32,
+        renormalize: 1,
+        dtype: MoeDtype::Bf16 as u32,
+        max_tokens: 16,
+    }
+}
+
+/// The settings of `MoeLayerOptions` reach the layer: created with GELU experts and
+/// DeepSeek-V3-style routing (grouped sigmoid scores, a correction bias, a scaling factor),
+/// the layer refuses to process until the bias is loaded, then computes exactly what the Rust
+/// layer of that configuration computes, and something else than the default layer.
+#[test]
+fn layer_options_reach_the_layer() {
+    let ckpt = Checkpoint::open(&fixture(), ShardAccess::Read).unwrap();
+    let spec = ckpt.spec();
+    let e = spec.num_experts;
+    let opts = options(|o| {
+        o.activation = MoeActivation::Gelu as u32;
+        o.routing = MoeRouting::GroupedSigmoid as u32;
+        o.num_groups = 4;
+        o.topk_group = 2;
+        o.routed_scaling_factor = 2.5;
+        o.correction_bias = 1;
+    });
+    let create = || {
+        let mut layer = null_mut();
+        // SAFETY: valid desc, options and out-pointer.
+        expect(
+            unsafe { moe_layer_create_with(&fixture_desc(&ckpt), &opts, &mut layer) },
+            MoeStatus::Ok,
+        );
+        load_fixture_tensors(layer, &ckpt);
+        layer
+    };
+    let unbiased = create();
+    expect(moe_layer_process(unbiased), MoeStatus::BadState);
+    assert!(
+        last_error().contains("e_score_correction_bias"),
+        "{}",
+        last_error()
+    );
+    expect(moe_layer_free(unbiased), MoeStatus::Ok);
+    let layer = create();
+    let bias: Vec<f32> = (0..e).map(|x| (x as f32 - 3.0) * 0.02).collect();
+    let name = "model.layers.0.mlp.gate.e_score_correction_bias";
+    expect(
+        load(
+            layer,
+            name,
+            MoeDtype::F32,
+            &[e + 1],
+            bias.as_ptr().cast(),
+            e,
+        ),
+        MoeStatus::InvalidArgument,
+    );
+    expect(
+        load(layer, name, MoeDtype::F32, &[e], bias.as_ptr().cast(), e),
+        MoeStatus::Ok,
+    );
+    expect(moe_layer_process(layer), MoeStatus::Ok);
+
+    let routing = moe_layer::checkpoint::RoutingSpec {
+        scoring: moe_router::ScoringFunc::Sigmoid,
+        renormalize: true,
+        num_expert_group: Some(4),
+        topk_group: Some(2),
+        routed_scaling_factor: 2.5,
+        has_correction_bias: true,
+        topk_method: None,
+    };
+    let mut cfg = moe_layer::MoeLayerConfig::from_spec(spec, 0, 1, None, 16)
+        .unwrap()
+        .with_activation(moe_kernels::Activation::Gelu)
+        .with_router(moe_layer::layer::router_from_spec(&routing, e, spec.top_k).unwrap());
+    cfg.router_bias_pending = true;
+    let mut reference = moe_layer::MoeLayer::create(cfg).unwrap();
+    let tensors = ckpt
+        .read_layer(
+            spec.moe_layers[0],
+            &moe_layer::checkpoint::ReadOptions::single_rank(),
+        )
+        .unwrap();
+    reference.load_layer_tensors(&tensors).unwrap();
+    reference.load_router_correction_bias(&bias).unwrap();
+    reference.process().unwrap();
+
+    let x = fixture_x();
+    let mut got = vec![0f32; x.len()];
+    expect(apply_f32(layer, &x, &mut got), MoeStatus::Ok);
+    let logits = reference.router_logits(&x).unwrap();
+    let mut want = vec![0f32; x.len()];
+    reference
+        .apply(&x, moe_router::Logits::F32(&logits), &mut want)
+        .unwrap();
+    assert_eq!(got, want);
+    let default = open_fixture();
+    let mut plain = vec![0f32; x.len()];
+    expect(apply_f32(default, &x, &mut plain), MoeStatus::Ok);
+    assert_ne!(got, plain);
+    expect(moe_layer_free(layer), MoeStatus::Ok);
+    expect(moe_layer_free(default), MoeStatus::Ok);
+}
+
+/// `moe_layer_open_checkpoint_with` passes the WNA16 activations: the int4 WNA16 fixture with
+/// int8 activations runs on the W4A8 kernels and computes exactly what the W4A8 fixture (the
+/// same codes and scales) computes; with float activations it runs on the WNA16 kernels.
+#[test]
+fn open_checkpoint_with_int8_activations_runs_wna16_on_the_w4a8_kernels() {
+    let wna16 = moe_testutil::fixtures_dir().join("qwen3moe-w4a16-g32");
+    let dir = CString::new(wna16.to_str().unwrap()).unwrap();
+    let open = |o: &MoeLayerOptions| {
+        let mut layer = null_mut();
+        // SAFETY: a valid C string, options and out-pointer; NULL ranks mean one rank.
+        let status = unsafe {
+            moe_layer_open_checkpoint_with(
+                dir.as_ptr(),
+                MOE_FIRST_MOE_LAYER,
+                16,
+                null(),
+                o,
+                &mut layer,
+            )
+        };
+        expect(status, MoeStatus::Ok);
+        layer
+    };
+    let kernel = |layer| {
+        let mut info = std::mem::MaybeUninit::<MoeBackendInfo>::uninit();
+        // SAFETY: a valid out-pointer.
+        expect(
+            unsafe { moe_layer_backend(layer, info.as_mut_ptr()) },
+            MoeStatus::Ok,
+        );
+        // SAFETY: written by the successful call; its strings are static and NUL-terminated.
+        let info = unsafe { info.assume_init() };
+        // SAFETY: as above.
+        unsafe { CStr::from_ptr(info.kernel) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    let int8 = open(&options(|o| {
+        o.wna16_activations = MoeWna16Activations::Int8 as u32
+    }));
+    let float = open(&options(|_| {}));
+    assert!(
+        kernel(int8).starts_with("cpu-int4-w4a8/"),
+        "{}",
+        kernel(int8)
+    );
+    assert!(kernel(float).starts_with("cpu-wna16/"), "{}", kernel(float));
+    let w4a8 = open_fixture();
+    let x = fixture_x();
+    let run = |layer| {
+        let mut out = vec![0f32; x.len()];
+        expect(apply_f32(layer, &x, &mut out), MoeStatus::Ok);
+        out
+    };
+    assert_eq!(run(int8), run(w4a8));
+    assert_ne!(run(float), run(w4a8));
+    for layer in [int8, float, w4a8] {
+        expect(moe_layer_free(layer), MoeStatus::Ok);
+    }
+}
+
+/// Bad options are refused with `MOE_STATUS_INVALID_ARGUMENT` and a message naming the field.
+#[test]
+fn bad_layer_options_are_refused() {
+    let ckpt = Checkpoint::open(&fixture(), ShardAccess::Read).unwrap();
+    let desc = fixture_desc(&ckpt);
+    let cases: [(MoeLayerOptions, &str); 6] = [
+        (options(|o| o.struct_size = 8), "struct_size"),
+        (options(|o| o.activation = 9), "activation"),
+        (options(|o| o.routing = 7), "routing"),
+        (
+            options(|o| o.routing = MoeRouting::GroupedSoftmax as u32),
+            "grouped routing",
+        ),
+        (
+            options(|o| o.routed_scaling_factor = f32::NAN),
+            "routed_scaling_factor",
+        ),
+        (options(|o| o.wna16_activations = 2), "wna16_activations"),
+    ];
+    for (opts, field) in cases {
+        let mut layer = null_mut();
+        // SAFETY: valid desc, options and out-pointer.
+        let status = unsafe { moe_layer_create_with(&desc, &opts, &mut layer) };
+        expect(status, MoeStatus::InvalidArgument);
+        assert!(last_error().contains(field), "{field}: {}", last_error());
+        assert!(layer.is_null());
+    }
+    // SwiGLU-OAI needs a usable limit.
+    let opts = options(|o| {
+        o.activation = MoeActivation::SwigluOai as u32;
+        o.activation_limit = 0.0;
+    });
+    let mut layer = null_mut();
+    // SAFETY: valid desc, options and out-pointer.
+    let status = unsafe { moe_layer_create_with(&desc, &opts, &mut layer) };
+    expect(status, MoeStatus::InvalidArgument);
 }

@@ -59,7 +59,10 @@ fn a_c_program_reproduces_the_fixture_through_the_c_abi() {
         String::from_utf8_lossy(&compile.stderr)
     );
     let fixture = moe_testutil::fixtures_dir().join("qwen3moe-w4a8-g32");
+    // The library this test was built with, not another copy that the inherited
+    // LD_LIBRARY_PATH (cargo puts target/<profile> on it) would find before the rpath.
     let run = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", &lib_dir)
         .arg(&fixture)
         .output()
         .expect("run the C program");

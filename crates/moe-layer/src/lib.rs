@@ -58,7 +58,7 @@ mod par;
 pub use error::LayerError;
 pub use layer::{
     BackendInfo, ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, SharedExperts, TensorData,
-    TensorKind, TensorView,
+    TensorKind, TensorView, Wna16Activations,
 };
 /// How `apply` spreads work over threads (re-exported from moe-kernels); see
 /// [`MoeLayer::set_parallelism`].

@@ -1,7 +1,8 @@
-//! `MoeLayer::apply` and `apply_with_topk` allocate nothing in steady state, for every weight
-//! format the layer runs (W4A8, online int8 on the W8A8 kernels, WNA16, dense) and with shared
-//! experts: routing buffers, the router's scratch, the kernels' scratch and the shared experts'
-//! buffers all come from the layer's pool. Counted per thread, with the layer on the calling
+//! `MoeLayer::apply`, `apply_with_topk`, `apply_with_gate`, `route` and `route_hidden` allocate
+//! nothing in steady state, for every weight format the layer runs (W4A8, online int8 on the
+//! W8A8 kernels, WNA16, dense) and with shared experts: routing buffers, the router's scratch,
+//! the gate's logits, the kernels' scratch and the shared experts' buffers all come from the
+//! layer's pool. Counted per thread, with the layer on the calling
 //! thread (`Par::Seq`), after one call of the largest size.
 #![cfg(feature = "checkpoint")]
 
@@ -89,6 +90,9 @@ fn online_int8(e: usize, h: usize, i: usize) -> MoeLayer {
                 .unwrap();
         }
     }
+    layer
+        .load_router_weight(&rng.vec_uniform(e * h, -0.1, 0.1))
+        .unwrap();
     layer.process().unwrap();
     layer
 }
@@ -114,20 +118,41 @@ fn assert_steady_state_allocates_nothing(name: &str, mut layer: MoeLayer) {
                 &mut weights[..t * k],
             )
             .unwrap();
-        let before = ALLOCATIONS.with(Cell::get);
-        layer.apply(&x, Logits::F32(&logits), &mut out).unwrap();
-        let mid = ALLOCATIONS.with(Cell::get);
-        layer
-            .apply_with_topk(&x, &ids[..t * k], &weights[..t * k], &mut out)
-            .unwrap();
-        let after = ALLOCATIONS.with(Cell::get);
+        let mut counts = Vec::new();
+        let mut count = |what: &'static str, call: &mut dyn FnMut()| {
+            let before = ALLOCATIONS.with(Cell::get);
+            call();
+            counts.push((what, ALLOCATIONS.with(Cell::get) - before));
+        };
+        count("apply", &mut || {
+            layer.apply(&x, Logits::F32(&logits), &mut out).unwrap();
+        });
+        count("apply_with_topk", &mut || {
+            layer
+                .apply_with_topk(&x, &ids[..t * k], &weights[..t * k], &mut out)
+                .unwrap();
+        });
+        count("apply_with_gate", &mut || {
+            layer.apply_with_gate(&x, &mut out).unwrap();
+        });
+        count("route", &mut || {
+            layer
+                .route(
+                    Logits::F32(&logits),
+                    &mut ids[..t * k],
+                    &mut weights[..t * k],
+                )
+                .unwrap();
+        });
+        count("route_hidden", &mut || {
+            layer
+                .route_hidden(&x, &mut ids[..t * k], &mut weights[..t * k])
+                .unwrap();
+        });
         if round > 0 {
-            assert_eq!(mid - before, 0, "{name}: apply allocated with T = {t}");
-            assert_eq!(
-                after - mid,
-                0,
-                "{name}: apply_with_topk allocated with T = {t}"
-            );
+            for (what, n) in counts {
+                assert_eq!(n, 0, "{name}: {what} allocated {n} times with T = {t}");
+            }
         }
     }
 }

@@ -125,6 +125,19 @@ fn w4a8_fixtures_match_vllm_and_the_float_reference() {
             assert_eq!(a, b, "{}: token {row}: ids from the gate", dir.display());
         }
 
+        // The block routed by its own gate is the block given the gate's logits.
+        let gate_logits: Vec<bf16> = moe
+            .router_logits(&x)
+            .unwrap()
+            .iter()
+            .map(|&v| bf16::from_f32(v))
+            .collect();
+        let (mut by_gate, mut by_logits) = (vec![bf16::ZERO; x.len()], vec![bf16::ZERO; x.len()]);
+        moe.apply_with_gate(&x, &mut by_gate).unwrap();
+        moe.apply(&x, Logits::Bf16(&gate_logits), &mut by_logits)
+            .unwrap();
+        assert_eq!(by_gate, by_logits, "{}: apply_with_gate", dir.display());
+
         // The MoE block.
         let mut out = vec![bf16::ZERO; x.len()];
         moe.apply(&x, Logits::Bf16(&logits), &mut out).unwrap();

@@ -1,14 +1,15 @@
 //! WNA16 checkpoints written by the test (4-bit GPTQ, GPTQ with act-order, compressed-tensors
 //! pack-quantized, and 8-bit GPTQ) load onto the native WNA16 kernels and compute the MoE block of their
 //! exactly dequantized weights: the layer's f32 output is compared with an f64 evaluation of
-//! the same routing, gated SiLU MLPs and weighted sum.
+//! the same routing, gated SiLU MLPs and weighted sum. Symmetric int4 ones also run with int8
+//! activations on the W4A8 kernels when asked, and the rest refuse that.
 #![cfg(feature = "checkpoint")]
 
 mod checkpoint_support;
 
 use checkpoint_support::{Ckpt, E, Fmt, G, H, I, Proj, temp_dir};
-use moe_layer::MoeLayer;
 use moe_layer::checkpoint::{Checkpoint, ShardAccess};
+use moe_layer::{LayerError, LayerQuant, LoadOptions, MoeLayer, MoeLayerConfig, Wna16Activations};
 use moe_router::Logits;
 use moe_testutil::SplitMix64;
 use serde_json::json;
@@ -164,4 +165,96 @@ fn gptq_act_order_is_sorted_by_group_at_load() {
     }
     assert_eq!(I, G, "down_proj has one group, so its g_idx is trivial");
     check(&ck, &experts, "wna16-gptq-actorder", &move |k| k % groups);
+}
+
+/// A pack-quantized WNA16 checkpoint loaded with int8 activations, on both loading roads
+/// (expert by expert, and the whole layer at once through the ranked loader), runs on the
+/// W4A8 kernels and computes exactly what the int-quantized W4A8 checkpoint of the same codes
+/// and bf16 scales computes (the W4A8 layer is itself checked against vLLM's vectors).
+#[test]
+fn int8_activations_run_symmetric_int4_on_the_w4a8_kernels() {
+    for g in [32, 64] {
+        let shape = [4, 2, 128, 64];
+        let (wna16_dir, w4a8_dir) = (
+            temp_dir(&format!("wna16-int8act-g{g}")),
+            temp_dir(&format!("w4a8-same-codes-g{g}")),
+        );
+        checkpoint_support::runnable(Fmt::PackQuantized, shape, g, 41).write(&wna16_dir);
+        checkpoint_support::runnable(Fmt::IntQuantized, shape, g, 41).write(&w4a8_dir);
+        let wna16 = Checkpoint::open(&wna16_dir, ShardAccess::Read).unwrap();
+        let w4a8 = Checkpoint::open(&w4a8_dir, ShardAccess::Read).unwrap();
+        let opts = LoadOptions::new().with_wna16_activations(Wna16Activations::DynamicInt8);
+        let streamed = MoeLayer::from_checkpoint_with(&wna16, 0, 16, &opts).unwrap();
+        let whole =
+            MoeLayer::from_checkpoint_ranked_with(&wna16, 0, 16, (0, 1), None, &opts).unwrap();
+        let float = MoeLayer::from_checkpoint(&wna16, 0, 16).unwrap();
+        let reference = MoeLayer::from_checkpoint(&w4a8, 0, 16).unwrap();
+        for layer in [&streamed, &whole] {
+            let info = layer.backend().unwrap();
+            assert!(info.kernel.starts_with("cpu-int4-w4a8/"), "g{g}: {info:?}");
+        }
+        assert!(float.backend().unwrap().kernel.starts_with("cpu-wna16/"));
+        let mut rng = SplitMix64::new(9);
+        for t in [1, 5, 16] {
+            let x = rng.vec_uniform(t * 128, -2.0, 2.0);
+            let logits = rng.vec_uniform(t * 4, -1.0, 1.0);
+            let run = |layer: &MoeLayer| {
+                let mut out = vec![0f32; t * 128];
+                layer.apply(&x, Logits::F32(&logits), &mut out).unwrap();
+                out
+            };
+            let want = run(&reference);
+            assert_eq!(run(&streamed), want, "g{g} t={t}: streamed road");
+            assert_eq!(run(&whole), want, "g{g} t={t}: whole-layer road");
+            assert_ne!(run(&float), want, "g{g} t={t}: float activations");
+        }
+    }
+}
+
+/// Int8 activations are refused, naming the setting, for weights the W4A8 kernels cannot
+/// hold: 8-bit codes, zero points, act-order. Other schemes ignore the setting.
+#[test]
+fn int8_activations_refuse_weights_the_w4a8_kernels_cannot_hold() {
+    let wna16 = |bits, act_order, zero_points| LayerQuant::Wna16 {
+        bits,
+        group_size: Some(G),
+        act_order,
+        zero_points,
+    };
+    for quant in [
+        wna16(8, false, false),
+        wna16(4, true, false),
+        wna16(4, false, true),
+    ] {
+        let cfg = MoeLayerConfig::new(E, TOP_K, H, I, quant)
+            .with_wna16_activations(Wna16Activations::DynamicInt8);
+        match cfg.select_backend() {
+            Err(LayerError::InvalidArgument { field, reason }) => {
+                assert_eq!(field, "wna16_activations", "{quant:?}: {reason}");
+            }
+            other => panic!("{quant:?}: {other:?}"),
+        }
+        assert!(matches!(
+            MoeLayer::create(cfg),
+            Err(LayerError::InvalidArgument {
+                field: "wna16_activations",
+                ..
+            })
+        ));
+    }
+    // The same weights with float activations are accepted, and so is the setting on a
+    // scheme it does not concern.
+    let cfg = MoeLayerConfig::new(E, TOP_K, H, I, wna16(4, false, true));
+    assert!(cfg.select_backend().is_ok());
+    let cfg = MoeLayerConfig::new(
+        E,
+        TOP_K,
+        64,
+        64,
+        LayerQuant::W4A8 {
+            group_size: Some(32),
+        },
+    )
+    .with_wna16_activations(Wna16Activations::DynamicInt8);
+    assert!(cfg.select_backend().is_ok());
 }

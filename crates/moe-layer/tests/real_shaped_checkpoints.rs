@@ -1,7 +1,7 @@
 //! Writes one-layer checkpoints of a real model's MoE shape for timing `moe run` by hand (the
 //! checkpoints are hundreds of megabytes, so this is not part of the test run):
 //!
-//!     MOE_REAL_SHAPED_DIR=/tmp/rs cargo test --release -p moe-layer --test real_shaped_checkpoints -- --ignored
+//!     MOE_REAL_SHAPED_DIR=<dir> cargo test --release -p moe-layer --test real_shaped_checkpoints -- --ignored
 //!
 //! writes `w4a8-g32/` (compressed-tensors `int-quantized`, W4A8) and `w4a16-g128/`
 //! (`pack-quantized`, WNA16) of the Qwen3-30B-A3B MoE shape (128 experts, top-8, hidden 2048,

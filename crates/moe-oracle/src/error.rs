@@ -1,5 +1,5 @@
-//! The crate's error vocabulary: [`Unsupported`], the reason one kernel refuses one configuration,
-//! and [`OracleError`], why selection as a whole failed.
+//! Why selection failed: [`OracleError`] and the [`Refusal`] of each candidate it tried. The
+//! reason one kernel refuses ([`Unsupported`]) lives in its own module, which the hooks use.
 //!
 //! Where the spec quotes vLLM (sections 7.6 and 7.7), the `Display` text is vLLM's, verbatim, so
 //! that logs and user-facing errors read the same as upstream.
@@ -9,37 +9,8 @@ use std::fmt;
 use thiserror::Error;
 
 use crate::backend::{Backend, Family};
-use crate::kernels::Kernel;
-
-/// Why one kernel cannot serve a configuration. `reason` is the text vLLM's
-/// `is_supported_config` returns (for example `kernel does not support routing method 3`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unsupported {
-    /// Human-readable reason, verbatim vLLM text where vLLM has one.
-    pub reason: String,
-}
-
-impl Unsupported {
-    /// A refusal with an arbitrary reason.
-    pub fn new(reason: impl Into<String>) -> Self {
-        Self {
-            reason: reason.into(),
-        }
-    }
-
-    /// vLLM's `_make_reason`: `"kernel does not support {what}"`.
-    pub fn kernel_does_not_support(what: impl fmt::Display) -> Self {
-        Self::new(format!("kernel does not support {what}"))
-    }
-}
-
-impl fmt::Display for Unsupported {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.reason)
-    }
-}
-
-impl std::error::Error for Unsupported {}
+use crate::kernel_id::Kernel;
+pub use crate::unsupported::Unsupported;
 
 /// One candidate that selection tried and the reason it was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]

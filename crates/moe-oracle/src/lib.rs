@@ -23,10 +23,13 @@
 //! the rungs moe-kernels reports, and a [`DisabledKernels`] deny-list (read from
 //! `MOE_DISABLED_KERNELS` by [`DisabledKernels::from_env`] when the caller wants it).
 //!
-//! Modules: [`platform`], [`activation`], [`routing`], [`config`] (parallel and layer
-//! configuration), [`quant_config`] (keys and `make_*_quant_config` helpers), [`backend`],
-//! [`kernels`] (the hooks), [`support`] (the check order), [`select`], [`disabled`],
-//! [`error`].
+//! Modules, each depending only on modules before it in this list (no file imports another
+//! that imports it back; a test checks): [`unsupported`] (one kernel's refusal), [`routing`],
+//! [`kernel_id`] (kernel names), [`backend`] (families and backends), [`error`],
+//! [`activation`], [`platform`], [`config`] (parallel and layer configuration),
+//! [`quant_config`] (keys and `make_*_quant_config` helpers), [`query`] (what a check reads),
+//! [`kernels`] (the hooks), [`support`] (the check order), [`priority`] (priority lists and
+//! user backend names), [`disabled`], [`select`].
 #![forbid(unsafe_code)]
 
 pub mod activation;
@@ -34,32 +37,39 @@ pub mod backend;
 pub mod config;
 pub mod disabled;
 pub mod error;
+pub mod kernel_id;
 pub mod kernels;
 pub mod platform;
+pub mod priority;
 pub mod quant_config;
+pub mod query;
 pub mod routing;
 pub mod select;
 pub mod support;
+pub mod unsupported;
 
 pub use activation::MoEActivation;
-pub use backend::{Backend, Family, Strictness, map_backend, priority_backends};
+pub use backend::{Backend, Family, Strictness};
 pub use config::{
     ExpertPlacement, MoeConfig, MoeShape, ParallelConfig, ParallelRequest, determine_expert_map,
 };
 pub use disabled::DisabledKernels;
-pub use error::{OracleError, Refusal, Unsupported};
-pub use kernels::{Kernel, KernelId};
+pub use error::{OracleError, Refusal};
+pub use kernel_id::{Kernel, KernelId};
 pub use platform::{CpuArch, Gpu, Isa, Platform};
+pub use priority::{map_backend, priority_backends};
 pub use quant_config::{
     DescDtype, Int8ActScales, MoeQuantConfig, QuantDesc, ScalarQuantKey, WeightKey,
     make_int8_moe_quant_config, make_unquantized_moe_quant_config, make_w4a8_int8_moe_quant_config,
     make_wna16_moe_quant_config, mxfp4_weight_key, w4a8_block_shape, w4a8_weight_key,
     wna16_weight_key,
 };
+pub use query::{ActivationFormat, SupportQuery};
 pub use routing::{MOE_ROUTER_METHODS, RoutingMethodType, ScoringFunc, VLLM_CPU_METHODS};
 pub use select::{
     SelectOptions, Selection, check_w4a8_experts_monolithic, select_backend,
     select_int8_moe_backend, select_unquantized_moe_backend, select_w4a8_int8_moe_backend,
     select_wna16_moe_backend,
 };
-pub use support::{ActivationFormat, SupportQuery, is_supported_config};
+pub use support::is_supported_config;
+pub use unsupported::Unsupported;

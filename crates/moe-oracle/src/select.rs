@@ -8,14 +8,13 @@ use std::sync::{Mutex, OnceLock};
 
 use moe_quant::QuantKey;
 
-use crate::backend::{
-    Backend, Family, Strictness, map_backend, no_native_kernel, priority_backends,
-};
+use crate::backend::{Backend, Family, Strictness, no_native_kernel};
 use crate::config::MoeConfig;
 use crate::disabled::DisabledKernels;
 use crate::error::{OracleError, Refusal, Unsupported, py_list, unsupported_message};
 use crate::kernels::{Kernel, KernelId};
 use crate::platform::Platform;
+use crate::priority::{map_backend, priority_backends};
 use crate::quant_config::{ScalarQuantKey, WeightKey};
 use crate::support::{ActivationFormat, SupportQuery, is_supported_config};
 

@@ -3,7 +3,7 @@
 //!
 //! The source is the llama.cpp tree vendored in the llama-cpp-python sdist from the package
 //! index (pinned, so every machine times the same ggml). Everything lands in one directory
-//! outside the repository (`--llama-dir`, default `/opt/peers/llama`): the sdist, its unpacked
+//! outside the repository (`--llama-dir`, default under the peers directory): the sdist, its unpacked
 //! tree, a venv holding pinned cmake and ninja when the machine has no cmake, and the ggml
 //! build. Each step is skipped when its result is already there, so only the first run pays
 //! the ~5 minutes of compiling ggml on 2 cores. Only the `ggml` target is built (with the

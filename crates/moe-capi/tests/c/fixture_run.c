@@ -231,6 +231,28 @@ int main(int argc, char **argv) {
                worst, 1e-5 * scale);
         CHECK(scale > 0 && worst <= 1e-5f * scale, "ep=2 sum: max abs diff %g", worst);
     }
+    /* Options: the defaults with int8 WNA16 activations, which a W4A8 checkpoint ignores, give
+     * the same layer as the plain open; a struct_size smaller than the library's is refused. */
+    {
+        MoeLayerOptions opts;
+        moe_layer_options_default(&opts);
+        opts.wna16_activations = MOE_WNA16_ACTIVATIONS_INT8;
+        MoeLayerHandle *same = NULL;
+        s = moe_layer_open_checkpoint_with(argv[1], MOE_FIRST_MOE_LAYER, 64, NULL, &opts, &same);
+        CHECK(s == MOE_STATUS_OK, "open with options: %s", moe_last_error_message());
+        float *again = malloc(n * sizeof(float));
+        CHECK(again != NULL, "out of memory");
+        s = moe_layer_apply_topk(same, MOE_DTYPE_F32, x32, n, ids, weights, pairs, again, n);
+        CHECK(s == MOE_STATUS_OK, "apply with options: %s", moe_last_error_message());
+        CHECK(memcmp(again, out32, n * sizeof(float)) == 0, "options changed a W4A8 layer");
+        printf("  %-34s identical\n", "open with default options");
+        free(again);
+        moe_layer_free(same);
+        opts.struct_size = 4;
+        expect_status(moe_layer_open_checkpoint_with(argv[1], MOE_FIRST_MOE_LAYER, 64, NULL,
+                                                     &opts, &same),
+                      MOE_STATUS_INVALID_ARGUMENT, "options of an unknown size");
+    }
     MoeRanks bad_ranks = {.tp_rank = 0, .tp_size = 1, .ep_rank = 2, .ep_size = 2};
     MoeLayerHandle *none = NULL;
     expect_status(moe_layer_open_checkpoint_ranked(argv[1], MOE_FIRST_MOE_LAYER, 64, &bad_ranks,

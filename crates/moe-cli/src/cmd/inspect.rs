@@ -22,6 +22,10 @@ pub struct InspectArgs {
     /// Also read this decoder layer's MoE tensors and describe them.
     #[arg(long)]
     pub layer: Option<usize>,
+    /// The backend for WNA16 weights multiplied with `float` or `int8` activations, as
+    /// `moe run --wna16-activations` chooses.
+    #[arg(long, value_name = "float|int8", default_value = "float", value_parser = super::parse_wna16_activations)]
+    pub wna16_activations: moe_layer::Wna16Activations,
 }
 
 /// The report, as printed with `--json`.
@@ -124,7 +128,7 @@ pub fn run(args: &InspectArgs, out: Output) -> Result<(), CliError> {
             )
         })
         .collect();
-    let (backend, no_backend) = match select(spec) {
+    let (backend, no_backend) = match select(spec, args.wna16_activations) {
         Ok(s) => (
             Some(BackendChoice {
                 backend: s.backend.to_string(),
@@ -177,8 +181,13 @@ pub fn run(args: &InspectArgs, out: Output) -> Result<(), CliError> {
 /// The backend a layer of the checkpoint would run on, decided as `moe run` decides it: the
 /// layer's configuration from the spec (which refuses what the layer cannot run), then the
 /// layer's own backend selection.
-fn select(spec: &MoeModelSpec) -> Result<Selection, LayerError> {
-    MoeLayerConfig::from_spec(spec, 0, 1, None, 1)?.select_backend()
+fn select(
+    spec: &MoeModelSpec,
+    activations: moe_layer::Wna16Activations,
+) -> Result<Selection, LayerError> {
+    MoeLayerConfig::from_spec(spec, 0, 1, None, 1)?
+        .with_wna16_activations(activations)
+        .select_backend()
 }
 
 /// Reads one MoE layer and summarizes it.

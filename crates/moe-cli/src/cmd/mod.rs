@@ -112,6 +112,16 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{text:?} overflows"))
 }
 
+/// Parses `--wna16-activations`: `float` (the checkpoint's numerics) or `int8` (dynamic
+/// per-token int8 activations on the W4A8 kernels).
+pub fn parse_wna16_activations(text: &str) -> Result<moe_layer::Wna16Activations, String> {
+    match text {
+        "float" => Ok(moe_layer::Wna16Activations::Float),
+        "int8" => Ok(moe_layer::Wna16Activations::DynamicInt8),
+        other => Err(format!("expected `float` or `int8`, not {other:?}")),
+    }
+}
+
 /// The median of a set of durations, in milliseconds (0 for an empty set).
 pub fn median_ms(samples: &mut [Duration]) -> f64 {
     if samples.is_empty() {

@@ -13,7 +13,7 @@ use std::time::Instant;
 use half::{bf16, f16};
 use moe_kernels::moe::MoeFloat;
 use moe_layer::checkpoint::{Checkpoint, ShardAccess};
-use moe_layer::{LoadOptions, LoadProgress, MoeLayer, Par};
+use moe_layer::{LoadOptions, LoadProgress, MoeLayer, Par, Wna16Activations};
 use moe_router::{ExpertMap, ExpertPlacement, Logits};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use serde::Serialize;
@@ -66,6 +66,11 @@ pub struct RunArgs {
     /// Expert-parallel ranks.
     #[arg(long, default_value_t = 1)]
     pub ep_size: usize,
+    /// What WNA16 weights are multiplied with: `float` (the checkpoint's numerics) or `int8`
+    /// (dynamic per-token int8 activations on the W4A8 kernels: faster decode, W4A8's
+    /// numerics; symmetric int4 weights without act-order only).
+    #[arg(long, value_name = "float|int8", default_value = "float", value_parser = super::parse_wna16_activations)]
+    pub wna16_activations: Wna16Activations,
     /// Print the report as JSON instead of text (set from the global `--json` flag).
     #[arg(skip)]
     pub json: bool,
@@ -115,7 +120,7 @@ pub fn run(args: &RunArgs) -> Result<RunReport, Box<dyn Error>> {
             .ok_or("the model has no MoE layer")?,
     };
     let moe = if (args.tp_size, args.ep_size) == (1, 1) && (args.tp_rank, args.ep_rank) == (0, 0) {
-        load_layer(&ckpt, layer, args.json)?
+        load_layer(&ckpt, layer, args)?
     } else {
         let map = if args.ep_size == 1 && args.ep_rank == 0 {
             None
@@ -132,12 +137,15 @@ pub fn run(args: &RunArgs) -> Result<RunReport, Box<dyn Error>> {
                 .to_vec(),
             )
         };
-        MoeLayer::from_checkpoint_ranked(
+        MoeLayer::from_checkpoint_ranked_with(
             &ckpt,
             layer,
             MAX_TOKENS_PER_CALL,
             (args.tp_rank, args.tp_size),
             map,
+            &LoadOptions::new()
+                .with_par(Par::Rayon)
+                .with_wna16_activations(args.wna16_activations),
         )?
     };
     let load_ms = load_start.elapsed().as_secs_f64() * 1e3;
@@ -227,9 +235,11 @@ const PROGRESS_MIN_EXPERTS: usize = 16;
 /// Loads and processes `layer`, experts in parallel on rayon's global pool (the one `apply`
 /// runs on), with a progress bar of experts packed on stderr for layers with many experts
 /// (hidden with `--json` or when stderr is not a terminal; cleared when done).
-fn load_layer(ckpt: &Checkpoint, layer: usize, json: bool) -> Result<MoeLayer, Box<dyn Error>> {
+fn load_layer(ckpt: &Checkpoint, layer: usize, args: &RunArgs) -> Result<MoeLayer, Box<dyn Error>> {
     let experts = ckpt.spec().num_experts;
-    let opts = LoadOptions::new().with_par(Par::Rayon);
+    let opts = LoadOptions::new()
+        .with_par(Par::Rayon)
+        .with_wna16_activations(args.wna16_activations);
     if experts < PROGRESS_MIN_EXPERTS {
         return Ok(MoeLayer::from_checkpoint_with(
             ckpt,
@@ -238,7 +248,8 @@ fn load_layer(ckpt: &Checkpoint, layer: usize, json: bool) -> Result<MoeLayer, B
             &opts,
         )?);
     }
-    let bar = Output { json }.progress(experts as u64, &format!("loading layer {layer}"));
+    let bar =
+        Output { json: args.json }.progress(experts as u64, &format!("loading layer {layer}"));
     // Reports come from several threads, not always in order: the bar shows the most seen.
     let most = Mutex::new(0usize);
     let report = |p: LoadProgress| {
@@ -500,8 +511,65 @@ mod tests {
             tp_size: 1,
             ep_rank: 0,
             ep_size: 1,
+            wna16_activations: Wna16Activations::Float,
             json: true,
         }
+    }
+
+    fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+        let num: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
+        let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+        (num / den).sqrt()
+    }
+
+    /// Runs `dir` with `activations` and returns the written output.
+    fn run_output(dir: &Path, activations: Wna16Activations, tag: &str) -> Vec<f32> {
+        let output = std::env::temp_dir().join(format!(
+            "moe_run_test_{}_{tag}.safetensors",
+            std::process::id()
+        ));
+        let args = RunArgs {
+            wna16_activations: activations,
+            ..fixture_args(dir, output.clone())
+        };
+        run(&args).unwrap();
+        let bytes = std::fs::read(&output).unwrap();
+        let _ = std::fs::remove_file(&output);
+        let got = SafeTensors::deserialize(&bytes).unwrap();
+        f32s(&got.tensor("output").unwrap())
+    }
+
+    /// The two fixtures hold the same int4 codes and bf16 scales, so the WNA16 one run with
+    /// int8 activations is the W4A8 computation: the same numbers as the W4A8 fixture, bit
+    /// for bit, and within the int4 tolerance of the f32 reference and of vLLM (whose x86
+    /// kernel also quantizes this checkpoint's activations to int8).
+    #[test]
+    fn wna16_fixture_with_int8_activations_is_the_w4a8_computation() {
+        let (w4a16, w4a8) = (
+            fixtures().join("qwen3moe-w4a16-g32"),
+            fixtures().join("qwen3moe-w4a8-g32"),
+        );
+        if !w4a16.is_dir() || !w4a8.is_dir() {
+            assert!(
+                std::env::var_os("MOE_REQUIRE_TEST_TOOLS").is_none(),
+                "{} or {} is missing, and MOE_REQUIRE_TEST_TOOLS forbids skipping",
+                w4a16.display(),
+                w4a8.display()
+            );
+            return;
+        }
+        let int8 = run_output(&w4a16, Wna16Activations::DynamicInt8, "wna16_int8");
+        let w4a8_out = run_output(&w4a8, Wna16Activations::Float, "w4a8");
+        let float = run_output(&w4a16, Wna16Activations::Float, "wna16_float");
+        assert_eq!(int8, w4a8_out);
+        assert_ne!(int8, float, "the float road must differ from the int8 one");
+        let want_bytes = std::fs::read(w4a16.join("expected.safetensors")).unwrap();
+        let want = SafeTensors::deserialize(&want_bytes).unwrap();
+        let hf = f32s(&want.tensor("out_hf_dequant_f32").unwrap());
+        let vllm = f32s(&want.tensor("out_vllm").unwrap());
+        assert!(rel_l2(&int8, &hf) < 3e-2, "{}", rel_l2(&int8, &hf));
+        assert!(rel_l2(&int8, &vllm) < 3e-2, "{}", rel_l2(&int8, &vllm));
+        assert!(rel_l2(&float, &hf) < 1e-2, "{}", rel_l2(&float, &hf));
     }
 
     #[test]

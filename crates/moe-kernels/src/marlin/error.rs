@@ -175,7 +175,7 @@ pub enum MarlinError {
         num_bits: u32,
     },
     /// A scale is negative where the INT8-activation kernel would read it as unsigned (vLLM
-    /// issue #48905; project rule, spec §7.2, §12.9).
+    /// reads it as unsigned: vllm-project/vllm#48905; project rule, spec §7.2, §12.9).
     #[error(
         "{tensor}: scale {value} at index {index} is negative; INT8 activations need non-negative scales"
     )]

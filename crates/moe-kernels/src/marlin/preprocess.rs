@@ -100,7 +100,7 @@ pub fn fp8_scale_x512<S: Scale16>(
 /// global scale `smax / 4096` (f32), and per scale
 /// `round_half_even(round_D(round_D(s / smax) · 4096))` as an i16.
 ///
-/// Negative scales are refused (vLLM's kernel reads these i16 as unsigned, issue #48905), as are
+/// Negative scales are refused (vLLM's kernel reads these i16 as unsigned: vllm-project/vllm#48905), as are
 /// non-finite ones and an all-zero tensor (division by zero).
 pub fn int8_act_scales<S: Scale16>(
     tensor: &'static str,

@@ -53,16 +53,16 @@ fn load_f32(v: &[f32; 16]) -> __m512 {
 /// How far ahead of the current 64-byte weight step the tiles prefetch into L1, and (twice as
 /// far) into L2: weights stream from DRAM once per call, and the hardware prefetcher alone
 /// leaves the core waiting on them when a step carries few rows of work. Measured on an
-/// Intel Xeon VM (interleaved A/B, 2 threads, `moe bench`, M = 1 and 16 on the three
+/// Intel core with AVX-512 VNNI (interleaved A/B, 2 threads, `moe bench`, M = 1 and 16 on the three
 /// standard shapes): no software prefetch is 1.35-1.55x slower, 1 KiB 1.15x; 4 KiB into L1
 /// plus 8 KiB into L2 was the best or equal best of 4 and 8 KiB into L1, 4, 8 and 16 KiB into
-/// L2 (Mixtral M=1 6.9-7.1 ms against 7.3-7.7 for 4 KiB into L1 alone). On an AMD EPYC, 4 KiB
+/// L2 (Mixtral M=1 6.9-7.1 ms against 7.3-7.7 for 4 KiB into L1 alone). On an AMD core with AVX-512, 4 KiB
 /// into L1 beat 1 KiB and none.
 const PREFETCH_BYTES: usize = 4096;
 
 /// The W8A8 tile's distance: one weight byte per MAC consumes its stream twice as fast as
-/// W4A8's nibbles, so the same lead in time is twice the bytes. Measured on an AMD EPYC
-/// (`moe bench --format w8a8`, 2 threads, binaries alternating): Qwen3 M=256 6-10 % faster
+/// W4A8's nibbles, so the same lead in time is twice the bytes. Measured on an AMD core
+/// with AVX-512 (`moe bench --format w8a8`, 2 threads, binaries alternating): Qwen3 M=256 6-10 % faster
 /// than with 4 KiB in four paired runs, 16 KiB no better, M=1 and Mixtral within noise.
 const W8A8_PREFETCH_BYTES: usize = 2 * PREFETCH_BYTES;
 

@@ -333,7 +333,7 @@ pub(crate) const BF16_DOT_MIN_ROWS_ENV: &str = "MOE_KERNELS_BF16_DOT_MIN_M";
 
 /// Rows from which the AVX-512 BF16 path runs unless [`BF16_DOT_MIN_ROWS_ENV`] says otherwise.
 /// Each call dequantizes its panel pairs once, which the rows of the call share. Measured on
-/// one core of an AMD EPYC (Zen 4), int4 g128, N 1536, K 2048, against the f32 FMA body: 0.93×
+/// one AMD core with AVX-512 BF16, int4 g128, N 1536, K 2048, against the f32 FMA body: 0.93×
 /// its rate at 8 rows, 1.12× at 10 (thread CPU time, builds alternating); 1.26× at 16, 1.74× at
 /// 64, 1.95× at 256 (the gemm criterion bench, `wna16_gemm/avx512-vnni` against `-f32`).
 pub(crate) const DEFAULT_BF16_DOT_MIN_ROWS: usize = 10;

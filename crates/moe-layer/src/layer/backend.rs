@@ -50,6 +50,12 @@ pub(crate) fn select(
         }
         LayerQuant::Int8Online => select_int8_moe_backend(&config, &platform, &opts)?,
         LayerQuant::Unquantized => select_unquantized_moe_backend(&config, &platform, &opts)?,
+        // The caller traded the checkpoint's float activations for the int8 kernels: the W4A8
+        // method's rules decide, as for a W4A8 checkpoint of the same grouping.
+        LayerQuant::Wna16 { group_size, .. } if cfg.wna16_on_w4a8() => {
+            let key = w4a8_weight_key(group_size.map_or(-1, |g| g as i64))?;
+            select_w4a8_int8_moe_backend(&config, Some(&key), None, &platform, &opts)?
+        }
         LayerQuant::Wna16 { bits, .. } => {
             let key = wna16_weight_key(bits)?;
             select_wna16_moe_backend(&config, &key, &platform, &opts)?

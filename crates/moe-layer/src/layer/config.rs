@@ -101,6 +101,35 @@ impl LayerQuant {
     }
 }
 
+/// What the activations of a WNA16 layer are multiplied in.
+///
+/// WNA16 checkpoints are calibrated for float activations, and [`Self::Float`] computes
+/// exactly that. [`Self::DynamicInt8`] is a trade the caller makes knowingly: symmetric int4
+/// weights without act-order run on the W4A8 int8 dot-product kernels, with each token's
+/// activations quantized to int8 per row (asymmetric, as W4A8 does) and the group scales
+/// rounded to bf16. That does twice the multiply-adds per instruction of the float path,
+/// which is what decode of several tokens per expert needs to stay at the memory bound, at the
+/// cost of W4A8's numerics (an extra error of about 1 % relative L2 on typical layers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Wna16Activations {
+    /// Float activations, f32 accumulation: the checkpoint's own numerics.
+    #[default]
+    Float,
+    /// Dynamic per-token int8 activations on the W4A8 kernels.
+    DynamicInt8,
+}
+
+impl Wna16Activations {
+    /// The name used by the CLI and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Float => "float",
+            Self::DynamicInt8 => "int8",
+        }
+    }
+}
+
 /// The shared experts of a MoE block, fused into one MLP (`n_shared_experts` experts of the
 /// routed width, or Qwen2-MoE's `shared_expert_intermediate_size`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,6 +187,8 @@ pub struct MoeLayerConfig {
     pub shared_experts: Option<SharedExperts>,
     /// The weight scheme.
     pub quant: LayerQuant,
+    /// What WNA16 weights are multiplied with (the other schemes ignore it).
+    pub wna16_activations: Wna16Activations,
     /// The model (activation) dtype, for backend selection.
     pub in_dtype: DType,
     /// Largest token count of one kernel call: scratch is sized for it, larger calls are cut
@@ -191,9 +222,23 @@ impl MoeLayerConfig {
             router_bias_pending: false,
             shared_experts: None,
             quant,
+            wna16_activations: Wna16Activations::Float,
             in_dtype: DType::BF16,
             max_tokens: 256,
         }
+    }
+
+    /// Multiplies WNA16 weights with `activations` ([`Wna16Activations`]).
+    pub fn with_wna16_activations(mut self, activations: Wna16Activations) -> Self {
+        self.wna16_activations = activations;
+        self
+    }
+
+    /// Whether the experts run on the W4A8 kernels with int8 activations although the
+    /// weights are WNA16 ([`Wna16Activations::DynamicInt8`]).
+    pub(crate) fn wna16_on_w4a8(&self) -> bool {
+        matches!(self.quant, LayerQuant::Wna16 { .. })
+            && self.wna16_activations == Wna16Activations::DynamicInt8
     }
 
     /// This rank's place in a tensor-parallel group of `tp_size` ranks.
@@ -353,6 +398,7 @@ impl MoeLayerConfig {
         {
             return bad("quant", format!("WNA16 codes are 4 or 8 bits, not {bits}"));
         }
+        self.validate_wna16_activations()?;
         if let Some(g) = self.quant.group_size() {
             let i = self.intermediate_per_rank();
             if g == 0 || !self.hidden.is_multiple_of(g) {
@@ -404,6 +450,59 @@ impl MoeLayerConfig {
                     reason: "local ids must be 0..n_local, each once, others -1".into(),
                 });
             }
+        }
+        Ok(())
+    }
+}
+
+impl MoeLayerConfig {
+    /// Checks that int8 activations were asked of WNA16 weights the W4A8 kernels hold: int4 codes
+    /// that are symmetric (W4A8 has no zero points), in activation order (it has no column
+    /// permutation), with groups of a multiple of 32 or one scale per channel.
+    fn validate_wna16_activations(&self) -> Result<(), LayerError> {
+        if self.wna16_activations == Wna16Activations::Float {
+            return Ok(());
+        }
+        let refuse = |reason: String| {
+            Err(LayerError::InvalidArgument {
+                field: "wna16_activations",
+                reason,
+            })
+        };
+        let LayerQuant::Wna16 {
+            bits,
+            group_size,
+            act_order,
+            zero_points,
+        } = self.quant
+        else {
+            // The setting is about WNA16 weights; the other schemes have their own numerics.
+            return Ok(());
+        };
+        if bits != 4 {
+            return refuse(format!(
+                "int8 activations run on the W4A8 kernels, which hold 4-bit codes, not {bits}-bit"
+            ));
+        }
+        if zero_points {
+            return refuse(
+                "int8 activations need symmetric weights: the W4A8 kernels have no zero points"
+                    .into(),
+            );
+        }
+        if act_order && group_size.is_some() {
+            return refuse(
+                "int8 activations need weights in activation order: the W4A8 kernels cannot \
+                 permute act-order columns"
+                    .into(),
+            );
+        }
+        if let Some(g) = group_size
+            && !g.is_multiple_of(32)
+        {
+            return refuse(format!(
+                "int8 activations need groups of a multiple of 32 values, not {g}"
+            ));
         }
         Ok(())
     }

@@ -10,7 +10,9 @@ use moe_quant::DType;
 use moe_kernels::{PackedW4A8, PackedWna16, Par};
 
 use super::MoeLayer;
-use super::config::{LayerQuant, MoeLayerConfig, SharedExperts, router_from_spec};
+use super::config::{
+    LayerQuant, MoeLayerConfig, SharedExperts, Wna16Activations, router_from_spec,
+};
 use super::params::{Params, check_scale};
 use crate::LayerError;
 use crate::checkpoint::{
@@ -101,6 +103,7 @@ impl MoeLayerConfig {
                 gated: s.gated,
             }),
             quant,
+            wna16_activations: Wna16Activations::Float,
             in_dtype: spec.dtype.unwrap_or(DType::BF16),
             max_tokens,
         })
@@ -121,6 +124,9 @@ pub struct LoadOptions<'a> {
     /// necessarily in increasing order of [`LoadProgress::done`]. The library itself never
     /// prints; a front end can draw a progress bar from this.
     pub progress: Option<&'a (dyn Fn(LoadProgress) + Sync)>,
+    /// What a WNA16 layer's weights are multiplied with ([`Wna16Activations::Float`] by
+    /// default; ignored by the other schemes).
+    pub wna16_activations: Wna16Activations,
 }
 
 impl<'a> LoadOptions<'a> {
@@ -129,7 +135,14 @@ impl<'a> LoadOptions<'a> {
         Self {
             par: Par::Seq,
             progress: None,
+            wna16_activations: Wna16Activations::Float,
         }
+    }
+
+    /// Multiplies WNA16 weights with `activations`.
+    pub fn with_wna16_activations(mut self, activations: Wna16Activations) -> Self {
+        self.wna16_activations = activations;
+        self
     }
 
     /// Reads and packs experts with `par`.
@@ -156,6 +169,7 @@ impl std::fmt::Debug for LoadOptions<'_> {
         f.debug_struct("LoadOptions")
             .field("par", &self.par)
             .field("progress", &self.progress.map(|_| "callback"))
+            .field("wna16_activations", &self.wna16_activations)
             .finish()
     }
 }
@@ -196,7 +210,8 @@ impl MoeLayer {
         max_tokens: usize,
         opts: &LoadOptions<'_>,
     ) -> Result<Self, LayerError> {
-        let cfg = MoeLayerConfig::from_spec(ckpt.spec(), 0, 1, None, max_tokens)?;
+        let cfg = MoeLayerConfig::from_spec(ckpt.spec(), 0, 1, None, max_tokens)?
+            .with_wna16_activations(opts.wna16_activations);
         if let Some(moe) = Self::streamed(ckpt, layer, &cfg, opts) {
             return Ok(moe);
         }
@@ -223,6 +238,27 @@ impl MoeLayer {
         tp: (usize, usize),
         expert_map: Option<Vec<i32>>,
     ) -> Result<Self, LayerError> {
+        Self::from_checkpoint_ranked_with(
+            ckpt,
+            layer,
+            max_tokens,
+            tp,
+            expert_map,
+            &LoadOptions::new().with_par(Par::Rayon),
+        )
+    }
+
+    /// [`Self::from_checkpoint_ranked`] with the choices of [`LoadOptions`] (threads for the
+    /// packing, the WNA16 activations; the whole layer is read at once, so progress is
+    /// reported when it is done).
+    pub fn from_checkpoint_ranked_with(
+        ckpt: &Checkpoint,
+        layer: usize,
+        max_tokens: usize,
+        tp: (usize, usize),
+        expert_map: Option<Vec<i32>>,
+        load: &LoadOptions<'_>,
+    ) -> Result<Self, LayerError> {
         let (tp_rank, tp_size) = tp;
         let cfg = MoeLayerConfig::from_spec(
             ckpt.spec(),
@@ -230,7 +266,8 @@ impl MoeLayer {
             tp_size,
             expert_map.clone(),
             max_tokens,
-        )?;
+        )?
+        .with_wna16_activations(load.wna16_activations);
         cfg.validate()?;
         let opts = ReadOptions {
             shared_experts: cfg.shared_experts.is_some(),
@@ -241,7 +278,13 @@ impl MoeLayer {
         let tensors = ckpt.read_layer(layer, &opts)?;
         let mut moe = Self::create(cfg)?;
         moe.load_layer_tensors(&tensors)?;
+        moe.set_parallelism(load.par);
         moe.process()?;
+        moe.set_parallelism(Par::Rayon);
+        if let Some(report) = load.progress {
+            let total = moe.cfg.local_experts().len();
+            report(LoadProgress { done: total, total });
+        }
         Ok(moe)
     }
 
@@ -333,6 +376,10 @@ impl MoeLayer {
                 });
             }
             let packed = match one.quant {
+                LayerQuant::Wna16 { group_size, .. } if one.wna16_on_w4a8() => {
+                    let (w13, w2) = super::pack_w4a8(&p, group_size, h, i, Par::Seq)?;
+                    Packed::W4A8(w13, w2)
+                }
                 LayerQuant::W4A8 { group_size } => {
                     let (w13, w2) = super::pack_w4a8(&p, group_size, h, i, Par::Seq)?;
                     Packed::W4A8(w13, w2)
@@ -399,8 +446,9 @@ impl MoeLayer {
             };
             moe_kernels::FusedMoe::new(weights, moe_cfg, kernels).ok()
         }
-        let fused = match cfg.quant {
-            LayerQuant::W4A8 { .. } => super::Experts::W4A8(one_format(
+        let on_w4a8 = matches!(cfg.quant, LayerQuant::W4A8 { .. }) || cfg.wna16_on_w4a8();
+        let fused = match on_w4a8 {
+            true => super::Experts::W4A8(one_format(
                 experts.into_iter().map(|(p, _)| match p {
                     Packed::W4A8(a, b) => Some((a, b)),
                     Packed::Wna16(..) => None,
@@ -408,7 +456,7 @@ impl MoeLayer {
                 moe_cfg,
                 kernels,
             )?),
-            _ => super::Experts::Wna16Native(one_format(
+            false => super::Experts::Wna16Native(one_format(
                 experts.into_iter().map(|(p, _)| match p {
                     Packed::Wna16(a, b) => Some((a, b)),
                     Packed::W4A8(..) => None,

@@ -42,14 +42,16 @@ use moe_router::{IdsOut, Logits, Router, RouterScratch};
 
 #[cfg(feature = "checkpoint")]
 pub use config::router_from_spec;
-pub use config::{LayerQuant, MoeLayerConfig, SharedExperts, vllm_cpu_softmax_router};
+pub use config::{
+    LayerQuant, MoeLayerConfig, SharedExperts, Wna16Activations, vllm_cpu_softmax_router,
+};
 #[cfg(feature = "checkpoint")]
 pub use from_checkpoint::{LoadOptions, LoadProgress};
 pub use params::{ExpertShard, TensorData, TensorKind, TensorView};
 
 use crate::{LayerError, par};
 use params::Params;
-use scratch::{CallScratch, ScratchPool, SharedScratch, typed_zeros};
+use scratch::{CallScratch, GateScratch, ScratchPool, SharedScratch, typed_zeros};
 
 /// What a processed layer runs on, for reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -545,6 +547,20 @@ impl MoeLayer {
                     kernels,
                 )?)
             }
+            LayerQuant::Wna16 { group_size, .. } if cfg.wna16_on_w4a8() => {
+                // Symmetric int4 codes are stored signed (`q − 8`), the W4A8 kernels' values.
+                let (w13, w2) = pack_w4a8(params, group_size, h, i, self.par)?;
+                Experts::W4A8(FusedMoe::new(
+                    ExpertWeights {
+                        w13,
+                        w2,
+                        w13_bias: b13.clone(),
+                        w2_bias: b2.clone(),
+                    },
+                    moe_cfg,
+                    kernels,
+                )?)
+            }
             LayerQuant::Wna16 {
                 bits,
                 group_size,
@@ -674,63 +690,148 @@ impl MoeLayer {
     }
 
     /// Routes `router_logits` `[T, E]` into `topk_ids` / `topk_weights` `[T, k]` (global ids);
-    /// returns `T`.
+    /// returns `T`. On a processed layer the router's working memory comes from the layer's
+    /// pool, so the call allocates nothing in steady state.
     pub fn route(
         &self,
         router_logits: Logits<'_>,
         topk_ids: &mut [i32],
         topk_weights: &mut [f32],
     ) -> Result<usize, LayerError> {
-        let mut scratch = RouterScratch::new(self.router.config());
-        Ok(self.router.route_into(
+        let Ok(ready) = self.ready() else {
+            let mut scratch = RouterScratch::new(self.router.config());
+            return Ok(self.router.route_into(
+                router_logits,
+                topk_weights,
+                IdsOut::I32(topk_ids),
+                &mut scratch,
+            )?);
+        };
+        let mut scratch = self.take_scratch(ready)?;
+        let result = self.router.route_into(
             router_logits,
             topk_weights,
             IdsOut::I32(topk_ids),
-            &mut scratch,
-        )?)
+            &mut scratch.router,
+        );
+        ready.pool.put(scratch);
+        Ok(result?)
     }
 
     /// Computes the router logits of `x` `[T, H]` with the loaded gate weight, as the
     /// unquantized gate does in the model dtype (f32 dot products rounded once to `X`), and
-    /// routes them.
+    /// routes them; returns `T`. Allocates nothing in steady state on a processed layer.
     pub fn route_hidden<X: MoeFloat>(
         &self,
         x: &[X],
         topk_ids: &mut [i32],
         topk_weights: &mut [f32],
     ) -> Result<usize, LayerError> {
-        let logits = self.router_logits(x)?;
-        match X::DTYPE {
-            DType::BF16 => {
-                let l: Vec<bf16> = logits.iter().map(|&v| bf16::from_f32(v)).collect();
-                self.route(Logits::Bf16(&l), topk_ids, topk_weights)
-            }
-            DType::F16 => {
-                let l: Vec<f16> = logits.iter().map(|&v| f16::from_f32(v)).collect();
-                self.route(Logits::F16(&l), topk_ids, topk_weights)
-            }
-            _ => self.route(Logits::F32(&logits), topk_ids, topk_weights),
-        }
+        let mut route = |gate: &mut GateScratch, router: &mut RouterScratch| {
+            let logits = self.gate_logits(x, gate)?;
+            Ok(self
+                .router
+                .route_into(logits, topk_weights, IdsOut::I32(topk_ids), router)?)
+        };
+        let Ok(ready) = self.ready() else {
+            return route(
+                &mut GateScratch::default(),
+                &mut RouterScratch::new(self.router.config()),
+            );
+        };
+        let mut scratch = self.take_scratch(ready)?;
+        let CallScratch { router, gate, .. } = &mut scratch;
+        let result = route(gate, router);
+        ready.pool.put(scratch);
+        result
     }
 
     /// `x · gateᵀ` `[T, E]` with f32 accumulation (on the dense GEMM of the dispatched rung,
     /// whose summation order is its own), each value rounded to `X` (as f32).
     pub fn router_logits<X: MoeFloat>(&self, x: &[X]) -> Result<Vec<f32>, LayerError> {
+        let mut gate = GateScratch::default();
+        self.gate_logits(x, &mut gate)?;
+        Ok(gate.logits)
+    }
+
+    /// The router logits of `x` in `gate`'s buffers, as the router reads them for a model of
+    /// dtype `X` (bf16 and f16 logits for 16-bit models, f32 otherwise).
+    fn gate_logits<'g, X: MoeFloat>(
+        &self,
+        x: &[X],
+        gate: &'g mut GateScratch,
+    ) -> Result<Logits<'g>, LayerError> {
         let (h, e) = (self.cfg.hidden, self.cfg.num_experts);
         let w = self
             .router_weight
             .as_ref()
-            .ok_or(LayerError::MissingParams {
+            .ok_or_else(|| LayerError::MissingParams {
                 missing: vec!["router.weight".into()],
             })?;
         let tokens = check_rows("hidden_states", x.len(), h)?;
-        let wide: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
-        let mut out = vec![0f32; tokens * e];
-        moe_kernels::dense_gemm(moe_kernels::kernels(), tokens, &wide, w, &mut out, self.par)?;
-        for v in &mut out {
+        gate.wide.clear();
+        gate.wide.extend(x.iter().map(|v| v.to_f32()));
+        gate.logits.clear();
+        gate.logits.resize(tokens * e, 0.0);
+        moe_kernels::dense_gemm(
+            moe_kernels::kernels(),
+            tokens,
+            &gate.wide,
+            w,
+            &mut gate.logits,
+            self.par,
+        )?;
+        for v in &mut gate.logits {
             *v = X::round_f32(*v);
         }
-        Ok(out)
+        Ok(match X::DTYPE {
+            DType::BF16 => {
+                gate.bf16.clear();
+                gate.bf16
+                    .extend(gate.logits.iter().map(|&v| bf16::from_f32(v)));
+                Logits::Bf16(&gate.bf16)
+            }
+            DType::F16 => {
+                gate.f16.clear();
+                gate.f16
+                    .extend(gate.logits.iter().map(|&v| f16::from_f32(v)));
+                Logits::F16(&gate.f16)
+            }
+            _ => Logits::F32(&gate.logits),
+        })
+    }
+
+    /// The whole MoE block on `hidden_states` `[T, H]`: the router logits from the loaded gate
+    /// weight ([`Self::router_logits`]), routing, the experts and the shared experts, written
+    /// to `out` `[T, H]`. The same result as [`Self::apply`] given those logits; every buffer
+    /// comes from the layer's pool, so the call allocates nothing in steady state.
+    pub fn apply_with_gate<X: MoeFloat>(
+        &self,
+        hidden_states: &[X],
+        out: &mut [X],
+    ) -> Result<(), LayerError> {
+        let ready = self.ready()?;
+        check_rows("hidden_states", hidden_states.len(), self.cfg.hidden)?;
+        if out.len() != hidden_states.len() {
+            return Err(LayerError::InvalidArgument {
+                field: "out",
+                reason: format!(
+                    "{} values, hidden_states has {}",
+                    out.len(),
+                    hidden_states.len()
+                ),
+            });
+        }
+        let mut scratch = self.take_scratch(ready)?;
+        // The logits leave the scratch while the rest of it routes and runs; taking a vector
+        // moves it without allocating.
+        let mut gate = std::mem::take(&mut scratch.gate);
+        let result = self
+            .gate_logits(hidden_states, &mut gate)
+            .and_then(|logits| self.route_and_run(ready, hidden_states, logits, out, &mut scratch));
+        scratch.gate = gate;
+        ready.pool.put(scratch);
+        result
     }
 
     /// Routes `router_logits` `[T, E]` (vLLM's CPU softmax path for softmax models) and runs
@@ -793,6 +894,7 @@ impl MoeLayer {
             ids,
             weights,
             shared,
+            ..
         } = scratch;
         ids.clear();
         ids.resize(pairs, 0);

@@ -1,10 +1,11 @@
 //! The working memory of one `apply` call, pooled by the layer so that calls in steady state
-//! allocate nothing: the experts' scratch, the routing result with the router's scratch, and
-//! the shared experts' gates, ids and output.
+//! allocate nothing: the experts' scratch, the routing result with the router's scratch, the
+//! router gate's input and logits, and the shared experts' gates, ids and output.
 
 use std::any::Any;
 use std::sync::Mutex;
 
+use half::{bf16, f16};
 use moe_kernels::MoeScratch;
 use moe_router::RouterScratch;
 
@@ -22,6 +23,8 @@ pub(super) struct CallScratch {
     pub(super) weights: Vec<f32>,
     /// The shared experts' buffers.
     pub(super) shared: SharedScratch,
+    /// The router gate's buffers.
+    pub(super) gate: GateScratch,
 }
 
 impl CallScratch {
@@ -32,8 +35,23 @@ impl CallScratch {
             ids: Vec::new(),
             weights: Vec::new(),
             shared: SharedScratch::default(),
+            gate: GateScratch::default(),
         }
     }
+}
+
+/// The router gate's input widened to f32 and its logits `[T, E]`, in f32 and rounded to the
+/// model dtype (the router reads logits in the dtype a model would hand it).
+#[derive(Debug, Default)]
+pub(super) struct GateScratch {
+    /// `x` widened to f32 `[T, H]`.
+    pub(super) wide: Vec<f32>,
+    /// `x · gateᵀ` `[T, E]`, rounded to the model dtype.
+    pub(super) logits: Vec<f32>,
+    /// The logits as bf16, for bf16 models.
+    pub(super) bf16: Vec<bf16>,
+    /// The logits as f16, for f16 models.
+    pub(super) f16: Vec<f16>,
 }
 
 /// The shared experts' per-token gates and ids and their output.

@@ -38,7 +38,7 @@ use w4a8::{W4A8Step, WidePair, w4a8_step};
 use w8a8::{PanelPair, w8a8_step};
 
 /// Rows per call (rows per expert, in the fused pipeline) from which the W4A8 tiles take over
-/// unless `MOE_KERNELS_AMX_MIN_M` says otherwise. Measured on an AMX Xeon, one core: at 16
+/// unless `MOE_KERNELS_AMX_MIN_M` says otherwise. Measured on one core with AMX-INT8: at 16
 /// rows the int8 tiles run at the AVX-512 VNNI kernel's rate, at 64 rows 1.3× faster; with
 /// group-32 scales the per-block epilogue, not the tile unit, bounds them.
 pub(crate) const DEFAULT_AMX_MIN_ROWS_W4A8: usize = 32;
@@ -291,8 +291,8 @@ fn has_bf16() -> bool {
 
 /// Rows from which the bf16 tile path takes over (when chosen) unless
 /// `MOE_KERNELS_AMX_BF16_MIN_M` says otherwise: the dequantized panel pair is shared by all
-/// rows of a call, and below that its cost outweighs the tiles' speed (one core of an AMX
-/// Xeon: at 16 rows slower than the int8 tiles, at 64 rows 1.1-1.3× faster, at 256 rows
+/// rows of a call, and below that its cost outweighs the tiles' speed (one core with
+/// AMX-BF16: at 16 rows slower than the int8 tiles, at 64 rows 1.1-1.3× faster, at 256 rows
 /// 1.5-1.9× faster).
 pub(crate) const DEFAULT_BF16_MIN_ROWS: usize = 64;
 
