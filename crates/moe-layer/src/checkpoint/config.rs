@@ -157,6 +157,15 @@ pub enum QuantScheme {
         /// Rows of K per scale group; `None` = channelwise (`group_size: -1`).
         group_size: Option<usize>,
     },
+    /// FP8 block quantization (`quant_method: fp8`, `weight_block_size: [128, 128]`, dynamic
+    /// activations: DeepSeek-V3/R1, Qwen3 `-FP8`): e4m3 `weight` `[n, k]` and f32
+    /// `weight_scale_inv` `[ceil(n/128), ceil(k/128)]` per projection, a weight being
+    /// `e4m3·scale_inv` of its block. The activations run in float here (see `checkpoint::fp8`).
+    Fp8Block {
+        /// Modules the recipe left unquantized (`ignored_layers` or `modules_to_not_convert`),
+        /// as written; an expert projection found unquantized is refused by its dtype.
+        ignored: Vec<String>,
+    },
 }
 
 impl QuantScheme {
@@ -168,6 +177,7 @@ impl QuantScheme {
             Self::CompressedTensorsWna16 { .. } => "compressed-tensors/pack-quantized",
             Self::Gptq { .. } => "gptq",
             Self::Awq { .. } => "awq",
+            Self::Fp8Block { .. } => "fp8",
         }
     }
 
@@ -616,13 +626,15 @@ fn quant_scheme(file: &Path, qc: &serde_json::Value) -> Result<QuantScheme, Laye
             })
         }
         "awq" => awq_scheme(file, qc),
+        "fp8" => super::fp8::fp8_scheme(file, qc),
         "" => Err(unsupported(
             "unknown".into(),
             "quantization_config has no quant_method".into(),
         )),
         other => Err(unsupported(
             other.to_string(),
-            "moe-rs loads compressed-tensors (int-quantized, pack-quantized), gptq and awq".into(),
+            "moe-rs loads compressed-tensors (int-quantized, pack-quantized), gptq, awq and fp8"
+                .into(),
         )),
     }
 }

@@ -65,6 +65,8 @@ pub(crate) enum Format {
     },
     /// AWQ `gemm`: 4-bit codes with zero points.
     Awq { group_size: Option<usize> },
+    /// FP8 blocks: read by `checkpoint::fp8`, not through the logical layout.
+    Fp8Block,
 }
 
 /// How an asymmetric GPTQ checkpoint stores its zero points.
@@ -118,13 +120,14 @@ impl Format {
                 }),
             },
             QuantScheme::Awq { group_size } => Self::Awq { group_size },
+            QuantScheme::Fp8Block { .. } => Self::Fp8Block,
         }
     }
 
     /// The tensor whose presence identifies a projection in this format.
     pub(crate) fn primary(self) -> ParamKind {
         match self {
-            Self::Float | Self::IntQuantized { .. } => ParamKind::Weight,
+            Self::Float | Self::IntQuantized { .. } | Self::Fp8Block => ParamKind::Weight,
             Self::PackQuantized { .. } => ParamKind::WeightPacked,
             Self::Gptq { .. } | Self::Awq { .. } => ParamKind::QWeight,
         }
@@ -135,6 +138,7 @@ impl Format {
         match self {
             Self::Float => None,
             Self::IntQuantized { .. } | Self::Awq { .. } => Some(4),
+            Self::Fp8Block => Some(8),
             Self::PackQuantized { bits, .. } | Self::Gptq { bits, .. } => Some(bits),
         }
     }
@@ -142,7 +146,7 @@ impl Format {
     /// Columns per scale group (`None` for float weights or channelwise scales).
     pub(crate) fn group_size(self) -> Option<usize> {
         match self {
-            Self::Float => None,
+            Self::Float | Self::Fp8Block => None,
             Self::IntQuantized { group_size, .. }
             | Self::PackQuantized { group_size, .. }
             | Self::Gptq { group_size, .. }
@@ -240,7 +244,7 @@ fn name(prefix: &str, kind: ParamKind) -> String {
 }
 
 /// Checks a 2-D tensor against `[rows, cols]` where each dim comes from a config field.
-fn check_config_shape(
+pub(crate) fn check_config_shape(
     t: &TensorRef<'_>,
     rows: Dim,
     cols: Dim,
@@ -382,6 +386,15 @@ pub(crate) fn read_projection<'a>(
     let (n, k) = (req.n.size, req.k.size);
     let bias = read_bias(src, req.prefix, n)?;
     match format {
+        Format::Fp8Block => Err(LayerError::UnsupportedScheme {
+            file: req.config.to_path_buf(),
+            scheme: "fp8".into(),
+            reason: format!(
+                "{}: FP8 block-quantized experts are loaded by MoeLayer::from_checkpoint, not \
+                 read into the fused integer layout",
+                req.prefix
+            ),
+        }),
         Format::Float => {
             let t = src.get_as(&name(req.prefix, ParamKind::Weight), FLOAT_DTYPES)?;
             check_config_shape(&t, req.n, req.k, req.config)?;

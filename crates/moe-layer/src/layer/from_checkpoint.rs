@@ -66,6 +66,7 @@ impl MoeLayerConfig {
                 act_order: false,
                 zero_points: true,
             },
+            QuantScheme::Fp8Block { .. } => LayerQuant::Fp8Block,
         };
         let activation = match spec.activation.as_str() {
             "silu" | "swiglu" => Activation::SILU,
@@ -212,6 +213,9 @@ impl MoeLayer {
     ) -> Result<Self, LayerError> {
         let cfg = MoeLayerConfig::from_spec(ckpt.spec(), 0, 1, None, max_tokens)?
             .with_wna16_activations(opts.wna16_activations);
+        if cfg.quant == LayerQuant::Fp8Block {
+            return Self::fp8_from_checkpoint(ckpt, layer, cfg, opts);
+        }
         if let Some(moe) = Self::streamed(ckpt, layer, &cfg, opts) {
             return Ok(moe);
         }
@@ -268,6 +272,9 @@ impl MoeLayer {
             max_tokens,
         )?
         .with_wna16_activations(load.wna16_activations);
+        if cfg.quant == LayerQuant::Fp8Block {
+            return Self::fp8_from_checkpoint(ckpt, layer, cfg, load);
+        }
         cfg.validate()?;
         let opts = ReadOptions {
             shared_experts: cfg.shared_experts.is_some(),
@@ -479,6 +486,23 @@ impl MoeLayer {
         layer: usize,
     ) -> Result<(), LayerError> {
         let cfg = self.cfg.clone();
+        if cfg.quant == LayerQuant::Fp8Block {
+            // Packed as read, so the layer comes back processed (`process` then does nothing).
+            let par = self.par;
+            let loaded =
+                Self::fp8_from_checkpoint(ckpt, layer, cfg, &LoadOptions::new().with_par(par));
+            return match loaded {
+                Ok(mut moe) => {
+                    moe.set_parallelism(par);
+                    *self = moe;
+                    Ok(())
+                }
+                Err(e) => {
+                    self.state = super::State::Unusable(e.to_string());
+                    Err(e)
+                }
+            };
+        }
         let opts = ReadOptions {
             tp_rank: cfg.tp_rank,
             tp_size: cfg.tp_size,
