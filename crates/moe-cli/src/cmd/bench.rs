@@ -90,6 +90,9 @@ pub enum BenchFormat {
     W8a8,
     /// Int4 weights with bf16 group scales, float activations, f32 compute (weight-only).
     W4a16,
+    /// FP8 block-quantized weights (e4m3, f32 scales per 128 × 128 block; `--group-size` is
+    /// ignored), float activations, f32 compute on the WNA16 kernels.
+    Fp8,
 }
 
 impl BenchFormat {
@@ -99,6 +102,7 @@ impl BenchFormat {
             Self::W4a8 => format!("W4A8 (int4 groups of {group_size})"),
             Self::W8a8 => "W8A8 (int8 per channel)".to_string(),
             Self::W4a16 => format!("W4A16 (int4 groups of {group_size}, f32 compute)"),
+            Self::Fp8 => "FP8 (e4m3, 128 x 128 blocks, f32 compute)".to_string(),
         }
     }
 }
@@ -491,6 +495,11 @@ fn bench_shape(
         }
         BenchFormat::W4a16 => {
             let layer = pool.install(|| synth::random_wna16_layer(layer_shape, args.seed, &bar))?;
+            bar.finish_and_clear();
+            measure_layer(args, shape, layer, rungs, dram, pool, out)
+        }
+        BenchFormat::Fp8 => {
+            let layer = pool.install(|| synth::random_fp8_layer(layer_shape, args.seed, &bar))?;
             bar.finish_and_clear();
             measure_layer(args, shape, layer, rungs, dram, pool, out)
         }
