@@ -14,11 +14,11 @@
 //! int8 weights: one step holds 4 K values as 16 consecutive channel bytes each; K value `j`
 //! is one 16-byte load, `vpmovzxbd`, `vcvtdq2ps` and the subtraction of the zero (128 when
 //! symmetric), with the same partial-sum chains and group epilogue. e4m3 codes (FP8 weights)
-//! widen to 16 bits instead (`vpmovzxbw`), move their sign to bit 15 and their seven magnitude
-//! bits to bits 7..14, which makes an f16 equal to the e4m3 value times `2^-8` (normal and
-//! subnormal codes alike, as f16's exponent field is one bit wider with bias 15); `vcvtph2ps`
-//! widens it exactly and one multiply by `2^8` restores the value, so no f32 subnormal is ever
-//! an operand.
+//! sign-extend to 16 bits instead (`vpmovsxbw`) and shift left by 7, which puts the seven
+//! magnitude bits at bits 7..13 and copies of the sign at bits 14 and 15; clearing bit 14
+//! leaves an f16 equal to the e4m3 value times `2^-8` (normal and subnormal codes alike, as
+//! f16's exponent field is one bit wider with bias 15). `vcvtph2ps` widens it exactly and one
+//! multiply by `2^8` restores the value, so no f32 subnormal is ever an operand.
 //!
 //! AVX2: the portable body compiled with AVX2 enabled; it keeps the reference's separate
 //! multiply and add, so its results equal the scalar reference bit for bit.
@@ -139,11 +139,10 @@ fn decode_e4m3(step: &[u32; 16], j: usize) -> __m512 {
     let bytes: &[u32; 4] = step[4 * j..4 * j + 4].try_into().expect("16 bytes");
     // SAFETY: the reference covers 16 readable bytes, and the load is unaligned.
     let v = unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) };
-    let b = _mm256_cvtepu8_epi16(v);
-    let sign = _mm256_slli_epi16::<8>(_mm256_and_si256(b, _mm256_set1_epi16(0x80)));
-    let magnitude = _mm256_slli_epi16::<7>(_mm256_and_si256(b, _mm256_set1_epi16(0x7F)));
-    let half = _mm512_cvtph_ps(_mm256_or_si256(sign, magnitude));
-    _mm512_mul_ps(half, _mm512_set1_ps(256.0))
+    let shifted = _mm256_slli_epi16::<7>(_mm256_cvtepi8_epi16(v));
+    // Bit 14 holds a second copy of the sign; an f16 needs it clear (0xBFFF as an i16).
+    let half = _mm256_and_si256(shifted, _mm256_set1_epi16(!0x4000));
+    _mm512_mul_ps(_mm512_cvtph_ps(half), _mm512_set1_ps(256.0))
 }
 
 /// Computes rows `m0..m0 + R` of panel `p` (see the module docs).
