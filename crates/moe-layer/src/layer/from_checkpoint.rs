@@ -488,6 +488,7 @@ impl MoeLayer {
         let cfg = self.cfg.clone();
         if cfg.quant == LayerQuant::Fp8Block {
             // Packed as read, so the layer comes back processed (`process` then does nothing).
+            self.params_mut()?;
             let par = self.par;
             let loaded =
                 Self::fp8_from_checkpoint(ckpt, layer, cfg, &LoadOptions::new().with_par(par));
