@@ -7,7 +7,8 @@
 //! at 0 and adds `x·(v(c) − z)` in ascending packed K order (a multiply, then an add); the group
 //! sums are then added in ascending group order into an accumulator starting at 0
 //! (`acc + part·s`, a multiply, then an add), and the bias is added last. `v(c) − z` is exact in
-//! f32 (a small integer, or an e2m1 value).
+//! f32 (a small integer, or an e2m1 value). 8-bit codes are integers, or e4m3 values for FP8
+//! block-quantized weights ([`crate::Int8Values`], zero 0, groups of 128), equally exact.
 //!
 //! The portable body computes exactly these operations in exactly this order, one lane per
 //! channel, so its scalar build and its AVX2+FMA build (the compiler never contracts a
@@ -24,7 +25,9 @@ use std::ops::Range;
 use half::{bf16, f16};
 
 use crate::gemm::split_panels;
-use crate::packed::wna16::{E2M1_VALUES, Int4Values, K_STEP, K_STEP8, Wna16ScaleValues};
+use crate::packed::wna16::{
+    E2M1_VALUES, Int4Values, K_STEP, K_STEP8, Wna16ScaleValues, e4m3_value,
+};
 use crate::packed::{PANEL, PackedWna16, check_len};
 use crate::ukernel::{Bf16Weights, W4Bf16Job};
 use crate::{GemmScratch, Isa, KernelError, KernelSet, Par};
@@ -91,9 +94,16 @@ impl Widen for f16 {
 }
 
 /// Computes rows `m0..m0 + R` of panel `p` in the reference order (`BITS` = 4 or 8; `E2M1`:
-/// int4 codes are e2m1 values, with no zero point).
+/// int4 codes are e2m1 values, `E4M3`: int8 codes are e4m3 values, both with no zero point).
 #[inline(always)]
-fn tile<S: Widen, const BITS: u32, const ASYM: bool, const E2M1: bool, const R: usize>(
+fn tile<
+    S: Widen,
+    const BITS: u32,
+    const ASYM: bool,
+    const E2M1: bool,
+    const E4M3: bool,
+    const R: usize,
+>(
     job: &Wna16Job<'_>,
     scales: &[S],
     p: usize,
@@ -124,6 +134,10 @@ fn tile<S: Widen, const BITS: u32, const ASYM: bool, const E2M1: bool, const R: 
                 let step = &steps[kk / K_STEP];
                 let shift = 4 * (kk % K_STEP) as u32;
                 std::array::from_fn(|c| ((step[c] >> shift) & 0xF) as f32 - zero[c])
+            } else if E4M3 {
+                let step = &steps[kk / K_STEP8];
+                let words = &step[(kk % K_STEP8) * 4..][..4];
+                std::array::from_fn(|c| e4m3_value((words[c / 4] >> (8 * (c % 4))) as u8))
             } else {
                 // K value `j` of the step is 16 bytes: four words of four channels each.
                 let step = &steps[kk / K_STEP8];
@@ -165,7 +179,7 @@ fn tile<S: Widen, const BITS: u32, const ASYM: bool, const E2M1: bool, const R: 
 
 /// Walks the row tiles of `panels` for one code width, scale type, symmetry and code kind.
 #[inline(always)]
-fn panels_typed<S: Widen, const BITS: u32, const ASYM: bool, const E2M1: bool>(
+fn panels_typed<S: Widen, const BITS: u32, const ASYM: bool, const E2M1: bool, const E4M3: bool>(
     job: &Wna16Job<'_>,
     s: &[S],
     panels: Range<usize>,
@@ -174,10 +188,10 @@ fn panels_typed<S: Widen, const BITS: u32, const ASYM: bool, const E2M1: bool>(
         let mut m0 = 0;
         while m0 < job.m {
             match job.m - m0 {
-                1 => tile::<S, BITS, ASYM, E2M1, 1>(job, s, p, m0),
-                2 => tile::<S, BITS, ASYM, E2M1, 2>(job, s, p, m0),
-                3 => tile::<S, BITS, ASYM, E2M1, 3>(job, s, p, m0),
-                _ => tile::<S, BITS, ASYM, E2M1, MR>(job, s, p, m0),
+                1 => tile::<S, BITS, ASYM, E2M1, E4M3, 1>(job, s, p, m0),
+                2 => tile::<S, BITS, ASYM, E2M1, E4M3, 2>(job, s, p, m0),
+                3 => tile::<S, BITS, ASYM, E2M1, E4M3, 3>(job, s, p, m0),
+                _ => tile::<S, BITS, ASYM, E2M1, E4M3, MR>(job, s, p, m0),
             }
             m0 += MR.min(job.m - m0);
         }
@@ -188,13 +202,16 @@ fn panels_typed<S: Widen, const BITS: u32, const ASYM: bool, const E2M1: bool>(
 #[inline(always)]
 fn panels_scaled<S: Widen>(job: &Wna16Job<'_>, s: &[S], panels: Range<usize>) {
     if job.w.values() == Int4Values::E2m1 {
-        return panels_typed::<S, 4, false, true>(job, s, panels);
+        return panels_typed::<S, 4, false, true, false>(job, s, panels);
+    }
+    if job.w.is_e4m3() {
+        return panels_typed::<S, 8, false, false, true>(job, s, panels);
     }
     match (job.w.bits(), job.w.zeros().is_some()) {
-        (4, false) => panels_typed::<S, 4, false, false>(job, s, panels),
-        (4, true) => panels_typed::<S, 4, true, false>(job, s, panels),
-        (_, false) => panels_typed::<S, 8, false, false>(job, s, panels),
-        (_, true) => panels_typed::<S, 8, true, false>(job, s, panels),
+        (4, false) => panels_typed::<S, 4, false, false, false>(job, s, panels),
+        (4, true) => panels_typed::<S, 4, true, false, false>(job, s, panels),
+        (_, false) => panels_typed::<S, 8, false, false, false>(job, s, panels),
+        (_, true) => panels_typed::<S, 8, true, false, false>(job, s, panels),
     }
 }
 
@@ -322,7 +339,9 @@ pub fn wna16_reference(m: usize, x: &[f32], w: &PackedWna16) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::packed::wna16::{Mxfp4Desc, Wna16Desc, Wna16Scales};
+    use crate::packed::wna16::{
+        FP8_BLOCK, Fp8BlockDesc, Fp8BlockRows, Mxfp4Desc, Wna16Desc, Wna16Scales,
+    };
     use moe_testutil::SplitMix64;
 
     /// Random weights of every kind for one shape.
@@ -342,6 +361,22 @@ mod tests {
         /// MXFP4 blocks `[n, ceil(k/32), 16]` and e8m0 scales `[n, ceil(k/32)]`.
         blocks: Vec<u8>,
         e8m0: Vec<u8>,
+        /// e4m3 codes `[n, k]` (no NaN; subnormals and both zeros included) and f32 block
+        /// scales for the whole matrix as one run, then as two runs split at `n / 2`.
+        fp8: Vec<u8>,
+        fp8_scales: Vec<f32>,
+        fp8_split: [Vec<f32>; 2],
+    }
+
+    /// Random e4m3 bytes: any non-NaN byte, and often a subnormal or a signed zero.
+    fn e4m3_codes(rng: &mut SplitMix64, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                let b = rng.below(256) as u8;
+                let b = if rng.below(4) == 0 { b & 0x87 } else { b };
+                if b & 0x7F == 0x7F { b & 0xF0 } else { b }
+            })
+            .collect()
     }
 
     impl Case {
@@ -368,7 +403,18 @@ mod tests {
                     _ => 117 + rng.below(13) as u8,
                 })
                 .collect();
+            let kb = k.div_ceil(FP8_BLOCK);
+            let fp8 = e4m3_codes(rng, n * k);
+            let fp8_scales = rng.vec_uniform(n.div_ceil(FP8_BLOCK) * kb, 1e-4, 1e-2);
+            let h = n / 2;
+            let fp8_split = [
+                rng.vec_uniform(h.div_ceil(FP8_BLOCK) * kb, 1e-4, 1e-2),
+                rng.vec_uniform((n - h).div_ceil(FP8_BLOCK) * kb, 1e-4, 1e-2),
+            ];
             Self {
+                fp8,
+                fp8_scales,
+                fp8_split,
                 blocks,
                 e8m0,
                 codes8,
@@ -387,7 +433,7 @@ mod tests {
         }
 
         /// Every variant: bits × scale dtype × symmetry × bias and permutation, then MXFP4
-        /// without and with bias.
+        /// without and with bias, then FP8 as one run without bias and as two runs with bias.
         fn variants(&self) -> Vec<PackedWna16> {
             let mut all = Vec::new();
             for variant in 0..24 {
@@ -429,6 +475,27 @@ mod tests {
                     })
                     .unwrap(),
                 );
+            }
+            let (n, k, h) = (self.n, self.k, self.n / 2);
+            let one = [Fp8BlockRows {
+                channels: n,
+                codes: &self.fp8,
+                scales: &self.fp8_scales,
+            }];
+            let two = [
+                Fp8BlockRows {
+                    channels: h,
+                    codes: &self.fp8[..h * k],
+                    scales: &self.fp8_split[0],
+                },
+                Fp8BlockRows {
+                    channels: n - h,
+                    codes: &self.fp8[h * k..],
+                    scales: &self.fp8_split[1],
+                },
+            ];
+            for (rows, bias) in [(&one[..], None), (&two[..], Some(&self.bias[..]))] {
+                all.push(PackedWna16::pack_fp8_block(Fp8BlockDesc { n, k, rows, bias }).unwrap());
             }
             all
         }
@@ -523,11 +590,12 @@ mod tests {
                             };
                             assert!(
                                 ok,
-                                "{} m={m} n={n} k={k} g={g:?} bits={} asym={} {:?} i={i}: {a} vs {b}",
+                                "{} m={m} n={n} k={k} g={g:?} bits={} asym={} {:?} {:?} i={i}: {a} vs {b}",
                                 ks.wna16_isa(),
                                 w.bits(),
                                 w.is_asymmetric(),
-                                w.values()
+                                w.values(),
+                                w.int8_values()
                             );
                         }
                     }

@@ -1543,6 +1543,7 @@ fn all_cases() -> Vec<Case> {
     tensor_cases(&mut c);
     format_cases(&mut c);
     mxfp4_cases(&mut c);
+    fp8_cases(&mut c);
     call_cases(&mut c);
     c.0
 }
@@ -1831,5 +1832,130 @@ fn hostile_checkpoints_give_typed_errors() {
         failures.len(),
         cases.len(),
         failures.join("\n  ")
+    );
+}
+
+/// An FP8 block-quantized checkpoint of the suite's sizes (every block short).
+fn fp8() -> Ckpt {
+    checkpoint_support::fp8_block("qwen3_moe", [E, 2, H, I], 0xf8).0
+}
+
+/// FP8 block checkpoints: wrong dtypes and shapes, NaN codes, bad scales, missing tensors,
+/// expert biases, configs that disagree, and the whole-layer reader, each named.
+fn fp8_cases(c: &mut Cases) {
+    let layer = Via::Layer;
+    let w = "model.layers.0.mlp.experts.2.up_proj.weight";
+    let s = "model.layers.0.mlp.experts.3.down_proj.weight_scale_inv";
+    c.model(
+        "fp8 control: loads and runs",
+        fp8,
+        layer,
+        Expect::Ok,
+        |_| {},
+    );
+    c.model(
+        "fp8 weight stored as bf16",
+        fp8,
+        layer,
+        err!(LayerError::WrongDtype { .. }),
+        move |ck| retype(ck, w, Dtype::BF16, &[I, H]),
+    );
+    c.model(
+        "fp8 weight stored as e5m2",
+        fp8,
+        layer,
+        err!(LayerError::WrongDtype { .. }),
+        move |ck| retype(ck, w, Dtype::F8_E5M2, &[I, H]),
+    );
+    c.model(
+        "fp8 weight_scale_inv stored as i32",
+        fp8,
+        layer,
+        err!(LayerError::WrongDtype { .. }),
+        move |ck| retype(ck, s, Dtype::I32, &[1, 1]),
+    );
+    c.model(
+        "fp8 weight_scale_inv of the wrong block grid",
+        fp8,
+        layer,
+        err!(LayerError::WrongShape { .. }),
+        move |ck| retype(ck, s, Dtype::F32, &[2, 1]),
+    );
+    c.model(
+        "fp8 weight disagrees with hidden_size",
+        fp8,
+        layer,
+        err!(LayerError::ConfigMismatch {
+            field: "hidden_size",
+            ..
+        }),
+        move |ck| retype(ck, w, Dtype::F8_E4M3, &[I, H + 4]),
+    );
+    for (name, byte) in [("fp8 NaN code 0x7f", 0x7F), ("fp8 NaN code 0xff", 0xFF)] {
+        c.model(
+            name,
+            fp8,
+            layer,
+            err!(LayerError::NonFinite { index: 77, .. }),
+            move |ck| stored(ck, w).bytes[77] = byte,
+        );
+    }
+    for (name, v) in [
+        ("fp8 negative block scale", -1.0f32),
+        ("fp8 infinite block scale", f32::INFINITY),
+        ("fp8 NaN block scale", f32::NAN),
+    ] {
+        c.model(
+            name,
+            fp8,
+            layer,
+            err!(LayerError::BadScale { index: 0, .. }),
+            move |ck| stored(ck, s).bytes[..4].copy_from_slice(&v.to_le_bytes()),
+        );
+    }
+    for (name, gone) in [
+        ("fp8 weight_scale_inv missing", s.to_string()),
+        ("fp8 weight missing", w.to_string()),
+    ] {
+        c.model(
+            name,
+            fp8,
+            layer,
+            err!(LayerError::MissingTensor { .. }),
+            move |ck| {
+                ck.tensors.remove(&gone);
+            },
+        );
+    }
+    c.model(
+        "fp8 expert bias",
+        fp8,
+        layer,
+        err!(LayerError::UnsupportedScheme { .. }),
+        |ck| {
+            let b = "model.layers.0.mlp.experts.0.gate_proj.bias";
+            ck.put(b, Dtype::F32, &[I], f32_bytes(&[0.0; I]));
+        },
+    );
+    c.model(
+        "fp8 blocks of 128 x 64",
+        fp8,
+        layer,
+        err!(LayerError::UnsupportedScheme { .. }),
+        |ck| ck.config["quantization_config"]["weight_block_size"] = json!([128, 64]),
+    );
+    c.model(
+        "fp8 huge moe_intermediate_size",
+        fp8,
+        layer,
+        err!(LayerError::ConfigMismatch { .. }),
+        |ck| ck.config["moe_intermediate_size"] = json!(1u64 << 40),
+    );
+    c.model(
+        "fp8 through the whole-layer reader",
+        fp8,
+        Via::Reader(ShardAccess::Read),
+        err!(LayerError::UnsupportedScheme { .. }),
+        |_| {},
     );
 }

@@ -260,13 +260,14 @@ impl KernelId {
                 Some(WeightKey::Scalar(k)) => our_wna16_key(k),
                 _ => false,
             },
-            // MXFP4 runs on the WNA16 kernels (e2m1 codes through their value table); the
-            // Marlin executor decodes integers only.
+            // MXFP4 and FP8 blocks run on the WNA16 kernels (e2m1 and e4m3 codes through their
+            // value decoders); the Marlin executor decodes integers only.
             KernelId::CpuWna16 => match w {
                 Some(WeightKey::Scalar(k)) => {
                     our_wna16_key(k) || *k == ScalarQuantKey::MXFP4_STATIC
                 }
-                _ => false,
+                Some(WeightKey::Quant(k)) => *k == QuantKey::FP8_STATIC_128_BLOCK_SYM,
+                None => false,
             },
             KernelId::CpuUnquantized => w.is_none() && a.is_none(),
             _ => true,

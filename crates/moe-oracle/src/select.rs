@@ -281,6 +281,19 @@ pub fn select_wna16_moe_backend(
     select_backend(Family::Wna16, config, Some(&w), None, platform, opts)
 }
 
+/// Selection for FP8 block-quantized experts (e4m3 weights, f32 scales per `128 × 128` block,
+/// `QuantKey::FP8_STATIC_128_BLOCK_SYM`) with float activations: the WNA16 family, whose
+/// native kernel decodes the e4m3 codes (moe-rs only; the checkpoint's dynamic fp8
+/// activations are not quantized).
+pub fn select_fp8_block_moe_backend(
+    config: &MoeConfig,
+    platform: &Platform,
+    opts: &SelectOptions,
+) -> Result<Selection, OracleError> {
+    let w = WeightKey::Quant(QuantKey::FP8_STATIC_128_BLOCK_SYM);
+    select_backend(Family::Wna16, config, Some(&w), None, platform, opts)
+}
+
 /// Selection for unquantized experts (moe-rs only).
 pub fn select_unquantized_moe_backend(
     config: &MoeConfig,

@@ -1097,3 +1097,19 @@ fn mxfp4_selects_cpu_wna16_and_nothing_else() {
     assert!(text.contains("cpu-marlin"), "{text}");
     assert!(text.contains("float4_e2m1f"), "{text}");
 }
+
+/// FP8 block-quantized weights (e4m3, f32 scales per 128 × 128 block) run on the native WNA16
+/// kernel only: the Marlin executor refuses the key, so disabling `cpu-wna16` leaves no kernel,
+/// and every refusal is named.
+#[test]
+fn fp8_block_selects_cpu_wna16_and_nothing_else() {
+    let c = cfg(A::Silu, R::Renormalize);
+    let s = select_fp8_block_moe_backend(&c, &vnni(), &SelectOptions::native()).unwrap();
+    assert_eq!(s.kernel.to_string(), "cpu-wna16/avx512-vnni");
+    let opts = SelectOptions::native().with_disabled(DisabledKernels::parse("cpu-wna16"));
+    let e = select_fp8_block_moe_backend(&c, &vnni(), &opts).unwrap_err();
+    let text = e.detailed();
+    assert!(text.contains("cpu-wna16"), "{text}");
+    assert!(text.contains("cpu-marlin"), "{text}");
+    assert!(text.contains("GroupShape(row=128, col=128)"), "{text}");
+}

@@ -116,6 +116,9 @@ pub enum BenchFormat {
     /// MXFP4 (gpt-oss): e2m1 codes with an e8m0 scale per 32 columns, float activations, f32
     /// compute on the WNA16 kernels, SwiGLU-OAI on interleaved gate/up rows.
     Mxfp4,
+    /// FP8 block-quantized weights (e4m3, f32 scales per 128 × 128 block; `--group-size` is
+    /// ignored), float activations, f32 compute on the WNA16 kernels.
+    Fp8,
 }
 
 impl BenchFormat {
@@ -130,6 +133,7 @@ impl BenchFormat {
             Self::Bf16 => "dense bf16 (f32 compute)".to_string(),
             Self::F32 => "dense f32".to_string(),
             Self::Mxfp4 => "MXFP4 (e2m1, e8m0 scales per 32 columns, f32 compute)".to_string(),
+            Self::Fp8 => "FP8 (e4m3, 128 x 128 blocks, f32 compute)".to_string(),
         }
     }
 
@@ -569,12 +573,12 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
 
 /// Rejects options the format does not have, naming them.
 fn check_format_options(args: &BenchArgs) -> Result<(), CliError> {
-    if args.format == BenchFormat::Mxfp4 && !args.experts_only {
-        return Err(CliError(
-            "--format mxfp4 runs on the fused pipeline only (MXFP4 layers are built from \
-             checkpoints, not tensor by tensor): add --experts-only"
-                .into(),
-        ));
+    if matches!(args.format, BenchFormat::Mxfp4 | BenchFormat::Fp8) && !args.experts_only {
+        return Err(CliError(format!(
+            "--format {} runs on the fused pipeline only (such layers are built from \
+             checkpoints, not tensor by tensor): add --experts-only",
+            if args.format == BenchFormat::Mxfp4 { "mxfp4" } else { "fp8" }
+        )));
     }
     if args.wna16_activations == moe_layer::Wna16Activations::DynamicInt8 {
         if args.format != BenchFormat::W4a16 || args.zero_points {
@@ -703,6 +707,11 @@ fn bench_shape(
             bar.finish_and_clear();
             measure_layer(args, shape, layer, rungs, dram, pool, out)
         }
+        BenchFormat::Fp8 => {
+            let layer = pool.install(|| synth::random_fp8_layer(layer_shape, args.seed, &bar))?;
+            bar.finish_and_clear();
+            measure_layer(args, shape, layer, rungs, dram, pool, out)
+        }
     }
 }
 
@@ -736,6 +745,7 @@ pub(crate) fn expert_bytes(args: &BenchArgs, shape: &BenchShape) -> Result<usize
             synth::random_dense_layer(one, args.format == BenchFormat::Bf16, 0, &bar)?.expert_bytes
         }
         BenchFormat::Mxfp4 => synth::random_mxfp4_layer(one, 0, &bar)?.expert_bytes,
+        BenchFormat::Fp8 => synth::random_fp8_layer(one, 0, &bar)?.expert_bytes,
     })
 }
 

@@ -98,6 +98,7 @@ fn layer_quant(args: &BenchArgs) -> LayerQuant {
         },
         BenchFormat::Bf16 | BenchFormat::F32 => LayerQuant::Unquantized,
         BenchFormat::Mxfp4 => LayerQuant::Mxfp4,
+        BenchFormat::Fp8 => LayerQuant::Fp8Block,
     }
 }
 
@@ -156,7 +157,9 @@ fn draw(args: &BenchArgs, shape: &BenchShape, e: usize, j: usize) -> Projection 
             scales: None,
             zeros: None,
         },
-        BenchFormat::Mxfp4 => unreachable!("check_format_options keeps MXFP4 off the layer road"),
+        BenchFormat::Mxfp4 | BenchFormat::Fp8 => {
+            unreachable!("check_format_options keeps MXFP4 and FP8 off the layer road")
+        }
     }
 }
 

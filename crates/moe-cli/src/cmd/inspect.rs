@@ -6,7 +6,9 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use clap::Args;
-use moe_layer::checkpoint::{Checkpoint, ExpertWeights, MoeModelSpec, ReadOptions, ShardAccess};
+use moe_layer::checkpoint::{
+    Checkpoint, ExpertWeights, MoeModelSpec, QuantScheme, ReadOptions, ShardAccess,
+};
 use moe_layer::{LayerError, MoeLayerConfig};
 use moe_oracle::Selection;
 use serde::Serialize;
@@ -206,6 +208,22 @@ fn select(
 
 /// Reads one MoE layer and summarizes it.
 fn read_layer(ckpt: &Checkpoint, n: usize) -> Result<LayerReport, CliError> {
+    if matches!(ckpt.spec().quant, QuantScheme::Fp8Block { .. }) {
+        // FP8 experts are packed as they are read, never held whole: checked expert by expert.
+        let info = ckpt
+            .check_fp8_layer(n, &ReadOptions::single_rank())
+            .map_err(|e| CliError::context(format!("reading layer {n}"), e))?;
+        return Ok(LayerReport {
+            layer: info.layer,
+            experts: info.local_experts.len(),
+            hidden: info.hidden,
+            intermediate: info.intermediate,
+            weights: "fp8 e4m3 codes, f32 scales per 128 x 128 block".into(),
+            router_values: info.router_values,
+            router_bias: false,
+            shared_experts: info.shared_experts,
+        });
+    }
     let t = ckpt
         .read_layer(n, &ReadOptions::single_rank())
         .map_err(|e| CliError::context(format!("reading layer {n}"), e))?;

@@ -14,8 +14,9 @@ use half::bf16;
 use indicatif::ProgressBar;
 use moe_kernels::moe::ExpertMatrix;
 use moe_kernels::{
-    Activation, ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, Mxfp4Desc, PackedDense,
-    PackedW4A8, PackedW8A8, PackedWna16, W4A8Scales, Wna16Desc, Wna16Scales, kernels,
+    Activation, ExpertWeights, FP8_BLOCK, Fp8BlockDesc, Fp8BlockRows, FusedMoe, FusedMoeConfig,
+    GateUpLayout, Mxfp4Desc, PackedDense, PackedW4A8, PackedW8A8, PackedWna16, W4A8Scales,
+    Wna16Desc, Wna16Scales, kernels,
 };
 use moe_quant::quantize_int4_grouped;
 use rayon::prelude::*;
@@ -501,6 +502,60 @@ pub fn random_mxfp4_layer(
         ..config(shape)
     };
     assemble_with(cfg, experts, PackedWna16::packed_bytes)
+}
+
+/// Random e4m3 codes (any byte but the two NaNs) with f32 scales per `128 × 128` block for an
+/// `[n, k]` matrix, packed as FP8 block-quantized weights.
+fn random_fp8_packed(rng: &mut Rng, n: usize, k: usize) -> Result<PackedWna16, CliError> {
+    let mut codes = vec![0u8; n * k];
+    for chunk in codes.chunks_mut(8) {
+        let bits = rng.next_u64().to_le_bytes();
+        for (c, b) in chunk.iter_mut().zip(bits) {
+            *c = if b & 0x7F == 0x7F { b & 0xF0 } else { b };
+        }
+    }
+    let blocks = n.div_ceil(FP8_BLOCK) * k.div_ceil(FP8_BLOCK);
+    let scales: Vec<f32> = (0..blocks)
+        .map(|_| 1e-4 + (rng.next_u64() % 1000) as f32 * 1e-7)
+        .collect();
+    PackedWna16::pack_fp8_block(Fp8BlockDesc {
+        n,
+        k,
+        rows: &[Fp8BlockRows {
+            channels: n,
+            codes: &codes,
+            scales: &scales,
+        }],
+        bias: None,
+    })
+    .map_err(|e| CliError::context("packing expert weights", e))
+}
+
+/// An FP8 block-quantized layer of random e4m3 codes, run with float activations on the native
+/// WNA16 kernels (any H and I; the group size of `shape` is not used); experts are built in
+/// parallel on the current rayon pool, ticking `bar` once per expert.
+pub fn random_fp8_layer(
+    shape: LayerShape,
+    seed: u64,
+    bar: &ProgressBar,
+) -> Result<SynthLayer<PackedWna16>, CliError> {
+    if shape.experts == 0 || shape.hidden == 0 || shape.intermediate == 0 {
+        return Err(CliError(
+            "--experts, --hidden and --intermediate must be positive".into(),
+        ));
+    }
+    let (h, i) = (shape.hidden, shape.intermediate);
+    let experts = (0..shape.experts)
+        .into_par_iter()
+        .map(|e| {
+            let mut rng = Rng::stream(seed, e as u64);
+            let p13 = random_fp8_packed(&mut rng, 2 * i, h)?;
+            let p2 = random_fp8_packed(&mut rng, h, i)?;
+            bar.inc(1);
+            Ok((p13, p2))
+        })
+        .collect::<Result<Vec<_>, CliError>>()?;
+    assemble(shape, experts, PackedWna16::packed_bytes)
 }
 
 /// An `[n, k]` matrix of uniformly random int8 codes in `[-127, 127]` (spec §5.1's range) with

@@ -24,9 +24,11 @@
 //!
 //! A weight is `(value(code) − zero)·scale`, where `value` is the code's integer for integer
 //! weights and the e2m1 table ([`E2M1_VALUES`]) for MXFP4 weights ([`Int4Values::E2m1`]: zero 0,
-//! groups of 32, power-of-two scales kept as the checkpoint's e8m0 bytes). At group size 128
+//! groups of 32, power-of-two scales kept as the checkpoint's e8m0 bytes), and for 8-bit codes
+//! the value is the code's integer or, for FP8 block-quantized weights ([`Int8Values::E4m3`]:
+//! zero 0, groups of 128, f32 scales), its e4m3 value ([`e4m3_value`]). At group size 128
 //! with bf16 scales the int4 format streams 0.5 bytes of codes plus 1/64 byte of scale per
-//! weight; MXFP4 streams 0.5 + 1/32, exactly the checkpoint's bytes.
+//! weight; MXFP4 streams 0.5 + 1/32, exactly the checkpoint's bytes; FP8 1 + 1/32.
 
 use half::{bf16, f16};
 
@@ -64,6 +66,36 @@ pub enum Int4Values {
     Integer,
     /// e2m1 floats ([`E2M1_VALUES`]) with no zero point: MXFP4.
     E2m1,
+}
+
+/// K values (and output channels) per FP8 scale block: one f32 scale per `128 × 128` block of
+/// e4m3 codes.
+pub const FP8_BLOCK: usize = 128;
+
+/// What the 8-bit codes of a packed matrix stand for. Both kinds turn a code byte into an
+/// exact f32 with a few vector operations, so FP8 runs on the same kernels as integer int8.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Int8Values {
+    /// Unsigned integers `0..=255` less a zero point (128 when symmetric): GPTQ,
+    /// compressed-tensors.
+    Integer,
+    /// e4m3fn floats ([`e4m3_value`]) with no zero point: FP8 block-quantized checkpoints.
+    E4m3,
+}
+
+/// The value of an e4m3fn byte (sign bit 7, four exponent bits with bias 7, three mantissa
+/// bits; no infinities, `0x7F` and `0xFF` are NaN). Placing the seven magnitude bits at f32
+/// bits 20..27 gives an f32 whose exponent field is the e4m3 exponent, so it is the e4m3 value
+/// times `2^-120` for normal and subnormal codes alike; the multiply by `2^120` is exact.
+pub fn e4m3_value(c: u8) -> f32 {
+    let bits = (u32::from(c & 0x80) << 24) | (u32::from(c & 0x7F) << 20);
+    f32::from_bits(bits) * f32::from_bits((127 + 120) << 23)
+}
+
+/// Whether an e4m3fn byte is NaN (the format's only non-finite codes).
+fn e4m3_is_nan(c: u8) -> bool {
+    c & 0x7F == 0x7F
 }
 
 /// The value of an e8m0 scale, `2^(e − 127)`: the exponent bits of an f32, exact for every `e`
@@ -154,6 +186,7 @@ pub struct PackedWna16 {
     k: usize,
     bits: u32,
     values: Int4Values,
+    values8: Int8Values,
     n_panels: usize,
     k_steps: usize,
     group_size: usize,
@@ -228,6 +261,34 @@ pub struct Mxfp4Desc<'a> {
     pub blocks: &'a [u8],
     /// `[N, ceil(K/32)]` e8m0 scales: block scale `2^(e − 127)`; 255 (NaN) is refused.
     pub scales: &'a [u8],
+    /// f32 bias `[N]`, added to every output row.
+    pub bias: Option<&'a [f32]>,
+}
+
+/// A run of consecutive output channels of an [`Fp8BlockDesc`], as one checkpoint tensor (or a
+/// block-aligned slice of one) stores them: its e4m3 codes and its `[128, 128]` block scales,
+/// whose block rows start at the run's first channel.
+#[derive(Debug, Clone, Copy)]
+pub struct Fp8BlockRows<'a> {
+    /// Output channels in this run.
+    pub channels: usize,
+    /// e4m3fn codes `[channels, K]` row-major; `0x7F` and `0xFF` (NaN) are refused.
+    pub codes: &'a [u8],
+    /// f32 block scales `[ceil(channels/128), ceil(K/128)]`: the weight at `[n, k]` is
+    /// `e4m3(code)·scales[n/128][k/128]` (checkpoints call them `weight_scale_inv`).
+    pub scales: &'a [f32],
+}
+
+/// What [`PackedWna16::pack_fp8_block`] takes: one FP8 block-quantized matrix `[N, K]` as runs
+/// of channels (so a fused matrix can be packed from its projections' separate tensors).
+#[derive(Debug, Clone, Copy)]
+pub struct Fp8BlockDesc<'a> {
+    /// Output channels N.
+    pub n: usize,
+    /// Reduction dimension K.
+    pub k: usize,
+    /// The channels' codes and scales, runs in channel order, `N` channels in all.
+    pub rows: &'a [Fp8BlockRows<'a>],
     /// f32 bias `[N]`, added to every output row.
     pub bias: Option<&'a [f32]>,
 }
@@ -377,10 +438,7 @@ impl PackedWna16 {
                 }
                 continue;
             }
-            for (col, &code) in src.iter().enumerate() {
-                let (word, shift) = code_at(d.bits, c, col);
-                codes[(p * k_steps + col / k_step) * PANEL + word] |= u32::from(code) << shift;
-            }
+            put_bytes(&mut codes, k_steps, row, src);
         }
         let (scales, zeros, bias) = side.pack(n, n_panels, dims.n_groups);
         Ok(Self {
@@ -388,6 +446,7 @@ impl PackedWna16 {
             k,
             bits: d.bits,
             values: Int4Values::Integer,
+            values8: Int8Values::Integer,
             n_panels,
             k_steps,
             group_size: dims.group_size,
@@ -446,6 +505,7 @@ impl PackedWna16 {
             k,
             bits: 4,
             values: Int4Values::Integer,
+            values8: Int8Values::Integer,
             n_panels,
             k_steps,
             group_size: dims.group_size,
@@ -506,6 +566,7 @@ impl PackedWna16 {
             k,
             bits: 4,
             values: Int4Values::E2m1,
+            values8: Int8Values::Integer,
             n_panels,
             k_steps: k.div_ceil(K_STEP),
             group_size: dims.group_size,
@@ -519,14 +580,111 @@ impl PackedWna16 {
         })
     }
 
-    /// What the codes stand for: integers or e2m1 values.
+    /// Validates and packs one FP8 block-quantized matrix (e4m3fn codes, f32 scales per
+    /// `128 × 128` block).
+    ///
+    /// A block scale is, for each of the block's channels, the scale of a group of 128 K
+    /// values, so the matrix becomes an int8 WNA16 matrix with groups of 128, f32 scales (each
+    /// channel's row is its block row, repeated for the block's 128 channels), no zero point
+    /// and codes decoded through [`e4m3_value`]: weights are exactly `e4m3(code)·scale`. Any K
+    /// and N are accepted (the last block row and column may be short); NaN codes are refused
+    /// as non-finite weights, naming their index in `[N, K]`.
+    pub fn pack_fp8_block(d: Fp8BlockDesc<'_>) -> Result<Self, KernelError> {
+        let (n, k) = (d.n, d.k);
+        let dims = check_dims(n, k, 8, Some(FP8_BLOCK))?;
+        let kb = dims.n_groups;
+        let channels = d
+            .rows
+            .iter()
+            .try_fold(0usize, |sum, r| sum.checked_add(r.channels))
+            .unwrap_or(usize::MAX);
+        check_len("w_fp8 channels", n, channels)?;
+        for r in d.rows {
+            check_len("w_fp8", r.channels * k, r.codes.len())?;
+            check_len(
+                "weight_scale_inv",
+                r.channels.div_ceil(FP8_BLOCK) * kb,
+                r.scales.len(),
+            )?;
+        }
+        if let Some(b) = d.bias {
+            check_len("bias", n, b.len())?;
+            check_finite("bias", b.len(), |i| b[i])?;
+        }
+        let mut first = 0;
+        for r in d.rows {
+            if let Some(at) = r.codes.iter().position(|&c| e4m3_is_nan(c)) {
+                return Err(KernelError::NonFiniteWeight {
+                    tensor: "w_fp8",
+                    index: first * k + at,
+                    value: format!("NaN (e4m3 byte {:#04x})", r.codes[at]),
+                });
+            }
+            check_finite("weight_scale_inv", r.scales.len(), |i| r.scales[i])?;
+            first += r.channels;
+        }
+
+        let n_panels = n.div_ceil(PANEL);
+        let k_steps = k.div_ceil(K_STEP8);
+        let mut codes = vec![0u32; n_panels * k_steps * PANEL];
+        let mut scales = vec![0f32; n_panels * kb * PANEL];
+        let mut row = 0;
+        for r in d.rows {
+            for local in 0..r.channels {
+                put_bytes(&mut codes, k_steps, row, &r.codes[local * k..][..k]);
+                let block_row = &r.scales[(local / FP8_BLOCK) * kb..][..kb];
+                let (p, c) = (row / PANEL, row % PANEL);
+                for (g, &s) in block_row.iter().enumerate() {
+                    scales[(p * kb + g) * PANEL + c] = s;
+                }
+                row += 1;
+            }
+        }
+        let bias = d.bias.map(|b| {
+            let mut v = vec![0f32; n_panels * PANEL];
+            v[..n].copy_from_slice(b);
+            v
+        });
+        Ok(Self {
+            n,
+            k,
+            bits: 8,
+            values: Int4Values::Integer,
+            values8: Int8Values::E4m3,
+            n_panels,
+            k_steps,
+            group_size: FP8_BLOCK,
+            channelwise: false,
+            n_groups: kb,
+            codes,
+            scales: Wna16ScaleValues::F32(scales),
+            zeros: None,
+            bias,
+            perm: None,
+        })
+    }
+
+    /// What the 4-bit codes stand for: integers or e2m1 values.
     pub fn values(&self) -> Int4Values {
         self.values
     }
 
+    /// What the 8-bit codes stand for: integers or e4m3 values.
+    pub fn int8_values(&self) -> Int8Values {
+        self.values8
+    }
+
+    /// Whether the codes are e4m3 values (FP8 block-quantized weights).
+    pub(crate) fn is_e4m3(&self) -> bool {
+        self.bits == 8 && self.values8 == Int8Values::E4m3
+    }
+
     /// The value of code `c` before the zero point is subtracted: `c` for integer codes, the
-    /// e2m1 value for MXFP4.
+    /// e2m1 value for MXFP4, the e4m3 value for FP8.
     pub fn code_value(&self, c: u8) -> f32 {
+        if self.is_e4m3() {
+            return e4m3_value(c);
+        }
         match self.values {
             Int4Values::Integer => f32::from(c),
             Int4Values::E2m1 => E2M1_VALUES[usize::from(c & 0xF)],
@@ -644,10 +802,12 @@ impl PackedWna16 {
         }
     }
 
-    /// The zero point of symmetric weights: 8 for int4, 128 for int8, 0 for e2m1 values.
+    /// The zero point of symmetric weights: 8 for int4, 128 for int8, 0 for e2m1 and e4m3
+    /// values.
     pub(crate) fn symmetric_zero(&self) -> u8 {
         match (self.values, self.bits) {
             (Int4Values::E2m1, _) => 0,
+            _ if self.is_e4m3() => 0,
             (_, 4) => 8,
             _ => 128,
         }
@@ -774,6 +934,15 @@ fn gather_words(at: &[(&[[u8; 4]], usize, usize)], k: usize) -> Vec<u32> {
         }
     }
     codes
+}
+
+/// Writes row `row`'s int8 codes (`K` bytes) into the packed int8 steps.
+fn put_bytes(codes: &mut [u32], k_steps: usize, row: usize, src: &[u8]) {
+    let (p, c) = (row / PANEL, row % PANEL);
+    for (col, &code) in src.iter().enumerate() {
+        let (word, shift) = code_at(8, c, col);
+        codes[(p * k_steps + col / K_STEP8) * PANEL + word] |= u32::from(code) << shift;
+    }
 }
 
 /// Where the code of channel `c` (within its panel) at K value `col` lives inside its step:
@@ -1081,6 +1250,203 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Every e4m3fn byte decodes to its value computed from the format's definition in f64:
+    /// normals `2^(e − 7)·(1 + m/8)`, subnormals `2^-6·m/8`, signed zeros, up to ±448.
+    #[test]
+    fn e4m3_value_matches_the_format_definition() {
+        for b in 0u8..=255 {
+            if b & 0x7F == 0x7F {
+                assert!(e4m3_is_nan(b));
+                continue;
+            }
+            let (e, m) = (i32::from((b >> 3) & 0xF), f64::from(b & 7));
+            let mag = if e == 0 {
+                2f64.powi(-6) * m / 8.0
+            } else {
+                2f64.powi(e - 7) * (1.0 + m / 8.0)
+            };
+            let want = if b & 0x80 != 0 { -mag } else { mag };
+            let got = e4m3_value(b);
+            assert_eq!(f64::from(got), want, "byte {b:#04x}");
+            assert_eq!(got.is_sign_negative(), b & 0x80 != 0, "sign of {b:#04x}");
+        }
+        assert_eq!(e4m3_value(0x7E), 448.0);
+        assert_eq!(e4m3_value(0x01), 2f32.powi(-9));
+    }
+
+    /// FP8 blocks: codes land where the int8 layout puts them, each channel's scale row is its
+    /// block row (runs start their own block rows), weights dequantize to `e4m3·scale`; ragged
+    /// N and K, N past one block row.
+    #[test]
+    fn pack_fp8_block_repeats_block_scales_per_channel() {
+        let mut rng = SplitMix64::new(0xf8);
+        for (n, k, split) in [
+            (1usize, 1usize, 0usize),
+            (3, 129, 1),
+            (17, 130, 16),
+            (130, 300, 128),
+            (257, 128, 129),
+        ] {
+            let kb = k.div_ceil(FP8_BLOCK);
+            let codes: Vec<u8> = (0..n * k)
+                .map(|_| match rng.next_u64() as u8 {
+                    b if b & 0x7F == 0x7F => 0x80,
+                    b => b,
+                })
+                .collect();
+            let runs = [(0, split), (split, n)];
+            let scales: Vec<Vec<f32>> = runs
+                .iter()
+                .map(|&(a, b)| {
+                    (0..(b - a).div_ceil(FP8_BLOCK) * kb)
+                        .map(|i| 1.0 + i as f32 / 64.0)
+                        .collect()
+                })
+                .collect();
+            let rows: Vec<Fp8BlockRows<'_>> = runs
+                .iter()
+                .zip(&scales)
+                .map(|(&(a, b), s)| Fp8BlockRows {
+                    channels: b - a,
+                    codes: &codes[a * k..b * k],
+                    scales: s,
+                })
+                .collect();
+            let p = PackedWna16::pack_fp8_block(Fp8BlockDesc {
+                n,
+                k,
+                rows: &rows,
+                bias: None,
+            })
+            .unwrap();
+            assert_eq!(p.int8_values(), Int8Values::E4m3);
+            assert_eq!((p.bits(), p.group_size(), p.n_groups()), (8, FP8_BLOCK, kb));
+            assert!(!p.is_asymmetric() && !p.is_channelwise());
+            let (got_codes, got_scales, zeros) = p.unpack();
+            assert_eq!(got_codes, codes, "n {n} k {k}");
+            assert!(zeros.iter().all(|&z| z == 0));
+            let dq = p.dequantize_f64();
+            for row in 0..n {
+                let (run, first) = if row < split { (0, 0) } else { (1, split) };
+                let block_row = (row - first) / FP8_BLOCK;
+                for g in 0..kb {
+                    let s = scales[run][block_row * kb + g];
+                    assert_eq!(got_scales[row * kb + g], s, "n {n} k {k} [{row}, {g}]");
+                }
+                for col in 0..k {
+                    let s = f64::from(scales[run][block_row * kb + col / FP8_BLOCK]);
+                    let want = f64::from(e4m3_value(codes[row * k + col])) * s;
+                    assert_eq!(dq[row * k + col], want);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_fp8_inputs_are_typed_errors() {
+        let codes = [0x38u8; 6];
+        let scales = [1f32; 2];
+        let pack = |codes: &[u8], scales: &[f32], channels: usize| {
+            PackedWna16::pack_fp8_block(Fp8BlockDesc {
+                n: 2,
+                k: 3,
+                rows: &[Fp8BlockRows {
+                    channels,
+                    codes,
+                    scales,
+                }],
+                bias: None,
+            })
+        };
+        assert!(pack(&codes, &scales[..1], 2).is_ok());
+        assert!(matches!(
+            pack(&codes, &scales[..1], 1),
+            Err(KernelError::LengthMismatch {
+                tensor: "w_fp8 channels",
+                expected: 2,
+                got: 1
+            })
+        ));
+        assert!(matches!(
+            pack(&codes[..5], &scales[..1], 2),
+            Err(KernelError::LengthMismatch {
+                tensor: "w_fp8",
+                expected: 6,
+                got: 5
+            })
+        ));
+        assert!(matches!(
+            pack(&codes, &scales, 2),
+            Err(KernelError::LengthMismatch {
+                tensor: "weight_scale_inv",
+                expected: 1,
+                got: 2
+            })
+        ));
+        for nan in [0x7Fu8, 0xFF] {
+            let mut bad = codes;
+            bad[4] = nan;
+            assert!(matches!(
+                pack(&bad, &scales[..1], 2),
+                Err(KernelError::NonFiniteWeight {
+                    tensor: "w_fp8",
+                    index: 4,
+                    ..
+                })
+            ));
+        }
+        assert!(matches!(
+            pack(&codes, &[f32::INFINITY], 2),
+            Err(KernelError::NonFiniteWeight {
+                tensor: "weight_scale_inv",
+                index: 0,
+                ..
+            })
+        ));
+        // The index of a NaN code counts the channels of the runs before it.
+        let rows = [
+            Fp8BlockRows {
+                channels: 1,
+                codes: &codes[..3],
+                scales: &scales[..1],
+            },
+            Fp8BlockRows {
+                channels: 1,
+                codes: &[0, 0xFF, 0],
+                scales: &scales[..1],
+            },
+        ];
+        let two = |bias| {
+            PackedWna16::pack_fp8_block(Fp8BlockDesc {
+                n: 2,
+                k: 3,
+                rows: &rows,
+                bias,
+            })
+        };
+        assert!(matches!(
+            two(None),
+            Err(KernelError::NonFiniteWeight {
+                tensor: "w_fp8",
+                index: 4,
+                ..
+            })
+        ));
+        assert!(matches!(
+            two(Some(&[0.0])),
+            Err(KernelError::LengthMismatch { tensor: "bias", .. })
+        ));
+        assert!(matches!(
+            PackedWna16::pack_fp8_block(Fp8BlockDesc {
+                n: 0,
+                k: 0,
+                rows: &[],
+                bias: None
+            }),
+            Err(KernelError::UnsupportedDim { dim: "K", .. })
+        ));
     }
 
     #[test]

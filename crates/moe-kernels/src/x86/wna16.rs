@@ -13,7 +13,12 @@
 //!
 //! int8 weights: one step holds 4 K values as 16 consecutive channel bytes each; K value `j`
 //! is one 16-byte load, `vpmovzxbd`, `vcvtdq2ps` and the subtraction of the zero (128 when
-//! symmetric), with the same partial-sum chains and group epilogue.
+//! symmetric), with the same partial-sum chains and group epilogue. e4m3 codes (FP8 weights)
+//! sign-extend to 16 bits instead (`vpmovsxbw`) and shift left by 7, which puts the seven
+//! magnitude bits at bits 7..13 and copies of the sign at bits 14 and 15; clearing bit 14
+//! leaves an f16 equal to the e4m3 value times `2^-8` (normal and subnormal codes alike, as
+//! f16's exponent field is one bit wider with bias 15). `vcvtph2ps` widens it exactly and one
+//! multiply by `2^8` restores the value, so no f32 subnormal is ever an operand.
 //!
 //! AVX2: the portable body compiled with AVX2 enabled; it keeps the reference's separate
 //! multiply and add, so its results equal the scalar reference bit for bit.
@@ -137,13 +142,32 @@ fn decode8(step: &[u32; 16], j: usize, zero: __m512) -> __m512 {
     _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)), zero)
 }
 
+/// Decodes K value `j` of an int8 step of e4m3 codes (16 consecutive bytes) to f32.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+fn decode_e4m3(step: &[u32; 16], j: usize) -> __m512 {
+    let bytes: &[u32; 4] = step[4 * j..4 * j + 4].try_into().expect("16 bytes");
+    // SAFETY: the reference covers 16 readable bytes, and the load is unaligned.
+    let v = unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) };
+    let shifted = _mm256_slli_epi16::<7>(_mm256_cvtepi8_epi16(v));
+    // Bit 14 holds a second copy of the sign; an f16 needs it clear (0xBFFF as an i16).
+    let half = _mm256_and_si256(shifted, _mm256_set1_epi16(!0x4000));
+    _mm512_mul_ps(_mm512_cvtph_ps(half), _mm512_set1_ps(256.0))
+}
+
 /// Computes rows `m0..m0 + R` of panel `p` (see the module docs).
 ///
 /// # Safety
 /// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`;
 ///   `m0 + R ≤ job.m` and `job.x` holds `m·K` values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn tile<const BITS: u32, const R: usize, const C: usize, const ASYM: bool>(
+unsafe fn tile<
+    const BITS: u32,
+    const R: usize,
+    const C: usize,
+    const ASYM: bool,
+    const E4M3: bool,
+>(
     job: &Wna16Job<'_>,
     p: usize,
     m0: usize,
@@ -181,7 +205,11 @@ unsafe fn tile<const BITS: u32, const R: usize, const C: usize, const ASYM: bool
                 prefetch_ahead(step);
                 let xs: [&[f32; K_STEP8]; R] = std::array::from_fn(|r| &row_steps8[r][s]);
                 for j in 0..K_STEP8 {
-                    let wj = decode8(step, j, zero);
+                    let wj = if E4M3 {
+                        decode_e4m3(step, j)
+                    } else {
+                        decode8(step, j, zero)
+                    };
                     for r in 0..R {
                         let c = j % C;
                         part[c][r] = _mm512_fmadd_ps(_mm512_set1_ps(xs[r][j]), wj, part[c][r]);
@@ -189,7 +217,11 @@ unsafe fn tile<const BITS: u32, const R: usize, const C: usize, const ASYM: bool
                 }
             }
             for kk in s_full * K_STEP8..k1 {
-                let wj = decode8(&steps[s_full], kk % K_STEP8, zero);
+                let wj = if E4M3 {
+                    decode_e4m3(&steps[s_full], kk % K_STEP8)
+                } else {
+                    decode8(&steps[s_full], kk % K_STEP8, zero)
+                };
                 for r in 0..R {
                     part[0][r] = _mm512_fmadd_ps(_mm512_set1_ps(rows[r][kk]), wj, part[0][r]);
                 }
@@ -274,19 +306,22 @@ type TileFn = unsafe fn(&Wna16Job<'_>, usize, usize);
 /// # Safety
 /// - As [`crate::wna16::Wna16PanelsFn`], on a CPU with AVX-512 F/BW/VL.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn panels<const BITS: u32, const ASYM: bool>(job: &Wna16Job<'_>, panels: Range<usize>) {
+unsafe fn panels<const BITS: u32, const ASYM: bool, const E4M3: bool>(
+    job: &Wna16Job<'_>,
+    panels: Range<usize>,
+) {
     for p in panels {
         for rows in crate::ukernel::row_tiles(job.m, MR) {
             let (m0, mr) = (rows.start, rows.len());
             let tile_fn: TileFn = match mr {
-                1 => tile::<BITS, 1, 4, ASYM>,
-                2 => tile::<BITS, 2, 4, ASYM>,
-                3 => tile::<BITS, 3, 2, ASYM>,
-                4 => tile::<BITS, 4, 2, ASYM>,
-                5 => tile::<BITS, 5, 1, ASYM>,
-                6 => tile::<BITS, 6, 1, ASYM>,
-                7 => tile::<BITS, 7, 1, ASYM>,
-                _ => tile::<BITS, MR, 1, ASYM>,
+                1 => tile::<BITS, 1, 4, ASYM, E4M3>,
+                2 => tile::<BITS, 2, 4, ASYM, E4M3>,
+                3 => tile::<BITS, 3, 2, ASYM, E4M3>,
+                4 => tile::<BITS, 4, 2, ASYM, E4M3>,
+                5 => tile::<BITS, 5, 1, ASYM, E4M3>,
+                6 => tile::<BITS, 6, 1, ASYM, E4M3>,
+                7 => tile::<BITS, 7, 1, ASYM, E4M3>,
+                _ => tile::<BITS, MR, 1, ASYM, E4M3>,
             };
             // SAFETY: rows `m0..m0 + mr` lie within `0..m`, panel `p` is ours (caller), and the
             // caller's CPU has the features the tile needs.
@@ -301,10 +336,11 @@ unsafe fn panels<const BITS: u32, const ASYM: bool>(job: &Wna16Job<'_>, panels: 
 /// - As [`crate::wna16::Wna16PanelsFn`], on a CPU with AVX-512 F/BW/VL.
 pub(crate) unsafe fn panels_avx512(job: &Wna16Job<'_>, range: Range<usize>) {
     let walk: unsafe fn(&Wna16Job<'_>, Range<usize>) = match (job.w.bits(), job.w.zeros()) {
-        (4, None) => panels::<4, false>,
-        (4, Some(_)) => panels::<4, true>,
-        (_, None) => panels::<8, false>,
-        (_, Some(_)) => panels::<8, true>,
+        _ if job.w.is_e4m3() => panels::<8, false, true>,
+        (4, None) => panels::<4, false, false>,
+        (4, Some(_)) => panels::<4, true, false>,
+        (_, None) => panels::<8, false, false>,
+        (_, Some(_)) => panels::<8, true, false>,
     };
     // SAFETY: forwarded from the caller.
     unsafe { walk(job, range) }

@@ -170,6 +170,15 @@ pub enum QuantScheme {
     /// MXFP4 (`quant_method: mxfp4`, gpt-oss): e2m1 codes in `*_blocks` `[E, N, K/32, 16]`,
     /// e8m0 scales in `*_scales` `[E, N, K/32]`, one per 32 input columns.
     Mxfp4,
+    /// FP8 block quantization (`quant_method: fp8`, `weight_block_size: [128, 128]`, dynamic
+    /// activations: DeepSeek-V3/R1, Qwen3 `-FP8`): e4m3 `weight` `[n, k]` and f32
+    /// `weight_scale_inv` `[ceil(n/128), ceil(k/128)]` per projection, a weight being
+    /// `e4m3·scale_inv` of its block. The activations run in float here (see `checkpoint::fp8`).
+    Fp8Block {
+        /// Modules the recipe left unquantized (`ignored_layers` or `modules_to_not_convert`),
+        /// as written; an expert projection found unquantized is refused by its dtype.
+        ignored: Vec<String>,
+    },
 }
 
 impl QuantScheme {
@@ -182,6 +191,7 @@ impl QuantScheme {
             Self::Gptq { .. } => "gptq",
             Self::Awq { .. } => "awq",
             Self::Mxfp4 => "mxfp4",
+            Self::Fp8Block { .. } => "fp8",
         }
     }
 
@@ -672,13 +682,14 @@ fn quant_scheme(file: &Path, qc: &serde_json::Value) -> Result<QuantScheme, Laye
         }
         "awq" => awq_scheme(file, qc),
         "mxfp4" => mxfp4_scheme(file, qc),
+        "fp8" => super::fp8::fp8_scheme(file, qc),
         "" => Err(unsupported(
             "unknown".into(),
             "quantization_config has no quant_method".into(),
         )),
         other => Err(unsupported(
             other.to_string(),
-            "moe-rs loads compressed-tensors (int-quantized, pack-quantized), gptq, awq and mxfp4"
+            "moe-rs loads compressed-tensors (int-quantized, pack-quantized), gptq, awq, mxfp4 and fp8"
                 .into(),
         )),
     }

@@ -67,6 +67,8 @@ pub(crate) enum Format {
     Awq { group_size: Option<usize> },
     /// MXFP4 (gpt-oss): fused per layer, read by the reader's own path, never per projection.
     Mxfp4,
+    /// FP8 blocks: read by `checkpoint::fp8`, not through the logical layout.
+    Fp8Block,
 }
 
 /// How an asymmetric GPTQ checkpoint stores its zero points.
@@ -121,13 +123,16 @@ impl Format {
             },
             QuantScheme::Awq { group_size } => Self::Awq { group_size },
             QuantScheme::Mxfp4 => Self::Mxfp4,
+            QuantScheme::Fp8Block { .. } => Self::Fp8Block,
         }
     }
 
     /// The tensor whose presence identifies a projection in this format.
     pub(crate) fn primary(self) -> ParamKind {
         match self {
-            Self::Float | Self::IntQuantized { .. } | Self::Mxfp4 => ParamKind::Weight,
+            Self::Float | Self::IntQuantized { .. } | Self::Mxfp4 | Self::Fp8Block => {
+                ParamKind::Weight
+            }
             Self::PackQuantized { .. } => ParamKind::WeightPacked,
             Self::Gptq { .. } | Self::Awq { .. } => ParamKind::QWeight,
         }
@@ -138,6 +143,7 @@ impl Format {
         match self {
             Self::Float => None,
             Self::IntQuantized { .. } | Self::Awq { .. } | Self::Mxfp4 => Some(4),
+            Self::Fp8Block => Some(8),
             Self::PackQuantized { bits, .. } | Self::Gptq { bits, .. } => Some(bits),
         }
     }
@@ -145,7 +151,7 @@ impl Format {
     /// Columns per scale group (`None` for float weights or channelwise scales).
     pub(crate) fn group_size(self) -> Option<usize> {
         match self {
-            Self::Float => None,
+            Self::Float | Self::Fp8Block => None,
             Self::IntQuantized { group_size, .. }
             | Self::PackQuantized { group_size, .. }
             | Self::Gptq { group_size, .. }
@@ -244,7 +250,7 @@ fn name(prefix: &str, kind: ParamKind) -> String {
 }
 
 /// Checks a 2-D tensor against `[rows, cols]` where each dim comes from a config field.
-fn check_config_shape(
+pub(crate) fn check_config_shape(
     t: &TensorRef<'_>,
     rows: Dim,
     cols: Dim,
@@ -392,6 +398,15 @@ pub(crate) fn read_projection<'a>(
             field: "format",
             reason: format!(
                 "{}: MXFP4 experts are stored fused per layer, not per projection",
+                req.prefix
+            ),
+        }),
+        Format::Fp8Block => Err(LayerError::UnsupportedScheme {
+            file: req.config.to_path_buf(),
+            scheme: "fp8".into(),
+            reason: format!(
+                "{}: FP8 block-quantized experts are loaded by MoeLayer::from_checkpoint, not \
+                 read into the fused integer layout",
                 req.prefix
             ),
         }),

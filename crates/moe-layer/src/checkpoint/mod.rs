@@ -10,6 +10,8 @@
 //! 3. [`names`]: the tensor names of each family and their mapping to (expert, shard, kind).
 //! 4. `formats` (private): one projection decoded from its storage format (float,
 //!    compressed-tensors `int-quantized` / `pack-quantized`, GPTQ) into a logical `[n, k]` form.
+//!    FP8 block-quantized projections are read by `fp8` (private) into e4m3 codes and block
+//!    scales, which the layer packs without a detour through the fused logical layout.
 //! 5. [`read`]: [`Checkpoint::read_layer`] fuses the projections into [`MoeLayerTensors`],
 //!    sliced for tensor parallelism and filtered by an expert map.
 //!
@@ -29,12 +31,14 @@
 pub mod config;
 mod decode;
 mod formats;
+mod fp8;
 pub mod names;
 pub mod read;
 pub mod shards;
 
 pub use config::{ModelFamily, MoeModelSpec, QuantScheme, RoutingSpec, SharedExpertSpec};
 pub use decode::FloatData;
+pub use fp8::Fp8LayerInfo;
 pub use names::{ExpertParam, MoeNames, ParamKind, ShardId};
 pub use read::{
     ActOrder, Checkpoint, ExpertTensors, ExpertWeights, IntExperts, MoeLayerTensors, Mxfp4Experts,
@@ -43,4 +47,5 @@ pub use read::{
 pub use shards::{Dtype, ShardAccess, TensorRef, TensorSource};
 
 pub(crate) use formats::WordProj;
+pub(crate) use fp8::{Fp8Expert, Fp8Group};
 pub(crate) use read::{ExpertWords, Mxfp4Proj};

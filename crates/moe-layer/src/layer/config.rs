@@ -52,6 +52,14 @@ pub enum LayerQuant {
     /// e2m1 table). Loaded from a checkpoint's fused tensors only
     /// ([`crate::MoeLayer::load_from_checkpoint`]), not tensor by tensor.
     Mxfp4,
+    /// FP8 block quantization (DeepSeek-V3/R1, Qwen3 `-FP8`): e4m3 weights with an f32 scale
+    /// per `128 × 128` block, run on the native WNA16 kernels (each block row's scales are
+    /// its channels' group scales of 128) with float activations and f32 accumulation; the
+    /// checkpoint's dynamic fp8 activations are not emulated. Loaded from a checkpoint only
+    /// (`MoeLayer::from_checkpoint` and its variants, with the `checkpoint` feature), which
+    /// packs each expert straight from the stored bytes; H and I need not be multiples of 128,
+    /// but a tensor-parallel slice of I must be.
+    Fp8Block,
 }
 
 impl LayerQuant {
@@ -71,7 +79,8 @@ impl LayerQuant {
             }
             | Self::Int8Online
             | Self::Unquantized
-            | Self::Mxfp4 => 1,
+            | Self::Mxfp4
+            | Self::Fp8Block => 1,
         }
     }
 
@@ -80,7 +89,7 @@ impl LayerQuant {
         match self {
             Self::W4A8 { group_size } | Self::Wna16 { group_size, .. } => group_size,
             Self::Mxfp4 => Some(moe_kernels::packed::wna16::MXFP4_BLOCK),
-            Self::Int8Online | Self::Unquantized => None,
+            Self::Int8Online | Self::Unquantized | Self::Fp8Block => None,
         }
     }
 
@@ -105,6 +114,7 @@ impl LayerQuant {
             Self::Unquantized => "unquantized",
             Self::Wna16 { .. } => "wna16",
             Self::Mxfp4 => "mxfp4",
+            Self::Fp8Block => "fp8-block",
         }
     }
 }
@@ -490,6 +500,13 @@ impl MoeLayerConfig {
                 reason,
             })
         };
+        if self.quant == LayerQuant::Fp8Block {
+            return refuse(
+                "int8 activations run on the W4A8 kernels, which hold 4-bit integer codes, not \
+                 e4m3 ones"
+                    .into(),
+            );
+        }
         let LayerQuant::Wna16 {
             bits,
             group_size,

@@ -67,6 +67,7 @@ impl MoeLayerConfig {
                 zero_points: true,
             },
             QuantScheme::Mxfp4 => LayerQuant::Mxfp4,
+            QuantScheme::Fp8Block { .. } => LayerQuant::Fp8Block,
         };
         let gpt_oss = spec.family == ModelFamily::GptOss;
         let activation = match spec.activation.as_str() {
@@ -225,6 +226,9 @@ impl MoeLayer {
     ) -> Result<Self, LayerError> {
         let cfg = MoeLayerConfig::from_spec(ckpt.spec(), 0, 1, None, max_tokens)?
             .with_wna16_activations(opts.wna16_activations);
+        if cfg.quant == LayerQuant::Fp8Block {
+            return Self::fp8_from_checkpoint(ckpt, layer, cfg, opts);
+        }
         if let Some(moe) = Self::streamed(ckpt, layer, &cfg, opts) {
             return Ok(moe);
         }
@@ -281,6 +285,9 @@ impl MoeLayer {
             max_tokens,
         )?
         .with_wna16_activations(load.wna16_activations);
+        if cfg.quant == LayerQuant::Fp8Block {
+            return Self::fp8_from_checkpoint(ckpt, layer, cfg, load);
+        }
         cfg.validate()?;
         let opts = ReadOptions {
             shared_experts: cfg.shared_experts.is_some(),
@@ -565,6 +572,24 @@ impl MoeLayer {
         layer: usize,
     ) -> Result<(), LayerError> {
         let cfg = self.cfg.clone();
+        if cfg.quant == LayerQuant::Fp8Block {
+            // Packed as read, so the layer comes back processed (`process` then does nothing).
+            self.params_mut()?;
+            let par = self.par;
+            let loaded =
+                Self::fp8_from_checkpoint(ckpt, layer, cfg, &LoadOptions::new().with_par(par));
+            return match loaded {
+                Ok(mut moe) => {
+                    moe.set_parallelism(par);
+                    *self = moe;
+                    Ok(())
+                }
+                Err(e) => {
+                    self.state = super::State::Unusable(e.to_string());
+                    Err(e)
+                }
+            };
+        }
         let opts = ReadOptions {
             tp_rank: cfg.tp_rank,
             tp_size: cfg.tp_size,

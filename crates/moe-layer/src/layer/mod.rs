@@ -23,6 +23,7 @@
 
 mod backend;
 mod config;
+mod fp8;
 #[cfg(feature = "checkpoint")]
 mod from_checkpoint;
 mod marlin;
@@ -268,7 +269,12 @@ impl MoeLayer {
         kind: TensorKind,
         view: &TensorView<'_>,
     ) -> Result<(), LayerError> {
-        self.guarded(|cfg, p| p.load_expert_tensor(cfg, expert, shard, kind, view))
+        self.guarded(|cfg, p| {
+            if cfg.quant == LayerQuant::Fp8Block {
+                return Err(fp8::not_by_name(view.name));
+            }
+            p.load_expert_tensor(cfg, expert, shard, kind, view)
+        })
     }
 
     /// Loads one whole checkpoint tensor of the shared experts (the fused shared MLP as one
@@ -686,6 +692,7 @@ impl MoeLayer {
                     ),
                 });
             }
+            LayerQuant::Fp8Block => return Err(fp8::not_by_name("the expert weights")),
             LayerQuant::Unquantized => {
                 let (w13, w2) = pack_dense(params, h, i)?;
                 Experts::Dense(FusedMoe::new(

@@ -448,3 +448,149 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// One FP8 block-quantized projection as written: e4m3fn bytes `[n, k]` and f32 block scales
+/// `[ceil(n/128), ceil(k/128)]`.
+pub struct Fp8Proj {
+    pub n: usize,
+    pub k: usize,
+    pub codes: Vec<u8>,
+    pub scales: Vec<f32>,
+}
+
+impl Fp8Proj {
+    /// The value of an e4m3fn byte from the format's definition (sign, four exponent bits with
+    /// bias 7, three mantissa bits; exponent 0 is subnormal), in f64.
+    pub fn e4m3(b: u8) -> f64 {
+        let (e, m) = (i32::from((b >> 3) & 0xF), f64::from(b & 7));
+        let mag = if e == 0 {
+            m / 8.0 * 2f64.powi(-6)
+        } else {
+            (1.0 + m / 8.0) * 2f64.powi(e - 7)
+        };
+        if b & 0x80 != 0 { -mag } else { mag }
+    }
+
+    /// The dequantized weights `[n, k]` in f64: `e4m3(code)·scale` of the code's block.
+    pub fn dequantized(&self) -> Vec<f64> {
+        let kb = self.k.div_ceil(128);
+        (0..self.n * self.k)
+            .map(|i| {
+                let (r, c) = (i / self.k, i % self.k);
+                Self::e4m3(self.codes[i]) * f64::from(self.scales[(r / 128) * kb + c / 128])
+            })
+            .collect()
+    }
+}
+
+/// A random FP8 projection: any non-NaN byte, with subnormals and both zeros common.
+pub fn fp8_proj(rng: &mut SplitMix64, n: usize, k: usize) -> Fp8Proj {
+    let codes = (0..n * k)
+        .map(|_| {
+            let b = rng.below(256) as u8;
+            let b = if rng.below(8) == 0 { b & 0x87 } else { b };
+            if b & 0x7F == 0x7F { b ^ 0x08 } else { b }
+        })
+        .collect();
+    let scales = rng.vec_uniform(n.div_ceil(128) * k.div_ceil(128), 2e-5, 4e-4);
+    Fp8Proj {
+        n,
+        k,
+        codes,
+        scales,
+    }
+}
+
+/// A one-layer FP8 block-quantized checkpoint (`quant_method: fp8`, `[128, 128]` blocks,
+/// dynamic activations) of `model_type` (`qwen3_moe` or `deepseek_v3`, the latter with one
+/// shared expert and a correction bias), shaped `[experts, top_k, hidden, intermediate]`;
+/// returns it with the projections `[expert][gate, up, down]` (then the shared MLP's, if any).
+pub fn fp8_block(
+    model_type: &str,
+    [e, top_k, h, i]: [usize; 4],
+    seed: u64,
+) -> (Ckpt, Vec<[Fp8Proj; 3]>) {
+    let mut rng = SplitMix64::new(seed);
+    let mut config = json!({
+        "model_type": model_type,
+        "architectures": [],
+        "torch_dtype": "bfloat16",
+        "hidden_act": "silu",
+        "hidden_size": h,
+        "num_hidden_layers": 1,
+        "num_experts_per_tok": top_k,
+        "moe_intermediate_size": i,
+        "quantization_config": {
+            "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+            "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head"],
+        },
+    });
+    let c = config.as_object_mut().unwrap();
+    let deepseek = model_type == "deepseek_v3";
+    if deepseek {
+        c.insert("n_routed_experts".into(), json!(e));
+        c.insert("n_group".into(), json!(2));
+        c.insert("topk_group".into(), json!(1));
+        c.insert("n_shared_experts".into(), json!(1));
+        c.insert("first_k_dense_replace".into(), json!(0));
+    } else {
+        c.insert("num_experts".into(), json!(e));
+        c.insert("norm_topk_prob".into(), json!(true));
+    }
+    let mut ck = Ckpt {
+        config,
+        tensors: BTreeMap::new(),
+    };
+    ck.put(
+        "model.layers.0.mlp.gate.weight",
+        Dtype::BF16,
+        &[e, h],
+        bf16_bytes(&rng.vec_uniform(e * h, -0.5, 0.5)),
+    );
+    if deepseek {
+        let bias = rng.vec_uniform(e, -0.1, 0.1);
+        ck.put(
+            "model.layers.0.mlp.gate.e_score_correction_bias",
+            Dtype::F32,
+            &[e],
+            f32_bytes(&bias),
+        );
+    }
+    let mut prefixes: Vec<String> = (0..e)
+        .map(|x| format!("model.layers.0.mlp.experts.{x}"))
+        .collect();
+    if deepseek {
+        prefixes.push("model.layers.0.mlp.shared_experts".into());
+    }
+    let mut experts = Vec::new();
+    for prefix in prefixes {
+        let ps = [
+            fp8_proj(&mut rng, i, h),
+            fp8_proj(&mut rng, i, h),
+            fp8_proj(&mut rng, h, i),
+        ];
+        for (p, name) in ps.iter().zip(["gate_proj", "up_proj", "down_proj"]) {
+            ck.put_fp8(&format!("{prefix}.{name}"), p);
+        }
+        experts.push(ps);
+    }
+    (ck, experts)
+}
+
+impl Ckpt {
+    /// Writes one FP8 projection: `weight` (F8_E4M3) and `weight_scale_inv` (f32).
+    pub fn put_fp8(&mut self, prefix: &str, p: &Fp8Proj) {
+        self.put(
+            &format!("{prefix}.weight"),
+            Dtype::F8_E4M3,
+            &[p.n, p.k],
+            p.codes.clone(),
+        );
+        self.put(
+            &format!("{prefix}.weight_scale_inv"),
+            Dtype::F32,
+            &[p.n.div_ceil(128), p.k.div_ceil(128)],
+            f32_bytes(&p.scales),
+        );
+    }
+}

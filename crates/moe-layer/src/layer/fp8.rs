@@ -1,0 +1,171 @@
+//! FP8 block-quantized layers ([`crate::LayerQuant::Fp8Block`]): each expert is read from the
+//! checkpoint and packed straight into [`moe_kernels::PackedWna16`] with e4m3 codes
+//! ([`moe_kernels::PackedWna16::pack_fp8_block`]), so the unpacked layer never exists; the
+//! experts then run on the native WNA16 kernels like any other weight-only layer.
+//!
+//! Such a layer has no tensor-by-tensor road: its weights are e4m3 bytes with block scales,
+//! which the name-based loader (i8 codes, per-group scales) does not describe, so
+//! [`crate::MoeLayer::load_expert_tensor`] and [`crate::MoeLayer::process`] refuse it with
+//! [`not_by_name`].
+
+use crate::LayerError;
+
+#[cfg(feature = "checkpoint")]
+use super::config::LayerQuant;
+#[cfg(feature = "checkpoint")]
+use super::from_checkpoint::{LoadOptions, LoadProgress};
+#[cfg(feature = "checkpoint")]
+use super::{Experts, MoeLayer, MoeLayerConfig, State};
+#[cfg(feature = "checkpoint")]
+use crate::checkpoint::{Checkpoint, Fp8Expert, Fp8Group, ReadOptions};
+#[cfg(feature = "checkpoint")]
+use moe_kernels::{ExpertWeights, Fp8BlockDesc, Fp8BlockRows, FusedMoe, PackedWna16, Par};
+
+/// The refusal of every road but the checkpoint's for FP8 weights (`what` names the tensor).
+pub(super) fn not_by_name(what: &str) -> LayerError {
+    LayerError::InvalidArgument {
+        field: "quant",
+        reason: format!(
+            "{what}: FP8 block-quantized experts are loaded from a checkpoint \
+             (MoeLayer::from_checkpoint and its variants, or load_from_checkpoint), not tensor \
+             by tensor"
+        ),
+    }
+}
+
+/// Packs one expert's `w13` (gate rows, then up rows, each with its own block rows) and `w2`.
+#[cfg(feature = "checkpoint")]
+fn pack_expert(ex: &Fp8Expert<'_>) -> Result<(PackedWna16, PackedWna16), LayerError> {
+    let [gate, up] = &ex.w13;
+    let rows = [gate, up].map(|p| Fp8BlockRows {
+        channels: p.n,
+        codes: &p.codes,
+        scales: &p.scales,
+    });
+    let w13 = PackedWna16::pack_fp8_block(Fp8BlockDesc {
+        n: gate.n + up.n,
+        k: gate.k,
+        rows: &rows,
+        bias: None,
+    })?;
+    let w2 = PackedWna16::pack_fp8_block(Fp8BlockDesc {
+        n: ex.w2.n,
+        k: ex.w2.k,
+        rows: &[Fp8BlockRows {
+            channels: ex.w2.n,
+            codes: &ex.w2.codes,
+            scales: &ex.w2.scales,
+        }],
+        bias: None,
+    })?;
+    Ok((w13, w2))
+}
+
+#[cfg(feature = "checkpoint")]
+impl MoeLayer {
+    /// Builds, loads and readies an FP8 block-quantized layer from `ckpt` for the rank and
+    /// experts `cfg` names: router (and correction bias), every local expert packed as it is
+    /// read (over `opts.par`), the shared experts as a layer of their own.
+    pub(super) fn fp8_from_checkpoint(
+        ckpt: &Checkpoint,
+        layer: usize,
+        cfg: MoeLayerConfig,
+        opts: &LoadOptions<'_>,
+    ) -> Result<Self, LayerError> {
+        debug_assert_eq!(cfg.quant, LayerQuant::Fp8Block);
+        cfg.validate()?;
+        let tp = (cfg.tp_rank, cfg.tp_size);
+        let read = ReadOptions::single_rank()
+            .with_tensor_parallel(cfg.tp_rank, cfg.tp_size)
+            .with_expert_map(cfg.expert_map.as_deref())
+            .with_shared_experts(cfg.shared_experts.is_some());
+        let (router, local) = ckpt.read_layer_head(layer, &read)?;
+        // `create` allocates nothing for the experts of an FP8 layer, but the first expert is
+        // read before it anyway, so that a config declaring huge sizes fails on the tensors.
+        if let Some(&first) = local.first() {
+            ckpt.read_fp8_expert(layer, first, Fp8Group::Routed, tp)?;
+        }
+        let mut moe = Self::create(cfg)?;
+        moe.load_router_weight(&router.weight.to_f32_vec())?;
+        if let Some(bias) = &router.correction_bias {
+            moe.load_router_correction_bias(bias)?;
+        }
+        if local != moe.cfg.local_experts() {
+            return Err(LayerError::InvalidArgument {
+                field: "local_experts",
+                reason: format!(
+                    "layer {layer}: expected {:?}, checkpoint has {local:?}",
+                    moe.cfg.local_experts()
+                ),
+            });
+        }
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        let total = local.len();
+        let packed = crate::par::map_indexed(total, opts.par, |x| {
+            let ex = ckpt.read_fp8_expert(layer, local[x], Fp8Group::Routed, tp)?;
+            let pair = pack_expert(&ex)?;
+            let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            if let Some(report) = opts.progress {
+                report(LoadProgress { done: n, total });
+            }
+            Ok(pair)
+        });
+        let (w13, w2): (Vec<_>, Vec<_>) = packed
+            .into_iter()
+            .collect::<Result<Vec<_>, LayerError>>()?
+            .into_iter()
+            .unzip();
+        if let Some(shared) = moe.shared.as_mut() {
+            let ex = ckpt.read_fp8_expert(layer, 0, Fp8Group::Shared, tp)?;
+            let (a, b) = pack_expert(&ex)?;
+            shared.ready_fp8(vec![a], vec![b])?;
+            if moe.cfg.shared_experts.is_some_and(|s| s.gated) {
+                let name = ckpt.names().shared_expert_gate(layer).unwrap_or_default();
+                let t = ckpt.source().get(&name)?;
+                let h = moe.cfg.hidden;
+                t.expect_shape(&[1, h])?;
+                let gate = crate::checkpoint::FloatData::from_le_bytes(t.dtype, t.bytes)
+                    .ok_or_else(|| LayerError::WrongDtype {
+                        tensor: t.name.clone(),
+                        file: t.file.to_path_buf(),
+                        expected: "f32 or bf16 or f16".into(),
+                        actual: crate::checkpoint::shards::dtype_name(t.dtype),
+                    })?;
+                moe.load_shared_expert_gate(&gate.to_f32_vec())?;
+            }
+        }
+        moe.ready_fp8(w13, w2)?;
+        moe.set_parallelism(Par::Rayon);
+        Ok(moe)
+    }
+
+    /// Selects the backend and readies the layer around its packed FP8 experts.
+    fn ready_fp8(&mut self, w13: Vec<PackedWna16>, w2: Vec<PackedWna16>) -> Result<(), LayerError> {
+        if self.cfg.router_bias_pending {
+            return Err(LayerError::MissingParams {
+                missing: vec!["router.e_score_correction_bias".into()],
+            });
+        }
+        let (selection, kernels) = super::backend::select(&self.cfg, &self.router)?;
+        if selection.kernel.id != moe_oracle::KernelId::CpuWna16 {
+            return Err(LayerError::InvalidArgument {
+                field: "quant",
+                reason: format!(
+                    "FP8 block-quantized experts run on the cpu-wna16 kernel only, and {} was \
+                     selected",
+                    selection.kernel.id.name()
+                ),
+            });
+        }
+        let weights = ExpertWeights {
+            w13,
+            w2,
+            w13_bias: None,
+            w2_bias: None,
+        };
+        let fused = FusedMoe::new(weights, self.fused_config(), kernels)?;
+        let ready = self.ready_with(Experts::Wna16Native(fused), selection)?;
+        self.state = State::Ready(Box::new(ready));
+        Ok(())
+    }
+}

@@ -1,0 +1,283 @@
+//! FP8 block-quantized checkpoints written by the test (`quant_method: fp8`, `[128, 128]`
+//! blocks, e4m3 weights with subnormals and signed zeros, H and I not multiples of 128) load
+//! onto the native WNA16 kernels and compute the MoE block of their exactly dequantized weights:
+//! the layer's f32 output is compared with an f64 evaluation of the same routing, gated SiLU
+//! MLPs, shared expert and weighted sum (relative L2 below 1e-5). Tensor- and expert-parallel
+//! ranks sum to the whole layer; the config's block size, activation scheme and format are
+//! checked, and the name-based road refuses FP8 layers.
+#![cfg(feature = "checkpoint")]
+
+mod checkpoint_support;
+
+use checkpoint_support::{Fp8Proj, fp8_block, temp_dir};
+use moe_layer::checkpoint::{Checkpoint, QuantScheme, ShardAccess};
+use moe_layer::{
+    ExpertShard, LayerError, LayerQuant, MoeLayer, MoeLayerConfig, TensorData, TensorKind,
+    TensorView,
+};
+use moe_router::Logits;
+use moe_testutil::SplitMix64;
+use serde_json::json;
+
+/// `x · Wᵀ` in f64 for dequantized weights `w` `[n, k]`.
+fn matvec(w: &[f64], n: usize, k: usize, x: &[f64]) -> Vec<f64> {
+    (0..n)
+        .map(|c| (0..k).map(|j| x[j] * w[c * k + j]).sum())
+        .collect()
+}
+
+/// One gated SiLU MLP in f64.
+fn mlp(p: &[Fp8Proj; 3], x: &[f64]) -> Vec<f64> {
+    let [gate, up, down] = p;
+    let g = matvec(&gate.dequantized(), gate.n, gate.k, x);
+    let u = matvec(&up.dequantized(), up.n, up.k, x);
+    let a: Vec<f64> = g
+        .iter()
+        .zip(&u)
+        .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+        .collect();
+    matvec(&down.dequantized(), down.n, down.k, &a)
+}
+
+/// The MoE block in f64 on the layer's own routing; `experts[E]`, when present, is the shared
+/// MLP, added to every token.
+fn reference(
+    layer: &MoeLayer,
+    experts: &[[Fp8Proj; 3]],
+    (e, top_k, h): (usize, usize, usize),
+    x: &[f32],
+    logits: &[f32],
+) -> Vec<f64> {
+    let t = x.len() / h;
+    let mut ids = vec![0i32; t * top_k];
+    let mut weights = vec![0f32; t * top_k];
+    layer
+        .route(Logits::F32(logits), &mut ids, &mut weights)
+        .unwrap();
+    let mut out = vec![0f64; t * h];
+    for tok in 0..t {
+        let xt: Vec<f64> = x[tok * h..][..h].iter().map(|&v| f64::from(v)).collect();
+        let o = &mut out[tok * h..][..h];
+        for j in 0..top_k {
+            let y = mlp(&experts[ids[tok * top_k + j] as usize], &xt);
+            let w = f64::from(weights[tok * top_k + j]);
+            for (o, v) in o.iter_mut().zip(&y) {
+                *o += w * v;
+            }
+        }
+        if let Some(shared) = experts.get(e) {
+            for (o, v) in o.iter_mut().zip(mlp(shared, &xt)) {
+                *o += v;
+            }
+        }
+    }
+    out
+}
+
+fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (g, w) in got.iter().zip(want) {
+        num += (f64::from(*g) - w).powi(2);
+        den += w.powi(2);
+    }
+    (num / den).sqrt()
+}
+
+/// Writes, loads and runs one checkpoint at 1, 5 and 16 tokens against the f64 reference.
+fn check(model_type: &str, dims: [usize; 4], seed: u64) {
+    let [e, top_k, h, _] = dims;
+    let (ck, experts) = fp8_block(model_type, dims, seed);
+    // The written codes hold subnormals and both zeros, which the decoders must get right.
+    let codes = &experts[0][0].codes;
+    assert!(codes.iter().any(|&b| b & 0x78 == 0 && b & 7 != 0));
+    assert!(codes.contains(&0x80) && codes.contains(&0));
+    let dir = temp_dir(&format!("fp8-{model_type}"));
+    ck.write(&dir);
+    let ckpt = Checkpoint::open(&dir, ShardAccess::Mmap).unwrap();
+    assert!(
+        matches!(ckpt.spec().quant, QuantScheme::Fp8Block { ref ignored } if ignored == &["lm_head"])
+    );
+    let layer = MoeLayer::from_checkpoint(&ckpt, 0, 16).unwrap();
+    assert_eq!(layer.config().quant, LayerQuant::Fp8Block);
+    let info = layer.backend().unwrap();
+    assert!(info.kernel.starts_with("cpu-wna16/"), "{info:?}");
+    let mut rng = SplitMix64::new(seed + 1);
+    for t in [1, 5, 16] {
+        let x = rng.vec_uniform(t * h, -2.0, 2.0);
+        let logits = rng.vec_uniform(t * e, -1.0, 1.0);
+        let mut out = vec![0f32; t * h];
+        layer.apply(&x, Logits::F32(&logits), &mut out).unwrap();
+        let want = reference(&layer, &experts, (e, top_k, h), &x, &logits);
+        let rel = rel_l2(&out, &want);
+        assert!(rel < 1e-5, "{model_type} t={t}: rel L2 {rel}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Qwen3-shaped: H = 160 (a whole block and a short one), I = 72 (one short block).
+#[test]
+fn qwen3_fp8_blocks_match_the_dequantized_reference() {
+    check("qwen3_moe", [4, 2, 160, 72], 31);
+}
+
+/// DeepSeek-V3-shaped, with its shared expert and grouped, biased routing.
+#[test]
+fn deepseek_v3_fp8_blocks_with_a_shared_expert_match_the_reference() {
+    check("deepseek_v3", [4, 2, 136, 200], 37);
+}
+
+/// Tensor-parallel ranks (I split on a block boundary) and expert-parallel ranks each compute
+/// their part; the parts sum to the single-rank layer.
+#[test]
+fn parallel_ranks_sum_to_the_whole_layer() {
+    let (e, h) = (4, 136);
+    let (ck, _) = fp8_block("qwen3_moe", [e, 2, h, 256], 41);
+    let dir = temp_dir("fp8-ranks");
+    ck.write(&dir);
+    let ckpt = Checkpoint::open(&dir, ShardAccess::Read).unwrap();
+    let whole = MoeLayer::from_checkpoint(&ckpt, 0, 8).unwrap();
+    let mut rng = SplitMix64::new(43);
+    let t = 6;
+    let x = rng.vec_uniform(t * h, -2.0, 2.0);
+    let logits = rng.vec_uniform(t * e, -1.0, 1.0);
+    let run = |layer: &MoeLayer| {
+        let mut out = vec![0f32; t * h];
+        layer.apply(&x, Logits::F32(&logits), &mut out).unwrap();
+        out
+    };
+    let want: Vec<f64> = run(&whole).iter().map(|&v| f64::from(v)).collect();
+    let maps = [vec![0, -1, 1, -1], vec![-1, 0, -1, 1]];
+    for (what, ranks) in [
+        (
+            "tp",
+            (0..2)
+                .map(|r| MoeLayer::from_checkpoint_ranked(&ckpt, 0, 8, (r, 2), None).unwrap())
+                .collect::<Vec<_>>(),
+        ),
+        (
+            "ep",
+            maps.iter()
+                .map(|m| MoeLayer::from_checkpoint_ranked(&ckpt, 0, 8, (0, 1), Some(m.clone())))
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap(),
+        ),
+    ] {
+        let mut sum = vec![0f32; t * h];
+        for layer in &ranks {
+            for (s, v) in sum.iter_mut().zip(run(layer)) {
+                *s += v;
+            }
+        }
+        let rel = rel_l2(&sum, &want);
+        assert!(rel < 1e-5, "{what}: rel L2 {rel}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A tensor-parallel slice of I that would split scale blocks is refused by name; so is every
+/// name-based road into an FP8 layer.
+#[test]
+fn unaligned_slices_and_name_based_loads_are_refused() {
+    let (ck, _) = fp8_block("qwen3_moe", [4, 2, 136, 72], 47);
+    let dir = temp_dir("fp8-refusals");
+    ck.write(&dir);
+    let ckpt = Checkpoint::open(&dir, ShardAccess::Read).unwrap();
+    let e = MoeLayer::from_checkpoint_ranked(&ckpt, 0, 8, (1, 2), None).unwrap_err();
+    assert!(
+        matches!(e, LayerError::TensorParallel { ref reason, .. } if reason.contains("block")),
+        "{e}"
+    );
+    let cfg = MoeLayerConfig::from_spec(ckpt.spec(), 0, 1, None, 8).unwrap();
+    let mut layer = MoeLayer::create(cfg.clone()).unwrap();
+    let codes = vec![0i8; 72 * 136];
+    let view = TensorView {
+        name: "experts.0.w1.weight",
+        shape: &[72, 136],
+        data: TensorData::I8(&codes),
+    };
+    let e = layer
+        .load_expert_tensor(0, ExpertShard::W1, TensorKind::Weight, &view)
+        .unwrap_err();
+    assert!(
+        matches!(e, LayerError::InvalidArgument { field: "quant", .. }),
+        "{e}"
+    );
+    let mut layer = MoeLayer::create(cfg).unwrap();
+    let e = layer.process().unwrap_err();
+    assert!(
+        matches!(e, LayerError::InvalidArgument { field: "quant", .. }),
+        "{e}"
+    );
+    // FP8 weights run with float activations: int8 ones are refused, naming the setting.
+    let int8 = moe_layer::LoadOptions::new()
+        .with_wna16_activations(moe_layer::Wna16Activations::DynamicInt8);
+    let e = MoeLayer::from_checkpoint_with(&ckpt, 0, 8, &int8).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            LayerError::InvalidArgument {
+                field: "wna16_activations",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // A created layer can still be loaded from the checkpoint, which leaves it processed.
+    let mut layer =
+        MoeLayer::create(MoeLayerConfig::from_spec(ckpt.spec(), 0, 1, None, 8).unwrap()).unwrap();
+    layer.load_from_checkpoint(&ckpt, 0).unwrap();
+    layer.process().unwrap();
+    assert!(layer.is_processed());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The fp8 `quantization_config` is read as vLLM and Hugging Face write it, and anything but
+/// dynamic e4m3 activations with `[128, 128]` blocks is refused with the reason.
+#[test]
+fn fp8_configs_are_checked() {
+    let (ck, _) = fp8_block("qwen3_moe", [2, 1, 16, 8], 53);
+    let parse = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut config = ck.config.clone();
+        edit(&mut config["quantization_config"]);
+        moe_layer::checkpoint::MoeModelSpec::from_json_str(
+            std::path::Path::new("config.json"),
+            &config.to_string(),
+        )
+    };
+    let spec = parse(&|qc| qc["ignored_layers"] = json!(["model.layers.0.self_attn"])).unwrap();
+    assert_eq!(
+        spec.quant,
+        QuantScheme::Fp8Block {
+            ignored: vec!["model.layers.0.self_attn".into(), "lm_head".into()]
+        }
+    );
+    for (edit, needle) in [
+        (
+            (|qc: &mut serde_json::Value| qc["weight_block_size"] = json!([64, 64]))
+                as fn(&mut serde_json::Value),
+            "[64,64]",
+        ),
+        (
+            |qc| {
+                qc.as_object_mut().unwrap().remove("weight_block_size");
+            },
+            "weight_block_size",
+        ),
+        (|qc| qc["activation_scheme"] = json!("static"), "static"),
+        (|qc| qc["fmt"] = json!("e5m2"), "e5m2"),
+    ] {
+        match parse(&edit) {
+            Err(LayerError::UnsupportedScheme { reason, .. }) => {
+                assert!(reason.contains(needle), "{reason}");
+            }
+            other => panic!("{needle}: {other:?}"),
+        }
+    }
+    assert!(matches!(
+        parse(&|qc| qc["ignored_layers"] = json!([1])),
+        Err(LayerError::ConfigField {
+            field: "ignored_layers",
+            ..
+        })
+    ));
+}
