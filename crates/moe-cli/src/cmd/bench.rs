@@ -577,7 +577,11 @@ fn check_format_options(args: &BenchArgs) -> Result<(), CliError> {
         return Err(CliError(format!(
             "--format {} runs on the fused pipeline only (such layers are built from \
              checkpoints, not tensor by tensor): add --experts-only",
-            if args.format == BenchFormat::Mxfp4 { "mxfp4" } else { "fp8" }
+            if args.format == BenchFormat::Mxfp4 {
+                "mxfp4"
+            } else {
+                "fp8"
+            }
         )));
     }
     if args.wna16_activations == moe_layer::Wna16Activations::DynamicInt8 {
