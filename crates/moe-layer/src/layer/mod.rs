@@ -317,22 +317,12 @@ impl MoeLayer {
                 reason: "the layer has no gated shared experts".into(),
             });
         }
-        if weight.len() != self.cfg.hidden {
-            return Err(LayerError::ParamShape {
-                tensor: "shared_expert_gate.weight".into(),
-                expected: vec![1, self.cfg.hidden],
-                actual: vec![weight.len()],
-            });
-        }
-        if let Some(index) = weight.iter().position(|v| !v.is_finite()) {
-            return Err(LayerError::ParamValue {
-                tensor: "shared_expert_gate.weight".into(),
-                index,
-                value: f64::from(weight[index]),
-                reason: "gate weights must be finite",
-            });
-        }
-        Ok(())
+        check_values(
+            "shared_expert_gate.weight",
+            weight,
+            &[1, self.cfg.hidden],
+            "gate weights must be finite",
+        )
     }
 
     /// Like [`Self::params_mut`], for checks that only need the state.
@@ -387,22 +377,12 @@ impl MoeLayer {
                 reason: "the layer's router has no bias (router_has_bias is false)".into(),
             });
         }
-        if bias.len() != self.cfg.num_experts {
-            return Err(LayerError::ParamShape {
-                tensor: "router.bias".into(),
-                expected: vec![self.cfg.num_experts],
-                actual: vec![bias.len()],
-            });
-        }
-        if let Some(index) = bias.iter().position(|v| !v.is_finite()) {
-            return Err(LayerError::ParamValue {
-                tensor: "router.bias".into(),
-                index,
-                value: f64::from(bias[index]),
-                reason: "router biases must be finite",
-            });
-        }
-        Ok(())
+        check_values(
+            "router.bias",
+            bias,
+            &[self.cfg.num_experts],
+            "router biases must be finite",
+        )
     }
 
     /// Sets the router's `e_score_correction_bias` `[E]` (DeepSeek-V3 style grouped routing;
@@ -417,21 +397,12 @@ impl MoeLayer {
 
     fn install_correction_bias(&mut self, bias: &[f32]) -> Result<(), LayerError> {
         self.params_mut()?;
-        if bias.len() != self.cfg.num_experts {
-            return Err(LayerError::ParamShape {
-                tensor: "router.e_score_correction_bias".into(),
-                expected: vec![self.cfg.num_experts],
-                actual: vec![bias.len()],
-            });
-        }
-        if let Some(index) = bias.iter().position(|v| !v.is_finite()) {
-            return Err(LayerError::ParamValue {
-                tensor: "router.e_score_correction_bias".into(),
-                index,
-                value: f64::from(bias[index]),
-                reason: "the correction bias must be finite",
-            });
-        }
+        check_values(
+            "router.e_score_correction_bias",
+            bias,
+            &[self.cfg.num_experts],
+            "the correction bias must be finite",
+        )?;
         let router_cfg = self.cfg.router.clone().with_correction_bias(bias.to_vec());
         self.router = Router::new(router_cfg.clone())?;
         self.cfg.router = router_cfg;
@@ -440,23 +411,12 @@ impl MoeLayer {
     }
 
     fn check_router_weight(&self, weight: &[f32]) -> Result<(), LayerError> {
-        let expected = self.cfg.num_experts * self.cfg.hidden;
-        if weight.len() != expected {
-            return Err(LayerError::ParamShape {
-                tensor: "router.weight".into(),
-                expected: vec![self.cfg.num_experts, self.cfg.hidden],
-                actual: vec![weight.len()],
-            });
-        }
-        if let Some(index) = weight.iter().position(|v| !v.is_finite()) {
-            return Err(LayerError::ParamValue {
-                tensor: "router.weight".into(),
-                index,
-                value: f64::from(weight[index]),
-                reason: "router weights must be finite",
-            });
-        }
-        Ok(())
+        check_values(
+            "router.weight",
+            weight,
+            &[self.cfg.num_experts, self.cfg.hidden],
+            "router weights must be finite",
+        )
     }
 
     /// Checks that every parameter was loaded, packs the experts for the W4A8 kernels (bf16
@@ -1124,6 +1084,32 @@ fn pack_w4a8(
         .into_iter()
         .collect::<Result<Vec<_>, LayerError>>()
         .map(|v| v.into_iter().unzip())
+}
+
+/// Checks a router-side parameter (gate weight, biases, shared-expert gate): `shape`'s element
+/// count, then that every value is finite; errors name `tensor`.
+fn check_values(
+    tensor: &str,
+    values: &[f32],
+    shape: &[usize],
+    reason: &'static str,
+) -> Result<(), LayerError> {
+    if values.len() != shape.iter().product::<usize>() {
+        return Err(LayerError::ParamShape {
+            tensor: tensor.into(),
+            expected: shape.to_vec(),
+            actual: vec![values.len()],
+        });
+    }
+    if let Some(index) = values.iter().position(|v| !v.is_finite()) {
+        return Err(LayerError::ParamValue {
+            tensor: tensor.into(),
+            index,
+            value: f64::from(values[index]),
+            reason,
+        });
+    }
+    Ok(())
 }
 
 /// Rejects the first NaN or infinite value of a row-major `[_, width]` argument, naming its row
