@@ -535,43 +535,16 @@ impl MoeLayer {
         let moe = match cfg.quant {
             LayerQuant::W4A8 { group_size } => {
                 let (w13, w2) = pack_w4a8(params, group_size, h, i, self.par)?;
-                Experts::W4A8(FusedMoe::new(
-                    ExpertWeights {
-                        w13,
-                        w2,
-                        w13_bias: b13.clone(),
-                        w2_bias: b2.clone(),
-                    },
-                    moe_cfg,
-                    kernels,
-                )?)
+                Experts::W4A8(fused_pipeline((w13, w2), (&b13, &b2), &moe_cfg, kernels)?)
             }
             LayerQuant::Int8Online => {
                 let (w13, w2) = online::quantize_and_pack(params, h, i)?;
-                Experts::W8A8(FusedMoe::new(
-                    ExpertWeights {
-                        w13,
-                        w2,
-                        w13_bias: b13.clone(),
-                        w2_bias: b2.clone(),
-                    },
-                    moe_cfg,
-                    kernels,
-                )?)
+                Experts::W8A8(fused_pipeline((w13, w2), (&b13, &b2), &moe_cfg, kernels)?)
             }
             LayerQuant::Wna16 { group_size, .. } if cfg.wna16_on_w4a8() => {
                 // Symmetric int4 codes are stored signed (`q − 8`), the W4A8 kernels' values.
                 let (w13, w2) = pack_w4a8(params, group_size, h, i, self.par)?;
-                Experts::W4A8(FusedMoe::new(
-                    ExpertWeights {
-                        w13,
-                        w2,
-                        w13_bias: b13.clone(),
-                        w2_bias: b2.clone(),
-                    },
-                    moe_cfg,
-                    kernels,
-                )?)
+                Experts::W4A8(fused_pipeline((w13, w2), (&b13, &b2), &moe_cfg, kernels)?)
             }
             LayerQuant::Wna16 {
                 bits,
@@ -588,16 +561,7 @@ impl MoeLayer {
                     i,
                 };
                 let (w13, w2) = wna16::pack_layer(params, &shape, self.par)?;
-                Experts::Wna16Native(FusedMoe::new(
-                    ExpertWeights {
-                        w13,
-                        w2,
-                        w13_bias: b13.clone(),
-                        w2_bias: b2.clone(),
-                    },
-                    moe_cfg,
-                    kernels,
-                )?)
+                Experts::Wna16Native(fused_pipeline((w13, w2), (&b13, &b2), &moe_cfg, kernels)?)
             }
             LayerQuant::Wna16 {
                 zero_points: true, ..
@@ -619,29 +583,11 @@ impl MoeLayer {
                 ..
             } => {
                 let (w13, w2) = marlin::repack_layer(params, bits, group_size, act_order, h, i)?;
-                Experts::Wna16(FusedMoe::new(
-                    ExpertWeights {
-                        w13,
-                        w2,
-                        w13_bias: b13.clone(),
-                        w2_bias: b2.clone(),
-                    },
-                    moe_cfg,
-                    kernels,
-                )?)
+                Experts::Wna16(fused_pipeline((w13, w2), (&b13, &b2), &moe_cfg, kernels)?)
             }
             LayerQuant::Mxfp4 if selection.kernel.id == moe_oracle::KernelId::CpuWna16 => {
                 let (w13, w2) = wna16::pack_mxfp4_layer(params, h, i, self.par)?;
-                Experts::Wna16Native(FusedMoe::new(
-                    ExpertWeights {
-                        w13,
-                        w2,
-                        w13_bias: b13.clone(),
-                        w2_bias: b2.clone(),
-                    },
-                    moe_cfg,
-                    kernels,
-                )?)
+                Experts::Wna16Native(fused_pipeline((w13, w2), (&b13, &b2), &moe_cfg, kernels)?)
             }
             LayerQuant::Mxfp4 => {
                 return Err(LayerError::InvalidArgument {
@@ -655,16 +601,7 @@ impl MoeLayer {
             LayerQuant::Fp8Block => return Err(fp8::not_by_name("the expert weights")),
             LayerQuant::Unquantized => {
                 let (w13, w2) = pack_dense(params, h, i)?;
-                Experts::Dense(FusedMoe::new(
-                    ExpertWeights {
-                        w13,
-                        w2,
-                        w13_bias: b13.clone(),
-                        w2_bias: b2.clone(),
-                    },
-                    moe_cfg,
-                    kernels,
-                )?)
+                Experts::Dense(fused_pipeline((w13, w2), (&b13, &b2), &moe_cfg, kernels)?)
             }
         };
         self.ready_with(moe, selection)
@@ -1032,6 +969,26 @@ impl MoeLayer {
         }
         self.add_shared(x, out, shared)
     }
+}
+
+/// The fused pipeline of one format's packed stacks with the layer's expert biases,
+/// configuration and kernels: the same for every format.
+fn fused_pipeline<W: moe_kernels::moe::ExpertMatrix>(
+    (w13, w2): Stacks<W>,
+    (b13, b2): (&Option<Vec<f32>>, &Option<Vec<f32>>),
+    cfg: &FusedMoeConfig,
+    kernels: moe_kernels::KernelSet,
+) -> Result<FusedMoe<W>, LayerError> {
+    Ok(FusedMoe::new(
+        ExpertWeights {
+            w13,
+            w2,
+            w13_bias: b13.clone(),
+            w2_bias: b2.clone(),
+        },
+        cfg.clone(),
+        kernels,
+    )?)
 }
 
 /// Packs the int4 experts (bf16 group scales or f32 channel scales) for the W4A8 kernels,
