@@ -110,6 +110,18 @@ pub(crate) fn e8m0_to_f32(e: u8) -> f32 {
     }
 }
 
+/// What a packed matrix's codes stand for, one fact for both code widths (the public
+/// [`Int4Values`] and [`Int8Values`] are its views per width).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CodeValues {
+    /// Unsigned integers less a zero point.
+    Integer,
+    /// e2m1 values (4-bit codes, MXFP4).
+    E2m1,
+    /// e4m3 values (8-bit codes, FP8 blocks).
+    E4m3,
+}
+
 /// Group scales of a WNA16 matrix, row-major `[N, G]`, in the checkpoint's precision.
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
@@ -185,8 +197,7 @@ pub struct PackedWna16 {
     n: usize,
     k: usize,
     bits: u32,
-    values: Int4Values,
-    values8: Int8Values,
+    values: CodeValues,
     n_panels: usize,
     k_steps: usize,
     group_size: usize,
@@ -445,8 +456,7 @@ impl PackedWna16 {
             n,
             k,
             bits: d.bits,
-            values: Int4Values::Integer,
-            values8: Int8Values::Integer,
+            values: CodeValues::Integer,
             n_panels,
             k_steps,
             group_size: dims.group_size,
@@ -504,8 +514,7 @@ impl PackedWna16 {
             n,
             k,
             bits: 4,
-            values: Int4Values::Integer,
-            values8: Int8Values::Integer,
+            values: CodeValues::Integer,
             n_panels,
             k_steps,
             group_size: dims.group_size,
@@ -565,8 +574,7 @@ impl PackedWna16 {
             n,
             k,
             bits: 4,
-            values: Int4Values::E2m1,
-            values8: Int8Values::Integer,
+            values: CodeValues::E2m1,
             n_panels,
             k_steps: k.div_ceil(K_STEP),
             group_size: dims.group_size,
@@ -649,8 +657,7 @@ impl PackedWna16 {
             n,
             k,
             bits: 8,
-            values: Int4Values::Integer,
-            values8: Int8Values::E4m3,
+            values: CodeValues::E4m3,
             n_panels,
             k_steps,
             group_size: FP8_BLOCK,
@@ -666,28 +673,32 @@ impl PackedWna16 {
 
     /// What the 4-bit codes stand for: integers or e2m1 values.
     pub fn values(&self) -> Int4Values {
-        self.values
+        match self.values {
+            CodeValues::E2m1 => Int4Values::E2m1,
+            _ => Int4Values::Integer,
+        }
     }
 
     /// What the 8-bit codes stand for: integers or e4m3 values.
     pub fn int8_values(&self) -> Int8Values {
-        self.values8
+        match self.values {
+            CodeValues::E4m3 => Int8Values::E4m3,
+            _ => Int8Values::Integer,
+        }
     }
 
     /// Whether the codes are e4m3 values (FP8 block-quantized weights).
     pub(crate) fn is_e4m3(&self) -> bool {
-        self.bits == 8 && self.values8 == Int8Values::E4m3
+        self.values == CodeValues::E4m3
     }
 
     /// The value of code `c` before the zero point is subtracted: `c` for integer codes, the
     /// e2m1 value for MXFP4, the e4m3 value for FP8.
     pub fn code_value(&self, c: u8) -> f32 {
-        if self.is_e4m3() {
-            return e4m3_value(c);
-        }
         match self.values {
-            Int4Values::Integer => f32::from(c),
-            Int4Values::E2m1 => E2M1_VALUES[usize::from(c & 0xF)],
+            CodeValues::Integer => f32::from(c),
+            CodeValues::E2m1 => E2M1_VALUES[usize::from(c & 0xF)],
+            CodeValues::E4m3 => e4m3_value(c),
         }
     }
 
@@ -699,8 +710,8 @@ impl PackedWna16 {
             0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
         ];
         match self.values {
-            Int4Values::Integer => &CODES,
-            Int4Values::E2m1 => &E2M1_VALUES,
+            CodeValues::E2m1 => &E2M1_VALUES,
+            CodeValues::Integer | CodeValues::E4m3 => &CODES,
         }
     }
 
@@ -806,10 +817,9 @@ impl PackedWna16 {
     /// values.
     pub(crate) fn symmetric_zero(&self) -> u8 {
         match (self.values, self.bits) {
-            (Int4Values::E2m1, _) => 0,
-            _ if self.is_e4m3() => 0,
-            (_, 4) => 8,
-            _ => 128,
+            (CodeValues::E2m1 | CodeValues::E4m3, _) => 0,
+            (CodeValues::Integer, 4) => 8,
+            (CodeValues::Integer, _) => 128,
         }
     }
 
