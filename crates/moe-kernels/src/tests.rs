@@ -73,6 +73,12 @@ fn w4a8_case(rng: &mut SplitMix64, m: usize, n: usize, k: usize, g: Option<usize
     let x: Vec<f32> = (0..m * k)
         .map(|_| rng.normal() * 3.0 + rng.uniform(-0.5, 0.5))
         .collect();
+    w4a8_case_of(rng, &x, n, k, g)
+}
+
+/// A case whose activation rows are `x` (`m·k` values); weights, scales and bias from `rng`.
+fn w4a8_case_of(rng: &mut SplitMix64, x: &[f32], n: usize, k: usize, g: Option<usize>) -> W4A8Case {
+    let m = x.len() / k;
     let mut q = vec![0i8; m * k];
     let (mut zp, mut recip) = (Vec::new(), Vec::new());
     for (row, q_row) in x.chunks_exact(k).zip(q.chunks_exact_mut(k)) {
@@ -195,6 +201,47 @@ fn w4a8_every_rung_matches_reference_on_ragged_shapes() {
         failures.len(),
         &failures[..failures.len().min(5)]
     );
+}
+
+/// Rows whose codes sit at the far ends of the zero point (`|q − zp| = 255` on every value:
+/// all-positive rows get `zp = −128` and codes near 127, all-negative rows the mirror) put
+/// the block corrections at their largest, the edge of the narrow forms some kernels pack
+/// them in (see the AVX-512 VNNI tile); blocks of 128 and channelwise blocks on both sides of
+/// the 16-bit limits.
+#[test]
+fn w4a8_block_corrections_at_their_extremes() {
+    let mut rng = SplitMix64::new(0xe47);
+    let rungs = rungs();
+    for &(k, g) in &[
+        (128, Some(128)),
+        (256, Some(128)),
+        (128, None),
+        (136, None),
+        (2304, None),
+    ] {
+        for m in [1usize, 4, 9] {
+            let x: Vec<f32> = (0..m * k)
+                .map(|i| {
+                    let v = 50.0 + rng.uniform(0.0, 1e-3);
+                    if (i / k) % 2 == 0 { v } else { -v }
+                })
+                .collect();
+            let case = w4a8_case_of(&mut rng, &x, 33, k, g);
+            let extreme = case
+                .q
+                .chunks_exact(k)
+                .zip(&case.zp)
+                .all(|(row, &zp)| row.iter().all(|&q| (i32::from(q) - zp).abs() >= 254));
+            assert!(
+                extreme,
+                "the rows do not reach the extremes: zp {:?}",
+                case.zp
+            );
+            for (isa, ks) in &rungs {
+                check_w4a8(isa, ks, &case, Par::Seq).unwrap();
+            }
+        }
+    }
 }
 
 #[test]

@@ -84,17 +84,44 @@ fn prefetch_at<const BYTES: usize, T>(step: &T) {
     _mm_prefetch::<_MM_HINT_T0>(ahead);
 }
 
+/// `vpdpwssd`: `acc` plus, in each 32-bit lane, the sum of the products of the two i16 halves
+/// of `a` and `b`, low with low and high with high.
+#[target_feature(enable = "avx512f,avx512vnni")]
+#[inline]
+fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+    let mut acc = acc;
+    // SAFETY: `vpdpwssd` reads and writes registers only; the enabled features include
+    // AVX-512 VNNI.
+    unsafe {
+        std::arch::asm!(
+            "vpdpwssd {acc}, {a}, {b}",
+            acc = inout(zmm_reg) acc,
+            a = in(zmm_reg) a,
+            b = in(zmm_reg) b,
+            options(pure, nomem, nostack, preserves_flags),
+        )
+    };
+    acc
+}
+
 /// The W4A8 tile body for `R` rows; `ACC` selects block-accumulator output.
 ///
 /// The weight codes `c = w + 8` (nibbles, `0..=15`) are `vpdpbusd`'s unsigned operand and the
 /// raw activation codes its signed one ([`crate::ukernel::ActEncoding::I8CodeWeights`]), so a
 /// step unpacks with two ANDs and a shift and nothing else. Per block,
-/// `acc_i = Σ q·c − zp·Σc − κ`: `κ` (the driver's block correction) is taken off after the
-/// block with a broadcast operand, `Σc` is one more `vpdpbusd` per step shared by all rows,
-/// and `zp·Σc` is taken
-/// off with the `vpdpwssd` intrinsic (`Σc < 2^15` as an i16 times `−zp`; LLVM's generic x86
-/// tuning emits it as `vpmaddwd` + `vpaddd`) or, for blocks too long for
-/// that, a 32-bit multiply.
+/// `acc_i = Σ q·c − zp·Σc − κ`, with `Σc` from one more `vpdpbusd` per step shared by all
+/// rows and `κ = 8·Σ_{k∈b}(q_k − zp)` from the driver. How the two corrections come off
+/// depends on the block length `B`:
+/// - `255·B < 2^15` (groups up to 128): in one `vpdpwssd` per row. The code-sum lanes start
+///   at `8·2^16`, so each holds the i16 pair `(Σc, 8)`; the row's operand holds the pair
+///   `(−zp, −κ/8)`, both i16 because `|q − zp| ≤ 255`. Their pair product is `−zp·Σc − κ`.
+/// - `15·B < 2^15`: `κ` by a subtraction, `zp·Σc` by a `vpdpwssd` of the pair `(Σc, 0)` with
+///   `(−zp, 0)`.
+/// - longer blocks (channelwise scales): a subtraction and a 32-bit multiply.
+///
+/// `vpdpwssd` is emitted as written ([`dpwssd`]): LLVM's generic tuning would split the
+/// intrinsic into `vpmaddwd` + `vpaddd`, one more operation per row and block on the ports
+/// `vpdpbusd` needs.
 ///
 /// # Safety
 /// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`
@@ -117,8 +144,10 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
         zp[r] = job.row_corr[m0 + r];
         neg_zp_lo[r] = zp[r].wrapping_neg() & 0xFFFF;
     }
-    // Σc of a block is at most 15·B; below 2^15 it is one i16 for `vpdpwssd`.
+    // Σc of a block is at most 15·B; below 2^15 it is one i16 for `vpdpwssd`, and below
+    // 2^15 / 255 blocks the `κ/8` of every row fits an i16 too.
     let short_blocks = w.block_len() * 15 < 1 << 15;
+    let paired = w.block_len() * 255 < 1 << 15;
     let mask = _mm512_set1_epi8(0x0F);
     let ones = _mm512_set1_epi8(1);
     let mut acc_f = [_mm512_setzero_ps(); R];
@@ -138,7 +167,11 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
         let split = R <= SPLIT_MAX_ROWS;
         let mut acc_lo = [_mm512_setzero_si512(); R];
         let mut acc_hi = [_mm512_setzero_si512(); R];
-        let mut code_sum = _mm512_setzero_si512();
+        let mut code_sum = if paired {
+            _mm512_set1_epi32(8 << 16)
+        } else {
+            _mm512_setzero_si512()
+        };
         for (i, w_step) in w_block.iter().enumerate() {
             prefetch_ahead(w_step);
             let v = load_bytes(w_step);
@@ -159,28 +192,45 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
             }
         }
         let sc = load_f32(&w.block_scales(p, b));
-        for r in 0..R {
-            let joined = if split {
+        let joined: [__m512i; R] = std::array::from_fn(|r| {
+            if split {
                 _mm512_add_epi32(acc_lo[r], acc_hi[r])
             } else {
                 acc_lo[r]
-            };
-            let acc = _mm512_sub_epi32(joined, _mm512_set1_epi32(row_kappa[r][b]));
-            let acc_i = if short_blocks {
-                _mm512_dpwssd_epi32(acc, code_sum, _mm512_set1_epi32(neg_zp_lo[r]))
-            } else {
+            }
+        });
+        // One branch per block, outside the rows, so each arm unrolls over the rows with the
+        // accumulators in registers.
+        let acc_i: [__m512i; R] = if paired {
+            std::array::from_fn(|r| {
+                // `κ` is a multiple of 8: `−κ << 13` is `−κ/8` in the high i16, 0 in the low.
+                let word = (row_kappa[r][b].wrapping_neg() << 13) | neg_zp_lo[r];
+                dpwssd(joined[r], code_sum, _mm512_set1_epi32(word))
+            })
+        } else if short_blocks {
+            std::array::from_fn(|r| {
+                let acc = _mm512_sub_epi32(joined[r], _mm512_set1_epi32(row_kappa[r][b]));
+                dpwssd(acc, code_sum, _mm512_set1_epi32(neg_zp_lo[r]))
+            })
+        } else {
+            std::array::from_fn(|r| {
+                let acc = _mm512_sub_epi32(joined[r], _mm512_set1_epi32(row_kappa[r][b]));
                 _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_set1_epi32(zp[r]), code_sum))
-            };
-            match job.out {
-                W4A8Out::BlockAcc { ptr } if ACC => {
+            })
+        };
+        match job.out {
+            W4A8Out::BlockAcc { ptr } if ACC => {
+                for r in 0..R {
                     let at = ((m0 + r) * n_blocks + b) * PANEL * w.n_panels() + p * PANEL;
                     // SAFETY: the driver sized the accumulator buffer `[m][n_blocks][n_pad]`;
                     // these 16 channels of row `m0 + r` belong to this call alone.
-                    unsafe { _mm512_storeu_si512(ptr.wrapping_add(at).cast(), acc_i) };
+                    unsafe { _mm512_storeu_si512(ptr.wrapping_add(at).cast(), acc_i[r]) };
                 }
-                _ => {
+            }
+            _ => {
+                for r in 0..R {
                     acc_f[r] =
-                        _mm512_add_ps(acc_f[r], _mm512_mul_ps(_mm512_cvtepi32_ps(acc_i), sc));
+                        _mm512_add_ps(acc_f[r], _mm512_mul_ps(_mm512_cvtepi32_ps(acc_i[r]), sc));
                 }
             }
         }
