@@ -93,7 +93,7 @@ pub struct KernelSet {
     act_sym_i8: Option<(Isa, SymQuantI8Fn)>,
     /// Kernels that take over from some row count on (the AMX tiles).
     large_m: Option<LargeM>,
-    /// The rung's bf16 tile path for int4 weights, if it has one.
+    /// The rung's bf16 tile path for int4 and e4m3 weights, if it has one.
     bf16_tiles: Option<Bf16Tiles>,
     /// Whether W4A8 GEMMs use the bf16 tiles from their threshold on.
     w4a8_prefill: W4A8Prefill,
@@ -208,8 +208,8 @@ impl KernelSet {
         self
     }
 
-    /// The same set with a bf16 path for int4 weights (`unit` names what runs its products),
-    /// from `min_m` rows: int4 WNA16 GEMMs take it, W4A8 ones when
+    /// The same set with a bf16 path for int4 and e4m3 weights (`unit` names what runs its
+    /// products), from `min_m` rows: int4 and e4m3 WNA16 GEMMs take it, W4A8 ones when
     /// [`W4A8Prefill::Bf16Tiles`] is chosen.
     ///
     /// # Safety
@@ -248,9 +248,9 @@ impl KernelSet {
         }
     }
 
-    /// The same kernels without the bf16 path: int4 WNA16 GEMMs run the f32 body at every
-    /// row count, and [`W4A8Prefill::Bf16Tiles`] has nothing to choose. For callers who want
-    /// the weight-only GEMM's f32 numerics whatever the CPU.
+    /// The same kernels without the bf16 path: int4 and e4m3 WNA16 GEMMs run the f32 body at
+    /// every row count, and [`W4A8Prefill::Bf16Tiles`] has nothing to choose. For callers who
+    /// want the weight-only GEMM's f32 numerics whatever the CPU.
     pub fn without_bf16_path(mut self) -> Self {
         self.bf16_tiles = None;
         self
@@ -261,8 +261,8 @@ impl KernelSet {
         self.bf16_tiles.is_some()
     }
 
-    /// The bf16 tile path for an int4 WNA16 GEMM of `m` rows, where the rung has it and `m`
-    /// reaches it. WNA16 computes in float, and the tiles' numerics (activations and
+    /// The bf16 tile path for an int4 or e4m3 (FP8) WNA16 GEMM of `m` rows, where the rung has
+    /// it and `m` reaches it. WNA16 computes in float, and the tiles' numerics (activations and
     /// dequantized weights rounded to bf16, f32 sums) are those of a bf16 model's weight-only
     /// kernels, so no choice is needed; `MOE_KERNELS_AMX_BF16_MIN_M` moves the threshold.
     pub(crate) fn wna16_bf16_for(&self, m: usize) -> Option<Bf16Tiles> {
@@ -408,7 +408,7 @@ impl KernelSet {
             ),
             match self.bf16_tiles {
                 Some(t) => format!(
-                    "wna16_gemm: {} below {} rows, {} (bf16 activations) from {} (int4)",
+                    "wna16_gemm: {} below {} rows, {} (bf16 activations) from {} (int4, fp8)",
                     self.wna16.0, t.min_m, t.unit, t.min_m
                 ),
                 None => format!("wna16_gemm: {}", self.wna16.0),

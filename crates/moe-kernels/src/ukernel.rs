@@ -136,13 +136,14 @@ pub(crate) struct W8A8Job<'a> {
 // SAFETY: as for `W4A8Job`: kernels write disjoint panels only.
 unsafe impl Sync for W8A8Job<'_> {}
 
-/// The weights a bf16 tile GEMM reads as bf16 B rows: int4 formats dequantized per call, or
-/// bf16 dense weights as they are.
+/// The weights a bf16 tile GEMM reads as bf16 B rows: int4 and e4m3 formats dequantized per
+/// call, or bf16 dense weights as they are.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Bf16Weights<'a> {
     /// W4A8-packed weights (bf16 or f32 scales, symmetric).
     W4A8(&'a PackedW4A8),
-    /// WNA16-packed int4 weights (any scale precision, optional zero points).
+    /// WNA16-packed int4 weights (any scale precision, optional zero points) or e4m3 weights
+    /// (FP8 blocks, f32 block scales).
     Wna16(&'a crate::PackedWna16),
     /// Dense weights stored in bf16 (exact as B rows).
     Dense(&'a crate::PackedDense),

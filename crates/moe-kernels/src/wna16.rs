@@ -254,7 +254,7 @@ pub fn wna16_gemm(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let bf16_tiles = ks.wna16_bf16_for(m).filter(|_| w.bits() == 4);
+    let bf16_tiles = ks.wna16_bf16_for(m).filter(|_| w.has_bf16_fill());
     let (rows, tiles) = scratch.f32_rows_and_tiles(if w.perm().is_some() { m * k } else { 0 });
     let x = match w.perm() {
         Some(perm) => {

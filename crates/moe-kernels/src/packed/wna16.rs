@@ -692,6 +692,13 @@ impl PackedWna16 {
         self.values == CodeValues::E4m3
     }
 
+    /// Whether the bf16 path can take these weights: int4 codes (integers or e2m1 values) and
+    /// e4m3 codes, whose fills dequantize them to `bf16(value·scale)`. Integer 8-bit codes
+    /// have no fill and stay on the f32 body.
+    pub(crate) fn has_bf16_fill(&self) -> bool {
+        self.bits == 4 || self.is_e4m3()
+    }
+
     /// The value of code `c` before the zero point is subtracted: `c` for integer codes, the
     /// e2m1 value for MXFP4, the e4m3 value for FP8.
     pub fn code_value(&self, c: u8) -> f32 {

@@ -1,5 +1,5 @@
-//! The bf16 path for int4 weights on AVX-512 BF16 (`vdpbf16ps`), for CPUs without AMX-BF16
-//! where that instruction runs at twice the f32 FMA rate.
+//! The bf16 path for int4 and e4m3 weights on AVX-512 BF16 (`vdpbf16ps`), for CPUs without
+//! AMX-BF16 where that instruction runs at twice the f32 FMA rate.
 //!
 //! Same numerics and the same data as the AMX-BF16 tiles (`amx/bf16.rs`): activations rounded
 //! to bf16 and laid out once per GEMM by `amx::bf16::fill_a`, each panel pair dequantized once

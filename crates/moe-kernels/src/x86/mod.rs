@@ -324,8 +324,8 @@ pub(crate) fn bf16_dot_kernel_set() -> Option<crate::KernelSet> {
     Some(ks.with_w4a8_prefill(crate::W4A8Prefill::Bf16Tiles))
 }
 
-/// The environment variable that turns the AVX-512 BF16 path for int4 weights on (`1`) or
-/// off (`0`) whatever the CPU's vendor.
+/// The environment variable that turns the AVX-512 BF16 path for int4 and e4m3 weights on
+/// (`1`) or off (`0`) whatever the CPU's vendor.
 pub(crate) const BF16_DOT_ENV: &str = "MOE_KERNELS_BF16_DOT";
 
 /// The environment variable that moves the row count from which that path runs.

@@ -143,9 +143,12 @@ fn decode8(step: &[u32; 16], j: usize, zero: __m512) -> __m512 {
 }
 
 /// Decodes K value `j` of an int8 step of e4m3 codes (16 consecutive bytes) to f32.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+///
+/// Needs only AVX-512 F (which implies the AVX2 and F16C operations it uses), so the bf16
+/// path's panel fill can share it.
+#[target_feature(enable = "avx512f")]
 #[inline]
-fn decode_e4m3(step: &[u32; 16], j: usize) -> __m512 {
+pub(crate) fn decode_e4m3(step: &[u32; 16], j: usize) -> __m512 {
     let bytes: &[u32; 4] = step[4 * j..4 * j + 4].try_into().expect("16 bytes");
     // SAFETY: the reference covers 16 readable bytes, and the load is unaligned.
     let v = unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) };

@@ -49,16 +49,18 @@ pub enum LayerQuant {
     },
     /// MXFP4 (gpt-oss): e2m1 codes with an e8m0 scale per 32 input columns, float
     /// activations and f32 compute, on the native WNA16 kernels (the codes decode through the
-    /// e2m1 table). Loaded from a checkpoint's fused tensors only
-    /// ([`crate::MoeLayer::load_from_checkpoint`]), not tensor by tensor.
+    /// e2m1 table). Loaded from a checkpoint's fused tensors
+    /// ([`crate::MoeLayer::load_from_checkpoint`], or `load_layer_tensors` with the reader's
+    /// MXFP4 experts), not tensor by tensor.
     Mxfp4,
     /// FP8 block quantization (DeepSeek-V3/R1, Qwen3 `-FP8`): e4m3 weights with an f32 scale
     /// per `128 × 128` block, run on the native WNA16 kernels (each block row's scales are
     /// its channels' group scales of 128) with float activations and f32 accumulation; the
-    /// checkpoint's dynamic fp8 activations are not emulated. Loaded from a checkpoint only
+    /// checkpoint's dynamic fp8 activations are not emulated. Loaded from a checkpoint
     /// (`MoeLayer::from_checkpoint` and its variants, with the `checkpoint` feature), which
-    /// packs each expert straight from the stored bytes; H and I need not be multiples of 128,
-    /// but a tensor-parallel slice of I must be.
+    /// packs each expert straight from the stored bytes, or from experts the caller packed
+    /// ([`crate::MoeLayer::load_packed_fp8_experts`]), never tensor by tensor; H and I need not
+    /// be multiples of 128, but a tensor-parallel slice of I must be.
     Fp8Block,
 }
 

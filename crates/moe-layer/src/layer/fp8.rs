@@ -6,20 +6,22 @@
 //! Such a layer has no tensor-by-tensor road: its weights are e4m3 bytes with block scales,
 //! which the name-based loader (i8 codes, per-group scales) does not describe, so
 //! [`crate::MoeLayer::load_expert_tensor`] and [`crate::MoeLayer::process`] refuse it with
-//! [`not_by_name`].
+//! [`not_by_name`]. A caller holding the experts in memory packs them itself and hands them
+//! over with [`crate::MoeLayer::load_packed_fp8_experts`].
 
 use crate::LayerError;
 
 #[cfg(feature = "checkpoint")]
+use super::MoeLayerConfig;
 use super::config::LayerQuant;
 #[cfg(feature = "checkpoint")]
 use super::from_checkpoint::{LoadOptions, LoadProgress};
-#[cfg(feature = "checkpoint")]
-use super::{Experts, MoeLayer, MoeLayerConfig, State};
+use super::{Experts, MoeLayer, State};
 #[cfg(feature = "checkpoint")]
 use crate::checkpoint::{Checkpoint, Fp8Expert, Fp8Group, ReadOptions};
+use moe_kernels::{ExpertWeights, FusedMoe, Int8Values, PackedWna16};
 #[cfg(feature = "checkpoint")]
-use moe_kernels::{ExpertWeights, Fp8BlockDesc, Fp8BlockRows, FusedMoe, PackedWna16, Par};
+use moe_kernels::{Fp8BlockDesc, Fp8BlockRows, Par};
 
 /// The refusal of every road but the checkpoint's for FP8 weights (`what` names the tensor).
 pub(super) fn not_by_name(what: &str) -> LayerError {
@@ -27,8 +29,8 @@ pub(super) fn not_by_name(what: &str) -> LayerError {
         field: "quant",
         reason: format!(
             "{what}: FP8 block-quantized experts are loaded from a checkpoint \
-             (MoeLayer::from_checkpoint and its variants, or load_from_checkpoint), not tensor \
-             by tensor"
+             (MoeLayer::from_checkpoint and its variants, or load_from_checkpoint) or packed by \
+             the caller (load_packed_fp8_experts), not tensor by tensor"
         ),
     }
 }
@@ -137,6 +139,78 @@ impl MoeLayer {
         moe.ready_fp8(w13, w2)?;
         moe.set_parallelism(Par::Rayon);
         Ok(moe)
+    }
+}
+
+impl MoeLayer {
+    /// Readies a created FP8 block-quantized layer ([`crate::LayerQuant::Fp8Block`]) around
+    /// experts the caller packed with [`PackedWna16::pack_fp8_block`]: `w13[x]` `[2I, H]` (gate
+    /// rows, then up rows) and `w2[x]` `[H, I]` for the x-th local expert, `I` this rank's
+    /// share. This is the road for runtimes and benchmarks that hold FP8 experts in memory
+    /// rather than in a checkpoint (the name-based loader does not describe e4m3 bytes with
+    /// block scales). The router weight (and correction bias, if the routing has one) must be
+    /// loaded first; layers with shared experts load from a checkpoint only. The layer comes
+    /// back processed. A wrong count, shape or code kind is a typed error naming the matrix,
+    /// and leaves the layer unusable.
+    pub fn load_packed_fp8_experts(
+        &mut self,
+        w13: Vec<PackedWna16>,
+        w2: Vec<PackedWna16>,
+    ) -> Result<(), LayerError> {
+        self.params_mut()?;
+        let checked = self.check_packed_fp8(&w13, &w2);
+        let result = checked.and_then(|()| self.ready_fp8(w13, w2));
+        if let Err(e) = &result {
+            self.state = State::Unusable(e.to_string());
+        }
+        result
+    }
+
+    /// The checks of [`Self::load_packed_fp8_experts`].
+    fn check_packed_fp8(&self, w13: &[PackedWna16], w2: &[PackedWna16]) -> Result<(), LayerError> {
+        if self.cfg.quant != LayerQuant::Fp8Block {
+            return Err(LayerError::InvalidArgument {
+                field: "quant",
+                reason: format!(
+                    "packed FP8 experts need an fp8-block layer, this one is {}",
+                    self.cfg.quant.name()
+                ),
+            });
+        }
+        if self.shared.is_some() {
+            return Err(LayerError::InvalidArgument {
+                field: "shared_experts",
+                reason: "FP8 layers with shared experts are loaded from a checkpoint".into(),
+            });
+        }
+        let local = self.cfg.local_experts().len();
+        let (h, i) = (self.cfg.hidden, self.cfg.intermediate_per_rank());
+        for (name, stack, (n, k)) in [("w13", w13, (2 * i, h)), ("w2", w2, (h, i))] {
+            if stack.len() != local {
+                return Err(LayerError::ParamShape {
+                    tensor: format!("{name} (local experts)"),
+                    expected: vec![local],
+                    actual: vec![stack.len()],
+                });
+            }
+            for (x, w) in stack.iter().enumerate() {
+                if (w.n(), w.k()) != (n, k) {
+                    return Err(LayerError::ParamShape {
+                        tensor: format!("{name}[{x}]"),
+                        expected: vec![n, k],
+                        actual: vec![w.n(), w.k()],
+                    });
+                }
+                if w.bits() != 8 || w.int8_values() != Int8Values::E4m3 {
+                    return Err(LayerError::ParamDtype {
+                        tensor: format!("{name}[{x}]"),
+                        expected: "e4m3 codes (PackedWna16::pack_fp8_block)".into(),
+                        actual: format!("{}-bit codes", w.bits()),
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Selects the backend and readies the layer around its packed FP8 experts.

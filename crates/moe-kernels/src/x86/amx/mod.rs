@@ -1,6 +1,7 @@
 //! The AMX rung: AMX-INT8 tile kernels for the W4A8 and W8A8 GEMMs from [`min_rows`] rows
 //! on, the AVX-512 VNNI kernels below (a few rows cannot fill the tiles, and decode is bound by
-//! memory, not by MACs), and an optional bf16 tile path for int4 weights (AMX-BF16).
+//! memory, not by MACs), and an optional bf16 tile path for int4 and e4m3 weights
+//! (AMX-BF16).
 //!
 //! - `tiles.rs`: the tile unit (hardware `asm!`, and a test emulation of its semantics);
 //! - `common.rs`: the 2 × 2 tile step (two A, two B, four C tiles), the activation tiles the
