@@ -17,9 +17,10 @@ use std::ops::Range;
 
 use half::bf16;
 
-use crate::gemm::{GemmScratch, split_panels};
+use crate::gemm::GemmScratch;
 use crate::packed::dense::DenseValues;
 use crate::packed::{PANEL, PackedDense, check_len};
+use crate::par::split_panels;
 use crate::ukernel::{Bf16Weights, W4Bf16Job};
 use crate::{Isa, KernelError, KernelSet, Par};
 

@@ -6,28 +6,12 @@
 //! bitwise independent of the thread count. Scratch memory lives in a caller-owned
 //! [`GemmScratch`] that only grows, so a warmed-up caller allocates nothing.
 
-use std::ops::Range;
-
 use crate::KernelError;
 use crate::dispatch::{KernelSet, W4A8Kernel};
 use crate::packed::{PackedW4A8, PackedW8A8, check_len};
+use crate::par::{Par, split_panels};
 use crate::ukernel::{ActEncoding, Bf16Weights, W4A8Job, W4A8Out, W4Bf16Job, W8A8Job};
 use moe_quant::act::quantize_row_asym_i8;
-
-/// How a GEMM may use threads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Par {
-    /// On the calling thread only.
-    Seq,
-    /// Split over the current rayon pool (install a pool with `ThreadPool::install` to choose
-    /// its size; this crate never builds the global pool). Without the `rayon` feature this is
-    /// the same as `Seq`.
-    Rayon,
-}
-
-/// Below this many multiply-accumulates a GEMM runs on one thread: splitting would cost more.
-const PARALLEL_MIN_MACS: usize = 1 << 18;
 
 /// Activation rows already quantised asymmetrically (spec §4.2(a)): `x ≈ (q − zp)·recip`.
 #[derive(Debug, Clone, Copy)]
@@ -537,39 +521,4 @@ fn run_w8a8(
         unsafe { (kernel.entry)(&job, panels) }
     });
     Ok(())
-}
-
-/// Runs `f` over a partition of `0..n_panels` into contiguous ranges.
-pub(crate) fn split_panels(
-    n_panels: usize,
-    par: Par,
-    macs: usize,
-    f: impl Fn(Range<usize>) + Sync,
-) {
-    if n_panels == 0 {
-        return;
-    }
-    match par {
-        Par::Rayon if macs >= PARALLEL_MIN_MACS && n_panels > 1 => par_split(n_panels, &f),
-        _ => f(0..n_panels),
-    }
-}
-
-#[cfg(feature = "rayon")]
-fn par_split(n_panels: usize, f: &(impl Fn(Range<usize>) + Sync)) {
-    use rayon::prelude::*;
-    let threads = rayon::current_num_threads();
-    if threads <= 1 {
-        return f(0..n_panels);
-    }
-    // A few chunks per thread balance uneven progress without making chunks tiny.
-    let chunks = n_panels.min(threads * 4);
-    (0..chunks)
-        .into_par_iter()
-        .for_each(|c| f(c * n_panels / chunks..(c + 1) * n_panels / chunks));
-}
-
-#[cfg(not(feature = "rayon"))]
-fn par_split(n_panels: usize, f: &(impl Fn(Range<usize>) + Sync)) {
-    f(0..n_panels)
 }

@@ -10,7 +10,8 @@
 //!   pointers.
 //! - The GEMM driver ([`w4a8_gemm`], [`w8a8_gemm`] and their `_quantized` forms) quantises the
 //!   activation rows, encodes them for the chosen kernel and splits the output channels over
-//!   threads ([`Par`]); results do not depend on the thread count.
+//!   threads ([`Par`], from [`par`], which owns every split over the rayon pool); results do
+//!   not depend on the thread count.
 //! - [`moe`]: the fused expert pipeline ([`FusedMoe`]) on top of the GEMMs: bucketing by
 //!   expert, gate/up GEMM, activation, down GEMM, gating and the ordered per-token sum.
 //! - [`scalar`] is always compiled: the literal reference of spec §4.5 (the oracle) and the
@@ -57,6 +58,7 @@ mod isa;
 pub mod marlin;
 pub mod moe;
 pub mod packed;
+pub mod par;
 pub mod scalar;
 mod ukernel;
 mod wna16;
@@ -82,7 +84,7 @@ pub use dispatch::{
 };
 pub use error::KernelError;
 pub use gemm::{
-    AsymQuantRows, GemmScratch, Par, SymQuantRows, w4a8_gemm, w4a8_gemm_quantized, w8a8_gemm,
+    AsymQuantRows, GemmScratch, SymQuantRows, w4a8_gemm, w4a8_gemm_quantized, w8a8_gemm,
     w8a8_gemm_quantized,
 };
 pub use isa::{ALL_ISAS, Isa, IsaArch, IsaCap, MAX_ISA_ENV, UnknownIsa};
@@ -96,6 +98,7 @@ pub use packed::{
     Int8Values, Mxfp4Desc, PackedDense, PackedW4A8, PackedW8A8, PackedWna16, W4A8Scales, Wna16Desc,
     Wna16Scales, Wna16WordsDesc, e4m3_value,
 };
+pub use par::Par;
 pub use wna16::{wna16_gemm, wna16_isa, wna16_reference};
 
 /// The CPU features this binary's architecture cares about, as `(name, detected)` pairs.

@@ -24,11 +24,11 @@ use std::ops::Range;
 
 use half::{bf16, f16};
 
-use crate::gemm::split_panels;
 use crate::packed::wna16::{
     E2M1_VALUES, Int4Values, K_STEP, K_STEP8, Wna16ScaleValues, e4m3_value,
 };
 use crate::packed::{PANEL, PackedWna16, check_len};
+use crate::par::split_panels;
 use crate::ukernel::{Bf16Weights, W4Bf16Job};
 use crate::{GemmScratch, Isa, KernelError, KernelSet, Par};
 

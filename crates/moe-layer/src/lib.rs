@@ -53,7 +53,6 @@
 pub mod checkpoint;
 pub mod error;
 pub mod layer;
-mod par;
 
 pub use error::LayerError;
 pub use layer::{

@@ -12,12 +12,12 @@ use half::{bf16, f16};
 
 use super::error::{MarlinError, check_len, checked_product};
 use super::layout::{MarlinLayout, WeightBits, check_tile_shape};
-use super::par::for_each_chunk;
 use super::perm::{ScaleLayout, permute_scales};
 use super::postprocess::groups_for;
 use super::preprocess::fp8_unmap_code;
 use super::repack::check_perm;
 use crate::Par;
+use crate::par::for_each_chunk;
 
 /// Scales as handed to the executor, in their dtype (the dequantised weight is rounded to it).
 #[derive(Debug, Clone, Copy)]

@@ -16,7 +16,6 @@
 pub mod error;
 pub mod exec;
 pub mod layout;
-mod par;
 pub mod perm;
 pub mod postprocess;
 pub mod preprocess;

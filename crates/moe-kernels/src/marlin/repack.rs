@@ -10,8 +10,8 @@
 
 use super::error::{MarlinError, check_len, checked_product};
 use super::layout::{MarlinLayout, WeightBits, check_tile_shape};
-use super::par::for_each_chunk;
 use crate::Par;
+use crate::par::for_each_chunk;
 
 /// The arguments of one repack call, named as upstream names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,7 +15,8 @@ use super::experts::{ExpertMatrix, WeightFormat};
 use super::numerics::{ExpertId, MoeFloat, Numerics, Round, SumMode};
 use super::scratch::{MoeScratch, MoeScratchDims, NOT_LOCAL, StageTimes};
 use crate::packed::check_len;
-use crate::{GemmScratch, KernelError, KernelSet, Par};
+use crate::par::{self, Par, join, pool_threads};
+use crate::{GemmScratch, KernelError, KernelSet};
 
 /// The per-expert weights of one layer, local experts only.
 #[derive(Debug, Clone)]
@@ -618,38 +619,13 @@ impl Reduce<'_> {
         }
     }
 
-    #[cfg(feature = "rayon")]
     fn run_parallel<X: MoeFloat>(&self, out: &mut [X]) {
-        use rayon::prelude::*;
-        out.par_chunks_exact_mut(self.hidden)
-            .zip(self.order.par_chunks_exact(self.top_k))
-            .for_each(|(dst, slots)| self.token(dst, slots));
+        par::for_each_chunk(
+            out,
+            self.hidden,
+            Par::Rayon,
+            || (),
+            |_, t, dst| self.token(dst, &self.order[t * self.top_k..][..self.top_k]),
+        );
     }
-
-    #[cfg(not(feature = "rayon"))]
-    fn run_parallel<X: MoeFloat>(&self, out: &mut [X]) {
-        self.run(out, Par::Seq)
-    }
-}
-
-/// Runs both closures, on two rayon tasks when the feature is on.
-#[cfg(feature = "rayon")]
-fn join<A: Send, B: Send>(a: impl FnOnce() -> A + Send, b: impl FnOnce() -> B + Send) -> (A, B) {
-    rayon::join(a, b)
-}
-
-#[cfg(not(feature = "rayon"))]
-fn join<A: Send, B: Send>(a: impl FnOnce() -> A + Send, b: impl FnOnce() -> B + Send) -> (A, B) {
-    (a(), b())
-}
-
-/// Threads of the current rayon pool (1 without the feature).
-#[cfg(feature = "rayon")]
-fn pool_threads() -> usize {
-    rayon::current_num_threads()
-}
-
-#[cfg(not(feature = "rayon"))]
-fn pool_threads() -> usize {
-    1
 }

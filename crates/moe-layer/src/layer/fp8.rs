@@ -103,7 +103,7 @@ impl MoeLayer {
         }
         let done = std::sync::atomic::AtomicUsize::new(0);
         let total = local.len();
-        let packed = crate::par::map_indexed(total, opts.par, |x| {
+        let packed = moe_kernels::par::map_indexed(total, opts.par, |x| {
             let ex = ckpt.read_fp8_expert(layer, local[x], Fp8Group::Routed, tp)?;
             let pair = pack_expert(&ex)?;
             let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;

@@ -376,7 +376,7 @@ impl MoeLayer {
         let (h, i) = (one.hidden, one.intermediate_per_rank());
         let done = std::sync::atomic::AtomicUsize::new(0);
         let total = local.len();
-        let experts = crate::par::map_indexed(total, opts.par, |x| {
+        let experts = moe_kernels::par::map_indexed(total, opts.par, |x| {
             if let LayerQuant::Wna16 { group_size, .. } = one.quant
                 && native_wna16
                 && let Some(words) = ckpt.read_routed_expert_words(layer, local[x])?
@@ -536,7 +536,7 @@ impl MoeLayer {
         };
         let done = std::sync::atomic::AtomicUsize::new(0);
         let total = local.len();
-        let experts = crate::par::map_indexed(total, opts.par, |x| {
+        let experts = moe_kernels::par::map_indexed(total, opts.par, |x| {
             let pair = (pack(&refs.w13, local[x], h)?, pack(&refs.w2, local[x], i)?);
             let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
             if let Some(report) = opts.progress {

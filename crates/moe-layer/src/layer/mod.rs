@@ -52,7 +52,8 @@ pub use config::{
 pub use from_checkpoint::{LoadOptions, LoadProgress};
 pub use params::{ExpertShard, TensorData, TensorKind, TensorView};
 
-use crate::{LayerError, par};
+use crate::LayerError;
+use moe_kernels::par;
 use params::Params;
 use scratch::{CallScratch, GateScratch, ScratchPool, SharedScratch, typed_zeros};
 

@@ -22,7 +22,8 @@ use moe_kernels::{Mxfp4Desc, PackedWna16, Par, Wna16Desc, Wna16Scales};
 use moe_quant::DType;
 
 use super::params::Params;
-use crate::{LayerError, par};
+use crate::LayerError;
+use moe_kernels::par;
 
 /// One projection's tensors, as the packer reads them.
 struct Projection<'a> {
