@@ -78,6 +78,18 @@ struct Ours {
     rows: usize,
 }
 
+impl Ours {
+    /// Channels one pass of the tile's inner loop covers: the i8mm tiles of more than 4 rows
+    /// cover a panel in two passes of 8 channels, every other tile the 16 of a panel.
+    fn cols(self) -> usize {
+        if self.rung == "i8mm" && self.rows > 4 {
+            8
+        } else {
+            16
+        }
+    }
+}
+
 /// One KleidiAI micro-kernel: its directory under `kai/ukernels/matmul`, its name (without the
 /// `kai_` prefix) and its tile.
 #[derive(Clone, Copy, Debug)]
@@ -138,6 +150,13 @@ const KAI_W8_DOT_1X4: Kai = Kai {
     cols: 4,
     ext: Ext::Dotprod,
 };
+const KAI_W8_DOT_16X4: Kai = Kai {
+    dir: KAI_W8A8,
+    name: "matmul_clamp_f32_qai8dxp4x4_qsi8cxp4x4_16x4_neon_dotprod",
+    rows: 16,
+    cols: 4,
+    ext: Ext::Dotprod,
+};
 const KAI_W8_MM_16X4: Kai = Kai {
     dir: KAI_W8A8,
     name: "matmul_clamp_f32_qai8dxp4x8_qsi8cxp4x8_16x4_neon_i8mm",
@@ -147,9 +166,9 @@ const KAI_W8_MM_16X4: Kai = Kai {
 };
 
 /// The comparison lines. KleidiAI has no plain-NEON int8 kernels and no i8mm kernel for a
-/// single row (its decode path on i8mm cores is the dot-product 1×8 kernel), and we have no
-/// tile taller than 4 rows, so some cells are empty or borrowed and say so. Our i8mm rung runs
-/// 1-row tiles on the dot-product body, so that is the loop its 1-row lines model.
+/// single row (its decode path on i8mm cores is the dot-product 1×8 kernel), and only our i8mm
+/// rung has tiles taller than 4 rows, so some cells are empty or borrowed and say so. Our i8mm
+/// rung runs 1-row tiles on the dot-product body, so that is the loop its 1-row lines model.
 const PAIRINGS: &[Pairing] = &[
     pair(Format::W4A8, "neon", 1, Some(1), None),
     pair(Format::W4A8, "neon", 4, Some(4), None),
@@ -157,13 +176,14 @@ const PAIRINGS: &[Pairing] = &[
     pair(Format::W4A8, "dotprod", 4, Some(4), Some(KAI_DOT_4X8)),
     pair_with(Format::W4A8, "i8mm", 1, "dotprod", Some(KAI_DOT_1X8)),
     pair(Format::W4A8, "i8mm", 4, Some(4), Some(KAI_MM_4X8)),
-    pair(Format::W4A8, "i8mm", 8, Some(4), Some(KAI_MM_8X4)),
+    pair(Format::W4A8, "i8mm", 8, Some(8), Some(KAI_MM_8X4)),
     pair(Format::W8A8, "neon", 1, Some(1), None),
     pair(Format::W8A8, "neon", 4, Some(4), None),
     pair(Format::W8A8, "dotprod", 1, Some(1), Some(KAI_W8_DOT_1X4)),
-    pair(Format::W8A8, "dotprod", 4, Some(4), None),
+    pair(Format::W8A8, "dotprod", 4, Some(4), Some(KAI_W8_DOT_16X4)),
     pair_with(Format::W8A8, "i8mm", 1, "dotprod", Some(KAI_W8_DOT_1X4)),
     pair(Format::W8A8, "i8mm", 4, Some(4), Some(KAI_W8_MM_16X4)),
+    pair(Format::W8A8, "i8mm", 8, Some(8), Some(KAI_W8_MM_16X4)),
 ];
 
 /// A line whose tile of ours is another rung's body (`rows` rows of rung `body`).
@@ -540,7 +560,7 @@ fn ours_loop(asm: &str, format: Format, o: Ours) -> Result<Loop> {
     } else {
         o.rows
     };
-    l.k_per_iter = l.useful_macs() / (o.rows * 16) as u64;
+    l.k_per_iter = l.useful_macs() / (o.rows * o.cols()) as u64;
     Ok(l)
 }
 
@@ -884,8 +904,9 @@ fn render(command: &str, sections: &[Section], have_kai: bool) -> String {
          the execution resources limited the loop (MACs over llvm-mca's Block RThroughput, no \
          dependency chains). Post-indexed loads are given to llvm-mca as a load and an add, \
          because its models give the base-register write-back the load's latency. \
-         \"K\" is the K values one iteration covers; ours are 16 channels wide, KleidiAI's \
-         as wide as the tile says."
+         \"K\" is the K values one iteration covers over the channels the tile names (our 8-row \
+         i8mm tiles run a panel's 16 channels as two passes of 8), KleidiAI's as wide as the \
+         tile says."
     );
     if !have_kai {
         let _ = writeln!(s, "\nKleidiAI was not given: its columns are empty.");
@@ -912,12 +933,12 @@ fn render(command: &str, sections: &[Section], have_kai: bool) -> String {
             let p = r.pairing;
             let (ours_tile, ours_cyc, ours_rate) = match (p.ours, r.ours) {
                 (Some(o), Some(c)) if o.rung != p.rung => (
-                    format!("{}×16 ({} body), K {}", o.rows, o.rung, c.k),
+                    format!("{}×{} ({} body), K {}", o.rows, o.cols(), o.rung, c.k),
                     format!("{:.2}", c.cycles),
                     c.rates(),
                 ),
                 (Some(o), Some(c)) => (
-                    format!("{}×16, K {}", o.rows, c.k),
+                    format!("{}×{}, K {}", o.rows, o.cols(), c.k),
                     format!("{:.2}", c.cycles),
                     c.rates(),
                 ),

@@ -93,34 +93,38 @@ pub(super) fn unpack_codes(v: uint8x16_t) -> [int8x16_t; 2] {
     [lo, hi]
 }
 
-/// Closes scale block `b` of a W4A8 tile (rows `m0..m0 + R` of panel `p`) from the code sums
-/// `Σ q·c` (`ActEncoding::I8CodeWeights`): forms the exact `acc_i = Σ q·c − zp·Σc − κ`
+/// Closes scale block `b` of a W4A8 tile (rows `m0..m0 + R` of panel `p`, channel quarters
+/// `q0..q0 + NQ`: channels `4·q0..4·(q0 + NQ)` of the panel) from the code sums `Σ q·c`
+/// (`ActEncoding::I8CodeWeights`): forms the exact `acc_i = Σ q·c − zp·Σc − κ`
 /// (`= Σ (q − zp)·w`; `κ` per row and block from the driver, in `job.block_corr`), then
 /// either stores it (block-accumulator mode, `ACC`) or adds `f32(acc_i) · scale` to `acc_f`,
 /// multiply then add. The int32 arithmetic wraps like the scalar reference's, so `acc_i` is
-/// exact whenever it fits.
+/// exact whenever it fits. Tiles of many rows cover a panel in two passes of 8 channels
+/// (`NQ = 2`), so that their accumulators fit the register file.
 ///
 /// # Safety
 /// - In block-accumulator mode the job's pointer is valid for the whole
 ///   `[m][n_blocks][16·n_panels]` buffer and these rows' channels of panel `p` are ours alone.
 #[target_feature(enable = "neon")]
 #[inline]
-pub(super) unsafe fn w4a8_block_end<const R: usize, const ACC: bool>(
+#[allow(clippy::too_many_arguments)] // the tile coordinates, as in the tile bodies
+pub(super) unsafe fn w4a8_block_end<const R: usize, const NQ: usize, const ACC: bool>(
     job: &W4A8Job<'_>,
     p: usize,
     m0: usize,
+    q0: usize,
     b: usize,
-    sums: &[RowSums; R],
-    acc_f: &mut [RowAccF; R],
+    sums: &[[int32x4_t; NQ]; R],
+    acc_f: &mut [[float32x4_t; NQ]; R],
 ) {
     let w = job.w;
     let n_blocks = w.n_blocks();
     // The code sums come from the portable recount of the block's nibbles, which the tile has
     // just streamed through L1 (see `PackedW4A8::block_code_sum`).
-    let csum = w.block_code_sum(p, b);
+    let csum = w.block_code_sum(p, b, 4 * q0..4 * (q0 + NQ));
     let scales = w.block_scales(p, b);
-    let cs: [int32x4_t; 4] = std::array::from_fn(|q| load_i32x4(&csum[4 * q..]));
-    let sc: [float32x4_t; 4] = std::array::from_fn(|q| load_f32x4(&scales[4 * q..]));
+    let cs: [int32x4_t; NQ] = std::array::from_fn(|q| load_i32x4(&csum[4 * (q0 + q)..]));
+    let sc: [float32x4_t; NQ] = std::array::from_fn(|q| load_f32x4(&scales[4 * (q0 + q)..]));
     for (r, (row_sums, row_acc)) in sums.iter().zip(acc_f.iter_mut()).enumerate() {
         let zp = vdupq_n_s32(job.row_corr[m0 + r]);
         let kappa = vdupq_n_s32(job.block_corr[(m0 + r) * n_blocks + b]);
@@ -128,7 +132,8 @@ pub(super) unsafe fn w4a8_block_end<const R: usize, const ACC: bool>(
             let acc_i = vsubq_s32(vsubq_s32(sum, vmulq_s32(zp, cs[q])), kappa);
             match job.out {
                 W4A8Out::BlockAcc { ptr } if ACC => {
-                    let at = ((m0 + r) * n_blocks + b) * PANEL * w.n_panels() + p * PANEL + 4 * q;
+                    let at =
+                        ((m0 + r) * n_blocks + b) * PANEL * w.n_panels() + p * PANEL + 4 * (q0 + q);
                     // SAFETY: the driver sized the buffer `[m][n_blocks][n_pad]`; these 4
                     // channels of row `m0 + r` belong to this call alone.
                     unsafe { vst1q_s32(ptr.wrapping_add(at), acc_i) };
@@ -139,65 +144,43 @@ pub(super) unsafe fn w4a8_block_end<const R: usize, const ACC: bool>(
     }
 }
 
-/// Writes the W4A8 outputs of a tile: `y = acc_f · recip (+ bias)`, multiply then add.
+/// Writes the W4A8 outputs of a tile's channel quarters `q0..q0 + NQ`:
+/// `y = acc_f · recip (+ bias)`, multiply then add.
 ///
 /// # Safety
 /// - When the job writes values, its pointer is valid for rows `m0..m0 + R` and the channels
 ///   of panel `p` that are `< N`, which no one else accesses meanwhile.
 #[target_feature(enable = "neon")]
 #[inline]
-pub(super) unsafe fn w4a8_store<const R: usize>(
+pub(super) unsafe fn w4a8_store<const R: usize, const NQ: usize>(
     job: &W4A8Job<'_>,
     p: usize,
     m0: usize,
-    acc_f: &[RowAccF; R],
+    q0: usize,
+    acc_f: &[[float32x4_t; NQ]; R],
 ) {
     let W4A8Out::Values { ptr, ld } = job.out else {
         return;
     };
     let w = job.w;
-    let valid = PANEL.min(w.n() - p * PANEL);
+    let valid = pass_valid(w.n(), p, q0, NQ);
+    if valid == 0 {
+        return;
+    }
     let bias = w
         .panel_bias(p)
-        .map(|b| -> [float32x4_t; 4] { std::array::from_fn(|q| load_f32x4(&b[4 * q..])) });
+        .map(|b| -> [float32x4_t; NQ] { std::array::from_fn(|q| load_f32x4(&b[4 * (q0 + q)..])) });
     for (r, row_acc) in acc_f.iter().enumerate() {
         let recip = vdupq_n_f32(job.row_recip[m0 + r]);
-        let mut y: RowAccF = std::array::from_fn(|q| vmulq_f32(row_acc[q], recip));
+        let mut y: [float32x4_t; NQ] = std::array::from_fn(|q| vmulq_f32(row_acc[q], recip));
         if let Some(bias) = bias {
             y = std::array::from_fn(|q| vaddq_f32(y[q], bias[q]));
         }
-        // SAFETY: row `m0 + r < m`, channels `16p..16p + valid < N`, inside the validated
-        // output and owned by this call.
-        unsafe { store16(ptr.wrapping_add((m0 + r) * ld + p * PANEL), &y, valid) };
-    }
-}
-
-/// Writes the W8A8 outputs of a tile: `y = f32(Σ q·w) · (xs[m] · ws[n])`.
-///
-/// # Safety
-/// - The job's pointer is valid for rows `m0..m0 + R` and the channels of panel `p` that are
-///   `< N`, which no one else accesses meanwhile.
-#[target_feature(enable = "neon")]
-#[inline]
-pub(super) unsafe fn w8a8_store<const R: usize>(
-    job: &W8A8Job<'_>,
-    p: usize,
-    m0: usize,
-    sums: &[RowSums; R],
-) {
-    let w = job.w;
-    let valid = PANEL.min(w.n() - p * PANEL);
-    let scales = w.panel_scales(p);
-    let sc: [float32x4_t; 4] = std::array::from_fn(|q| load_f32x4(&scales[4 * q..]));
-    for (r, row_sums) in sums.iter().enumerate() {
-        let xs = vdupq_n_f32(job.row_scale[m0 + r]);
-        let y: RowAccF =
-            std::array::from_fn(|q| vmulq_f32(vcvtq_f32_s32(row_sums[q]), vmulq_f32(xs, sc[q])));
-        // SAFETY: row `m0 + r < m`, channels `16p..16p + valid < N`, inside the validated
-        // output and owned by this call.
+        // SAFETY: row `m0 + r < m`, channels `16p + 4·q0..` up to `valid` of them, all `< N`,
+        // inside the validated output and owned by this call.
         unsafe {
-            store16(
-                job.out.wrapping_add((m0 + r) * job.ld + p * PANEL),
+            store_n(
+                ptr.wrapping_add((m0 + r) * ld + p * PANEL + 4 * q0),
                 &y,
                 valid,
             )
@@ -205,25 +188,69 @@ pub(super) unsafe fn w8a8_store<const R: usize>(
     }
 }
 
-/// Writes the first `valid` of the 16 values in `y` to `dst`.
+/// Writes the W8A8 outputs of a tile's channel quarters `q0..q0 + NQ`:
+/// `y = f32(Σ q·w) · (xs[m] · ws[n])`.
+///
+/// # Safety
+/// - The job's pointer is valid for rows `m0..m0 + R` and the channels of panel `p` that are
+///   `< N`, which no one else accesses meanwhile.
+#[target_feature(enable = "neon")]
+#[inline]
+pub(super) unsafe fn w8a8_store<const R: usize, const NQ: usize>(
+    job: &W8A8Job<'_>,
+    p: usize,
+    m0: usize,
+    q0: usize,
+    sums: &[[int32x4_t; NQ]; R],
+) {
+    let w = job.w;
+    let valid = pass_valid(w.n(), p, q0, NQ);
+    if valid == 0 {
+        return;
+    }
+    let scales = w.panel_scales(p);
+    let sc: [float32x4_t; NQ] = std::array::from_fn(|q| load_f32x4(&scales[4 * (q0 + q)..]));
+    for (r, row_sums) in sums.iter().enumerate() {
+        let xs = vdupq_n_f32(job.row_scale[m0 + r]);
+        let y: [float32x4_t; NQ] =
+            std::array::from_fn(|q| vmulq_f32(vcvtq_f32_s32(row_sums[q]), vmulq_f32(xs, sc[q])));
+        // SAFETY: row `m0 + r < m`, channels `16p + 4·q0..` up to `valid` of them, all `< N`,
+        // inside the validated output and owned by this call.
+        unsafe {
+            store_n(
+                job.out.wrapping_add((m0 + r) * job.ld + p * PANEL + 4 * q0),
+                &y,
+                valid,
+            )
+        };
+    }
+}
+
+/// How many of the channels `16p + 4·q0 .. 16p + 4·(q0 + nq)` are real (`< n`).
+fn pass_valid(n: usize, p: usize, q0: usize, nq: usize) -> usize {
+    n.saturating_sub(p * PANEL + 4 * q0).min(4 * nq)
+}
+
+/// Writes the first `valid` of the `4·NQ` values in `y` to `dst`.
 ///
 /// # Safety
 /// - `dst` is valid for `valid` f32 writes that no one else accesses meanwhile.
 #[target_feature(enable = "neon")]
 #[inline]
-unsafe fn store16(dst: *mut f32, y: &RowAccF, valid: usize) {
-    if valid == PANEL {
+unsafe fn store_n<const NQ: usize>(dst: *mut f32, y: &[float32x4_t; NQ], valid: usize) {
+    if valid == 4 * NQ {
         for (q, v) in y.iter().enumerate() {
-            // SAFETY: elements `4q..4q + 4 ≤ 16 = valid` of the caller's destination.
+            // SAFETY: elements `4q..4q + 4 ≤ 4·NQ = valid` of the caller's destination.
             unsafe { vst1q_f32(dst.wrapping_add(4 * q), *v) };
         }
     } else {
         let mut tmp = [0f32; PANEL];
         for (q, v) in y.iter().enumerate() {
-            // SAFETY: `tmp` holds 16 f32; this store covers elements `4q..4q + 4`.
+            // SAFETY: `tmp` holds 16 ≥ 4·NQ f32; this store covers elements `4q..4q + 4`.
             unsafe { vst1q_f32(tmp[4 * q..].as_mut_ptr(), *v) };
         }
-        // SAFETY: `valid < 16` values from a local array to the caller's valid destination.
+        // SAFETY: `valid < 4·NQ ≤ 16` values from a local array to the caller's valid
+        // destination.
         unsafe { std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, valid) };
     }
 }

@@ -56,10 +56,10 @@ pub(super) unsafe fn w4a8_tile<const R: usize, const ACC: bool>(
             }
         }
         // SAFETY: the output contract is forwarded from our caller.
-        unsafe { w4a8_block_end::<R, ACC>(job, p, m0, b, &sums, &mut acc_f) };
+        unsafe { w4a8_block_end::<R, 4, ACC>(job, p, m0, 0, b, &sums, &mut acc_f) };
     }
     // SAFETY: as above.
-    unsafe { w4a8_store::<R>(job, p, m0, &acc_f) };
+    unsafe { w4a8_store::<R, 4>(job, p, m0, 0, &acc_f) };
 }
 
 /// Adds one W8A8 step (4 K values × 16 channels) to `sums`, taking each row's activations from
@@ -80,16 +80,50 @@ fn w8_step<const LANE: u32, const R: usize>(
     }
 }
 
+/// [`w8_step`] with each row's activations from 4-byte group `LANE` (0 or 1) of 8 bytes.
+#[target_feature(enable = "neon,dotprod")]
+#[inline]
+fn w8_step_d<const LANE: u32, const R: usize>(
+    sums: &mut [RowSums; R],
+    step: &[i8; 64],
+    a: &[int8x8_t; R],
+) {
+    let (quarters, _) = step.as_chunks::<16>();
+    for (q, quarter) in quarters.iter().enumerate() {
+        let v = load_i8x16(quarter);
+        for (row, &a) in sums.iter_mut().zip(a) {
+            row[q] = sdot_lane_d::<LANE>(row[q], v, a);
+        }
+    }
+}
+
 /// The W8A8 tile body for `R` rows.
+///
+/// Up to 2 rows, groups of 4 steps share one 16-byte activation load per row. More rows take
+/// groups of 2 steps (8 bytes per row): the 16 accumulators of 4 rows, 4 activation vectors
+/// and a 4-step group's 16 weight vectors would need 36 vector registers, and the loop would
+/// spill (`cargo xtask arm-cost`).
 ///
 /// # Safety
 /// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`.
 #[target_feature(enable = "neon,dotprod")]
 pub(super) unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
+    let sums = if R <= 2 {
+        w8a8_sums_by_4::<R>(job, p, m0)
+    } else {
+        w8a8_sums_by_2::<R>(job, p, m0)
+    };
+    // SAFETY: the output contract is forwarded from our caller.
+    unsafe { w8a8_store::<R, 4>(job, p, m0, 0, &sums) };
+}
+
+/// The exact sums of a W8A8 tile, in groups of 4 steps; the remaining 0..3 steps broadcast
+/// their 4 activation bytes.
+#[target_feature(enable = "neon,dotprod")]
+#[inline]
+fn w8a8_sums_by_4<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) -> [RowSums; R] {
     let w = job.w;
     let k_pad = w.k_pad();
-    // Groups of 4 steps share one 16-byte activation load per row; the remaining 0..3 steps
-    // broadcast their 4 bytes.
     let (weight_groups, weight_tail) = w.panel_bytes(p).as_chunks::<256>();
     let rows: [(&[[u8; 16]], &[u8]); R] =
         std::array::from_fn(|r| job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<16>());
@@ -115,8 +149,39 @@ pub(super) unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: 
         });
         w8_step::<0, R>(&mut sums, step, &a);
     }
-    // SAFETY: the output contract is forwarded from our caller.
-    unsafe { w8a8_store::<R>(job, p, m0, &sums) };
+    sums
+}
+
+/// The exact sums of a W8A8 tile, in groups of 2 steps; a remaining odd step broadcasts its 4
+/// activation bytes.
+#[target_feature(enable = "neon,dotprod")]
+#[inline]
+fn w8a8_sums_by_2<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) -> [RowSums; R] {
+    let w = job.w;
+    let k_pad = w.k_pad();
+    let (weight_groups, weight_tail) = w.panel_bytes(p).as_chunks::<128>();
+    let rows: [(&[[u8; 8]], &[u8]); R] =
+        std::array::from_fn(|r| job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<8>());
+    let (tail_steps, _) = weight_tail.as_chunks::<64>();
+    for (groups, tail) in &rows {
+        assert_eq!(groups.len(), weight_groups.len());
+        assert_eq!(tail.len(), 4 * tail_steps.len());
+    }
+    let mut sums: [RowSums; R] = [zero_sums(); R];
+    for (g, group) in weight_groups.iter().enumerate() {
+        let a: [int8x8_t; R] = std::array::from_fn(|r| load_i8x8(&rows[r].0[g]));
+        let (steps, _) = group.as_chunks::<64>();
+        w8_step_d::<0, R>(&mut sums, &steps[0], &a);
+        w8_step_d::<1, R>(&mut sums, &steps[1], &a);
+    }
+    for (i, step) in tail_steps.iter().enumerate() {
+        let a: [int8x16_t; R] = std::array::from_fn(|r| {
+            let t = &rows[r].1[4 * i..];
+            dup4([t[0], t[1], t[2], t[3]])
+        });
+        w8_step::<0, R>(&mut sums, step, &a);
+    }
+    sums
 }
 
 crate::ukernel::impl_microkernels! {

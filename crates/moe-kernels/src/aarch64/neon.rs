@@ -93,10 +93,10 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
             }
         }
         // SAFETY: the output contract is forwarded from our caller.
-        unsafe { w4a8_block_end::<R, ACC>(job, p, m0, b, &sums, &mut acc_f) };
+        unsafe { w4a8_block_end::<R, 4, ACC>(job, p, m0, 0, b, &sums, &mut acc_f) };
     }
     // SAFETY: as above.
-    unsafe { w4a8_store::<R>(job, p, m0, &acc_f) };
+    unsafe { w4a8_store::<R, 4>(job, p, m0, 0, &acc_f) };
 }
 
 /// The W8A8 tile body for `R` rows.
@@ -126,7 +126,7 @@ unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
         }
     }
     // SAFETY: the output contract is forwarded from our caller.
-    unsafe { w8a8_store::<R>(job, p, m0, &sums) };
+    unsafe { w8a8_store::<R, 4>(job, p, m0, 0, &sums) };
 }
 
 crate::ukernel::impl_microkernels! {

@@ -329,25 +329,33 @@ impl PackedW4A8 {
         }
     }
 
-    /// `Σ_{k∈b} c` of the codes `c = w + 8` of the 16 channels of block `b` of panel `p`,
-    /// recounted from the nibbles: the aarch64 tiles multiply the codes themselves
+    /// `Σ_{k∈b} c` of the codes `c = w + 8` of the panel's channels `channels` (a range inside
+    /// `0..16`; the others read 0) in block `b` of panel `p`, recounted from the nibbles: the
+    /// aarch64 tiles multiply the codes themselves
     /// ([`crate::ukernel::ActEncoding::I8CodeWeights`]) and read the block they have just
-    /// streamed through L1 again for this sum. Padding K values are code 8.
+    /// streamed through L1 again for this sum, for the channels of the pass they close.
+    /// Padding K values are code 8.
     #[cfg(any(test, target_arch = "aarch64"))]
     #[inline(always)]
-    pub(crate) fn block_code_sum(&self, p: usize, b: usize) -> [i32; PANEL] {
+    pub(crate) fn block_code_sum(
+        &self,
+        p: usize,
+        b: usize,
+        channels: std::ops::Range<usize>,
+    ) -> [i32; PANEL] {
         let steps_per_block = self.block_len / K_STEP;
         let nibbles = &self.panel_nibbles(p)[b * steps_per_block * STEP_BYTES..]
             [..steps_per_block * STEP_BYTES];
         // Σ of the codes fits u32 for any block (at most 2^17 steps of 8 codes ≤ 15 per channel).
         let mut codes = [0u32; PANEL];
         for step in nibbles.as_chunks::<STEP_BYTES>().0 {
-            for (c, quad) in step.as_chunks::<4>().0.iter().enumerate() {
+            let quads = &step.as_chunks::<4>().0[channels.clone()];
+            for (sum, quad) in codes[channels.clone()].iter_mut().zip(quads) {
                 let q = u32::from_le_bytes(*quad);
                 let lo = q & 0x0F0F_0F0F;
                 let hi = (q >> 4) & 0x0F0F_0F0F;
                 // Bytes of `lo + hi` are ≤ 30: summing the four bytes cannot carry.
-                codes[c] += (lo + hi).wrapping_mul(0x0101_0101) >> 24;
+                *sum += (lo + hi).wrapping_mul(0x0101_0101) >> 24;
             }
         }
         // At most 15·2^20 < 2^31.
@@ -359,7 +367,7 @@ impl PackedW4A8 {
     #[cfg(test)]
     pub(crate) fn block_wsum(&self, p: usize, b: usize) -> [i32; PANEL] {
         let bias = 8 * self.block_len as i64;
-        self.block_code_sum(p, b)
+        self.block_code_sum(p, b, 0..PANEL)
             .map(|sum| (i64::from(sum) - bias) as i32)
     }
 
