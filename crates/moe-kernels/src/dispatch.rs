@@ -99,7 +99,13 @@ pub struct KernelSet {
     w4a8_prefill: W4A8Prefill,
     /// The WNA16 (weight-only int4, f32 compute) body and the rung whose code it is.
     wna16: (Isa, Wna16PanelsFn),
+    /// How many bytes the own kernels' activation layout of `m` rows of `k_pad` values takes
+    /// at most, when they read one (see [`KernelSet::with_layouts`]).
+    layout_bytes: Option<LayoutBytesFn>,
 }
+
+/// The size bound of a kernel's activation layout: bytes for `m` rows of `k_pad` values.
+pub(crate) type LayoutBytesFn = fn(m: usize, k_pad: usize) -> usize;
 
 /// Kernels that replace a set's own from `min_m` rows on: tile kernels only pay off once a
 /// call has enough rows to fill their tiles.
@@ -159,7 +165,32 @@ impl KernelSet {
             bf16_tiles: None,
             w4a8_prefill: W4A8Prefill::ExactInt8,
             wna16: (Isa::Scalar, crate::wna16::panels_portable),
+            layout_bytes: None,
         }
+    }
+
+    /// The same set, with its own kernels (those below any large-row threshold) reading their
+    /// activations in their own layouts, made once per GEMM by `w4a8` and `w8a8`; `bytes`
+    /// bounds the layouts' size, so that scratch can be sized up front
+    /// ([`KernelSet::layout_bytes`]).
+    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))] // only the i8mm rung has them
+    pub(crate) fn with_layouts(
+        mut self,
+        w4a8: W4A8TileAFn,
+        w8a8: W8A8TileAFn,
+        bytes: LayoutBytesFn,
+    ) -> Self {
+        self.w4a8.tile_a = Some(w4a8);
+        self.w8a8.tile_a = Some(w8a8);
+        self.layout_bytes = Some(bytes);
+        self
+    }
+
+    /// The most bytes the own kernels' activation layout takes for `m` rows of `k` values (0
+    /// when they read the rows as they are), to size scratch before the hot path.
+    pub(crate) fn layout_bytes(&self, m: usize, k: usize) -> usize {
+        let k_pad = k.next_multiple_of(crate::packed::w4a8::K_STEP);
+        self.layout_bytes.map_or(0, |f| f(m, k_pad))
     }
 
     /// The same set, with `w4a8` running every call of at least `min_m.0` rows and `w8a8`
@@ -400,11 +431,15 @@ impl KernelSet {
             ),
             format!(
                 "w4a8_act_quant: {}",
-                self.act_asym_u8.map_or(Isa::Scalar, |(isa, _)| isa)
+                self.act_asym_u8
+                    .map_or(arch::PORTABLE_ACT_QUANT.to_string(), |(isa, _)| isa
+                        .to_string())
             ),
             format!(
                 "w8a8_act_quant: {}",
-                self.act_sym_i8.map_or(Isa::Scalar, |(isa, _)| isa)
+                self.act_sym_i8
+                    .map_or(arch::PORTABLE_ACT_QUANT.to_string(), |(isa, _)| isa
+                        .to_string())
             ),
             match self.bf16_tiles {
                 Some(t) => format!(

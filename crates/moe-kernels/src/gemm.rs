@@ -80,6 +80,12 @@ impl GemmScratch {
             .reserve(len.saturating_sub(self.f32_rows.len()));
     }
 
+    /// Sizes the kernel-layout buffer for `len` bytes, so kernels that re-lay their activation
+    /// rows (see [`KernelSet::layout_bytes`]) never allocate on the hot path.
+    pub(crate) fn reserve_tiles(&mut self, len: usize) {
+        self.tiles.reserve(len.saturating_sub(self.tiles.len()));
+    }
+
     /// Float rows gathered into a weight format's K order (`len` values) and the
     /// kernel-layout buffer, borrowed together.
     pub(crate) fn f32_rows_and_tiles(&mut self, len: usize) -> (&mut [f32], &mut Vec<u8>) {

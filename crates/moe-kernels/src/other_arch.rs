@@ -8,6 +8,9 @@ pub(crate) fn kernel_set(_isa: Isa) -> Option<KernelSet> {
     None
 }
 
+/// The portable activation quantisers.
+pub(crate) const PORTABLE_ACT_QUANT: &str = "scalar";
+
 /// Nothing to report.
 pub(crate) fn feature_report() -> Vec<(&'static str, bool)> {
     Vec::new()

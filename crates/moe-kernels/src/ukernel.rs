@@ -93,7 +93,10 @@ pub(crate) struct W4A8Job<'a> {
     pub a: &'a [u8],
     /// The same rows in the kernel's own layout ([`W4A8TileAFn`]), made once per GEMM; empty
     /// for kernels without one.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the AMX tiles read it
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )] // the AMX tiles and the i8mm rung read it
     pub a_tiles: &'a [u8],
     /// Per-row correction (see [`ActEncoding::w4a8_row_corr`]).
     pub row_corr: &'a [i32],
@@ -121,7 +124,10 @@ pub(crate) struct W8A8Job<'a> {
     pub a: &'a [u8],
     /// The same rows in the kernel's own layout ([`W8A8TileAFn`]), made once per GEMM; empty
     /// for kernels without one.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the AMX tiles read it
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )] // the AMX tiles and the i8mm rung read it
     pub a_tiles: &'a [u8],
     /// Per-row activation scale `xs`.
     pub row_scale: &'a [f32],
@@ -202,11 +208,17 @@ unsafe impl Sync for W4Bf16Job<'_> {}
 
 /// Re-lays a W4A8 GEMM's encoded rows (`[m][w.k_pad()]`) into a kernel's own layout, once per
 /// GEMM, so that every panel range the GEMM is split into reads the same copy.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 pub(crate) type W4A8TileAFn = fn(a: &[u8], m: usize, w: &PackedW4A8, dst: &mut Vec<u8>);
 
 /// The W8A8 counterpart of [`W4A8TileAFn`].
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 pub(crate) type W8A8TileAFn = fn(a: &[u8], m: usize, k_pad: usize, dst: &mut Vec<u8>);
 
 /// Rounds a GEMM's f32 rows (`[m][k]`) into the bf16 tile path's layout, once per GEMM.
@@ -250,6 +262,9 @@ pub(crate) trait W4A8Microkernel: Copy {
     const NR: usize = crate::packed::PANEL;
     /// K granularity the packed format guarantees.
     const KC_ALIGN: usize = crate::packed::w4a8::K_STEP;
+    /// Row tiles start at multiples of this ([`row_tiles_aligned`]): a kernel that reads its
+    /// activations as row pairs in its own layout needs its tiles on pair boundaries.
+    const ROW_ALIGN: usize = 1;
 
     /// Computes rows `m0..m0 + mr` (`1 ≤ mr ≤ MR`) of panel `p` per the module contract.
     ///
@@ -265,6 +280,9 @@ pub(crate) trait W8A8Microkernel: Copy {
     const MR: usize;
     /// K granularity the packed format guarantees.
     const KC_ALIGN: usize = crate::packed::w8a8::K_STEP;
+    /// Row tiles start at multiples of this ([`row_tiles_aligned`]): a kernel that reads its
+    /// activations as row pairs in its own layout needs its tiles on pair boundaries.
+    const ROW_ALIGN: usize = 1;
 
     /// Computes rows `m0..m0 + mr` (`1 ≤ mr ≤ MR`) of panel `p`.
     ///
@@ -286,7 +304,7 @@ pub(crate) unsafe fn w4a8_panels<K: W4A8Microkernel>(
 ) {
     debug_assert!(K::NR == crate::packed::PANEL && job.w.k_pad().is_multiple_of(K::KC_ALIGN));
     for p in panels {
-        for rows in row_tiles(job.m, K::MR) {
+        for rows in row_tiles_aligned(job.m, K::MR, K::ROW_ALIGN) {
             // SAFETY: forwarded from this function's contract; `row_tiles` yields ranges of
             // at most `MR` rows inside `0..m`.
             unsafe { kern.tile(job, p, rows.start, rows.len()) };
@@ -299,9 +317,27 @@ pub(crate) unsafe fn w4a8_panels<K: W4A8Microkernel>(
 /// chains and shares each weight vector with few rows, so it runs well below the rate of a
 /// full one; evening the sizes keeps every tile near full whenever `m ≥ mr`. Each row's
 /// result does not depend on its tile, so the bits do not change.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // x86 bodies walk row tiles themselves
 pub(crate) fn row_tiles(m: usize, mr: usize) -> impl Iterator<Item = Range<usize>> {
-    let tiles = m.div_ceil(mr);
-    (0..tiles).map(move |t| t * m / tiles..(t + 1) * m / tiles)
+    row_tiles_aligned(m, mr, 1)
+}
+
+/// [`row_tiles`] in units of `align` rows (`align` divides `mr`): every tile starts at a
+/// multiple of `align`, and only the last may end elsewhere (at `m`). The units are evened out
+/// as the rows are in [`row_tiles`]: 13 rows in tiles of up to 8, pairs aligned, are 6 + 7.
+pub(crate) fn row_tiles_aligned(
+    m: usize,
+    mr: usize,
+    align: usize,
+) -> impl Iterator<Item = Range<usize>> {
+    debug_assert!(align >= 1 && mr.is_multiple_of(align));
+    let units = m.div_ceil(align);
+    let tiles = units.div_ceil(mr / align);
+    (0..tiles).map(move |t| {
+        let start = t * units / tiles * align;
+        let end = ((t + 1) * units / tiles * align).min(m);
+        start..end
+    })
 }
 
 /// W8A8 counterpart of [`w4a8_panels`].
@@ -316,7 +352,7 @@ pub(crate) unsafe fn w8a8_panels<K: W8A8Microkernel>(
 ) {
     debug_assert!(job.w.k_pad().is_multiple_of(K::KC_ALIGN));
     for p in panels {
-        for rows in row_tiles(job.m, K::MR) {
+        for rows in row_tiles_aligned(job.m, K::MR, K::ROW_ALIGN) {
             // SAFETY: forwarded from this function's contract; `row_tiles` yields ranges of
             // at most `MR` rows inside `0..m`.
             unsafe { kern.tile(job, p, rows.start, rows.len()) };
@@ -332,13 +368,15 @@ pub(crate) unsafe fn w8a8_panels<K: W8A8Microkernel>(
 ///
 /// The invoking module provides the tile bodies (unsafe fns with the row-tile contract of
 /// [`W4A8Microkernel::tile`]) and names its token, a description of its CPU features for the
-/// entries' docs, its tile height `MR`, and the row counts `1..=MR` (checked at compile time)
-/// its tiles are instantiated for.
+/// entries' docs, its tile height `MR`, optionally the alignment of its tiles' first rows
+/// (`row_align`, [`W4A8Microkernel::ROW_ALIGN`]), and the row counts `1..=MR` (checked at
+/// compile time) its tiles are instantiated for.
 macro_rules! impl_microkernels {
     (
         token: $token:ty,
         features: $features:literal,
         mr: $mr:expr,
+        $(row_align: $align:expr,)?
         rows: [$($n:literal)+],
         w4a8_tile: $w4a8_tile:ident,
         w8a8_tile: $w8a8_tile:ident $(,)?
@@ -357,6 +395,7 @@ macro_rules! impl_microkernels {
 
         impl $crate::ukernel::W4A8Microkernel for $token {
             const MR: usize = $mr;
+            $(const ROW_ALIGN: usize = $align;)?
 
             #[inline(always)]
             unsafe fn tile(
@@ -383,6 +422,7 @@ macro_rules! impl_microkernels {
 
         impl $crate::ukernel::W8A8Microkernel for $token {
             const MR: usize = $mr;
+            $(const ROW_ALIGN: usize = $align;)?
 
             #[inline(always)]
             unsafe fn tile(
@@ -484,7 +524,36 @@ pub(crate) use rung_kernel_set;
 
 #[cfg(test)]
 mod tests {
-    use super::row_tiles;
+    use super::{row_tiles, row_tiles_aligned};
+
+    #[test]
+    fn aligned_row_tiles_start_on_units_and_cover_the_rows_evenly() {
+        assert_eq!(
+            row_tiles_aligned(13, 8, 2).collect::<Vec<_>>(),
+            [0..6, 6..13]
+        );
+        assert_eq!(
+            row_tiles_aligned(15, 8, 2).collect::<Vec<_>>(),
+            [0..8, 8..15]
+        );
+        assert_eq!(row_tiles_aligned(1, 8, 2).collect::<Vec<_>>(), [0..1]);
+        for align in [1, 2, 4] {
+            for mr in [align, 2 * align, 8] {
+                for m in 0..100 {
+                    let tiles: Vec<_> = row_tiles_aligned(m, mr, align).collect();
+                    assert_eq!(tiles.len(), m.div_ceil(align).div_ceil(mr / align));
+                    let mut next = 0;
+                    for t in &tiles {
+                        assert_eq!(t.start, next);
+                        assert!(t.start.is_multiple_of(align), "m {m} mr {mr}: {t:?}");
+                        assert!(!t.is_empty() && t.len() <= mr, "m {m} mr {mr}: {t:?}");
+                        next = t.end;
+                    }
+                    assert_eq!(next, m);
+                }
+            }
+        }
+    }
 
     #[test]
     fn row_tiles_cover_the_rows_in_the_fewest_even_tiles() {

@@ -12,6 +12,11 @@
 //! - W8A8: a step holds 4 K values, so two consecutive steps are zipped the same way; an odd
 //!   last step is paired with zero weights (and its 4 activation bytes with zeros).
 //!
+//! The activation operand of a row pair (8 K values of each row) would take a load and an
+//! insert per step and pair; the rung instead re-lays each GEMM's rows once as row pairs
+//! ([`pair_rows`], the driver's layout hook), so one 16-byte load is one operand, and its
+//! tiles start on even rows (`row_align: 2`) to match.
+//!
 //! The unpacking and zips cost the same whatever the rows, so the more row pairs share each
 //! weight operand the more MACs per instruction: tiles are up to 8 rows (4 row pairs). The
 //! accumulators of 4 row pairs × 8 channel pairs would take all 32 vector registers, so a tile
@@ -29,21 +34,89 @@ use std::arch::aarch64::*;
 
 use super::NeonI8mm;
 use super::asm::smmla;
-use super::common::{
-    load_i8x8, load_i8x16, load_u8x16, unpack_codes, w4a8_block_end, w4a8_store, w8a8_store,
-};
+use super::common::{load_i8x16, load_u8x16, unpack_codes, w4a8_block_end, w4a8_store, w8a8_store};
 use crate::ukernel::{W4A8Job, W8A8Job};
 
 /// Rows per tile.
 const MR: usize = 8;
 
-/// The activation operand of row pair `pair`: 8 bytes of row `2·pair` then of row
-/// `2·pair + 1`, with zeros for rows at or past `R`.
+/// Bytes of one chunk of the row-pair layout: 8 K values of each of the two rows.
+const PAIR_CHUNK: usize = 16;
+
+/// Bytes of one row pair in the layout of rows of `k_pad` values.
+fn pair_stride(k_pad: usize) -> usize {
+    k_pad.div_ceil(8) * PAIR_CHUNK
+}
+
+/// The size of [`pair_rows`]'s layout of `m` rows of `k_pad` values.
+fn pair_rows_bytes(m: usize, k_pad: usize) -> usize {
+    m.div_ceil(2) * pair_stride(k_pad)
+}
+
+/// Re-lays a GEMM's encoded rows (`[m][k_pad]`) as row pairs, the `smmla` activation operand:
+/// chunk `c` of pair `j` is row `2j`'s K values `8c..8c + 8`, then row `2j + 1`'s, with zeros
+/// past `k_pad` and for the missing partner of an odd last row (whose results are dropped).
+/// One-row calls run the dot-product body on the rows as they are, so they get no layout.
+/// `dst` only grows, and [`crate::KernelSet::layout_bytes`] lets scratch be sized up front.
+fn pair_rows(a: &[u8], m: usize, k_pad: usize, dst: &mut Vec<u8>) {
+    if m < 2 {
+        return;
+    }
+    let (stride, len) = (pair_stride(k_pad), pair_rows_bytes(m, k_pad));
+    if dst.len() < len {
+        dst.resize(len, 0);
+    }
+    for (j, pair) in dst[..len].chunks_exact_mut(stride).enumerate() {
+        for (c, chunk) in pair.as_chunks_mut::<PAIR_CHUNK>().0.iter_mut().enumerate() {
+            for (half, out) in chunk.as_chunks_mut::<8>().0.iter_mut().enumerate() {
+                let (r, k0) = (2 * j + half, 8 * c);
+                let n = if r < m { 8.min(k_pad - k0) } else { 0 };
+                out[..n].copy_from_slice(&a[r * k_pad + k0..][..n]);
+                out[n..].fill(0);
+            }
+        }
+    }
+}
+
+/// [`pair_rows`] as the W4A8 layout hook.
+fn w4a8_pair_rows(a: &[u8], m: usize, w: &crate::packed::PackedW4A8, dst: &mut Vec<u8>) {
+    pair_rows(a, m, w.k_pad(), dst);
+}
+
+/// The layout chunks of the `P` row pairs of a tile of `R` rows at row `m0` (even), each
+/// `[chunk][16 bytes]`; pairs past the tile's rows are empty.
+fn tile_pairs<const R: usize, const P: usize>(
+    a_tiles: &[u8],
+    m0: usize,
+    k_pad: usize,
+) -> [&[[u8; PAIR_CHUNK]]; P] {
+    debug_assert!(m0.is_multiple_of(2));
+    let stride = pair_stride(k_pad);
+    std::array::from_fn(|j| {
+        if j < R.div_ceil(2) {
+            a_tiles[(m0 / 2 + j) * stride..][..stride]
+                .as_chunks::<PAIR_CHUNK>()
+                .0
+        } else {
+            &[]
+        }
+    })
+}
+
+/// The activation operands of the `P` row pairs at chunk `c`; zeros past the tile's rows.
 #[target_feature(enable = "neon")]
 #[inline]
-fn row_pair<const R: usize>(rows: [int8x8_t; R], pair: usize) -> int8x16_t {
-    let row = |r: usize| if r < R { rows[r] } else { vdup_n_s8(0) };
-    vcombine_s8(row(2 * pair), row(2 * pair + 1))
+fn pair_operands<const R: usize, const P: usize>(
+    pairs: &[&[[u8; PAIR_CHUNK]]; P],
+    c: usize,
+) -> [int8x16_t; P] {
+    std::array::from_fn(|j| {
+        if j < R.div_ceil(2) {
+            vreinterpretq_s8_u8(load_u8x16(&pairs[j][c]))
+        } else {
+            vdupq_n_s8(0)
+        }
+    })
 }
 
 /// Adds 4 channels (the pass's quarter `q`) × 8 K values to the accumulators
@@ -113,20 +186,26 @@ unsafe fn w4a8_pass<
     let w = job.w;
     let (k_pad, steps_per_block, n_blocks) = (w.k_pad(), w.block_len() / 8, w.n_blocks());
     let (weight_steps, _) = w.panel_nibbles(p).as_chunks::<64>();
-    let row_steps: [&[[u8; 8]]; R] =
-        std::array::from_fn(|r| job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<8>().0);
+    // A W4A8 step is 8 K values: one chunk of the row-pair layout.
+    let pair_steps = tile_pairs::<R, P>(job.a_tiles, m0, k_pad);
     let mut acc_f: [[float32x4_t; NQ]; R] = [[vdupq_n_f32(0.0); NQ]; R];
     for b in 0..n_blocks {
         let steps = b * steps_per_block..(b + 1) * steps_per_block;
         let w_block = &weight_steps[steps.clone()];
-        let a_block: [&[[u8; 8]]; R] = std::array::from_fn(|r| &row_steps[r][steps.clone()]);
-        for a in &a_block {
+        let a_block: [&[[u8; PAIR_CHUNK]]; P] = std::array::from_fn(|j| {
+            let pair = pair_steps[j];
+            if pair.is_empty() {
+                pair
+            } else {
+                &pair[steps.clone()]
+            }
+        });
+        for a in a_block.iter().take(R.div_ceil(2)) {
             assert_eq!(a.len(), w_block.len());
         }
         let mut mm = [[vdupq_n_s32(0); CP]; P];
         for (i, step) in w_block.iter().enumerate() {
-            let rows: [int8x8_t; R] = std::array::from_fn(|r| load_i8x8(&a_block[r][i]));
-            let a: [int8x16_t; P] = std::array::from_fn(|pair| row_pair(rows, pair));
+            let a = pair_operands::<R, P>(&a_block, i);
             let (quarters, _) = step.as_chunks::<16>();
             for (q, quarter) in quarters[Q0..Q0 + NQ].iter().enumerate() {
                 let [lo, hi] = unpack_codes(load_u8x16(quarter));
@@ -187,16 +266,16 @@ unsafe fn w8a8_pass<
     let w = job.w;
     let k_pad = w.k_pad();
     let (step_pairs, odd_step) = w.panel_bytes(p).as_chunks::<128>();
-    let rows: [(&[[u8; 8]], &[u8]); R] =
-        std::array::from_fn(|r| job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<8>());
-    for (pairs, rest) in &rows {
-        assert_eq!(pairs.len(), step_pairs.len());
-        assert_eq!(rest.len() * 16, odd_step.len());
+    // Two W8A8 steps are 8 K values: one chunk of the row-pair layout; an odd last step is a
+    // last chunk whose second 4 bytes of each row are zeros.
+    let pairs = tile_pairs::<R, P>(job.a_tiles, m0, k_pad);
+    for pair in pairs.iter().take(R.div_ceil(2)) {
+        assert_eq!(pair.len(), k_pad.div_ceil(8));
+        assert_eq!(pair.len() - step_pairs.len(), odd_step.len() / 64);
     }
     let mut mm = [[vdupq_n_s32(0); CP]; P];
     for (t, two_steps) in step_pairs.iter().enumerate() {
-        let row_bytes: [int8x8_t; R] = std::array::from_fn(|r| load_i8x8(&rows[r].0[t]));
-        let a: [int8x16_t; P] = std::array::from_fn(|pair| row_pair(row_bytes, pair));
+        let a = pair_operands::<R, P>(&pairs, t);
         let (first, second) = two_steps.split_at(64);
         let (first, second) = (first.as_chunks::<16>().0, second.as_chunks::<16>().0);
         for q in 0..NQ {
@@ -206,11 +285,7 @@ unsafe fn w8a8_pass<
         }
     }
     if let Ok(last) = <&[i8; 64]>::try_from(odd_step) {
-        let row_bytes: [int8x8_t; R] = std::array::from_fn(|r| {
-            let t = rows[r].1;
-            vcreate_s8(u64::from(u32::from_le_bytes([t[0], t[1], t[2], t[3]])))
-        });
-        let a: [int8x16_t; P] = std::array::from_fn(|pair| row_pair(row_bytes, pair));
+        let a = pair_operands::<R, P>(&pairs, step_pairs.len());
         let (quarters, _) = last.as_chunks::<16>();
         for (q, quarter) in quarters[Q0..Q0 + NQ].iter().enumerate() {
             mm_quarter::<R, P, CP>(&mut mm, &a, q, load_i8x16(quarter), vdupq_n_s8(0));
@@ -247,15 +322,20 @@ crate::ukernel::impl_microkernels! {
     token: NeonI8mm,
     features: "NEON, dot-product and i8mm",
     mr: MR,
+    row_align: 2,
     rows: [1 2 3 4 5 6 7 8],
     w4a8_tile: w4a8_tile,
     w8a8_tile: w8a8_tile,
 }
 
-crate::ukernel::rung_kernel_set! {
-    doc: "The kernels of the int8 matrix-multiply rung.",
-    token: NeonI8mm,
-    isa: crate::Isa::NeonI8mm,
-    w4a8: I8CodeWeights,
-    w8a8: I8,
+/// The kernels of the int8 matrix-multiply rung, reading their activations as row pairs
+/// ([`pair_rows`]).
+pub(crate) fn kernel_set(_token: NeonI8mm) -> crate::KernelSet {
+    use crate::ukernel::{ActEncoding, W4A8PanelsFn, W8A8PanelsFn};
+    let isa = crate::Isa::NeonI8mm;
+    let w4a8 = (isa, ActEncoding::I8CodeWeights, w4a8_entry as W4A8PanelsFn);
+    let w8a8 = (isa, ActEncoding::I8, w8a8_entry as W8A8PanelsFn);
+    // SAFETY: the token proves this rung's CPU features, all its two entries need.
+    let set = unsafe { crate::KernelSet::from_entries(isa, w4a8, w8a8) };
+    set.with_layouts(w4a8_pair_rows, pair_rows, pair_rows_bytes)
 }

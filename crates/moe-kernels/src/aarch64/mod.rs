@@ -121,6 +121,12 @@ pub(crate) fn kernel_set(isa: Isa) -> Option<crate::KernelSet> {
     }
 }
 
+/// What quantises activations where a rung registers no quantiser of its own (every aarch64
+/// rung): the portable loops of `moe_quant::act`, which LLVM vectorises for NEON, the aarch64
+/// baseline (the range with `fminnm`/`fmaxnm`, the codes 16 per iteration with `frinta`,
+/// `fcvtzs` and saturating narrows), so the report does not call them scalar.
+pub(crate) const PORTABLE_ACT_QUANT: &str = "portable (vectorised for NEON by the compiler)";
+
 /// The detected features as `(name, detected)` pairs.
 pub(crate) fn feature_report() -> Vec<(&'static str, bool)> {
     let f = detect();

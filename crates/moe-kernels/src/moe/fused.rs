@@ -216,6 +216,16 @@ impl<W: ExpertMatrix> FusedMoe<W> {
                 .iter_mut()
                 .for_each(|g| g.reserve_f32_rows(len));
         }
+        let layout = self.kernels.layout_bytes(
+            scratch.max_pairs,
+            self.config.hidden_size.max(self.config.intermediate_size),
+        );
+        if layout > 0 {
+            scratch
+                .gemm
+                .iter_mut()
+                .for_each(|g| g.reserve_tiles(layout));
+        }
         Ok(scratch)
     }
 

@@ -366,6 +366,10 @@ fn bf16_dot_min_rows() -> usize {
     })
 }
 
+/// What quantises activations where a rung registers no quantiser of its own: the portable
+/// loops of `moe_quant::act`, built for the x86-64 baseline.
+pub(crate) const PORTABLE_ACT_QUANT: &str = "scalar";
+
 /// The detected features as `(name, detected)` pairs (AMX availability includes the OS
 /// permission, requested here if not yet done).
 pub(crate) fn feature_report() -> Vec<(&'static str, bool)> {
