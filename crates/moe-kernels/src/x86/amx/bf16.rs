@@ -719,7 +719,7 @@ mod tests {
         let round = |v: f64| f64::from(bf16::from_f32(v as f32).to_f32());
         let mut rng = SplitMix64::new(0xf8b);
         // Any non-NaN byte, a quarter of them forced to a subnormal or a signed zero.
-        let mut codes = |rng: &mut SplitMix64, len: usize| -> Vec<u8> {
+        let codes = |rng: &mut SplitMix64, len: usize| -> Vec<u8> {
             (0..len)
                 .map(|_| {
                     let b = rng.below(256) as u8;
