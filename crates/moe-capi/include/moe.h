@@ -84,7 +84,11 @@ typedef enum {
 } MoeDtype;
 
 /*
- Expert weight schemes a layer can be created with (`MoeLayerDesc::quant`).
+ Expert weight schemes a layer can be created with (`MoeLayerDesc::quant`). MXFP4 (gpt-oss)
+ and FP8 block-quantized experts have no value here: their weights are not tensors the
+ name-based loader describes (e2m1 blocks with e8m0 scales, e4m3 codes with 128 x 128 block
+ scales), so such layers are opened from their checkpoints with `moe_layer_open_checkpoint`
+ (and its `_ranked`/`_with` forms), and `moe_layer_create` refuses any other value.
  */
 typedef enum {
   /*

@@ -61,7 +61,9 @@ impl MoeLayerDesc {
             other => {
                 return Err(CapiError::invalid(format!(
                     "desc.quant: {other} is not a MoeQuant (0 = W4A8, 1 = int8 online, \
-                     2 = unquantized)"
+                     2 = unquantized); MXFP4 and FP8 block-quantized layers have no \
+                     tensor-by-tensor road: open their checkpoints with \
+                     moe_layer_open_checkpoint"
                 )));
             }
         };

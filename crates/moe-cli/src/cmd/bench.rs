@@ -573,17 +573,6 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
 
 /// Rejects options the format does not have, naming them.
 fn check_format_options(args: &BenchArgs) -> Result<(), CliError> {
-    if matches!(args.format, BenchFormat::Mxfp4 | BenchFormat::Fp8) && !args.experts_only {
-        return Err(CliError(format!(
-            "--format {} runs on the fused pipeline only (such layers are built from \
-             checkpoints, not tensor by tensor): add --experts-only",
-            if args.format == BenchFormat::Mxfp4 {
-                "mxfp4"
-            } else {
-                "fp8"
-            }
-        )));
-    }
     if args.wna16_activations == moe_layer::Wna16Activations::DynamicInt8 {
         if args.format != BenchFormat::W4a16 || args.zero_points {
             return Err(CliError(

@@ -8,7 +8,11 @@
 //! with bf16 group scales, or bf16/f32 weights, which online int8 quantizes in `process`), then
 //! `process`, which packs them and asks the oracle for the backend. Weight-only codes with zero
 //! points are loaded with `load_layer_tensors`, the whole-layer loader, because zero points
-//! have no per-tensor loader.
+//! have no per-tensor loader; so are MXFP4 layers, in the checkpoint's bytes (e2m1 blocks and
+//! e8m0 scales, gpt-oss's SwiGLU-OAI on interleaved gate/up rows), which have none either. FP8
+//! block-quantized experts have no loader by name at all: each copy packs its experts with
+//! `PackedWna16::pack_fp8_block` and hands them to `load_packed_fp8_experts`, as a runtime
+//! holding them in memory would.
 //!
 //! Every copy is drawn from the same seeded streams, a few experts at a time, so the copies
 //! hold the same values in separate allocations while only one copy's unpacked tensors exist
@@ -19,8 +23,10 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use half::bf16;
+use moe_kernels::{Activation, GateUpLayout};
 use moe_layer::checkpoint::{
-    ExpertTensors, ExpertWeights, FloatData, IntExperts, MoeLayerTensors, RouterTensors, ZeroPoints,
+    ExpertTensors, ExpertWeights, FloatData, IntExperts, MoeLayerTensors, Mxfp4Experts,
+    RouterTensors, ZeroPoints,
 };
 use moe_layer::{
     ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, TensorData, TensorKind, TensorView,
@@ -158,7 +164,7 @@ fn draw(args: &BenchArgs, shape: &BenchShape, e: usize, j: usize) -> Projection 
             zeros: None,
         },
         BenchFormat::Mxfp4 | BenchFormat::Fp8 => {
-            unreachable!("check_format_options keeps MXFP4 and FP8 off the layer road")
+            unreachable!("MXFP4 and FP8 layers are built by their own functions")
         }
     }
 }
@@ -191,7 +197,92 @@ fn create_layer(
     .with_in_dtype(DType::F32)
     .with_max_tokens(max_tokens)
     .with_wna16_activations(args.wna16_activations);
+    // MXFP4 runs as gpt-oss does (and as `--experts-only` times it).
+    let mut cfg = cfg;
+    if args.format == BenchFormat::Mxfp4 {
+        cfg = cfg.with_activation(Activation::SWIGLU_OAI);
+        cfg.gate_up_layout = GateUpLayout::Interleaved;
+    }
     MoeLayer::create(cfg).map_err(|err| CliError::context("creating the layer", err))
+}
+
+/// One FP8 layer: created, then readied around experts packed from random e4m3 codes and
+/// block scales (each expert from its own stream of `seed`, so every copy holds the same
+/// values in its own allocations), packed in parallel on the current pool.
+fn build_fp8_layer(
+    args: &BenchArgs,
+    shape: &BenchShape,
+    max_tokens: usize,
+) -> Result<MoeLayer, CliError> {
+    let mut layer = create_layer(args, shape, max_tokens)?;
+    let (h, i) = (shape.hidden, shape.intermediate);
+    let (w13, w2): (Vec<_>, Vec<_>) = (0..shape.experts)
+        .into_par_iter()
+        .map(|e| {
+            let mut rng = Rng::stream(args.seed, e as u64);
+            let w13 = synth::random_fp8_packed(&mut rng, 2 * i, h)?;
+            Ok((w13, synth::random_fp8_packed(&mut rng, h, i)?))
+        })
+        .collect::<Result<Vec<_>, CliError>>()?
+        .into_iter()
+        .unzip();
+    layer
+        .load_packed_fp8_experts(w13, w2)
+        .map_err(|err| CliError::context("loading packed FP8 experts", err))?;
+    Ok(layer)
+}
+
+/// The whole MXFP4 layer in the reader's layout (`w13` rows interleaved, gate then up; every
+/// expert from its own stream of `seed`), with a router gate weight, which the whole-layer
+/// loader requires.
+fn mxfp4_tensors(args: &BenchArgs, shape: &BenchShape) -> MoeLayerTensors {
+    let (e, h, i) = (shape.experts, shape.hidden, shape.intermediate);
+    let drawn: Vec<_> = (0..e)
+        .into_par_iter()
+        .map(|x| {
+            let mut rng = Rng::stream(args.seed, x as u64);
+            let w13 = synth::random_mxfp4_bytes(&mut rng, 2 * i, h);
+            (w13, synth::random_mxfp4_bytes(&mut rng, h, i))
+        })
+        .collect();
+    let mut m = Mxfp4Experts {
+        w13_blocks: Vec::new(),
+        w13_scales: Vec::new(),
+        w2_blocks: Vec::new(),
+        w2_scales: Vec::new(),
+    };
+    for ((b13, s13), (b2, s2)) in drawn {
+        m.w13_blocks.extend_from_slice(&b13);
+        m.w13_scales.extend_from_slice(&s13);
+        m.w2_blocks.extend_from_slice(&b2);
+        m.w2_scales.extend_from_slice(&s2);
+    }
+    MoeLayerTensors {
+        layer: 0,
+        local_experts: (0..e).collect(),
+        experts: ExpertTensors {
+            num_experts: e,
+            hidden: h,
+            intermediate: i,
+            weights: ExpertWeights::Mxfp4(m),
+            w13_bias: None,
+            w2_bias: None,
+        },
+        router: router_tensors(args, shape),
+        shared: None,
+    }
+}
+
+/// A random router gate weight `[E, H]`.
+fn router_tensors(args: &BenchArgs, shape: &BenchShape) -> RouterTensors {
+    let mut rng = Rng::stream(args.seed, 0x6A7E);
+    let mut router = vec![0f32; shape.experts * shape.hidden];
+    synth::fill_small(&mut rng, &mut router);
+    RouterTensors {
+        weight: FloatData::F32(router),
+        correction_bias: None,
+        bias: None,
+    }
 }
 
 /// One layer loaded tensor by tensor through `load_expert_tensor` and processed; experts are
@@ -267,9 +358,6 @@ fn layer_tensors(args: &BenchArgs, shape: &BenchShape) -> MoeLayerTensors {
             }
         }
     }
-    let mut rng = Rng::stream(args.seed, 0x6A7E);
-    let mut router = vec![0f32; e * h];
-    synth::fill_small(&mut rng, &mut router);
     MoeLayerTensors {
         layer: 0,
         local_experts: (0..e).collect(),
@@ -291,11 +379,7 @@ fn layer_tensors(args: &BenchArgs, shape: &BenchShape) -> MoeLayerTensors {
             w13_bias: None,
             w2_bias: None,
         },
-        router: RouterTensors {
-            weight: FloatData::F32(router),
-            correction_bias: None,
-            bias: None,
-        },
+        router: router_tensors(args, shape),
         shared: None,
     }
 }
@@ -328,8 +412,19 @@ pub(super) fn bench_shape(
     let copies = args.min_bytes.div_ceil(layer_bytes.max(1)).max(1) as usize;
     let bar = out.progress(copies as u64, &format!("{}: building layers", shape.name));
     let mut layers = Vec::with_capacity(copies);
-    if args.zero_points {
-        let tensors = pool.install(|| layer_tensors(args, shape));
+    if args.format == BenchFormat::Fp8 {
+        for _ in 0..copies {
+            layers.push(pool.install(|| build_fp8_layer(args, shape, max_m))?);
+            bar.inc(1);
+        }
+    } else if args.zero_points || args.format == BenchFormat::Mxfp4 {
+        let tensors = pool.install(|| {
+            if args.format == BenchFormat::Mxfp4 {
+                mxfp4_tensors(args, shape)
+            } else {
+                layer_tensors(args, shape)
+            }
+        });
         for _ in 0..copies {
             let mut layer = create_layer(args, shape, max_m)?;
             pool.install(|| {

@@ -457,6 +457,21 @@ pub fn random_dense_layer(
 /// Random e2m1 codes and e8m0 scales (`2^-9..2^-6`) for an `[n, k]` MXFP4 matrix, packed
 /// from the checkpoint's byte layout as a load does.
 fn random_mxfp4_packed(rng: &mut Rng, n: usize, k: usize) -> Result<PackedWna16, CliError> {
+    let (blocks, scales) = random_mxfp4_bytes(rng, n, k);
+    PackedWna16::pack_mxfp4(Mxfp4Desc {
+        n,
+        k,
+        blocks: &blocks,
+        scales: &scales,
+        bias: None,
+    })
+    .map_err(|e| CliError::context("packing expert weights", e))
+}
+
+/// Random MXFP4 bytes of an `[n, k]` matrix as a checkpoint stores them: blocks
+/// `[n, ceil(k/32), 16]` of uniformly random e2m1 codes and e8m0 scales `[n, ceil(k/32)]`
+/// (`2^-9..2^-6`).
+pub fn random_mxfp4_bytes(rng: &mut Rng, n: usize, k: usize) -> (Vec<u8>, Vec<u8>) {
     let blocks_per_row = k.div_ceil(moe_kernels::packed::wna16::MXFP4_BLOCK);
     let mut blocks = vec![0u8; n * blocks_per_row * 16];
     for chunk in blocks.chunks_mut(8) {
@@ -466,14 +481,7 @@ fn random_mxfp4_packed(rng: &mut Rng, n: usize, k: usize) -> Result<PackedWna16,
     let scales: Vec<u8> = (0..n * blocks_per_row)
         .map(|_| 118 + (rng.next_u64() % 4) as u8)
         .collect();
-    PackedWna16::pack_mxfp4(Mxfp4Desc {
-        n,
-        k,
-        blocks: &blocks,
-        scales: &scales,
-        bias: None,
-    })
-    .map_err(|e| CliError::context("packing expert weights", e))
+    (blocks, scales)
 }
 
 /// An MXFP4 layer of uniformly random e2m1 codes and e8m0 scales, as gpt-oss runs it
@@ -506,7 +514,7 @@ pub fn random_mxfp4_layer(
 
 /// Random e4m3 codes (any byte but the two NaNs) with f32 scales per `128 × 128` block for an
 /// `[n, k]` matrix, packed as FP8 block-quantized weights.
-fn random_fp8_packed(rng: &mut Rng, n: usize, k: usize) -> Result<PackedWna16, CliError> {
+pub fn random_fp8_packed(rng: &mut Rng, n: usize, k: usize) -> Result<PackedWna16, CliError> {
     let mut codes = vec![0u8; n * k];
     for chunk in codes.chunks_mut(8) {
         let bits = rng.next_u64().to_le_bytes();
