@@ -45,8 +45,12 @@ pub struct GemmScratch {
     nan_rows: Vec<usize>,
     /// The activations in a kernel's own layout (the AMX tiles), when it has one.
     tiles: Vec<u8>,
-    /// Float activation rows gathered into a weight format's K order (WNA16 act-order).
+    /// Float activation rows gathered into a weight format's K order (WNA16 act-order, the
+    /// Marlin executor).
     f32_rows: Vec<f32>,
+    /// Output rows in a weight format's own column order before they are scattered into the
+    /// caller's `out` (the Marlin executor's per-tile accumulators).
+    f32_out: Vec<f32>,
 }
 
 impl GemmScratch {
@@ -70,6 +74,7 @@ impl GemmScratch {
             nan_rows: Vec::with_capacity(m),
             tiles: Vec::new(),
             f32_rows: Vec::new(),
+            f32_out: Vec::new(),
         }
     }
 
@@ -78,6 +83,27 @@ impl GemmScratch {
     pub(crate) fn reserve_f32_rows(&mut self, len: usize) {
         self.f32_rows
             .reserve(len.saturating_sub(self.f32_rows.len()));
+    }
+
+    /// Sizes the staged output buffer for `len` values ([`Self::f32_rows_and_out`]).
+    pub(crate) fn reserve_f32_out(&mut self, len: usize) {
+        self.f32_out.reserve(len.saturating_sub(self.f32_out.len()));
+    }
+
+    /// Float rows gathered into a weight format's K order (`rows` values) and staged output
+    /// rows (`outs` values), borrowed together; both keep whatever an earlier call left.
+    pub(crate) fn f32_rows_and_out(
+        &mut self,
+        rows: usize,
+        outs: usize,
+    ) -> (&mut [f32], &mut [f32]) {
+        if self.f32_rows.len() < rows {
+            self.f32_rows.resize(rows, 0.0);
+        }
+        if self.f32_out.len() < outs {
+            self.f32_out.resize(outs, 0.0);
+        }
+        (&mut self.f32_rows[..rows], &mut self.f32_out[..outs])
     }
 
     /// Float rows gathered into a weight format's K order (`len` values) and the

@@ -207,14 +207,11 @@ impl<W: ExpertMatrix> FusedMoe<W> {
             lanes,
         })?;
         let w = &self.weights;
-        if w.w13.iter().chain(&w.w2).any(ExpertMatrix::gathers_rows) {
-            let len = scratch
-                .max_pairs
-                .saturating_mul(self.config.hidden_size.max(self.config.intermediate_size));
-            scratch
-                .gemm
-                .iter_mut()
-                .for_each(|g| g.reserve_f32_rows(len));
+        let max_rows = scratch.max_pairs;
+        for gemm in &mut scratch.gemm {
+            for m in w.w13.iter().chain(&w.w2) {
+                m.reserve_scratch(gemm, max_rows);
+            }
         }
         Ok(scratch)
     }
