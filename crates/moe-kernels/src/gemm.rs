@@ -161,7 +161,7 @@ pub fn w4a8_gemm(
     }
     let kernel = ks.w4a8_for(m);
     let fused = match kernel.encoding {
-        ActEncoding::U8Offset128 | ActEncoding::I8CodeWeights => ks.act_asym_u8(),
+        ActEncoding::U8Offset128 | ActEncoding::I8BlockCorrected => ks.act_asym_u8(),
         ActEncoding::I8 => None,
     };
     if let Some(quantize) = fused {
@@ -181,7 +181,7 @@ pub fn w4a8_gemm(
             // SAFETY: the quantiser comes from the same `KernelSet`, built from its rung's
             // token; `dst` holds `k_pad ≥ k` bytes.
             let r = unsafe { quantize(row, dst) };
-            if kernel.encoding == ActEncoding::I8CodeWeights {
+            if kernel.encoding == ActEncoding::I8BlockCorrected {
                 dst[..k].iter_mut().for_each(|b| *b ^= 0x80);
             }
             scratch
@@ -330,7 +330,7 @@ fn run_w4a8(
     });
 }
 
-/// `κ = 8·(Σ_{k∈b} q_k − zp·B)` per row and scale block, for [`ActEncoding::I8CodeWeights`]
+/// `κ = 8·(Σ_{k∈b} q_k − zp·B)` per row and scale block, for [`ActEncoding::I8BlockCorrected`]
 /// (`encoded` holds the raw codes, padding 0; `zp` is the row correction, the zero point).
 fn block_corrections(w: &PackedW4A8, encoded: &[u8], zp: &[i32], dst: &mut Vec<i32>) {
     let (k_pad, block_len) = (w.k_pad(), w.block_len());
@@ -429,7 +429,7 @@ fn encode_rows(q: &[i8], m: usize, k: usize, k_pad: usize, enc: ActEncoding, dst
     for (src, row) in q.chunks_exact(k).zip(dst.chunks_exact_mut(k_pad)) {
         let row = &mut row[..k];
         match enc {
-            ActEncoding::I8 | ActEncoding::I8CodeWeights => {
+            ActEncoding::I8 | ActEncoding::I8BlockCorrected => {
                 for (d, &s) in row.iter_mut().zip(src) {
                     *d = s as u8;
                 }

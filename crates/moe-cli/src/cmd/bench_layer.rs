@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use half::bf16;
 use moe_layer::checkpoint::{
-    ExpertTensors, ExpertWeights, FloatData, IntExperts, MoeLayerTensors, RouterTensors, ZeroPoints,
+    ExpertTensors, FloatData, IntExperts, MoeLayerTensors, RouterTensors, StoredExperts, ZeroPoints,
 };
 use moe_layer::{
     ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, TensorData, TensorKind, TensorView,
@@ -277,7 +277,7 @@ fn layer_tensors(args: &BenchArgs, shape: &BenchShape) -> MoeLayerTensors {
             num_experts: e,
             hidden: h,
             intermediate: i,
-            weights: ExpertWeights::Int(IntExperts {
+            weights: StoredExperts::Int(IntExperts {
                 bits: args.format.wna16_bits().unwrap_or(4),
                 group_size: Some(g),
                 scale_dtype: DType::BF16,

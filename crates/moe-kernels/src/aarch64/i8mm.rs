@@ -197,6 +197,6 @@ crate::ukernel::rung_kernel_set! {
     doc: "The kernels of the int8 matrix-multiply rung.",
     token: NeonI8mm,
     isa: crate::Isa::NeonI8mm,
-    w4a8: I8CodeWeights,
+    w4a8: I8BlockCorrected,
     w8a8: I8,
 }

@@ -331,7 +331,7 @@ impl PackedW4A8 {
 
     /// `Σ_{k∈b} c` of the codes `c = w + 8` of the 16 channels of block `b` of panel `p`,
     /// recounted from the nibbles: the aarch64 tiles multiply the codes themselves
-    /// ([`crate::ukernel::ActEncoding::I8CodeWeights`]) and read the block they have just
+    /// ([`crate::ukernel::ActEncoding::I8BlockCorrected`]) and read the block they have just
     /// streamed through L1 again for this sum. Padding K values are code 8.
     #[cfg(any(test, target_arch = "aarch64"))]
     #[inline(always)]

@@ -87,7 +87,7 @@ fn prefetch_at<const BYTES: usize, T>(step: &T) {
 /// The W4A8 tile body for `R` rows; `ACC` selects block-accumulator output.
 ///
 /// The weight codes `c = w + 8` (nibbles, `0..=15`) are `vpdpbusd`'s unsigned operand and the
-/// raw activation codes its signed one ([`crate::ukernel::ActEncoding::I8CodeWeights`]), so a
+/// raw activation codes its signed one ([`crate::ukernel::ActEncoding::I8BlockCorrected`]), so a
 /// step unpacks with two ANDs and a shift and nothing else. Per block,
 /// `acc_i = Σ q·c − zp·Σc − κ`: `κ` (the driver's block correction) is taken off after the
 /// block with a broadcast operand, `Σc` is one more `vpdpbusd` per step shared by all rows,

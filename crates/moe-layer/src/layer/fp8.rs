@@ -19,7 +19,7 @@ use super::{Experts, MoeLayer, MoeLayerConfig, State};
 #[cfg(feature = "checkpoint")]
 use crate::checkpoint::{Checkpoint, Fp8Expert, Fp8Group, ReadOptions};
 #[cfg(feature = "checkpoint")]
-use moe_kernels::{ExpertWeights, Fp8BlockDesc, Fp8BlockRows, FusedMoe, PackedWna16, Par};
+use moe_kernels::{Fp8BlockDesc, Fp8BlockRows, FusedMoe, PackedExperts, PackedWna16, Par};
 
 /// The refusal of every road but the checkpoint's for FP8 weights (`what` names the tensor).
 pub(super) fn not_by_name(what: &str) -> LayerError {
@@ -157,7 +157,7 @@ impl MoeLayer {
                 ),
             });
         }
-        let weights = ExpertWeights {
+        let weights = PackedExperts {
             w13,
             w2,
             w13_bias: None,

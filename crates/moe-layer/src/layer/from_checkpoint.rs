@@ -17,8 +17,8 @@ use super::config::{
 use super::params::{Params, check_scale};
 use crate::LayerError;
 use crate::checkpoint::{
-    Checkpoint, ExpertTensors, ExpertWeights, FloatData, ModelFamily, MoeLayerTensors,
-    MoeModelSpec, QuantScheme, ReadOptions,
+    Checkpoint, ExpertTensors, FloatData, ModelFamily, MoeLayerTensors, MoeModelSpec, QuantScheme,
+    ReadOptions, StoredExperts,
 };
 
 impl MoeLayerConfig {
@@ -484,7 +484,7 @@ impl MoeLayer {
                 .collect::<Option<Vec<_>>>()?
                 .into_iter()
                 .unzip();
-            let weights = moe_kernels::ExpertWeights {
+            let weights = moe_kernels::PackedExperts {
                 w13,
                 w2,
                 w13_bias: None,
@@ -572,7 +572,7 @@ impl MoeLayer {
             .collect::<Option<Vec<_>>>()?
             .into_iter()
             .unzip();
-        let weights = moe_kernels::ExpertWeights {
+        let weights = moe_kernels::PackedExperts {
             w13,
             w2,
             w13_bias: Some(refs.w13.bias_values.clone()),
@@ -711,7 +711,7 @@ fn copy_experts(
         );
     }
     copy_biases(p, ex, h, i)?;
-    if let ExpertWeights::Mxfp4(m) = &ex.weights {
+    if let StoredExperts::Mxfp4(m) = &ex.weights {
         if cfg.quant != LayerQuant::Mxfp4 {
             return mismatch(
                 "weights",
@@ -737,7 +737,7 @@ fn copy_experts(
         }
         p.mx = match tensors {
             Cow::Owned(ExpertTensors {
-                weights: ExpertWeights::Mxfp4(m),
+                weights: StoredExperts::Mxfp4(m),
                 ..
             }) => super::params::MxBytes {
                 w13_blocks: m.w13_blocks,
@@ -755,7 +755,7 @@ fn copy_experts(
         p.mark_all_loaded();
         return Ok(());
     }
-    if let ExpertWeights::Float { w13, w2 } = &ex.weights
+    if let StoredExperts::Float { w13, w2 } = &ex.weights
         && cfg.quant.loads_float_weights()
     {
         if cfg.quant == LayerQuant::Int8Online && cfg.tp_size > 1 {
@@ -768,7 +768,7 @@ fn copy_experts(
         }
         return copy_float_experts(p, w13, w2);
     }
-    let ExpertWeights::Int(q) = &ex.weights else {
+    let StoredExperts::Int(q) = &ex.weights else {
         return mismatch(
             "weights",
             format!("weights for a {} layer", cfg.quant.name()),
@@ -877,7 +877,7 @@ fn copy_experts(
     }
     match tensors {
         Cow::Owned(ExpertTensors {
-            weights: ExpertWeights::Int(q),
+            weights: StoredExperts::Int(q),
             ..
         }) => {
             // Lengths checked equal above.
