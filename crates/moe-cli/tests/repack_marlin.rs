@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 use half::bf16;
 use moe_kernels::Par;
 use moe_kernels::marlin::{MarlinWeights, MarlinWeightsDesc, ScaleLayout, ScaleValues};
-use moe_layer::checkpoint::{Checkpoint, ExpertWeights, ReadOptions, ShardAccess};
+use moe_layer::checkpoint::{Checkpoint, ReadOptions, ShardAccess, StoredExperts};
 use safetensors::SafeTensors;
 
 fn moe(args: &[&str]) -> Output {
@@ -69,7 +69,7 @@ fn repacked_fixture_dequantises_to_the_source_weights() {
     .unwrap();
     for &layer in &ckpt.spec().moe_layers {
         let layer_t = ckpt.read_layer(layer, &ReadOptions::single_rank()).unwrap();
-        let ExpertWeights::Int(int) = &layer_t.experts.weights else {
+        let StoredExperts::Int(int) = &layer_t.experts.weights else {
             panic!("not quantized")
         };
         let (e, h, i) = (
@@ -263,7 +263,7 @@ fn gptq_act_order_checkpoint_repacks_with_its_permutation() {
 
     let ckpt = Checkpoint::open(&model, ShardAccess::Read).unwrap();
     let layer_t = ckpt.read_layer(0, &ReadOptions::single_rank()).unwrap();
-    let ExpertWeights::Int(int) = &layer_t.experts.weights else {
+    let StoredExperts::Int(int) = &layer_t.experts.weights else {
         panic!("not quantized")
     };
     let bytes = std::fs::read(out_dir.join("model-marlin-layer00000.safetensors")).unwrap();

@@ -9,7 +9,7 @@
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use half::bf16;
 use moe_kernels::{
-    Activation, ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, Isa, KernelSet, MoeInput,
+    Activation, FusedMoe, FusedMoeConfig, GateUpLayout, Isa, KernelSet, MoeInput, PackedExperts,
     PackedW4A8, Par, W4A8Scales,
 };
 use moe_testutil::SplitMix64;
@@ -54,7 +54,7 @@ fn route(rng: &mut SplitMix64, m: usize) -> (Vec<i32>, Vec<f32>) {
 
 fn fused_moe(c: &mut Criterion) {
     let mut rng = SplitMix64::new(3);
-    let weights = ExpertWeights {
+    let weights = PackedExperts {
         w13: (0..E).map(|_| pack(&mut rng, 2 * I, H)).collect(),
         w2: (0..E).map(|_| pack(&mut rng, H, I)).collect(),
         w13_bias: None,

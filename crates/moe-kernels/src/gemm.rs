@@ -45,8 +45,12 @@ pub struct GemmScratch {
     nan_rows: Vec<usize>,
     /// The activations in a kernel's own layout (the AMX tiles), when it has one.
     tiles: Vec<u8>,
-    /// Float activation rows gathered into a weight format's K order (WNA16 act-order).
+    /// Float activation rows gathered into a weight format's K order (WNA16 act-order, the
+    /// Marlin executor).
     f32_rows: Vec<f32>,
+    /// Output rows in a weight format's own column order before they are scattered into the
+    /// caller's `out` (the Marlin executor's per-tile accumulators).
+    f32_out: Vec<f32>,
 }
 
 impl GemmScratch {
@@ -70,6 +74,7 @@ impl GemmScratch {
             nan_rows: Vec::with_capacity(m),
             tiles: Vec::new(),
             f32_rows: Vec::new(),
+            f32_out: Vec::new(),
         }
     }
 
@@ -84,6 +89,27 @@ impl GemmScratch {
     /// rows (see [`KernelSet::layout_bytes`]) never allocate on the hot path.
     pub(crate) fn reserve_tiles(&mut self, len: usize) {
         self.tiles.reserve(len.saturating_sub(self.tiles.len()));
+    }
+
+    /// Sizes the staged output buffer for `len` values ([`Self::f32_rows_and_out`]).
+    pub(crate) fn reserve_f32_out(&mut self, len: usize) {
+        self.f32_out.reserve(len.saturating_sub(self.f32_out.len()));
+    }
+
+    /// Float rows gathered into a weight format's K order (`rows` values) and staged output
+    /// rows (`outs` values), borrowed together; both keep whatever an earlier call left.
+    pub(crate) fn f32_rows_and_out(
+        &mut self,
+        rows: usize,
+        outs: usize,
+    ) -> (&mut [f32], &mut [f32]) {
+        if self.f32_rows.len() < rows {
+            self.f32_rows.resize(rows, 0.0);
+        }
+        if self.f32_out.len() < outs {
+            self.f32_out.resize(outs, 0.0);
+        }
+        (&mut self.f32_rows[..rows], &mut self.f32_out[..outs])
     }
 
     /// Float rows gathered into a weight format's K order (`len` values) and the
@@ -141,7 +167,7 @@ pub fn w4a8_gemm(
     }
     let kernel = ks.w4a8_for(m);
     let fused = match kernel.encoding {
-        ActEncoding::U8Offset128 | ActEncoding::I8CodeWeights => ks.act_asym_u8(),
+        ActEncoding::U8Offset128 | ActEncoding::I8BlockCorrected => ks.act_asym_u8(),
         ActEncoding::I8 => None,
     };
     if let Some(quantize) = fused {
@@ -161,7 +187,7 @@ pub fn w4a8_gemm(
             // SAFETY: the quantiser comes from the same `KernelSet`, built from its rung's
             // token; `dst` holds `k_pad ≥ k` bytes.
             let r = unsafe { quantize(row, dst) };
-            if kernel.encoding == ActEncoding::I8CodeWeights {
+            if kernel.encoding == ActEncoding::I8BlockCorrected {
                 dst[..k].iter_mut().for_each(|b| *b ^= 0x80);
             }
             scratch
@@ -310,7 +336,7 @@ fn run_w4a8(
     });
 }
 
-/// `κ = 8·(Σ_{k∈b} q_k − zp·B)` per row and scale block, for [`ActEncoding::I8CodeWeights`]
+/// `κ = 8·(Σ_{k∈b} q_k − zp·B)` per row and scale block, for [`ActEncoding::I8BlockCorrected`]
 /// (`encoded` holds the raw codes, padding 0; `zp` is the row correction, the zero point).
 fn block_corrections(w: &PackedW4A8, encoded: &[u8], zp: &[i32], dst: &mut Vec<i32>) {
     let (k_pad, block_len) = (w.k_pad(), w.block_len());
@@ -409,7 +435,7 @@ fn encode_rows(q: &[i8], m: usize, k: usize, k_pad: usize, enc: ActEncoding, dst
     for (src, row) in q.chunks_exact(k).zip(dst.chunks_exact_mut(k_pad)) {
         let row = &mut row[..k];
         match enc {
-            ActEncoding::I8 | ActEncoding::I8CodeWeights => {
+            ActEncoding::I8 | ActEncoding::I8BlockCorrected => {
                 for (d, &s) in row.iter_mut().zip(src) {
                     *d = s as u8;
                 }

@@ -90,8 +90,8 @@ pub use gemm::{
 pub use isa::{ALL_ISAS, Isa, IsaArch, IsaCap, MAX_ISA_ENV, UnknownIsa};
 pub use marlin::MarlinError;
 pub use moe::{
-    Activation, ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, Int4ActivationKind,
-    MoeInput, MoeScratch, MoeScratchDims, StageTimes,
+    Activation, FusedMoe, FusedMoeConfig, GateUpLayout, Int4ActivationKind, MoeInput, MoeScratch,
+    MoeScratchDims, PackedExperts, StageTimes,
 };
 pub use packed::{
     E2M1_VALUES, FP8_BLOCK, Fp8BlockDesc, Fp8BlockRows, Int4Values, Int4WordOrder, Int4WordRows,

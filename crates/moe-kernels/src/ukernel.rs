@@ -26,15 +26,16 @@ pub(crate) enum ActEncoding {
     /// `q + 128` as u8 (`q ^ 0x80`), for `vpdpbusd`/`vpmaddubsw` whose first operand is
     /// unsigned; W4A8 row correction is `128 + zp`.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    // aarch64 uses `I8`, `I8CodeWeights`
+    // aarch64 uses `I8`, `I8BlockCorrected`
     U8Offset128,
-    /// The codes as they are, for W4A8 kernels that make the weight codes `c = w + 8` the
-    /// unsigned operand of `vpdpbusd` (no per-step `− 8` on the weights). Such a kernel forms
+    /// The codes as they are, plus a correction per row and scale block: for W4A8 kernels
+    /// that make the weight codes `c = w + 8` the unsigned operand of `vpdpbusd` (no per-step
+    /// `− 8` on the weights). Such a kernel forms
     /// `Σ q·c`, and `Σ (q − zp)·w = Σ q·c − zp·Σc − κ` with the per-(row, block) constant
     /// `κ = 8·(Σ_{k∈b} q_k − zp·B)` (B the block length, padding included), which the driver
     /// computes into [`W4A8Job::block_corr`]. The row correction is `zp`. The aarch64 rungs
     /// use it too, with the codes as signed bytes (`0..=15`) in `sdot`/`smmla`/`smull`.
-    I8CodeWeights,
+    I8BlockCorrected,
 }
 
 impl ActEncoding {
@@ -42,7 +43,7 @@ impl ActEncoding {
     #[inline]
     pub(crate) fn encode(self, q: i8) -> u8 {
         match self {
-            ActEncoding::I8 | ActEncoding::I8CodeWeights => q as u8,
+            ActEncoding::I8 | ActEncoding::I8BlockCorrected => q as u8,
             ActEncoding::U8Offset128 => (q as u8) ^ 0x80,
         }
     }
@@ -55,14 +56,14 @@ impl ActEncoding {
     /// The per-row W4A8 correction for zero point `zp`.
     pub(crate) fn w4a8_row_corr(self, zp: i32) -> i32 {
         match self {
-            ActEncoding::I8 | ActEncoding::I8CodeWeights => zp,
+            ActEncoding::I8 | ActEncoding::I8BlockCorrected => zp,
             ActEncoding::U8Offset128 => 128 + zp,
         }
     }
 
     /// Whether W4A8 kernels of this encoding read [`W4A8Job::block_corr`].
     pub(crate) fn needs_block_corr(self) -> bool {
-        self == ActEncoding::I8CodeWeights
+        self == ActEncoding::I8BlockCorrected
     }
 }
 
@@ -101,7 +102,7 @@ pub(crate) struct W4A8Job<'a> {
     /// Per-row correction (see [`ActEncoding::w4a8_row_corr`]).
     pub row_corr: &'a [i32],
     /// Per-(row, scale block) correction `[m][n_blocks]` for encodings that ask for it
-    /// ([`ActEncoding::I8CodeWeights`]); empty otherwise.
+    /// ([`ActEncoding::I8BlockCorrected`]); empty otherwise.
     pub block_corr: &'a [i32],
     /// Per-row dequantization factor `recip`.
     pub row_recip: &'a [f32],
@@ -536,7 +537,10 @@ mod tests {
             row_tiles_aligned(15, 8, 2).collect::<Vec<_>>(),
             [0..8, 8..15]
         );
-        assert_eq!(row_tiles_aligned(1, 8, 2).collect::<Vec<_>>(), [0..1]);
+        assert_eq!(
+            row_tiles_aligned(1, 8, 2).collect::<Vec<_>>(),
+            vec![std::ops::Range { start: 0, end: 1 }]
+        );
         for align in [1, 2, 4] {
             for mr in [align, 2 * align, 8] {
                 for m in 0..100 {

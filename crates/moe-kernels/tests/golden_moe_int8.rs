@@ -6,7 +6,7 @@
 use half::{bf16, f16};
 use moe_kernels::moe::{ExpertId, MoeFloat};
 use moe_kernels::{
-    Activation, ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, KernelSet, MoeInput,
+    Activation, FusedMoe, FusedMoeConfig, GateUpLayout, KernelSet, MoeInput, PackedExperts,
     PackedW8A8, Par, available_isas,
 };
 use moe_quant::ModelFloat;
@@ -76,7 +76,7 @@ fn check_case<W: MoeFloat>(case: &GoldenCase, from_bits: fn(u16) -> W) -> Result
     let (m, h) = (case.shape("x")[0], case.shape("x")[1]);
     let (e, two_i) = (case.shape("w13_weight")[0], case.shape("w13_weight")[1]);
     let k = case.shape("topk_ids")[1];
-    let weights = ExpertWeights {
+    let weights = PackedExperts {
         w13: quantize_stack(case, "w13_weight", "w13_int8", "w13_scale", from_bits)?,
         w2: quantize_stack(case, "w2_weight", "w2_int8", "w2_scale", from_bits)?,
         w13_bias: None,

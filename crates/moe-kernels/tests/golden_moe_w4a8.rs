@@ -11,8 +11,8 @@
 use half::{bf16, f16};
 use moe_kernels::moe::{ExpertId, MoeFloat};
 use moe_kernels::{
-    Activation, ExpertWeights, FusedMoe, FusedMoeConfig, GateUpLayout, Int4ActivationKind,
-    KernelSet, MoeInput, PackedW4A8, Par, W4A8Scales, available_isas,
+    Activation, FusedMoe, FusedMoeConfig, GateUpLayout, Int4ActivationKind, KernelSet, MoeInput,
+    PackedExperts, PackedW4A8, Par, W4A8Scales, available_isas,
 };
 use moe_testutil::{GoldenCase, for_each_golden_case};
 use safetensors::Dtype;
@@ -79,7 +79,7 @@ fn w4a8_moe_goldens() {
         let k = case.shape("topk_ids")[1];
         let kind = Int4ActivationKind::from_kind(case.meta_i64("activation_kind"))
             .map_err(|err| err.to_string())?;
-        let weights = ExpertWeights {
+        let weights = PackedExperts {
             w13: (0..e)
                 .map(|ex| pack_expert(case, "w13_int4", "w13_scales", ex))
                 .collect::<Result<_, _>>()?,

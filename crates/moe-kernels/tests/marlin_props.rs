@@ -4,12 +4,12 @@
 //! Case counts come from `moe_testutil::proptest_cases` (`MOE_PROPTEST_CASES` raises them).
 
 use half::{bf16, f16};
-use moe_kernels::Par;
 use moe_kernels::marlin::{
     ActDtype, MarlinError, MarlinWeights, MarlinWeightsDesc, RepackSpec, ScaleLayout, ScaleRule,
     ScaleValues, Wna16Config, Wna16Tensor, pack_gptq, permute_scales, process_wna16_moe,
     repack_experts, stable_argsort, unpack,
 };
+use moe_kernels::{GemmScratch, Par};
 use proptest::prelude::*;
 
 fn config() -> ProptestConfig {
@@ -71,7 +71,8 @@ proptest! {
 
     /// The executor on repacked weights equals the dequantised f64 reference GEMM (f32
     /// accumulation tolerance), for grouped and channelwise, with and without act-order, with f32
-    /// and bf16 activations, sequential and parallel.
+    /// and bf16 activations, sequential and parallel, and bit for bit the same in a reused
+    /// scratch.
     #[test]
     fn executor_matches_dequantised_reference(
         bits in prop_oneof![Just(4u32), Just(8u32)],
@@ -126,6 +127,16 @@ proptest! {
         } else {
             w.gemm(&x, m, &mut out, Par::Seq).unwrap();
         }
+        // A scratch that already served a larger call on other values gives the same bits,
+        // on one thread or on the pool.
+        let mut scratch = GemmScratch::new();
+        let mut larger = vec![0f32; (m + 1) * n];
+        let xl = rng.vec_uniform((m + 1) * k, -1.0, 1.0);
+        w.gemm_with_scratch(&xl, m + 1, &mut larger, &mut scratch, Par::Seq).unwrap();
+        let mut again = vec![f32::NAN; m * n];
+        let par = if bf16_x { Par::Seq } else { Par::Rayon };
+        w.gemm_with_scratch(&x, m, &mut again, &mut scratch, par).unwrap();
+        prop_assert!(out.iter().zip(&again).all(|(a, b)| a.to_bits() == b.to_bits()));
         for r in 0..m {
             for c in 0..n {
                 let terms = (0..k).map(|kk| f64::from(x[r * k + kk]) * wref[kk * n + c]);

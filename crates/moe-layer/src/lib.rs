@@ -64,3 +64,4 @@ pub use layer::{
 #[cfg(feature = "checkpoint")]
 pub use layer::{LoadOptions, LoadProgress};
 pub use moe_kernels::Par;
+pub use moe_oracle::DisabledKernels;

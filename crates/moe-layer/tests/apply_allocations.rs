@@ -1,6 +1,7 @@
 //! `MoeLayer::apply`, `apply_with_topk`, `apply_with_gate`, `route` and `route_hidden` allocate
 //! nothing in steady state, for every weight format the layer runs (W4A8, online int8 on the
-//! W8A8 kernels, WNA16, dense) and with shared experts: routing buffers, the router's scratch,
+//! W8A8 kernels, WNA16 on its native kernels and on the Marlin executor, dense) and with shared
+//! experts: routing buffers, the router's scratch,
 //! the gate's logits, the kernels' scratch and the shared experts' buffers all come from the
 //! layer's pool. Counted per thread, with the layer on the calling
 //! thread (`Par::Seq`), after one call of the largest size.
@@ -16,7 +17,8 @@ use half::bf16;
 use moe_kernels::Par;
 use moe_layer::checkpoint::{Checkpoint, ShardAccess};
 use moe_layer::{
-    ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, TensorData, TensorKind, TensorView,
+    DisabledKernels, ExpertShard, LayerQuant, LoadOptions, MoeLayer, MoeLayerConfig, TensorData,
+    TensorKind, TensorView,
 };
 use moe_router::Logits;
 use moe_testutil::SplitMix64;
@@ -63,6 +65,16 @@ fn open(ck: &Ckpt, tag: &str) -> Checkpoint {
 
 fn loaded(ck: &Ckpt, tag: &str) -> MoeLayer {
     MoeLayer::from_checkpoint(&open(ck, tag), 0, MAX_TOKENS).unwrap()
+}
+
+/// A WNA16 layer on the Marlin executor: `cpu-wna16` disabled through the load options.
+fn loaded_on_marlin(ck: &Ckpt, tag: &str) -> MoeLayer {
+    let disabled = DisabledKernels::parse("cpu-wna16");
+    let opts = LoadOptions::new().with_disabled_kernels(&disabled);
+    let layer = MoeLayer::from_checkpoint_with(&open(ck, tag), 0, MAX_TOKENS, &opts).unwrap();
+    let kernel = layer.backend().unwrap().kernel;
+    assert!(kernel.starts_with("cpu-marlin"), "{kernel}");
+    layer
 }
 
 /// A layer of vLLM's online int8 method (bf16 weights quantized in `process`), with random
@@ -163,6 +175,10 @@ fn apply_allocates_nothing_in_steady_state() {
     assert_steady_state_allocates_nothing("w4a8", loaded(&w4a8, "alloc-w4a8"));
     let wna16 = runnable(Fmt::PackQuantized, [8, 2, 64, 64], 32, 2);
     assert_steady_state_allocates_nothing("wna16", loaded(&wna16, "alloc-wna16"));
+    assert_steady_state_allocates_nothing(
+        "wna16 on marlin",
+        loaded_on_marlin(&wna16, "alloc-wna16-marlin"),
+    );
     let (dense, _) = Ckpt::build("qwen3_moe", Fmt::Float, 3);
     assert_steady_state_allocates_nothing("dense", loaded(&dense, "alloc-dense"));
     assert_steady_state_allocates_nothing("int8", online_int8(8, 64, 64));

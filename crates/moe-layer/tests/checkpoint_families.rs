@@ -8,8 +8,8 @@ mod checkpoint_support;
 
 use checkpoint_support::{Ckpt, E, Fmt, G, H, I, Proj, temp_dir};
 use moe_layer::checkpoint::{
-    Checkpoint, ExpertWeights, FloatData, IntExperts, ModelFamily, MoeLayerTensors, MoeModelSpec,
-    QuantScheme, ReadOptions, ShardAccess,
+    Checkpoint, FloatData, IntExperts, ModelFamily, MoeLayerTensors, MoeModelSpec, QuantScheme,
+    ReadOptions, ShardAccess, StoredExperts,
 };
 use moe_router::ScoringFunc;
 use serde_json::json;
@@ -38,7 +38,7 @@ fn fused(experts: &[[Proj; 3]]) -> (Vec<i8>, Vec<f32>, Vec<i8>, Vec<f32>) {
 
 fn int(t: &MoeLayerTensors) -> &IntExperts {
     match &t.experts.weights {
-        ExpertWeights::Int(q) => q,
+        StoredExperts::Int(q) => q,
         other => panic!("{other:?}"),
     }
 }
@@ -160,7 +160,7 @@ fn float_checkpoints_keep_their_dtype_and_fuse_gate_then_up() {
         spec.quant,
         QuantScheme::Unquantized(Some(moe_quant::DType::BF16))
     );
-    let ExpertWeights::Float { w13, w2 } = &t.experts.weights else {
+    let StoredExperts::Float { w13, w2 } = &t.experts.weights else {
         panic!("{:?}", t.experts.weights)
     };
     let (FloatData::BF16(w13), FloatData::BF16(w2)) = (w13, w2) else {
@@ -199,7 +199,7 @@ fn deepseek_v3_reads_routing_bias_and_shared_experts() {
     let shared = t.shared.as_ref().unwrap();
     assert_eq!(shared.mlp.num_experts, 1);
     assert!(shared.gate.is_none());
-    assert!(matches!(shared.mlp.weights, ExpertWeights::Int(_)));
+    assert!(matches!(shared.mlp.weights, StoredExperts::Int(_)));
 
     // Without the bias tensor the layer does not load.
     let mut no_bias = ck.clone();

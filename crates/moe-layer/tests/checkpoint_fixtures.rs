@@ -7,8 +7,8 @@
 use std::path::PathBuf;
 
 use moe_layer::checkpoint::{
-    Checkpoint, ExpertWeights, FloatData, IntExperts, MoeLayerTensors, QuantScheme, ReadOptions,
-    ShardAccess,
+    Checkpoint, FloatData, IntExperts, MoeLayerTensors, QuantScheme, ReadOptions, ShardAccess,
+    StoredExperts,
 };
 use moe_quant::DType;
 use moe_quant::half_conv::{round_to_bf16, round_to_f16};
@@ -29,7 +29,7 @@ fn fixture_dirs() -> Vec<PathBuf> {
 
 fn int_experts(t: &MoeLayerTensors) -> &IntExperts {
     match &t.experts.weights {
-        ExpertWeights::Int(q) => q,
+        StoredExperts::Int(q) => q,
         other => panic!(
             "layer {}: expected quantized experts, got {other:?}",
             t.layer
@@ -64,7 +64,7 @@ fn every_fixture_loads_with_the_shapes_of_its_config() {
             );
             assert_eq!(t.router.weight.len(), e * h);
             match &t.experts.weights {
-                ExpertWeights::Int(q) => {
+                StoredExperts::Int(q) => {
                     let g = q.group_size.unwrap_or(h);
                     assert_eq!(q.w13.len(), e * 2 * i * h);
                     assert_eq!(q.w2.len(), e * h * i);
@@ -79,7 +79,7 @@ fn every_fixture_loads_with_the_shapes_of_its_config() {
                             .all(|&c| (-max - 1..=max).contains(&i16::from(c)))
                     );
                 }
-                ExpertWeights::Float { w13, w2 } => {
+                StoredExperts::Float { w13, w2 } => {
                     assert_eq!((w13.len(), w2.len()), (e * 2 * i * h, e * h * i));
                 }
                 other => panic!("unexpected weights {other:?}"),

@@ -225,7 +225,7 @@ fn shared_experts_are_added_to_the_routed_output() {
         .read_layer(0, &moe_layer::checkpoint::ReadOptions::single_rank())
         .unwrap();
     let shared = t.shared.as_ref().expect("the model has a shared expert");
-    let moe_layer::checkpoint::ExpertWeights::Float { w13, w2 } = &shared.mlp.weights else {
+    let moe_layer::checkpoint::StoredExperts::Float { w13, w2 } = &shared.mlp.weights else {
         panic!("float shared expert")
     };
     let (w13, w2): (Vec<f64>, Vec<f64>) = (

@@ -10,7 +10,7 @@
 mod checkpoint_support;
 
 use checkpoint_support::{Ckpt, E, Fmt, G, H, I, i32_bytes, temp_dir};
-use moe_layer::checkpoint::{Checkpoint, ExpertWeights, ReadOptions, ShardAccess};
+use moe_layer::checkpoint::{Checkpoint, ReadOptions, ShardAccess, StoredExperts};
 use moe_layer::{LayerError, MoeLayer};
 use moe_router::Logits;
 use moe_testutil::SplitMix64;
@@ -434,7 +434,7 @@ fn zero_points_follow_the_scales_under_tensor_parallelism() {
     ck.write(&dir);
     let ckpt = Checkpoint::open(&dir, ShardAccess::Read).unwrap();
     let t = ckpt.read_layer(0, &ReadOptions::single_rank()).unwrap();
-    let ExpertWeights::Int(q) = &t.experts.weights else {
+    let StoredExperts::Int(q) = &t.experts.weights else {
         panic!("integer weights expected");
     };
     let z = q.zeros.as_ref().expect("zero points");
@@ -458,7 +458,7 @@ fn zero_points_follow_the_scales_under_tensor_parallelism() {
     for rank in 0..2 {
         let opts = ReadOptions::single_rank().with_tensor_parallel(rank, 2);
         let t = ckpt.read_layer(0, &opts).unwrap();
-        let ExpertWeights::Int(q) = &t.experts.weights else {
+        let StoredExperts::Int(q) = &t.experts.weights else {
             panic!("integer weights expected");
         };
         let z = q.zeros.as_ref().unwrap();

@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use half::bf16;
 use moe_kernels::{Activation, GateUpLayout};
 use moe_layer::checkpoint::{
-    ExpertTensors, ExpertWeights, FloatData, IntExperts, MoeLayerTensors, Mxfp4Experts,
-    RouterTensors, ZeroPoints,
+    ExpertTensors, FloatData, IntExperts, MoeLayerTensors, Mxfp4Experts, RouterTensors,
+    StoredExperts, ZeroPoints,
 };
 use moe_layer::{
     ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, TensorData, TensorKind, TensorView,
@@ -264,7 +264,7 @@ fn mxfp4_tensors(args: &BenchArgs, shape: &BenchShape) -> MoeLayerTensors {
             num_experts: e,
             hidden: h,
             intermediate: i,
-            weights: ExpertWeights::Mxfp4(m),
+            weights: StoredExperts::Mxfp4(m),
             w13_bias: None,
             w2_bias: None,
         },
@@ -365,7 +365,7 @@ fn layer_tensors(args: &BenchArgs, shape: &BenchShape) -> MoeLayerTensors {
             num_experts: e,
             hidden: h,
             intermediate: i,
-            weights: ExpertWeights::Int(IntExperts {
+            weights: StoredExperts::Int(IntExperts {
                 bits: args.format.wna16_bits().unwrap_or(4),
                 group_size: Some(g),
                 scale_dtype: DType::BF16,

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use moe_layer::checkpoint::{
-    Checkpoint, ExpertWeights, MoeModelSpec, QuantScheme, ReadOptions, ShardAccess,
+    Checkpoint, MoeModelSpec, QuantScheme, ReadOptions, ShardAccess, StoredExperts,
 };
 use moe_layer::{LayerError, MoeLayerConfig};
 use moe_oracle::Selection;
@@ -228,8 +228,8 @@ fn read_layer(ckpt: &Checkpoint, n: usize) -> Result<LayerReport, CliError> {
         .read_layer(n, &ReadOptions::single_rank())
         .map_err(|e| CliError::context(format!("reading layer {n}"), e))?;
     let weights = match &t.experts.weights {
-        ExpertWeights::Float { w13, .. } => format!("float {:?}", w13.dtype()),
-        ExpertWeights::Int(q) => format!(
+        StoredExperts::Float { w13, .. } => format!("float {:?}", w13.dtype()),
+        StoredExperts::Int(q) => format!(
             "int{} codes, {}, {:?} scales{}{}",
             q.bits,
             q.group_size
@@ -246,7 +246,7 @@ fn read_layer(ckpt: &Checkpoint, n: usize) -> Result<LayerReport, CliError> {
                 ""
             }
         ),
-        ExpertWeights::Mxfp4(_) => "MXFP4: e2m1 codes, e8m0 scales per 32 columns, \
+        StoredExperts::Mxfp4(_) => "MXFP4: e2m1 codes, e8m0 scales per 32 columns, \
                                     gate/up rows interleaved, expert biases"
             .to_string(),
         _ => "other".to_string(),

@@ -22,7 +22,7 @@ use moe_kernels::marlin::{
     Wna16Tensor, process_wna16_moe,
 };
 use moe_layer::checkpoint::{
-    Checkpoint, Dtype, ExpertWeights, FloatData, IntExperts, QuantScheme, ReadOptions, ShardAccess,
+    Checkpoint, Dtype, FloatData, IntExperts, QuantScheme, ReadOptions, ShardAccess, StoredExperts,
 };
 use moe_quant::DType;
 use safetensors::tensor::TensorView;
@@ -220,7 +220,7 @@ fn convert(args: &RepackMarlinArgs, out: Output) -> Result<RepackReport, CliErro
         let tensors = ckpt
             .read_layer(layer, &opts)
             .map_err(|e| CliError::context(format!("layer {layer}"), e))?;
-        let ExpertWeights::Int(int) = &tensors.experts.weights else {
+        let StoredExperts::Int(int) = &tensors.experts.weights else {
             return Err(CliError(format!(
                 "layer {layer}: experts are not quantized"
             )));

@@ -14,8 +14,8 @@ use half::bf16;
 use indicatif::ProgressBar;
 use moe_kernels::moe::ExpertMatrix;
 use moe_kernels::{
-    Activation, ExpertWeights, FP8_BLOCK, Fp8BlockDesc, Fp8BlockRows, FusedMoe, FusedMoeConfig,
-    GateUpLayout, Mxfp4Desc, PackedDense, PackedW4A8, PackedW8A8, PackedWna16, W4A8Scales,
+    Activation, FP8_BLOCK, Fp8BlockDesc, Fp8BlockRows, FusedMoe, FusedMoeConfig, GateUpLayout,
+    Mxfp4Desc, PackedDense, PackedExperts, PackedW4A8, PackedW8A8, PackedWna16, W4A8Scales,
     Wna16Desc, Wna16Scales, kernels,
 };
 use moe_quant::quantize_int4_grouped;
@@ -249,7 +249,7 @@ fn assemble_with<W: ExpertMatrix>(
 ) -> Result<SynthLayer<W>, CliError> {
     let expert_bytes = experts.first().map_or(0, |(a, b)| bytes(a) + bytes(b));
     let (w13, w2): (Vec<_>, Vec<_>) = experts.into_iter().unzip();
-    let weights = ExpertWeights {
+    let weights = PackedExperts {
         w13,
         w2,
         w13_bias: None,

@@ -95,7 +95,7 @@ pub(super) fn unpack_codes(v: uint8x16_t) -> [int8x16_t; 2] {
 
 /// Closes scale block `b` of a W4A8 tile (rows `m0..m0 + R` of panel `p`, channel quarters
 /// `q0..q0 + NQ`: channels `4·q0..4·(q0 + NQ)` of the panel) from the code sums `Σ q·c`
-/// (`ActEncoding::I8CodeWeights`): forms the exact `acc_i = Σ q·c − zp·Σc − κ`
+/// (`ActEncoding::I8BlockCorrected`): forms the exact `acc_i = Σ q·c − zp·Σc − κ`
 /// (`= Σ (q − zp)·w`; `κ` per row and block from the driver, in `job.block_corr`), then
 /// either stores it (block-accumulator mode, `ACC`) or adds `f32(acc_i) · scale` to `acc_f`,
 /// multiply then add. The int32 arithmetic wraps like the scalar reference's, so `acc_i` is

@@ -197,6 +197,6 @@ crate::ukernel::rung_kernel_set! {
     doc: "The kernels of the dot-product rung.",
     token: NeonDot,
     isa: crate::Isa::NeonDot,
-    w4a8: I8CodeWeights,
+    w4a8: I8BlockCorrected,
     w8a8: I8,
 }

@@ -333,7 +333,11 @@ crate::ukernel::impl_microkernels! {
 pub(crate) fn kernel_set(_token: NeonI8mm) -> crate::KernelSet {
     use crate::ukernel::{ActEncoding, W4A8PanelsFn, W8A8PanelsFn};
     let isa = crate::Isa::NeonI8mm;
-    let w4a8 = (isa, ActEncoding::I8CodeWeights, w4a8_entry as W4A8PanelsFn);
+    let w4a8 = (
+        isa,
+        ActEncoding::I8BlockCorrected,
+        w4a8_entry as W4A8PanelsFn,
+    );
     let w8a8 = (isa, ActEncoding::I8, w8a8_entry as W8A8PanelsFn);
     // SAFETY: the token proves this rung's CPU features, all its two entries need.
     let set = unsafe { crate::KernelSet::from_entries(isa, w4a8, w8a8) };

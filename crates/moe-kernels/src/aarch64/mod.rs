@@ -4,7 +4,7 @@
 //! int8 matrix multiply (`i8mm.rs`, `smmla`). They share their loads and epilogues
 //! (`common.rs`); `sdot` and `smmla` are emitted only by `asm.rs` until their intrinsics are
 //! stable. Every rung takes the activations as signed codes; W4A8 multiplies them by the weight
-//! codes `w + 8` as they come out of the nibbles (`ActEncoding::I8CodeWeights`, the `+ 8` taken
+//! codes `w + 8` as they come out of the nibbles (`ActEncoding::I8BlockCorrected`, the `+ 8` taken
 //! off per block), and every rung reproduces the scalar reference bit for bit.
 
 mod asm;

@@ -1,6 +1,6 @@
 //! The baseline NEON rung (every aarch64 CPU): 4 rows × 16 channels with widening multiplies.
 //!
-//! Activations stay signed (`ActEncoding::I8`; W4A8 `ActEncoding::I8CodeWeights`). One packed
+//! Activations stay signed (`ActEncoding::I8`; W4A8 `ActEncoding::I8BlockCorrected`). One packed
 //! 16-byte vector holds 4 channels × 4 K values; each row's 4 matching activation bytes are
 //! repeated over a vector, `smull`/`smull2` give the i16 products of 2 channels each, `addp`
 //! adds neighbouring products and `sadalp` widens the pair sums into one i32 lane per channel,
@@ -142,6 +142,6 @@ crate::ukernel::rung_kernel_set! {
     doc: "The kernels of the NEON rung.",
     token: Neon,
     isa: crate::Isa::Neon,
-    w4a8: I8CodeWeights,
+    w4a8: I8BlockCorrected,
     w8a8: I8,
 }

@@ -11,13 +11,13 @@
 use half::{bf16, f16};
 
 use super::error::{MarlinError, check_len, checked_product};
-use super::layout::{MarlinLayout, WeightBits, check_tile_shape};
+use super::layout::{MarlinLayout, TILE_CODES, WeightBits, check_tile_shape};
 use super::perm::{ScaleLayout, permute_scales};
 use super::postprocess::groups_for;
 use super::preprocess::fp8_unmap_code;
 use super::repack::check_perm;
-use crate::Par;
-use crate::par::for_each_chunk;
+use crate::GemmScratch;
+use crate::par::{Par, for_each_chunk};
 
 /// Scales as handed to the executor, in their dtype (the dequantised weight is rounded to it).
 #[derive(Debug, Clone, Copy)]
@@ -275,10 +275,10 @@ impl MarlinWeights {
         let (tk, tn) = (l.tile_k(), l.tile_n());
         let table = l.tile_table();
         let mut out = vec![0f32; k * n];
-        let mut tile = vec![0f32; tk * tn];
+        let mut tile = [0f32; TILE_CODES];
         for kt in 0..k / tk {
             for nt in 0..n / tn {
-                self.dequant_tile(&table, kt, nt, &mut tile);
+                self.dequant_tile(table, kt, nt, &mut tile);
                 for kl in 0..tk {
                     let r = kt * tk + kl;
                     let row = self.perm.as_ref().map_or(r, |p| p[r] as usize);
@@ -297,12 +297,27 @@ impl MarlinWeights {
 
     /// `out[m][n] = Σ_k x[m][k]·W[k][n]` for `m` rows of activations `x` (`[m, K]`), `out`
     /// `[m, N]` overwritten. Columns are split over threads by tile; the result does not
-    /// depend on the thread count.
+    /// depend on the thread count. Allocates its working memory; a caller that multiplies
+    /// repeatedly passes its own scratch to [`Self::gemm_with_scratch`] instead.
     pub fn gemm<A: MarlinAct>(
         &self,
         x: &[A],
         m: usize,
         out: &mut [f32],
+        par: Par,
+    ) -> Result<(), MarlinError> {
+        self.gemm_with_scratch(x, m, out, &mut GemmScratch::new(), par)
+    }
+
+    /// [`Self::gemm`] working in `scratch`, with the same result bit for bit. The scratch only
+    /// grows, so once it has served a call of `m` rows on a matrix of this size, calls of up
+    /// to `m` rows allocate nothing (the tile buffers live on each worker's stack).
+    pub fn gemm_with_scratch<A: MarlinAct>(
+        &self,
+        x: &[A],
+        m: usize,
+        out: &mut [f32],
+        scratch: &mut GemmScratch,
         par: Par,
     ) -> Result<(), MarlinError> {
         let (k, n) = (self.size_k, self.size_n);
@@ -311,9 +326,9 @@ impl MarlinWeights {
         if m == 0 || n == 0 {
             return Ok(());
         }
+        let (xp, acc) = scratch.f32_rows_and_out(m * k, m * n);
         // Activations in repacked row order (x'[:, k] = x[:, perm[k]]), as the kernel's
         // permute_cols step does.
-        let mut xp = vec![0f32; m * k];
         for (dst, src) in xp.chunks_exact_mut(k.max(1)).zip(x.chunks_exact(k.max(1))) {
             match &self.perm {
                 Some(p) => dst
@@ -323,19 +338,20 @@ impl MarlinWeights {
                 None => dst.iter_mut().zip(src).for_each(|(d, s)| *d = s.to_f32()),
             }
         }
+        let xp = &*xp;
         let l = self.layout;
         let (tk, tn) = (l.tile_k(), l.tile_n());
         let table = l.tile_table();
         // Per column tile, an [m, tile_n] accumulator; scattered into `out` afterwards.
-        let mut acc = vec![0f32; m * n];
+        acc.fill(0.0);
         for_each_chunk(
-            &mut acc,
+            acc,
             m * tn,
             par,
-            || vec![0f32; tk * tn],
+            || [0f32; TILE_CODES],
             |tile, nt, acc| {
                 for kt in 0..k / tk {
-                    self.dequant_tile(&table, kt, nt, tile);
+                    self.dequant_tile(table, kt, nt, tile);
                     for (row, a) in acc.chunks_exact_mut(tn).enumerate() {
                         let xr = &xp[row * k + kt * tk..row * k + (kt + 1) * tk];
                         for (kl, &xv) in xr.iter().enumerate() {
@@ -358,5 +374,12 @@ impl MarlinWeights {
             }
         }
         Ok(())
+    }
+
+    /// Grows `scratch` so that [`Self::gemm_with_scratch`] of up to `max_rows` rows never
+    /// allocates: the activation rows in repacked order and the per-tile accumulators.
+    pub(crate) fn reserve_scratch(&self, scratch: &mut GemmScratch, max_rows: usize) {
+        scratch.reserve_f32_rows(max_rows.saturating_mul(self.size_k));
+        scratch.reserve_f32_out(max_rows.saturating_mul(self.size_n));
     }
 }

@@ -109,19 +109,60 @@ impl MarlinLayout {
 
     /// The whole tile's coordinate table, `field_coords(w, t)` at `w·pack_factor + t`, with
     /// `k·tile_n + n` packed into one index (both fit a `u16`).
-    pub fn tile_table(self) -> Vec<u16> {
+    ///
+    /// The four tables are computed at compile time, so the executor reads them on every call
+    /// without building (or allocating) anything.
+    pub fn tile_table(self) -> &'static [u16; TILE_CODES] {
+        match (self.bits, self.a8) {
+            (WeightBits::B4, false) => &TILE_TABLES[0],
+            (WeightBits::B8, false) => &TILE_TABLES[1],
+            (WeightBits::B4, true) => &TILE_TABLES[2],
+            (WeightBits::B8, true) => &TILE_TABLES[3],
+        }
+    }
+
+    /// [`Self::tile_table`] of this layout, built by walking every field of a tile.
+    const fn build_tile_table(self) -> [u16; TILE_CODES] {
         let pf = self.bits.pack_factor();
         let tn = self.tile_n();
-        (0..self.words_per_tile())
-            .flat_map(|w| {
-                (0..pf).map(move |t| {
-                    let (k, n) = self.field_coords(w, t);
-                    (k * tn + n) as u16
-                })
-            })
-            .collect()
+        let mut table = [0u16; TILE_CODES];
+        let mut w = 0;
+        while w < self.words_per_tile() {
+            let mut t = 0;
+            while t < pf {
+                let (k, n) = self.field_coords(w, t);
+                table[w * pf + t] = (k * tn + n) as u16;
+                t += 1;
+            }
+            w += 1;
+        }
+        table
     }
 }
+
+/// The tile tables of the four layouts, in the order [`MarlinLayout::tile_table`] reads them.
+static TILE_TABLES: [[u16; TILE_CODES]; 4] = [
+    MarlinLayout {
+        bits: WeightBits::B4,
+        a8: false,
+    }
+    .build_tile_table(),
+    MarlinLayout {
+        bits: WeightBits::B8,
+        a8: false,
+    }
+    .build_tile_table(),
+    MarlinLayout {
+        bits: WeightBits::B4,
+        a8: true,
+    }
+    .build_tile_table(),
+    MarlinLayout {
+        bits: WeightBits::B8,
+        a8: true,
+    }
+    .build_tile_table(),
+];
 
 /// The size checks of the repack, in upstream's order, plus the project's a8 rule: `K` a
 /// multiple of the tile height, `N` of 64, bits 4 or 8.
@@ -243,7 +284,7 @@ mod tests {
     fn every_layout_is_a_bijection_onto_its_tile() {
         for l in [B4, B8, B4A8, B8A8] {
             let mut seen = vec![false; TILE_CODES];
-            for idx in l.tile_table() {
+            for &idx in l.tile_table() {
                 assert!(
                     !std::mem::replace(&mut seen[idx as usize], true),
                     "{l:?}: {idx} twice"

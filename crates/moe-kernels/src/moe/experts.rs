@@ -44,12 +44,12 @@ pub trait ExpertMatrix: Send + Sync + sealed::Sealed {
     /// Whether the scales are one per output channel (no groups).
     fn is_channelwise(&self) -> bool;
 
-    /// Whether the GEMM gathers its activation rows into scratch (so the scratch must be
-    /// sized for them up front).
+    /// Grows `scratch` so that this matrix's GEMM of up to `max_rows` rows allocates nothing,
+    /// for formats whose GEMM needs buffers beyond what [`GemmScratch::with_capacity`] sizes
+    /// (gathered activation rows, staged outputs). A scratch sized only by a warm-up call
+    /// could still grow later: the rows an expert receives vary from call to call.
     #[doc(hidden)]
-    fn gathers_rows(&self) -> bool {
-        false
-    }
+    fn reserve_scratch(&self, _scratch: &mut GemmScratch, _max_rows: usize) {}
 
     /// `out[m, N] = GEMM(x[m, K])`, quantising the rows of `x` dynamically.
     #[doc(hidden)]
@@ -163,18 +163,23 @@ impl ExpertMatrix for crate::marlin::MarlinWeights {
         crate::marlin::MarlinWeights::is_channelwise(self)
     }
 
+    fn reserve_scratch(&self, scratch: &mut GemmScratch, max_rows: usize) {
+        crate::marlin::MarlinWeights::reserve_scratch(self, scratch, max_rows);
+    }
+
     fn gemm(
         &self,
         _ks: &KernelSet,
         m: usize,
         x: &[f32],
         out: &mut [f32],
-        _scratch: &mut GemmScratch,
+        scratch: &mut GemmScratch,
         par: Par,
     ) -> Result<(), KernelError> {
-        crate::marlin::MarlinWeights::gemm(self, x, m, out, par).map_err(|e| KernelError::Marlin {
-            reason: e.to_string(),
-        })
+        self.gemm_with_scratch(x, m, out, scratch, par)
+            .map_err(|e| KernelError::Marlin {
+                reason: e.to_string(),
+            })
     }
 }
 
@@ -193,8 +198,10 @@ impl ExpertMatrix for PackedWna16 {
         PackedWna16::is_channelwise(self)
     }
 
-    fn gathers_rows(&self) -> bool {
-        self.perm().is_some()
+    fn reserve_scratch(&self, scratch: &mut GemmScratch, max_rows: usize) {
+        if self.perm().is_some() {
+            scratch.reserve_f32_rows(max_rows.saturating_mul(self.k()));
+        }
     }
 
     fn gemm(

@@ -18,9 +18,10 @@ use crate::packed::check_len;
 use crate::par::{self, Par, join, pool_threads};
 use crate::{GemmScratch, KernelError, KernelSet};
 
-/// The per-expert weights of one layer, local experts only.
+/// The packed weight matrices of one layer's experts (local experts only), one gate/up and one
+/// down matrix per expert, with their optional biases: what a [`FusedMoe`] multiplies with.
 #[derive(Debug, Clone)]
-pub struct ExpertWeights<W> {
+pub struct PackedExperts<W> {
     /// Gate/up projections, one `[2I, H]` matrix per expert.
     pub w13: Vec<W>,
     /// Down projections, one `[H, I]` matrix per expert.
@@ -72,7 +73,7 @@ pub struct MoeInput<'a, X, Id> {
 #[derive(Debug, Clone)]
 pub struct FusedMoe<W> {
     config: FusedMoeConfig,
-    weights: ExpertWeights<W>,
+    weights: PackedExperts<W>,
     all_channelwise: bool,
     kernels: KernelSet,
 }
@@ -81,7 +82,7 @@ impl<W: ExpertMatrix> FusedMoe<W> {
     /// Validates the weights against the configuration and keeps the kernel set that
     /// [`FusedMoe::apply`] will use (normally `*moe_kernels::kernels()`).
     pub fn new(
-        weights: ExpertWeights<W>,
+        weights: PackedExperts<W>,
         config: FusedMoeConfig,
         kernels: KernelSet,
     ) -> Result<Self, KernelError> {
@@ -169,7 +170,7 @@ impl<W: ExpertMatrix> FusedMoe<W> {
     }
 
     /// The packed weights (for inspection, and to check that two builds of a layer agree).
-    pub fn weights(&self) -> &ExpertWeights<W> {
+    pub fn weights(&self) -> &PackedExperts<W> {
         &self.weights
     }
 
@@ -207,14 +208,11 @@ impl<W: ExpertMatrix> FusedMoe<W> {
             lanes,
         })?;
         let w = &self.weights;
-        if w.w13.iter().chain(&w.w2).any(ExpertMatrix::gathers_rows) {
-            let len = scratch
-                .max_pairs
-                .saturating_mul(self.config.hidden_size.max(self.config.intermediate_size));
-            scratch
-                .gemm
-                .iter_mut()
-                .for_each(|g| g.reserve_f32_rows(len));
+        let max_rows = scratch.max_pairs;
+        for gemm in &mut scratch.gemm {
+            for m in w.w13.iter().chain(&w.w2) {
+                m.reserve_scratch(gemm, max_rows);
+            }
         }
         let layout = self.kernels.layout_bytes(
             scratch.max_pairs,
@@ -298,9 +296,9 @@ impl<W: ExpertMatrix> FusedMoe<W> {
             gate,
             order,
             lane_bounds,
-            xy,
-            h: hbuf,
-            a: abuf,
+            expert_rows,
+            gate_up,
+            activated,
             gemm,
             times,
             ..
@@ -329,16 +327,16 @@ impl<W: ExpertMatrix> FusedMoe<W> {
         ctx.run_lanes(
             &lane_bounds[..=lanes],
             LaneBufs {
-                xy: &mut xy[..rows * h],
-                h: &mut hbuf[..rows * 2 * i],
-                a: &mut abuf[..rows * i],
+                expert_rows: &mut expert_rows[..rows * h],
+                gate_up: &mut gate_up[..rows * 2 * i],
+                activated: &mut activated[..rows * i],
                 gemm: &mut gemm[..lanes],
                 times: lane_times.map(|t| &mut t[..lanes]),
             },
         )?;
         let started = outer.is_some().then(Instant::now);
         Reduce {
-            y: &xy[..rows * h],
+            y: &expert_rows[..rows * h],
             order: &order[..tokens * top_k],
             top_k,
             hidden: h,
@@ -403,9 +401,12 @@ struct ExpertCtx<'a, W, X> {
 
 /// The mutable buffers of a run of lanes: rows of the lanes' experts only.
 struct LaneBufs<'s> {
-    xy: &'s mut [f32],
-    h: &'s mut [f32],
-    a: &'s mut [f32],
+    /// Gathered input rows, overwritten by the expert outputs, `[rows, H]`.
+    expert_rows: &'s mut [f32],
+    /// Gate/up projections, `[rows, 2I]`.
+    gate_up: &'s mut [f32],
+    /// Activation outputs, `[rows, I]`.
+    activated: &'s mut [f32],
     gemm: &'s mut [GemmScratch],
     /// One stage-time record per lane, when recording.
     times: Option<&'s mut [StageTimes]>,
@@ -418,7 +419,13 @@ impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
         if lanes == 1 {
             let times = bufs.times.and_then(|t| t.first_mut());
             return self.run_experts(
-                bounds[0], bounds[1], bufs.xy, bufs.h, bufs.a, bufs.gemm, times,
+                bounds[0],
+                bounds[1],
+                bufs.expert_rows,
+                bufs.gate_up,
+                bufs.activated,
+                bufs.gemm,
+                times,
             );
         }
         let mid = lanes / 2;
@@ -427,9 +434,9 @@ impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
             self.moe.config.hidden_size,
             self.moe.config.intermediate_size,
         );
-        let (xy_l, xy_r) = bufs.xy.split_at_mut(split_row * h);
-        let (h_l, h_r) = bufs.h.split_at_mut(split_row * 2 * i);
-        let (a_l, a_r) = bufs.a.split_at_mut(split_row * i);
+        let (rows_l, rows_r) = bufs.expert_rows.split_at_mut(split_row * h);
+        let (gate_up_l, gate_up_r) = bufs.gate_up.split_at_mut(split_row * 2 * i);
+        let (act_l, act_r) = bufs.activated.split_at_mut(split_row * i);
         let (g_l, g_r) = bufs.gemm.split_at_mut(mid);
         let (t_l, t_r) = match bufs.times {
             Some(t) => {
@@ -439,16 +446,16 @@ impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
             None => (None, None),
         };
         let left = LaneBufs {
-            xy: xy_l,
-            h: h_l,
-            a: a_l,
+            expert_rows: rows_l,
+            gate_up: gate_up_l,
+            activated: act_l,
             gemm: g_l,
             times: t_l,
         };
         let right = LaneBufs {
-            xy: xy_r,
-            h: h_r,
-            a: a_r,
+            expert_rows: rows_r,
+            gate_up: gate_up_r,
+            activated: act_r,
             gemm: g_r,
             times: t_r,
         };
@@ -466,9 +473,9 @@ impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
         &self,
         e0: usize,
         e1: usize,
-        xy: &mut [f32],
-        hbuf: &mut [f32],
-        abuf: &mut [f32],
+        expert_rows: &mut [f32],
+        gate_up: &mut [f32],
+        activated: &mut [f32],
         gemm: &mut [GemmScratch],
         mut times: Option<&mut StageTimes>,
     ) -> Result<(), KernelError> {
@@ -496,12 +503,12 @@ impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
                 continue;
             }
             let r0 = start - base;
-            let xy_e = &mut xy[r0 * h..][..n_e * h];
-            let h_e = &mut hbuf[r0 * 2 * i..][..n_e * 2 * i];
-            let a_e = &mut abuf[r0 * i..][..n_e * i];
+            let rows_e = &mut expert_rows[r0 * h..][..n_e * h];
+            let gate_up_e = &mut gate_up[r0 * 2 * i..][..n_e * 2 * i];
+            let act_e = &mut activated[r0 * i..][..n_e * i];
 
             // Gather (and optionally gate) the input rows.
-            for (pos, row) in (start..end).zip(xy_e.chunks_exact_mut(h)) {
+            for (pos, row) in (start..end).zip(rows_e.chunks_exact_mut(h)) {
                 let src = &self.x[self.tok[pos] * h..][..h];
                 if on_input {
                     let g = nm.gate(self.gate[pos]);
@@ -519,24 +526,24 @@ impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
             mark(&mut times, |t| &mut t.gather);
 
             // Gate/up projection, bias, activation.
-            weights.w13[e].gemm(&self.moe.kernels, n_e, xy_e, h_e, scratch, self.par)?;
+            weights.w13[e].gemm(&self.moe.kernels, n_e, rows_e, gate_up_e, scratch, self.par)?;
             let b13 = weights
                 .w13_bias
                 .as_deref()
                 .map(|b| &b[e * 2 * i..][..2 * i]);
-            finish_gemm_rows(h_e, 2 * i, b13, &nm);
+            finish_gemm_rows(gate_up_e, 2 * i, b13, &nm);
             mark(&mut times, |t| &mut t.gate_up);
-            for (hr, ar) in h_e.chunks_exact(2 * i).zip(a_e.chunks_exact_mut(i)) {
+            for (hr, ar) in gate_up_e.chunks_exact(2 * i).zip(act_e.chunks_exact_mut(i)) {
                 cfg.activation
                     .apply_row(cfg.gate_up_layout, hr, ar, nm.compute);
             }
             mark(&mut times, |t| &mut t.activation);
 
             // Down projection into the gathered rows' place, bias, gating, output dtype.
-            weights.w2[e].gemm(&self.moe.kernels, n_e, a_e, xy_e, scratch, self.par)?;
+            weights.w2[e].gemm(&self.moe.kernels, n_e, act_e, rows_e, scratch, self.par)?;
             let b2 = weights.w2_bias.as_deref().map(|b| &b[e * h..][..h]);
-            finish_gemm_rows(xy_e, h, b2, &nm);
-            for (pos, row) in (start..end).zip(xy_e.chunks_exact_mut(h)) {
+            finish_gemm_rows(rows_e, h, b2, &nm);
+            for (pos, row) in (start..end).zip(rows_e.chunks_exact_mut(h)) {
                 if on_input {
                     Round::map_twice(row, Round::F32, nm.expert_out, |v| v);
                 } else {

@@ -88,11 +88,11 @@ pub struct MoeScratch {
     /// Expert boundaries of the lanes, `[lanes + 1]`.
     pub(crate) lane_bounds: Vec<usize>,
     /// Gathered input rows, overwritten in place by the expert outputs, `[pairs, H]`.
-    pub(crate) xy: Vec<f32>,
+    pub(crate) expert_rows: Vec<f32>,
     /// Gate/up projections, `[pairs, 2I]`.
-    pub(crate) h: Vec<f32>,
+    pub(crate) gate_up: Vec<f32>,
     /// Activation outputs, `[pairs, I]`.
-    pub(crate) a: Vec<f32>,
+    pub(crate) activated: Vec<f32>,
     /// One GEMM scratch per lane.
     pub(crate) gemm: Vec<GemmScratch>,
     /// Per lane (and one for the stages outside the lanes), the stage times recorded, when
@@ -137,9 +137,9 @@ impl MoeScratch {
             gate: vec![0.0; max_pairs],
             order: vec![NOT_LOCAL; max_pairs],
             lane_bounds: vec![0; dims.lanes + 1],
-            xy: vec![0.0; rows(h)?],
-            h: vec![0.0; rows(i.saturating_mul(2))?],
-            a: vec![0.0; rows(i)?],
+            expert_rows: vec![0.0; rows(h)?],
+            gate_up: vec![0.0; rows(i.saturating_mul(2))?],
+            activated: vec![0.0; rows(i)?],
             gemm: (0..dims.lanes)
                 .map(|_| GemmScratch::with_capacity(max_pairs, h.max(i)))
                 .collect(),

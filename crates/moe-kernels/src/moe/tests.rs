@@ -204,7 +204,7 @@ struct TestLayer<W> {
     format: WeightFormat,
     w13: Vec<RefMat>,
     w2: Vec<RefMat>,
-    weights: ExpertWeights<W>,
+    weights: PackedExperts<W>,
     config: FusedMoeConfig,
 }
 
@@ -231,7 +231,7 @@ fn w4a8_layer(
         .map(|_| RefMat::w4a8(&mut rng, 2 * i, h, group))
         .unzip();
     let (w2, p2): (Vec<_>, Vec<_>) = (0..e).map(|_| RefMat::w4a8(&mut rng, h, i, group)).unzip();
-    let weights = ExpertWeights {
+    let weights = PackedExperts {
         w13: p13,
         w2: p2,
         w13_bias: bias.then(|| rng.vec_uniform(e * 2 * i, -0.5, 0.5)),
@@ -250,7 +250,7 @@ fn dense_layer(seed: u64, (e, h, i): (usize, usize, usize), bias: bool) -> TestL
     let mut rng = SplitMix64::new(seed);
     let (w13, p13): (Vec<_>, Vec<_>) = (0..e).map(|_| RefMat::dense(&mut rng, 2 * i, h)).unzip();
     let (w2, p2): (Vec<_>, Vec<_>) = (0..e).map(|_| RefMat::dense(&mut rng, h, i)).unzip();
-    let weights = ExpertWeights {
+    let weights = PackedExperts {
         w13: p13,
         w2: p2,
         w13_bias: bias.then(|| rng.vec_uniform(e * 2 * i, -0.5, 0.5)),
@@ -279,7 +279,7 @@ fn wna16_layer(
     let (w2, p2): (Vec<_>, Vec<_>) = (0..e)
         .map(|_| RefMat::wna16(&mut rng, (h, i), bits, group, flags))
         .unzip();
-    let weights = ExpertWeights {
+    let weights = PackedExperts {
         w13: p13,
         w2: p2,
         w13_bias: None,
@@ -298,7 +298,7 @@ fn w8a8_layer(seed: u64, (e, h, i): (usize, usize, usize)) -> TestLayer<PackedW8
     let mut rng = SplitMix64::new(seed);
     let (w13, p13): (Vec<_>, Vec<_>) = (0..e).map(|_| RefMat::w8a8(&mut rng, 2 * i, h)).unzip();
     let (w2, p2): (Vec<_>, Vec<_>) = (0..e).map(|_| RefMat::w8a8(&mut rng, h, i)).unzip();
-    let weights = ExpertWeights {
+    let weights = PackedExperts {
         w13: p13,
         w2: p2,
         w13_bias: None,
@@ -624,7 +624,7 @@ fn interleaved_swiglu_oai_equals_concatenated_on_permuted_rows() {
     inter.gate_up_layout = GateUpLayout::Interleaved;
     let ks = KernelSet::scalar();
     let moe_cat = FusedMoe::new(layer.weights.clone(), cat, ks).unwrap();
-    let weights = ExpertWeights {
+    let weights = PackedExperts {
         w13,
         w2: layer.weights.w2.clone(),
         w13_bias: Some(b13),
@@ -935,7 +935,7 @@ fn bad_inputs_are_typed_errors_and_leave_out_untouched() {
 fn bad_layers_are_typed_errors() {
     let layer = w4a8_layer(61, (4, 64, 32), Some(32), false);
     let ks = KernelSet::scalar();
-    let new = |w: ExpertWeights<PackedW4A8>, c: FusedMoeConfig| FusedMoe::new(w, c, ks);
+    let new = |w: PackedExperts<PackedW4A8>, c: FusedMoeConfig| FusedMoe::new(w, c, ks);
     // Expert map of the wrong length and with a bad local id.
     let mut c = layer.config.clone();
     c.global_num_experts = 8;

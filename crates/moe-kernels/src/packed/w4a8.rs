@@ -332,7 +332,7 @@ impl PackedW4A8 {
     /// `Σ_{k∈b} c` of the codes `c = w + 8` of the panel's channels `channels` (a range inside
     /// `0..16`; the others read 0) in block `b` of panel `p`, recounted from the nibbles: the
     /// aarch64 tiles multiply the codes themselves
-    /// ([`crate::ukernel::ActEncoding::I8CodeWeights`]) and read the block they have just
+    /// ([`crate::ukernel::ActEncoding::I8BlockCorrected`]) and read the block they have just
     /// streamed through L1 again for this sum, for the channels of the pass they close.
     /// Padding K values are code 8.
     #[cfg(any(test, target_arch = "aarch64"))]

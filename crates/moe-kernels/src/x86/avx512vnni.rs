@@ -107,7 +107,7 @@ fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
 /// The W4A8 tile body for `R` rows; `ACC` selects block-accumulator output.
 ///
 /// The weight codes `c = w + 8` (nibbles, `0..=15`) are `vpdpbusd`'s unsigned operand and the
-/// raw activation codes its signed one ([`crate::ukernel::ActEncoding::I8CodeWeights`]), so a
+/// raw activation codes its signed one ([`crate::ukernel::ActEncoding::I8BlockCorrected`]), so a
 /// step unpacks with two ANDs and a shift and nothing else. Per block,
 /// `acc_i = Σ q·c − zp·Σc − κ`, with `Σc` from one more `vpdpbusd` per step shared by all
 /// rows and `κ = 8·Σ_{k∈b}(q_k − zp)` from the driver. How the two corrections come off

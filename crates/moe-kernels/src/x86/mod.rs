@@ -268,12 +268,12 @@ fn with_avx2_wna16(ks: crate::KernelSet, _token: Avx2) -> crate::KernelSet {
 
 /// The AVX-512 VNNI kernels.
 pub(crate) fn avx512vnni_kernel_set(_token: Avx512Vnni) -> crate::KernelSet {
-    use crate::ukernel::ActEncoding::{I8CodeWeights, U8Offset128};
+    use crate::ukernel::ActEncoding::{I8BlockCorrected, U8Offset128};
     // SAFETY: the token proves AVX-512 F/BW/VL/VNNI, all these entries need.
     let ks = unsafe {
         crate::KernelSet::from_entries(
             Isa::Avx512Vnni,
-            (Isa::Avx512Vnni, I8CodeWeights, avx512vnni::w4a8_entry),
+            (Isa::Avx512Vnni, I8BlockCorrected, avx512vnni::w4a8_entry),
             (Isa::Avx512Vnni, U8Offset128, avx512vnni::w8a8_entry),
         )
     };

@@ -41,8 +41,8 @@ pub use decode::FloatData;
 pub use fp8::Fp8LayerInfo;
 pub use names::{ExpertParam, MoeNames, ParamKind, ShardId};
 pub use read::{
-    ActOrder, Checkpoint, ExpertTensors, ExpertWeights, IntExperts, MoeLayerTensors, Mxfp4Experts,
-    ReadOptions, RouterTensors, SharedExpertTensors, ZeroPoints,
+    ActOrder, Checkpoint, ExpertTensors, IntExperts, MoeLayerTensors, Mxfp4Experts, ReadOptions,
+    RouterTensors, SharedExpertTensors, StoredExperts, ZeroPoints,
 };
 pub use shards::{Dtype, ShardAccess, TensorRef, TensorSource};
 

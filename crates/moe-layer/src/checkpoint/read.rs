@@ -141,10 +141,11 @@ pub struct ActOrder {
     pub w2_g_idx: Vec<i32>,
 }
 
-/// Expert weights: float or quantized.
+/// The routed experts' weights as the checkpoint stores them (before any packing): float,
+/// integer codes with scales, or MXFP4 blocks.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
-pub enum ExpertWeights {
+pub enum StoredExperts {
     /// Unquantized weights in the stored dtype: `w13` `[E, 2I, H]`, `w2` `[E, H, I]`.
     Float {
         /// `[E, 2I, H]`.
@@ -184,7 +185,7 @@ pub struct ExpertTensors {
     /// Intermediate size per tensor-parallel rank `I`.
     pub intermediate: usize,
     /// The weights.
-    pub weights: ExpertWeights,
+    pub weights: StoredExperts,
     /// `[E, 2I]` bias of the gate/up projections, sliced like their rows.
     pub w13_bias: Option<FloatData>,
     /// `[E, H]` bias of the down projection, whole on every rank (add it once after the
@@ -743,7 +744,7 @@ impl Checkpoint {
             num_experts: experts.len(),
             hidden: self.spec.hidden,
             intermediate: il,
-            weights: ExpertWeights::Mxfp4(m),
+            weights: StoredExperts::Mxfp4(m),
             w13_bias: FloatData::from_le_bytes(w13.4.dtype, &b13),
             w2_bias: FloatData::from_le_bytes(w2.4.dtype, &b2),
         })
@@ -1064,14 +1065,14 @@ impl Accumulator {
         let weights = match self.format {
             Format::Float => {
                 let dtype = self.float_dtype.unwrap_or(safetensors::Dtype::F32);
-                ExpertWeights::Float {
+                StoredExperts::Float {
                     w13: FloatData::from_le_bytes(dtype, &self.w13)
                         .unwrap_or(FloatData::F32(Vec::new())),
                     w2: FloatData::from_le_bytes(dtype, &self.w2)
                         .unwrap_or(FloatData::F32(Vec::new())),
                 }
             }
-            format => ExpertWeights::Int(IntExperts {
+            format => StoredExperts::Int(IntExperts {
                 bits: format.bits().unwrap_or(4),
                 group_size: format.group_size(),
                 scale_dtype: self.scale_dtype.unwrap_or(DType::F32),

@@ -43,7 +43,11 @@ pub(crate) fn select(
     )?;
     let platform = Platform::detect();
     // The deny-list applies to every selection, as it does to `moe inspect`'s.
-    let opts = SelectOptions::native().with_disabled(DisabledKernels::from_env());
+    let disabled = cfg
+        .disabled_kernels
+        .clone()
+        .unwrap_or_else(DisabledKernels::from_env);
+    let opts = SelectOptions::native().with_disabled(disabled);
     let selection = match cfg.quant {
         LayerQuant::W4A8 { group_size } => {
             let key = w4a8_weight_key(group_size.map_or(-1, |g| g as i64))?;

@@ -3,6 +3,7 @@
 //! [`MoeModelSpec`](crate::checkpoint::MoeModelSpec).
 
 use moe_kernels::{Activation, GateUpLayout};
+use moe_oracle::DisabledKernels;
 use moe_quant::DType;
 #[cfg(feature = "checkpoint")]
 use moe_router::{Grouping, ScalingPlacement, ScoringFunc};
@@ -221,6 +222,9 @@ pub struct MoeLayerConfig {
     /// Largest token count of one kernel call: scratch is sized for it, larger calls are cut
     /// into pieces of this size (which does not change results: every token is independent).
     pub max_tokens: usize,
+    /// Kernels the backend selection must not choose; `None` reads the process-wide
+    /// `MOE_DISABLED_KERNELS` when the layer is processed.
+    pub disabled_kernels: Option<DisabledKernels>,
 }
 
 impl MoeLayerConfig {
@@ -254,6 +258,7 @@ impl MoeLayerConfig {
             wna16_activations: Wna16Activations::Float,
             in_dtype: DType::BF16,
             max_tokens: 256,
+            disabled_kernels: None,
         }
     }
 
@@ -307,6 +312,14 @@ impl MoeLayerConfig {
         self
     }
 
+    /// Keeps backend selection off the kernels in `disabled` (in place of
+    /// `MOE_DISABLED_KERNELS`), e.g. to run WNA16 weights on the Marlin executor by disabling
+    /// `cpu-wna16`.
+    pub fn with_disabled_kernels(mut self, disabled: DisabledKernels) -> Self {
+        self.disabled_kernels = Some(disabled);
+        self
+    }
+
     /// Intermediate size per tensor-parallel rank.
     pub fn intermediate_per_rank(&self) -> usize {
         self.intermediate / self.tp_size.max(1)
@@ -331,7 +344,7 @@ impl MoeLayerConfig {
 
     /// The backend and kernel a layer of this configuration runs on here, chosen by the rules
     /// `process` applies (the oracle's native rules, this machine's rungs, the deny-list of
-    /// `MOE_DISABLED_KERNELS`), or why none can: what `moe inspect` reports is what
+    /// [`Self::disabled_kernels`] or `MOE_DISABLED_KERNELS`), or why none can: what `moe inspect` reports is what
     /// `moe run` then runs.
     pub fn select_backend(&self) -> Result<moe_oracle::Selection, LayerError> {
         self.validate()?;

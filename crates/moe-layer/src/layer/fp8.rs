@@ -19,9 +19,9 @@ use super::from_checkpoint::{LoadOptions, LoadProgress};
 use super::{Experts, MoeLayer, State};
 #[cfg(feature = "checkpoint")]
 use crate::checkpoint::{Checkpoint, Fp8Expert, Fp8Group, ReadOptions};
-use moe_kernels::{ExpertWeights, FusedMoe, Int8Values, PackedWna16};
 #[cfg(feature = "checkpoint")]
 use moe_kernels::{Fp8BlockDesc, Fp8BlockRows, Par};
+use moe_kernels::{FusedMoe, Int8Values, PackedExperts, PackedWna16};
 
 /// The refusal of every road but the checkpoint's for FP8 weights (`what` names the tensor).
 pub(super) fn not_by_name(what: &str) -> LayerError {
@@ -231,7 +231,7 @@ impl MoeLayer {
                 ),
             });
         }
-        let weights = ExpertWeights {
+        let weights = PackedExperts {
             w13,
             w2,
             w13_bias: None,

@@ -8,6 +8,7 @@ use moe_kernels::{Activation, GateUpLayout};
 use moe_quant::DType;
 
 use moe_kernels::{PackedW4A8, PackedWna16, Par};
+use moe_oracle::DisabledKernels;
 
 use super::MoeLayer;
 use super::config::{
@@ -16,8 +17,8 @@ use super::config::{
 use super::params::{Params, check_scale};
 use crate::LayerError;
 use crate::checkpoint::{
-    Checkpoint, ExpertTensors, ExpertWeights, FloatData, ModelFamily, MoeLayerTensors,
-    MoeModelSpec, QuantScheme, ReadOptions,
+    Checkpoint, ExpertTensors, FloatData, ModelFamily, MoeLayerTensors, MoeModelSpec, QuantScheme,
+    ReadOptions, StoredExperts,
 };
 
 impl MoeLayerConfig {
@@ -120,6 +121,7 @@ impl MoeLayerConfig {
             wna16_activations: Wna16Activations::Float,
             in_dtype: spec.dtype.unwrap_or(DType::BF16),
             max_tokens,
+            disabled_kernels: None,
         })
     }
 }
@@ -141,6 +143,9 @@ pub struct LoadOptions<'a> {
     /// What a WNA16 layer's weights are multiplied with ([`Wna16Activations::Float`] by
     /// default; ignored by the other schemes).
     pub wna16_activations: Wna16Activations,
+    /// Kernels the backend selection must not choose; `None` (the default) reads
+    /// `MOE_DISABLED_KERNELS` ([`MoeLayerConfig::disabled_kernels`]).
+    pub disabled_kernels: Option<&'a DisabledKernels>,
 }
 
 impl<'a> LoadOptions<'a> {
@@ -150,6 +155,23 @@ impl<'a> LoadOptions<'a> {
             par: Par::Seq,
             progress: None,
             wna16_activations: Wna16Activations::Float,
+            disabled_kernels: None,
+        }
+    }
+
+    /// Keeps backend selection off the kernels in `disabled`.
+    pub fn with_disabled_kernels(mut self, disabled: &'a DisabledKernels) -> Self {
+        self.disabled_kernels = Some(disabled);
+        self
+    }
+
+    /// `cfg` with what these options decide about the layer itself (its WNA16 activations
+    /// and the kernels its backend selection avoids).
+    fn configure(&self, cfg: MoeLayerConfig) -> MoeLayerConfig {
+        let cfg = cfg.with_wna16_activations(self.wna16_activations);
+        match self.disabled_kernels {
+            Some(disabled) => cfg.with_disabled_kernels(disabled.clone()),
+            None => cfg,
         }
     }
 
@@ -184,6 +206,7 @@ impl std::fmt::Debug for LoadOptions<'_> {
             .field("par", &self.par)
             .field("progress", &self.progress.map(|_| "callback"))
             .field("wna16_activations", &self.wna16_activations)
+            .field("disabled_kernels", &self.disabled_kernels)
             .finish()
     }
 }
@@ -224,8 +247,8 @@ impl MoeLayer {
         max_tokens: usize,
         opts: &LoadOptions<'_>,
     ) -> Result<Self, LayerError> {
-        let cfg = MoeLayerConfig::from_spec(ckpt.spec(), 0, 1, None, max_tokens)?
-            .with_wna16_activations(opts.wna16_activations);
+        let cfg = MoeLayerConfig::from_spec(ckpt.spec(), 0, 1, None, max_tokens)?;
+        let cfg = opts.configure(cfg);
         if cfg.quant == LayerQuant::Fp8Block {
             return Self::fp8_from_checkpoint(ckpt, layer, cfg, opts);
         }
@@ -283,8 +306,8 @@ impl MoeLayer {
             tp_size,
             expert_map.clone(),
             max_tokens,
-        )?
-        .with_wna16_activations(load.wna16_activations);
+        )?;
+        let cfg = load.configure(cfg);
         if cfg.quant == LayerQuant::Fp8Block {
             return Self::fp8_from_checkpoint(ckpt, layer, cfg, load);
         }
@@ -461,7 +484,7 @@ impl MoeLayer {
                 .collect::<Option<Vec<_>>>()?
                 .into_iter()
                 .unzip();
-            let weights = moe_kernels::ExpertWeights {
+            let weights = moe_kernels::PackedExperts {
                 w13,
                 w2,
                 w13_bias: None,
@@ -549,7 +572,7 @@ impl MoeLayer {
             .collect::<Option<Vec<_>>>()?
             .into_iter()
             .unzip();
-        let weights = moe_kernels::ExpertWeights {
+        let weights = moe_kernels::PackedExperts {
             w13,
             w2,
             w13_bias: Some(refs.w13.bias_values.clone()),
@@ -688,7 +711,7 @@ fn copy_experts(
         );
     }
     copy_biases(p, ex, h, i)?;
-    if let ExpertWeights::Mxfp4(m) = &ex.weights {
+    if let StoredExperts::Mxfp4(m) = &ex.weights {
         if cfg.quant != LayerQuant::Mxfp4 {
             return mismatch(
                 "weights",
@@ -714,7 +737,7 @@ fn copy_experts(
         }
         p.mx = match tensors {
             Cow::Owned(ExpertTensors {
-                weights: ExpertWeights::Mxfp4(m),
+                weights: StoredExperts::Mxfp4(m),
                 ..
             }) => super::params::MxBytes {
                 w13_blocks: m.w13_blocks,
@@ -732,7 +755,7 @@ fn copy_experts(
         p.mark_all_loaded();
         return Ok(());
     }
-    if let ExpertWeights::Float { w13, w2 } = &ex.weights
+    if let StoredExperts::Float { w13, w2 } = &ex.weights
         && cfg.quant.loads_float_weights()
     {
         if cfg.quant == LayerQuant::Int8Online && cfg.tp_size > 1 {
@@ -745,7 +768,7 @@ fn copy_experts(
         }
         return copy_float_experts(p, w13, w2);
     }
-    let ExpertWeights::Int(q) = &ex.weights else {
+    let StoredExperts::Int(q) = &ex.weights else {
         return mismatch(
             "weights",
             format!("weights for a {} layer", cfg.quant.name()),
@@ -854,7 +877,7 @@ fn copy_experts(
     }
     match tensors {
         Cow::Owned(ExpertTensors {
-            weights: ExpertWeights::Int(q),
+            weights: StoredExperts::Int(q),
             ..
         }) => {
             // Lengths checked equal above.

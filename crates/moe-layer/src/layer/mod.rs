@@ -36,7 +36,7 @@ use half::{bf16, f16};
 use moe_kernels::marlin::MarlinWeights;
 use moe_kernels::moe::MoeFloat;
 use moe_kernels::{
-    ExpertWeights, FusedMoe, FusedMoeConfig, MoeInput, MoeScratch, PackedDense, PackedW4A8,
+    FusedMoe, FusedMoeConfig, MoeInput, MoeScratch, PackedDense, PackedExperts, PackedW4A8,
     PackedW8A8, PackedWna16, Par, W4A8Scales,
 };
 use moe_oracle::Selection;
@@ -981,7 +981,7 @@ fn fused_pipeline<W: moe_kernels::moe::ExpertMatrix>(
     kernels: moe_kernels::KernelSet,
 ) -> Result<FusedMoe<W>, LayerError> {
     Ok(FusedMoe::new(
-        ExpertWeights {
+        PackedExperts {
             w13,
             w2,
             w13_bias: b13.clone(),
