@@ -70,8 +70,13 @@ fn pair_rows(a: &[u8], m: usize, k_pad: usize, dst: &mut Vec<u8>) {
         for (c, chunk) in pair.as_chunks_mut::<PAIR_CHUNK>().0.iter_mut().enumerate() {
             for (half, out) in chunk.as_chunks_mut::<8>().0.iter_mut().enumerate() {
                 let (r, k0) = (2 * j + half, 8 * c);
-                let n = if r < m { 8.min(k_pad - k0) } else { 0 };
-                out[..n].copy_from_slice(&a[r * k_pad + k0..][..n]);
+                let n = if r < m {
+                    let n = 8.min(k_pad - k0);
+                    out[..n].copy_from_slice(&a[r * k_pad + k0..][..n]);
+                    n
+                } else {
+                    0
+                };
                 out[n..].fill(0);
             }
         }
