@@ -377,12 +377,12 @@ impl MoeLayer {
         let done = std::sync::atomic::AtomicUsize::new(0);
         let total = local.len();
         let experts = crate::par::map_indexed(total, opts.par, |x| {
-            if let LayerQuant::Wna16 { group_size, .. } = one.quant
+            if matches!(one.quant, LayerQuant::Wna16 { .. })
                 && native_wna16
                 && let Some(words) = ckpt.read_routed_expert_words(layer, local[x])?
             {
                 // The codes go from the checkpoint's words to the packed layout directly.
-                let (w13, w2) = super::wna16::pack_expert_words(&words, one.quant, group_size)?;
+                let (w13, w2) = super::wna16::pack_expert_words(&words, one.quant)?;
                 let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
                 if let Some(report) = opts.progress {
                     report(LoadProgress { done: n, total });
@@ -1135,14 +1135,55 @@ mod tests {
             ("stream-gptq", gptq(0x10b0), false, true),
             ("stream-gptq-asym", gptq(0x10b1), true, true),
         ];
+        // AWQ, act-order and 8-bit codes on ragged shapes (K past a step or a word, N past a
+        // panel), each format, grouped and channelwise.
+        use test_support::{Wna16Spec, Wna16Store};
+        let spec = |store, bits, group, act_order, asym, shape| Wna16Spec {
+            store,
+            bits,
+            group,
+            act_order,
+            asym,
+            shape,
+        };
+        let (ragged, odd) = ([3, 2, 24, 40], [3, 2, 20, 12]);
+        let specs = [
+            spec(Wna16Store::Awq, 4, Some(8), false, true, ragged),
+            spec(Wna16Store::Awq, 4, None, false, true, [2, 2, 40, 24]),
+            spec(Wna16Store::Gptq, 4, Some(8), true, false, ragged),
+            spec(Wna16Store::Gptq, 4, Some(8), true, true, ragged),
+            spec(Wna16Store::Gptq, 8, Some(8), false, false, ragged),
+            spec(Wna16Store::Gptq, 8, Some(8), true, true, ragged),
+            spec(Wna16Store::Gptq, 8, None, false, false, [2, 2, 36, 20]),
+            spec(Wna16Store::PackQuantized, 4, Some(8), true, false, ragged),
+            spec(
+                Wna16Store::PackQuantized,
+                4,
+                Some(16),
+                true,
+                true,
+                [2, 2, 48, 32],
+            ),
+            spec(Wna16Store::PackQuantized, 8, Some(8), false, false, ragged),
+            spec(Wna16Store::PackQuantized, 8, Some(8), true, true, ragged),
+            spec(Wna16Store::PackQuantized, 8, None, false, true, odd),
+            spec(Wna16Store::PackQuantized, 8, None, false, false, odd),
+        ];
+        let cases = cases
+            .into_iter()
+            .map(|(tag, ck, asym, words)| (tag.to_string(), ck, asym, words))
+            .chain(specs.iter().enumerate().map(|(x, s)| {
+                let ck = test_support::wna16(s, 0x3000 + x as u64);
+                (format!("stream-words-{x} {s:?}"), ck, false, true)
+            }));
         for (tag, mut ck, asym, words) in cases {
             if asym {
                 make_asymmetric(&mut ck, 0x2e50);
             }
-            let dir = temp_dir(tag);
+            let dir = temp_dir(tag.split(' ').next().unwrap_or("stream"));
             ck.write(&dir);
             let ckpt = Checkpoint::open(&dir, ShardAccess::Mmap).unwrap();
-            // The int4 formats are read as words: the road under test.
+            // The word formats are read as words: the road under test.
             let read = ckpt.read_routed_expert_words(0, 0).unwrap();
             assert_eq!(read.is_some(), words, "{tag}");
             let cfg = MoeLayerConfig::from_spec(ckpt.spec(), 0, 1, None, 8).unwrap();
