@@ -103,6 +103,8 @@ impl MoeLayerConfig {
             tp_rank,
             tp_size,
             expert_map,
+            ep_rank: 0,
+            ep_size: 1,
             activation,
             gate_up_layout: if gpt_oss {
                 GateUpLayout::Interleaved
@@ -141,6 +143,10 @@ pub struct LoadOptions<'a> {
     /// What a WNA16 layer's weights are multiplied with ([`Wna16Activations::Float`] by
     /// default; ignored by the other schemes).
     pub wna16_activations: Wna16Activations,
+    /// This rank's `(ep_rank, ep_size)` in an expert-parallel group, for the oracle
+    /// ([`MoeLayerConfig::with_expert_parallel`]); `(0, 1)` by default. Only
+    /// [`MoeLayer::from_checkpoint_ranked_with`] reads it, with the expert map it is given.
+    pub expert_parallel: (usize, usize),
 }
 
 impl<'a> LoadOptions<'a> {
@@ -150,7 +156,14 @@ impl<'a> LoadOptions<'a> {
             par: Par::Seq,
             progress: None,
             wna16_activations: Wna16Activations::Float,
+            expert_parallel: (0, 1),
         }
+    }
+
+    /// This rank's place in an expert-parallel group, for the oracle.
+    pub fn with_expert_parallel(mut self, ep_rank: usize, ep_size: usize) -> Self {
+        self.expert_parallel = (ep_rank, ep_size);
+        self
     }
 
     /// Multiplies WNA16 weights with `activations`.
@@ -184,6 +197,7 @@ impl std::fmt::Debug for LoadOptions<'_> {
             .field("par", &self.par)
             .field("progress", &self.progress.map(|_| "callback"))
             .field("wna16_activations", &self.wna16_activations)
+            .field("expert_parallel", &self.expert_parallel)
             .finish()
     }
 }
@@ -284,7 +298,11 @@ impl MoeLayer {
             expert_map.clone(),
             max_tokens,
         )?
-        .with_wna16_activations(load.wna16_activations);
+        .with_wna16_activations(load.wna16_activations)
+        .with_expert_parallel(load.expert_parallel.0, load.expert_parallel.1);
+        // The oracle judges the rank before anything is read, as `moe inspect` does, so a
+        // configuration it refuses is refused for its reason whatever the tensors hold.
+        cfg.select_backend()?;
         if cfg.quant == LayerQuant::Fp8Block {
             return Self::fp8_from_checkpoint(ckpt, layer, cfg, load);
         }
