@@ -570,6 +570,7 @@ impl PackedWna16 {
                 let at: Vec<_> = at.iter().map(|a| (a.words, a.first, a.stride)).collect();
                 gather_words(&at, k)
             }
+            (4, WordOrder::Awq, None) => gather_awq(&at, k),
             _ => gather_codes(&at, d.bits, d.order, k, d.perm),
         };
         let (scales, zeros, bias) = side.pack(n, n_panels, dims.n_groups);
@@ -1049,22 +1050,27 @@ fn gather_codes(
         if panel.len() < PANEL {
             tile.fill(0);
         }
-        for (c, ch) in panel.iter().enumerate() {
-            let words = &ch.words[ch.first..];
-            match order {
-                WordOrder::Awq => {
+        match order {
+            WordOrder::Awq => {
+                for (c, ch) in panel.iter().enumerate() {
+                    let words = &ch.words[ch.first..];
                     for (kk, w) in words.iter().step_by(ch.stride).take(k).enumerate() {
                         tile[kk * PANEL + c] = ((u32::from_le_bytes(*w) >> ch.shift) & mask) as u8;
                     }
                 }
-                _ => {
-                    let steps = words.iter().step_by(ch.stride).take(k.div_ceil(per_word));
-                    for (s, w) in steps.enumerate() {
-                        let w = u32::from_le_bytes(*w);
-                        let fields = per_word.min(k - s * per_word);
-                        for j in 0..fields {
-                            tile[(s * per_word + j) * PANEL + c] =
-                                ((w >> (bits as usize * j)) & mask) as u8;
+            }
+            _ => {
+                // One stored word of each of the panel's channels at a time, then its fields
+                // spread over the tile rows 16 channels wide (which vectorises).
+                for s in 0..k.div_ceil(per_word) {
+                    let mut words = [0u32; PANEL];
+                    for (w, ch) in words.iter_mut().zip(panel) {
+                        *w = u32::from_le_bytes(ch.words[ch.first + s * ch.stride]);
+                    }
+                    for j in 0..per_word.min(k - s * per_word) {
+                        let row = &mut tile[(s * per_word + j) * PANEL..][..PANEL];
+                        for (t, &w) in row.iter_mut().zip(&words) {
+                            *t = ((w >> (bits as usize * j)) & mask) as u8;
                         }
                     }
                 }
@@ -1097,6 +1103,64 @@ fn gather_codes(
         }
     }
     codes
+}
+
+/// The packed int4 steps of AWQ words in K order: the eight words holding a step's eight K
+/// values of eight channels are an 8 × 8 matrix of nibbles (row = K value, field = channel in
+/// AWQ's order); transposed, field `f` becomes the step word of the channel stored in field
+/// `f`. No byte per code is made.
+fn gather_awq(at: &[ChannelWords<'_>], k: usize) -> Vec<u32> {
+    let k_steps = k.div_ceil(K_STEP);
+    let n_panels = at.len().div_ceil(PANEL);
+    let mut codes = Vec::with_capacity(n_panels * k_steps * PANEL);
+    for panel in at.chunks(PANEL) {
+        for s in 0..k_steps {
+            // Channels past N stay 0 in the last panel.
+            let mut step = [0u32; PANEL];
+            // Every run holds whole words of eight channels and panels start at multiples of
+            // 16, so each half panel is one stored word column of one run.
+            for (half, chans) in panel.chunks(AWQ_PACK).enumerate() {
+                let ch = chans[0];
+                let mut m = [0u32; AWQ_PACK];
+                for (r, v) in m.iter_mut().enumerate() {
+                    let kk = s * K_STEP + r;
+                    if kk < k {
+                        *v = u32::from_le_bytes(ch.words[ch.first + kk * ch.stride]);
+                    }
+                }
+                transpose_nibbles(&mut m);
+                for (c, out) in step[half * AWQ_PACK..][..chans.len()]
+                    .iter_mut()
+                    .enumerate()
+                {
+                    *out = m[AWQ_FIELD_OF_CHANNEL[c]];
+                }
+            }
+            codes.extend_from_slice(&step);
+        }
+    }
+    codes
+}
+
+/// Transposes an 8 × 8 matrix of nibbles held as eight words (row `r` = word `r`, column `f`
+/// = bits `4f..4f+4`) in three rounds of block swaps: 4 × 4 blocks, then 2 × 2, then single
+/// nibbles.
+fn transpose_nibbles(m: &mut [u32; 8]) {
+    for r in 0..4 {
+        let t = ((m[r] >> 16) ^ m[r + 4]) & 0x0000_FFFF;
+        m[r] ^= t << 16;
+        m[r + 4] ^= t;
+    }
+    for r in [0, 1, 4, 5] {
+        let t = ((m[r] >> 8) ^ m[r + 2]) & 0x00FF_00FF;
+        m[r] ^= t << 8;
+        m[r + 2] ^= t;
+    }
+    for r in [0, 2, 4, 6] {
+        let t = ((m[r] >> 4) ^ m[r + 1]) & 0x0F0F_0F0F;
+        m[r] ^= t << 4;
+        m[r + 1] ^= t;
+    }
 }
 
 /// Writes row `row`'s int8 codes (`K` bytes) into the packed int8 steps.
