@@ -1568,7 +1568,7 @@ mod tests {
             m.peer
                 .insert((key.0.clone(), path.clone(), 1), vec![ran(3.0)]);
         }
-        let table = render_table(&paths, 5, &[key.0.clone()], &[1], &m);
+        let table = render_table(&paths, 5, std::slice::from_ref(&key.0), &[1], &m);
         let r = &table.rows[0];
         assert_eq!(
             r.get("ours_w4a16_g128_ms").and_then(Value::as_f64),
