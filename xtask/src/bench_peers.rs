@@ -168,6 +168,37 @@ enum PeerCell {
     Failed(String),
 }
 
+/// vLLM's weight-only int4 path with groups of 128, the format `moe bench --format w4a16
+/// --group-size 128` times: when it runs, ours is also timed in that format and the path's
+/// peer/ours compares the two.
+const W4A16_PEER_PATH: &str = "int4_amx_g128";
+
+/// Which of our layers `moe bench` times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ours {
+    /// W4A8, int4 groups of 32 (the table's main column and the targets' format).
+    W4a8G32,
+    /// Weight-only int4 (WNA16) groups of 128, float activations.
+    W4a16G128,
+}
+
+impl Ours {
+    fn format_args(self) -> [&'static str; 4] {
+        match self {
+            Self::W4a8G32 => ["--format", "w4a8", "--group-size", "32"],
+            Self::W4a16G128 => ["--format", "w4a16", "--group-size", "128"],
+        }
+    }
+
+    /// The `side` of its raw reports.
+    fn side(self) -> &'static str {
+        match self {
+            Self::W4a8G32 => "ours",
+            Self::W4a16G128 => "ours-w4a16-g128",
+        }
+    }
+}
+
 /// Everything measured, keyed by shape then M (ours) or by shape, path, M (peer).
 #[derive(Default)]
 struct Measurements {
@@ -175,12 +206,24 @@ struct Measurements {
     notes: BTreeMap<String, String>,
     /// Per (shape, M): the `moe bench` rows of every round.
     ours: BTreeMap<(String, usize), Vec<Value>>,
+    /// Per (shape, M): the `moe bench --format w4a16 --group-size 128` rows of every round,
+    /// when vLLM's int4 g128 path runs (the same weight format, compared with it).
+    ours_w4a16: BTreeMap<(String, usize), Vec<Value>>,
     /// Per shape: why `moe bench` failed, if it did.
     ours_failed: BTreeMap<String, String>,
     /// Per (shape, path, M): one cell per round.
     peer: BTreeMap<(String, String, usize), Vec<PeerCell>>,
     /// Every raw report, for `--out`.
     raw: Vec<Value>,
+}
+
+impl Measurements {
+    fn ours_of(&mut self, ours: Ours) -> &mut BTreeMap<(String, usize), Vec<Value>> {
+        match ours {
+            Ours::W4a8G32 => &mut self.ours,
+            Ours::W4a16G128 => &mut self.ours_w4a16,
+        }
+    }
 }
 
 /// Runs `cargo xtask bench-peers`.
@@ -251,7 +294,14 @@ pub fn run(opts: &BenchPeers) -> Result<()> {
     for shape in &shapes {
         for round in 1..=opts.rounds {
             banner(&format!("{shape}: round {round}/{}: ours", opts.rounds));
-            run_ours(opts, &moe, shape, &batch_sizes, &mut m);
+            run_ours(opts, &moe, shape, &batch_sizes, Ours::W4a8G32, &mut m);
+            if paths.iter().any(|p| p == W4A16_PEER_PATH) {
+                banner(&format!(
+                    "{shape}: round {round}/{}: ours, w4a16 g128",
+                    opts.rounds
+                ));
+                run_ours(opts, &moe, shape, &batch_sizes, Ours::W4a16G128, &mut m);
+            }
             for path in &paths {
                 banner(&format!(
                     "{shape}: round {round}/{}: peer {path}",
@@ -388,9 +438,17 @@ fn render_file(file: &Path, svg: Option<&Path>) -> Result<()> {
             .get("failed")
             .and_then(Value::as_str)
             .map(String::from);
-        if field("side") == "ours" {
+        let side = field("side");
+        if side == "ours" || side == Ours::W4a16G128.side() {
+            let ours = if side == "ours" {
+                Ours::W4a8G32
+            } else {
+                Ours::W4a16G128
+            };
             if let Some(reason) = failed {
-                m.ours_failed.insert(shape, reason);
+                if ours == Ours::W4a8G32 {
+                    m.ours_failed.insert(shape, reason);
+                }
                 continue;
             }
             for row in entry
@@ -405,7 +463,7 @@ fn render_file(file: &Path, svg: Option<&Path>) -> Result<()> {
                 if !batches.contains(&b) {
                     batches.push(b);
                 }
-                m.ours
+                m.ours_of(ours)
                     .entry((shape.clone(), b))
                     .or_default()
                     .push(row.clone());
@@ -600,6 +658,7 @@ fn run_ours(
     moe: &Path,
     shape: &str,
     batch_sizes: &[usize],
+    ours: Ours,
     m: &mut Measurements,
 ) {
     let cmd = Cmd::new(moe)
@@ -610,7 +669,7 @@ fn run_ours(
         .arg(opts.threads.to_string())
         .arg("--iters")
         .arg(opts.iters.to_string())
-        .args(["--group-size", "32"])
+        .args(ours.format_args())
         // The table's bounds divide by the same figure as the issue's targets, not by what
         // `moe bench` would measure on this machine.
         .arg("--dram-gbs")
@@ -626,11 +685,13 @@ fn run_ours(
         Err(e) => {
             println!("moe bench failed: {e}");
             m.raw.push(Value::obj([
-                ("side", Value::str("ours")),
+                ("side", Value::str(ours.side())),
                 ("shape", Value::str(shape)),
                 ("failed", Value::str(&e)),
             ]));
-            m.ours_failed.insert(shape.to_string(), e);
+            if ours == Ours::W4a8G32 {
+                m.ours_failed.insert(shape.to_string(), e);
+            }
             return;
         }
     };
@@ -649,13 +710,13 @@ fn run_ours(
             continue;
         };
         println!("  ours  M={batch:<5} {ms:9.3} ms   (DRAM bound {bound:.3} ms)");
-        m.ours
+        m.ours_of(ours)
             .entry((shape.to_string(), batch as usize))
             .or_default()
             .push(row.clone());
     }
     m.raw.push(Value::obj([
-        ("side", Value::str("ours")),
+        ("side", Value::str(ours.side())),
         ("shape", Value::str(shape)),
         ("load", Value::str(load_line())),
         ("report", report),
@@ -1096,6 +1157,11 @@ fn render_table(
         "shape", "M", "ours ms", "bound ms", "ours/bound", "packed ms", "target ms"
     );
     let mut rule = "|---|---:|---:|---:|---:|---:|---:|".to_string();
+    let w4a16 = !m.ours_w4a16.is_empty();
+    if w4a16 {
+        write!(header, " {:>15} |", "ours w4a16 ms").expect("writing to a String");
+        rule.push_str("---:|");
+    }
     for path in paths {
         write!(
             header,
@@ -1130,6 +1196,15 @@ fn render_table(
                 (v, _) => fmt(v),
             };
             let ratio = ours.zip(bound).map(|(o, d)| o / d);
+            let ours_w4a16 = median(
+                m.ours_w4a16
+                    .get(&key)
+                    .map(Vec::as_slice)
+                    .unwrap_or_default()
+                    .iter()
+                    .filter_map(|r| r.get("ms_per_call").and_then(Value::as_f64))
+                    .collect(),
+            );
             let mut line = format!(
                 "| {:<16} | {:>5} | {:>9} | {:>9} | {:>10} | {:>9} | {:>9} |",
                 shape,
@@ -1140,6 +1215,9 @@ fn render_table(
                 fmt(packed),
                 fmt(target),
             );
+            if w4a16 {
+                write!(line, " {:>15} |", fmt(ours_w4a16)).expect("writing to a String");
+            }
             let mut peer_json = Vec::new();
             for path in paths {
                 let cells = m
@@ -1175,6 +1253,11 @@ fn render_table(
                     }
                 }
                 let peer = median(ran);
+                // vLLM's int4 g128 path is compared with ours in its own format when that ran.
+                let ours = match ours_w4a16 {
+                    Some(o) if path == W4A16_PEER_PATH => Some(o),
+                    _ => ours,
+                };
                 let cell = match (peer, ours) {
                     (Some(p), Some(o)) => format!("{} ({:.2}x)", fmt_ms(p), p / o),
                     (Some(p), None) => fmt_ms(p),
@@ -1218,6 +1301,7 @@ fn render_table(
                 ("dram_bound_ms", Value::num_or_null(bound)),
                 ("packed_dram_bound_ms", Value::num_or_null(packed)),
                 ("ours_over_bound", Value::num_or_null(ratio)),
+                ("ours_w4a16_g128_ms", Value::num_or_null(ours_w4a16)),
                 ("target_ms", Value::num_or_null(target)),
                 ("peer", Value::Arr(peer_json)),
             ]));
@@ -1233,6 +1317,15 @@ fn render_table(
          peer = experts stage, median over rounds; peer/ours > 1 means ours is faster:"
     )
     .expect("writing to a String");
+    if w4a16 {
+        writeln!(
+            text,
+            "  ours w4a16 = `moe bench --format w4a16 --group-size 128` (weight-only int4, groups \
+             of 128, float activations), the same stage; the {W4A16_PEER_PATH} \
+             path's peer/ours is against it, the other paths' against W4A8."
+        )
+        .expect("writing to a String");
+    }
     let has = |peer: Peer| paths.iter().any(|p| Peer::of_path(p).0 == peer);
     if has(Peer::Vllm) {
         writeln!(
@@ -1448,6 +1541,46 @@ mod tests {
         );
         assert!(table.text.contains("kt int4 (channelwise) ms"));
         assert!(table.text.contains("llama.cpp Q4_0 ms"));
+    }
+
+    /// vLLM's int4 g128 path is set beside our w4a16 g128 layer and compared with it; the
+    /// other paths stay compared with W4A8.
+    #[test]
+    fn int4_g128_is_compared_with_our_w4a16_g128() {
+        let mut m = Measurements::default();
+        let row = |ms: f64| {
+            json::parse(&format!(
+                r#"{{"stage": "experts", "batch": 1, "ms_per_call": {ms}}}"#
+            ))
+            .expect("row parses")
+        };
+        let key = ("qwen3-30b-a3b".to_string(), 1);
+        m.ours.insert(key.clone(), vec![row(1.0)]);
+        m.ours_w4a16.insert(key.clone(), vec![row(2.0)]);
+        let ran = |ms: f64| PeerCell::Ran {
+            experts_ms: ms,
+            total_ms: ms,
+            best_ms: ms,
+            rel_err: None,
+        };
+        let paths = ["int4_amx_g32".to_string(), W4A16_PEER_PATH.to_string()];
+        for path in &paths {
+            m.peer
+                .insert((key.0.clone(), path.clone(), 1), vec![ran(3.0)]);
+        }
+        let table = render_table(&paths, 5, std::slice::from_ref(&key.0), &[1], &m);
+        let r = &table.rows[0];
+        assert_eq!(
+            r.get("ours_w4a16_g128_ms").and_then(Value::as_f64),
+            Some(2.0)
+        );
+        let ratio = |at: usize| {
+            r.get("peer").map(Value::items).unwrap_or_default()[at]
+                .get("peer_over_ours")
+                .and_then(Value::as_f64)
+        };
+        assert_eq!((ratio(0), ratio(1)), (Some(3.0), Some(1.5)));
+        assert!(table.text.contains("ours w4a16 ms"), "{}", table.text);
     }
 
     #[test]

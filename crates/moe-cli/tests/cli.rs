@@ -284,6 +284,53 @@ fn inspect_and_run_agree_on_the_activation() {
     }
 }
 
+/// The layer asks the oracle with its expert-parallel rank, and `moe inspect` asks for the
+/// same rank as `moe run`: an accepted rank runs on the kernel inspect names, and a rank the
+/// oracle refuses (more ranks than the fixture's 8 experts) is refused by both for the oracle's
+/// reason.
+#[test]
+fn inspect_and_run_agree_under_expert_parallelism() {
+    let dir = fixture("qwen3moe-w4a16-g32");
+    let input = dir.join("expected.safetensors");
+    let tmp = std::env::temp_dir().join(format!("moe-cli-ep-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let out_file = tmp.join("out.safetensors");
+    let model = dir.to_str().unwrap();
+    for (size, rank, runs) in [("2", "1", true), ("9", "0", false)] {
+        let ep = ["--ep-size", size, "--ep-rank", rank];
+        let mut args = vec!["inspect", "--json", "--model", model];
+        args.extend(ep);
+        let inspect = moe_json(&args);
+        let run = Command::new(env!("CARGO_BIN_EXE_moe"))
+            .args(["run", "--json", "--model", model])
+            .args(["--input", input.to_str().unwrap(), "--input-tensor", "x"])
+            .args(["--output", out_file.to_str().unwrap()])
+            .args(ep)
+            .output()
+            .expect("the moe binary runs");
+        if runs {
+            assert!(
+                run.status.success(),
+                "ep {size}: {}",
+                String::from_utf8_lossy(&run.stderr)
+            );
+            let ran: Value = serde_json::from_slice(&run.stdout).expect("JSON");
+            assert_eq!(ran["kernel"], inspect["backend"]["kernel"], "ep {size}");
+        } else {
+            assert!(!run.status.success(), "ep {size}: run accepted it");
+            assert!(inspect["backend"].is_null(), "ep {size}: {inspect}");
+            let reason = inspect["no_backend"]["message"].as_str().unwrap();
+            assert!(
+                reason.contains("9 EP ranks for 8 experts"),
+                "ep {size}: {reason}"
+            );
+            let stderr = String::from_utf8_lossy(&run.stderr);
+            assert!(stderr.contains(reason), "ep {size}: {stderr}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
 #[test]
 fn inspect_human_report_names_the_backend() {
     let dir = fixture("qwen3moe-w4a8-g32");

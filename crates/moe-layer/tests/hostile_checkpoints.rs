@@ -19,7 +19,7 @@ use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 
-use checkpoint_support::{Ckpt, Fmt, Stored, f32_bytes, i32_bytes};
+use checkpoint_support::{Ckpt, Fmt, Stored, Wna16Spec, Wna16Store, f32_bytes, i32_bytes};
 use moe_layer::checkpoint::{Checkpoint, ReadOptions, ShardAccess};
 use moe_layer::{LayerError, MoeLayer};
 use moe_router::Logits;
@@ -1544,8 +1544,155 @@ fn all_cases() -> Vec<Case> {
     format_cases(&mut c);
     mxfp4_cases(&mut c);
     fp8_cases(&mut c);
+    word_cases(&mut c);
     call_cases(&mut c);
     c.0
+}
+
+fn wna16_base(store: Wna16Store, bits: u32, act_order: bool) -> Ckpt {
+    checkpoint_support::wna16(
+        &Wna16Spec {
+            store,
+            bits,
+            group: Some(G),
+            act_order,
+            asym: false,
+            shape: [E, 2, H, I],
+        },
+        0x40d5,
+    )
+}
+
+fn awq() -> Ckpt {
+    wna16_base(Wna16Store::Awq, 4, false)
+}
+
+fn gptq_act_order() -> Ckpt {
+    wna16_base(Wna16Store::Gptq, 4, true)
+}
+
+fn gptq_int8() -> Ckpt {
+    wna16_base(Wna16Store::Gptq, 8, false)
+}
+
+fn pack_quantized_int8_act_order() -> Ckpt {
+    wna16_base(Wna16Store::PackQuantized, 8, true)
+}
+
+/// The formats a layer packs from their stored words (AWQ, act-order, 8-bit codes) through the
+/// whole layer: each base loads and runs, and each break is the typed error of the whole-layer
+/// read, whichever road met it first.
+fn word_cases(c: &mut Cases) {
+    let layer = Via::Layer;
+    for (name, base) in [
+        ("awq", awq as fn() -> Ckpt),
+        ("gptq act-order", gptq_act_order),
+        ("gptq int8", gptq_int8),
+        (
+            "pack-quantized int8 act-order",
+            pack_quantized_int8_act_order,
+        ),
+    ] {
+        c.model(
+            &format!("control: {name} loads and runs"),
+            base,
+            layer,
+            Expect::Ok,
+            |_| {},
+        );
+    }
+    c.model(
+        "awq qweight one row short",
+        awq,
+        layer,
+        err!(LayerError::ConfigMismatch { .. }),
+        |ck| retype(ck, &t(2, 1, "qweight"), Dtype::I32, &[H - 1, I / 8]),
+    );
+    c.model(
+        "awq qweight dtype i64",
+        awq,
+        layer,
+        err!(LayerError::WrongDtype { .. }),
+        |ck| retype(ck, &t(0, 2, "qweight"), Dtype::I64, &[I, H / 8]),
+    );
+    c.model(
+        "awq qzeros of the wrong shape",
+        awq,
+        layer,
+        err!(LayerError::WrongShape { .. }),
+        |ck| retype(ck, &t(1, 0, "qzeros"), Dtype::I32, &[H / G + 1, I / 8]),
+    );
+    c.model(
+        "awq scale infinite",
+        awq,
+        layer,
+        err!(LayerError::BadScale { .. }),
+        |ck| {
+            let b = half::f16::INFINITY.to_le_bytes();
+            stored(ck, &t(3, 2, "scales")).bytes[..2].copy_from_slice(&b);
+        },
+    );
+    c.model(
+        "gptq act-order g_idx entry past the groups",
+        gptq_act_order,
+        layer,
+        err!(LayerError::BadGroupIndex { .. }),
+        |ck| stored(ck, &t(1, 2, "g_idx")).bytes[..4].copy_from_slice(&7i32.to_le_bytes()),
+    );
+    c.model(
+        "gptq act-order groups of uneven size",
+        gptq_act_order,
+        layer,
+        err!(LayerError::ParamValue { .. }),
+        |ck| {
+            // Gate and up alike (they must agree), all of K in the first group.
+            for p in [0, 1] {
+                ck.put(&t(2, p, "g_idx"), Dtype::I32, &[H], i32_bytes(&[0; H]));
+            }
+        },
+    );
+    c.model(
+        "gptq act-order up g_idx differs from gate",
+        gptq_act_order,
+        layer,
+        err!(LayerError::BadGroupIndex { .. }),
+        |ck| {
+            let g: Vec<i32> = (0..H).map(|k| ((H - 1 - k) / G) as i32).collect();
+            ck.put(&t(0, 1, "g_idx"), Dtype::I32, &[H], i32_bytes(&g));
+        },
+    );
+    c.model(
+        "gptq act-order g_idx missing",
+        gptq_act_order,
+        layer,
+        err!(LayerError::MissingTensor { .. }),
+        |ck| {
+            ck.tensors.remove(&t(3, 0, "g_idx"));
+        },
+    );
+    c.model(
+        "gptq int8 qweight packed as int4",
+        gptq_int8,
+        layer,
+        err!(LayerError::ConfigMismatch { .. }),
+        |ck| retype(ck, &t(1, 0, "qweight"), Dtype::I32, &[H / 8, I]),
+    );
+    c.model(
+        "pack-quantized int8 weight_packed of int4 width",
+        pack_quantized_int8_act_order,
+        layer,
+        err!(LayerError::WrongShape { .. }),
+        |ck| retype(ck, &t(2, 2, "weight_packed"), Dtype::I32, &[H, I / 8]),
+    );
+    c.model(
+        "pack-quantized int8 weight_g_idx negative",
+        pack_quantized_int8_act_order,
+        layer,
+        err!(LayerError::BadGroupIndex { .. }),
+        |ck| {
+            stored(ck, &t(0, 0, "weight_g_idx")).bytes[4..8].copy_from_slice(&(-1i32).to_le_bytes())
+        },
+    );
 }
 
 /// gpt-oss MXFP4: every fused expert tensor and the router bias missing, mistyped, misshapen

@@ -5,8 +5,10 @@
 //!
 //! writes `w4a8-g32/` (compressed-tensors `int-quantized`, W4A8) and `w4a16-g128/`
 //! (`pack-quantized`, WNA16) of the Qwen3-30B-A3B MoE shape (128 experts, top-8, hidden 2048,
-//! intermediate 768) with the same random codes, and `x-{1,16,256}.safetensors` inputs
-//! (`hidden_states`, bf16).
+//! intermediate 768) with the same random codes; the other WNA16 storages at group size 128,
+//! with their own random codes: `awq-g128/` (AWQ `gemm`, zero points), `gptq-actorder-g128/`
+//! (GPTQ int4 with `desc_act`), `gptq-w8a16-g128/` (GPTQ int8) and `w8a16-g128/`
+//! (`pack-quantized` int8); and `x-{1,16,256}.safetensors` inputs (`hidden_states`, bf16).
 #![cfg(feature = "checkpoint")]
 
 mod checkpoint_support;
@@ -14,7 +16,7 @@ mod checkpoint_support;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use checkpoint_support::{Ckpt, Fmt, Stored, bf16_bytes, runnable};
+use checkpoint_support::{Ckpt, Fmt, Stored, Wna16Spec, Wna16Store, bf16_bytes, runnable, wna16};
 use moe_testutil::SplitMix64;
 use safetensors::Dtype;
 
@@ -33,6 +35,24 @@ fn write_real_shaped_checkpoints() {
         let out = dir.join(name);
         std::fs::create_dir_all(&out).unwrap();
         runnable(fmt, SHAPE, g, 0x5ea1).write(&out);
+    }
+    for (name, store, bits, act_order) in [
+        ("awq-g128", Wna16Store::Awq, 4, false),
+        ("gptq-actorder-g128", Wna16Store::Gptq, 4, true),
+        ("gptq-w8a16-g128", Wna16Store::Gptq, 8, false),
+        ("w8a16-g128", Wna16Store::PackQuantized, 8, false),
+    ] {
+        let out = dir.join(name);
+        std::fs::create_dir_all(&out).unwrap();
+        let spec = Wna16Spec {
+            store,
+            bits,
+            group: Some(128),
+            act_order,
+            asym: false,
+            shape: SHAPE,
+        };
+        wna16(&spec, 0x5ea2).write(&out);
     }
     let mut rng = SplitMix64::new(0x1f);
     for tokens in [1usize, 16, 256] {

@@ -28,6 +28,18 @@ pub struct InspectArgs {
     /// `moe run --wna16-activations` chooses.
     #[arg(long, value_name = "float|int8", default_value = "float", value_parser = super::parse_wna16_activations)]
     pub wna16_activations: moe_layer::Wna16Activations,
+    /// The backend of this tensor-parallel rank (with `--tp-size`), as `moe run --tp-rank`.
+    #[arg(long, default_value_t = 0)]
+    pub tp_rank: usize,
+    /// Tensor-parallel ranks.
+    #[arg(long, default_value_t = 1)]
+    pub tp_size: usize,
+    /// The backend of this expert-parallel rank (with `--ep-size`), as `moe run --ep-rank`.
+    #[arg(long, default_value_t = 0)]
+    pub ep_rank: usize,
+    /// Expert-parallel ranks.
+    #[arg(long, default_value_t = 1)]
+    pub ep_size: usize,
 }
 
 /// The report, as printed with `--json`.
@@ -135,7 +147,7 @@ pub fn run(args: &InspectArgs, out: Output) -> Result<(), CliError> {
             )
         })
         .collect();
-    let (backend, no_backend) = match select(spec, args.wna16_activations) {
+    let (backend, no_backend) = match select(spec, args) {
         Ok(s) => (
             Some(BackendChoice {
                 backend: s.backend.to_string(),
@@ -195,14 +207,13 @@ pub fn run(args: &InspectArgs, out: Output) -> Result<(), CliError> {
 }
 
 /// The backend a layer of the checkpoint would run on, decided as `moe run` decides it: the
-/// layer's configuration from the spec (which refuses what the layer cannot run), then the
-/// layer's own backend selection.
-fn select(
-    spec: &MoeModelSpec,
-    activations: moe_layer::Wna16Activations,
-) -> Result<Selection, LayerError> {
-    MoeLayerConfig::from_spec(spec, 0, 1, None, 1)?
-        .with_wna16_activations(activations)
+/// layer's configuration from the spec (which refuses what the layer cannot run) for the
+/// requested rank, then the layer's own backend selection.
+fn select(spec: &MoeModelSpec, args: &InspectArgs) -> Result<Selection, LayerError> {
+    let map = moe_layer::layer::linear_expert_map(spec.num_experts, args.ep_rank, args.ep_size)?;
+    MoeLayerConfig::from_spec(spec, args.tp_rank, args.tp_size, map, 1)?
+        .with_wna16_activations(args.wna16_activations)
+        .with_expert_parallel(args.ep_rank, args.ep_size)
         .select_backend()
 }
 

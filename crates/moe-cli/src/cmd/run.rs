@@ -14,7 +14,7 @@ use half::{bf16, f16};
 use moe_kernels::moe::MoeFloat;
 use moe_layer::checkpoint::{Checkpoint, ShardAccess};
 use moe_layer::{LoadOptions, LoadProgress, MoeLayer, Par, Wna16Activations};
-use moe_router::{ExpertMap, ExpertPlacement, Logits};
+use moe_router::Logits;
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use serde::Serialize;
 
@@ -122,21 +122,8 @@ pub fn run(args: &RunArgs) -> Result<RunReport, Box<dyn Error>> {
     let moe = if (args.tp_size, args.ep_size) == (1, 1) && (args.tp_rank, args.ep_rank) == (0, 0) {
         load_layer(&ckpt, layer, args)?
     } else {
-        let map = if args.ep_size == 1 && args.ep_rank == 0 {
-            None
-        } else {
-            Some(
-                ExpertMap::new(
-                    spec.num_experts,
-                    args.ep_size,
-                    args.ep_rank,
-                    ExpertPlacement::Linear,
-                )
-                .map_err(|e| format!("--ep-rank/--ep-size: {e}"))?
-                .as_slice()
-                .to_vec(),
-            )
-        };
+        let map = moe_layer::layer::linear_expert_map(spec.num_experts, args.ep_rank, args.ep_size)
+            .map_err(|e| format!("--ep-rank/--ep-size: {e}"))?;
         MoeLayer::from_checkpoint_ranked_with(
             &ckpt,
             layer,
@@ -145,7 +132,8 @@ pub fn run(args: &RunArgs) -> Result<RunReport, Box<dyn Error>> {
             map,
             &LoadOptions::new()
                 .with_par(Par::Rayon)
-                .with_wna16_activations(args.wna16_activations),
+                .with_wna16_activations(args.wna16_activations)
+                .with_expert_parallel(args.ep_rank, args.ep_size),
         )?
     };
     let load_ms = load_start.elapsed().as_secs_f64() * 1e3;

@@ -15,8 +15,9 @@ pub use dense::PackedDense;
 pub use w4a8::{PackedW4A8, W4A8Scales};
 pub use w8a8::PackedW8A8;
 pub use wna16::{
-    E2M1_VALUES, FP8_BLOCK, Fp8BlockDesc, Fp8BlockRows, Int4Values, Int4WordOrder, Int4WordRows,
-    Int8Values, Mxfp4Desc, PackedWna16, Wna16Desc, Wna16Scales, Wna16WordsDesc, e4m3_value,
+    AWQ_FIELD_OF_CHANNEL, E2M1_VALUES, FP8_BLOCK, Fp8BlockDesc, Fp8BlockRows, Int4Values,
+    Int8Values, Mxfp4Desc, PackedWna16, Wna16Desc, Wna16Scales, Wna16WordsDesc, WordOrder,
+    WordRows, e4m3_value,
 };
 
 /// Output channels per panel: one 16-lane i32 vector, or two 8-lane ones.

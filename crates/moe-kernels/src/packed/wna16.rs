@@ -210,53 +210,69 @@ pub struct PackedWna16 {
     perm: Option<Vec<u32>>,
 }
 
-/// How a checkpoint stores int4 codes in 32-bit words. Both orders hold eight codes of one
-/// output channel along K per word, nibble `j` (bits `4j..4j+4`) the code at K value `8s + j`
-/// of step `s`: exactly one int4 step word of the packed layout, so they are copied (and,
-/// for [`Int4WordOrder::StepMajor`], transposed) word by word instead of through one byte per
-/// code.
+/// How a checkpoint stores integer codes in 32-bit words. In the two orders every format but
+/// AWQ uses, a word holds `32/bits` codes of one output channel along K, field `j` (bits
+/// `bits·j..bits·(j+1)`) the code at K value `(32/bits)·s + j` of word `s`: for int4 exactly
+/// one packed step word of that channel, so those are copied (and, for
+/// [`WordOrder::StepMajor`], transposed) word by word; int8 words are spread over the packed
+/// step's byte rows. Codes are stored unsigned (the symmetric offset already in).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Int4WordOrder {
-    /// `[N, ceil(K/8)]`: the words of a channel are consecutive (compressed-tensors
+pub enum WordOrder {
+    /// `[N, ceil(K·bits/32)]`: the words of a channel are consecutive (compressed-tensors
     /// `weight_packed`).
     ChannelMajor,
-    /// `[ceil(K/8), N]`: the words of a step are consecutive (GPTQ `qweight`).
+    /// `[ceil(K·bits/32), N]`: the words of a step are consecutive (GPTQ `qweight`).
     StepMajor,
+    /// `[K, N/8]`, int4 only: a word holds eight channels at one K value, channel `8w + c` in
+    /// field [`AWQ_FIELD_OF_CHANNEL`]`[c]` (AWQ `gemm` `qweight`). Every run's channel count
+    /// must be a multiple of 8.
+    Awq,
 }
 
+/// AWQ's `gemm` packing: the 4-bit field of a word that holds its `c`-th channel. AutoAWQ
+/// writes channels `0, 2, 4, 6, 1, 3, 5, 7` into fields `0..8`; this is the inverse.
+pub const AWQ_FIELD_OF_CHANNEL: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+
 /// A run of consecutive output channels of a [`Wna16WordsDesc`]: `channels` channels' int32
-/// words as little-endian bytes, in the desc's [`Int4WordOrder`] (so a fused matrix can be
-/// packed straight from its projections' separately stored tensors).
+/// words as little-endian bytes, in the desc's [`WordOrder`] (so a fused matrix can be packed
+/// straight from its projections' separately stored tensors).
 #[derive(Debug, Clone, Copy)]
-pub struct Int4WordRows<'a> {
+pub struct WordRows<'a> {
     /// Output channels in this run.
     pub channels: usize,
-    /// `channels · ceil(K/8)` words, 4 bytes each, little-endian, any alignment.
+    /// The run's words, 4 bytes each, little-endian, any alignment: `channels ·
+    /// ceil(K·bits/32)` of them, or `K · channels/8` in [`WordOrder::Awq`].
     pub bytes: &'a [u8],
 }
 
-/// What [`PackedWna16::pack_words`] takes: one int4 matrix `[N, K]` as the 32-bit words a
-/// checkpoint stores, plus the same scales, zero points and bias as [`Wna16Desc`].
+/// What [`PackedWna16::pack_words`] takes: one int4 or int8 matrix `[N, K]` as the 32-bit
+/// words a checkpoint stores, plus the same scales, zero points, bias and K order as
+/// [`Wna16Desc`].
 #[derive(Debug, Clone, Copy)]
 pub struct Wna16WordsDesc<'a> {
     /// Output channels N.
     pub n: usize,
     /// Reduction dimension K.
     pub k: usize,
+    /// Bits per code: 4 or 8.
+    pub bits: u32,
     /// How the words of each run are ordered.
-    pub order: Int4WordOrder,
-    /// The channels' words, runs in channel order, `N` channels in all. Nibbles past K in a
+    pub order: WordOrder,
+    /// The channels' words, runs in channel order, `N` channels in all. Fields past K in a
     /// channel's last word are ignored.
-    pub rows: &'a [Int4WordRows<'a>],
+    pub rows: &'a [WordRows<'a>],
     /// K values per group (a multiple of 8); `None` for one scale per channel.
     pub group_size: Option<usize>,
     /// Scales `[N, G]` with `G = ceil(K / group_size)` (1 when channelwise).
     pub scales: Wna16Scales<'a>,
-    /// Zero points `[N, G]` in `0..16`; `None` means symmetric with zero 8.
+    /// Zero points `[N, G]` in `0..2^bits`; `None` means symmetric with zero `2^(bits−1)`.
     pub zeros: Option<&'a [u8]>,
     /// f32 bias `[N]`, added to every output row.
     pub bias: Option<&'a [f32]>,
+    /// As [`Wna16Desc::perm`]: packed K value `j` takes the stored code at K value `perm[j]`
+    /// and multiplies activation column `perm[j]` (act-order checkpoints sorted by group).
+    pub perm: Option<&'a [u32]>,
 }
 
 /// What [`PackedWna16::pack_mxfp4`] takes: one MXFP4 matrix `[N, K]` as a checkpoint stores it
@@ -470,22 +486,43 @@ impl PackedWna16 {
         })
     }
 
-    /// Validates and packs one int4 matrix from a checkpoint's 32-bit words: the same packed
-    /// matrix [`Self::pack`] builds from the words' codes (nibbles past K dropped), without
-    /// unpacking them to one byte per code. Every 4-bit code is valid, so only the shapes,
-    /// scales, zero points and bias can be refused.
+    /// Validates and packs one matrix from a checkpoint's 32-bit words: the same packed matrix
+    /// [`Self::pack`] builds from the words' codes (fields past K dropped, K values reordered
+    /// by `perm`), without unpacking the matrix to one byte per code. Every stored code is
+    /// valid, so only the shapes, scales, zero points, bias and permutation can be refused.
     pub fn pack_words(d: Wna16WordsDesc<'_>) -> Result<Self, KernelError> {
         let (n, k) = (d.n, d.k);
-        let dims = check_dims(n, k, 4, d.group_size)?;
-        let k_steps = k.div_ceil(K_STEP);
+        let dims = check_dims(n, k, d.bits, d.group_size)?;
+        let k_steps = k.div_ceil(dims.k_step);
+        let per_word = (32 / d.bits) as usize;
         let channels = d
             .rows
             .iter()
             .try_fold(0usize, |sum, r| sum.checked_add(r.channels))
             .unwrap_or(usize::MAX);
         check_len("w_words channels", n, channels)?;
+        if d.order == WordOrder::Awq {
+            if d.bits != 4 {
+                return Err(KernelError::UnsupportedDim {
+                    dim: "bits",
+                    got: d.bits as usize,
+                    reason: "AWQ words hold int4 codes",
+                });
+            }
+            if let Some(r) = d.rows.iter().find(|r| r.channels % AWQ_PACK != 0) {
+                return Err(KernelError::UnsupportedDim {
+                    dim: "w_words channels",
+                    got: r.channels,
+                    reason: "AWQ runs hold a multiple of 8 channels",
+                });
+            }
+        }
         for r in d.rows {
-            check_len("w_words", r.channels * k_steps * 4, r.bytes.len())?;
+            let words = match d.order {
+                WordOrder::Awq => k * (r.channels / AWQ_PACK),
+                _ => r.channels * k.div_ceil(per_word),
+            };
+            check_len("w_words", words * 4, r.bytes.len())?;
         }
         let side = Side {
             scales: d.scales,
@@ -494,26 +531,53 @@ impl PackedWna16 {
         };
         side.check(n, &dims)?;
         side.check_scales()?;
+        if let Some(p) = d.perm {
+            check_perm(p, k)?;
+        }
 
-        // Where each channel's words are: its run's words, the index of its step-0 word and
-        // the distance between its steps.
-        let mut at: Vec<(&[[u8; 4]], usize, usize)> = Vec::with_capacity(n);
+        // Where each channel's codes are: its run's words, the index of its first word and
+        // the distance between its words (1 when a channel's words are consecutive), and for
+        // AWQ the bit offset of its field.
+        let mut at: Vec<ChannelWords<'_>> = Vec::with_capacity(n);
         for r in d.rows {
             let words = r.bytes.as_chunks::<4>().0;
             for local in 0..r.channels {
                 at.push(match d.order {
-                    Int4WordOrder::ChannelMajor => (words, local * k_steps, 1),
-                    Int4WordOrder::StepMajor => (words, local, r.channels),
+                    WordOrder::ChannelMajor => ChannelWords {
+                        words,
+                        first: local * k.div_ceil(per_word),
+                        stride: 1,
+                        shift: 0,
+                    },
+                    WordOrder::StepMajor => ChannelWords {
+                        words,
+                        first: local,
+                        stride: r.channels,
+                        shift: 0,
+                    },
+                    WordOrder::Awq => ChannelWords {
+                        words,
+                        first: local / AWQ_PACK,
+                        stride: r.channels / AWQ_PACK,
+                        shift: 4 * AWQ_FIELD_OF_CHANNEL[local % AWQ_PACK] as u32,
+                    },
                 });
             }
         }
         let n_panels = n.div_ceil(PANEL);
-        let codes = gather_words(&at, k);
+        let codes = match (d.bits, d.order, d.perm) {
+            (4, WordOrder::ChannelMajor | WordOrder::StepMajor, None) => {
+                let at: Vec<_> = at.iter().map(|a| (a.words, a.first, a.stride)).collect();
+                gather_words(&at, k)
+            }
+            (4, WordOrder::Awq, None) => gather_awq(&at, k),
+            _ => gather_codes(&at, d.bits, d.order, k, d.perm),
+        };
         let (scales, zeros, bias) = side.pack(n, n_panels, dims.n_groups);
         Ok(Self {
             n,
             k,
-            bits: 4,
+            bits: d.bits,
             values: CodeValues::Integer,
             n_panels,
             k_steps,
@@ -524,7 +588,7 @@ impl PackedWna16 {
             scales,
             zeros,
             bias,
-            perm: None,
+            perm: d.perm.map(<[u32]>::to_vec),
         })
     }
 
@@ -953,6 +1017,159 @@ fn gather_words(at: &[(&[[u8; 4]], usize, usize)], k: usize) -> Vec<u32> {
     codes
 }
 
+/// Channels per AWQ word.
+const AWQ_PACK: usize = 8;
+
+/// Where one channel's codes are in its run's words (see [`PackedWna16::pack_words`]).
+#[derive(Clone, Copy)]
+struct ChannelWords<'a> {
+    words: &'a [[u8; 4]],
+    /// The word holding the channel's first codes.
+    first: usize,
+    /// Words between the channel's consecutive words (along K).
+    stride: usize,
+    /// AWQ: the bit offset of the channel's field (one code per word).
+    shift: u32,
+}
+
+/// The packed steps of the channels `at` locates, for every case [`gather_words`] does not
+/// take (int8, AWQ, a K permutation). A panel's codes are first spread into a K-major tile of
+/// one byte per code and 16 channels per K value (`K·16` bytes, cache-resident), then each
+/// packed step is read from the tile's rows in packed K order: for int8 the step's four byte
+/// rows are four tile rows as they are, for int4 eight tile rows shifted into nibbles. The
+/// tile is reused for every panel, so nothing the size of the matrix is unpacked.
+fn gather_codes(
+    at: &[ChannelWords<'_>],
+    bits: u32,
+    order: WordOrder,
+    k: usize,
+    perm: Option<&[u32]>,
+) -> Vec<u32> {
+    let k_step = if bits == 4 { K_STEP } else { K_STEP8 };
+    let k_steps = k.div_ceil(k_step);
+    let per_word = (32 / bits) as usize;
+    let mask = (1u32 << bits) - 1;
+    let n_panels = at.len().div_ceil(PANEL);
+    let mut codes = Vec::with_capacity(n_panels * k_steps * PANEL);
+    // Rows past K stay 0 (the packed format's padding), as do channels past N.
+    let mut tile = vec![0u8; k_steps * k_step * PANEL];
+    for panel in at.chunks(PANEL) {
+        if panel.len() < PANEL {
+            tile.fill(0);
+        }
+        match order {
+            WordOrder::Awq => {
+                for (c, ch) in panel.iter().enumerate() {
+                    let words = &ch.words[ch.first..];
+                    for (kk, w) in words.iter().step_by(ch.stride).take(k).enumerate() {
+                        tile[kk * PANEL + c] = ((u32::from_le_bytes(*w) >> ch.shift) & mask) as u8;
+                    }
+                }
+            }
+            _ => {
+                // One stored word of each of the panel's channels at a time, then its fields
+                // spread over the tile rows 16 channels wide (which vectorises).
+                for s in 0..k.div_ceil(per_word) {
+                    let mut words = [0u32; PANEL];
+                    for (w, ch) in words.iter_mut().zip(panel) {
+                        *w = u32::from_le_bytes(ch.words[ch.first + s * ch.stride]);
+                    }
+                    for j in 0..per_word.min(k - s * per_word) {
+                        let row = &mut tile[(s * per_word + j) * PANEL..][..PANEL];
+                        for (t, &w) in row.iter_mut().zip(&words) {
+                            *t = ((w >> (bits as usize * j)) & mask) as u8;
+                        }
+                    }
+                }
+            }
+        }
+        // The tile row of packed K value `j`.
+        let row = |j: usize| -> &[u8] {
+            let src = match perm {
+                Some(p) if j < k => p[j] as usize,
+                _ => j,
+            };
+            &tile[src * PANEL..][..PANEL]
+        };
+        for s in 0..k_steps {
+            if bits == 8 {
+                for j in 0..K_STEP8 {
+                    let r = row(s * K_STEP8 + j);
+                    codes.extend(r.as_chunks::<4>().0.iter().map(|b| u32::from_le_bytes(*b)));
+                }
+            } else {
+                let mut step = [0u32; PANEL];
+                for j in 0..K_STEP {
+                    let r = row(s * K_STEP + j);
+                    for (w, &q) in step.iter_mut().zip(r) {
+                        *w |= u32::from(q) << (4 * j);
+                    }
+                }
+                codes.extend_from_slice(&step);
+            }
+        }
+    }
+    codes
+}
+
+/// The packed int4 steps of AWQ words in K order: the eight words holding a step's eight K
+/// values of eight channels are an 8 × 8 matrix of nibbles (row = K value, field = channel in
+/// AWQ's order); transposed, field `f` becomes the step word of the channel stored in field
+/// `f`. No byte per code is made.
+fn gather_awq(at: &[ChannelWords<'_>], k: usize) -> Vec<u32> {
+    let k_steps = k.div_ceil(K_STEP);
+    let n_panels = at.len().div_ceil(PANEL);
+    let mut codes = Vec::with_capacity(n_panels * k_steps * PANEL);
+    for panel in at.chunks(PANEL) {
+        for s in 0..k_steps {
+            // Channels past N stay 0 in the last panel.
+            let mut step = [0u32; PANEL];
+            // Every run holds whole words of eight channels and panels start at multiples of
+            // 16, so each half panel is one stored word column of one run.
+            for (half, chans) in panel.chunks(AWQ_PACK).enumerate() {
+                let ch = chans[0];
+                let mut m = [0u32; AWQ_PACK];
+                for (r, v) in m.iter_mut().enumerate() {
+                    let kk = s * K_STEP + r;
+                    if kk < k {
+                        *v = u32::from_le_bytes(ch.words[ch.first + kk * ch.stride]);
+                    }
+                }
+                transpose_nibbles(&mut m);
+                for (c, out) in step[half * AWQ_PACK..][..chans.len()]
+                    .iter_mut()
+                    .enumerate()
+                {
+                    *out = m[AWQ_FIELD_OF_CHANNEL[c]];
+                }
+            }
+            codes.extend_from_slice(&step);
+        }
+    }
+    codes
+}
+
+/// Transposes an 8 × 8 matrix of nibbles held as eight words (row `r` = word `r`, column `f`
+/// = bits `4f..4f+4`) in three rounds of block swaps: 4 × 4 blocks, then 2 × 2, then single
+/// nibbles.
+fn transpose_nibbles(m: &mut [u32; 8]) {
+    for r in 0..4 {
+        let t = ((m[r] >> 16) ^ m[r + 4]) & 0x0000_FFFF;
+        m[r] ^= t << 16;
+        m[r + 4] ^= t;
+    }
+    for r in [0, 1, 4, 5] {
+        let t = ((m[r] >> 8) ^ m[r + 2]) & 0x00FF_00FF;
+        m[r] ^= t << 8;
+        m[r + 2] ^= t;
+    }
+    for r in [0, 2, 4, 6] {
+        let t = ((m[r] >> 4) ^ m[r + 1]) & 0x0F0F_0F0F;
+        m[r] ^= t << 4;
+        m[r + 1] ^= t;
+    }
+}
+
 /// Writes row `row`'s int8 codes (`K` bytes) into the packed int8 steps.
 fn put_bytes(codes: &mut [u32], k_steps: usize, row: usize, src: &[u8]) {
     let (p, c) = (row / PANEL, row % PANEL);
@@ -1113,14 +1330,16 @@ mod tests {
         }
     }
 
-    /// Channel `c`'s words `[ceil(K/8)]` of codes `[N, K]`, with `pad` in the nibbles past K.
-    fn words_of(codes: &[u8], k: usize, c: usize, pad: u32) -> Vec<u32> {
+    /// Channel `c`'s words `[ceil(K·bits/32)]` of codes `[N, K]`, with `pad` in the fields
+    /// past K.
+    fn words_of(codes: &[u8], k: usize, c: usize, pad: u32, bits: u32) -> Vec<u32> {
         let row = &codes[c * k..][..k];
-        (0..k.div_ceil(K_STEP))
+        let pf = (32 / bits) as usize;
+        (0..k.div_ceil(pf))
             .map(|s| {
-                (0..K_STEP).fold(0u32, |w, j| {
-                    let q = row.get(s * K_STEP + j).map_or(pad, |&q| u32::from(q));
-                    w | (q << (4 * j))
+                (0..pf).fold(0u32, |w, j| {
+                    let q = row.get(s * pf + j).map_or(pad, |&q| u32::from(q));
+                    w | (q << (bits as usize * j))
                 })
             })
             .collect()
@@ -1131,23 +1350,45 @@ mod tests {
         codes: &[u8],
         k: usize,
         range: std::ops::Range<usize>,
-        order: Int4WordOrder,
+        order: WordOrder,
         pad: u32,
+        bits: u32,
     ) -> Vec<u8> {
-        let rows: Vec<Vec<u32>> = range.map(|c| words_of(codes, k, c, pad)).collect();
         let words: Vec<u32> = match order {
-            Int4WordOrder::ChannelMajor => rows.concat(),
-            Int4WordOrder::StepMajor => (0..k.div_ceil(K_STEP))
-                .flat_map(|s| rows.iter().map(move |r| r[s]))
-                .collect(),
+            WordOrder::Awq => {
+                let first = range.start;
+                let n = range.len();
+                (0..k)
+                    .flat_map(|kk| {
+                        (0..n / AWQ_PACK).map(move |w| {
+                            (0..AWQ_PACK).fold(0u32, |word, c| {
+                                let q = u32::from(codes[(first + AWQ_PACK * w + c) * k + kk]);
+                                word | (q << (4 * AWQ_FIELD_OF_CHANNEL[c]))
+                            })
+                        })
+                    })
+                    .collect()
+            }
+            _ => {
+                let rows: Vec<Vec<u32>> = range.map(|c| words_of(codes, k, c, pad, bits)).collect();
+                let per = k.div_ceil((32 / bits) as usize);
+                match order {
+                    WordOrder::ChannelMajor => rows.concat(),
+                    _ => (0..per)
+                        .flat_map(|s| rows.iter().map(move |r| r[s]))
+                        .collect(),
+                }
+            }
         };
         words.iter().flat_map(|w| w.to_le_bytes()).collect()
     }
 
+    /// `pack_words` equals `pack` of the same codes for every width, word order and K order,
+    /// on ragged shapes (K past a step, N past a panel, runs of any length).
     #[test]
     fn pack_words_equals_pack_of_the_codes() {
         let mut rng = SplitMix64::new(11);
-        let shapes: [(usize, usize, Option<usize>); 8] = [
+        let shapes: [(usize, usize, Option<usize>); 9] = [
             (1, 1, None),
             (1, 8, Some(8)),
             (7, 35, Some(16)),
@@ -1156,60 +1397,94 @@ mod tests {
             (16, 130, Some(64)),
             (31, 256, Some(128)),
             (48, 301, Some(128)),
+            (40, 67, Some(8)),
         ];
         for (n, k, g) in shapes {
             let groups = g.map_or(1, |g| k.div_ceil(g));
-            let codes: Vec<u8> = (0..n * k).map(|_| (rng.next_u64() % 16) as u8).collect();
-            let zeros: Vec<u8> = (0..n * groups)
-                .map(|_| (rng.next_u64() % 16) as u8)
-                .collect();
             let scales: Vec<bf16> = (0..n * groups)
                 .map(|i| bf16::from_f32(0.01 + i as f32 * 1e-3))
                 .collect();
             let bias: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
-            // Split the channels into one, two or three runs (a fused gate/up matrix).
-            let cuts = [0, (rng.next_u64() as usize) % (n + 1), n];
-            let mut cuts = cuts.to_vec();
-            cuts.sort_unstable();
-            for asym in [false, true] {
-                let want = PackedWna16::pack(Wna16Desc {
-                    n,
-                    k,
-                    bits: 4,
-                    codes: &codes,
-                    group_size: g,
-                    scales: Wna16Scales::Bf16(&scales),
-                    zeros: asym.then_some(zeros.as_slice()),
-                    bias: asym.then_some(bias.as_slice()),
-                    perm: None,
-                })
-                .unwrap();
-                for order in [Int4WordOrder::ChannelMajor, Int4WordOrder::StepMajor] {
-                    let pad = (rng.next_u64() % 16) as u32;
-                    let bytes: Vec<Vec<u8>> = cuts
-                        .windows(2)
-                        .map(|w| run_bytes(&codes, k, w[0]..w[1], order, pad))
-                        .collect();
-                    let rows: Vec<Int4WordRows<'_>> = cuts
-                        .windows(2)
-                        .zip(&bytes)
-                        .map(|(w, b)| Int4WordRows {
-                            channels: w[1] - w[0],
-                            bytes: b,
-                        })
-                        .collect();
-                    let got = PackedWna16::pack_words(Wna16WordsDesc {
+            // A random permutation of K (act-order sorted by group).
+            let mut perm: Vec<u32> = (0..k as u32).collect();
+            for i in (1..k).rev() {
+                perm.swap(i, (rng.next_u64() as usize) % (i + 1));
+            }
+            for bits in [4u32, 8] {
+                let max = (1u64 << bits) - 1;
+                let codes: Vec<u8> = (0..n * k)
+                    .map(|_| (rng.next_u64() % (max + 1)) as u8)
+                    .collect();
+                let zeros: Vec<u8> = (0..n * groups)
+                    .map(|_| (rng.next_u64() % (max + 1)) as u8)
+                    .collect();
+                for (asym, permuted) in [(false, false), (true, false), (false, true), (true, true)]
+                {
+                    let perm = permuted.then_some(perm.as_slice());
+                    // The codes `pack` takes are in packed K order.
+                    let sorted: Vec<u8> = match perm {
+                        None => codes.clone(),
+                        Some(p) => (0..n * k)
+                            .map(|i| codes[(i / k) * k + p[i % k] as usize])
+                            .collect(),
+                    };
+                    let want = PackedWna16::pack(Wna16Desc {
                         n,
                         k,
-                        order,
-                        rows: &rows,
+                        bits,
+                        codes: &sorted,
                         group_size: g,
                         scales: Wna16Scales::Bf16(&scales),
                         zeros: asym.then_some(zeros.as_slice()),
                         bias: asym.then_some(bias.as_slice()),
+                        perm,
                     })
                     .unwrap();
-                    assert_eq!(got, want, "n {n} k {k} g {g:?} asym {asym} {order:?}");
+                    let orders: &[WordOrder] = match (bits, n % AWQ_PACK) {
+                        (4, 0) => &[
+                            WordOrder::ChannelMajor,
+                            WordOrder::StepMajor,
+                            WordOrder::Awq,
+                        ],
+                        _ => &[WordOrder::ChannelMajor, WordOrder::StepMajor],
+                    };
+                    for &order in orders {
+                        // Split the channels into one, two or three runs (a fused gate/up
+                        // matrix), whole AWQ words each.
+                        let unit = if order == WordOrder::Awq { AWQ_PACK } else { 1 };
+                        let cut = (rng.next_u64() as usize) % (n / unit + 1) * unit;
+                        let cuts = [0, cut, n];
+                        let pad = (rng.next_u64() % (max + 1)) as u32;
+                        let bytes: Vec<Vec<u8>> = cuts
+                            .windows(2)
+                            .map(|w| run_bytes(&codes, k, w[0]..w[1], order, pad, bits))
+                            .collect();
+                        let rows: Vec<WordRows<'_>> = cuts
+                            .windows(2)
+                            .zip(&bytes)
+                            .map(|(w, b)| WordRows {
+                                channels: w[1] - w[0],
+                                bytes: b,
+                            })
+                            .collect();
+                        let got = PackedWna16::pack_words(Wna16WordsDesc {
+                            n,
+                            k,
+                            bits,
+                            order,
+                            rows: &rows,
+                            group_size: g,
+                            scales: Wna16Scales::Bf16(&scales),
+                            zeros: asym.then_some(zeros.as_slice()),
+                            bias: asym.then_some(bias.as_slice()),
+                            perm,
+                        })
+                        .unwrap();
+                        assert_eq!(
+                            got, want,
+                            "n {n} k {k} g {g:?} bits {bits} asym {asym} perm {permuted} {order:?}"
+                        );
+                    }
                 }
             }
         }
@@ -1529,17 +1804,19 @@ mod tests {
     fn bad_words_are_typed_errors() {
         let s = [bf16::ONE; 2];
         let bytes = [0u8; 8];
-        let words = |rows: &'static [Int4WordRows<'static>]| Wna16WordsDesc {
+        let words = |rows: &'static [WordRows<'static>]| Wna16WordsDesc {
             n: 2,
             k: 8,
-            order: Int4WordOrder::ChannelMajor,
+            bits: 4,
+            order: WordOrder::ChannelMajor,
             rows,
             group_size: None,
             scales: Wna16Scales::Bf16(&[]),
             zeros: None,
             bias: None,
+            perm: None,
         };
-        let one = [Int4WordRows {
+        let one = [WordRows {
             channels: 2,
             bytes: &[0; 8],
         }];
@@ -1553,7 +1830,7 @@ mod tests {
                 got: 0
             })
         ));
-        let short = [Int4WordRows {
+        let short = [WordRows {
             channels: 2,
             bytes: &bytes[..7],
         }];
@@ -1569,11 +1846,11 @@ mod tests {
             })
         ));
         let huge = [
-            Int4WordRows {
+            WordRows {
                 channels: usize::MAX,
                 bytes: &[],
             },
-            Int4WordRows {
+            WordRows {
                 channels: 3,
                 bytes: &[],
             },
@@ -1640,6 +1917,59 @@ mod tests {
         assert!(matches!(
             PackedWna16::pack_words(d),
             Err(KernelError::UnsupportedDim { dim: "K", .. })
+        ));
+        // AWQ words hold int4 codes of whole words of eight channels.
+        let mut d = words(&[]);
+        d.rows = &one;
+        d.scales = Wna16Scales::Bf16(&s);
+        d.order = WordOrder::Awq;
+        assert!(matches!(
+            PackedWna16::pack_words(d),
+            Err(KernelError::UnsupportedDim {
+                dim: "w_words channels",
+                got: 2,
+                ..
+            })
+        ));
+        d.bits = 8;
+        assert!(matches!(
+            PackedWna16::pack_words(d),
+            Err(KernelError::UnsupportedDim {
+                dim: "bits",
+                got: 8,
+                ..
+            })
+        ));
+        // A permutation that repeats a K value, and one of the wrong length.
+        let mut d = words(&[]);
+        d.rows = &one;
+        d.scales = Wna16Scales::Bf16(&s);
+        d.perm = Some(&[0, 1, 2, 3, 4, 5, 6, 6]);
+        assert!(matches!(
+            PackedWna16::pack_words(d),
+            Err(KernelError::ValueOutOfRange {
+                tensor: "perm",
+                index: 7,
+                ..
+            })
+        ));
+        d.perm = Some(&[0, 1]);
+        assert!(matches!(
+            PackedWna16::pack_words(d),
+            Err(KernelError::LengthMismatch { tensor: "perm", .. })
+        ));
+        // 8-bit words: four codes each, so two channels of K = 8 take 16 bytes.
+        let mut d = words(&[]);
+        d.rows = &one;
+        d.scales = Wna16Scales::Bf16(&s);
+        d.bits = 8;
+        assert!(matches!(
+            PackedWna16::pack_words(d),
+            Err(KernelError::LengthMismatch {
+                tensor: "w_words",
+                expected: 16,
+                got: 8
+            })
         ));
     }
 

@@ -27,7 +27,7 @@
 
 use std::path::Path;
 
-use moe_kernels::Int4WordOrder;
+use moe_kernels::WordOrder;
 use moe_quant::DType;
 
 use super::config::QuantScheme;
@@ -492,48 +492,19 @@ pub(crate) fn read_projection<'a>(
             })
         }
         Format::Awq { group_size } => {
-            if !n.is_multiple_of(AWQ_PACK) {
-                return Err(LayerError::ConfigField {
-                    file: req.config.to_path_buf(),
-                    field: req.n.field,
-                    reason: format!("{n} is not a multiple of the AWQ pack factor {AWQ_PACK}"),
-                });
-            }
-            let words = n / AWQ_PACK;
-            let t = src.get_as(&name(req.prefix, ParamKind::QWeight), &[Dtype::I32])?;
-            if t.shape.len() == 2 {
-                if t.shape[0] != k {
-                    return Err(config_mismatch(&t, req.k, t.shape[0], req.config));
-                }
-                if t.shape[1] != words {
-                    return Err(config_mismatch(
-                        &t,
-                        req.n,
-                        t.shape[1].saturating_mul(AWQ_PACK),
-                        req.config,
-                    ));
-                }
-            }
-            t.expect_shape(&[k, words])?;
-            let (groups, _) = groups_of(group_size, k, &t.name)?;
-            let st = src.get(&name(req.prefix, ParamKind::Scales))?;
-            let scales = read_scales(&st, n, groups, true, None)?;
-            let zt = src.get_as(&name(req.prefix, ParamKind::QZeros), &[Dtype::I32])?;
-            zt.expect_shape(&[groups, words])?;
-            // Codes and zeros share the packing: `[rows, n/8]` words → `[n, rows]` values.
+            let (t, side) = awq_tensors(src, group_size, req)?;
             let q = unpack_awq(&i32_words(&t)?, k, n);
             let codes = q.into_iter().map(|q| (q as i8) - 8).collect();
-            let zeros = unpack_awq(&i32_words(&zt)?, groups, n);
             Ok(LogicalProj {
                 n,
                 k,
                 values: Values::Codes(codes),
-                scales: Some(scales),
+                scales: Some(side.scales),
                 g_idx: None,
-                zeros: Some(zeros),
+                zeros: side.zeros,
                 bias,
                 primary: t,
-                scale_tensor: Some(st),
+                scale_tensor: Some(side.scale_tensor),
                 g_idx_tensor: None,
             })
         }
@@ -709,46 +680,46 @@ fn gptq_side<'a>(
     })
 }
 
-/// One int4 projection whose codes stay in the int32 words the checkpoint stores (8 codes of
-/// one output channel along K per word), for [`moe_kernels::PackedWna16::pack_words`].
+/// One int4 or int8 projection whose codes stay in the int32 words the checkpoint stores, for
+/// [`moe_kernels::PackedWna16::pack_words`].
 pub(crate) struct WordProj<'a> {
     /// Output channels.
     pub n: usize,
     /// Input features (the reduction dimension).
     pub k: usize,
-    /// How the words are laid out: `[n, k/8]` or `[k/8, n]`.
-    pub order: Int4WordOrder,
+    /// Bits per code (4 or 8).
+    pub bits: u32,
+    /// How the words are laid out: `[n, ceil(k·bits/32)]`, `[k·bits/32, n]` or AWQ's
+    /// `[k, n/8]`.
+    pub order: WordOrder,
     /// The words as stored (little-endian, borrowed from the shard).
     pub bytes: &'a [u8],
     /// Scales `[n, G]`.
     pub scales: Scales,
     /// Unsigned zero points `[n, G]` of asymmetric formats.
     pub zeros: Option<Vec<u8>>,
+    /// Act-order group indices `[k]`, checked to lie in `0..G`.
+    pub g_idx: Option<Vec<i32>>,
     /// The scale tensor (names it in errors).
     pub scale_tensor: TensorRef<'a>,
+    /// The `g_idx` tensor, if any (names it in errors).
+    pub g_idx_tensor: Option<TensorRef<'a>>,
 }
 
 impl Format {
-    /// Whether [`read_projection_words`] reads this format: int4 codes packed along K, eight
-    /// per word, in their activation order (compressed-tensors `pack-quantized` and GPTQ
-    /// without act-order).
-    pub(crate) fn has_int4_words(self) -> bool {
+    /// Whether [`read_projection_words`] reads this format: int4 or int8 codes packed in int32
+    /// words (compressed-tensors `pack-quantized`, GPTQ, AWQ), with or without act-order.
+    pub(crate) fn has_code_words(self) -> bool {
         matches!(
             self,
-            Self::PackQuantized {
-                bits: 4,
-                act_order: false,
-                ..
-            } | Self::Gptq {
-                bits: 4,
-                act_order: false,
-                ..
-            }
+            Self::PackQuantized { bits: 4 | 8, .. }
+                | Self::Gptq { bits: 4 | 8, .. }
+                | Self::Awq { .. }
         )
     }
 }
 
-/// Reads one projection of a format with [`Format::has_int4_words`] with the checks of
+/// Reads one projection of a format with [`Format::has_code_words`] with the checks of
 /// [`read_projection`], leaving the codes in their words (`None` for other formats). A bias is
 /// refused: only layers without expert biases are packed from words.
 pub(crate) fn read_projection_words<'a>(
@@ -756,7 +727,7 @@ pub(crate) fn read_projection_words<'a>(
     format: Format,
     req: &ProjRequest<'_>,
 ) -> Result<Option<WordProj<'a>>, LayerError> {
-    if !format.has_int4_words() {
+    if !format.has_code_words() {
         return Ok(None);
     }
     let (n, k) = (req.n.size, req.k.size);
@@ -766,7 +737,7 @@ pub(crate) fn read_projection_words<'a>(
             reason: format!("{}: expert biases are not packed from words", req.prefix),
         });
     }
-    let (t, side, order) = match format {
+    let (t, side, order, bits) = match format {
         Format::PackQuantized { bits, .. } => {
             if n == 0 || k == 0 {
                 return Err(LayerError::InvalidArgument {
@@ -776,31 +747,88 @@ pub(crate) fn read_projection_words<'a>(
             }
             let t = pack_quantized_words(src, bits, req)?;
             let side = pack_quantized_side(src, format, req, &t)?;
-            (t, side, Int4WordOrder::ChannelMajor)
+            (t, side, WordOrder::ChannelMajor, bits)
         }
         Format::Gptq { bits, .. } => {
             let t = gptq_words(src, bits, req)?;
-            (t, gptq_side(src, format, req)?, Int4WordOrder::StepMajor)
+            (t, gptq_side(src, format, req)?, WordOrder::StepMajor, bits)
+        }
+        Format::Awq { group_size } => {
+            let (t, side) = awq_tensors(src, group_size, req)?;
+            (t, side, WordOrder::Awq, 4)
         }
         _ => return Ok(None),
     };
     Ok(Some(WordProj {
         n,
         k,
+        bits,
         order,
         bytes: t.bytes,
         scales: side.scales,
         zeros: side.zeros,
+        g_idx: side.g_idx,
         scale_tensor: side.scale_tensor,
+        g_idx_tensor: side.g_idx_tensor,
     }))
+}
+
+/// AWQ: `qweight` checked for dtype and shape `[k, n/8]` against the config, with its scales
+/// (stored `[G, n]`) and zero points (`qzeros` `[G, n/8]`, unpacked to `[n, G]`).
+fn awq_tensors<'a>(
+    src: &'a TensorSource,
+    group_size: Option<usize>,
+    req: &ProjRequest<'_>,
+) -> Result<(TensorRef<'a>, Side<'a>), LayerError> {
+    let (n, k) = (req.n.size, req.k.size);
+    if !n.is_multiple_of(AWQ_PACK) {
+        return Err(LayerError::ConfigField {
+            file: req.config.to_path_buf(),
+            field: req.n.field,
+            reason: format!("{n} is not a multiple of the AWQ pack factor {AWQ_PACK}"),
+        });
+    }
+    let words = n / AWQ_PACK;
+    let t = src.get_as(&name(req.prefix, ParamKind::QWeight), &[Dtype::I32])?;
+    if t.shape.len() == 2 {
+        if t.shape[0] != k {
+            return Err(config_mismatch(&t, req.k, t.shape[0], req.config));
+        }
+        if t.shape[1] != words {
+            return Err(config_mismatch(
+                &t,
+                req.n,
+                t.shape[1].saturating_mul(AWQ_PACK),
+                req.config,
+            ));
+        }
+    }
+    t.expect_shape(&[k, words])?;
+    let (groups, _) = groups_of(group_size, k, &t.name)?;
+    let st = src.get(&name(req.prefix, ParamKind::Scales))?;
+    let scales = read_scales(&st, n, groups, true, None)?;
+    let zt = src.get_as(&name(req.prefix, ParamKind::QZeros), &[Dtype::I32])?;
+    zt.expect_shape(&[groups, words])?;
+    // Zero points share the codes' packing: `[G, n/8]` words → `[n, G]` values.
+    let zeros = unpack_awq(&i32_words(&zt)?, groups, n);
+    Ok((
+        t,
+        Side {
+            scales,
+            scale_tensor: st,
+            g_idx: None,
+            g_idx_tensor: None,
+            zeros: Some(zeros),
+        },
+    ))
 }
 
 /// Values per AWQ int32 word.
 const AWQ_PACK: usize = 8;
 
-/// AWQ's `gemm` packing: the nibble (4-bit field index) holding column `8j + c` of word `j`.
-/// AutoAWQ packs columns `0, 2, 4, 6, 1, 3, 5, 7` into fields `0..8`; this is its inverse.
-const AWQ_FIELD_OF_COLUMN: [usize; AWQ_PACK] = [0, 4, 1, 5, 2, 6, 3, 7];
+/// AWQ's `gemm` packing: the nibble (4-bit field index) holding column `8j + c` of word `j`
+/// (the kernels' packer reads the same order).
+const AWQ_FIELD_OF_COLUMN: [usize; AWQ_PACK] = moe_kernels::AWQ_FIELD_OF_CHANNEL;
 
 /// Unpacks an AWQ tensor `[rows, n/8]` (qweight with `rows = k`, qzeros with `rows = G`)
 /// into unsigned 4-bit values transposed to `[n, rows]`.

@@ -388,17 +388,18 @@ impl Checkpoint {
         })
     }
 
-    /// Routed expert `expert` (global id) of `layer` on a single rank with its int4 codes left
-    /// in the int32 words the checkpoint stores, for packing them word by word; checked as
-    /// [`Self::read_routed_expert`] checks them (biases refused). `None` when the format does
-    /// not store such words ([`Format::has_int4_words`]).
+    /// Routed expert `expert` (global id) of `layer` on a single rank with its codes left in
+    /// the int32 words the checkpoint stores, for packing them word by word; checked as
+    /// [`Self::read_routed_expert`] checks them (biases refused, the up projection's `g_idx`
+    /// equal to the gate's). `None` when the format does not store such words
+    /// ([`Format::has_code_words`]).
     pub(crate) fn read_routed_expert_words(
         &self,
         layer: usize,
         expert: usize,
     ) -> Result<Option<ExpertWords<'_>>, LayerError> {
         let group = self.routed_group();
-        if !group.format.has_int4_words() {
+        if !group.format.has_code_words() {
             return Ok(None);
         }
         let hidden = self.hidden_dim();
@@ -427,6 +428,14 @@ impl Checkpoint {
         else {
             return Ok(None);
         };
+        if w1.g_idx != w3.g_idx {
+            let t = w3.g_idx_tensor.as_ref().unwrap_or(&w3.scale_tensor);
+            return Err(LayerError::BadGroupIndex {
+                tensor: t.name.clone(),
+                file: t.file.to_path_buf(),
+                reason: "differs from the gate projection's g_idx".into(),
+            });
+        }
         // One scale dtype per expert, as the whole-layer read requires.
         let scale_dtype = w1.scales.dtype;
         for p in [&w3, &w2] {

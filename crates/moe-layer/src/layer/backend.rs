@@ -25,7 +25,15 @@ pub(crate) fn select(
         hidden_dim: cfg.hidden,
         intermediate_size: cfg.intermediate,
     };
-    let parallel = ParallelConfig::make(&ParallelRequest::tp(cfg.tp_size, cfg.tp_rank))?;
+    // The layer's own tensor and expert parallelism, both at once (the layer slices the
+    // intermediate size and holds the experts of its map), which vLLM's flattening would
+    // not produce: the oracle's checks read the sizes and ranks as they are.
+    let parallel = ParallelConfig {
+        ep_size: cfg.ep_size,
+        ep_rank: cfg.ep_rank,
+        use_ep: cfg.ep_size > 1,
+        ..ParallelConfig::make(&ParallelRequest::tp(cfg.tp_size, cfg.tp_rank))?
+    };
     let activation = match cfg.activation {
         moe_kernels::Activation::Silu { .. } => MoEActivation::Silu,
         moe_kernels::Activation::SwigluOai { .. } => MoEActivation::Swigluoai,

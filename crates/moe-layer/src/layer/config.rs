@@ -193,6 +193,12 @@ pub struct MoeLayerConfig {
     pub tp_size: usize,
     /// Global-to-local expert map (`-1` = another rank's), or `None` for every expert local.
     pub expert_map: Option<Vec<i32>>,
+    /// This rank's expert-parallel index (with [`Self::ep_size`]).
+    pub ep_rank: usize,
+    /// Expert-parallel ranks (1 = no expert parallelism). The oracle judges the layer with
+    /// this parallel configuration, so a layer is refused under expert parallelism exactly
+    /// where the oracle refuses it; the experts this rank holds are `expert_map`'s.
+    pub ep_size: usize,
     /// The gated activation.
     pub activation: Activation,
     /// How the gate and up rows of `w13` are laid out: gate rows then up rows
@@ -248,6 +254,8 @@ impl MoeLayerConfig {
             tp_rank: 0,
             tp_size: 1,
             expert_map: None,
+            ep_rank: 0,
+            ep_size: 1,
             activation: Activation::SILU,
             gate_up_layout: GateUpLayout::Concatenated,
             router_has_bias: false,
@@ -285,6 +293,15 @@ impl MoeLayerConfig {
     /// The global-to-local expert map (`-1` = another rank's expert), for expert parallelism.
     pub fn with_expert_map(mut self, expert_map: Option<Vec<i32>>) -> Self {
         self.expert_map = expert_map;
+        self
+    }
+
+    /// This rank's place in an expert-parallel group of `ep_size` ranks, as the oracle sees
+    /// it (the experts held are [`Self::with_expert_map`]'s; [`linear_expert_map`] gives
+    /// vLLM's linear placement).
+    pub fn with_expert_parallel(mut self, ep_rank: usize, ep_size: usize) -> Self {
+        self.ep_rank = ep_rank;
+        self.ep_size = ep_size;
         self
     }
 
@@ -370,6 +387,8 @@ impl MoeLayerConfig {
             top_k: 1,
             intermediate: shared.intermediate,
             expert_map: None,
+            ep_rank: 0,
+            ep_size: 1,
             router: RouterConfig::cpu_softmax(1, 1),
             router_bias_pending: false,
             router_has_bias: false,
@@ -390,6 +409,7 @@ impl MoeLayerConfig {
             ("hidden", self.hidden),
             ("intermediate", self.intermediate),
             ("tp_size", self.tp_size),
+            ("ep_size", self.ep_size),
             ("max_tokens", self.max_tokens),
         ] {
             if v == 0 {
@@ -416,6 +436,12 @@ impl MoeLayerConfig {
             return bad(
                 "top_k",
                 format!("{} exceeds num_experts {}", self.top_k, self.num_experts),
+            );
+        }
+        if self.ep_rank >= self.ep_size {
+            return bad(
+                "ep_rank",
+                format!("{} is outside 0..ep_size {}", self.ep_rank, self.ep_size),
             );
         }
         if self.tp_rank >= self.tp_size {
@@ -573,6 +599,30 @@ pub fn vllm_cpu_softmax_router(
     RouterConfig::cpu_softmax(num_experts, top_k)
         .with_renormalize(renormalize)
         .with_rounding(RoundingProfile::TorchEager)
+}
+
+/// vLLM's linear placement of `num_experts` experts on `ep_size` expert-parallel ranks (rank
+/// `r` holds a contiguous range, the first `E % ep_size` ranks one more): rank `ep_rank`'s
+/// global-to-local map, or `None` for a single rank.
+pub fn linear_expert_map(
+    num_experts: usize,
+    ep_rank: usize,
+    ep_size: usize,
+) -> Result<Option<Vec<i32>>, LayerError> {
+    if (ep_rank, ep_size) == (0, 1) {
+        return Ok(None);
+    }
+    let map = moe_router::ExpertMap::new(
+        num_experts,
+        ep_size,
+        ep_rank,
+        moe_router::ExpertPlacement::Linear,
+    )
+    .map_err(|e| LayerError::InvalidArgument {
+        field: "ep_rank",
+        reason: e.to_string(),
+    })?;
+    Ok(Some(map.as_slice().to_vec()))
 }
 
 /// The router a checkpoint's routing calls for (spec section 2): vLLM's CPU softmax top-k for

@@ -104,6 +104,8 @@ impl MoeLayerConfig {
             tp_rank,
             tp_size,
             expert_map,
+            ep_rank: 0,
+            ep_size: 1,
             activation,
             gate_up_layout: if gpt_oss {
                 GateUpLayout::Interleaved
@@ -146,6 +148,10 @@ pub struct LoadOptions<'a> {
     /// Kernels the backend selection must not choose; `None` (the default) reads
     /// `MOE_DISABLED_KERNELS` ([`MoeLayerConfig::disabled_kernels`]).
     pub disabled_kernels: Option<&'a DisabledKernels>,
+    /// This rank's `(ep_rank, ep_size)` in an expert-parallel group, for the oracle
+    /// ([`MoeLayerConfig::with_expert_parallel`]); `(0, 1)` by default. Only
+    /// [`MoeLayer::from_checkpoint_ranked_with`] reads it, with the expert map it is given.
+    pub expert_parallel: (usize, usize),
 }
 
 impl<'a> LoadOptions<'a> {
@@ -156,6 +162,7 @@ impl<'a> LoadOptions<'a> {
             progress: None,
             wna16_activations: Wna16Activations::Float,
             disabled_kernels: None,
+            expert_parallel: (0, 1),
         }
     }
 
@@ -173,6 +180,12 @@ impl<'a> LoadOptions<'a> {
             Some(disabled) => cfg.with_disabled_kernels(disabled.clone()),
             None => cfg,
         }
+    }
+
+    /// This rank's place in an expert-parallel group, for the oracle.
+    pub fn with_expert_parallel(mut self, ep_rank: usize, ep_size: usize) -> Self {
+        self.expert_parallel = (ep_rank, ep_size);
+        self
     }
 
     /// Multiplies WNA16 weights with `activations`.
@@ -207,6 +220,7 @@ impl std::fmt::Debug for LoadOptions<'_> {
             .field("progress", &self.progress.map(|_| "callback"))
             .field("wna16_activations", &self.wna16_activations)
             .field("disabled_kernels", &self.disabled_kernels)
+            .field("expert_parallel", &self.expert_parallel)
             .finish()
     }
 }
@@ -307,7 +321,12 @@ impl MoeLayer {
             expert_map.clone(),
             max_tokens,
         )?;
-        let cfg = load.configure(cfg);
+        let cfg = load
+            .configure(cfg)
+            .with_expert_parallel(load.expert_parallel.0, load.expert_parallel.1);
+        // The oracle judges the rank before anything is read, as `moe inspect` does, so a
+        // configuration it refuses is refused for its reason whatever the tensors hold.
+        cfg.select_backend()?;
         if cfg.quant == LayerQuant::Fp8Block {
             return Self::fp8_from_checkpoint(ckpt, layer, cfg, load);
         }
@@ -400,12 +419,12 @@ impl MoeLayer {
         let done = std::sync::atomic::AtomicUsize::new(0);
         let total = local.len();
         let experts = moe_kernels::par::map_indexed(total, opts.par, |x| {
-            if let LayerQuant::Wna16 { group_size, .. } = one.quant
+            if matches!(one.quant, LayerQuant::Wna16 { .. })
                 && native_wna16
                 && let Some(words) = ckpt.read_routed_expert_words(layer, local[x])?
             {
                 // The codes go from the checkpoint's words to the packed layout directly.
-                let (w13, w2) = super::wna16::pack_expert_words(&words, one.quant, group_size)?;
+                let (w13, w2) = super::wna16::pack_expert_words(&words, one.quant)?;
                 let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
                 if let Some(report) = opts.progress {
                     report(LoadProgress { done: n, total });
@@ -1158,14 +1177,55 @@ mod tests {
             ("stream-gptq", gptq(0x10b0), false, true),
             ("stream-gptq-asym", gptq(0x10b1), true, true),
         ];
+        // AWQ, act-order and 8-bit codes on ragged shapes (K past a step or a word, N past a
+        // panel), each format, grouped and channelwise.
+        use test_support::{Wna16Spec, Wna16Store};
+        let spec = |store, bits, group, act_order, asym, shape| Wna16Spec {
+            store,
+            bits,
+            group,
+            act_order,
+            asym,
+            shape,
+        };
+        let (ragged, odd) = ([3, 2, 24, 40], [3, 2, 20, 12]);
+        let specs = [
+            spec(Wna16Store::Awq, 4, Some(8), false, true, ragged),
+            spec(Wna16Store::Awq, 4, None, false, true, [2, 2, 40, 24]),
+            spec(Wna16Store::Gptq, 4, Some(8), true, false, ragged),
+            spec(Wna16Store::Gptq, 4, Some(8), true, true, ragged),
+            spec(Wna16Store::Gptq, 8, Some(8), false, false, ragged),
+            spec(Wna16Store::Gptq, 8, Some(8), true, true, ragged),
+            spec(Wna16Store::Gptq, 8, None, false, false, [2, 2, 36, 20]),
+            spec(Wna16Store::PackQuantized, 4, Some(8), true, false, ragged),
+            spec(
+                Wna16Store::PackQuantized,
+                4,
+                Some(16),
+                true,
+                true,
+                [2, 2, 48, 32],
+            ),
+            spec(Wna16Store::PackQuantized, 8, Some(8), false, false, ragged),
+            spec(Wna16Store::PackQuantized, 8, Some(8), true, true, ragged),
+            spec(Wna16Store::PackQuantized, 8, None, false, true, odd),
+            spec(Wna16Store::PackQuantized, 8, None, false, false, odd),
+        ];
+        let cases = cases
+            .into_iter()
+            .map(|(tag, ck, asym, words)| (tag.to_string(), ck, asym, words))
+            .chain(specs.iter().enumerate().map(|(x, s)| {
+                let ck = test_support::wna16(s, 0x3000 + x as u64);
+                (format!("stream-words-{x} {s:?}"), ck, false, true)
+            }));
         for (tag, mut ck, asym, words) in cases {
             if asym {
                 make_asymmetric(&mut ck, 0x2e50);
             }
-            let dir = temp_dir(tag);
+            let dir = temp_dir(tag.split(' ').next().unwrap_or("stream"));
             ck.write(&dir);
             let ckpt = Checkpoint::open(&dir, ShardAccess::Mmap).unwrap();
-            // The int4 formats are read as words: the road under test.
+            // The word formats are read as words: the road under test.
             let read = ckpt.read_routed_expert_words(0, 0).unwrap();
             assert_eq!(read.is_some(), words, "{tag}");
             let cfg = MoeLayerConfig::from_spec(ckpt.spec(), 0, 1, None, 8).unwrap();

@@ -43,11 +43,11 @@ use moe_oracle::Selection;
 use moe_quant::DType;
 use moe_router::{IdsOut, Logits, Router, RouterScratch};
 
-#[cfg(feature = "checkpoint")]
-pub use config::router_from_spec;
 pub use config::{
     LayerQuant, MoeLayerConfig, SharedExperts, Wna16Activations, vllm_cpu_softmax_router,
 };
+#[cfg(feature = "checkpoint")]
+pub use config::{linear_expert_map, router_from_spec};
 #[cfg(feature = "checkpoint")]
 pub use from_checkpoint::{LoadOptions, LoadProgress};
 pub use params::{ExpertShard, TensorData, TensorKind, TensorView};

@@ -6,10 +6,11 @@
 //! `q − 2^(bits−1)`, so the offset restores the stored unsigned `q`; their zero points go to
 //! the packed matrix as they are, and the kernels compute `(q − z)·s`.
 //!
-//! Int4 checkpoints that store eight codes of a channel along K per int32 word, in activation
-//! order (compressed-tensors `pack-quantized`, GPTQ without act-order), are packed on the
-//! streamed load by `pack_expert_words` straight from those words, which are already the
-//! packed layout's step words; the result is the same packed matrix.
+//! Checkpoints that store their codes in int32 words (compressed-tensors `pack-quantized` and
+//! GPTQ, int4 or int8, act-order or not; AWQ) are packed on the streamed load by
+//! `pack_expert_words` straight from those words: int4 words along K in activation order are
+//! already the packed layout's step words and are copied, the others go through a
+//! cache-sized tile per panel of 16 channels; the result is the same packed matrix.
 //!
 //! Act-order checkpoints give every input row a group (`g_idx`) in any order. Packing sorts the
 //! input rows by group once (stable, so rows of a group keep their order), which makes every
@@ -202,16 +203,27 @@ fn pack_expert(
     })?)
 }
 
-/// Packs one expert read as int4 words (compressed-tensors `pack-quantized`, GPTQ without
-/// act-order): the matrices [`pack_expert`] builds from the same expert's codes, after the same
-/// scale checks, but copied word by word from the checkpoint instead of through one byte per
-/// code.
+/// Packs one expert read as words (compressed-tensors `pack-quantized`, GPTQ, AWQ; int4 or
+/// int8; act-order or not): the matrices [`pack_expert`] builds from the same expert's codes,
+/// after the same scale and `g_idx` checks, but gathered from the checkpoint's words instead
+/// of through one byte per code.
 #[cfg(feature = "checkpoint")]
 pub(crate) fn pack_expert_words(
     ex: &crate::checkpoint::ExpertWords<'_>,
     quant: super::config::LayerQuant,
-    group_size: Option<usize>,
 ) -> Result<(PackedWna16, PackedWna16), LayerError> {
+    let super::config::LayerQuant::Wna16 {
+        bits,
+        group_size,
+        act_order,
+        ..
+    } = quant
+    else {
+        return Err(LayerError::InvalidArgument {
+            field: "quant",
+            reason: "only WNA16 experts are packed from words".into(),
+        });
+    };
     let [w1, w3] = &ex.w13;
     // Scales read from f16 or bf16 are finite and non-negative (the reader checked) and exact
     // in their own dtype, so `check_scale` can only refuse f32 ones.
@@ -226,8 +238,32 @@ pub(crate) fn pack_expert_words(
             }
         }
     }
-    let w13 = pack_words(&[w1, w3], ex.scale_dtype, group_size)?;
-    let w2 = pack_words(&[&ex.w2], ex.scale_dtype, group_size)?;
+    // Act-order: one permutation per matrix (gate and up share theirs, the reader checked),
+    // as the whole-layer road sorts them; channelwise scales need none.
+    let perm = |name: &str, p: &crate::checkpoint::WordProj<'_>| match (group_size, act_order) {
+        (Some(gs), true) => {
+            let g_idx = p.g_idx.as_deref().ok_or(LayerError::MissingParams {
+                missing: vec![format!("{name}_g_idx")],
+            })?;
+            group_order(name, g_idx, 0, gs, p.k.div_ceil(gs)).map(Some)
+        }
+        _ => Ok(None),
+    };
+    let (perm13, perm2) = (perm("w13_weight", w1)?, perm("w2_weight", &ex.w2)?);
+    let w13 = pack_words(
+        &[w1, w3],
+        bits,
+        ex.scale_dtype,
+        group_size,
+        perm13.as_deref(),
+    )?;
+    let w2 = pack_words(
+        &[&ex.w2],
+        bits,
+        ex.scale_dtype,
+        group_size,
+        perm2.as_deref(),
+    )?;
     Ok((w13, w2))
 }
 
@@ -235,19 +271,33 @@ pub(crate) fn pack_expert_words(
 #[cfg(feature = "checkpoint")]
 fn pack_words(
     parts: &[&crate::checkpoint::WordProj<'_>],
+    bits: u32,
     dtype: DType,
     group_size: Option<usize>,
+    perm: Option<&[u32]>,
 ) -> Result<PackedWna16, LayerError> {
-    use moe_kernels::{Int4WordRows, Wna16WordsDesc};
+    use moe_kernels::{Wna16WordsDesc, WordRows};
     let (Some(first), n) = (parts.first(), parts.iter().map(|p| p.n).sum()) else {
         return Err(LayerError::InvalidArgument {
             field: "parts",
             reason: "no projection to pack".into(),
         });
     };
-    let rows: Vec<Int4WordRows<'_>> = parts
+    if let Some(p) = parts
         .iter()
-        .map(|p| Int4WordRows {
+        .find(|p| p.bits != bits || p.order != first.order)
+    {
+        return Err(LayerError::InvalidArgument {
+            field: "bits",
+            reason: format!(
+                "{}: {}-bit {:?} words, expected {bits}-bit {:?}",
+                p.scale_tensor.name, p.bits, p.order, first.order
+            ),
+        });
+    }
+    let rows: Vec<WordRows<'_>> = parts
+        .iter()
+        .map(|p| WordRows {
             channels: p.n,
             bytes: p.bytes,
         })
@@ -284,12 +334,14 @@ fn pack_words(
     Ok(PackedWna16::pack_words(Wna16WordsDesc {
         n,
         k: first.k,
+        bits,
         order: first.order,
         rows: &rows,
         group_size,
         scales,
         zeros: zeros.as_deref(),
         bias: None,
+        perm,
     })?)
 }
 
@@ -310,30 +362,51 @@ fn sort_by_group(
             expected: vec![k],
             actual: vec![p.g_idx.len().saturating_sub(x * k)],
         })?;
+    group_order(p.name, g_idx, x * k, gs, groups)
+}
+
+/// The K values of one matrix sorted by their group `g_idx[k]` (stable, so rows of a group
+/// keep their order); refuses a group index outside `0..groups` and groups that are not
+/// `gs` rows each (the last one the remainder). `at` is the flat index of `g_idx[0]` in the
+/// parameter `{name}_g_idx`, for errors.
+fn group_order(
+    name: &str,
+    g_idx: &[i32],
+    at: usize,
+    gs: usize,
+    groups: usize,
+) -> Result<Vec<u32>, LayerError> {
+    let k = g_idx.len();
     let mut counts = vec![0usize; groups];
     for (index, &g) in g_idx.iter().enumerate() {
         match usize::try_from(g).ok().filter(|&g| g < groups) {
             Some(g) => counts[g] += 1,
             None => {
                 return Err(LayerError::ParamValue {
-                    tensor: format!("{}_g_idx", p.name),
-                    index: x * k + index,
+                    tensor: format!("{name}_g_idx"),
+                    index: at + index,
                     value: f64::from(g),
                     reason: "group index outside 0..K/group_size",
                 });
             }
         }
     }
-    if let Some(g) = (0..groups).find(|&g| counts[g] != gs.min(k - g * gs)) {
+    if let Some(g) = (0..groups).find(|&g| counts[g] != gs.min(k.saturating_sub(g * gs))) {
         return Err(LayerError::ParamValue {
-            tensor: format!("{}_g_idx", p.name),
-            index: x * k,
+            tensor: format!("{name}_g_idx"),
+            index: at,
             value: g as f64,
             reason: "act-order groups must each hold group_size input rows",
         });
     }
-    let mut perm: Vec<u32> = (0..k as u32).collect();
-    perm.sort_by_key(|&r| g_idx[r as usize]);
+    // A counting sort: each group's rows start where the groups before it end.
+    let mut next: Vec<usize> = (0..groups).map(|g| g * gs).collect();
+    let mut perm = vec![0u32; k];
+    for (row, &g) in g_idx.iter().enumerate() {
+        let slot = &mut next[g as usize];
+        perm[*slot] = row as u32;
+        *slot += 1;
+    }
     Ok(perm)
 }
 

@@ -594,3 +594,274 @@ impl Ckpt {
         );
     }
 }
+
+/// How [`wna16`] stores a checkpoint's codes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Wna16Store {
+    /// compressed-tensors `pack-quantized`: `weight_packed` `[n, ceil(k·b/32)]`.
+    PackQuantized,
+    /// GPTQ: `qweight` `[k·b/32, n]` (v1 zero points, stored minus one).
+    Gptq,
+    /// AWQ `gemm`: `qweight` `[k, n/8]`, int4 with zero points only.
+    Awq,
+}
+
+/// A WNA16 checkpoint to write with [`wna16`].
+#[derive(Clone, Copy, Debug)]
+pub struct Wna16Spec {
+    pub store: Wna16Store,
+    /// 4 or 8.
+    pub bits: u32,
+    /// `None` = channelwise.
+    pub group: Option<usize>,
+    /// Act-order: random `g_idx` (each group `group` rows of K in a random order).
+    pub act_order: bool,
+    /// Zero points (always for AWQ).
+    pub asym: bool,
+    /// `[experts, top_k, hidden, intermediate]`.
+    pub shape: [usize; 4],
+}
+
+/// A one-layer Qwen3-MoE WNA16 checkpoint as `spec` describes, with random unsigned codes,
+/// zero points and scales (exact in bf16 and f16) from `seed`.
+pub fn wna16(spec: &Wna16Spec, seed: u64) -> Ckpt {
+    let mut rng = SplitMix64::new(seed);
+    let [e, top_k, h, i] = spec.shape;
+    let bits = spec.bits;
+    let asym = spec.asym || spec.store == Wna16Store::Awq;
+    let g_json = spec.group.map_or(-1, |g| g as i64);
+    let qc = match spec.store {
+        Wna16Store::PackQuantized => {
+            let mut qc = ct_config("pack-quantized", false);
+            let w = &mut qc["config_groups"]["group_0"]["weights"];
+            w["num_bits"] = json!(bits);
+            w["symmetric"] = json!(!asym);
+            match spec.group {
+                Some(g) => w["group_size"] = json!(g),
+                None => {
+                    w["strategy"] = json!("channel");
+                    w["group_size"] = Value::Null;
+                }
+            }
+            if spec.act_order {
+                w["actorder"] = json!("group");
+            }
+            qc
+        }
+        Wna16Store::Gptq => json!({"quant_method": "gptq", "bits": bits, "group_size": g_json,
+            "desc_act": spec.act_order, "sym": !asym, "checkpoint_format": "gptq"}),
+        Wna16Store::Awq => json!({"quant_method": "awq", "bits": 4, "group_size": g_json,
+            "zero_point": true, "version": "gemm"}),
+    };
+    let config = json!({
+        "model_type": "qwen3_moe",
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "torch_dtype": "bfloat16",
+        "hidden_act": "silu",
+        "hidden_size": h,
+        "num_hidden_layers": 1,
+        "num_experts": e,
+        "num_experts_per_tok": top_k,
+        "moe_intermediate_size": i,
+        "norm_topk_prob": true,
+        "quantization_config": qc,
+    });
+    let mut ck = Ckpt {
+        config,
+        tensors: BTreeMap::new(),
+    };
+    ck.put(
+        "model.layers.0.mlp.gate.weight",
+        Dtype::BF16,
+        &[e, h],
+        bf16_bytes(&rng.vec_uniform(e * h, -0.5, 0.5)),
+    );
+    let max = (1u64 << bits) - 1;
+    let pf = (32 / bits) as usize;
+    let mask = (1u32 << bits) - 1;
+    for x in 0..e {
+        // Gate and up share one g_idx (the reader requires it).
+        let mut g_idx13: Option<Vec<i32>> = None;
+        for (name, (n, k)) in
+            ["gate_proj", "up_proj", "down_proj"]
+                .iter()
+                .zip([(i, h), (i, h), (h, i)])
+        {
+            let gs = spec.group.unwrap_or(k);
+            let groups = k.div_ceil(gs);
+            let q: Vec<u32> = (0..n * k)
+                .map(|_| (rng.next_u64() % (max + 1)) as u32)
+                .collect();
+            let z: Vec<u32> = (0..n * groups)
+                .map(|_| (rng.next_u64() % (max + 1)) as u32)
+                .collect();
+            let scales: Vec<f32> = (0..n * groups)
+                .map(|_| half::f16::from_f32(rng.uniform(0.002, 0.02)).to_f32())
+                .map(|s| bf16::from_f32(s).to_f32())
+                .collect();
+            let g_idx: Vec<i32> = if spec.act_order {
+                let mut fresh = || {
+                    let mut perm: Vec<usize> = (0..k).collect();
+                    for j in (1..k).rev() {
+                        perm.swap(j, rng.below(j + 1));
+                    }
+                    let mut g = vec![0i32; k];
+                    for (slot, &col) in perm.iter().enumerate() {
+                        g[col] = (slot / gs) as i32;
+                    }
+                    g
+                };
+                match (*name, &g_idx13) {
+                    ("up_proj", Some(g)) => g.clone(),
+                    ("gate_proj", _) => {
+                        let g = fresh();
+                        g_idx13 = Some(g.clone());
+                        g
+                    }
+                    _ => fresh(),
+                }
+            } else {
+                (0..k).map(|kk| (kk / gs) as i32).collect()
+            };
+            let prefix = format!("model.layers.0.mlp.experts.{x}.{name}");
+            // Scales transposed `[G, n]` in f16 (GPTQ, AWQ) or `[n, G]` in bf16.
+            let scales_gn = || -> Vec<u8> {
+                (0..groups * n)
+                    .flat_map(|at| {
+                        let (g, c) = (at / n, at % n);
+                        half::f16::from_f32(scales[c * groups + g]).to_le_bytes()
+                    })
+                    .collect()
+            };
+            match spec.store {
+                Wna16Store::PackQuantized => {
+                    let offset = 1i32 << (bits - 1);
+                    let signed: Vec<i8> = q.iter().map(|&v| (v as i32 - offset) as i8).collect();
+                    let words = moe_quant::pack_to_int32(&signed, n, k, bits).unwrap();
+                    let cols = moe_quant::pack::packed_int32_cols(k, bits);
+                    ck.put(
+                        &format!("{prefix}.weight_packed"),
+                        Dtype::I32,
+                        &[n, cols],
+                        i32_bytes(&words),
+                    );
+                    let shape: Vec<u8> = [n as i64, k as i64]
+                        .iter()
+                        .flat_map(|v| v.to_le_bytes())
+                        .collect();
+                    ck.put(&format!("{prefix}.weight_shape"), Dtype::I64, &[2], shape);
+                    ck.put(
+                        &format!("{prefix}.weight_scale"),
+                        Dtype::BF16,
+                        &[n, groups],
+                        bf16_bytes(&scales),
+                    );
+                    if asym {
+                        // Packed along N: field t of word [r][g] is row r·pf + t.
+                        let rows = n.div_ceil(pf);
+                        let mut zw = vec![0u32; rows * groups];
+                        for c in 0..n {
+                            for g in 0..groups {
+                                zw[(c / pf) * groups + g] |=
+                                    z[c * groups + g] << (bits as usize * (c % pf));
+                            }
+                        }
+                        let zw: Vec<i32> = zw.into_iter().map(|w| w as i32).collect();
+                        ck.put(
+                            &format!("{prefix}.weight_zero_point"),
+                            Dtype::I32,
+                            &[rows, groups],
+                            i32_bytes(&zw),
+                        );
+                    }
+                    if spec.act_order {
+                        ck.put(
+                            &format!("{prefix}.weight_g_idx"),
+                            Dtype::I32,
+                            &[k],
+                            i32_bytes(&g_idx),
+                        );
+                    }
+                }
+                Wna16Store::Gptq => {
+                    let mut qw = vec![0u32; k / pf * n];
+                    for c in 0..n {
+                        for kk in 0..k {
+                            qw[(kk / pf) * n + c] |= q[c * k + kk] << (bits as usize * (kk % pf));
+                        }
+                    }
+                    let qw: Vec<i32> = qw.into_iter().map(|w| w as i32).collect();
+                    ck.put(
+                        &format!("{prefix}.qweight"),
+                        Dtype::I32,
+                        &[k / pf, n],
+                        i32_bytes(&qw),
+                    );
+                    ck.put(
+                        &format!("{prefix}.scales"),
+                        Dtype::F16,
+                        &[groups, n],
+                        scales_gn(),
+                    );
+                    // v1 zero points store z − 1; symmetric ones the implied zero − 1.
+                    let mut zw = vec![0u32; groups * n / pf];
+                    for c in 0..n {
+                        for g in 0..groups {
+                            let zv = if asym {
+                                z[c * groups + g]
+                            } else {
+                                1 << (bits - 1)
+                            };
+                            zw[g * (n / pf) + c / pf] |=
+                                (zv.wrapping_sub(1) & mask) << (bits as usize * (c % pf));
+                        }
+                    }
+                    let zw: Vec<i32> = zw.into_iter().map(|w| w as i32).collect();
+                    ck.put(
+                        &format!("{prefix}.qzeros"),
+                        Dtype::I32,
+                        &[groups, n / pf],
+                        i32_bytes(&zw),
+                    );
+                    ck.put(
+                        &format!("{prefix}.g_idx"),
+                        Dtype::I32,
+                        &[k],
+                        i32_bytes(&g_idx),
+                    );
+                }
+                Wna16Store::Awq => {
+                    const FIELD: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+                    let awq = |rows: usize, value: &dyn Fn(usize, usize) -> u32| -> Vec<u8> {
+                        let mut w = vec![0u32; rows * n / 8];
+                        for r in 0..rows {
+                            for c in 0..n {
+                                w[r * (n / 8) + c / 8] |= value(r, c) << (4 * FIELD[c % 8]);
+                            }
+                        }
+                        w.iter().flat_map(|v| v.to_le_bytes()).collect()
+                    };
+                    ck.put(
+                        &format!("{prefix}.qweight"),
+                        Dtype::I32,
+                        &[k, n / 8],
+                        awq(k, &|r, c| q[c * k + r]),
+                    );
+                    ck.put(
+                        &format!("{prefix}.qzeros"),
+                        Dtype::I32,
+                        &[groups, n / 8],
+                        awq(groups, &|g, c| z[c * groups + g]),
+                    );
+                    ck.put(
+                        &format!("{prefix}.scales"),
+                        Dtype::F16,
+                        &[groups, n],
+                        scales_gn(),
+                    );
+                }
+            }
+        }
+    }
+    ck
+}
