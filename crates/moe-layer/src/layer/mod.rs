@@ -43,11 +43,12 @@ use moe_oracle::Selection;
 use moe_quant::DType;
 use moe_router::{IdsOut, Logits, Router, RouterScratch};
 
-pub use config::{
-    LayerQuant, MoeLayerConfig, SharedExperts, Wna16Activations, vllm_cpu_softmax_router,
-};
 #[cfg(feature = "checkpoint")]
-pub use config::{linear_expert_map, router_from_spec};
+pub use config::router_from_spec;
+pub use config::{
+    LayerQuant, MoeLayerConfig, SharedExperts, Wna16Activations, linear_expert_map,
+    vllm_cpu_softmax_router,
+};
 #[cfg(feature = "checkpoint")]
 pub use from_checkpoint::{LoadOptions, LoadProgress};
 pub use params::{ExpertShard, TensorData, TensorKind, TensorView};
