@@ -81,7 +81,7 @@ fn gpt_oss_checkpoints_match_the_dequantized_reference() {
 }
 
 /// Many rows per expert: where the CPU has the WNA16 bf16 path (from 10 rows), the GEMM inputs
-/// (hidden states, then activations) are rounded to bf16 (relative 2^-9 each; the weights stay
+/// (hidden states, then activations) are rounded to bf16 (relative 2^-8 each; the weights stay
 /// exact), so the bound there is a relative L2 error of `5e-3` (as for WNA16), elsewhere
 /// `1e-5·max|out|` per element.
 #[test]

@@ -76,7 +76,7 @@ fn check(ck: &Ckpt, experts: &[[Proj; 3]], tag: &str, gate_up_group: &dyn Fn(usi
     let info = layer.backend().unwrap();
     assert!(info.kernel.starts_with("cpu-wna16/"), "{tag}: {info:?}");
     // From some rows per expert on, int4 GEMMs may take the CPU's bf16 path (activations and
-    // dequantized weights rounded to bf16: a relative error of about 2^-9 per product); below
+    // dequantized weights rounded to bf16: a relative error of about 2^-8 per factor); below
     // it they compute in f32.
     let bf16_path = info
         .ops

@@ -76,8 +76,9 @@ proptest! {
 
     #[test]
     fn int8_per_row_bf16_error_bound(row in float_row(200)) {
-        // bf16 rounds the scale and the quotient (|quotient| <= 127, relative error 2^-9), so the
-        // bound is (0.5 + 127·2^-9)·scale < 0.75·scale.
+        // The quotient (|quotient| <= 127) is rounded to bf16, whose spacing below 128 is at
+        // most 0.5, so it moves by at most 0.25 before the rounding to an integer: the bound is
+        // (0.5 + 0.25)·scale with the scale the codes are dequantized with.
         let w: Vec<bf16> = row.iter().map(|&x| bf16::from_f32(x)).collect();
         let q = quantize_int8_per_row(&w, 1, w.len()).unwrap();
         let s = q.scales[0];

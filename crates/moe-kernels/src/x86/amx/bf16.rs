@@ -5,7 +5,7 @@
 //! With group scales the int8 body must leave the tile unit after every scale block (store the
 //! C tiles, scale, add in f32); here the scale is inside the bf16 weights, so a C tile is stored
 //! once. The price is numerics: each activation and each scaled weight is rounded to bf16
-//! (relative error at most 2^-9 each) instead of the activations to int8, which is closer to
+//! (relative error at most 2^-8 each) instead of the activations to int8, which is closer to
 //! the f32 reference than W4A8 but not bit-equal to it or to vLLM's W4A8 kernel. The tile unit
 //! adds in its own order, so results are compared with a reference within a tolerance, not bit
 //! for bit.
