@@ -258,6 +258,8 @@ pub unsafe extern "C" fn moe_layer_open_checkpoint_with(
                         .to_vec(),
                     ),
                 };
+                // The oracle judges the rank too, as `moe inspect` and `moe run` do.
+                let load = load.with_expert_parallel(ranks.ep_rank, ranks.ep_size);
                 MoeLayer::from_checkpoint_ranked_with(
                     &ckpt,
                     layer,

@@ -639,6 +639,41 @@ fn open_checkpoint_with_int8_activations_runs_wna16_on_the_w4a8_kernels() {
     }
 }
 
+/// An expert-parallel rank reaches the oracle: more ranks than the fixture's 8 experts is
+/// refused for the oracle's reason, as `moe inspect` and `moe run` refuse it, while a rank of
+/// a group the experts fill opens.
+#[test]
+fn open_checkpoint_ranked_asks_the_oracle_with_the_expert_parallel_rank() {
+    let dir = CString::new(fixture().to_str().unwrap()).unwrap();
+    let open = |ep_rank: usize, ep_size: usize| {
+        let ranks = MoeRanks {
+            tp_rank: 0,
+            tp_size: 1,
+            ep_rank,
+            ep_size,
+        };
+        let mut layer = null_mut();
+        // SAFETY: a valid C string, ranks and out-pointer.
+        let status = unsafe {
+            moe_layer_open_checkpoint_ranked(
+                dir.as_ptr(),
+                MOE_FIRST_MOE_LAYER,
+                16,
+                &ranks,
+                &mut layer,
+            )
+        };
+        (status, layer)
+    };
+    let (status, layer) = open(0, 9);
+    expect(status, MoeStatus::Unsupported);
+    assert!(layer.is_null());
+    assert!(last_error().contains("EP ranks"), "{}", last_error());
+    let (status, layer) = open(1, 2);
+    expect(status, MoeStatus::Ok);
+    expect(moe_layer_free(layer), MoeStatus::Ok);
+}
+
 /// Bad options are refused with `MOE_STATUS_INVALID_ARGUMENT` and a message naming the field.
 #[test]
 fn bad_layer_options_are_refused() {
