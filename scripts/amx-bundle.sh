@@ -20,11 +20,13 @@ rm -rf "$out"
 mkdir -p "$out/bin" "$out/tests" "$out/goldens"
 
 cargo build --release -p moe-cli
+# `strip` comes with binutils, which a Rust toolchain on Linux needs for linking anyway.
 strip --strip-debug -o "$out/bin/moe" target/release/moe
 
-# Every test executable of moe-kernels (unit tests and integration tests), as cargo names them.
+# Every test executable of moe-kernels (unit tests and integration tests), as cargo names them:
+# moe-kernels has no binaries, so every artifact with an executable is a test.
 cargo test -p moe-kernels --no-run --message-format=json-render-diagnostics \
-    | jq -r 'select(.reason == "compiler-artifact" and .profile.test and .executable != null) | .executable' \
+    | grep -o '"executable":"[^"]*"' | sed 's/^"executable":"//; s/"$//' \
     | while read -r exe; do
         name=$(basename "$exe")
         strip --strip-debug -o "$out/tests/${name%-*}" "$exe"
