@@ -307,7 +307,7 @@ fn run_w4a8(
     assert_eq!(out.len(), m * w.n(), "run_w4a8: output length");
     let a_tiles: &[u8] = match kernel.tile_a {
         Some(tile_a) => {
-            tile_a(rows.a, m, w, tiles);
+            tile_a(rows.a, rows.corr, m, w, tiles);
             tiles
         }
         None => &[],
@@ -368,7 +368,7 @@ pub(crate) fn w4a8_block_acc(
     prepare_w4a8(m, a, w, kernel.encoding, &mut scratch)?;
     let mut acc = vec![0i32; m * w.n_blocks() * w.n_panels() * crate::packed::PANEL];
     if let Some(tile_a) = kernel.tile_a {
-        tile_a(&scratch.encoded, m, w, &mut scratch.tiles);
+        tile_a(&scratch.encoded, &scratch.corr, m, w, &mut scratch.tiles);
     }
     let job = W4A8Job {
         w,

@@ -206,13 +206,16 @@ fn w4a8_every_rung_matches_reference_on_ragged_shapes() {
 /// Rows whose codes sit at the far ends of the zero point (`|q − zp| = 255` on every value:
 /// all-positive rows get `zp = −128` and codes near 127, all-negative rows the mirror) put
 /// the block corrections at their largest, the edge of the narrow forms some kernels pack
-/// them in (see the AVX-512 VNNI tile); blocks of 128 and channelwise blocks on both sides of
-/// the 16-bit limits.
+/// them in (see the AVX-512 VNNI tile); blocks of 32 (whose correction the AMX tiles carry in
+/// one unsigned byte per row), blocks of 128 and channelwise blocks on both sides of the 16-bit
+/// limits.
 #[test]
 fn w4a8_block_corrections_at_their_extremes() {
     let mut rng = SplitMix64::new(0xe47);
     let rungs = rungs();
     for &(k, g) in &[
+        (96, Some(32)),
+        (32, None),
         (128, Some(128)),
         (256, Some(128)),
         (128, None),

@@ -208,12 +208,14 @@ pub(crate) struct W4Bf16Job<'a> {
 unsafe impl Sync for W4Bf16Job<'_> {}
 
 /// Re-lays a W4A8 GEMM's encoded rows (`[m][w.k_pad()]`) into a kernel's own layout, once per
-/// GEMM, so that every panel range the GEMM is split into reads the same copy.
+/// GEMM, so that every panel range the GEMM is split into reads the same copy. `corr` holds the
+/// rows' corrections ([`W4A8Job::row_corr`]), for layouts that carry them into the products.
 #[cfg_attr(
     not(any(target_arch = "x86_64", target_arch = "aarch64")),
     allow(dead_code)
 )]
-pub(crate) type W4A8TileAFn = fn(a: &[u8], m: usize, w: &PackedW4A8, dst: &mut Vec<u8>);
+pub(crate) type W4A8TileAFn =
+    fn(a: &[u8], corr: &[i32], m: usize, w: &PackedW4A8, dst: &mut Vec<u8>);
 
 /// The W8A8 counterpart of [`W4A8TileAFn`].
 #[cfg_attr(

@@ -84,7 +84,13 @@ fn pair_rows(a: &[u8], m: usize, k_pad: usize, dst: &mut Vec<u8>) {
 }
 
 /// [`pair_rows`] as the W4A8 layout hook.
-fn w4a8_pair_rows(a: &[u8], m: usize, w: &crate::packed::PackedW4A8, dst: &mut Vec<u8>) {
+fn w4a8_pair_rows(
+    a: &[u8],
+    _corr: &[i32],
+    m: usize,
+    w: &crate::packed::PackedW4A8,
+    dst: &mut Vec<u8>,
+) {
     pair_rows(a, m, w.k_pad(), dst);
 }
 

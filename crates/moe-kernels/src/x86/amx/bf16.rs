@@ -370,7 +370,7 @@ mod tests {
     use half::bf16;
     use moe_testutil::SplitMix64;
 
-    use crate::{GemmScratch, PackedW4A8, Par, W4A8Prefill, W4A8Scales};
+    use crate::{GemmScratch, PackedW4A8, Par, W4A8Scales};
 
     /// `Σ_k bf16(x)·bf16(w·s)` (+ bias) in f64, and `Σ_k |term|` for the tolerance.
     #[allow(clippy::too_many_arguments)] // one matrix product's inputs, spelled out
@@ -412,12 +412,8 @@ mod tests {
             Some(ks) => sets.push(("emulated tiles", ks)),
             None => eprintln!("note: skipping the emulated bf16 tiles: no AVX-512 VNNI and BF16"),
         }
-        if let Some(ks) = crate::KernelSet::for_isa(crate::Isa::Amx).filter(|k| k.has_bf16_tiles())
-        {
-            sets.push((
-                "hardware tiles",
-                ks.with_w4a8_prefill(W4A8Prefill::Bf16Tiles),
-            ));
+        if let Some(ks) = super::super::emulated::hardware_bf16_kernel_set() {
+            sets.push(("hardware tiles", ks));
         }
         if let Some(ks) = crate::x86::bf16_dot_kernel_set() {
             sets.push(("avx512-bf16", ks));

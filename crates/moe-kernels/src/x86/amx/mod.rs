@@ -35,7 +35,7 @@ use crate::ukernel::{ActEncoding, W4A8Job, W4A8PanelsFn, W4Bf16Job, W8A8Job, W8A
 use bf16::{WideBf16Pair, bf16_step};
 use common::{AccBuf, GROUP_ROWS, TILE_ROWS, TiledA, tile_config};
 use tiles::{HwTiles, TileUnit};
-use w4a8::{W4A8Step, WidePair, w4a8_step};
+use w4a8::{BatchAccs, W4A8Step, WidePair, w4a8_step};
 use w8a8::{PanelPair, w8a8_step};
 
 /// Rows per call (rows per expert, in the fused pipeline) from which the W4A8 tiles take over
@@ -98,7 +98,7 @@ unsafe fn w4a8_panels<U: TileUnit>(unit: &mut U, job: &W4A8Job<'_>, panels: Rang
     let chunk = w4a8::chunk_len(job.w.block_len());
     // SAFETY: `cfg` comes from `tile_config`, whose shapes are legal.
     unsafe { unit.configure(&tile_config(chunk)) };
-    let mut accs = [AccBuf::zeroed(), AccBuf::zeroed()];
+    let mut accs: BatchAccs = std::array::from_fn(|_| std::array::from_fn(|_| AccBuf::zeroed()));
     let (n_chunks, _) = w4a8::chunks(job.w);
     let a = TiledA::new(job.a_tiles, job.m, chunk, n_chunks);
     WIDE.with_borrow_mut(|wide| {
@@ -342,6 +342,20 @@ pub(crate) mod emulated {
     unsafe fn w4bf16_entry(job: &W4Bf16Job<'_>, panels: Range<usize>) {
         // SAFETY: the caller guarantees AVX-512 BF16; the emulated unit runs anywhere.
         unsafe { w4bf16_panels(&mut EmulatedTiles::new(), job, panels) }
+    }
+
+    /// The AMX rung on the hardware tile unit with its bf16 tile path from one row on, chosen,
+    /// when the CPU has AMX-BF16: the rung as dispatched runs that path only from
+    /// [`DEFAULT_BF16_MIN_ROWS`], and tests of the path need it on every row count.
+    pub(crate) fn hardware_bf16_kernel_set() -> Option<crate::KernelSet> {
+        let token = Amx::try_new().filter(|_| has_bf16())?;
+        let (int4, int8) = (super::w4a8_entry, super::w8a8_entry);
+        // SAFETY: the token proves AMX (and AVX-512 VNNI), all the tile entries need.
+        let set = unsafe { with_tile_entries(token.avx512vnni(), min_rows(), int4, int8) };
+        // SAFETY: the token proves AMX; AMX-BF16 and AVX-512 BF16 were just checked.
+        let set =
+            unsafe { set.with_bf16_tiles("amx-bf16 tiles", 1, super::w4bf16_entry, bf16_tile_a) };
+        Some(set.with_w4a8_prefill(crate::W4A8Prefill::Bf16Tiles))
     }
 
     /// The AMX rung with the bf16 tile bodies on the emulated unit from one row on, chosen,

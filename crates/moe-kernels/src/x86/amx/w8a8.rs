@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 
 use super::common::{
     ARows, AccBuf, GROUP_ROWS, TILE_ROWS, TileBuf, TiledA, dpbusd_live, load_a_live, load_b_live,
-    prefetch, store_live, tile_rows, zero_live,
+    store_live, tile_rows, zero_live,
 };
 use super::tiles::{TILE_MAX_COLSB, TileUnit};
 use crate::packed::{PANEL, PackedW8A8, STEP_BYTES, w8a8::K_STEP};
@@ -20,11 +20,6 @@ use crate::ukernel::W8A8Job;
 
 /// K values per chunk: one full 64-byte A row.
 pub(crate) const CHUNK: usize = TILE_MAX_COLSB;
-
-/// Chunks ahead whose tiles are requested in L1.
-const AHEAD_L1: usize = 2;
-/// Chunks ahead whose weights are requested in L2.
-const AHEAD_L2: usize = 8;
 
 /// The chunks of a GEMM with `k_pad` K values: `(first K value, values)` of chunk `c`, and
 /// their count.
@@ -102,25 +97,6 @@ pub(crate) unsafe fn w8a8_step<U: TileUnit, const NA: usize, const NB: usize>(
     let chunk_bytes = CHUNK / K_STEP * STEP_BYTES;
     for c in 0..full {
         let at = c * chunk_bytes;
-        // The tiles two chunks ahead into L1, the weights eight chunks ahead into L2 (they
-        // stream from memory on the pair's first row group).
-        a.prefetch_tile(t, c + AHEAD_L1);
-        if NA == 2 {
-            a.prefetch_tile(t + 1, c + AHEAD_L1);
-        }
-        for panel in &pair.panels[..NB] {
-            for (ahead, l2) in [(AHEAD_L1, false), (AHEAD_L2, true)] {
-                let next = at + ahead * chunk_bytes;
-                if next + chunk_bytes <= panel.len() {
-                    let p = panel[next..].as_ptr();
-                    if l2 {
-                        prefetch::<_MM_HINT_T1>(p, chunk_bytes);
-                    } else {
-                        prefetch::<_MM_HINT_T0>(p, chunk_bytes);
-                    }
-                }
-            }
-        }
         // SAFETY: see above.
         unsafe { load_a_live::<U, NA>(unit, a, t, c) };
         let b = [pair.panels[0][at..].as_ptr(), pair.panels[1][at..].as_ptr()];
