@@ -16,10 +16,10 @@
 use std::arch::x86_64::*;
 
 use super::common::{
-    AccBuf, GROUP_ROWS, Row64, TILE_ROWS, TiledA, dpbf16_live, load_a_live, load_b_live, prefetch,
+    AccBuf, GROUP_ROWS, Row64, TILE_ROWS, TiledA, dpbf16_live, load_a_live, load_b_live,
     store_live, tiles_for, write_panel_rows, zero_live,
 };
-use super::tiles::{TILE_MAX_COLSB, TileUnit};
+use super::tiles::TileUnit;
 use crate::packed::wna16::{K_STEP as K_STEP_WNA16, K_STEP8};
 use crate::packed::{PANEL, PackedDense, PackedW4A8, PackedWna16, STEP_BYTES, w4a8::K_STEP};
 use crate::ukernel::{Bf16Weights, W4Bf16Job};
@@ -31,8 +31,6 @@ pub(crate) const CHUNK_K: usize = 32;
 pub(crate) const CHUNK_BYTES: usize = 2 * CHUNK_K;
 /// B rows per chunk: one per K pair.
 const CHUNK_ROWS: usize = CHUNK_K / 2;
-/// Chunks ahead whose tiles are requested in L1.
-const AHEAD_L1: usize = 2;
 
 /// Rounds 16 f32 to bf16 (nearest, ties to even; NaN stays NaN).
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
@@ -329,18 +327,6 @@ pub(crate) unsafe fn bf16_step<U: TileUnit, const NA: usize, const NB: usize>(
     // at 16 rows of the filled pair; the CPU has AMX-BF16 (our contract).
     unsafe { zero_live::<U, NA, NB>(unit) };
     for c in 0..n_chunks {
-        a.prefetch_tile(t, c + AHEAD_L1);
-        if NA == 2 {
-            a.prefetch_tile(t + 1, c + AHEAD_L1);
-        }
-        if c + AHEAD_L1 < n_chunks {
-            for j in 0..NB {
-                prefetch::<_MM_HINT_T0>(
-                    wide.chunk_rows(j, c + AHEAD_L1),
-                    CHUNK_ROWS * TILE_MAX_COLSB,
-                );
-            }
-        }
         // SAFETY: see above.
         unsafe { load_a_live::<U, NA>(unit, a, t, c) };
         // SAFETY: see above.

@@ -163,19 +163,6 @@ impl<'a> TiledA<'a> {
         }
     }
 
-    /// Requests tile (`t`, `c`) in L1 if it exists.
-    #[inline(always)]
-    pub(crate) fn prefetch_tile(&self, t: usize, c: usize) {
-        if c < self.n_chunks {
-            let tile_bytes = TILE_ROWS * self.chunk;
-            let at = (t * self.n_chunks + c) * tile_bytes;
-            prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                self.bytes.as_ptr().wrapping_add(at),
-                tile_bytes,
-            );
-        }
-    }
-
     /// The first byte of tile (`t`, `c`).
     fn tile(&self, t: usize, c: usize) -> *const u8 {
         let tile_bytes = TILE_ROWS * self.chunk;
@@ -208,20 +195,6 @@ pub(crate) unsafe fn load_a_live<U: TileUnit, const NA: usize>(
     if NA == 2 {
         // SAFETY: as above, for the next row tile, which exists (our contract).
         unsafe { unit.load::<A1>(a.tile(t + 1, c), a.chunk) };
-    }
-}
-
-/// Asks for the bytes `p..p + bytes` in L1 (`HINT = _MM_HINT_T0`) or L2 (`_MM_HINT_T1`), one
-/// request per 64-byte line. Tile loads wait for every line they touch and, unlike vector
-/// loads, get little help from the hardware prefetchers, so the bodies request the tiles of a
-/// later chunk while the current chunk's products run.
-#[inline(always)]
-pub(crate) fn prefetch<const HINT: i32>(p: *const u8, bytes: usize) {
-    use std::arch::x86_64::_mm_prefetch;
-    for off in (0..bytes).step_by(TILE_MAX_COLSB) {
-        // SAFETY: a prefetch is a hint: it never faults and changes no architectural state,
-        // whatever the address.
-        unsafe { _mm_prefetch::<HINT>(p.wrapping_add(off).cast()) };
     }
 }
 

@@ -5,7 +5,7 @@
 //!
 //! - `tiles.rs`: the tile unit (hardware `asm!`, and a test emulation of its semantics);
 //! - `common.rs`: the 2 × 2 tile step (two A, two B, four C tiles), the activation tiles the
-//!   driver makes once per GEMM, C tiles out to memory, prefetch;
+//!   driver makes once per GEMM, C tiles out to memory;
 //! - `w4a8.rs`, `w8a8.rs`: the int8 tile bodies, with the AVX-512 epilogue of the lower rung so
 //!   the outputs are bit-identical to the scalar reference;
 //! - `bf16.rs`: the bf16 tile body (other numerics, chosen with `W4A8Prefill::Bf16Tiles`); its
