@@ -239,7 +239,7 @@ pub(crate) fn dense_expert_gemm(
     par: Par,
 ) -> Result<(), KernelError> {
     let (n, k) = (w.n(), w.k());
-    let bf16_path = ks.wna16_bf16_for(m).filter(|_| w.is_bf16());
+    let bf16_path = ks.dense_bf16_for(m).filter(|_| w.is_bf16());
     let Some(t) = bf16_path else {
         return dense_gemm(ks, m, x, w, out, par);
     };

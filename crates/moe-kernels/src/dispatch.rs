@@ -48,12 +48,37 @@ impl W4A8Prefill {
 /// default, or `bf16`), read once by [`kernels`].
 pub const W4A8_PREFILL_ENV: &str = "MOE_KERNELS_W4A8_PREFILL";
 
+/// Rows from which a rung's bf16 path takes over, per kind of GEMM: the weight-only int4 and
+/// e4m3 GEMMs and the bf16 dense experts weigh it against the rung's f32 FMA body, the W4A8
+/// GEMMs (when their bf16 prefill is chosen) against its int8 kernels, so each has its own
+/// switch-over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Bf16MinRows {
+    /// Int4 and e4m3 WNA16 GEMMs.
+    pub(crate) wna16: usize,
+    /// Dense experts stored in bf16.
+    pub(crate) dense: usize,
+    /// W4A8 GEMMs under [`W4A8Prefill::Bf16Tiles`].
+    pub(crate) w4a8: usize,
+}
+
+impl Bf16MinRows {
+    /// The same switch-over for every kind.
+    pub(crate) fn all(m: usize) -> Self {
+        Self {
+            wna16: m,
+            dense: m,
+            w4a8: m,
+        }
+    }
+}
+
 /// The bf16 tile path of a rung: where it starts and its entry.
 #[derive(Clone, Copy)]
 pub(crate) struct Bf16Tiles {
     /// What runs the products, for reports (`amx-bf16 tiles`, `avx512-bf16 dot products`).
     pub(crate) unit: &'static str,
-    pub(crate) min_m: usize,
+    pub(crate) min_m: Bf16MinRows,
     pub(crate) entry: W4Bf16PanelsFn,
     pub(crate) tile_a: W4Bf16TileAFn,
 }
@@ -250,7 +275,7 @@ impl KernelSet {
     pub(crate) unsafe fn with_bf16_tiles(
         mut self,
         unit: &'static str,
-        min_m: usize,
+        min_m: Bf16MinRows,
         entry: W4Bf16PanelsFn,
         tile_a: W4Bf16TileAFn,
     ) -> Self {
@@ -297,13 +322,19 @@ impl KernelSet {
     /// dequantized weights rounded to bf16, f32 sums) are those of a bf16 model's weight-only
     /// kernels, so no choice is needed; `MOE_KERNELS_AMX_BF16_MIN_M` moves the threshold.
     pub(crate) fn wna16_bf16_for(&self, m: usize) -> Option<Bf16Tiles> {
-        self.bf16_tiles.filter(|t| m >= t.min_m)
+        self.bf16_tiles.filter(|t| m >= t.min_m.wna16)
+    }
+
+    /// The bf16 path for a dense GEMM of `m` rows over bf16-stored experts, where the rung has
+    /// it and `m` reaches it (the weights are exact in bf16; the activations are rounded).
+    pub(crate) fn dense_bf16_for(&self, m: usize) -> Option<Bf16Tiles> {
+        self.bf16_tiles.filter(|t| m >= t.min_m.dense)
     }
 
     /// The bf16 tile path for a W4A8 GEMM of `m` rows, when chosen and `m` reaches it.
     pub(crate) fn w4bf16_for(&self, m: usize) -> Option<Bf16Tiles> {
         match (self.w4a8_prefill, self.bf16_tiles) {
-            (W4A8Prefill::Bf16Tiles, Some(t)) if m >= t.min_m => Some(t),
+            (W4A8Prefill::Bf16Tiles, Some(t)) if m >= t.min_m.w4a8 => Some(t),
             _ => None,
         }
     }
@@ -415,7 +446,7 @@ impl KernelSet {
         let large = self.large_m;
         let bf16 = match (self.w4a8_prefill(), self.bf16_tiles) {
             (W4A8Prefill::Bf16Tiles, Some(t)) => {
-                format!(", {} (bf16 activations) from {} rows", t.unit, t.min_m)
+                format!(", {} (bf16 activations) from {} rows", t.unit, t.min_m.w4a8)
             }
             (_, Some(_)) => format!(" (bf16 path available: {W4A8_PREFILL_ENV}=bf16)"),
             (_, None) => String::new(),
@@ -444,7 +475,7 @@ impl KernelSet {
             match self.bf16_tiles {
                 Some(t) => format!(
                     "wna16_gemm: {} below {} rows, {} (bf16 activations) from {} (int4, fp8)",
-                    self.wna16.0, t.min_m, t.unit, t.min_m
+                    self.wna16.0, t.min_m.wna16, t.unit, t.min_m.wna16
                 ),
                 None => format!("wna16_gemm: {}", self.wna16.0),
             },
@@ -453,9 +484,9 @@ impl KernelSet {
                     "dense_expert_gemm: {} below {} rows, {} (bf16 activations) from {} \
                      (bf16 weights)",
                     crate::dense_isa(self),
-                    t.min_m,
+                    t.min_m.dense,
                     t.unit,
-                    t.min_m
+                    t.min_m.dense
                 ),
                 None => format!("dense_expert_gemm: {}", crate::dense_isa(self)),
             },

@@ -293,7 +293,7 @@ pub(crate) fn avx512vnni_kernel_set(_token: Avx512Vnni) -> crate::KernelSet {
         unsafe {
             ks.with_bf16_tiles(
                 "avx512-bf16 dot products",
-                bf16_dot_min_rows(),
+                crate::dispatch::Bf16MinRows::all(bf16_dot_min_rows()),
                 bf16dot::entry,
                 bf16dot::tile_a,
             )
@@ -316,7 +316,7 @@ pub(crate) fn bf16_dot_kernel_set() -> Option<crate::KernelSet> {
     let ks = unsafe {
         ks.with_bf16_tiles(
             "avx512-bf16 dot products",
-            1,
+            crate::dispatch::Bf16MinRows::all(1),
             bf16dot::entry,
             bf16dot::tile_a,
         )

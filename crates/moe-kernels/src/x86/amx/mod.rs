@@ -31,6 +31,7 @@ use std::sync::OnceLock;
 
 use super::Amx;
 use crate::Isa;
+use crate::dispatch::Bf16MinRows;
 use crate::ukernel::{ActEncoding, W4A8Job, W4A8PanelsFn, W4Bf16Job, W8A8Job, W8A8PanelsFn};
 use bf16::{WideBf16Pair, bf16_step};
 use common::{AccBuf, GROUP_ROWS, TILE_ROWS, TiledA, tile_config};
@@ -290,22 +291,27 @@ fn has_bf16() -> bool {
     f.amx_bf16 && f.avx512bf16
 }
 
-/// Rows from which the bf16 tile path takes over (when chosen) unless
-/// `MOE_KERNELS_AMX_BF16_MIN_M` says otherwise: the dequantized panel pair is shared by all
-/// rows of a call, and below that its cost outweighs the tiles' speed (one core with
-/// AMX-BF16: at 16 rows slower than the int8 tiles, at 64 rows 1.1-1.3× faster, at 256 rows
-/// 1.5-1.9× faster).
-pub(crate) const DEFAULT_BF16_MIN_ROWS: usize = 64;
+/// Rows from which the bf16 tile path takes over unless `MOE_KERNELS_AMX_BF16_MIN_M` sets
+/// one value for all of them. Measured on one core with AMX-BF16 (N × K = 1536 × 2048 and
+/// 2048 × 768): against the f32 FMA body, int4 WNA16 is about even at 8 rows and 2-2.6×
+/// faster from 16, bf16 dense experts 1.1× faster at 4 rows and 2.5× at 8; W4A8, whose
+/// alternative is the int8 tiles, gains only from 64 rows (at 16 slower, at 64 1.1-1.3×
+/// faster, at 256 1.5-1.9×). Each panel pair is dequantized once per call and shared by all
+/// its rows, which is what the first rows pay for.
+pub(crate) const DEFAULT_BF16_MIN_ROWS: Bf16MinRows = Bf16MinRows {
+    wna16: 16,
+    dense: 8,
+    w4a8: 64,
+};
 
 /// Rows from which the bf16 tile path runs (read once).
-fn bf16_min_rows() -> usize {
-    static MIN: OnceLock<usize> = OnceLock::new();
+fn bf16_min_rows() -> Bf16MinRows {
+    static MIN: OnceLock<Bf16MinRows> = OnceLock::new();
     *MIN.get_or_init(|| {
         std::env::var("MOE_KERNELS_AMX_BF16_MIN_M")
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok())
-            .unwrap_or(DEFAULT_BF16_MIN_ROWS)
-            .max(1)
+            .map_or(DEFAULT_BF16_MIN_ROWS, |m| Bf16MinRows::all(m.max(1)))
     })
 }
 
@@ -353,8 +359,14 @@ pub(crate) mod emulated {
         // SAFETY: the token proves AMX (and AVX-512 VNNI), all the tile entries need.
         let set = unsafe { with_tile_entries(token.avx512vnni(), min_rows(), int4, int8) };
         // SAFETY: the token proves AMX; AMX-BF16 and AVX-512 BF16 were just checked.
-        let set =
-            unsafe { set.with_bf16_tiles("amx-bf16 tiles", 1, super::w4bf16_entry, bf16_tile_a) };
+        let set = unsafe {
+            set.with_bf16_tiles(
+                "amx-bf16 tiles",
+                Bf16MinRows::all(1),
+                super::w4bf16_entry,
+                bf16_tile_a,
+            )
+        };
         Some(set.with_w4a8_prefill(crate::W4A8Prefill::Bf16Tiles))
     }
 
@@ -367,7 +379,14 @@ pub(crate) mod emulated {
         }
         let set = kernel_set()?;
         // SAFETY: AVX-512 BF16 was just checked; the emulated unit needs nothing else.
-        let set = unsafe { set.with_bf16_tiles("amx-bf16 tiles", 1, w4bf16_entry, bf16_tile_a) };
+        let set = unsafe {
+            set.with_bf16_tiles(
+                "amx-bf16 tiles",
+                Bf16MinRows::all(1),
+                w4bf16_entry,
+                bf16_tile_a,
+            )
+        };
         Some(set.with_w4a8_prefill(crate::W4A8Prefill::Bf16Tiles))
     }
 }
