@@ -9,8 +9,9 @@
 #
 #   bash target/amx-bundle/run.sh [STEP...]   # steps: cpu tests w4a8 bf16 w8a8 w4a16 (default all)
 #
-# `run.sh` writes its results under `$OUT` (default FOLDER/out): `cpu.txt`, `tests.txt` and one
-# JSON file of `moe bench` rows per timed step. The test binaries run with `MOE_EXPECT_ISA=amx`,
+# `run.sh` writes its results under `$OUT` (default FOLDER/out): `cpu.txt`, `tests.txt`, one
+# JSON file of `moe bench` rows per timed step and every step's messages in `bench.err` (seven
+# files in all, so a harness that returns at most eight brings every one back). The test binaries run with `MOE_EXPECT_ISA=amx`,
 # so a machine whose AMX is hidden or not granted fails them instead of passing on the VNNI rung.
 set -euo pipefail
 cd "$(dirname "$0")/.."

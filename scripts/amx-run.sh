@@ -14,7 +14,7 @@ bench() {
     shift
     echo "== $name: moe bench $*"
     timeout 240 taskset -c 0,1 "$moe" --json bench --threads 2 --iters 4 --warmup-ms 200 \
-        --batch-sizes 16,256,1024 "$@" > "$out/$name.json" 2> "$out/$name.err"
+        --batch-sizes 16,256,1024 "$@" > "$out/$name.json" 2>> "$out/bench.err"
     echo "   exit $? ($(wc -c < "$out/$name.json") bytes)"
 }
 for step in $steps; do
