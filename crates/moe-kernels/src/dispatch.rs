@@ -115,7 +115,7 @@ pub struct KernelSet {
     /// A SIMD W4A8 activation quantiser writing the `q + 128` encoding, equal to the scalar one.
     act_asym_u8: Option<(Isa, AsymQuantU8Fn)>,
     /// A SIMD W8A8 (symmetric) activation quantiser, equal to the scalar one.
-    act_sym_i8: Option<(Isa, SymQuantI8Fn)>,
+    act_sym: Option<(Isa, SymQuantFn)>,
     /// Kernels that take over from some row count on (the AMX tiles).
     large_m: Option<LargeM>,
     /// The rung's bf16 tile path for int4 and e4m3 weights, if it has one.
@@ -150,11 +150,22 @@ struct LargeM {
 /// - The CPU supports the quantiser's rung; `dst.len() ≥ x.len()`.
 pub(crate) type AsymQuantU8Fn = unsafe fn(&[f32], &mut [u8]) -> moe_quant::act::AsymRowQuant;
 
-/// Quantises one row like `moe_quant::act::quantize_row_sym_i8`, returning the row scale.
+/// What a symmetric row quantiser reports besides the codes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only AVX-512 has one today
+pub(crate) struct SymRowQuant {
+    /// The row scale, as `moe_quant::act::quantize_row_sym_i8` returns it.
+    pub(crate) scale: f32,
+    /// Whether the row held a NaN (its outputs become NaN, spec §4.6).
+    pub(crate) has_nan: bool,
+}
+
+/// Quantises one row like `moe_quant::act::quantize_row_sym_i8`, writing each code `q` as the
+/// byte `q as u8 ^ flip` (the third argument).
 ///
 /// # Safety (for callers)
-/// - The CPU supports the quantiser's rung; `q.len() ≥ x.len()`.
-pub(crate) type SymQuantI8Fn = unsafe fn(&[f32], &mut [i8]) -> f32;
+/// - The CPU supports the quantiser's rung; `dst.len() ≥ x.len()`.
+pub(crate) type SymQuantFn = unsafe fn(&[f32], &mut [u8], u8) -> SymRowQuant;
 
 impl KernelSet {
     /// Assembles a set from `(rung, activation encoding, entry point)` per op.
@@ -185,7 +196,7 @@ impl KernelSet {
             w4a8,
             w8a8,
             act_asym_u8: None,
-            act_sym_i8: None,
+            act_sym: None,
             large_m: None,
             bf16_tiles: None,
             w4a8_prefill: W4A8Prefill::ExactInt8,
@@ -356,10 +367,10 @@ impl KernelSet {
         mut self,
         isa: Isa,
         asym: AsymQuantU8Fn,
-        sym: SymQuantI8Fn,
+        sym: SymQuantFn,
     ) -> Self {
         self.act_asym_u8 = Some((isa, asym));
-        self.act_sym_i8 = Some((isa, sym));
+        self.act_sym = Some((isa, sym));
         self
     }
 
@@ -383,21 +394,14 @@ impl KernelSet {
         self.wna16.0
     }
 
-    /// Quantises one W8A8 activation row (spec §5.3 stage 0) with this set's SIMD quantiser,
-    /// or the scalar one; both give the same bits. `q.len()` must equal `x.len()`.
-    pub(crate) fn quantize_row_sym_i8(&self, x: &[f32], q: &mut [i8]) -> f32 {
-        assert_eq!(x.len(), q.len(), "quantize_row_sym_i8: lengths differ");
-        match self.act_sym_i8 {
-            // SAFETY: the quantiser was registered with its rung's token (`with_act_quant`),
-            // so the CPU supports it; `q` is as long as `x` (asserted).
-            Some((_, f)) => unsafe { f(x, q) },
-            None => moe_quant::act::quantize_row_sym_i8(x, q),
-        }
-    }
-
     /// The SIMD activation quantiser, when this set has one.
     pub(crate) fn act_asym_u8(&self) -> Option<AsymQuantU8Fn> {
         self.act_asym_u8.map(|(_, f)| f)
+    }
+
+    /// The SIMD symmetric quantiser (W8A8), when this set has one.
+    pub(crate) fn act_sym(&self) -> Option<SymQuantFn> {
+        self.act_sym.map(|(_, f)| f)
     }
 
     /// The portable kernels, available everywhere.
@@ -468,7 +472,7 @@ impl KernelSet {
             ),
             format!(
                 "w8a8_act_quant: {}",
-                self.act_sym_i8
+                self.act_sym
                     .map_or(arch::PORTABLE_ACT_QUANT.to_string(), |(isa, _)| isa
                         .to_string())
             ),

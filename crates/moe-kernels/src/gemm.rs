@@ -7,7 +7,7 @@
 //! [`GemmScratch`] that only grows, so a warmed-up caller allocates nothing.
 
 use crate::KernelError;
-use crate::dispatch::{KernelSet, W4A8Kernel};
+use crate::dispatch::{KernelSet, W4A8Kernel, W8A8Kernel};
 use crate::packed::{PackedW4A8, PackedW8A8, check_len};
 use crate::par::{Par, split_panels};
 use crate::ukernel::{ActEncoding, Bf16Weights, W4A8Job, W4A8Out, W4Bf16Job, W8A8Job};
@@ -463,26 +463,51 @@ pub fn w8a8_gemm(
     let k = w.k();
     check_len("x", m * k, x.len())?;
     check_len("out", m * w.n(), out.len())?;
-    let mut q = std::mem::take(&mut scratch.q);
+    let kernel = ks.w8a8_for(m);
     let mut scale = std::mem::take(&mut scratch.row_scale);
-    q.resize(m * k, 0);
     scale.clear();
     scratch.nan_rows.clear();
-    for (i, (row, q_row)) in x.chunks_exact(k).zip(q.chunks_exact_mut(k)).enumerate() {
-        scale.push(ks.quantize_row_sym_i8(row, q_row));
-        if has_nan(row) {
-            scratch.nan_rows.push(i);
+    if let Some(quantize) = ks.act_sym() {
+        // Fused: one pass over each row quantises, encodes and looks for NaN.
+        let k_pad = w.k_pad();
+        let flip = kernel.encoding.encode(0);
+        let mut encoded = std::mem::take(&mut scratch.encoded);
+        encoded.clear();
+        encoded.resize(m * k_pad, kernel.encoding.pad());
+        for (i, (row, dst)) in x
+            .chunks_exact(k)
+            .zip(encoded.chunks_exact_mut(k_pad))
+            .enumerate()
+        {
+            // SAFETY: the quantiser comes from the same `KernelSet`, built from its rung's
+            // token; `dst` holds `k_pad ≥ k` bytes.
+            let r = unsafe { quantize(row, dst, flip) };
+            scale.push(r.scale);
+            if r.has_nan {
+                scratch.nan_rows.push(i);
+            }
         }
+        run_w8a8_encoded(kernel, m, &encoded, &scale, w, out, &mut scratch.tiles, par);
+        scratch.encoded = encoded;
+    } else {
+        let mut q = std::mem::take(&mut scratch.q);
+        q.resize(m * k, 0);
+        for (i, (row, q_row)) in x.chunks_exact(k).zip(q.chunks_exact_mut(k)).enumerate() {
+            scale.push(moe_quant::act::quantize_row_sym_i8(row, q_row));
+            if has_nan(row) {
+                scratch.nan_rows.push(i);
+            }
+        }
+        let rows = SymQuantRows {
+            q: &q,
+            scale: &scale,
+        };
+        run_w8a8(ks, m, rows, w, out, scratch, par)?;
+        scratch.q = q;
     }
-    let rows = SymQuantRows {
-        q: &q,
-        scale: &scale,
-    };
-    let result = run_w8a8(ks, m, rows, w, out, scratch, par);
     poison_nan_rows(&scratch.nan_rows, w.n(), out);
-    scratch.q = q;
     scratch.row_scale = scale;
-    result
+    Ok(())
 }
 
 /// Sets every listed output row to NaN (rows whose input held a NaN, spec §4.6).
@@ -530,27 +555,51 @@ fn run_w8a8(
     check_len("scale", m, a.scale.len())?;
     let kernel = ks.w8a8_for(m);
     encode_rows(a.q, m, k, k_pad, kernel.encoding, &mut scratch.encoded);
+    let s = &mut *scratch;
+    run_w8a8_encoded(kernel, m, &s.encoded, a.scale, w, out, &mut s.tiles, par);
+    Ok(())
+}
+
+/// Runs the W8A8 kernel on rows already encoded for it: `encoded` holds `m` rows of
+/// `w.k_pad()` bytes in `kernel.encoding` with codes in `[-127, 127]`, `scale` `m` row scales,
+/// and `out` `m·N` elements (callers check the lengths; asserted here). `tiles` receives the
+/// kernel's own layout of the rows, if it has one.
+#[allow(clippy::too_many_arguments)]
+fn run_w8a8_encoded(
+    kernel: W8A8Kernel,
+    m: usize,
+    encoded: &[u8],
+    scale: &[f32],
+    w: &PackedW8A8,
+    out: &mut [f32],
+    tiles: &mut Vec<u8>,
+    par: Par,
+) {
+    assert!(
+        encoded.len() == m * w.k_pad() && scale.len() == m && out.len() == m * w.n(),
+        "run_w8a8_encoded: rows not prepared"
+    );
+    let k = w.k();
     let a_tiles: &[u8] = match kernel.tile_a {
         Some(tile_a) => {
-            tile_a(&scratch.encoded, m, k_pad, &mut scratch.tiles);
-            &scratch.tiles
+            tile_a(encoded, m, w.k_pad(), tiles);
+            tiles
         }
         None => &[],
     };
     let job = W8A8Job {
         w,
-        a: &scratch.encoded,
+        a: encoded,
         a_tiles,
-        row_scale: a.scale,
+        row_scale: scale,
         m,
         out: out.as_mut_ptr(),
         ld: w.n(),
     };
     split_panels(w.n_panels(), par, m * w.n() * k, |panels| {
         // SAFETY: as in `w4a8_gemm_quantized`: the kernel's rung is available, the rows were
-        // validated and encoded for it, `out` holds `m·N` elements and the panel ranges are
-        // disjoint and in bounds.
+        // encoded for it with codes in `[-127, 127]` (asserted lengths above), `out` holds
+        // `m·N` elements and the panel ranges are disjoint and in bounds.
         unsafe { (kernel.entry)(&job, panels) }
     });
-    Ok(())
 }

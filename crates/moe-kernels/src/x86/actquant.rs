@@ -1,8 +1,9 @@
 //! AVX-512 activation quantisers, equal to the scalar ones of `moe_quant::act` bit for bit:
 //! for the W4A8 driver the asymmetric per-row quantisation of `quantize_row_asym_i8`
 //! (spec §4.2(a)), fused with the `q + 128` encoding the x86 kernels read; for the W8A8 driver
-//! the symmetric one of `quantize_row_sym_i8` (spec §5.3 stage 0), whose scalar `f32::round`
-//! was 18 % of a Qwen3 M=1024 W8A8 profile.
+//! the symmetric one of `quantize_row_sym_i8` (spec §5.3 stage 0), fused with the encoding and
+//! the NaN scan of the W8A8 driver (its scalar `f32::round` was 18 % of a Qwen3 M=1024 W8A8
+//! profile).
 //!
 //! The range pass uses `vminps`/`vmaxps` with the accumulator second, so a NaN element leaves it
 //! unchanged, as `f32::min`/`f32::max` do in the scalar code. Codes are `t + sign(p)` where
@@ -14,6 +15,8 @@
 use std::arch::x86_64::*;
 
 use moe_quant::act::AsymRowQuant;
+
+use crate::dispatch::SymRowQuant;
 
 /// Quantises `x` and writes `q + 128` into `dst[..x.len()]`.
 ///
@@ -82,41 +85,53 @@ fn quantize_row_asym_u8_avx512(x: &[f32], dst: &mut [u8]) -> AsymRowQuant {
     }
 }
 
-/// Quantises `x` symmetrically into `q[..x.len()]` and returns the row scale `amax / 127`.
+/// Quantises `x` symmetrically, writes each code `q` as the byte `q as u8 ^ flip` into
+/// `dst[..x.len()]` (`flip = 0x80` gives the `q + 128` the x86 W8A8 kernels read), and says
+/// whether the row held a NaN, so the driver makes one pass over the row's floats for all
+/// three.
 ///
 /// # Safety
 /// - The CPU supports AVX-512 F (the caller holds an `Avx512Vnni` token).
-pub(crate) unsafe fn quantize_row_sym_i8(x: &[f32], q: &mut [i8]) -> f32 {
+pub(crate) unsafe fn quantize_row_sym_u8(x: &[f32], dst: &mut [u8], flip: u8) -> SymRowQuant {
     // SAFETY: forwarded from this function's contract.
-    unsafe { quantize_row_sym_i8_avx512(x, q) }
+    unsafe { quantize_row_sym_u8_avx512(x, dst, flip) }
 }
 
 #[target_feature(enable = "avx512f")]
-fn quantize_row_sym_i8_avx512(x: &[f32], q: &mut [i8]) -> f32 {
-    let q = &mut q[..x.len()];
+fn quantize_row_sym_u8_avx512(x: &[f32], dst: &mut [u8], flip: u8) -> SymRowQuant {
+    let dst = &mut dst[..x.len()];
     let (chunks, tail) = x.as_chunks::<16>();
     // `vmaxps` returns its second operand when either is NaN, so NaN elements leave the
     // accumulator alone, as `f32::max` does in the scalar fold; max is exact in any order.
     let mut acc = _mm512_setzero_ps();
+    let mut nan: __mmask16 = 0;
     for c in chunks {
-        acc = _mm512_max_ps(_mm512_abs_ps(load16(c)), acc);
+        let v = load16(c);
+        acc = _mm512_max_ps(_mm512_abs_ps(v), acc);
+        nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
     }
     let mut amax = lanes(acc).iter().fold(0.0f32, |m, &v| m.max(v));
+    let mut has_nan = nan != 0;
     for &v in tail {
         amax = amax.max(v.abs());
+        has_nan |= v.is_nan();
     }
     let amax = amax.max(moe_quant::act::SYM_AMAX_FLOOR);
     let inv_scale = 127.0 / amax;
-    let (q_chunks, q_tail) = q.as_chunks_mut::<16>();
-    for (c, d) in chunks.iter().zip(q_chunks) {
-        *d = sym_codes16(load16(c), inv_scale);
+    let (d_chunks, d_tail) = dst.as_chunks_mut::<16>();
+    for (c, d) in chunks.iter().zip(d_chunks) {
+        *d = sym_codes16(load16(c), inv_scale).map(|q| q as u8 ^ flip);
     }
     if !tail.is_empty() {
         let mut padded = [0f32; 16];
         padded[..tail.len()].copy_from_slice(tail);
-        q_tail.copy_from_slice(&sym_codes16(load16(&padded), inv_scale)[..tail.len()]);
+        let codes = sym_codes16(load16(&padded), inv_scale).map(|q| q as u8 ^ flip);
+        d_tail.copy_from_slice(&codes[..tail.len()]);
     }
-    amax / 127.0
+    SymRowQuant {
+        scale: amax / 127.0,
+        has_nan,
+    }
 }
 
 /// `rna(p)` for every lane: `t + sign(p)` where `t = trunc(p)` and `|p − t| ≥ 0.5` (exact).
@@ -254,14 +269,25 @@ mod tests {
             eprintln!("note: skipping the AVX-512 quantiser test: no AVX-512 on this CPU");
             return;
         }
-        for row in test_rows() {
+        let mut rows = test_rows();
+        let mut with_nan = rows[3].clone();
+        with_nan[5] = f32::NAN;
+        rows.push(with_nan);
+        let mut nan_in_tail = vec![0.25f32; 37];
+        nan_in_tail[35] = f32::NAN;
+        rows.push(nan_in_tail);
+        for row in rows {
             let mut want_q = vec![0i8; row.len()];
             let want = moe_quant::act::quantize_row_sym_i8(&row, &mut want_q);
-            let mut got_q = vec![0i8; row.len()];
-            // SAFETY: AVX-512 was detected above.
-            let got = unsafe { quantize_row_sym_i8(&row, &mut got_q) };
-            assert_eq!(got.to_bits(), want.to_bits(), "{row:?}");
-            assert_eq!(got_q, want_q, "{row:?}");
+            for flip in [0u8, 0x80] {
+                let mut got = vec![0u8; row.len()];
+                // SAFETY: AVX-512 was detected above.
+                let r = unsafe { quantize_row_sym_u8(&row, &mut got, flip) };
+                assert_eq!(r.scale.to_bits(), want.to_bits(), "{row:?}");
+                assert_eq!(r.has_nan, row.iter().any(|v| v.is_nan()), "{row:?}");
+                let got_q: Vec<i8> = got.iter().map(|&u| (u ^ flip) as i8).collect();
+                assert_eq!(got_q, want_q, "flip {flip:#x}: {row:?}");
+            }
         }
     }
 }

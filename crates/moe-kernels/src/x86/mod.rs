@@ -282,7 +282,7 @@ pub(crate) fn avx512vnni_kernel_set(_token: Avx512Vnni) -> crate::KernelSet {
         ks.with_act_quant(
             Isa::Avx512Vnni,
             actquant::quantize_row_asym_u8,
-            actquant::quantize_row_sym_i8,
+            actquant::quantize_row_sym_u8,
         )
     };
     // SAFETY: the token proves AVX-512 F/BW/VL, all the WNA16 body needs.
