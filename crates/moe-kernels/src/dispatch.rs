@@ -148,7 +148,17 @@ struct LargeM {
 ///
 /// # Safety (for callers)
 /// - The CPU supports the quantiser's rung; `dst.len() ≥ x.len()`.
-pub(crate) type AsymQuantU8Fn = unsafe fn(&[f32], &mut [u8]) -> moe_quant::act::AsymRowQuant;
+pub(crate) type AsymQuantU8Fn = unsafe fn(&[f32], &mut [u8]) -> AsymRowU8;
+
+/// What an asymmetric row quantiser reports besides the codes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only AVX-512 has one today
+pub(crate) struct AsymRowU8 {
+    /// The row's zero point and dequantization factor, as `moe_quant` computes them.
+    pub(crate) row: moe_quant::act::AsymRowQuant,
+    /// Whether the row held a NaN (its outputs become NaN, spec §4.6).
+    pub(crate) has_nan: bool,
+}
 
 /// What a symmetric row quantiser reports besides the codes.
 #[derive(Debug, Clone, Copy, PartialEq)]

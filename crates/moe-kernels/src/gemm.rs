@@ -192,9 +192,9 @@ pub fn w4a8_gemm(
             }
             scratch
                 .corr
-                .push(kernel.encoding.w4a8_row_corr(r.zero_point));
-            scratch.row_scale.push(r.recip);
-            if has_nan(row) {
+                .push(kernel.encoding.w4a8_row_corr(r.row.zero_point));
+            scratch.row_scale.push(r.row.recip);
+            if r.has_nan {
                 scratch.nan_rows.push(i);
             }
         }

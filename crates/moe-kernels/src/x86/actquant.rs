@@ -16,36 +16,41 @@ use std::arch::x86_64::*;
 
 use moe_quant::act::AsymRowQuant;
 
-use crate::dispatch::SymRowQuant;
+use crate::dispatch::{AsymRowU8, SymRowQuant};
 
-/// Quantises `x` and writes `q + 128` into `dst[..x.len()]`.
+/// Quantises `x`, writes `q + 128` into `dst[..x.len()]` and says whether the row held a NaN
+/// (found in the range pass, so the driver reads the row's floats twice, not three times).
 ///
 /// # Safety
 /// - The CPU supports AVX-512 F (the caller holds an `Avx512Vnni` token).
-pub(crate) unsafe fn quantize_row_asym_u8(x: &[f32], dst: &mut [u8]) -> AsymRowQuant {
+pub(crate) unsafe fn quantize_row_asym_u8(x: &[f32], dst: &mut [u8]) -> AsymRowU8 {
     // SAFETY: forwarded from this function's contract.
     unsafe { quantize_row_asym_u8_avx512(x, dst) }
 }
 
 #[target_feature(enable = "avx512f")]
-fn quantize_row_asym_u8_avx512(x: &[f32], dst: &mut [u8]) -> AsymRowQuant {
+fn quantize_row_asym_u8_avx512(x: &[f32], dst: &mut [u8]) -> AsymRowU8 {
     let dst = &mut dst[..x.len()];
     let (chunks, tail) = x.as_chunks::<16>();
     let mut lo = _mm512_setzero_ps();
     let mut hi = _mm512_setzero_ps();
+    let mut nan: __mmask16 = 0;
     for c in chunks {
         let v = load16(c);
         lo = _mm512_min_ps(v, lo);
         hi = _mm512_max_ps(v, hi);
+        nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
     }
     let (mut rmin, mut rmax) = (0.0f32, 0.0f32);
     for (&a, &b) in lanes(lo).iter().zip(&lanes(hi)) {
         rmin = rmin.min(a);
         rmax = rmax.max(b);
     }
+    let mut has_nan = nan != 0;
     for &v in tail {
         rmin = rmin.min(v);
         rmax = rmax.max(v);
+        has_nan |= v.is_nan();
     }
     let s = if rmin == rmax {
         1.0
@@ -55,10 +60,11 @@ fn quantize_row_asym_u8_avx512(x: &[f32], dst: &mut [u8]) -> AsymRowQuant {
     if !(s.is_finite() && s > 0.0) {
         // The all-zero row of the scalar quantiser: every code 127, encoded 255.
         dst.fill(255);
-        return AsymRowQuant {
+        let row = AsymRowQuant {
             recip: 1.0,
             zero_point: 127,
         };
+        return AsymRowU8 { row, has_nan };
     }
     let dmin = rmin * s;
     let dmax = rmax * s;
@@ -79,10 +85,11 @@ fn quantize_row_asym_u8_avx512(x: &[f32], dst: &mut [u8]) -> AsymRowQuant {
         let codes = encode16(load16(&padded), s, zero_point);
         dst_tail.copy_from_slice(&codes[..tail.len()]);
     }
-    AsymRowQuant {
+    let row = AsymRowQuant {
         recip: 1.0 / s,
         zero_point,
-    }
+    };
+    AsymRowU8 { row, has_nan }
 }
 
 /// Quantises `x` symmetrically, writes each code `q` as the byte `q as u8 ^ flip` into
@@ -244,18 +251,32 @@ mod tests {
         rows
     }
 
+    /// [`test_rows`] and two rows with a NaN among finite values, in a vector and in the tail.
+    fn rows_with_nan_inside() -> Vec<Vec<f32>> {
+        let mut rows = test_rows();
+        let mut with_nan = vec![-3.0f32; 17];
+        with_nan[5] = f32::NAN;
+        rows.push(with_nan);
+        let mut nan_in_tail = vec![0.25f32; 37];
+        nan_in_tail[35] = f32::NAN;
+        rows.push(nan_in_tail);
+        rows
+    }
+
     #[test]
     fn asym_equals_moe_quant_exactly() {
         if !super::super::Avx512Vnni::is_available() {
             eprintln!("note: skipping the AVX-512 quantiser test: no AVX-512 on this CPU");
             return;
         }
-        for row in test_rows() {
+        for row in rows_with_nan_inside() {
             let mut want_q = vec![0i8; row.len()];
             let want = moe_quant::act::quantize_row_asym_i8(&row, &mut want_q);
             let mut got = vec![0u8; row.len()];
             // SAFETY: AVX-512 was detected above.
             let r = unsafe { quantize_row_asym_u8(&row, &mut got) };
+            assert_eq!(r.has_nan, row.iter().any(|v| v.is_nan()), "{row:?}");
+            let r = r.row;
             assert_eq!(r.zero_point, want.zero_point, "{row:?}");
             assert_eq!(r.recip.to_bits(), want.recip.to_bits(), "{row:?}");
             let got_q: Vec<i8> = got.iter().map(|&u| (u ^ 0x80) as i8).collect();
@@ -269,14 +290,7 @@ mod tests {
             eprintln!("note: skipping the AVX-512 quantiser test: no AVX-512 on this CPU");
             return;
         }
-        let mut rows = test_rows();
-        let mut with_nan = rows[3].clone();
-        with_nan[5] = f32::NAN;
-        rows.push(with_nan);
-        let mut nan_in_tail = vec![0.25f32; 37];
-        nan_in_tail[35] = f32::NAN;
-        rows.push(nan_in_tail);
-        for row in rows {
+        for row in rows_with_nan_inside() {
             let mut want_q = vec![0i8; row.len()];
             let want = moe_quant::act::quantize_row_sym_i8(&row, &mut want_q);
             for flip in [0u8, 0x80] {
