@@ -293,13 +293,15 @@ fn has_bf16() -> bool {
 
 /// Rows from which the bf16 tile path takes over unless `MOE_KERNELS_AMX_BF16_MIN_M` sets
 /// one value for all of them. Measured on one core with AMX-BF16 (N × K = 1536 × 2048 and
-/// 2048 × 768): against the f32 FMA body, int4 WNA16 is about even at 8 rows and 2-2.6×
-/// faster from 16, bf16 dense experts 1.1× faster at 4 rows and 2.5× at 8; W4A8, whose
-/// alternative is the int8 tiles, gains only from 64 rows (at 16 slower, at 64 1.1-1.3×
-/// faster, at 256 1.5-1.9×). Each panel pair is dequantized once per call and shared by all
-/// its rows, which is what the first rows pay for.
+/// 2048 × 768): against the f32 FMA body, int4 WNA16 is about even at 8 rows (0.8-1.1×) and
+/// 2-2.6× faster from 16, bf16 dense experts 1.1× faster at 4 rows and 2.5× at 8. In the
+/// pipeline, whose experts get a spread of row counts around the mean, WNA16 from 8 rows made
+/// Qwen3 and DeepSeek at 256 tokens 1.5× and 2.0× faster than the f32 body, from 16 rows only
+/// 1.1× and 1.6×. W4A8, whose alternative is the int8 tiles, gains only from 64 rows (at 16
+/// slower, at 64 1.1-1.3× faster, at 256 1.5-1.9×). Each panel pair is dequantized once per
+/// call and shared by all its rows, which is what the first rows pay for.
 pub(crate) const DEFAULT_BF16_MIN_ROWS: Bf16MinRows = Bf16MinRows {
-    wna16: 16,
+    wna16: 8,
     dense: 8,
     w4a8: 64,
 };
