@@ -35,9 +35,10 @@ use std::process::{ExitStatus, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use moe_plot::{Colour, Line, Panel, Stroke};
+
 use crate::flags::BenchPeers;
 use crate::json::{self, Value};
-use crate::plot::{self, Line, Panel};
 use crate::project_root;
 use crate::util::{Cmd, Result, banner, fmt_duration};
 
@@ -543,10 +544,16 @@ fn table_panels(rows: &[Value]) -> Vec<Panel> {
             let Some(ms) = ms else { return };
             match lines.iter_mut().find(|l| l.name == name) {
                 Some(line) => line.points.push((m, ms)),
+                // A measured line's colour is set below, from its place in the panel.
                 None => lines.push(Line {
                     name,
                     points: vec![(m, ms)],
-                    bound,
+                    colour: Colour::Black,
+                    stroke: if bound {
+                        Stroke::Dashed
+                    } else {
+                        Stroke::Measured
+                    },
                 }),
             }
         };
@@ -569,7 +576,12 @@ fn table_panels(rows: &[Value]) -> Vec<Panel> {
     }
     // Bounds last, so that the measured lines keep one colour per side in every panel.
     for panel in &mut panels {
-        panel.lines.sort_by_key(|l| l.bound);
+        panel.lines.sort_by_key(|l| l.stroke != Stroke::Measured);
+        for (i, line) in panel.lines.iter_mut().enumerate() {
+            if line.stroke == Stroke::Measured {
+                line.colour = Colour::Palette(i);
+            }
+        }
     }
     panels
 }
@@ -581,7 +593,8 @@ fn plot_table(svg: &Path, run: &Value, rows: &[Value]) -> Result<()> {
         "bench-peers: experts stage, median ms per call, {threads} threads; {}",
         run.get("machine").and_then(Value::as_str).unwrap_or("?")
     );
-    plot::write_svg(svg, &title, &table_panels(rows))?;
+    let text = moe_plot::render_grid(&title, &table_panels(rows))?;
+    std::fs::write(svg, text).map_err(|e| format!("cannot write {}: {e}", svg.display()))?;
     println!("plot written to {}", svg.display());
     Ok(())
 }
@@ -1620,15 +1633,17 @@ mod tests {
             ["ours", "vLLM int4 g32", "llama.cpp Q4_0", "DRAM bound"]
         );
         assert_eq!(panels[0].lines[2].points, [(16.0, 136.0)]);
-        let svg = plot::render_svg("two rows", &panels).expect("drawn");
-        let elements = plot::tests::element_names(&svg).unwrap_or_else(|e| panic!("{e}:\n{svg}"));
-        assert_eq!(elements.first().map(String::as_str), Some("svg"));
-        for needle in
-            names
-                .iter()
-                .copied()
-                .chain([plot::X_LABEL, plot::Y_LABEL, "qwen3-30b-a3b", "two rows"])
-        {
+        assert_eq!(panels[0].lines[2].colour, Colour::Palette(2));
+        assert_eq!(panels[0].lines[3].stroke, Stroke::Dashed);
+        let svg = moe_plot::render_grid("two rows", &panels).expect("drawn");
+        assert!(svg.trim_start().starts_with("<svg"), "{svg}");
+        let labels = [
+            moe_plot::X_LABEL,
+            moe_plot::Y_LABEL,
+            "qwen3-30b-a3b",
+            "two rows",
+        ];
+        for needle in names.iter().copied().chain(labels) {
             assert!(svg.contains(needle), "{needle:?} missing from\n{svg}");
         }
     }

@@ -5,9 +5,9 @@
 //! ladder under QEMU, the static cost model of the aarch64 tile loops (`arm-cost`), the capped x86 ISA ladder, fuzzing and Miri, the generated C header
 //! (`codegen`), the CI sequence that `.ci/run` executes, and the side-by-side benchmark against
 //! the CPU MoE kernels of vLLM, KT-Kernel and llama.cpp. Its dependencies are cbindgen (for the
-//! header) and plotters (for `bench-peers --plot`); otherwise it uses std, shells out through
-//! `$CARGO` (the cargo that launched it), and always works from the workspace root, so it
-//! behaves the same from any directory.
+//! header) and the workspace's moe-plot (for `bench-peers --plot`); otherwise it uses std,
+//! shells out through `$CARGO` (the cargo that launched it), and always works from the
+//! workspace root, so it behaves the same from any directory.
 
 mod arm_cost;
 mod bench_peers;
@@ -17,7 +17,6 @@ mod flags;
 mod fuzz;
 mod json;
 mod miri;
-mod plot;
 mod test_arm;
 mod test_binaries;
 mod test_x86;

@@ -44,9 +44,9 @@ const PACKAGES: &[&str] = &[
 ];
 
 /// Workspace members left out of the aarch64 build: they hold no aarch64-specific code and their
-/// dependencies (clap, cbindgen) would dominate the build time. moe-capi's test also compiles
-/// and runs a host C program, which a static cross build cannot do.
-const EXCLUDED_PACKAGES: &[&str] = &["moe-cli", "moe-capi", "xtask"];
+/// dependencies (clap, cbindgen, plotters) would dominate the build time. moe-capi's test also
+/// compiles and runs a host C program, which a static cross build cannot do.
+const EXCLUDED_PACKAGES: &[&str] = &["moe-cli", "moe-capi", "moe-plot", "xtask"];
 
 /// The name of an optional test that prints the CPU features a crate detects; when a test binary
 /// has it, it is run with `--nocapture` at the start of each rung.
