@@ -215,6 +215,11 @@ pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
+/// Little-endian bytes of `values`, as safetensors stores I32.
+pub fn i32_bytes(values: &[i32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
 /// One tensor to write: dtype, shape and little-endian bytes.
 pub type Tensor = (Dtype, Vec<usize>, Vec<u8>);
 
