@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Output};
 
-use half::bf16;
+use half::{bf16, f16};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
@@ -70,6 +70,24 @@ impl MoeRun {
         assert!(
             !stderr.contains("panicked"),
             "moe {:?} panicked: {stderr}",
+            self.args
+        );
+        assert!(
+            stderr.contains(needle),
+            "moe {:?}: {stderr:?} lacks {needle:?}",
+            self.args
+        );
+    }
+
+    /// Asserts that the binary reported an error rather than panicking: exit status 1, the one
+    /// `main` exits with after printing the error, and `needle` on stderr.
+    #[track_caller]
+    pub fn assert_reported_error(&self, needle: &str) {
+        let stderr = self.stderr();
+        assert_eq!(
+            self.output.status.code(),
+            Some(1),
+            "moe {:?} did not exit with status 1: {stderr}",
             self.args
         );
         assert!(
@@ -279,12 +297,30 @@ impl SafetensorsFile {
             .collect()
     }
 
+    /// Tensor `name` read as little-endian u32.
+    #[track_caller]
+    pub fn u32s(&self, name: &str) -> Vec<u32> {
+        self.data(name)
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    }
+
     /// Tensor `name` read as little-endian bf16.
     #[track_caller]
     pub fn bf16s(&self, name: &str) -> Vec<bf16> {
         self.data(name)
             .chunks_exact(2)
             .map(|b| bf16::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    }
+
+    /// Tensor `name` read as little-endian f16.
+    #[track_caller]
+    pub fn f16s(&self, name: &str) -> Vec<f16> {
+        self.data(name)
+            .chunks_exact(2)
+            .map(|b| f16::from_le_bytes(b.try_into().unwrap()))
             .collect()
     }
 }
