@@ -1,38 +1,16 @@
 //! End-to-end tests of the `moe` binary: every command's JSON output at tiny shapes, the
 //! fixtures through `inspect`, and bad input failing with a message instead of a panic.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod support;
+
+use std::collections::BTreeMap;
 
 use serde_json::Value;
-
-/// Runs `moe` with `args`.
-fn moe(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_moe"))
-        .args(args)
-        .output()
-        .expect("the moe binary runs")
-}
-
-/// Runs `moe` expecting success and JSON on stdout.
-fn moe_json(args: &[&str]) -> Value {
-    let out = moe(args);
-    assert!(
-        out.status.success(),
-        "moe {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "moe {args:?} printed no JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
-}
-
-fn fixture(name: &str) -> PathBuf {
-    moe_testutil::fixtures_dir().join(name)
-}
+use support::{
+    SafetensorsFile, ScratchDir, assert_clean_failure, bench_rows, bytes_per_expert, copy_files,
+    f32_bytes, fixture, max_abs_diff, moe, moe_json, moe_run_args, moe_with_env, path_arg,
+    read_json, write_json, write_safetensors,
+};
 
 #[test]
 fn cpu_json_names_the_selected_rung() {
@@ -160,7 +138,7 @@ fn inspect_w4a8_fixture_selects_the_int4_kernel() {
         "inspect",
         "--json",
         "--model",
-        dir.to_str().unwrap(),
+        path_arg(&dir),
         "--layer",
         "0",
     ]);
@@ -177,7 +155,7 @@ fn inspect_w4a8_fixture_selects_the_int4_kernel() {
 #[test]
 fn inspect_wna16_fixture_reports_what_the_oracle_says() {
     let dir = fixture("qwen3moe-w4a16-g32");
-    let v = moe_json(&["inspect", "--json", "--model", dir.to_str().unwrap()]);
+    let v = moe_json(&["inspect", "--json", "--model", path_arg(&dir)]);
     assert_eq!(v["quant_scheme"], "compressed-tensors/pack-quantized");
     // Either a backend, or a refusal with every candidate's reason: never silence.
     let decided = v["backend"]["kernel"].is_string()
@@ -191,13 +169,11 @@ fn inspect_wna16_fixture_reports_what_the_oracle_says() {
 #[test]
 fn inspect_lists_every_refusal_when_the_kernel_is_disabled() {
     let dir = fixture("qwen3moe-w4a8-g32");
-    let out = Command::new(env!("CARGO_BIN_EXE_moe"))
-        .args(["inspect", "--json", "--model", dir.to_str().unwrap()])
-        .env("MOE_DISABLED_KERNELS", "cpu-int4-w4a8")
-        .output()
-        .expect("the moe binary runs");
-    assert!(out.status.success());
-    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let v = moe_with_env(
+        &["inspect", "--json", "--model", path_arg(&dir)],
+        &[("MOE_DISABLED_KERNELS", "cpu-int4-w4a8")],
+    )
+    .json();
     assert!(v["backend"].is_null(), "{v}");
     let refusals = v["no_backend"]["refusals"].as_array().expect("refusals");
     assert!(
@@ -212,29 +188,21 @@ fn inspect_lists_every_refusal_when_the_kernel_is_disabled() {
 fn run_obeys_the_deny_list_like_inspect() {
     let dir = fixture("qwen3moe-w4a16-g32");
     let input = dir.join("expected.safetensors");
-    let out_file =
-        std::env::temp_dir().join(format!("moe-cli-deny-{}.safetensors", std::process::id()));
+    let tmp = ScratchDir::new("deny");
+    let out_file = tmp.join("out.safetensors");
     let run = |disabled: &str| {
-        let out = Command::new(env!("CARGO_BIN_EXE_moe"))
-            .args(["run", "--json", "--model", dir.to_str().unwrap()])
-            .args(["--input", input.to_str().unwrap(), "--input-tensor", "x"])
-            .args(["--output", out_file.to_str().unwrap()])
-            .env("MOE_DISABLED_KERNELS", disabled)
-            .output()
-            .expect("the moe binary runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        let v = moe_with_env(
+            &moe_run_args(&dir, &input, &out_file),
+            &[("MOE_DISABLED_KERNELS", disabled)],
+        )
+        .json();
         v["kernel"].as_str().expect("kernel").to_string()
     };
-    assert!(run("").starts_with("cpu-wna16"));
+    let native = run("");
+    assert!(native.starts_with("cpu-wna16"), "{native}");
     // With the native kernel denied, the Marlin executor serves the layer instead; it is
     // portable code, so its label claims no ISA rung.
     assert_eq!(run("cpu-wna16"), "cpu-marlin");
-    let _ = std::fs::remove_file(&out_file);
 }
 
 /// `moe inspect` and `moe run` decide by the same function: a checkpoint with an activation
@@ -245,42 +213,26 @@ fn inspect_and_run_agree_on_the_activation() {
     let src = fixture("qwen3moe-w4a16-g32");
     let input = src.join("expected.safetensors");
     for (act, runs) in [("gelu", true), ("relu", false)] {
-        let dir = std::env::temp_dir().join(format!("moe-cli-act-{act}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        for entry in std::fs::read_dir(&src).unwrap() {
-            let path = entry.unwrap().path();
-            std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
-        }
+        let tmp = ScratchDir::new(&format!("act-{act}"));
+        let dir = tmp.path();
+        copy_files(&src, dir);
         let config = dir.join("config.json");
-        let mut v: Value =
-            serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+        let mut v = read_json(&config);
         v["hidden_act"] = Value::from(act);
-        std::fs::write(&config, v.to_string()).unwrap();
-        let inspect = moe_json(&["inspect", "--json", "--model", dir.to_str().unwrap()]);
-        let out_file = dir.join("out.safetensors");
-        let run = Command::new(env!("CARGO_BIN_EXE_moe"))
-            .args(["run", "--json", "--model", dir.to_str().unwrap()])
-            .args(["--input", input.to_str().unwrap(), "--input-tensor", "x"])
-            .args(["--output", out_file.to_str().unwrap()])
-            .output()
-            .expect("the moe binary runs");
+        write_json(&config, &v);
+        let inspect = moe_json(&["inspect", "--json", "--model", path_arg(dir)]);
+        let run = moe(&moe_run_args(dir, &input, &dir.join("out.safetensors")));
         if runs {
-            assert!(
-                run.status.success(),
-                "{act}: {}",
-                String::from_utf8_lossy(&run.stderr)
-            );
-            let ran: Value = serde_json::from_slice(&run.stdout).expect("JSON");
+            let ran = run.json();
             assert_eq!(ran["kernel"], inspect["backend"]["kernel"], "{act}");
         } else {
-            assert!(!run.status.success(), "{act}: run accepted it");
+            run.assert_failure();
             assert!(inspect["backend"].is_null(), "{act}: {inspect}");
             let reason = inspect["no_backend"]["message"].as_str().unwrap();
             assert!(reason.contains("hidden_act"), "{act}: {reason}");
-            let stderr = String::from_utf8_lossy(&run.stderr);
+            let stderr = run.stderr();
             assert!(stderr.contains("hidden_act"), "{act}: {stderr}");
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 
@@ -292,51 +244,38 @@ fn inspect_and_run_agree_on_the_activation() {
 fn inspect_and_run_agree_under_expert_parallelism() {
     let dir = fixture("qwen3moe-w4a16-g32");
     let input = dir.join("expected.safetensors");
-    let tmp = std::env::temp_dir().join(format!("moe-cli-ep-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
+    let tmp = ScratchDir::new("ep");
     let out_file = tmp.join("out.safetensors");
-    let model = dir.to_str().unwrap();
     for (size, rank, runs) in [("2", "1", true), ("9", "0", false)] {
         let ep = ["--ep-size", size, "--ep-rank", rank];
-        let mut args = vec!["inspect", "--json", "--model", model];
+        let mut args = vec!["inspect", "--json", "--model", path_arg(&dir)];
         args.extend(ep);
         let inspect = moe_json(&args);
-        let run = Command::new(env!("CARGO_BIN_EXE_moe"))
-            .args(["run", "--json", "--model", model])
-            .args(["--input", input.to_str().unwrap(), "--input-tensor", "x"])
-            .args(["--output", out_file.to_str().unwrap()])
-            .args(ep)
-            .output()
-            .expect("the moe binary runs");
+        let mut args = moe_run_args(&dir, &input, &out_file);
+        args.extend(ep);
+        let run = moe(&args);
         if runs {
-            assert!(
-                run.status.success(),
-                "ep {size}: {}",
-                String::from_utf8_lossy(&run.stderr)
-            );
-            let ran: Value = serde_json::from_slice(&run.stdout).expect("JSON");
+            let ran = run.json();
             assert_eq!(ran["kernel"], inspect["backend"]["kernel"], "ep {size}");
         } else {
-            assert!(!run.status.success(), "ep {size}: run accepted it");
+            run.assert_failure();
             assert!(inspect["backend"].is_null(), "ep {size}: {inspect}");
             let reason = inspect["no_backend"]["message"].as_str().unwrap();
             assert!(
                 reason.contains("9 EP ranks for 8 experts"),
                 "ep {size}: {reason}"
             );
-            let stderr = String::from_utf8_lossy(&run.stderr);
+            let stderr = run.stderr();
             assert!(stderr.contains(reason), "ep {size}: {stderr}");
         }
     }
-    let _ = std::fs::remove_dir_all(&tmp);
 }
 
 #[test]
 fn inspect_human_report_names_the_backend() {
     let dir = fixture("qwen3moe-w4a8-g32");
-    let out = moe(&["inspect", "--model", dir.to_str().unwrap()]);
-    assert!(out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
+    let out = moe(&["inspect", "--model", path_arg(&dir)]);
+    let text = out.assert_success().stdout();
     assert!(
         text.contains("backend:") && text.contains("Qwen3Moe"),
         "{text}"
@@ -359,7 +298,7 @@ fn bench_at_a_tiny_shape_reports_every_batch_size() {
         "3",
     ]);
     assert_eq!(v["road"], "experts-only");
-    let rows = v["rows"].as_array().expect("rows");
+    let rows = bench_rows(&v);
     assert_eq!(rows.len(), 2);
     for row in rows {
         assert_eq!(row["stage"], "fused", "{row}");
@@ -393,10 +332,7 @@ fn bench_w8a8_reads_about_twice_the_bytes_of_w4a8() {
     assert_eq!(w4["format"], "w4a8");
     assert_eq!(w8["format"], "w8a8");
     // Per expert and weight: W4A8 group 32 is 0.5625 B, W8A8 1 B plus 8 B per channel.
-    let per_expert = |v: &serde_json::Value| {
-        let row = &v["rows"][0];
-        row["bytes_touched"].as_f64().unwrap() / row["experts_touched"].as_f64().unwrap()
-    };
+    let per_expert = |v: &Value| bytes_per_expert(&v["rows"][0]);
     let weights = (3 * 128 * 64) as f64;
     assert_eq!(per_expert(&w4), weights * 0.5625);
     assert_eq!(per_expert(&w8), weights + 8.0 * (2 * 64 + 128) as f64);
@@ -424,9 +360,8 @@ fn bench_w4a16_reads_its_own_bytes() {
     assert_eq!(v["format"], "w4a16");
     // Per expert and weight: half a byte of code plus a 2-byte scale per 64 weights.
     let weights = (3 * 128 * 64) as f64;
-    for row in v["rows"].as_array().expect("rows") {
-        let per_expert =
-            row["bytes_touched"].as_f64().unwrap() / row["experts_touched"].as_f64().unwrap();
+    for row in bench_rows(&v) {
+        let per_expert = bytes_per_expert(row);
         assert_eq!(per_expert, weights * (0.5 + 2.0 / 64.0), "{row}");
         assert!(row["ms_per_call"].as_f64().unwrap() > 0.0);
     }
@@ -451,7 +386,7 @@ fn bench_layer_times_the_block_and_its_experts_through_moe_layer() {
         "0",
     ]);
     assert_eq!(v["road"], "layer");
-    let rows = v["rows"].as_array().expect("rows");
+    let rows = bench_rows(&v);
     let stages: Vec<(&str, u64)> = rows
         .iter()
         .map(|r| (r["stage"].as_str().unwrap(), r["batch"].as_u64().unwrap()))
@@ -464,8 +399,7 @@ fn bench_layer_times_the_block_and_its_experts_through_moe_layer() {
         assert!(row["copies"].as_u64().unwrap() >= 2, "{row}");
         assert!(row["ms_per_call"].as_f64().unwrap() > 0.0, "{row}");
         // Same packed bytes per expert as the fused benchmark's W4A8 group 32.
-        let per_expert =
-            row["bytes_touched"].as_f64().unwrap() / row["experts_touched"].as_f64().unwrap();
+        let per_expert = bytes_per_expert(row);
         assert_eq!(per_expert, (3 * 128 * 64) as f64 * 0.5625, "{row}");
     }
     let fused = moe_json(&[
@@ -577,7 +511,7 @@ fn bench_runs_every_format_on_both_roads_with_its_own_bytes() {
             args.extend_from_slice(format);
             args.extend_from_slice(road);
             let v = moe_json(&args);
-            let rows = v["rows"].as_array().expect("rows");
+            let rows = bench_rows(&v);
             let stages: Vec<&str> = rows.iter().map(|r| r["stage"].as_str().unwrap()).collect();
             let want: &[&str] = if road.is_empty() {
                 &["block", "experts"]
@@ -586,8 +520,7 @@ fn bench_runs_every_format_on_both_roads_with_its_own_bytes() {
             };
             assert_eq!(stages, want, "{args:?}");
             for row in rows {
-                let per_expert = row["bytes_touched"].as_f64().unwrap()
-                    / row["experts_touched"].as_f64().unwrap();
+                let per_expert = bytes_per_expert(row);
                 let want = weights * bytes_per_weight;
                 assert!((per_expert - want).abs() <= 1e-9 * want, "{args:?}: {row}");
                 assert!(row["copies"].as_u64().unwrap() >= 2, "{args:?}: {row}");
@@ -603,7 +536,8 @@ fn bench_runs_every_format_on_both_roads_with_its_own_bytes() {
 /// `--plot` draws the rows: an SVG naming the shape's lines and the axes.
 #[test]
 fn bench_plot_writes_an_svg_of_the_rows() {
-    let svg = std::env::temp_dir().join(format!("moe-cli-plot-{}.svg", std::process::id()));
+    let tmp = ScratchDir::new("plot");
+    let svg = tmp.join("plot.svg");
     let v = moe_json(&[
         "bench",
         "--json",
@@ -622,11 +556,10 @@ fn bench_plot_writes_an_svg_of_the_rows() {
         "--peak-gmacs",
         "50",
         "--plot",
-        svg.to_str().unwrap(),
+        path_arg(&svg),
     ]);
     assert_eq!(v["rows"].as_array().map(Vec::len), Some(4));
     let text = std::fs::read_to_string(&svg).expect("the plot was written");
-    std::fs::remove_file(&svg).ok();
     assert!(text.trim_start().starts_with("<svg"), "{text}");
     assert!(text.trim_end().ends_with("</svg>"), "{text}");
     for needle in [
@@ -641,21 +574,6 @@ fn bench_plot_writes_an_svg_of_the_rows() {
     }
 }
 
-/// Asserts a failing run with a message on stderr and no panic.
-fn assert_clean_failure(args: &[&str], needle: &str) {
-    let out = moe(args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "moe {args:?} succeeded");
-    assert!(
-        !stderr.contains("panicked"),
-        "moe {args:?} panicked: {stderr}"
-    );
-    assert!(
-        stderr.contains(needle),
-        "moe {args:?}: {stderr:?} lacks {needle:?}"
-    );
-}
-
 #[test]
 fn bad_input_fails_with_a_message() {
     assert_clean_failure(&["inspect"], "--model");
@@ -663,13 +581,11 @@ fn bad_input_fails_with_a_message() {
         &["inspect", "--model", "/nonexistent/moe-model"],
         "not a directory",
     );
-    let empty = std::env::temp_dir().join(format!("moe-cli-empty-{}", std::process::id()));
-    std::fs::create_dir_all(&empty).unwrap();
+    let empty = ScratchDir::new("empty");
     assert_clean_failure(
-        &["inspect", "--model", empty.to_str().unwrap()],
+        &["inspect", "--model", path_arg(empty.path())],
         "config.json",
     );
-    std::fs::remove_dir_all(&empty).ok();
     assert_clean_failure(&["demo", "--hidden", "100"], "--hidden");
     assert_clean_failure(&["demo", "--experts", "4", "--top-k", "5"], "--top-k");
     assert_clean_failure(&["bench", "--shape", "llama"], "unknown shape");
@@ -683,45 +599,22 @@ fn bad_input_fails_with_a_message() {
 fn run_takes_logits_a_precomputed_top_k_and_ranks() {
     let dir = fixture("qwen3moe-w4a8-g32");
     let input = dir.join("expected.safetensors");
-    let tmp = std::env::temp_dir().join(format!("moe-cli-routing-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
+    let tmp = ScratchDir::new("routing");
     let run = |name: &str, extra: &[&str]| -> Vec<f32> {
-        let out_file = tmp.join(format!("{name}.safetensors"));
-        let out = Command::new(env!("CARGO_BIN_EXE_moe"))
-            .args(["run", "--json", "--model", dir.to_str().unwrap()])
-            .args(["--input", input.to_str().unwrap(), "--input-tensor", "x"])
-            .args(["--output", out_file.to_str().unwrap()])
-            .args(extra)
-            .output()
-            .expect("the moe binary runs");
-        assert!(
-            out.status.success(),
-            "{name}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let bytes = std::fs::read(&out_file).unwrap();
-        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-        let t = st.tensor("output").unwrap();
-        t.data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect()
+        let out_file = tmp.join(&format!("{name}.safetensors"));
+        let mut args = moe_run_args(&dir, &input, &out_file);
+        args.extend_from_slice(extra);
+        moe(&args).assert_success();
+        SafetensorsFile::read(&out_file).f32s("output")
     };
-    let bytes = std::fs::read(&input).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let want: Vec<f32> = st
-        .tensor("out_vllm")
-        .unwrap()
-        .data()
-        .chunks_exact(2)
-        .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
+    let want: Vec<f32> = SafetensorsFile::read(&input)
+        .bf16s("out_vllm")
+        .into_iter()
+        .map(f32::from)
         .collect();
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
     let close = |what: &str, got: &[f32], want: &[f32]| {
-        let worst = got
-            .iter()
-            .zip(want)
-            .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+        let worst = max_abs_diff(got, want);
         assert!(worst <= 1e-2 * scale, "{what}: max abs diff {worst}");
     };
     let topk = [
@@ -750,19 +643,18 @@ fn run_takes_logits_a_precomputed_top_k_and_ranks() {
         &[
             "run",
             "--model",
-            dir.to_str().unwrap(),
+            path_arg(&dir),
             "--input",
-            input.to_str().unwrap(),
+            path_arg(&input),
             "--input-tensor",
             "x",
             "--output",
-            tmp.join("bad.safetensors").to_str().unwrap(),
+            path_arg(&tmp.join("bad.safetensors")),
             "--logits-tensor",
             "topk_weights",
         ],
         "expected [5, 8]",
     );
-    let _ = std::fs::remove_dir_all(&tmp);
 }
 
 /// `--wna16-activations int8` runs W4A16 weights on the W4A8 kernels through the layer and
@@ -789,17 +681,15 @@ fn bench_w4a16_with_int8_activations_runs_on_the_w4a8_kernels() {
         "int8",
     ];
     let out = moe(&args);
-    assert!(out.status.success(), "{out:?}");
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = out.assert_success().stdout();
     assert!(text.contains("kernel cpu-int4-w4a8/"), "{text}");
     assert!(text.contains("int8 activations"), "{text}");
     let mut json_args = args.to_vec();
     json_args.push("--json");
     let v = moe_json(&json_args);
     let weights = (3 * 128 * 64) as f64;
-    for row in v["rows"].as_array().expect("rows") {
-        let per_expert =
-            row["bytes_touched"].as_f64().unwrap() / row["experts_touched"].as_f64().unwrap();
+    for row in bench_rows(&v) {
+        let per_expert = bytes_per_expert(row);
         assert_eq!(per_expert, weights * (0.5 + 2.0 / 32.0), "{row}");
     }
     let mut w8 = args.to_vec();
@@ -819,61 +709,49 @@ fn bench_w4a16_with_int8_activations_runs_on_the_w4a8_kernels() {
 #[test]
 fn gpt_oss_mxfp4_runs_and_matches_the_dequantized_reference() {
     use moe_testutil::gpt_oss::GptOss;
-    let tmp = std::env::temp_dir().join(format!("moe-cli-gpt-oss-{}", std::process::id()));
+    let tmp = ScratchDir::new("gpt-oss");
     let model = tmp.join("model");
     std::fs::create_dir_all(&model).unwrap();
     let m = GptOss::random(0x9055, [8, 4, 64, 64], 0.75);
     m.write(&model);
     let t = 6;
     let x = moe_testutil::SplitMix64::new(17).vec_uniform(t * m.h, -1.0, 1.0);
-    let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![t, m.h], &bytes)
-        .unwrap();
     let input = tmp.join("input.safetensors");
-    std::fs::write(
+    write_safetensors(
         &input,
-        safetensors::serialize([("hidden_states", view)], None).unwrap(),
-    )
-    .unwrap();
+        &BTreeMap::from([(
+            "hidden_states".to_string(),
+            (safetensors::Dtype::F32, vec![t, m.h], f32_bytes(&x)),
+        )]),
+    );
     let output = tmp.join("output.safetensors");
     let v = moe_json(&[
         "run",
         "--json",
         "--model",
-        model.to_str().unwrap(),
+        path_arg(&model),
         "--input",
-        input.to_str().unwrap(),
+        path_arg(&input),
         "--output",
-        output.to_str().unwrap(),
+        path_arg(&output),
     ]);
     assert_eq!(v["scheme"], "mxfp4", "{v}");
     assert!(
         v["kernel"].as_str().unwrap().starts_with("cpu-wna16"),
         "{v}"
     );
-    let bytes = std::fs::read(&output).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let f32s = |name: &str| -> Vec<f32> {
-        st.tensor(name)
-            .unwrap()
-            .data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect()
-    };
-    let ids: Vec<usize> = st
-        .tensor("topk_ids")
-        .unwrap()
-        .data()
-        .chunks_exact(4)
-        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    let written = SafetensorsFile::read(&output);
+    let ids: Vec<usize> = written
+        .i32s("topk_ids")
+        .into_iter()
+        .map(|id| id as usize)
         .collect();
     let (want_ids, weights) = m.route(&x);
     assert_eq!(ids, want_ids);
     let (clipped, total) = m.clipped(&x, &want_ids);
     assert!(clipped > 0 && clipped < total, "{clipped}/{total}");
     let want = m.forward(&x, &want_ids, &weights);
-    let got = f32s("output");
+    let got = written.f32s("output");
     let scale = want.iter().fold(1e-6f64, |a, v| a.max(v.abs()));
     for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
         assert!(
@@ -885,7 +763,7 @@ fn gpt_oss_mxfp4_runs_and_matches_the_dequantized_reference() {
         "inspect",
         "--json",
         "--model",
-        model.to_str().unwrap(),
+        path_arg(&model),
         "--layer",
         "0",
     ]);
@@ -907,7 +785,6 @@ fn gpt_oss_mxfp4_runs_and_matches_the_dequantized_reference() {
         v["runs_activation"],
         "swigluoai (alpha 1.702, limit 0.75, gate/up Interleaved)"
     );
-    let _ = std::fs::remove_dir_all(&tmp);
 }
 
 #[test]
@@ -931,9 +808,8 @@ fn bench_mxfp4_reads_codes_and_scales() {
     // Per expert and weight: half a byte of code plus a one-byte e8m0 scale per 32 weights,
     // the checkpoint's own bytes.
     let weights = (3 * 128 * 64) as f64;
-    for row in v["rows"].as_array().expect("rows") {
-        let per_expert =
-            row["bytes_touched"].as_f64().unwrap() / row["experts_touched"].as_f64().unwrap();
+    for row in bench_rows(&v) {
+        let per_expert = bytes_per_expert(row);
         assert_eq!(per_expert, weights * (0.5 + 1.0 / 32.0), "{row}");
         assert!(row["ms_per_call"].as_f64().unwrap() > 0.0);
     }

@@ -4,14 +4,18 @@
 //! the native WNA16 kernel, and run's f32 output matches an f64 evaluation of the dequantized
 //! weights on the routing given in the input file (relative L2 below 1e-5).
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 
 use moe_testutil::SplitMix64;
 use safetensors::Dtype;
-use safetensors::tensor::TensorView;
-use serde_json::{Value, json};
+use serde_json::json;
+use support::{
+    SafetensorsFile, ScratchDir, bench_rows, bytes_per_expert, f32_bytes, i32_bytes, moe_json,
+    moe_run_args, path_arg, write_json, write_safetensors,
+};
 
 const E: usize = 4;
 const TOP_K: usize = 2;
@@ -70,23 +74,9 @@ impl Proj {
     }
 }
 
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn write(path: &Path, tensors: &BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)>) {
-    let views: Vec<(String, TensorView<'_>)> = tensors
-        .iter()
-        .map(|(n, (d, s, b))| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
-        .collect();
-    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
-}
-
-#[test]
-fn fp8_block_checkpoint_through_inspect_and_run() {
-    let dir = std::env::temp_dir().join(format!("moe-cli-fp8-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+/// Writes the FP8 checkpoint into `dir`, a gate and E experts drawn from `rng`, and returns the
+/// experts' `[gate, up, down]` projections.
+fn write_fp8_model(dir: &Path, rng: &mut SplitMix64) -> Vec<[Proj; 3]> {
     let config = json!({
         "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
         "torch_dtype": "bfloat16", "hidden_act": "silu", "hidden_size": H,
@@ -95,8 +85,7 @@ fn fp8_block_checkpoint_through_inspect_and_run() {
         "quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
             "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
     });
-    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    let mut rng = SplitMix64::new(0xf8);
+    write_json(&dir.join("config.json"), &config);
     let mut tensors = BTreeMap::new();
     let gate = rng.vec_uniform(E * H, -0.5, 0.5);
     tensors.insert(
@@ -106,9 +95,9 @@ fn fp8_block_checkpoint_through_inspect_and_run() {
     let mut experts = Vec::new();
     for e in 0..E {
         let ps = [
-            Proj::random(&mut rng, I, H),
-            Proj::random(&mut rng, I, H),
-            Proj::random(&mut rng, H, I),
+            Proj::random(rng, I, H),
+            Proj::random(rng, I, H),
+            Proj::random(rng, H, I),
         ];
         for (p, name) in ps.iter().zip(["gate_proj", "up_proj", "down_proj"]) {
             let prefix = format!("model.layers.0.mlp.experts.{e}.{name}");
@@ -127,19 +116,49 @@ fn fp8_block_checkpoint_through_inspect_and_run() {
         }
         experts.push(ps);
     }
-    write(&dir.join("model.safetensors"), &tensors);
+    write_safetensors(&dir.join("model.safetensors"), &tensors);
+    experts
+}
 
-    let model = dir.to_str().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_moe"))
-        .args(["inspect", "--json", "--model", model, "--layer", "0"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+/// The f64 forward of the dequantized `experts` on the given routing: SiLU-gated MLPs summed
+/// with the routing weights, `[T, H]`.
+fn reference_forward(experts: &[[Proj; 3]], x: &[f32], ids: &[i32], weights: &[f32]) -> Vec<f64> {
+    let mut out = Vec::with_capacity(T * H);
+    for t in 0..T {
+        let xt: Vec<f64> = x[t * H..][..H].iter().map(|&v| f64::from(v)).collect();
+        let mut want = vec![0f64; H];
+        for j in 0..TOP_K {
+            let [g, u, d] = &experts[ids[t * TOP_K + j] as usize];
+            let a: Vec<f64> = g
+                .matvec(&xt)
+                .iter()
+                .zip(u.matvec(&xt))
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
+            for (w, y) in want.iter_mut().zip(d.matvec(&a)) {
+                *w += f64::from(weights[t * TOP_K + j]) * y;
+            }
+        }
+        out.extend(want);
+    }
+    out
+}
+
+#[test]
+fn fp8_block_checkpoint_through_inspect_and_run() {
+    let tmp = ScratchDir::new("fp8");
+    let dir = tmp.path();
+    let mut rng = SplitMix64::new(0xf8);
+    let experts = write_fp8_model(dir, &mut rng);
+
+    let v = moe_json(&[
+        "inspect",
+        "--json",
+        "--model",
+        path_arg(dir),
+        "--layer",
+        "0",
+    ]);
     assert_eq!(v["quant_scheme"], "fp8", "{v}");
     let kernel = v["backend"]["kernel"].as_str().expect("a backend");
     assert!(kernel.starts_with("cpu-wna16/"), "{v}");
@@ -158,70 +177,33 @@ fn fp8_block_checkpoint_through_inspect_and_run() {
     let weights: Vec<f32> = (0..T * TOP_K).map(|j| 0.25 + 0.1 * j as f32).collect();
     let mut input = BTreeMap::new();
     input.insert("x".to_string(), (Dtype::F32, vec![T, H], f32_bytes(&x)));
-    let id_bytes = ids.iter().flat_map(|v| v.to_le_bytes()).collect();
-    input.insert("ids".to_string(), (Dtype::I32, vec![T, TOP_K], id_bytes));
+    input.insert(
+        "ids".to_string(),
+        (Dtype::I32, vec![T, TOP_K], i32_bytes(&ids)),
+    );
     input.insert(
         "w".to_string(),
         (Dtype::F32, vec![T, TOP_K], f32_bytes(&weights)),
     );
     let input_file = dir.join("input.safetensors");
-    write(&input_file, &input);
+    write_safetensors(&input_file, &input);
     let out_file = dir.join("out.safetensors");
-    let out = Command::new(env!("CARGO_BIN_EXE_moe"))
-        .args(["run", "--json", "--model", model])
-        .args([
-            "--input",
-            input_file.to_str().unwrap(),
-            "--input-tensor",
-            "x",
-        ])
-        .args(["--topk-ids-tensor", "ids", "--topk-weights-tensor", "w"])
-        .args(["--output", out_file.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut args = moe_run_args(dir, &input_file, &out_file);
+    args.extend(["--topk-ids-tensor", "ids", "--topk-weights-tensor", "w"]);
+    let v = moe_json(&args);
     assert!(
         v["kernel"].as_str().unwrap().starts_with("cpu-wna16"),
         "{v}"
     );
-    let bytes = std::fs::read(&out_file).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let got: Vec<f32> = st
-        .tensor("output")
-        .unwrap()
-        .data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
+    let got = SafetensorsFile::read(&out_file).f32s("output");
+    let want = reference_forward(&experts, &x, &ids, &weights);
     let (mut num, mut den) = (0f64, 0f64);
-    for t in 0..T {
-        let xt: Vec<f64> = x[t * H..][..H].iter().map(|&v| f64::from(v)).collect();
-        let mut want = vec![0f64; H];
-        for j in 0..TOP_K {
-            let [g, u, d] = &experts[ids[t * TOP_K + j] as usize];
-            let a: Vec<f64> = g
-                .matvec(&xt)
-                .iter()
-                .zip(u.matvec(&xt))
-                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
-                .collect();
-            for (w, y) in want.iter_mut().zip(d.matvec(&a)) {
-                *w += f64::from(weights[t * TOP_K + j]) * y;
-            }
-        }
-        for (g, w) in got[t * H..][..H].iter().zip(&want) {
-            num += (f64::from(*g) - w).powi(2);
-            den += w.powi(2);
-        }
+    for (g, w) in got[..T * H].iter().zip(&want) {
+        num += (f64::from(*g) - w).powi(2);
+        den += w.powi(2);
     }
     let rel = (num / den).sqrt();
     assert!(rel < 1e-5, "moe run vs f64 reference: rel L2 {rel}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `moe bench --format fp8` times FP8 experts against the bytes they stream: per weight one
@@ -230,34 +212,29 @@ fn fp8_block_checkpoint_through_inspect_and_run() {
 /// of 4.
 #[test]
 fn bench_fp8_reads_its_own_bytes() {
-    let out = Command::new(env!("CARGO_BIN_EXE_moe"))
-        .args([
-            "bench",
-            "--json",
-            "--format",
-            "fp8",
-            "--experts-only",
-            "--shape",
-            "e8-k2-h160-i72",
-        ])
-        .args(["--batch-sizes", "1,3", "--min-bytes", "1M", "--iters", "3"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = moe_json(&[
+        "bench",
+        "--json",
+        "--format",
+        "fp8",
+        "--experts-only",
+        "--shape",
+        "e8-k2-h160-i72",
+        "--batch-sizes",
+        "1,3",
+        "--min-bytes",
+        "1M",
+        "--iters",
+        "3",
+    ]);
     assert_eq!(v["format"], "fp8");
     let bytes = |n: usize, k: usize| {
         let channels = n.div_ceil(16) * 16;
         channels * k.div_ceil(4) * 4 + channels * k.div_ceil(128) * 4
     };
     let want = (bytes(2 * 72, 160) + bytes(160, 72)) as f64;
-    for row in v["rows"].as_array().expect("rows") {
-        let per_expert =
-            row["bytes_touched"].as_f64().unwrap() / row["experts_touched"].as_f64().unwrap();
+    for row in bench_rows(&v) {
+        let per_expert = bytes_per_expert(row);
         assert_eq!(per_expert, want, "{row}");
         assert!(row["ms_per_call"].as_f64().unwrap() > 0.0);
     }

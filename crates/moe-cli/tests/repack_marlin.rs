@@ -2,71 +2,40 @@
 //! proven in use by running the Marlin executor's dequantisation on every expert and comparing
 //! it bit for bit with the weights moe-layer's reader decodes from the source checkpoint.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod support;
 
-use half::bf16;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use half::{bf16, f16};
 use moe_kernels::Par;
 use moe_kernels::marlin::{MarlinWeights, MarlinWeightsDesc, ScaleLayout, ScaleValues};
 use moe_layer::checkpoint::{Checkpoint, ReadOptions, ShardAccess, StoredExperts};
-use safetensors::SafeTensors;
-
-fn moe(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_moe"))
-        .args(args)
-        .output()
-        .expect("the moe binary runs")
-}
-
-fn scratch_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("moe-repack-marlin-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
-
-fn le_u32(bytes: &[u8]) -> Vec<u32> {
-    bytes
-        .chunks_exact(4)
-        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
-        .collect()
-}
-
-fn le_bf16(bytes: &[u8]) -> Vec<bf16> {
-    bytes
-        .chunks_exact(2)
-        .map(|b| bf16::from_le_bytes(b.try_into().unwrap()))
-        .collect()
-}
+use safetensors::Dtype;
+use support::{
+    SafetensorsFile, ScratchDir, fixture, moe, path_arg, read_json, write_json, write_safetensors,
+};
 
 #[test]
 fn repacked_fixture_dequantises_to_the_source_weights() {
-    let model = moe_testutil::fixtures_dir().join("qwen3moe-w4a16-g32");
-    let out_dir = scratch_dir("fixture");
-    let out = moe(&[
+    let model = fixture("qwen3moe-w4a16-g32");
+    let tmp = ScratchDir::new("repack-fixture");
+    let out_dir = tmp.join("marlin");
+    let report = moe(&[
         "--json",
         "repack-marlin",
         "--model",
-        model.to_str().unwrap(),
+        path_arg(&model),
         "--output",
-        out_dir.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        path_arg(&out_dir),
+    ])
+    .json();
     assert_eq!(report["format"], "moe-rs-marlin/1");
-    let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out_dir.join("config.json")).unwrap())
-            .unwrap();
+    let config = read_json(&out_dir.join("config.json"));
     assert_eq!(config["moe_rs_marlin"]["num_bits"], 4);
 
     let ckpt = Checkpoint::open(&model, ShardAccess::Read).unwrap();
-    let index: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(out_dir.join("model.safetensors.index.json")).unwrap(),
-    )
-    .unwrap();
+    let index = read_json(&out_dir.join("model.safetensors.index.json"));
     for &layer in &ckpt.spec().moe_layers {
         let layer_t = ckpt.read_layer(layer, &ReadOptions::single_rank()).unwrap();
         let StoredExperts::Int(int) = &layer_t.experts.weights else {
@@ -82,22 +51,13 @@ fn repacked_fixture_dequantises_to_the_source_weights() {
         let file = index["weight_map"][format!("{block}.experts.w13.marlin_qweight")]
             .as_str()
             .unwrap();
-        let bytes = std::fs::read(out_dir.join(file)).unwrap();
-        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let repacked = SafetensorsFile::read(&out_dir.join(file));
         for (p, n, k, codes, scales) in [
             ("w13", 2 * i, h, &int.w13, &int.w13_scales),
             ("w2", h, i, &int.w2, &int.w2_scales),
         ] {
-            let q = le_u32(
-                st.tensor(&format!("{block}.experts.{p}.marlin_qweight"))
-                    .unwrap()
-                    .data(),
-            );
-            let s = le_bf16(
-                st.tensor(&format!("{block}.experts.{p}.marlin_scales"))
-                    .unwrap()
-                    .data(),
-            );
+            let q = repacked.u32s(&format!("{block}.experts.{p}.marlin_qweight"));
+            let s = repacked.bf16s(&format!("{block}.experts.{p}.marlin_scales"));
             let g = k / gs;
             for x in 0..e {
                 let w = MarlinWeights::new(MarlinWeightsDesc {
@@ -134,61 +94,52 @@ fn repacked_fixture_dequantises_to_the_source_weights() {
             }
         }
     }
-    let _ = std::fs::remove_dir_all(&out_dir);
 }
 
 #[test]
 fn repack_marlin_refuses_bad_input_with_a_message() {
-    let out_dir = scratch_dir("bad");
-    let w4a8 = moe_testutil::fixtures_dir().join("qwen3moe-w4a8-g32");
+    let tmp = ScratchDir::new("repack-bad");
+    let out_dir = tmp.join("marlin");
+    let w4a8 = fixture("qwen3moe-w4a8-g32");
     let out = moe(&[
         "repack-marlin",
         "--model",
-        w4a8.to_str().unwrap(),
+        path_arg(&w4a8),
         "--output",
-        out_dir.to_str().unwrap(),
+        path_arg(&out_dir),
     ]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not a WNA16 checkpoint"));
+    out.assert_reported_error("not a WNA16 checkpoint");
     // A non-empty output directory is never overwritten.
     std::fs::create_dir_all(&out_dir).unwrap();
     std::fs::write(out_dir.join("keep"), b"x").unwrap();
-    let w4a16 = moe_testutil::fixtures_dir().join("qwen3moe-w4a16-g32");
+    let w4a16 = fixture("qwen3moe-w4a16-g32");
     let out = moe(&[
         "repack-marlin",
         "--model",
-        w4a16.to_str().unwrap(),
+        path_arg(&w4a16),
         "--output",
-        out_dir.to_str().unwrap(),
+        path_arg(&out_dir),
     ]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not empty"));
-    let _ = std::fs::remove_dir_all(&out_dir);
+    out.assert_reported_error("not empty");
 }
 
 /// Writes a one-layer GPTQ act-order checkpoint (Qwen3-MoE names, E = 8, H = 128, I = 64,
 /// 4-bit, group 32, fp16 scales) with seeded random codes, scales and group assignments.
-fn write_gptq_act_order_model(dir: &std::path::Path) {
-    use safetensors::Dtype;
+fn write_gptq_act_order_model(dir: &Path) {
     std::fs::create_dir_all(dir).unwrap();
-    let fixture = moe_testutil::fixtures_dir().join("qwen3moe-w4a16-g32");
-    let mut config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture.join("config.json")).unwrap())
-            .unwrap();
+    let mut config = read_json(&fixture("qwen3moe-w4a16-g32").join("config.json"));
     config["num_hidden_layers"] = 1.into();
     config["quantization_config"] = serde_json::json!({"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": true, "sym": true});
-    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    write_json(&dir.join("config.json"), &config);
     let mut rng = moe_testutil::SplitMix64::new(42);
-    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut tensors = BTreeMap::new();
     let gate: Vec<u8> = (0..8 * 128)
         .flat_map(|_| bf16::from_f32(rng.uniform(-0.1, 0.1)).to_le_bytes())
         .collect();
-    tensors.push((
-        "model.layers.0.mlp.gate.weight".into(),
-        Dtype::BF16,
-        vec![8, 128],
-        gate,
-    ));
+    tensors.insert(
+        "model.layers.0.mlp.gate.weight".to_string(),
+        (Dtype::BF16, vec![8, 128], gate),
+    );
     for e in 0..8 {
         // One g_idx per input size, shared by gate and up as GPTQ writes it.
         let g_idx_of = |k: usize, rng: &mut moe_testutil::SplitMix64| -> Vec<i32> {
@@ -210,55 +161,40 @@ fn write_gptq_act_order_model(dir: &std::path::Path) {
                 .flat_map(|_| (rng.next_u64() as u32).to_le_bytes())
                 .collect();
             let s: Vec<u8> = (0..k / 32 * n)
-                .flat_map(|_| half::f16::from_f32(rng.uniform(0.001, 0.02)).to_le_bytes())
+                .flat_map(|_| f16::from_f32(rng.uniform(0.001, 0.02)).to_le_bytes())
                 .collect();
             let z: Vec<u8> = (0..k / 32 * n / 8)
                 .flat_map(|_| 0x7777_7777u32.to_le_bytes())
                 .collect();
             let g = if k == 128 { &g_h } else { &g_i };
             let gb: Vec<u8> = g.iter().flat_map(|v| v.to_le_bytes()).collect();
-            tensors.push((format!("{prefix}.qweight"), Dtype::I32, vec![k / 8, n], q));
-            tensors.push((format!("{prefix}.scales"), Dtype::F16, vec![k / 32, n], s));
-            tensors.push((
+            tensors.insert(format!("{prefix}.qweight"), (Dtype::I32, vec![k / 8, n], q));
+            tensors.insert(format!("{prefix}.scales"), (Dtype::F16, vec![k / 32, n], s));
+            tensors.insert(
                 format!("{prefix}.qzeros"),
-                Dtype::I32,
-                vec![k / 32, n / 8],
-                z,
-            ));
-            tensors.push((format!("{prefix}.g_idx"), Dtype::I32, vec![k], gb));
+                (Dtype::I32, vec![k / 32, n / 8], z),
+            );
+            tensors.insert(format!("{prefix}.g_idx"), (Dtype::I32, vec![k], gb));
         }
     }
-    let views: Vec<_> = tensors
-        .iter()
-        .map(|(n, d, s, b)| {
-            (
-                n.clone(),
-                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
-            )
-        })
-        .collect();
-    safetensors::tensor::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    write_safetensors(&dir.join("model.safetensors"), &tensors);
 }
 
 #[test]
 fn gptq_act_order_checkpoint_repacks_with_its_permutation() {
-    let model = scratch_dir("gptq-src");
+    let tmp = ScratchDir::new("repack-gptq");
+    let model = tmp.join("gptq");
     write_gptq_act_order_model(&model);
-    let out_dir = scratch_dir("gptq-out");
-    let out = moe(&[
+    let out_dir = tmp.join("marlin");
+    let report = moe(&[
         "--json",
         "repack-marlin",
         "--model",
-        model.to_str().unwrap(),
+        path_arg(&model),
         "--output",
-        out_dir.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        path_arg(&out_dir),
+    ])
+    .json();
     assert_eq!(report["act_order"], true);
 
     let ckpt = Checkpoint::open(&model, ShardAccess::Read).unwrap();
@@ -266,25 +202,17 @@ fn gptq_act_order_checkpoint_repacks_with_its_permutation() {
     let StoredExperts::Int(int) = &layer_t.experts.weights else {
         panic!("not quantized")
     };
-    let bytes = std::fs::read(out_dir.join("model-marlin-layer00000.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let repacked = SafetensorsFile::read(&out_dir.join("model-marlin-layer00000.safetensors"));
     let (e, h, i, gs) = (8, 128, 64, 32);
     for (p, n, k, codes, scales) in [
         ("w13", 2 * i, h, &int.w13, &int.w13_scales),
         ("w2", h, i, &int.w2, &int.w2_scales),
     ] {
-        let get = |name: &str| {
-            st.tensor(&format!("model.layers.0.mlp.experts.{p}.{name}"))
-                .unwrap()
-        };
-        let q = le_u32(get("marlin_qweight").data());
-        let s: Vec<half::f16> = get("marlin_scales")
-            .data()
-            .chunks_exact(2)
-            .map(|b| half::f16::from_le_bytes([b[0], b[1]]))
-            .collect();
-        let sort = le_u32(get("sort_indices").data());
-        let gsorted = le_u32(get("g_idx_sorted").data());
+        let name = |tensor: &str| format!("model.layers.0.mlp.experts.{p}.{tensor}");
+        let q = repacked.u32s(&name("marlin_qweight"));
+        let s = repacked.f16s(&name("marlin_scales"));
+        let sort = repacked.u32s(&name("sort_indices"));
+        let gsorted = repacked.u32s(&name("g_idx_sorted"));
         let g = k / gs;
         for x in 0..e {
             let w = MarlinWeights::new(MarlinWeightsDesc {
@@ -312,7 +240,7 @@ fn gptq_act_order_checkpoint_repacks_with_its_permutation() {
                 let grp = g_idx[x * k + kk] as usize;
                 for nn in 0..n {
                     let code = f32::from(codes[(x * n + nn) * k + kk]);
-                    let want = half::f16::from_f32(code * scales[(x * n + nn) * g + grp]).to_f32();
+                    let want = f16::from_f32(code * scales[(x * n + nn) * g + grp]).to_f32();
                     assert_eq!(
                         deq[kk * n + nn].to_bits(),
                         want.to_bits(),
@@ -322,6 +250,4 @@ fn gptq_act_order_checkpoint_repacks_with_its_permutation() {
             }
         }
     }
-    let _ = std::fs::remove_dir_all(&model);
-    let _ = std::fs::remove_dir_all(&out_dir);
 }

@@ -1,0 +1,347 @@
+//! What the `moe` binary's integration tests share: running the binary and saying what it
+//! printed when it does not do what a test expects, the fixtures and scratch directories, and
+//! the small safetensors and JSON files the tests exchange with the binary.
+//!
+//! Every file under `tests/` is its own crate and uses only part of these helpers.
+#![allow(dead_code)]
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Output};
+
+use half::{bf16, f16};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use serde_json::Value;
+
+/// One finished run of the `moe` binary: its arguments, exit status and output.
+pub struct MoeRun {
+    args: Vec<String>,
+    output: Output,
+}
+
+impl MoeRun {
+    /// The exit status.
+    pub fn status(&self) -> ExitStatus {
+        self.output.status
+    }
+
+    /// Standard output as text.
+    pub fn stdout(&self) -> Cow<'_, str> {
+        String::from_utf8_lossy(&self.output.stdout)
+    }
+
+    /// Standard error as text.
+    pub fn stderr(&self) -> Cow<'_, str> {
+        String::from_utf8_lossy(&self.output.stderr)
+    }
+
+    /// Panics unless the run succeeded, with the arguments and what the binary said on stderr.
+    #[track_caller]
+    pub fn assert_success(&self) -> &Self {
+        assert!(
+            self.output.status.success(),
+            "moe {:?} failed ({}):\n{}",
+            self.args,
+            self.output.status,
+            self.stderr()
+        );
+        self
+    }
+
+    /// Panics unless the run failed, with the arguments and what the binary printed.
+    #[track_caller]
+    pub fn assert_failure(&self) -> &Self {
+        assert!(
+            !self.output.status.success(),
+            "moe {:?} succeeded where it should fail; stdout:\n{}",
+            self.args,
+            self.stdout()
+        );
+        self
+    }
+
+    /// Asserts a failing run with a message holding `needle` on stderr and no panic.
+    #[track_caller]
+    pub fn assert_clean_failure(&self, needle: &str) {
+        self.assert_failure();
+        let stderr = self.stderr();
+        assert!(
+            !stderr.contains("panicked"),
+            "moe {:?} panicked: {stderr}",
+            self.args
+        );
+        assert!(
+            stderr.contains(needle),
+            "moe {:?}: {stderr:?} lacks {needle:?}",
+            self.args
+        );
+    }
+
+    /// Asserts that the binary reported an error rather than panicking: exit status 1, the one
+    /// `main` exits with after printing the error, and `needle` on stderr.
+    #[track_caller]
+    pub fn assert_reported_error(&self, needle: &str) {
+        let stderr = self.stderr();
+        assert_eq!(
+            self.output.status.code(),
+            Some(1),
+            "moe {:?} did not exit with status 1: {stderr}",
+            self.args
+        );
+        assert!(
+            stderr.contains(needle),
+            "moe {:?}: {stderr:?} lacks {needle:?}",
+            self.args
+        );
+    }
+
+    /// The JSON the run printed on stdout, after checking that it succeeded.
+    #[track_caller]
+    pub fn json(&self) -> Value {
+        self.assert_success();
+        serde_json::from_slice(&self.output.stdout).unwrap_or_else(|e| {
+            panic!(
+                "moe {:?} printed no JSON ({e}): {}",
+                self.args,
+                self.stdout()
+            )
+        })
+    }
+}
+
+/// Runs `moe` with `args` in the test's environment.
+#[track_caller]
+pub fn moe(args: &[&str]) -> MoeRun {
+    moe_with_env(args, &[])
+}
+
+/// Runs `moe` with `args` and the variables `env` set on top of the test's environment.
+#[track_caller]
+pub fn moe_with_env(args: &[&str], env: &[(&str, &str)]) -> MoeRun {
+    let output = Command::new(env!("CARGO_BIN_EXE_moe"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("the moe binary runs");
+    MoeRun {
+        args: args.iter().map(|a| a.to_string()).collect(),
+        output,
+    }
+}
+
+/// Runs `moe` expecting success and JSON on stdout.
+#[track_caller]
+pub fn moe_json(args: &[&str]) -> Value {
+    moe(args).json()
+}
+
+/// Runs `moe` expecting it to fail with a message holding `needle` on stderr and no panic.
+#[track_caller]
+pub fn assert_clean_failure(args: &[&str], needle: &str) {
+    moe(args).assert_clean_failure(needle);
+}
+
+/// The checkpoint fixture `name`, under `$MOE_FIXTURES` or the shared fixtures directory.
+pub fn fixture(name: &str) -> PathBuf {
+    moe_testutil::fixtures_dir().join(name)
+}
+
+/// `path` as a command-line argument; the fixture and temporary paths are UTF-8.
+pub fn path_arg(path: &Path) -> &str {
+    path.to_str()
+        .unwrap_or_else(|| panic!("{} is not UTF-8", path.display()))
+}
+
+/// The arguments of `moe run --json` on `model`, the hidden states read from tensor `x` of
+/// `input` and the output written to `output`; callers append the routing and rank flags.
+pub fn moe_run_args<'a>(model: &'a Path, input: &'a Path, output: &'a Path) -> Vec<&'a str> {
+    vec![
+        "run",
+        "--json",
+        "--model",
+        path_arg(model),
+        "--input",
+        path_arg(input),
+        "--input-tensor",
+        "x",
+        "--output",
+        path_arg(output),
+    ]
+}
+
+/// A directory of its own under the temporary directory, removed when dropped so that a test
+/// leaves nothing behind; its name holds the process id so that test binaries running at the
+/// same time do not share it, and a tag that each test picks for itself.
+pub struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    /// Creates the directory `moe-cli-<tag>-<pid>`, empty even where an earlier run left one.
+    pub fn new(tag: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("moe-cli-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
+        Self(path)
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// `name` inside the directory.
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Copies every file of directory `from` into directory `to`.
+pub fn copy_files(from: &Path, to: &Path) {
+    let entries =
+        std::fs::read_dir(from).unwrap_or_else(|e| panic!("listing {}: {e}", from.display()));
+    for entry in entries {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, to.join(path.file_name().unwrap()))
+            .unwrap_or_else(|e| panic!("copying {}: {e}", path.display()));
+    }
+}
+
+/// The JSON document in file `path`.
+#[track_caller]
+pub fn read_json(path: &Path) -> Value {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
+}
+
+/// Writes `value` to file `path` as JSON.
+pub fn write_json(path: &Path, value: &Value) {
+    std::fs::write(path, value.to_string())
+        .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+}
+
+/// Little-endian bytes of `values`, as safetensors stores F32.
+pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// Little-endian bytes of `values`, as safetensors stores I32.
+pub fn i32_bytes(values: &[i32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// One tensor to write: dtype, shape and little-endian bytes.
+pub type Tensor = (Dtype, Vec<usize>, Vec<u8>);
+
+/// Writes `tensors` (name to dtype, shape and bytes) as a safetensors file at `path`.
+pub fn write_safetensors(path: &Path, tensors: &BTreeMap<String, Tensor>) {
+    let views: Vec<(String, TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, (d, s, b))| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    std::fs::write(path, safetensors::serialize(views, None).unwrap())
+        .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+}
+
+/// A safetensors file read into memory, whose tensors the tests take as typed values.
+pub struct SafetensorsFile {
+    path: PathBuf,
+    bytes: Vec<u8>,
+}
+
+impl SafetensorsFile {
+    /// Reads the file at `path`.
+    #[track_caller]
+    pub fn read(path: &Path) -> Self {
+        let bytes =
+            std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        Self {
+            path: path.to_path_buf(),
+            bytes,
+        }
+    }
+
+    /// The raw bytes of tensor `name`.
+    #[track_caller]
+    pub fn data(&self, name: &str) -> &[u8] {
+        let st = SafeTensors::deserialize(&self.bytes)
+            .unwrap_or_else(|e| panic!("{} is not safetensors: {e}", self.path.display()));
+        st.tensor(name)
+            .unwrap_or_else(|e| panic!("{} has no tensor {name:?}: {e}", self.path.display()))
+            .data()
+    }
+
+    /// Tensor `name` read as little-endian f32.
+    #[track_caller]
+    pub fn f32s(&self, name: &str) -> Vec<f32> {
+        self.data(name)
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    }
+
+    /// Tensor `name` read as little-endian i32.
+    #[track_caller]
+    pub fn i32s(&self, name: &str) -> Vec<i32> {
+        self.data(name)
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    }
+
+    /// Tensor `name` read as little-endian u32.
+    #[track_caller]
+    pub fn u32s(&self, name: &str) -> Vec<u32> {
+        self.data(name)
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    }
+
+    /// Tensor `name` read as little-endian bf16.
+    #[track_caller]
+    pub fn bf16s(&self, name: &str) -> Vec<bf16> {
+        self.data(name)
+            .chunks_exact(2)
+            .map(|b| bf16::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    }
+
+    /// Tensor `name` read as little-endian f16.
+    #[track_caller]
+    pub fn f16s(&self, name: &str) -> Vec<f16> {
+        self.data(name)
+            .chunks_exact(2)
+            .map(|b| f16::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    }
+}
+
+/// The largest absolute difference between `got` and `want`, element by element.
+pub fn max_abs_diff(got: &[f32], want: &[f32]) -> f32 {
+    got.iter()
+        .zip(want)
+        .fold(0f32, |m, (g, w)| m.max((g - w).abs()))
+}
+
+/// The rows of a `moe bench --json` report.
+#[track_caller]
+pub fn bench_rows(report: &Value) -> &Vec<Value> {
+    report["rows"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no rows in {report}"))
+}
+
+/// The bytes one bench row streams per expert it touches.
+#[track_caller]
+pub fn bytes_per_expert(row: &Value) -> f64 {
+    row["bytes_touched"].as_f64().unwrap() / row["experts_touched"].as_f64().unwrap()
+}
