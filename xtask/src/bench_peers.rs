@@ -169,9 +169,12 @@ enum PeerCell {
     Failed(String),
 }
 
-/// vLLM's weight-only int4 path with groups of 128, the format `moe bench --format w4a16
-/// --group-size 128` times: when it runs, ours is also timed in that format and the path's
-/// peer/ours compares the two.
+/// vLLM's int4 path with groups of 128, which runs GPTQ/AWQ-style weight-only checkpoints:
+/// when it runs, ours is also timed in that weight format, once with float activations
+/// (`moe bench --format w4a16 --group-size 128`) and once with dynamic int8 activations
+/// (`--wna16-activations int8`). vLLM's path quantizes its activations to int8 per token inside
+/// the kernel (W4A8 arithmetic behind the weight-only label), so its peer/ours compares it with
+/// the int8 run, the same arithmetic.
 const W4A16_PEER_PATH: &str = "int4_amx_g128";
 
 /// Which of our layers `moe bench` times.
@@ -181,13 +184,23 @@ enum Ours {
     W4a8G32,
     /// Weight-only int4 (WNA16) groups of 128, float activations.
     W4a16G128,
+    /// The same weights with dynamic per-token int8 activations on the W4A8 kernels.
+    W4a16G128Int8,
 }
 
 impl Ours {
-    fn format_args(self) -> [&'static str; 4] {
+    fn format_args(self) -> &'static [&'static str] {
         match self {
-            Self::W4a8G32 => ["--format", "w4a8", "--group-size", "32"],
-            Self::W4a16G128 => ["--format", "w4a16", "--group-size", "128"],
+            Self::W4a8G32 => &["--format", "w4a8", "--group-size", "32"],
+            Self::W4a16G128 => &["--format", "w4a16", "--group-size", "128"],
+            Self::W4a16G128Int8 => &[
+                "--format",
+                "w4a16",
+                "--group-size",
+                "128",
+                "--wna16-activations",
+                "int8",
+            ],
         }
     }
 
@@ -196,6 +209,7 @@ impl Ours {
         match self {
             Self::W4a8G32 => "ours",
             Self::W4a16G128 => "ours-w4a16-g128",
+            Self::W4a16G128Int8 => "ours-w4a16-g128-int8",
         }
     }
 }
@@ -208,8 +222,11 @@ struct Measurements {
     /// Per (shape, M): the `moe bench` rows of every round.
     ours: BTreeMap<(String, usize), Vec<Value>>,
     /// Per (shape, M): the `moe bench --format w4a16 --group-size 128` rows of every round,
-    /// when vLLM's int4 g128 path runs (the same weight format, compared with it).
+    /// when vLLM's int4 g128 path runs (the same weight format, float activations).
     ours_w4a16: BTreeMap<(String, usize), Vec<Value>>,
+    /// The same with `--wna16-activations int8`, the arithmetic vLLM's int4 g128 path runs,
+    /// which it is compared with.
+    ours_w4a16_int8: BTreeMap<(String, usize), Vec<Value>>,
     /// Per shape: why `moe bench` failed, if it did.
     ours_failed: BTreeMap<String, String>,
     /// Per (shape, path, M): one cell per round.
@@ -223,6 +240,7 @@ impl Measurements {
         match ours {
             Ours::W4a8G32 => &mut self.ours,
             Ours::W4a16G128 => &mut self.ours_w4a16,
+            Ours::W4a16G128Int8 => &mut self.ours_w4a16_int8,
         }
     }
 }
@@ -302,6 +320,11 @@ pub fn run(opts: &BenchPeers) -> Result<()> {
                     opts.rounds
                 ));
                 run_ours(opts, &moe, shape, &batch_sizes, Ours::W4a16G128, &mut m);
+                banner(&format!(
+                    "{shape}: round {round}/{}: ours, w4a16 g128, int8 activations",
+                    opts.rounds
+                ));
+                run_ours(opts, &moe, shape, &batch_sizes, Ours::W4a16G128Int8, &mut m);
             }
             for path in &paths {
                 banner(&format!(
@@ -440,12 +463,10 @@ fn render_file(file: &Path, svg: Option<&Path>) -> Result<()> {
             .and_then(Value::as_str)
             .map(String::from);
         let side = field("side");
-        if side == "ours" || side == Ours::W4a16G128.side() {
-            let ours = if side == "ours" {
-                Ours::W4a8G32
-            } else {
-                Ours::W4a16G128
-            };
+        let ours_side = [Ours::W4a8G32, Ours::W4a16G128, Ours::W4a16G128Int8]
+            .into_iter()
+            .find(|o| o.side() == side);
+        if let Some(ours) = ours_side {
             if let Some(reason) = failed {
                 if ours == Ours::W4a8G32 {
                     m.ours_failed.insert(shape, reason);
@@ -1170,10 +1191,15 @@ fn render_table(
         "shape", "M", "ours ms", "bound ms", "ours/bound", "packed ms", "target ms"
     );
     let mut rule = "|---|---:|---:|---:|---:|---:|---:|".to_string();
-    let w4a16 = !m.ours_w4a16.is_empty();
+    let w4a16 = !m.ours_w4a16.is_empty() || !m.ours_w4a16_int8.is_empty();
     if w4a16 {
-        write!(header, " {:>15} |", "ours w4a16 ms").expect("writing to a String");
-        rule.push_str("---:|");
+        write!(
+            header,
+            " {:>15} | {:>20} |",
+            "ours w4a16 ms", "ours w4a16-int8 ms"
+        )
+        .expect("writing to a String");
+        rule.push_str("---:|---:|");
     }
     for path in paths {
         write!(
@@ -1209,15 +1235,18 @@ fn render_table(
                 (v, _) => fmt(v),
             };
             let ratio = ours.zip(bound).map(|(o, d)| o / d);
-            let ours_w4a16 = median(
-                m.ours_w4a16
-                    .get(&key)
-                    .map(Vec::as_slice)
-                    .unwrap_or_default()
-                    .iter()
-                    .filter_map(|r| r.get("ms_per_call").and_then(Value::as_f64))
-                    .collect(),
-            );
+            let ms_of = |rows: &BTreeMap<(String, usize), Vec<Value>>| {
+                median(
+                    rows.get(&key)
+                        .map(Vec::as_slice)
+                        .unwrap_or_default()
+                        .iter()
+                        .filter_map(|r| r.get("ms_per_call").and_then(Value::as_f64))
+                        .collect(),
+                )
+            };
+            let ours_w4a16 = ms_of(&m.ours_w4a16);
+            let ours_w4a16_int8 = ms_of(&m.ours_w4a16_int8);
             let mut line = format!(
                 "| {:<16} | {:>5} | {:>9} | {:>9} | {:>10} | {:>9} | {:>9} |",
                 shape,
@@ -1229,7 +1258,13 @@ fn render_table(
                 fmt(target),
             );
             if w4a16 {
-                write!(line, " {:>15} |", fmt(ours_w4a16)).expect("writing to a String");
+                write!(
+                    line,
+                    " {:>15} | {:>20} |",
+                    fmt(ours_w4a16),
+                    fmt(ours_w4a16_int8)
+                )
+                .expect("writing to a String");
             }
             let mut peer_json = Vec::new();
             for path in paths {
@@ -1266,8 +1301,9 @@ fn render_table(
                     }
                 }
                 let peer = median(ran);
-                // vLLM's int4 g128 path is compared with ours in its own format when that ran.
-                let ours = match ours_w4a16 {
+                // vLLM's int4 g128 path is compared with ours in its own weight format and
+                // arithmetic (int8 activations) when that ran.
+                let ours = match ours_w4a16_int8 {
                     Some(o) if path == W4A16_PEER_PATH => Some(o),
                     _ => ours,
                 };
@@ -1315,6 +1351,10 @@ fn render_table(
                 ("packed_dram_bound_ms", Value::num_or_null(packed)),
                 ("ours_over_bound", Value::num_or_null(ratio)),
                 ("ours_w4a16_g128_ms", Value::num_or_null(ours_w4a16)),
+                (
+                    "ours_w4a16_g128_int8_ms",
+                    Value::num_or_null(ours_w4a16_int8),
+                ),
                 ("target_ms", Value::num_or_null(target)),
                 ("peer", Value::Arr(peer_json)),
             ]));
@@ -1334,8 +1374,10 @@ fn render_table(
         writeln!(
             text,
             "  ours w4a16 = `moe bench --format w4a16 --group-size 128` (weight-only int4, groups \
-             of 128, float activations), the same stage; the {W4A16_PEER_PATH} \
-             path's peer/ours is against it, the other paths' against W4A8."
+             of 128, float activations), the same stage; ours w4a16-int8 = the same with \
+             `--wna16-activations int8` (dynamic per-token int8 activations on the W4A8 kernels), \
+             the arithmetic of vLLM's {W4A16_PEER_PATH} path, whose peer/ours is against it; the \
+             other paths' against W4A8."
         )
         .expect("writing to a String");
     }
@@ -1556,10 +1598,11 @@ mod tests {
         assert!(table.text.contains("llama.cpp Q4_0 ms"));
     }
 
-    /// vLLM's int4 g128 path is set beside our w4a16 g128 layer and compared with it; the
-    /// other paths stay compared with W4A8.
+    /// vLLM's int4 g128 path (int8 activations inside) is set beside our w4a16 g128 layer in
+    /// both arithmetics and compared with the int8 one; the other paths stay compared with
+    /// W4A8.
     #[test]
-    fn int4_g128_is_compared_with_our_w4a16_g128() {
+    fn int4_g128_is_compared_with_our_w4a16_g128_on_int8_activations() {
         let mut m = Measurements::default();
         let row = |ms: f64| {
             json::parse(&format!(
@@ -1570,6 +1613,7 @@ mod tests {
         let key = ("qwen3-30b-a3b".to_string(), 1);
         m.ours.insert(key.clone(), vec![row(1.0)]);
         m.ours_w4a16.insert(key.clone(), vec![row(2.0)]);
+        m.ours_w4a16_int8.insert(key.clone(), vec![row(1.2)]);
         let ran = |ms: f64| PeerCell::Ran {
             experts_ms: ms,
             total_ms: ms,
@@ -1583,17 +1627,17 @@ mod tests {
         }
         let table = render_table(&paths, 5, std::slice::from_ref(&key.0), &[1], &m);
         let r = &table.rows[0];
-        assert_eq!(
-            r.get("ours_w4a16_g128_ms").and_then(Value::as_f64),
-            Some(2.0)
-        );
+        let ms = |name: &str| r.get(name).and_then(Value::as_f64);
+        assert_eq!(ms("ours_w4a16_g128_ms"), Some(2.0));
+        assert_eq!(ms("ours_w4a16_g128_int8_ms"), Some(1.2));
         let ratio = |at: usize| {
             r.get("peer").map(Value::items).unwrap_or_default()[at]
                 .get("peer_over_ours")
                 .and_then(Value::as_f64)
         };
-        assert_eq!((ratio(0), ratio(1)), (Some(3.0), Some(1.5)));
+        assert_eq!((ratio(0), ratio(1)), (Some(3.0), Some(2.5)));
         assert!(table.text.contains("ours w4a16 ms"), "{}", table.text);
+        assert!(table.text.contains("ours w4a16-int8 ms"), "{}", table.text);
     }
 
     #[test]
