@@ -442,11 +442,11 @@ impl MoeLayer {
             }
             let packed = match one.quant {
                 LayerQuant::Wna16 { group_size, .. } if one.wna16_on_w4a8() => {
-                    let (w13, w2) = super::pack_w4a8(&p, group_size, h, i, Par::Seq)?;
+                    let (w13, w2) = super::process::pack_w4a8(&p, group_size, h, i, Par::Seq)?;
                     Packed::W4A8(w13, w2)
                 }
                 LayerQuant::W4A8 { group_size } => {
-                    let (w13, w2) = super::pack_w4a8(&p, group_size, h, i, Par::Seq)?;
+                    let (w13, w2) = super::process::pack_w4a8(&p, group_size, h, i, Par::Seq)?;
                     Packed::W4A8(w13, w2)
                 }
                 LayerQuant::Wna16 {
