@@ -19,6 +19,12 @@ impl MoeLayer {
         let cfg = self.cfg.clone();
         let params = self.params_mut()?;
         let result = step(&cfg, params);
+        self.unusable_on_err(result)
+    }
+
+    /// Passes `result` through; an error leaves the layer unusable (a half-loaded layer must
+    /// never compute).
+    fn unusable_on_err<T>(&mut self, result: Result<T, LayerError>) -> Result<T, LayerError> {
         if let Err(e) = &result {
             self.state = State::Unusable(e.to_string());
         }
@@ -62,20 +68,15 @@ impl MoeLayer {
                 reason: format!("{}: the layer has no shared experts", view.name),
             }),
         };
-        if let Err(e) = &result {
-            self.state = State::Unusable(e.to_string());
-        }
-        result
+        self.unusable_on_err(result)
     }
 
     /// Sets the sigmoid gate of gated shared experts (Qwen2-MoE `shared_expert_gate` `[1, H]`).
     pub fn load_shared_expert_gate(&mut self, weight: &[f32]) -> Result<(), LayerError> {
         let result = self.check_shared_gate(weight);
-        match &result {
-            Ok(()) => self.shared_gate = Some(weight.to_vec()),
-            Err(e) => self.state = State::Unusable(e.to_string()),
-        }
-        result
+        self.unusable_on_err(result)?;
+        self.shared_gate = Some(weight.to_vec());
+        Ok(())
     }
 
     fn check_shared_gate(&self, weight: &[f32]) -> Result<(), LayerError> {
@@ -97,22 +98,13 @@ impl MoeLayer {
     /// Sets the router's gate weight `[E, H]` (used by [`Self::route_hidden`]). A wrong size
     /// or a non-finite value leaves the layer unusable, like any failed load.
     pub fn load_router_weight(&mut self, weight: &[f32]) -> Result<(), LayerError> {
-        let result = self.check_router_weight(weight);
-        match result {
-            Ok(()) => {
-                let (e, h) = (self.cfg.num_experts, self.cfg.hidden);
-                match PackedDense::pack_f32(e, h, weight) {
-                    Ok(w) => self.router_weight = Some(w),
-                    Err(err) => {
-                        let err = LayerError::from(err);
-                        self.state = State::Unusable(err.to_string());
-                        return Err(err);
-                    }
-                }
-            }
-            Err(ref e) => self.state = State::Unusable(e.to_string()),
-        }
-        result
+        let (e, h) = (self.cfg.num_experts, self.cfg.hidden);
+        let result = self
+            .check_router_weight(weight)
+            .and_then(|()| PackedDense::pack_f32(e, h, weight).map_err(LayerError::from));
+        let packed = self.unusable_on_err(result)?;
+        self.router_weight = Some(packed);
+        Ok(())
     }
 
     /// Sets the router linear's bias `[E]` (gpt-oss), added to the logits
@@ -120,11 +112,9 @@ impl MoeLayer {
     /// config says its router has no bias leaves the layer unusable.
     pub fn load_router_bias(&mut self, bias: &[f32]) -> Result<(), LayerError> {
         let result = self.check_router_bias(bias);
-        match result {
-            Ok(()) => self.router_bias = Some(bias.to_vec()),
-            Err(ref e) => self.state = State::Unusable(e.to_string()),
-        }
-        result
+        self.unusable_on_err(result)?;
+        self.router_bias = Some(bias.to_vec());
+        Ok(())
     }
 
     fn check_router_bias(&self, bias: &[f32]) -> Result<(), LayerError> {
@@ -147,10 +137,7 @@ impl MoeLayer {
     /// it steers selection only). A wrong size or a non-finite value leaves the layer unusable.
     pub fn load_router_correction_bias(&mut self, bias: &[f32]) -> Result<(), LayerError> {
         let result = self.install_correction_bias(bias);
-        if let Err(e) = &result {
-            self.state = State::Unusable(e.to_string());
-        }
-        result
+        self.unusable_on_err(result)
     }
 
     fn install_correction_bias(&mut self, bias: &[f32]) -> Result<(), LayerError> {
