@@ -161,16 +161,7 @@ impl MoeLayer {
     ) -> Result<(), LayerError> {
         let ready = self.ready()?;
         check_rows("hidden_states", hidden_states.len(), self.cfg.hidden)?;
-        if out.len() != hidden_states.len() {
-            return Err(LayerError::InvalidArgument {
-                field: "out",
-                reason: format!(
-                    "{} values, hidden_states has {}",
-                    out.len(),
-                    hidden_states.len()
-                ),
-            });
-        }
+        check_out_len(out.len(), hidden_states.len())?;
         let mut scratch = self.take_scratch(ready)?;
         // The logits leave the scratch while the rest of it routes and runs; taking a vector
         // moves it without allocating.
@@ -210,16 +201,7 @@ impl MoeLayer {
                 ),
             });
         }
-        if out.len() != hidden_states.len() {
-            return Err(LayerError::InvalidArgument {
-                field: "out",
-                reason: format!(
-                    "{} values, hidden_states has {}",
-                    out.len(),
-                    hidden_states.len()
-                ),
-            });
-        }
+        check_out_len(out.len(), hidden_states.len())?;
         let ready = self.ready()?;
         let mut scratch = self.take_scratch(ready)?;
         let result = self.route_and_run(ready, hidden_states, router_logits, out, &mut scratch);
@@ -393,6 +375,18 @@ fn check_finite(
         }
     }
     Ok(())
+}
+
+/// The output buffer must hold as many values as the hidden states: one row per token.
+fn check_out_len(out: usize, hidden_states: usize) -> Result<(), LayerError> {
+    if out == hidden_states {
+        Ok(())
+    } else {
+        Err(LayerError::InvalidArgument {
+            field: "out",
+            reason: format!("{out} values, hidden_states has {hidden_states}"),
+        })
+    }
 }
 
 /// `len / width`, or an error when `len` is not whole rows.
