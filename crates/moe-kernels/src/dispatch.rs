@@ -489,7 +489,7 @@ impl KernelSet {
             ),
             match self.bf16_tiles {
                 Some(t) => format!(
-                    "wna16_gemm: {} below {} rows, {} (bf16 activations) from {} (int4, fp8)",
+                    "wna16_gemm: {} below {} rows, {} (bf16 activations) from {} (int4, int8, fp8)",
                     self.wna16.0, t.min_m.wna16, t.unit, t.min_m.wna16
                 ),
                 None => format!("wna16_gemm: {}", self.wna16.0),

@@ -756,11 +756,11 @@ impl PackedWna16 {
         self.values == CodeValues::E4m3
     }
 
-    /// Whether the bf16 path can take these weights: int4 codes (integers or e2m1 values) and
-    /// e4m3 codes, whose fills dequantize them to `bf16(value·scale)`. Integer 8-bit codes
-    /// have no fill and stay on the f32 body.
+    /// Whether the bf16 path can take these weights: every code width and kind (int4
+    /// integers or e2m1 values, int8 integers, e4m3), whose fills dequantize them to
+    /// `bf16((value − zero)·scale)`.
     pub(crate) fn has_bf16_fill(&self) -> bool {
-        self.bits == 4 || self.is_e4m3()
+        matches!(self.bits, 4 | 8)
     }
 
     /// The value of code `c` before the zero point is subtracted: `c` for integer codes, the

@@ -135,7 +135,7 @@ fn decode<const SHIFT: u32, const ASYM: bool>(v: __m512i, lut: __m512, zero: __m
 /// Decodes K value `j` of an int8 step (16 consecutive bytes) to f32, less `zero`.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn decode8(step: &[u32; 16], j: usize, zero: __m512) -> __m512 {
+pub(crate) fn decode8(step: &[u32; 16], j: usize, zero: __m512) -> __m512 {
     let bytes: &[u32; 4] = step[4 * j..4 * j + 4].try_into().expect("16 bytes");
     // SAFETY: the reference covers 16 readable bytes, and the load is unaligned.
     let v = unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) };

@@ -23,7 +23,7 @@ use super::tiles::TileUnit;
 use crate::packed::wna16::{K_STEP as K_STEP_WNA16, K_STEP8};
 use crate::packed::{PANEL, PackedDense, PackedW4A8, PackedWna16, STEP_BYTES, w4a8::K_STEP};
 use crate::ukernel::{Bf16Weights, W4Bf16Job};
-use crate::x86::wna16::decode_e4m3;
+use crate::x86::wna16::{decode_e4m3, decode8};
 
 /// K values per chunk: 32 bf16 fill one 64-byte A row.
 pub(crate) const CHUNK_K: usize = 32;
@@ -201,18 +201,13 @@ impl WideBf16Pair {
 
     /// [`WideBf16Pair::fill`] from WNA16-packed int4 panels: weights `(v(c) − zero)·scale` with
     /// the panel's group scales and zero points (8 when symmetric; `v(c) = c`), or the e2m1
-    /// value times the scale for MXFP4 (zero 0; exact in bf16). e4m3 codes go to
-    /// [`WideBf16Pair::fill_e4m3`].
+    /// value times the scale for MXFP4 (zero 0; exact in bf16). 8-bit codes go to
+    /// [`WideBf16Pair::fill_bytes`].
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     fn fill_wna16(&mut self, w: &PackedWna16, p: usize, nb: usize) {
-        if w.is_e4m3() {
-            return self.fill_e4m3(w, p, nb);
+        if w.bits() == 8 {
+            return self.fill_bytes(w, p, nb);
         }
-        debug_assert_eq!(
-            w.bits(),
-            4,
-            "the bf16 path takes int4 or e4m3 WNA16 weights"
-        );
         let rows_per_panel = self.rows_per_panel;
         let (group_size, steps) = (w.group_size(), w.k_steps());
         // The value of every nibble code before the zero point (the code itself, or its e2m1
@@ -257,21 +252,24 @@ impl WideBf16Pair {
         }
     }
 
-    /// [`WideBf16Pair::fill`] from WNA16-packed e4m3 panels (FP8 blocks): each code is decoded
-    /// to its exact f32 value, multiplied by its block scale in f32 (one rounding) and rounded
-    /// to bf16 (a second one), the two roundings the int4 weights get. A 64-byte int8 step holds
-    /// K values `4s..4s + 4` of the 16 channels as four runs of 16 bytes, so it fills B rows
-    /// `2s` and `2s + 1`; codes past K are 0 and give zero weights.
+    /// [`WideBf16Pair::fill`] from WNA16-packed 8-bit panels: integer codes as
+    /// `(c − zero)·scale` (zero 128 when symmetric), e4m3 codes (FP8 blocks) as their exact
+    /// value times the block scale. Either is exact in f32 before the scale, is multiplied by
+    /// it in f32 (one rounding) and rounded to bf16 (a second one), the two roundings the int4
+    /// weights get. A 64-byte int8 step holds K values `4s..4s + 4` of the 16 channels as four
+    /// runs of 16 bytes, so it fills B rows `2s` and `2s + 1`. Codes past K are 0, finite
+    /// weights that meet the zero activations [`fill_a`] puts past K.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    fn fill_e4m3(&mut self, w: &PackedWna16, p: usize, nb: usize) {
+    fn fill_bytes(&mut self, w: &PackedWna16, p: usize, nb: usize) {
         let rows_per_panel = self.rows_per_panel;
         let (group_size, steps) = (w.group_size(), w.k_steps());
+        let e4m3 = w.is_e4m3();
         let pairs = pair_index();
         for j in 0..nb {
             let words = &w.codes()[(p + j) * steps * PANEL..][..steps * PANEL];
             let dst = &mut self.rows[j * rows_per_panel..][..rows_per_panel];
             let mut group = usize::MAX;
-            let mut sc = _mm512_setzero_ps();
+            let (mut sc, mut zero) = (_mm512_setzero_ps(), _mm512_setzero_ps());
             for (s, (step, out)) in words
                 .as_chunks::<PANEL>()
                 .0
@@ -286,8 +284,20 @@ impl WideBf16Pair {
                     let scales = w.group_scales(p + j, g);
                     // SAFETY: 16 readable f32 in a local array; unaligned load.
                     sc = unsafe { _mm512_loadu_ps(scales.as_ptr()) };
+                    if !e4m3 {
+                        let zeros = w.group_zeros(p + j, g);
+                        // SAFETY: as above.
+                        zero = unsafe { _mm512_loadu_ps(zeros.as_ptr()) };
+                    }
                 }
-                let weight = |i: usize| _mm512_mul_ps(decode_e4m3(step, i), sc);
+                let weight = |i: usize| {
+                    let value = if e4m3 {
+                        decode_e4m3(step, i)
+                    } else {
+                        decode8(step, i, zero)
+                    };
+                    _mm512_mul_ps(value, sc)
+                };
                 store_pair(&mut out[0], weight(0), weight(1), pairs);
                 store_pair(&mut out[1], weight(2), weight(3), pairs);
             }
@@ -597,7 +607,7 @@ mod tests {
     }
 
     #[test]
-    fn wna16_int4_on_bf16_tiles_matches_the_bf16_reference() {
+    fn wna16_int4_and_int8_on_the_bf16_path_match_the_bf16_reference() {
         use crate::{PackedWna16, Wna16Desc, Wna16Scales};
         use half::f16;
         let sets = bf16_sets();
@@ -608,28 +618,33 @@ mod tests {
         let mut rng = SplitMix64::new(0x16a);
         // (K, group size or channelwise, asymmetric, act-order); the symmetric shape with groups
         // of 32 runs MXFP4 weights.
-        for &(k, g, asym, act_order) in &[
+        let cases: [(usize, Option<usize>, bool, bool); 6] = [
             (64, Some(32), false, false),
             (80, Some(32), false, false),
             (96, Some(32), true, false),
             (256, Some(128), false, true),
             (40, None, false, false),
             (200, None, true, true),
-        ] {
+        ];
+        for (bits, &(k, g, asym, act_order)) in [4u32, 8]
+            .into_iter()
+            .flat_map(|b| cases.iter().map(move |c| (b, c)))
+        {
             for &(m, n) in &[(0usize, 5usize), (1, 16), (17, 33), (33, 7), (70, 47)] {
-                let groups = g.map_or(1, |g| k / g);
-                let codes: Vec<u8> = (0..n * k).map(|_| rng.below(16) as u8).collect();
+                let groups = g.map_or(1, |g| k.div_ceil(g));
+                let levels = 1usize << bits;
+                let codes: Vec<u8> = (0..n * k).map(|_| rng.below(levels) as u8).collect();
                 let scales: Vec<f16> = (0..n * groups)
                     .map(|_| f16::from_f32(rng.uniform(0.01, 0.1)))
                     .collect();
-                let zeros: Vec<u8> = (0..n * groups).map(|_| rng.below(16) as u8).collect();
+                let zeros: Vec<u8> = (0..n * groups).map(|_| rng.below(levels) as u8).collect();
                 let mut perm: Vec<u32> = (0..k as u32).collect();
                 for i in (1..k).rev() {
                     perm.swap(i, rng.below(i + 1));
                 }
                 let bias = rng.vec_uniform(n, -1.0, 1.0);
-                // MXFP4 where the shape has groups of 32 and no zero points or act-order.
-                let mx = g == Some(32) && !asym && !act_order;
+                // MXFP4 where the shape has int4 groups of 32 and no zero points or act-order.
+                let mx = bits == 4 && g == Some(32) && !asym && !act_order;
                 let nb = k.div_ceil(32);
                 let blocks: Vec<u8> = (0..n * nb * 16).map(|_| rng.below(256) as u8).collect();
                 let e8m0: Vec<u8> = (0..n * nb).map(|_| 120 + rng.below(8) as u8).collect();
@@ -645,7 +660,7 @@ mod tests {
                     PackedWna16::pack(Wna16Desc {
                         n,
                         k,
-                        bits: 4,
+                        bits,
                         codes: &codes,
                         group_size: g,
                         scales: Wna16Scales::F16(&scales),
@@ -674,8 +689,9 @@ mod tests {
                             let got = f64::from(got[r * n + c]);
                             assert!(
                                 (got - want).abs() <= 1e-5 * mag + 1e-6,
-                                "{unit}: k={k} g={g:?} asym={asym} act_order={act_order} \
-                                 m={m} n={n} {par:?}: out[{r},{c}] = {got}, want {want}"
+                                "{unit}: bits={bits} k={k} g={g:?} asym={asym} \
+                                 act_order={act_order} m={m} n={n} {par:?}: out[{r},{c}] = \
+                                 {got}, want {want}"
                             );
                         }
                     }
