@@ -105,19 +105,21 @@ pub enum BenchFormat {
     /// Int8 weights with per-channel scales, int8 symmetric per-token activations (on the
     /// layer road: bf16 weights quantized by the online int8 method in `process`).
     W8a8,
-    /// Int4 weights with bf16 group scales, float activations, f32 compute (weight-only).
+    /// Int4 weights with bf16 group scales, float activations (weight-only): f32 FMA, or bf16
+    /// products with f32 sums from the rung's bf16-path row count on.
     W4a16,
-    /// Int8 weights with bf16 group scales, float activations, f32 compute (weight-only).
+    /// Int8 weights with bf16 group scales, float activations (weight-only), computed as W4A16.
     W8a16,
-    /// Unquantized bf16 weights, f32 compute.
+    /// Unquantized bf16 weights, float activations: f32 FMA, or bf16 products with f32 sums
+    /// from the rung's bf16-path row count on.
     Bf16,
     /// Unquantized f32 weights.
     F32,
-    /// MXFP4 (gpt-oss): e2m1 codes with an e8m0 scale per 32 columns, float activations, f32
-    /// compute on the WNA16 kernels, SwiGLU-OAI on interleaved gate/up rows.
+    /// MXFP4 (gpt-oss): e2m1 codes with an e8m0 scale per 32 columns, float activations on the
+    /// WNA16 kernels, SwiGLU-OAI on interleaved gate/up rows.
     Mxfp4,
     /// FP8 block-quantized weights (e4m3, f32 scales per 128 × 128 block; `--group-size` is
-    /// ignored), float activations, f32 compute on the WNA16 kernels.
+    /// ignored), float activations on the WNA16 kernels.
     Fp8,
 }
 
@@ -128,12 +130,12 @@ impl BenchFormat {
         match self {
             Self::W4a8 => format!("W4A8 (int4 groups of {group_size})"),
             Self::W8a8 => "W8A8 (int8 per channel)".to_string(),
-            Self::W4a16 => format!("W4A16 (int4 groups of {group_size}{zp}, f32 compute)"),
-            Self::W8a16 => format!("W8A16 (int8 groups of {group_size}{zp}, f32 compute)"),
-            Self::Bf16 => "dense bf16 (f32 compute)".to_string(),
+            Self::W4a16 => format!("W4A16 (int4 groups of {group_size}{zp})"),
+            Self::W8a16 => format!("W8A16 (int8 groups of {group_size}{zp})"),
+            Self::Bf16 => "dense bf16".to_string(),
             Self::F32 => "dense f32".to_string(),
-            Self::Mxfp4 => "MXFP4 (e2m1, e8m0 scales per 32 columns, f32 compute)".to_string(),
-            Self::Fp8 => "FP8 (e4m3, 128 x 128 blocks, f32 compute)".to_string(),
+            Self::Mxfp4 => "MXFP4 (e2m1, e8m0 scales per 32 columns)".to_string(),
+            Self::Fp8 => "FP8 (e4m3, 128 x 128 blocks)".to_string(),
         }
     }
 
@@ -467,7 +469,7 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
         .collect();
     let mut format_label = args.format.describe(args.group_size, args.zero_points);
     if args.wna16_activations == moe_layer::Wna16Activations::DynamicInt8 {
-        format_label.push_str(" with int8 activations on the W4A8 kernels");
+        format_label.push_str(" with dynamic int8 activations on the W4A8 kernels");
     }
     let pool = thread_pool(args.threads)?;
     let threads = pool.current_num_threads();
