@@ -408,7 +408,7 @@ mod tests {
             Some(ks) => sets.push(("emulated tiles", ks)),
             None => eprintln!("note: skipping the emulated bf16 tiles: no AVX-512 VNNI and BF16"),
         }
-        if let Some(ks) = super::super::emulated::hardware_bf16_kernel_set() {
+        if let Some(ks) = super::super::hardware_bf16_kernel_set() {
             sets.push(("hardware tiles", ks));
         }
         if let Some(ks) = crate::x86::bf16_dot_kernel_set() {

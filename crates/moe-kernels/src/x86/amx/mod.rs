@@ -317,6 +317,27 @@ fn bf16_min_rows() -> Bf16MinRows {
     })
 }
 
+/// The AMX rung on the hardware tile unit with its bf16 tile path from one row on, chosen,
+/// when the CPU has AMX-BF16: the rung as dispatched runs that path only from
+/// [`DEFAULT_BF16_MIN_ROWS`], and tests of the path need it on every row count.
+#[cfg(test)]
+pub(crate) fn hardware_bf16_kernel_set() -> Option<crate::KernelSet> {
+    let token = Amx::try_new().filter(|_| has_bf16())?;
+    let (int4, int8) = (w4a8_entry, w8a8_entry);
+    // SAFETY: the token proves AMX (and AVX-512 VNNI), all the tile entries need.
+    let set = unsafe { with_tile_entries(token.avx512vnni(), min_rows(), int4, int8) };
+    // SAFETY: the token proves AMX; AMX-BF16 and AVX-512 BF16 were just checked.
+    let set = unsafe {
+        set.with_bf16_tiles(
+            "amx-bf16 tiles",
+            Bf16MinRows::all(1),
+            w4bf16_entry,
+            bf16_tile_a,
+        )
+    };
+    Some(set.with_w4a8_prefill(crate::W4A8Prefill::Bf16Tiles))
+}
+
 /// The tile bodies on the emulated unit, for every row count, where AVX-512 VNNI runs (tests).
 #[cfg(test)]
 pub(crate) mod emulated {
@@ -350,26 +371,6 @@ pub(crate) mod emulated {
     unsafe fn w4bf16_entry(job: &W4Bf16Job<'_>, panels: Range<usize>) {
         // SAFETY: the caller guarantees AVX-512 BF16; the emulated unit runs anywhere.
         unsafe { w4bf16_panels(&mut EmulatedTiles::new(), job, panels) }
-    }
-
-    /// The AMX rung on the hardware tile unit with its bf16 tile path from one row on, chosen,
-    /// when the CPU has AMX-BF16: the rung as dispatched runs that path only from
-    /// [`DEFAULT_BF16_MIN_ROWS`], and tests of the path need it on every row count.
-    pub(crate) fn hardware_bf16_kernel_set() -> Option<crate::KernelSet> {
-        let token = Amx::try_new().filter(|_| has_bf16())?;
-        let (int4, int8) = (super::w4a8_entry, super::w8a8_entry);
-        // SAFETY: the token proves AMX (and AVX-512 VNNI), all the tile entries need.
-        let set = unsafe { with_tile_entries(token.avx512vnni(), min_rows(), int4, int8) };
-        // SAFETY: the token proves AMX; AMX-BF16 and AVX-512 BF16 were just checked.
-        let set = unsafe {
-            set.with_bf16_tiles(
-                "amx-bf16 tiles",
-                Bf16MinRows::all(1),
-                super::w4bf16_entry,
-                bf16_tile_a,
-            )
-        };
-        Some(set.with_w4a8_prefill(crate::W4A8Prefill::Bf16Tiles))
     }
 
     /// The AMX rung with the bf16 tile bodies on the emulated unit from one row on, chosen,
