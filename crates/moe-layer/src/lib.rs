@@ -59,9 +59,9 @@ pub use layer::{
     BackendInfo, ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, SharedExperts, TensorData,
     TensorKind, TensorView, Wna16Activations,
 };
-/// How `apply` spreads work over threads (re-exported from moe-kernels); see
-/// [`MoeLayer::set_parallelism`].
 #[cfg(feature = "checkpoint")]
 pub use layer::{LoadOptions, LoadProgress};
+/// How `apply` spreads work over threads (re-exported from moe-kernels); see
+/// [`MoeLayer::set_parallelism`].
 pub use moe_kernels::Par;
 pub use moe_oracle::DisabledKernels;
