@@ -13,13 +13,14 @@
 //! Supported today: compressed-tensors W4A8 (int4 codes stored as int8, channelwise or group
 //! scales) on the packed W4A8 kernels, vLLM's online int8 method (float weights quantized per
 //! row in `process`) on the W8A8 kernels, and unquantized bf16/f16/f32 experts on the dense
-//! f32-compute GEMM (bf16 kept as bf16), and symmetric WNA16 (GPTQ or compressed-tensors
-//! pack-quantized, 4 or 8 bits, act-order) packed into our panels for the native WNA16 kernels
-//! (the CPU Marlin executor remains the fallback when `cpu-wna16` is disabled), and gpt-oss's
-//! MXFP4 experts (loaded from a checkpoint's fused tensors, on the same native kernels, gate/up
-//! rows interleaved, router linear with a bias). Shared experts (DeepSeek, Qwen2-MoE with its sigmoid gate) run as a
-//! nested one-expert layer added to the routed output. Expert biases (`w13` and `w2`, as gpt-oss
-//! has them) are added inside each expert, the `w2` bias on tensor-parallel rank 0 only.
+//! GEMM (bf16 kept as bf16, on the bf16 path from its row count on), and symmetric WNA16 (GPTQ
+//! or compressed-tensors pack-quantized, 4 or 8 bits, act-order) packed into our panels for
+//! the native WNA16 kernels (the CPU Marlin executor remains the fallback when `cpu-wna16` is
+//! disabled), and gpt-oss's MXFP4 experts (loaded from a checkpoint's fused tensors, on the
+//! same native kernels, gate/up rows interleaved, router linear with a bias). Shared experts
+//! (DeepSeek, Qwen2-MoE with its sigmoid gate) run as a nested one-expert layer added to the
+//! routed output. Expert biases (`w13` and `w2`, as gpt-oss has them) are added inside each
+//! expert, the `w2` bias on tensor-parallel rank 0 only.
 //!
 //! This module holds the layer, its states and its accessors; each stage of the lifecycle has
 //! a module of its own: `load` (the `load_*` methods and their checks), `process` (packing

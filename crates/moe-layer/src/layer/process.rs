@@ -16,8 +16,9 @@ use crate::LayerError;
 
 impl MoeLayer {
     /// Checks that every parameter was loaded, packs the experts for the W4A8 kernels (bf16
-    /// group scales) or quantizes them per row for the W8A8 kernels (online int8), selects the backend through moe-oracle, frees the unpacked tensors and
-    /// readies the scratch pool. Idempotent; a failure leaves the layer unusable.
+    /// group scales) or quantizes them per row for the W8A8 kernels (online int8), selects the
+    /// backend through moe-oracle, frees the unpacked tensors and readies the scratch pool.
+    /// Idempotent; a failure leaves the layer unusable.
     pub fn process(&mut self) -> Result<(), LayerError> {
         let params = match std::mem::replace(
             &mut self.state,
