@@ -8,7 +8,8 @@
 //! W4A8 with groups of 32 and 128 (`w4a8_gemm/g{group}/{isa}`).
 //! Single-threaded (`Par::Seq`) so the figures are per core. `act_quant/scalar` times the
 //! activation quantisation alone. WNA16 runs each rung as dispatched and, where the rung has
-//! a bf16 path, again with f32 at every row count (`wna16_gemm/{isa}-f32`).
+//! a bf16 path, again with f32 at every row count (`wna16_gemm/{isa}-f32`), with int4 codes
+//! and, as `wna16_gemm/int8/...`, int8 codes.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use half::bf16;
@@ -119,22 +120,29 @@ fn w8a8(c: &mut Criterion) {
     }
 }
 
-/// The weight-only int4 GEMM (symmetric, bf16 scales in groups of 128, f32 compute) on the
-/// W4A8 shapes.
+/// The weight-only GEMM (symmetric, bf16 scales in groups of 128) on the W4A8 shapes, with
+/// int4 and int8 codes.
 fn wna16(c: &mut Criterion) {
+    for bits in [4u32, 8] {
+        wna16_bits(c, bits);
+    }
+}
+
+/// [`wna16`] for codes of `bits` bits.
+fn wna16_bits(c: &mut Criterion, bits: u32) {
     const GROUP: usize = 128;
     let mut rng = SplitMix64::new(4);
     let packed: Vec<PackedWna16> = SHAPES
         .iter()
         .map(|&(n, k)| {
-            let codes: Vec<u8> = (0..n * k).map(|_| rng.below(16) as u8).collect();
+            let codes: Vec<u8> = (0..n * k).map(|_| rng.below(1 << bits) as u8).collect();
             let s: Vec<bf16> = (0..n * k / GROUP)
                 .map(|_| bf16::from_f32(rng.uniform(0.01, 0.1)))
                 .collect();
             PackedWna16::pack(Wna16Desc {
                 n,
                 k,
-                bits: 4,
+                bits,
                 codes: &codes,
                 group_size: Some(GROUP),
                 scales: Wna16Scales::Bf16(&s),
@@ -156,7 +164,12 @@ fn wna16(c: &mut Criterion) {
     }
     for (name, ks) in sets {
         let isa = ks.isa();
-        let mut group = c.benchmark_group(format!("wna16_gemm/{name}"));
+        let prefix = if bits == 4 {
+            String::new()
+        } else {
+            format!("int{bits}/")
+        };
+        let mut group = c.benchmark_group(format!("wna16_gemm/{prefix}{name}"));
         group.sample_size(10);
         for w in &packed {
             let (n, k) = (w.n(), w.k());
