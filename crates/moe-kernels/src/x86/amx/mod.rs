@@ -327,15 +327,23 @@ pub(crate) fn hardware_bf16_kernel_set() -> Option<crate::KernelSet> {
     // SAFETY: the token proves AMX (and AVX-512 VNNI), all the tile entries need.
     let set = unsafe { with_tile_entries(token.avx512vnni(), min_rows(), int4, int8) };
     // SAFETY: the token proves AMX; AMX-BF16 and AVX-512 BF16 were just checked.
-    let set = unsafe {
-        set.with_bf16_tiles(
-            "amx-bf16 tiles",
-            Bf16MinRows::all(1),
-            w4bf16_entry,
-            bf16_tile_a,
-        )
-    };
-    Some(set.with_w4a8_prefill(crate::W4A8Prefill::Bf16Tiles))
+    Some(unsafe { with_bf16_from_one_row(set, w4bf16_entry) })
+}
+
+/// `set` with the bf16 tile path `entry` from one row on, chosen: what the tests of the path
+/// run, on the hardware or the emulated unit.
+///
+/// # Safety
+/// - `entry` and the bf16 activation layout may be called on this CPU.
+#[cfg(test)]
+unsafe fn with_bf16_from_one_row(
+    set: crate::KernelSet,
+    entry: crate::ukernel::W4Bf16PanelsFn,
+) -> crate::KernelSet {
+    // SAFETY: our contract.
+    let set =
+        unsafe { set.with_bf16_tiles("amx-bf16 tiles", Bf16MinRows::all(1), entry, bf16_tile_a) };
+    set.with_w4a8_prefill(crate::W4A8Prefill::Bf16Tiles)
 }
 
 /// The tile bodies on the emulated unit, for every row count, where AVX-512 VNNI runs (tests).
@@ -382,15 +390,7 @@ pub(crate) mod emulated {
         }
         let set = kernel_set()?;
         // SAFETY: AVX-512 BF16 was just checked; the emulated unit needs nothing else.
-        let set = unsafe {
-            set.with_bf16_tiles(
-                "amx-bf16 tiles",
-                Bf16MinRows::all(1),
-                w4bf16_entry,
-                bf16_tile_a,
-            )
-        };
-        Some(set.with_w4a8_prefill(crate::W4A8Prefill::Bf16Tiles))
+        Some(unsafe { super::with_bf16_from_one_row(set, w4bf16_entry) })
     }
 }
 
