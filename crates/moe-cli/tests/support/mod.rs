@@ -72,11 +72,7 @@ impl MoeRun {
             "moe {:?} panicked: {stderr}",
             self.args
         );
-        assert!(
-            stderr.contains(needle),
-            "moe {:?}: {stderr:?} lacks {needle:?}",
-            self.args
-        );
+        self.assert_stderr_has(needle);
     }
 
     /// Asserts that the binary reported an error rather than panicking: exit status 1, the one
@@ -90,6 +86,13 @@ impl MoeRun {
             "moe {:?} did not exit with status 1: {stderr}",
             self.args
         );
+        self.assert_stderr_has(needle);
+    }
+
+    /// Asserts that stderr holds `needle`.
+    #[track_caller]
+    fn assert_stderr_has(&self, needle: &str) {
+        let stderr = self.stderr();
         assert!(
             stderr.contains(needle),
             "moe {:?}: {stderr:?} lacks {needle:?}",
