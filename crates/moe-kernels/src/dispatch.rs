@@ -16,7 +16,7 @@ use crate::ukernel::{
     ActEncoding, W4A8PanelsFn, W4A8TileAFn, W4Bf16PanelsFn, W4Bf16TileAFn, W8A8PanelsFn,
     W8A8TileAFn,
 };
-use crate::wna16::Wna16PanelsFn;
+use crate::wna16::{Int4DotFillFn, Int4DotPanelsFn, Wna16PanelsFn};
 
 /// How W4A8 GEMMs with many rows per call compute (the numerics contract of prefill).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -84,6 +84,18 @@ pub(crate) struct Bf16Tiles {
     pub(crate) tile_a: W4Bf16TileAFn,
 }
 
+/// A rung's WNA16 body for int4 codes on bf16 dot products, the codes decoded to bf16 in
+/// registers: bf16 activations laid out once per GEMM, exact code values, f32 sums per group.
+#[derive(Clone, Copy)]
+pub(crate) struct Int4Bf16Dot {
+    /// What runs the products, for reports.
+    pub(crate) unit: &'static str,
+    /// Rows from which it runs.
+    pub(crate) min_m: usize,
+    pub(crate) fill: Int4DotFillFn,
+    pub(crate) entry: Int4DotPanelsFn,
+}
+
 /// One W4A8 implementation: its rung, activation encoding and entry point.
 #[derive(Clone, Copy)]
 pub(crate) struct W4A8Kernel {
@@ -121,6 +133,9 @@ pub struct KernelSet {
     large_m: Option<LargeM>,
     /// The rung's bf16 tile path for int4 and e4m3 weights, if it has one.
     bf16_tiles: Option<Bf16Tiles>,
+    /// The rung's bf16 dot-product body for int4 WNA16 weights, if it has one; it takes those
+    /// GEMMs from the bf16 path and the f32 body.
+    wna16_int4_dot: Option<Int4Bf16Dot>,
     /// Whether W4A8 GEMMs use the bf16 tiles from their threshold on.
     w4a8_prefill: W4A8Prefill,
     /// The WNA16 (weight-only int4, f32 compute) body and the rung whose code it is.
@@ -210,6 +225,7 @@ impl KernelSet {
             act_sym: None,
             large_m: None,
             bf16_tiles: None,
+            wna16_int4_dot: None,
             w4a8_prefill: W4A8Prefill::ExactInt8,
             wna16: (Isa::Scalar, crate::wna16::panels_portable),
             layout_bytes: None,
@@ -310,6 +326,34 @@ impl KernelSet {
         self
     }
 
+    /// The same set with a bf16 dot-product body for int4 WNA16 weights from `min_m` rows.
+    ///
+    /// # Safety
+    /// - `fill` and `entry` may be called on this CPU: the caller holds the token of their
+    ///   rung and has checked the features they need.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 rungs have one
+    pub(crate) unsafe fn with_wna16_int4_dot(
+        mut self,
+        unit: &'static str,
+        min_m: usize,
+        fill: Int4DotFillFn,
+        entry: Int4DotPanelsFn,
+    ) -> Self {
+        self.wna16_int4_dot = Some(Int4Bf16Dot {
+            unit,
+            min_m,
+            fill,
+            entry,
+        });
+        self
+    }
+
+    /// The bf16 dot-product body for an int4 WNA16 GEMM of `m` rows, where the rung has it and
+    /// `m` reaches it.
+    pub(crate) fn wna16_int4_dot_for(&self, m: usize) -> Option<Int4Bf16Dot> {
+        self.wna16_int4_dot.filter(|d| m >= d.min_m)
+    }
+
     /// The same kernels with prefill numerics `prefill`. [`W4A8Prefill::Bf16Tiles`] changes
     /// nothing on a rung without bf16 tiles; [`KernelSet::w4a8_prefill`] says what is in force.
     pub fn with_w4a8_prefill(mut self, prefill: W4A8Prefill) -> Self {
@@ -326,11 +370,12 @@ impl KernelSet {
         }
     }
 
-    /// The same kernels without the bf16 path: int4 and e4m3 WNA16 GEMMs run the f32 body at
-    /// every row count, and [`W4A8Prefill::Bf16Tiles`] has nothing to choose. For callers who
-    /// want the weight-only GEMM's f32 numerics whatever the CPU.
+    /// The same kernels without the bf16 paths: WNA16 GEMMs run the f32 body at every row
+    /// count, and [`W4A8Prefill::Bf16Tiles`] has nothing to choose. For callers who want the
+    /// weight-only GEMM's f32 numerics whatever the CPU.
     pub fn without_bf16_path(mut self) -> Self {
         self.bf16_tiles = None;
+        self.wna16_int4_dot = None;
         self
     }
 
@@ -449,6 +494,32 @@ impl KernelSet {
         self.w8a8_for(m).isa
     }
 
+    /// The `wna16_gemm` line of [`KernelSet::describe_ops`].
+    fn describe_wna16(&self) -> String {
+        let f32_body = self.wna16.0;
+        let rest = match self.bf16_tiles {
+            Some(t) => format!(
+                "{f32_body} below {} rows, {} (bf16 activations) from {}",
+                t.min_m.wna16, t.unit, t.min_m.wna16
+            ),
+            None => f32_body.to_string(),
+        };
+        match self.wna16_int4_dot {
+            Some(d) if d.min_m <= 1 => format!(
+                "wna16_gemm: int4 codes: {} on codes decoded in registers (bf16 activations); \
+                 int8 and fp8 codes: {rest}",
+                d.unit
+            ),
+            Some(d) => format!(
+                "wna16_gemm: int4 codes: {f32_body} below {} rows, {} on codes decoded in \
+                 registers (bf16 activations) from {}; int8 and fp8 codes: {rest}",
+                d.min_m, d.unit, d.min_m
+            ),
+            None if self.bf16_tiles.is_some() => format!("wna16_gemm: {rest} (int4, int8, fp8)"),
+            None => format!("wna16_gemm: {rest}"),
+        }
+    }
+
     /// One line per operation saying which implementation runs, e.g.
     /// `w4a8_gemm: avx512-vnni`.
     /// When a rung switches kernels at some row count, the line says where, e.g.
@@ -487,13 +558,7 @@ impl KernelSet {
                     .map_or(arch::PORTABLE_ACT_QUANT.to_string(), |(isa, _)| isa
                         .to_string())
             ),
-            match self.bf16_tiles {
-                Some(t) => format!(
-                    "wna16_gemm: {} below {} rows, {} (bf16 activations) from {} (int4, int8, fp8)",
-                    self.wna16.0, t.min_m.wna16, t.unit, t.min_m.wna16
-                ),
-                None => format!("wna16_gemm: {}", self.wna16.0),
-            },
+            self.describe_wna16(),
             match self.bf16_tiles {
                 Some(t) => format!(
                     "dense_expert_gemm: {} below {} rows, {} (bf16 activations) from {} \

@@ -51,6 +51,9 @@ pub struct GemmScratch {
     /// Output rows in a weight format's own column order before they are scattered into the
     /// caller's `out` (the Marlin executor's per-tile accumulators).
     f32_out: Vec<f32>,
+    /// Per row and scale group, the sum of a row's activations as a bf16 body rounded them
+    /// (weight-only codes with zero points).
+    group_sums: Vec<f32>,
 }
 
 impl GemmScratch {
@@ -75,6 +78,7 @@ impl GemmScratch {
             tiles: Vec::new(),
             f32_rows: Vec::new(),
             f32_out: Vec::new(),
+            group_sums: Vec::new(),
         }
     }
 
@@ -89,6 +93,12 @@ impl GemmScratch {
     /// rows (see [`KernelSet::layout_bytes`]) never allocate on the hot path.
     pub(crate) fn reserve_tiles(&mut self, len: usize) {
         self.tiles.reserve(len.saturating_sub(self.tiles.len()));
+    }
+
+    /// Sizes the per-group activation sums for `len` values.
+    pub(crate) fn reserve_group_sums(&mut self, len: usize) {
+        self.group_sums
+            .reserve(len.saturating_sub(self.group_sums.len()));
     }
 
     /// Sizes the staged output buffer for `len` values ([`Self::f32_rows_and_out`]).
@@ -115,10 +125,23 @@ impl GemmScratch {
     /// Float rows gathered into a weight format's K order (`len` values) and the
     /// kernel-layout buffer, borrowed together.
     pub(crate) fn f32_rows_and_tiles(&mut self, len: usize) -> (&mut [f32], &mut Vec<u8>) {
+        let (rows, tiles, _) = self.f32_rows_tiles_and_sums(len);
+        (rows, tiles)
+    }
+
+    /// [`Self::f32_rows_and_tiles`] with the per-group activation sums of a bf16 body.
+    pub(crate) fn f32_rows_tiles_and_sums(
+        &mut self,
+        len: usize,
+    ) -> (&mut [f32], &mut Vec<u8>, &mut Vec<f32>) {
         if self.f32_rows.len() < len {
             self.f32_rows.resize(len, 0.0);
         }
-        (&mut self.f32_rows[..len], &mut self.tiles)
+        (
+            &mut self.f32_rows[..len],
+            &mut self.tiles,
+            &mut self.group_sums,
+        )
     }
 }
 

@@ -59,6 +59,50 @@ unsafe impl Sync for Wna16Job<'_> {}
 ///   meanwhile; `panels` lies within `0..w.n_panels()`.
 pub(crate) type Wna16PanelsFn = unsafe fn(&Wna16Job<'_>, Range<usize>);
 
+/// One WNA16 GEMM on a bf16 dot-product body for int4 codes: the activations already laid out
+/// by the body's fill function.
+pub(crate) struct Int4DotJob<'a> {
+    /// The weights (4-bit codes).
+    pub(crate) w: &'a PackedWna16,
+    /// Rows.
+    pub(crate) m: usize,
+    /// `m` rows of `row_bytes` bytes of activations in the body's layout.
+    pub(crate) pairs: &'a [u8],
+    /// Bytes per row of `pairs`.
+    pub(crate) row_bytes: usize,
+    /// Per row and scale group, the sum of the row's activations as the body rounded them
+    /// (`m · n_groups`; filled only for weights with zero points).
+    pub(crate) group_sums: &'a [f32],
+    /// Output `[m, N]`.
+    pub(crate) out: *mut f32,
+}
+
+// SAFETY: as for `Wna16Job`: bodies write through `out` only in disjoint panel ranges.
+unsafe impl Sync for Int4DotJob<'_> {}
+
+/// A bf16 dot-product body's entry over a range of panels.
+///
+/// # Safety (for callers)
+/// - The CPU supports the body's rung; `job.pairs` holds `m` rows laid out by the same body's
+///   [`Int4DotFillFn`] for `job.w`'s K (and `job.group_sums` its sums when `job.w` has zero
+///   points); `job.out` is valid for writes of rows `0..m` in the channels of `panels`, which
+///   no other thread accesses meanwhile; `panels` lies within `0..w.n_panels()`.
+pub(crate) type Int4DotPanelsFn = unsafe fn(&Int4DotJob<'_>, Range<usize>);
+
+/// A bf16 dot-product body's activation layout: lays `m` rows of `x` (`k` values each) into
+/// `dst` (grown as needed) and returns the bytes of one row; with `sums` (a group size and a
+/// buffer), also writes each row's sums per group of the rounded activations.
+///
+/// # Safety (for callers)
+/// - The CPU supports the body's rung; `x` holds `m·k` values.
+pub(crate) type Int4DotFillFn = unsafe fn(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    sums: Option<(usize, &mut Vec<f32>)>,
+    dst: &mut Vec<u8>,
+) -> usize;
+
 /// A scale element the bodies widen to f32 (exactly).
 pub(crate) trait Widen: Copy + Send + Sync {
     fn widen(self) -> f32;
@@ -254,8 +298,10 @@ pub fn wna16_gemm(
     if m == 0 || n == 0 {
         return Ok(());
     }
+    let int4_dot = ks.wna16_int4_dot_for(m).filter(|_| w.bits() == 4);
     let bf16_tiles = ks.wna16_bf16_for(m).filter(|_| w.has_bf16_fill());
-    let (rows, tiles) = scratch.f32_rows_and_tiles(if w.perm().is_some() { m * k } else { 0 });
+    let (rows, tiles, group_sums) =
+        scratch.f32_rows_tiles_and_sums(if w.perm().is_some() { m * k } else { 0 });
     let x = match w.perm() {
         Some(perm) => {
             for (dst, src) in rows.chunks_exact_mut(k).zip(x.chunks_exact(k)) {
@@ -267,6 +313,27 @@ pub fn wna16_gemm(
         }
         None => x,
     };
+    if let Some(d) = int4_dot {
+        let sums = w.zeros().map(|_| (w.group_size(), &mut *group_sums));
+        // SAFETY: the fill function comes from the same `KernelSet` as the entry, registered
+        // only where its features are available; `x` holds `m·K` values (checked or gathered).
+        let row_bytes = unsafe { (d.fill)(x, m, k, sums, tiles) };
+        let job = Int4DotJob {
+            w,
+            m,
+            pairs: &tiles[..m * row_bytes],
+            row_bytes,
+            group_sums: group_sums.as_slice(),
+            out: out.as_mut_ptr(),
+        };
+        split_panels(w.n_panels(), par, m * n * k, |panels| {
+            // SAFETY: `pairs` and `group_sums` were just laid out by the same body's fill for
+            // this K; `out` holds `m·N` (checked above) and the panel ranges are disjoint and in
+            // bounds.
+            unsafe { (d.entry)(&job, panels) }
+        });
+        return Ok(());
+    }
     if let Some(t) = bf16_tiles {
         // SAFETY: the layout function comes from the same `KernelSet` as the entry,
         // registered only where its features are available.

@@ -202,6 +202,15 @@ impl ExpertMatrix for PackedWna16 {
         if self.perm().is_some() {
             scratch.reserve_f32_rows(max_rows.saturating_mul(self.k()));
         }
+        if self.bits() == 4 {
+            // The int4 bf16 dot-product body's activation pairs (two bytes per value, K padded
+            // to whole steps) and, with zero points, its per-group activation sums.
+            let k_pad = self.k().next_multiple_of(crate::packed::wna16::K_STEP);
+            scratch.reserve_tiles(max_rows.saturating_mul(2 * k_pad));
+            if self.is_asymmetric() {
+                scratch.reserve_group_sums(max_rows.saturating_mul(self.n_groups()));
+            }
+        }
     }
 
     fn gemm(

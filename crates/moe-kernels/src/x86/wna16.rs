@@ -81,7 +81,7 @@ fn load_u16x16<T>(v: &[T; 16]) -> __m256i {
 /// Loads 16 zero points and widens them to f32.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn load_zeros(v: &[u8; 16]) -> __m512 {
+pub(crate) fn load_zeros(v: &[u8; 16]) -> __m512 {
     // SAFETY: the reference covers 16 readable bytes, and the load is unaligned.
     let bytes = unsafe { _mm_loadu_si128(v.as_ptr().cast()) };
     _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes))
@@ -90,7 +90,7 @@ fn load_zeros(v: &[u8; 16]) -> __m512 {
 /// The 16 scales at `at` of the packed scales, widened to f32 (exactly).
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn group_scales(s: &Wna16ScaleValues, at: usize) -> __m512 {
+pub(crate) fn group_scales(s: &Wna16ScaleValues, at: usize) -> __m512 {
     match s {
         Wna16ScaleValues::F16(v) => {
             let v: &[f16; 16] = v[at..at + 16].try_into().expect("16 scales");

@@ -677,12 +677,16 @@ mod tests {
                     let mut got = vec![f32::NAN; m * n];
                     crate::wna16_gemm(ks, m, &x, &w, &mut got, &mut GemmScratch::new(), par)
                         .unwrap();
+                    // The int4 dot-product body multiplies the exact code values and scales the
+                    // group sums in f32: no weight is rounded to bf16.
+                    let exact_weights = bits == 4 && ks.wna16_int4_dot_for(m).is_some();
+                    let weight = |v: f64| if exact_weights { v } else { round(v) };
                     for r in 0..m {
                         for c in 0..n {
                             let (mut want, mut mag) =
                                 (f64::from(bias[c]), f64::from(bias[c]).abs());
                             for col in 0..k {
-                                let t = round(f64::from(x[r * k + col])) * round(dq[c * k + col]);
+                                let t = round(f64::from(x[r * k + col])) * weight(dq[c * k + col]);
                                 want += t;
                                 mag += t.abs();
                             }

@@ -1,0 +1,466 @@
+//! The WNA16 body for int4 codes on AVX-512 BF16 (`vdpbf16ps`), the codes decoded to bf16 in
+//! registers: activations rounded to bf16 once per GEMM, code values exact, f32 sums per
+//! group scaled in f32. It serves every row count, from decode to prefill.
+//!
+//! One 64-byte int4 step holds 8 K values of the panel's 16 channels, one channel per 32-bit
+//! lane, nibble `j` = K value `8s + j`; the lane's low 16 bits hold K values `0..4` of the step
+//! and its high 16 bits K values `4..8`. One `vpsrlw` by `4j` therefore puts K value `j` in the
+//! low four bits of the low half and K value `j + 4` in those of the high half, and one
+//! `vpermw` through a 32-entry table (the 16 code values twice, so the bit above the code is
+//! ignored) turns both halves into their bf16 values: `c − 8` for symmetric integer codes, `c`
+//! for asymmetric ones, the e2m1 value for MXFP4, all exact in bf16. That lane is one
+//! `vdpbf16ps` operand for the K pair `(j, j + 4)`, so the activations are laid out once per
+//! GEMM as bf16 pairs in that order ([`fill`]): two instructions decode 32 weights, where the
+//! f32 body needs four for 16, and one `vdpbf16ps` does the work of two `vfmadd`.
+//!
+//! Each group's pair products go into per-row partial sums (two or four chains for tiles of
+//! few rows, so one `vdpbf16ps` latency chain does not bound them); at the end of the group the
+//! chains are added, an asymmetric group subtracts `z · Σx` (the sum of the row's bf16
+//! activations over the group, made by [`fill`]), and the sum is scaled into the row's
+//! accumulator with one `vfmadd`, as the f32 body does. Rows run in blocks of [`ROW_BLOCK`], each
+//! over all of the call's panels, so a block's activations stay in L2 while the panels stream.
+//!
+//! Numerics against the f32 reference: the activations are rounded to bf16 (nearest, ties to
+//! even); products are exact; `vdpbf16ps` adds a lane's two products to its sum in one step
+//! and treats bf16 denormals as zero, so results are compared with an f64 model within a
+//! tolerance, not bit for bit.
+
+// Register arrays are indexed by row in lockstep; index loops read clearer than zips here.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use half::bf16;
+
+use super::wna16::{group_scales, load_zeros};
+use crate::packed::wna16::{E2M1_VALUES, Int4Values, K_STEP};
+use crate::packed::{PANEL, PackedWna16};
+use crate::ukernel::row_tiles;
+use crate::wna16::Int4DotJob;
+
+/// Rows per tile: 8 rows × 2 chains of partial sums and 8 accumulators leave room for the
+/// table, the step and the decoded pair.
+const MR: usize = 8;
+
+/// Rows that run over all of a call's panels before the next rows start: 64 rows of
+/// activation pairs are 128 KiB at K = 1024.
+const ROW_BLOCK: usize = 64;
+
+/// Bytes of one step of a row's activation pairs: four pairs of bf16.
+const STEP_BYTES: usize = 16;
+
+/// Where the 16 bf16 of two steps go within their 32 bytes: per step, K values `j` and
+/// `j + 4` side by side.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn pair_order() -> __m256i {
+    _mm256_set_epi16(15, 11, 14, 10, 13, 9, 12, 8, 7, 3, 6, 2, 5, 1, 4, 0)
+}
+
+/// Lays out `m` rows of `x` (`k` values each) as bf16 pairs in the order the tiles read (see
+/// the module docs), K past `k` as zeros, and returns the bytes of one row. With `sums`, also
+/// writes each row's sums of its bf16 activations per group of the given size, in row-major
+/// `[m, ceil(k / group)]` order.
+///
+/// # Safety
+/// - The CPU has AVX-512 F/BW/VL/BF16; `x` holds `m·k` values.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub(crate) unsafe fn fill(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    sums: Option<(usize, &mut Vec<f32>)>,
+    dst: &mut Vec<u8>,
+) -> usize {
+    let ks = k.div_ceil(K_STEP);
+    let row_bytes = ks * STEP_BYTES;
+    if dst.len() < m * row_bytes {
+        dst.resize(m * row_bytes, 0);
+    }
+    let order = pair_order();
+    for (row, out) in x
+        .chunks_exact(k)
+        .zip(dst.chunks_exact_mut(row_bytes))
+        .take(m)
+    {
+        // Two steps (16 values, 32 bytes) at a time; the last may be one step.
+        for (c, chunk) in out.chunks_mut(2 * STEP_BYTES).enumerate() {
+            let lo = 16 * c;
+            let n = k.saturating_sub(lo).min(16);
+            let keep: __mmask16 = if n == 16 { !0 } else { (1 << n) - 1 };
+            // SAFETY: the masked load reads only the `n` values `row[lo..lo + n]`.
+            let v = unsafe { _mm512_maskz_loadu_ps(keep, row[lo..].as_ptr()) };
+            let h = _mm512_cvtneps_pbh(v);
+            // SAFETY: a bf16 vector reinterpreted as its 16-bit patterns.
+            let h = unsafe { std::mem::transmute::<__m256bh, __m256i>(h) };
+            let paired = _mm256_permutexvar_epi16(order, h);
+            let mut bytes = [0u8; 32];
+            // SAFETY: `bytes` is 32 writable bytes; unaligned store.
+            unsafe { _mm256_storeu_si256(bytes.as_mut_ptr().cast(), paired) };
+            chunk.copy_from_slice(&bytes[..chunk.len()]);
+        }
+    }
+    if let Some((group, sums)) = sums {
+        sums.clear();
+        for out in dst.chunks_exact(row_bytes).take(m) {
+            sum_groups(out, k, group, sums);
+        }
+    }
+    row_bytes
+}
+
+/// Appends the sums of one row's bf16 activations (laid out by [`fill`]) per group of `group`
+/// K values, each added in ascending K order.
+fn sum_groups(row: &[u8], k: usize, group: usize, sums: &mut Vec<f32>) {
+    for g0 in (0..k).step_by(group) {
+        let mut sum = 0f32;
+        for kk in g0..k.min(g0 + group) {
+            let (s, j) = (kk / K_STEP, kk % K_STEP);
+            let at = s * STEP_BYTES + 4 * (j % 4) + 2 * (j / 4);
+            sum += bf16::from_bits(u16::from_le_bytes([row[at], row[at + 1]])).to_f32();
+        }
+        sums.push(sum);
+    }
+}
+
+/// The 32-entry `vpermw` table of a matrix's code values (the 16 values twice), as bf16 bits.
+fn table(w: &PackedWna16) -> [u16; 32] {
+    let values: [f32; 16] = match (w.values(), w.zeros()) {
+        (Int4Values::E2m1, _) => E2M1_VALUES,
+        (Int4Values::Integer, Some(_)) => std::array::from_fn(|c| c as f32),
+        (Int4Values::Integer, None) => std::array::from_fn(|c| c as f32 - 8.0),
+    };
+    std::array::from_fn(|i| bf16::from_f32(values[i % 16]).to_bits())
+}
+
+/// Loads one 64-byte step.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn load_step(v: &[u32; 16]) -> __m512i {
+    // SAFETY: the reference covers 64 readable bytes, and the load is unaligned.
+    unsafe { _mm512_loadu_si512(v.as_ptr().cast()) }
+}
+
+/// Broadcasts activation pair `j` of a step to all 16 lanes.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn broadcast_pair(step: &[u8; STEP_BYTES], j: usize) -> __m512bh {
+    let bits = i32::from_le_bytes([
+        step[4 * j],
+        step[4 * j + 1],
+        step[4 * j + 2],
+        step[4 * j + 3],
+    ]);
+    let v = _mm512_set1_epi32(bits);
+    // SAFETY: a plain 512-bit vector reinterpreted as 32 bf16 bit patterns.
+    unsafe { std::mem::transmute::<__m512i, __m512bh>(v) }
+}
+
+/// Rows `m0..m0 + R` of panel `p` (see the module docs), `C` partial-sum chains per row.
+///
+/// # Safety
+/// - The CPU has AVX-512 F/BW/BF16; the job satisfies [`crate::wna16::Int4DotPanelsFn`]'s
+///   contract for panel `p`, and `m0 + R ≤ job.m`.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn tile<const R: usize, const C: usize, const ASYM: bool>(
+    job: &Int4DotJob<'_>,
+    p: usize,
+    m0: usize,
+) {
+    let w = job.w;
+    let (k, ks, ng, gs) = (w.k(), w.k_steps(), w.n_groups(), w.group_size());
+    let (steps, _) = w.codes()[p * ks * PANEL..][..ks * PANEL].as_chunks::<PANEL>();
+    let rows: [&[[u8; STEP_BYTES]]; R] = std::array::from_fn(|r| {
+        job.pairs[(m0 + r) * job.row_bytes..][..job.row_bytes]
+            .as_chunks()
+            .0
+    });
+    let lut_bits = table(w);
+    // SAFETY: 64 readable bytes; unaligned load.
+    let lut = unsafe { _mm512_loadu_si512(lut_bits.as_ptr().cast()) };
+    let zeros = w
+        .zeros()
+        .map(|z| z[p * ng * PANEL..][..ng * PANEL].as_chunks::<PANEL>().0);
+    let mut acc = [_mm512_setzero_ps(); R];
+    for g in 0..ng {
+        // Group sizes are multiples of K_STEP, so a group starts a step; the last one may end
+        // inside one, whose activations past K are zeros.
+        let (s0, s1) = (g * gs / K_STEP, k.min((g + 1) * gs).div_ceil(K_STEP));
+        let mut part = [[_mm512_setzero_ps(); R]; C];
+        for s in s0..s1 {
+            let v = load_step(&steps[s]);
+            let xs: [&[u8; STEP_BYTES]; R] = std::array::from_fn(|r| &rows[r][s]);
+            macro_rules! pair {
+                ($j:literal) => {{
+                    let idx = if $j == 0 {
+                        v
+                    } else {
+                        _mm512_srli_epi16::<{ 4 * $j }>(v)
+                    };
+                    let wj = _mm512_permutexvar_epi16(idx, lut);
+                    // SAFETY: 32 bf16 bit patterns reinterpreted as such.
+                    let wj = unsafe { std::mem::transmute::<__m512i, __m512bh>(wj) };
+                    for r in 0..R {
+                        let x = broadcast_pair(xs[r], $j);
+                        part[$j % C][r] = _mm512_dpbf16_ps(part[$j % C][r], wj, x);
+                    }
+                }};
+            }
+            pair!(0);
+            pair!(1);
+            pair!(2);
+            pair!(3);
+        }
+        let scale = group_scales(w.scales(), (p * ng + g) * PANEL);
+        let zero = match zeros {
+            Some(z) if ASYM => load_zeros(&z[g]),
+            _ => _mm512_setzero_ps(),
+        };
+        for r in 0..R {
+            let mut sum = part[0][r];
+            for chain in &part[1..] {
+                sum = _mm512_add_ps(sum, chain[r]);
+            }
+            if ASYM {
+                let xsum = _mm512_set1_ps(job.group_sums[(m0 + r) * ng + g]);
+                sum = _mm512_fnmadd_ps(zero, xsum, sum);
+            }
+            acc[r] = _mm512_fmadd_ps(sum, scale, acc[r]);
+        }
+    }
+    if let Some(b) = w.bias() {
+        let b: &[f32; PANEL] = b[p * PANEL..][..PANEL].try_into().expect("16 biases");
+        // SAFETY: the reference covers 16 readable f32; unaligned load.
+        let b = unsafe { _mm512_loadu_ps(b.as_ptr()) };
+        for r in 0..R {
+            acc[r] = _mm512_add_ps(acc[r], b);
+        }
+    }
+    let valid = PANEL.min(w.n() - p * PANEL);
+    let mask: __mmask16 = if valid == PANEL { !0 } else { (1 << valid) - 1 };
+    for r in 0..R {
+        let at = (m0 + r) * w.n() + p * PANEL;
+        // SAFETY: the masked store writes channels `16p..16p + valid` (< N) of row
+        // `m0 + r < m`, elements of the caller's `m·N` output owned by this panel alone.
+        unsafe { _mm512_mask_storeu_ps(job.out.wrapping_add(at), mask, acc[r]) };
+    }
+}
+
+/// One row-count instance of [`tile`].
+type TileFn = unsafe fn(&Int4DotJob<'_>, usize, usize);
+
+/// The instance of [`tile`] for `rows` rows (1 to [`MR`]).
+fn tile_fn<const ASYM: bool>(rows: usize) -> TileFn {
+    match rows {
+        1 => tile::<1, 4, ASYM>,
+        2 => tile::<2, 4, ASYM>,
+        3 => tile::<3, 2, ASYM>,
+        4 => tile::<4, 2, ASYM>,
+        5 => tile::<5, 2, ASYM>,
+        6 => tile::<6, 2, ASYM>,
+        7 => tile::<7, 2, ASYM>,
+        _ => tile::<MR, 2, ASYM>,
+    }
+}
+
+/// The entry (see [`crate::wna16::Int4DotPanelsFn`]): rows in blocks of [`ROW_BLOCK`], each
+/// block over `panels`, each panel in row tiles of up to [`MR`].
+///
+/// # Safety
+/// - As [`crate::wna16::Int4DotPanelsFn`], on a CPU with AVX-512 F/BW/BF16.
+pub(crate) unsafe fn entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
+    let asym = job.w.zeros().is_some();
+    for b0 in (0..job.m).step_by(ROW_BLOCK) {
+        let block = b0..job.m.min(b0 + ROW_BLOCK);
+        for p in panels.clone() {
+            for rows in row_tiles(block.len(), MR) {
+                let f = if asym {
+                    tile_fn::<true>(rows.len())
+                } else {
+                    tile_fn::<false>(rows.len())
+                };
+                // SAFETY: rows `b0 + rows.start..b0 + rows.end` lie within `0..m`, panel `p`
+                // is the caller's, and the caller's CPU has the features the tile needs.
+                unsafe { f(job, p, b0 + rows.start) };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use half::bf16;
+    use moe_testutil::SplitMix64;
+
+    use super::{K_STEP, STEP_BYTES};
+    use crate::{GemmScratch, Mxfp4Desc, PackedWna16, Par, Wna16Desc, Wna16Scales};
+
+    /// The AVX-512 set with this body from one row, where the CPU has AVX-512 BF16.
+    fn dot_set() -> Option<crate::KernelSet> {
+        let ks = crate::x86::bf16_dot_kernel_set();
+        if ks.is_none() {
+            eprintln!("note: skipping the int4 bf16 dot-product body: no AVX-512 BF16");
+        }
+        ks
+    }
+
+    #[test]
+    fn fill_lays_out_bf16_pairs_and_group_sums() {
+        if dot_set().is_none() {
+            return;
+        }
+        let mut rng = SplitMix64::new(0xd07);
+        for (m, k, group) in [
+            (1usize, 8usize, 8usize),
+            (3, 37, 37),
+            (2, 72, 16),
+            (4, 45, 40),
+        ] {
+            let x = rng.vec_uniform(m * k, -3.0, 3.0);
+            let (mut dst, mut sums) = (vec![0xAA; 3], Vec::new());
+            // SAFETY: the set exists, so the CPU has AVX-512 F/BW/VL/BF16; `x` holds `m·k`.
+            let row_bytes = unsafe { super::fill(&x, m, k, Some((group, &mut sums)), &mut dst) };
+            assert_eq!(row_bytes, k.div_ceil(K_STEP) * STEP_BYTES);
+            for r in 0..m {
+                for kk in 0..k.next_multiple_of(K_STEP) {
+                    let (s, j) = (kk / K_STEP, kk % K_STEP);
+                    let at = r * row_bytes + s * STEP_BYTES + 4 * (j % 4) + 2 * (j / 4);
+                    let got = u16::from_le_bytes([dst[at], dst[at + 1]]);
+                    let want = if kk < k {
+                        bf16::from_f32(x[r * k + kk]).to_bits()
+                    } else {
+                        0
+                    };
+                    assert_eq!(got, want, "m={m} k={k} row {r} K value {kk}");
+                }
+                for (g, got) in sums[r * k.div_ceil(group)..][..k.div_ceil(group)]
+                    .iter()
+                    .enumerate()
+                {
+                    let want: f32 = x[r * k..][g * group..k.min((g + 1) * group)]
+                        .iter()
+                        .map(|&v| bf16::from_f32(v).to_f32())
+                        .sum();
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "m={m} k={k} row {r} group {g}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Every int4 kind (symmetric, with zero points, MXFP4) on ragged shapes against the f64
+    /// model of the body: `Σ bf16(x)·w` over the exactly dequantized weights, within
+    /// `1e-5·Σ|x·w|` (f32 sums in another order, and `vdpbf16ps` adding two products at once).
+    #[test]
+    fn int4_dot_body_matches_the_f64_model_on_ragged_shapes() {
+        let Some(ks) = dot_set() else { return };
+        let mut rng = SplitMix64::new(0xd08);
+        // (K, group size or channelwise, zero points, MXFP4)
+        let cases: [(usize, Option<usize>, bool, bool); 7] = [
+            (8, None, false, false),
+            (37, None, true, false),
+            (64, Some(32), false, true),
+            (72, Some(32), false, false),
+            (100, Some(32), false, true),
+            (256, Some(128), true, false),
+            (200, Some(64), true, false),
+        ];
+        for &(k, g, asym, mx) in &cases {
+            for &n in &[1usize, 17, 33] {
+                let groups = g.map_or(1, |g| k.div_ceil(g));
+                let codes: Vec<u8> = (0..n * k).map(|_| rng.below(16) as u8).collect();
+                let scales: Vec<bf16> = (0..n * groups)
+                    .map(|_| bf16::from_f32(rng.uniform(0.01, 0.1)))
+                    .collect();
+                let zeros: Vec<u8> = (0..n * groups).map(|_| rng.below(16) as u8).collect();
+                let bias = rng.vec_uniform(n, -1.0, 1.0);
+                let nb = k.div_ceil(32);
+                let blocks: Vec<u8> = (0..n * nb * 16).map(|_| rng.below(256) as u8).collect();
+                let e8m0: Vec<u8> = (0..n * nb).map(|_| 118 + rng.below(12) as u8).collect();
+                let w = if mx {
+                    PackedWna16::pack_mxfp4(Mxfp4Desc {
+                        n,
+                        k,
+                        blocks: &blocks,
+                        scales: &e8m0,
+                        bias: None,
+                    })
+                } else {
+                    PackedWna16::pack(Wna16Desc {
+                        n,
+                        k,
+                        bits: 4,
+                        codes: &codes,
+                        group_size: g,
+                        scales: Wna16Scales::Bf16(&scales),
+                        zeros: asym.then_some(&zeros[..]),
+                        bias: Some(&bias),
+                        perm: None,
+                    })
+                }
+                .unwrap();
+                let dq = w.dequantize_f64();
+                for &m in &[0usize, 1, 2, 3, 5, 8, 9, 16, 64, 65, 130] {
+                    let x: Vec<f32> = (0..m * k).map(|_| rng.normal() * 2.0).collect();
+                    for par in [Par::Seq, Par::Rayon] {
+                        let mut got = vec![f32::NAN; m * n];
+                        crate::wna16_gemm(&ks, m, &x, &w, &mut got, &mut GemmScratch::new(), par)
+                            .unwrap();
+                        for r in 0..m {
+                            for c in 0..n {
+                                let b = w.bias().map_or(0.0, |b| f64::from(b[c]));
+                                let (mut want, mut mag) = (b, b.abs());
+                                for col in 0..k {
+                                    let xv = f64::from(bf16::from_f32(x[r * k + col]).to_f32());
+                                    let t = xv * dq[c * k + col];
+                                    want += t;
+                                    mag += t.abs();
+                                }
+                                let got = f64::from(got[r * n + c]);
+                                assert!(
+                                    (got - want).abs() <= 1e-5 * mag + 1e-6,
+                                    "k={k} g={g:?} asym={asym} mxfp4={mx} m={m} n={n} {par:?}: \
+                                     out[{r},{c}] = {got}, want {want}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A row holding a NaN gives NaN outputs, and the other rows are untouched by it.
+    #[test]
+    fn int4_dot_body_keeps_nan_rows_nan() {
+        let Some(ks) = dot_set() else { return };
+        let mut rng = SplitMix64::new(0xd09);
+        let (n, k, m) = (20usize, 96usize, 5usize);
+        let codes: Vec<u8> = (0..n * k).map(|_| rng.below(16) as u8).collect();
+        let scales: Vec<bf16> = (0..n * 3).map(|_| bf16::from_f32(0.05)).collect();
+        let w = PackedWna16::pack(Wna16Desc {
+            n,
+            k,
+            bits: 4,
+            codes: &codes,
+            group_size: Some(32),
+            scales: Wna16Scales::Bf16(&scales),
+            zeros: None,
+            bias: None,
+            perm: None,
+        })
+        .unwrap();
+        let mut x = rng.vec_uniform(m * k, -1.0, 1.0);
+        x[2 * k + 50] = f32::NAN;
+        let mut got = vec![0f32; m * n];
+        crate::wna16_gemm(&ks, m, &x, &w, &mut got, &mut GemmScratch::new(), Par::Seq).unwrap();
+        for (r, row) in got.chunks_exact(n).enumerate() {
+            assert_eq!(row.iter().all(|v| v.is_nan()), r == 2, "row {r}: {row:?}");
+            assert!(r == 2 || row.iter().all(|v| v.is_finite()), "row {r}");
+        }
+    }
+}
