@@ -318,6 +318,12 @@ fn process_is_idempotent_and_loading_afterwards_is_refused() {
     assert!(layer.backend().is_some());
     let e = load_expert(&mut layer, 0, &tensors[0]).unwrap_err();
     assert!(matches!(e, LayerError::AlreadyProcessed), "{e:?}");
+    // The router weight is refused like the expert tensors, and the refusal leaves the
+    // processed layer as it was.
+    let e = layer.load_router_weight(&[0.5; E * H]).unwrap_err();
+    assert!(matches!(e, LayerError::AlreadyProcessed), "{e:?}");
+    assert!(layer.is_processed());
+    assert_eq!(apply(&layer, &x, &logits).unwrap(), first);
 }
 
 #[test]

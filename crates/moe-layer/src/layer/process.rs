@@ -34,20 +34,10 @@ impl MoeLayer {
                 return Err(LayerError::Unusable { reason });
             }
         };
-        if let Err(e) = self.process_shared() {
-            self.state = State::Unusable(e.to_string());
-            return Err(e);
-        }
-        match self.build(&params) {
-            Ok(ready) => {
-                self.state = State::Ready(Box::new(ready));
-                Ok(())
-            }
-            Err(e) => {
-                self.state = State::Unusable(e.to_string());
-                Err(e)
-            }
-        }
+        let built = self.process_shared().and_then(|()| self.build(&params));
+        let ready = self.unusable_on_err(built)?;
+        self.state = State::Ready(Box::new(ready));
+        Ok(())
     }
 
     /// Processes the shared experts' layer; their missing tensors are named under
