@@ -10,7 +10,7 @@ use moe_layer::{
     ExpertShard, LayerError, LayerQuant, MoeLayer, MoeLayerConfig, TensorData, TensorKind,
     TensorView,
 };
-use moe_quant::DType;
+use moe_quant::{DType, WeightGroups};
 use moe_router::Logits;
 use moe_testutil::SplitMix64;
 
@@ -27,7 +27,7 @@ fn config(expert_map: Option<Vec<i32>>) -> MoeLayerConfig {
         H,
         I,
         LayerQuant::W4A8 {
-            group_size: Some(G),
+            group_size: WeightGroups::groups(G).unwrap(),
         },
     )
     .with_expert_map(expert_map)

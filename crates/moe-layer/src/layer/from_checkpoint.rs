@@ -786,7 +786,7 @@ fn copy_experts(
         } => (
             bits,
             group_size,
-            act_order && group_size.is_some(),
+            act_order && !group_size.is_channelwise(),
             zero_points,
         ),
         _ => {
@@ -805,13 +805,14 @@ fn copy_experts(
         return mismatch(
             "weights",
             format!(
-                "int{bits}, group size {group_size:?}, act-order {act_order}, zero points \
-                 {zero_points}"
+                "int{bits}, group size {:?}, act-order {act_order}, zero points \
+                 {zero_points}",
+                group_size.group_size()
             ),
             format!(
                 "int{}, group size {:?}, act-order {}, zero points {}",
                 q.bits,
-                q.group_size,
+                q.group_size.group_size(),
                 q.act_order.is_some(),
                 q.zeros.is_some()
             ),
