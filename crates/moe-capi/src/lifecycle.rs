@@ -4,6 +4,7 @@
 //! `moe_layer_process`), the thread setting, and `moe_layer_free`.
 
 use std::ffi::{c_char, c_void};
+use std::num::NonZeroUsize;
 
 use half::{bf16, f16};
 use moe_layer::checkpoint::{Checkpoint, ShardAccess};
@@ -11,7 +12,7 @@ use moe_layer::{
     ExpertShard, LayerQuant, LoadOptions, MoeLayer, MoeLayerConfig, Par, TensorData, TensorKind,
     TensorView,
 };
-use moe_quant::DType;
+use moe_quant::{DType, WeightGroups};
 use moe_router::{ExpertMap, ExpertPlacement};
 
 use crate::args::{slice, utf8, write_out};
@@ -54,7 +55,8 @@ impl MoeLayerDesc {
     fn to_config(self) -> Result<MoeLayerConfig, CapiError> {
         let quant = match self.quant {
             0 => LayerQuant::W4A8 {
-                group_size: (self.group_size != 0).then_some(self.group_size),
+                group_size: NonZeroUsize::new(self.group_size)
+                    .map_or(WeightGroups::Channelwise, WeightGroups::Groups),
             },
             1 => LayerQuant::Int8Online,
             2 => LayerQuant::Unquantized,

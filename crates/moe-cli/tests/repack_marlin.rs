@@ -46,7 +46,7 @@ fn repacked_fixture_dequantises_to_the_source_weights() {
             layer_t.experts.hidden,
             layer_t.experts.intermediate,
         );
-        let gs = int.group_size.expect("grouped fixture");
+        let gs = int.group_size.group_size().expect("grouped fixture");
         let block = ckpt.names().block_prefix(layer);
         let file = index["weight_map"][format!("{block}.experts.w13.marlin_qweight")]
             .as_str()

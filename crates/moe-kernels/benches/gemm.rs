@@ -144,7 +144,7 @@ fn wna16_bits(c: &mut Criterion, bits: u32) {
                 k,
                 bits,
                 codes: &codes,
-                group_size: Some(GROUP),
+                group_size: moe_quant::WeightGroups::groups(GROUP).unwrap(),
                 scales: Wna16Scales::Bf16(&s),
                 zeros: None,
                 bias: None,

@@ -18,11 +18,14 @@
 //! use half::bf16;
 //! use moe_layer::{
 //!     ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, TensorData, TensorKind, TensorView,
+//!     WeightGroups,
 //! };
 //! use moe_router::Logits;
 //!
 //! let (e, k, h, i, g) = (4, 2, 64, 32, 32);
-//! let cfg = MoeLayerConfig::new(e, k, h, i, LayerQuant::W4A8 { group_size: Some(g) });
+//! let group_size = WeightGroups::groups(g).expect("a positive group size");
+//! let quant = LayerQuant::W4A8 { group_size };
+//! let cfg = MoeLayerConfig::new(e, k, h, i, quant);
 //! let mut layer = MoeLayer::create(cfg)?;
 //! for expert in 0..e {
 //!     for (shard, rows, cols) in [(ExpertShard::W1, i, h), (ExpertShard::W3, i, h), (ExpertShard::W2, h, i)] {
@@ -65,3 +68,5 @@ pub use layer::{LoadOptions, LoadProgress};
 /// [`MoeLayer::set_parallelism`].
 pub use moe_kernels::Par;
 pub use moe_oracle::DisabledKernels;
+/// The scale grouping [`LayerQuant`]'s integer schemes carry (re-exported from moe-quant).
+pub use moe_quant::WeightGroups;

@@ -11,6 +11,7 @@ use moe_layer::checkpoint::{
     Checkpoint, FloatData, IntExperts, ModelFamily, MoeLayerTensors, MoeModelSpec, QuantScheme,
     ReadOptions, ShardAccess, StoredExperts,
 };
+use moe_quant::WeightGroups;
 use moe_router::ScoringFunc;
 use serde_json::json;
 
@@ -52,7 +53,7 @@ fn every_quantized_format_decodes_to_the_written_codes_and_scales() {
         let q = int(&t);
         let (w13, s13, w2, s2) = fused(&experts);
         assert_eq!(q.bits, 4);
-        assert_eq!(q.group_size, Some(G));
+        assert_eq!(q.group_size.group_size(), Some(G));
         assert_eq!(q.w13, w13, "{fmt:?} w13");
         assert_eq!(q.w2, w2, "{fmt:?} w2");
         assert_eq!(q.w13_scales, s13, "{fmt:?} w13 scales");
@@ -287,9 +288,9 @@ fn config_normalization_per_family() {
         ckpt.spec().quant,
         QuantScheme::Gptq {
             bits: 4,
-            group_size: Some(8),
+            group_size: WeightGroups::Groups(g),
             ..
-        }
+        } if g.get() == 8
     ));
     ckpt.read_layer(0, &ReadOptions::single_rank()).unwrap();
 }

@@ -65,11 +65,11 @@ fn every_fixture_loads_with_the_shapes_of_its_config() {
             assert_eq!(t.router.weight.len(), e * h);
             match &t.experts.weights {
                 StoredExperts::Int(q) => {
-                    let g = q.group_size.unwrap_or(h);
+                    let g = q.group_size.group_size().unwrap_or(h);
                     assert_eq!(q.w13.len(), e * 2 * i * h);
                     assert_eq!(q.w2.len(), e * h * i);
                     assert_eq!(q.w13_scales.len(), e * 2 * i * (h / g));
-                    let g2 = q.group_size.unwrap_or(i);
+                    let g2 = q.group_size.group_size().unwrap_or(i);
                     assert_eq!(q.w2_scales.len(), e * h * (i / g2));
                     let max = (1i16 << (q.bits - 1)) - 1;
                     assert!(
@@ -117,7 +117,7 @@ fn expert0_w13_dequantizes_exactly_to_the_expected_tensor() {
             .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         let q = int_experts(&t);
         let (h, i) = (t.experts.hidden, t.experts.intermediate);
-        let g = q.group_size.unwrap_or(h);
+        let g = q.group_size.group_size().unwrap_or(h);
         let groups = h / g;
         let want = case.f32s("w13_dequant_f32_expert0");
         assert_eq!(case.shape("w13_dequant_f32_expert0"), [2 * i, h]);
@@ -255,8 +255,8 @@ fn tensor_parallel_ranks_cut_the_single_rank_tensors() {
             full.experts.hidden,
             full.experts.intermediate,
         );
-        let g = q.group_size.unwrap_or(h);
-        let (g13, g2_full) = (h / g, q.group_size.map_or(1, |g| i_full / g));
+        let g = q.group_size.group_size().unwrap_or(h);
+        let (g13, g2_full) = (h / g, q.group_size.group_size().map_or(1, |g| i_full / g));
         let tp = 2;
         let i = i_full / tp;
         for rank in 0..tp {
@@ -278,7 +278,7 @@ fn tensor_parallel_ranks_cut_the_single_rank_tensors() {
                 let w2e = &q.w2[ex * h * i_full..(ex + 1) * h * i_full];
                 w2.extend(block(w2e, i_full, 0..h, rows.clone()));
                 let s2e = &q.w2_scales[ex * h * g2_full..(ex + 1) * h * g2_full];
-                let cols = match q.group_size {
+                let cols = match q.group_size.group_size() {
                     Some(g) => rank * i / g..(rank + 1) * i / g,
                     None => 0..1,
                 };

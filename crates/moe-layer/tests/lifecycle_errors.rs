@@ -10,7 +10,7 @@ use moe_layer::{
     ExpertShard, LayerError, LayerQuant, MoeLayer, MoeLayerConfig, TensorData, TensorKind,
     TensorView,
 };
-use moe_quant::DType;
+use moe_quant::{DType, WeightGroups};
 use moe_router::Logits;
 use moe_testutil::SplitMix64;
 
@@ -27,7 +27,7 @@ fn config(expert_map: Option<Vec<i32>>) -> MoeLayerConfig {
         H,
         I,
         LayerQuant::W4A8 {
-            group_size: Some(G),
+            group_size: WeightGroups::groups(G).unwrap(),
         },
     )
     .with_expert_map(expert_map)
@@ -318,6 +318,12 @@ fn process_is_idempotent_and_loading_afterwards_is_refused() {
     assert!(layer.backend().is_some());
     let e = load_expert(&mut layer, 0, &tensors[0]).unwrap_err();
     assert!(matches!(e, LayerError::AlreadyProcessed), "{e:?}");
+    // The router weight is refused like the expert tensors, and the refusal leaves the
+    // processed layer as it was.
+    let e = layer.load_router_weight(&[0.5; E * H]).unwrap_err();
+    assert!(matches!(e, LayerError::AlreadyProcessed), "{e:?}");
+    assert!(layer.is_processed());
+    assert_eq!(apply(&layer, &x, &logits).unwrap(), first);
 }
 
 #[test]

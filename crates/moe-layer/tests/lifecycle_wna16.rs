@@ -10,6 +10,7 @@ mod checkpoint_support;
 use checkpoint_support::{Ckpt, E, Fmt, G, H, I, Proj, temp_dir};
 use moe_layer::checkpoint::{Checkpoint, ShardAccess};
 use moe_layer::{LayerError, LayerQuant, LoadOptions, MoeLayer, MoeLayerConfig, Wna16Activations};
+use moe_quant::WeightGroups;
 use moe_router::Logits;
 use moe_testutil::SplitMix64;
 use serde_json::json;
@@ -217,7 +218,7 @@ fn int8_activations_run_symmetric_int4_on_the_w4a8_kernels() {
 fn int8_activations_refuse_weights_the_w4a8_kernels_cannot_hold() {
     let wna16 = |bits, act_order, zero_points| LayerQuant::Wna16 {
         bits,
-        group_size: Some(G),
+        group_size: WeightGroups::groups(G).unwrap(),
         act_order,
         zero_points,
     };
@@ -252,7 +253,7 @@ fn int8_activations_refuse_weights_the_w4a8_kernels_cannot_hold() {
         64,
         64,
         LayerQuant::W4A8 {
-            group_size: Some(32),
+            group_size: WeightGroups::groups(32).unwrap(),
         },
     )
     .with_wna16_activations(Wna16Activations::DynamicInt8);

@@ -61,8 +61,7 @@ pub use priority::{map_backend, priority_backends};
 pub use quant_config::{
     DescDtype, Int8ActScales, MoeQuantConfig, QuantDesc, ScalarQuantKey, WeightKey,
     make_int8_moe_quant_config, make_unquantized_moe_quant_config, make_w4a8_int8_moe_quant_config,
-    make_wna16_moe_quant_config, mxfp4_weight_key, w4a8_block_shape, w4a8_weight_key,
-    wna16_weight_key,
+    make_wna16_moe_quant_config, mxfp4_weight_key, w4a8_weight_key, wna16_weight_key,
 };
 pub use query::{ActivationFormat, SupportQuery};
 pub use routing::{MOE_ROUTER_METHODS, RoutingMethodType, ScoringFunc, VLLM_CPU_METHODS};

@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use moe_quant::{DType, GroupShape, QuantKey, ScalarType, ScaleDesc};
+use moe_quant::{DType, GroupShape, QuantKey, ScalarType, ScaleDesc, WeightGroups};
 
 use crate::error::OracleError;
 
@@ -183,12 +183,13 @@ impl MoeQuantConfig {
         self.a1.dtype.is_none() && self.w1.dtype == Some(DescDtype::Torch(DType::I8))
     }
 
-    /// The W4A8 kernel's group size argument: −1 for channelwise (`[−1, 1]`), else the
-    /// column extent of the block shape (as `CPUExpertsInt4.apply` derives it).
-    pub fn w4a8_group_size(&self) -> Option<i64> {
+    /// The W4A8 kernel's weight grouping: channelwise for `[−1, 1]`, else groups of the column
+    /// extent of the block shape (as `CPUExpertsInt4.apply` derives its group size); `None`
+    /// without a block shape or with a column extent that is no group size.
+    pub fn w4a8_groups(&self) -> Option<WeightGroups> {
         match self.block_shape()? {
-            [-1, 1] => Some(-1),
-            [_, col] => Some(col),
+            [-1, 1] => Some(WeightGroups::Channelwise),
+            [_, col] => WeightGroups::from_config(col).ok(),
         }
     }
 
@@ -204,32 +205,11 @@ impl MoeQuantConfig {
     }
 }
 
-/// The W4A8 block shape for a checkpoint group size: `(−1, 1)` channelwise (group size −1),
-/// `(1, g)` grouped. Rejects 0 and negative sizes other than −1.
-pub fn w4a8_block_shape(group_size: i64) -> Result<GroupShape, OracleError> {
-    match group_size {
-        -1 => Ok(GroupShape::PER_CHANNEL),
-        g if g > 0 => Ok(GroupShape::new(1, g)),
-        g => Err(OracleError::InvalidConfig {
-            field: "group_size",
-            reason: format!("{g} is neither -1 (channelwise) nor positive"),
-        }),
-    }
-}
-
-/// The W4A8 weight key the compressed-tensors method builds for a group size: channelwise
-/// f32 scales, or bf16 scales in groups of `g`.
-pub fn w4a8_weight_key(group_size: i64) -> Result<QuantKey, OracleError> {
-    let shape = w4a8_block_shape(group_size)?;
-    if shape == GroupShape::PER_CHANNEL {
-        Ok(QuantKey::INT4_W4A8_STATIC_CHANNEL_SYM)
-    } else {
-        let g = u32::try_from(shape.col).map_err(|_| OracleError::InvalidConfig {
-            field: "group_size",
-            reason: format!("{} does not fit in u32", shape.col),
-        })?;
-        Ok(QuantKey::int4_w4a8_static_group_sym(g))
-    }
+/// The W4A8 weight key the compressed-tensors method builds for a weight grouping:
+/// channelwise f32 scales, or bf16 scales in groups of `g` (block shape `(1, g)`, from
+/// [`WeightGroups::group_shape`]).
+pub fn w4a8_weight_key(groups: WeightGroups) -> QuantKey {
+    QuantKey::int4_w4a8_static_sym(groups)
 }
 
 /// `make_w4a8_int8_moe_quant_config(block_shape)`: all four descriptors with `dtype = None`
@@ -309,7 +289,7 @@ pub fn make_int8_moe_quant_config(
 /// the W4A8 block-shape convention, activations unquantized 16-bit.
 pub fn make_wna16_moe_quant_config(
     weight_bits: u32,
-    group_size: i64,
+    groups: WeightGroups,
 ) -> Result<MoeQuantConfig, OracleError> {
     let dtype = match weight_bits {
         4 => DescDtype::Tag("int4"),
@@ -321,7 +301,7 @@ pub fn make_wna16_moe_quant_config(
             });
         }
     };
-    let shape = Some(w4a8_block_shape(group_size)?);
+    let shape = Some(groups.group_shape());
     let w = QuantDesc {
         dtype: Some(dtype),
         shape,
@@ -369,21 +349,22 @@ mod tests {
 
     #[test]
     fn w4a8_configs_from_group_size() {
-        let c = make_w4a8_int8_moe_quant_config(Some(w4a8_block_shape(-1).unwrap()));
+        let channelwise = WeightGroups::Channelwise;
+        let c = make_w4a8_int8_moe_quant_config(Some(channelwise.group_shape()));
         assert_eq!(c.block_shape(), Some([-1, 1]));
         assert!(!c.is_per_act_token());
-        assert_eq!(c.w4a8_group_size(), Some(-1));
-        let c = make_w4a8_int8_moe_quant_config(Some(w4a8_block_shape(128).unwrap()));
+        assert_eq!(c.w4a8_groups(), Some(channelwise));
+        let g128 = WeightGroups::groups(128).unwrap();
+        let c = make_w4a8_int8_moe_quant_config(Some(g128.group_shape()));
         assert_eq!(c.block_shape(), Some([1, 128]));
-        assert_eq!(c.w4a8_group_size(), Some(128));
+        assert_eq!(c.w4a8_groups(), Some(g128));
         c.validate().unwrap();
-        assert!(w4a8_block_shape(0).is_err());
         assert_eq!(
-            w4a8_weight_key(64).unwrap(),
+            w4a8_weight_key(WeightGroups::groups(64).unwrap()),
             QuantKey::INT4_W4A8_STATIC_GROUP64_SYM
         );
         assert_eq!(
-            w4a8_weight_key(-1).unwrap(),
+            w4a8_weight_key(channelwise),
             QuantKey::INT4_W4A8_STATIC_CHANNEL_SYM
         );
     }
@@ -414,6 +395,6 @@ mod tests {
         );
         assert_eq!(wna16_weight_key(8).unwrap(), ScalarQuantKey::INT8_STATIC);
         assert!(wna16_weight_key(3).is_err());
-        assert!(make_wna16_moe_quant_config(4, 128).is_ok());
+        assert!(make_wna16_moe_quant_config(4, WeightGroups::groups(128).unwrap()).is_ok());
     }
 }

@@ -4,7 +4,7 @@
 //! message and every candidate's refusal reason.
 
 use moe_oracle::*;
-use moe_quant::{DType, GroupShape, QuantKey, ScaleDesc};
+use moe_quant::{DType, GroupShape, QuantKey, ScaleDesc, WeightGroups};
 
 use MoEActivation as A;
 use RoutingMethodType as R;
@@ -113,7 +113,7 @@ fn batched() -> ParallelRequest {
 }
 
 fn g(group: i64) -> Option<WeightKey> {
-    Some(w4a8_weight_key(group).unwrap().into())
+    Some(w4a8_weight_key(WeightGroups::from_config(group).unwrap()).into())
 }
 fn w4a8_key(scale: DType, shape: GroupShape, symmetric: bool) -> Option<WeightKey> {
     Some(QuantKey::new(DType::I8, ScaleDesc::new(scale, true, shape), symmetric).into())
@@ -1017,7 +1017,7 @@ fn detailed_error_lists_every_candidate() {
 
 #[test]
 fn family_entry_points_agree_with_select_backend() {
-    let key = w4a8_weight_key(128).unwrap();
+    let key = w4a8_weight_key(WeightGroups::groups(128).unwrap());
     let s =
         select_w4a8_int8_moe_backend(&silu(), Some(&key), None, &arm(), &SelectOptions::native())
             .unwrap();

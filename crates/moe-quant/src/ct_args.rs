@@ -13,6 +13,7 @@ use serde::{Deserialize, Deserializer};
 
 use crate::dtype::DType;
 use crate::error::QuantError;
+use crate::weight_groups::WeightGroups;
 
 /// Integer or floating-point quantized values (`"type"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -211,6 +212,23 @@ impl QuantizationArgs {
         self.group_size
             .filter(|&g| g > 0)
             .and_then(|g| usize::try_from(g).ok())
+    }
+
+    /// The weight grouping of the group and channel strategies, parsed from `group_size`
+    /// (`Ok(None)` for every other strategy, which groups no weight columns). A group strategy
+    /// without a valid positive size is an error, as [`Self::validate`] reports it.
+    pub fn weight_groups(&self) -> Result<Option<WeightGroups>, QuantError> {
+        match self.effective_strategy() {
+            QuantizationStrategy::Group => match self.group_size {
+                Some(g) if g > 0 => WeightGroups::from_config(g).map(Some),
+                other => Err(QuantError::InvalidQuantArgs {
+                    field: "group_size",
+                    reason: format!("strategy Group needs a positive group_size, got {other:?}"),
+                }),
+            },
+            QuantizationStrategy::Channel => Ok(Some(WeightGroups::Channelwise)),
+            _ => Ok(None),
+        }
     }
 
     /// `scale_dtype` parsed; `Ok(None)` when unset.
@@ -516,6 +534,32 @@ mod tests {
         assert_eq!(a.block_structure, Some(vec![128, 128]));
         a.validate().unwrap();
         assert!(serde_json::from_str::<QuantizationArgs>(r#"{"dynamic": "sometimes"}"#).is_err());
+    }
+
+    #[test]
+    fn weight_groups_of_the_strategies() {
+        let groups = |json: &str| args(json).weight_groups();
+        assert_eq!(
+            groups(W4_GROUP),
+            Ok(Some(WeightGroups::groups(128).unwrap()))
+        );
+        assert_eq!(
+            groups(r#"{"group_size": -1}"#),
+            Ok(Some(WeightGroups::Channelwise))
+        );
+        assert_eq!(
+            groups(r#"{"strategy": "channel"}"#),
+            Ok(Some(WeightGroups::Channelwise))
+        );
+        assert_eq!(groups(r#"{"strategy": "token"}"#), Ok(None));
+        assert_eq!(groups(r#"{}"#), Ok(None));
+        assert!(matches!(
+            groups(r#"{"strategy": "group"}"#),
+            Err(QuantError::InvalidQuantArgs {
+                field: "group_size",
+                ..
+            })
+        ));
     }
 
     #[test]

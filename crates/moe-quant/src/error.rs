@@ -41,6 +41,31 @@ pub enum QuantError {
         /// The rejected group size.
         group_size: usize,
     },
+    /// A checkpoint group size that is neither positive nor `−1` (channelwise).
+    #[error("{what}: must be positive or -1 (channelwise), got {group_size}")]
+    InvalidGroupSize {
+        /// The argument holding the group size.
+        what: &'static str,
+        /// The rejected group size.
+        group_size: i64,
+    },
+    /// A group size too large for the integer it must travel as.
+    #[error("{what}: group size {group_size} does not fit in {target}")]
+    GroupSizeOverflow {
+        /// The argument holding the group size.
+        what: &'static str,
+        /// The rejected group size.
+        group_size: u64,
+        /// The integer type it does not fit.
+        target: &'static str,
+    },
+    /// A [`crate::GroupShape`] that is not a weight grouping tag: neither `(−1, 1)` (per channel)
+    /// nor `(1, g)` with `g > 0` (per group).
+    #[error("{shape} is neither per-channel (-1, 1) nor a group (1, g) of weight scales")]
+    NotAWeightGrouping {
+        /// The rejected shape.
+        shape: crate::GroupShape,
+    },
     /// The reduction dimension is not a multiple of the group size (vLLM would silently drop the
     /// tail group; we refuse, spec section 6.3).
     #[error("{what}: group size {group_size} does not divide the reduction dimension {k}")]

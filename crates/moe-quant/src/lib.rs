@@ -7,6 +7,8 @@
 //! - [`dtype`]: tensor element types and their PyTorch spellings.
 //! - [`scalar_type`]: logical number formats (`int4`, `uint4b8`, `float8_e4m3fn`, ...).
 //! - [`group_shape`], [`quant_key`]: vLLM's `GroupShape`, `ScaleDesc`, `QuantKey` and named keys.
+//! - [`weight_groups`]: the scale grouping of a quantized weight (channelwise or groups of `g`),
+//!   parsed once from a checkpoint's `group_size` and carried to the oracle and the kernels.
 //! - [`ct_args`]: the compressed-tensors `quantization_config` of a checkpoint.
 //!
 //! Math (spec sections 4.2, 4.3, 5.1, 5.3, 6.2):
@@ -33,6 +35,7 @@ pub mod int8;
 pub mod pack;
 pub mod quant_key;
 pub mod scalar_type;
+pub mod weight_groups;
 
 pub use act::{AsymRowQuant, quantize_row_asym_i8, quantize_row_sym_i8};
 pub use ct_args::{QuantizationArgs, QuantizationConfig, QuantizationScheme};
@@ -45,3 +48,4 @@ pub use int8::{Int8PerRow, dequantize_int8_per_row, quantize_int8_per_row};
 pub use pack::{pack_int4_pairs, pack_to_int32, unpack_from_int32, unpack_int4_pairs};
 pub use quant_key::{QuantKey, ScaleDesc};
 pub use scalar_type::ScalarType;
+pub use weight_groups::WeightGroups;

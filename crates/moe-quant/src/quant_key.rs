@@ -13,6 +13,7 @@ use std::fmt;
 
 use crate::dtype::DType;
 use crate::group_shape::GroupShape;
+use crate::weight_groups::WeightGroups;
 
 /// How the scales of a quantized tensor are stored and computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -159,6 +160,16 @@ impl QuantKey {
     pub const fn int4_w4a8_static_group_sym(g: u32) -> QuantKey {
         Self::w4a8_group(g as i64)
     }
+
+    /// The W4A8 weight key the compressed-tensors method builds for a grouping:
+    /// [`Self::INT4_W4A8_STATIC_CHANNEL_SYM`] for channelwise f32 scales, else the group key
+    /// with bf16 scales and the grouping's [`GroupShape`] `(1, g)`.
+    pub fn int4_w4a8_static_sym(groups: WeightGroups) -> QuantKey {
+        match groups {
+            WeightGroups::Channelwise => Self::INT4_W4A8_STATIC_CHANNEL_SYM,
+            WeightGroups::Groups(_) => Self::w4a8_group(groups.to_config()),
+        }
+    }
 }
 
 impl fmt::Display for QuantKey {
@@ -220,6 +231,14 @@ mod tests {
         assert_ne!(
             QuantKey::int4_w4a8_static_group_sym(64),
             QuantKey::INT4_W4A8_STATIC_GROUP32_SYM
+        );
+        assert_eq!(
+            QuantKey::int4_w4a8_static_sym(WeightGroups::groups(128).unwrap()),
+            QuantKey::INT4_W4A8_STATIC_GROUP128_SYM
+        );
+        assert_eq!(
+            QuantKey::int4_w4a8_static_sym(WeightGroups::Channelwise),
+            QuantKey::INT4_W4A8_STATIC_CHANNEL_SYM
         );
         // The channelwise W4A8 key is indistinguishable from the int8 channel key, as in vLLM.
         assert_eq!(

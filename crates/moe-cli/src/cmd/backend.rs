@@ -6,7 +6,7 @@ use moe_oracle::{
     DisabledKernels, MoEActivation, MoeConfig, MoeShape, ParallelConfig, Platform,
     RoutingMethodType, SelectOptions, Selection, select_w4a8_int8_moe_backend, w4a8_weight_key,
 };
-use moe_quant::DType;
+use moe_quant::{DType, WeightGroups};
 
 use super::CliError;
 
@@ -21,8 +21,8 @@ pub fn select_options() -> SelectOptions {
 }
 
 /// The oracle's choice (native mode) for a W4A8 layer with SiLU experts and renormalized
-/// softmax routing; `group_size` `None` is channelwise.
-pub fn select_w4a8(shape: MoeShape, group_size: Option<usize>) -> Result<Selection, CliError> {
+/// softmax routing, for weights of the given scale grouping.
+pub fn select_w4a8(shape: MoeShape, groups: WeightGroups) -> Result<Selection, CliError> {
     let config = MoeConfig::new(
         shape,
         MoEActivation::Silu,
@@ -31,8 +31,7 @@ pub fn select_w4a8(shape: MoeShape, group_size: Option<usize>) -> Result<Selecti
         ParallelConfig::no_parallel(),
     )
     .map_err(|e| CliError::context("layer configuration", e))?;
-    let group = group_size.map_or(-1, |g| g as i64);
-    let key = w4a8_weight_key(group).map_err(|e| CliError::context("W4A8 weight key", e))?;
+    let key = w4a8_weight_key(groups);
     select_w4a8_int8_moe_backend(&config, Some(&key), None, &platform(), &select_options())
         .map_err(|e| CliError(format!("no backend serves this layer: {}", e.detailed())))
 }

@@ -31,7 +31,7 @@ use moe_layer::checkpoint::{
 use moe_layer::{
     ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, TensorData, TensorKind, TensorView,
 };
-use moe_quant::DType;
+use moe_quant::{DType, WeightGroups};
 use moe_router::Logits;
 use rayon::prelude::*;
 
@@ -91,21 +91,24 @@ struct Projection {
 }
 
 /// What the options ask the layer to be.
-fn layer_quant(args: &BenchArgs) -> LayerQuant {
-    let group_size = Some(args.group_size);
-    match args.format {
-        BenchFormat::W4a8 => LayerQuant::W4A8 { group_size },
+fn layer_quant(args: &BenchArgs) -> Result<LayerQuant, CliError> {
+    let groups =
+        || WeightGroups::groups(args.group_size).map_err(|e| CliError::context("--group-size", e));
+    Ok(match args.format {
+        BenchFormat::W4a8 => LayerQuant::W4A8 {
+            group_size: groups()?,
+        },
         BenchFormat::W8a8 => LayerQuant::Int8Online,
         BenchFormat::W4a16 | BenchFormat::W8a16 => LayerQuant::Wna16 {
             bits: args.format.wna16_bits().unwrap_or(4),
-            group_size,
+            group_size: groups()?,
             act_order: false,
             zero_points: args.zero_points,
         },
         BenchFormat::Bf16 | BenchFormat::F32 => LayerQuant::Unquantized,
         BenchFormat::Mxfp4 => LayerQuant::Mxfp4,
         BenchFormat::Fp8 => LayerQuant::Fp8Block,
-    }
+    })
 }
 
 /// `(rows, cols)` of a projection.
@@ -192,7 +195,7 @@ fn create_layer(
         shape.top_k,
         shape.hidden,
         shape.intermediate,
-        layer_quant(args),
+        layer_quant(args)?,
     )
     .with_in_dtype(DType::F32)
     .with_max_tokens(max_tokens)
@@ -331,7 +334,7 @@ fn build_layer(
 /// The whole layer's tensors in the reader's fused layout (`w13` `[E, 2I, H]`: gate rows then
 /// up rows), for the weight-only formats with zero points, which only the whole-layer loader
 /// takes; with a router gate weight, which that loader requires.
-fn layer_tensors(args: &BenchArgs, shape: &BenchShape) -> MoeLayerTensors {
+fn layer_tensors(args: &BenchArgs, shape: &BenchShape) -> Result<MoeLayerTensors, CliError> {
     let (e, h, i, g) = (
         shape.experts,
         shape.hidden,
@@ -358,7 +361,7 @@ fn layer_tensors(args: &BenchArgs, shape: &BenchShape) -> MoeLayerTensors {
             }
         }
     }
-    MoeLayerTensors {
+    Ok(MoeLayerTensors {
         layer: 0,
         local_experts: (0..e).collect(),
         experts: ExpertTensors {
@@ -367,7 +370,8 @@ fn layer_tensors(args: &BenchArgs, shape: &BenchShape) -> MoeLayerTensors {
             intermediate: i,
             weights: StoredExperts::Int(IntExperts {
                 bits: args.format.wna16_bits().unwrap_or(4),
-                group_size: Some(g),
+                group_size: WeightGroups::groups(g)
+                    .map_err(|e| CliError::context("--group-size", e))?,
                 scale_dtype: DType::BF16,
                 w13,
                 w13_scales: s13,
@@ -381,7 +385,7 @@ fn layer_tensors(args: &BenchArgs, shape: &BenchShape) -> MoeLayerTensors {
         },
         router: router_tensors(args, shape),
         shared: None,
-    }
+    })
 }
 
 /// Times the layer rows for one shape.
@@ -420,11 +424,11 @@ pub(super) fn bench_shape(
     } else if args.zero_points || args.format == BenchFormat::Mxfp4 {
         let tensors = pool.install(|| {
             if args.format == BenchFormat::Mxfp4 {
-                mxfp4_tensors(args, shape)
+                Ok(mxfp4_tensors(args, shape))
             } else {
                 layer_tensors(args, shape)
             }
-        });
+        })?;
         for _ in 0..copies {
             let mut layer = create_layer(args, shape, max_m)?;
             pool.install(|| {

@@ -18,7 +18,7 @@ use moe_layer::{
     ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, TensorData, TensorKind, TensorView,
 };
 use moe_oracle::MoeShape;
-use moe_quant::DType;
+use moe_quant::{DType, WeightGroups};
 use moe_router::{IdsOut, Logits, Router, RouterConfig};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -178,7 +178,7 @@ pub fn run(args: &DemoArgs, out: Output) -> Result<(), CliError> {
             hidden_dim: h,
             intermediate_size: i,
         },
-        Some(args.group_size),
+        WeightGroups::groups(args.group_size).map_err(|e| CliError::context("--group-size", e))?,
     )?;
     let isa = kernels().isa().name();
     if !out.json {
@@ -376,7 +376,8 @@ fn build_layer(
         h,
         i,
         LayerQuant::W4A8 {
-            group_size: Some(g),
+            group_size: WeightGroups::groups(g)
+                .map_err(|e| CliError::context("--group-size", e))?,
         },
     )
     .with_router(RouterConfig::cpu_softmax(e, top_k).with_renormalize(true))

@@ -243,8 +243,7 @@ fn read_layer(ckpt: &Checkpoint, n: usize) -> Result<LayerReport, CliError> {
         StoredExperts::Int(q) => format!(
             "int{} codes, {}, {:?} scales{}{}",
             q.bits,
-            q.group_size
-                .map_or_else(|| "channelwise".to_string(), |g| format!("groups of {g}")),
+            q.group_size,
             q.scale_dtype,
             if q.act_order.is_some() {
                 ", act-order"

@@ -175,8 +175,8 @@ fn source_of(scheme: &QuantScheme) -> Result<Source, CliError> {
             ..
         } => Ok(Source {
             bits: *bits,
-            group_size: *group_size,
-            act_order: *desc_act && group_size.is_some(),
+            group_size: group_size.group_size(),
+            act_order: *desc_act && !group_size.is_channelwise(),
         }),
         QuantScheme::Gptq { sym: false, .. } => Err(CliError(
             "asymmetric GPTQ has no Marlin MoE path (spec marlin.md §1); only sym: true converts"
@@ -193,8 +193,8 @@ fn source_of(scheme: &QuantScheme) -> Result<Source, CliError> {
             bits, group_size, ..
         } => Ok(Source {
             bits: *bits,
-            group_size: *group_size,
-            act_order: scheme.has_act_order() && group_size.is_some(),
+            group_size: group_size.group_size(),
+            act_order: scheme.has_act_order() && !group_size.is_channelwise(),
         }),
         other => Err(CliError(format!(
             "{} is not a WNA16 checkpoint (expected gptq or compressed-tensors pack-quantized)",

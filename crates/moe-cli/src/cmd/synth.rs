@@ -18,7 +18,7 @@ use moe_kernels::{
     Mxfp4Desc, PackedDense, PackedExperts, PackedW4A8, PackedW8A8, PackedWna16, W4A8Scales,
     Wna16Desc, Wna16Scales, kernels,
 };
-use moe_quant::quantize_int4_grouped;
+use moe_quant::{WeightGroups, quantize_int4_grouped};
 use rayon::prelude::*;
 
 use super::CliError;
@@ -382,7 +382,7 @@ fn random_wna16_packed(
         k,
         bits: codes_of.bits,
         codes: &codes,
-        group_size: Some(g),
+        group_size: WeightGroups::groups(g).map_err(|e| CliError::context("--group-size", e))?,
         scales: Wna16Scales::Bf16(&scales),
         zeros: zeros.as_deref(),
         bias: None,

@@ -76,7 +76,7 @@ impl ExpertMatrix for PackedW4A8 {
     }
 
     fn is_channelwise(&self) -> bool {
-        self.group_size().is_none()
+        self.groups().is_channelwise()
     }
 
     fn gemm(

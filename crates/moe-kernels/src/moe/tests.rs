@@ -141,7 +141,7 @@ impl RefMat {
             k,
             bits,
             codes: &codes,
-            group_size: group,
+            group_size: moe_quant::WeightGroups::from_group_size(group).unwrap(),
             scales: Wna16Scales::Bf16(&scales),
             zeros: asym.then_some(&zeros[..]),
             bias: None,

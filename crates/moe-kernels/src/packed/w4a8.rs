@@ -19,7 +19,10 @@
 //! recount the code sums from L1 with `block_code_sum`). At group size 32 that is 0.5625 bytes per
 //! weight, the size of the checkpoint's own int4 codes and bf16 scales.
 
+use std::num::NonZeroUsize;
+
 use half::bf16;
+use moe_quant::WeightGroups;
 
 use super::{PANEL, STEP_BYTES, check_len, round_up};
 use crate::KernelError;
@@ -70,7 +73,9 @@ pub struct PackedW4A8 {
     n: usize,
     k: usize,
     k_pad: usize,
-    group_size: Option<usize>,
+    groups: WeightGroups,
+    /// K values per scale block: the group size, or `k_pad` channelwise (derived from
+    /// `groups`, kept for the kernels' inner loops).
     block_len: usize,
     n_blocks: usize,
     n_panels: usize,
@@ -127,26 +132,38 @@ impl PackedW4A8 {
             check_len("bias", n, b.len())?;
         }
 
-        // Resolve the grouping to (group size if grouped, per-block scale lookup).
-        let (group_size, block_scale): (Option<usize>, BlockScale<'_>) = match scales {
+        // Resolve the grouping to (grouping, per-block scale lookup).
+        let (groups, block_scale): (WeightGroups, BlockScale<'_>) = match scales {
             W4A8Scales::Channelwise(s) => {
                 check_len("scales", n, s.len())?;
-                (None, Box::new(move |row, _| Scale::F32(s[row])))
+                (
+                    WeightGroups::Channelwise,
+                    Box::new(move |row, _| Scale::F32(s[row])),
+                )
             }
             W4A8Scales::Grouped {
                 group_size,
                 scales: s,
             } => {
-                if group_size == 0 || group_size % 32 != 0 || !k.is_multiple_of(group_size) {
+                let Some(g) = NonZeroUsize::new(group_size)
+                    .filter(|g| g.get() % 32 == 0 && k.is_multiple_of(g.get()))
+                else {
                     return Err(KernelError::InvalidGroupSize { group_size, k });
-                }
+                };
                 let per_row = k / group_size;
                 check_len("scales", n * per_row, s.len())?;
-                let g = (group_size < k).then_some(group_size);
-                (g, Box::new(move |row, b| Scale::Bf16(s[row * per_row + b])))
+                let groups = if group_size < k {
+                    WeightGroups::Groups(g)
+                } else {
+                    WeightGroups::Channelwise
+                };
+                (
+                    groups,
+                    Box::new(move |row, b| Scale::Bf16(s[row * per_row + b])),
+                )
             }
         };
-        if group_size.is_none() && !k.is_multiple_of(2) {
+        if groups.is_channelwise() && !k.is_multiple_of(2) {
             return Err(KernelError::UnsupportedDim {
                 dim: "K",
                 got: k,
@@ -155,7 +172,7 @@ impl PackedW4A8 {
         }
 
         let k_pad = round_up(k, K_STEP);
-        let block_len = group_size.unwrap_or(k_pad);
+        let block_len = groups.group_size().unwrap_or(k_pad);
         let n_blocks = k_pad / block_len;
         let n_panels = n.div_ceil(PANEL);
         let steps = k_pad / K_STEP;
@@ -169,9 +186,9 @@ impl PackedW4A8 {
 
         let mut nibbles = vec![0u8; n_panels * steps * STEP_BYTES];
         let n_scales = n_panels * n_blocks * PANEL;
-        let mut block_scales = match group_size {
-            Some(_) => BlockScales::Bf16(vec![bf16::ZERO; n_scales]),
-            None => BlockScales::F32(vec![0.0; n_scales]),
+        let mut block_scales = match groups {
+            WeightGroups::Groups(_) => BlockScales::Bf16(vec![bf16::ZERO; n_scales]),
+            WeightGroups::Channelwise => BlockScales::F32(vec![0.0; n_scales]),
         };
         // Whole steps of real channels read eight consecutive values of one row; only the last
         // step of a row whose K is not a multiple of 8, and channels past N, take the padded
@@ -230,7 +247,7 @@ impl PackedW4A8 {
             n,
             k,
             k_pad,
-            group_size,
+            groups,
             block_len,
             n_blocks,
             n_panels,
@@ -250,9 +267,9 @@ impl PackedW4A8 {
         self.k
     }
 
-    /// The group size, or `None` for channelwise scales (including `group_size == K`).
-    pub fn group_size(&self) -> Option<usize> {
-        self.group_size
+    /// The scale grouping; channelwise also for group scales with `group_size == K`.
+    pub fn groups(&self) -> WeightGroups {
+        self.groups
     }
 
     /// Whether a bias is added.
@@ -542,7 +559,7 @@ mod tests {
             None,
         )
         .unwrap();
-        assert_eq!(p.group_size(), None);
+        assert_eq!(p.groups(), WeightGroups::Channelwise);
         assert_eq!(p.n_blocks(), 1);
         assert_eq!(p.block_scales(0, 0)[..2], [0.5, 0.5]);
         assert_eq!(p.block_wsum(0, 0)[..3], [64, 64, 0]);

@@ -30,7 +30,10 @@
 //! with bf16 scales the int4 format streams 0.5 bytes of codes plus 1/64 byte of scale per
 //! weight; MXFP4 streams 0.5 + 1/32, exactly the checkpoint's bytes; FP8 1 + 1/32.
 
+use std::num::NonZeroUsize;
+
 use half::{bf16, f16};
+use moe_quant::WeightGroups;
 
 use super::{PANEL, check_len};
 use crate::KernelError;
@@ -46,6 +49,12 @@ pub const MAX_K: usize = 1 << 24;
 
 /// K values per MXFP4 block: one e8m0 scale per 32 e2m1 codes.
 pub const MXFP4_BLOCK: usize = 32;
+
+/// The scale grouping of MXFP4 weights: groups of [`MXFP4_BLOCK`] K values.
+pub const MXFP4_GROUPS: WeightGroups = match NonZeroUsize::new(MXFP4_BLOCK) {
+    Some(g) => WeightGroups::Groups(g),
+    None => panic!("MXFP4 blocks are not empty"),
+};
 
 /// The value of each e2m1 code (MXFP4's element type): sign bit 3, then two exponent bits and
 /// one mantissa bit, so codes 0..=7 are `{0, 0.5, 1, 1.5, 2, 3, 4, 6}` and 8..=15 their
@@ -71,6 +80,12 @@ pub enum Int4Values {
 /// K values (and output channels) per FP8 scale block: one f32 scale per `128 × 128` block of
 /// e4m3 codes.
 pub const FP8_BLOCK: usize = 128;
+
+/// The scale grouping of FP8 block weights along K: groups of [`FP8_BLOCK`].
+const FP8_GROUPS: WeightGroups = match NonZeroUsize::new(FP8_BLOCK) {
+    Some(g) => WeightGroups::Groups(g),
+    None => panic!("FP8 blocks are not empty"),
+};
 
 /// What the 8-bit codes of a packed matrix stand for. Both kinds turn a code byte into an
 /// exact f32 with a few vector operations, so FP8 runs on the same kernels as integer int8.
@@ -176,8 +191,8 @@ pub struct Wna16Desc<'a> {
     pub bits: u32,
     /// Unsigned codes `[N, K]` row-major, each in `0..2^bits`.
     pub codes: &'a [u8],
-    /// K values per group (a multiple of 8); `None` for one scale per channel.
-    pub group_size: Option<usize>,
+    /// The scale grouping: groups of K values (a multiple of 8), or one scale per channel.
+    pub group_size: WeightGroups,
     /// Scales `[N, G]` with `G = ceil(K / group_size)` (1 when channelwise).
     pub scales: Wna16Scales<'a>,
     /// Zero points `[N, G]` in `0..2^bits`; `None` means symmetric with zero `2^(bits−1)`.
@@ -262,8 +277,8 @@ pub struct Wna16WordsDesc<'a> {
     /// The channels' words, runs in channel order, `N` channels in all. Fields past K in a
     /// channel's last word are ignored.
     pub rows: &'a [WordRows<'a>],
-    /// K values per group (a multiple of 8); `None` for one scale per channel.
-    pub group_size: Option<usize>,
+    /// The scale grouping: groups of K values (a multiple of 8), or one scale per channel.
+    pub group_size: WeightGroups,
     /// Scales `[N, G]` with `G = ceil(K / group_size)` (1 when channelwise).
     pub scales: Wna16Scales<'a>,
     /// Zero points `[N, G]` in `0..2^bits`; `None` means symmetric with zero `2^(bits−1)`.
@@ -333,7 +348,7 @@ fn check_dims(
     n: usize,
     k: usize,
     bits: u32,
-    group_size: Option<usize>,
+    group_size: WeightGroups,
 ) -> Result<Dims, KernelError> {
     if k == 0 || k > MAX_K {
         return Err(KernelError::UnsupportedDim {
@@ -358,9 +373,9 @@ fn check_dims(
             });
         }
     };
-    let group_size = match group_size {
+    let group_size = match group_size.group_size() {
         None => k,
-        Some(g) if g > 0 && g % K_STEP == 0 => g,
+        Some(g) if g % K_STEP == 0 => g,
         Some(g) => {
             return Err(KernelError::UnsupportedDim {
                 dim: "group_size",
@@ -476,7 +491,7 @@ impl PackedWna16 {
             n_panels,
             k_steps,
             group_size: dims.group_size,
-            channelwise: d.group_size.is_none(),
+            channelwise: d.group_size.is_channelwise(),
             n_groups: dims.n_groups,
             codes,
             scales,
@@ -582,7 +597,7 @@ impl PackedWna16 {
             n_panels,
             k_steps,
             group_size: dims.group_size,
-            channelwise: d.group_size.is_none(),
+            channelwise: d.group_size.is_channelwise(),
             n_groups: dims.n_groups,
             codes,
             scales,
@@ -601,7 +616,7 @@ impl PackedWna16 {
     /// e2m1 table: weights are exactly `e2m1(code)·2^(e − 127)`.
     pub fn pack_mxfp4(d: Mxfp4Desc<'_>) -> Result<Self, KernelError> {
         let (n, k) = (d.n, d.k);
-        let dims = check_dims(n, k, 4, Some(MXFP4_BLOCK))?;
+        let dims = check_dims(n, k, 4, MXFP4_GROUPS)?;
         let blocks = dims.n_groups;
         check_len("blocks", n * blocks * 16, d.blocks.len())?;
         check_len("scales", n * blocks, d.scales.len())?;
@@ -663,7 +678,7 @@ impl PackedWna16 {
     /// as non-finite weights, naming their index in `[N, K]`.
     pub fn pack_fp8_block(d: Fp8BlockDesc<'_>) -> Result<Self, KernelError> {
         let (n, k) = (d.n, d.k);
-        let dims = check_dims(n, k, 8, Some(FP8_BLOCK))?;
+        let dims = check_dims(n, k, 8, FP8_GROUPS)?;
         let kb = dims.n_groups;
         let channels = d
             .rows
@@ -1280,7 +1295,7 @@ mod tests {
             k,
             bits: 4,
             codes,
-            group_size: g,
+            group_size: WeightGroups::from_group_size(g).unwrap(),
             scales: Wna16Scales::Bf16(s),
             zeros: None,
             bias: None,
@@ -1314,7 +1329,7 @@ mod tests {
                 k,
                 bits,
                 codes: &codes,
-                group_size: g,
+                group_size: WeightGroups::from_group_size(g).unwrap(),
                 scales: Wna16Scales::F16(&scales),
                 zeros: Some(&zeros),
                 bias: None,
@@ -1433,7 +1448,7 @@ mod tests {
                         k,
                         bits,
                         codes: &sorted,
-                        group_size: g,
+                        group_size: WeightGroups::from_group_size(g).unwrap(),
                         scales: Wna16Scales::Bf16(&scales),
                         zeros: asym.then_some(zeros.as_slice()),
                         bias: asym.then_some(bias.as_slice()),
@@ -1473,7 +1488,7 @@ mod tests {
                             bits,
                             order,
                             rows: &rows,
-                            group_size: g,
+                            group_size: WeightGroups::from_group_size(g).unwrap(),
                             scales: Wna16Scales::Bf16(&scales),
                             zeros: asym.then_some(zeros.as_slice()),
                             bias: asym.then_some(bias.as_slice()),
@@ -1810,7 +1825,7 @@ mod tests {
             bits: 4,
             order: WordOrder::ChannelMajor,
             rows,
-            group_size: None,
+            group_size: WeightGroups::Channelwise,
             scales: Wna16Scales::Bf16(&[]),
             zeros: None,
             bias: None,
@@ -1903,7 +1918,7 @@ mod tests {
         let mut d = words(&[]);
         d.rows = &one;
         d.scales = Wna16Scales::Bf16(&s);
-        d.group_size = Some(4);
+        d.group_size = WeightGroups::groups(4).unwrap();
         assert!(matches!(
             PackedWna16::pack_words(d),
             Err(KernelError::UnsupportedDim {

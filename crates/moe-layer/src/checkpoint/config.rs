@@ -27,10 +27,9 @@
 use std::path::{Path, PathBuf};
 
 use moe_quant::ct_args::{
-    ActivationOrdering, QuantizationStrategy, QuantizationType, check_w4a8_int_moe,
-    is_dynamic_token_w4a8_int,
+    ActivationOrdering, QuantizationType, check_w4a8_int_moe, is_dynamic_token_w4a8_int,
 };
-use moe_quant::{DType, QuantizationArgs, QuantizationConfig};
+use moe_quant::{DType, QuantError, QuantizationConfig, WeightGroups};
 use moe_router::ScoringFunc;
 use serde::Deserialize;
 
@@ -127,8 +126,8 @@ pub enum QuantScheme {
     /// compressed-tensors `int-quantized` W4A8: int4 codes stored as int8, static symmetric
     /// scales, dynamic per-token int8 activations.
     CompressedTensorsW4A8 {
-        /// Columns per scale group; `None` = one scale per output channel.
-        group_size: Option<usize>,
+        /// The scale grouping: groups of input columns, or one scale per output channel.
+        group_size: WeightGroups,
         /// Scale dtype declared in the config (`None` = the model dtype; the tensors decide).
         scale_dtype: Option<DType>,
         /// Whether the declared activation quantization is symmetric (informational: the
@@ -139,8 +138,8 @@ pub enum QuantScheme {
     CompressedTensorsWna16 {
         /// Bits per code (4 or 8).
         bits: u32,
-        /// Columns per scale group; `None` = channelwise.
-        group_size: Option<usize>,
+        /// The scale grouping: groups of input columns, or channelwise.
+        group_size: WeightGroups,
         /// Activation ordering (`Some(Group)`/`Some(Dynamic)` → the tensors carry `weight_g_idx`).
         actorder: Option<ActivationOrdering>,
         /// Scale dtype declared in the config.
@@ -152,8 +151,8 @@ pub enum QuantScheme {
     Gptq {
         /// Bits per code (2, 4 or 8).
         bits: u32,
-        /// Rows of K per scale group; `None` = channelwise (`group_size: -1`).
-        group_size: Option<usize>,
+        /// The scale grouping: rows of K per group, or channelwise (`group_size: -1`).
+        group_size: WeightGroups,
         /// Act-order (`desc_act`); forced false for channelwise.
         desc_act: bool,
         /// Symmetric codes (`uint4b8` / `uint8b128`); asymmetric needs `qzeros`.
@@ -164,8 +163,8 @@ pub enum QuantScheme {
     /// AWQ (AutoAWQ `gemm` packing): `qweight` `[k, n/8]`, `qzeros` `[G, n/8]` and `scales`
     /// `[G, n]`, unsigned 4-bit codes with a zero point per group.
     Awq {
-        /// Rows of K per scale group; `None` = channelwise (`group_size: -1`).
-        group_size: Option<usize>,
+        /// The scale grouping: rows of K per group, or channelwise (`group_size: -1`).
+        group_size: WeightGroups,
     },
     /// MXFP4 (`quant_method: mxfp4`, gpt-oss): e2m1 codes in `*_blocks` `[E, N, K/32, 16]`,
     /// e8m0 scales in `*_scales` `[E, N, K/32]`, one per 32 input columns.
@@ -651,17 +650,7 @@ fn quant_scheme(file: &Path, qc: &serde_json::Value) -> Result<QuantScheme, Laye
                     ),
                 ));
             }
-            let group_size = match cfg.group_size {
-                -1 => None,
-                g if g > 0 => Some(g as usize),
-                g => {
-                    return Err(LayerError::ConfigField {
-                        file: file.to_path_buf(),
-                        field: "group_size",
-                        reason: format!("must be positive or -1, got {g}"),
-                    });
-                }
-            };
+            let group_size = config_groups(file, cfg.group_size)?;
             if let Some(f) = cfg.checkpoint_format.as_deref()
                 && f != "gptq"
                 && f != "gptq_v2"
@@ -675,7 +664,7 @@ fn quant_scheme(file: &Path, qc: &serde_json::Value) -> Result<QuantScheme, Laye
                 bits: cfg.bits,
                 group_size,
                 // A single group makes the ordering irrelevant (vLLM forces it off).
-                desc_act: cfg.desc_act && group_size.is_some(),
+                desc_act: cfg.desc_act && !group_size.is_channelwise(),
                 sym: cfg.sym,
                 checkpoint_format: cfg.checkpoint_format,
             })
@@ -760,17 +749,7 @@ fn awq_scheme(file: &Path, qc: &serde_json::Value) -> Result<QuantScheme, LayerE
             "zero_point = false; only AWQ with zero points is supported".into(),
         ));
     }
-    let group_size = match cfg.group_size {
-        -1 => None,
-        g if g > 0 => Some(g as usize),
-        g => {
-            return Err(LayerError::ConfigField {
-                file: file.to_path_buf(),
-                field: "group_size",
-                reason: format!("must be positive or -1, got {g}"),
-            });
-        }
-    };
+    let group_size = config_groups(file, cfg.group_size)?;
     Ok(QuantScheme::Awq { group_size })
 }
 
@@ -855,12 +834,19 @@ fn compressed_tensors_scheme(
             format!("{group_name}: dynamic weight scales are not supported"),
         ));
     }
-    let group_size = group_size_of(weights).map_err(|s| {
-        unsupported(
-            scheme_name.clone(),
-            format!("{group_name}: weight strategy {s:?} is not supported (group or channel)"),
-        )
-    })?;
+    let group_size = weights
+        .weight_groups()
+        .map_err(|source| LayerError::QuantConfig {
+            file: file.to_path_buf(),
+            source,
+        })?
+        .ok_or_else(|| {
+            let s = weights.effective_strategy();
+            unsupported(
+                scheme_name.clone(),
+                format!("{group_name}: weight strategy {s:?} is not supported (group or channel)"),
+            )
+        })?;
     let scale_dtype = weights
         .scale_dtype()
         .map_err(|source| LayerError::QuantConfig {
@@ -920,12 +906,16 @@ fn compressed_tensors_scheme(
     }
 }
 
-/// The group size of group or channel weights (`None` = channelwise); other strategies are
-/// returned as the error.
-fn group_size_of(w: &QuantizationArgs) -> Result<Option<usize>, QuantizationStrategy> {
-    match w.effective_strategy() {
-        QuantizationStrategy::Group => Ok(w.group_size_usize()),
-        QuantizationStrategy::Channel => Ok(None),
-        other => Err(other),
-    }
+/// Parses the `group_size` of a GPTQ or AWQ config (`-1` channelwise, `g > 0` groups of `g`).
+fn config_groups(file: &Path, group_size: i64) -> Result<WeightGroups, LayerError> {
+    WeightGroups::from_config(group_size).map_err(|e| LayerError::ConfigField {
+        file: file.to_path_buf(),
+        field: "group_size",
+        reason: match e {
+            QuantError::InvalidGroupSize { group_size, .. } => {
+                format!("must be positive or -1, got {group_size}")
+            }
+            other => other.to_string(),
+        },
+    })
 }

@@ -28,7 +28,7 @@
 use std::path::Path;
 
 use moe_kernels::WordOrder;
-use moe_quant::DType;
+use moe_quant::{DType, WeightGroups};
 
 use super::config::QuantScheme;
 use super::decode::{
@@ -45,13 +45,13 @@ pub(crate) enum Format {
     Float,
     /// compressed-tensors `int-quantized`, 4-bit codes stored as int8.
     IntQuantized {
-        group_size: Option<usize>,
+        group_size: WeightGroups,
         scale_dtype: Option<DType>,
     },
     /// compressed-tensors `pack-quantized`; `zeros` when asymmetric.
     PackQuantized {
         bits: u32,
-        group_size: Option<usize>,
+        group_size: WeightGroups,
         act_order: bool,
         scale_dtype: Option<DType>,
         zeros: bool,
@@ -59,12 +59,12 @@ pub(crate) enum Format {
     /// GPTQ; `zeros` is `None` for symmetric checkpoints (their `qzeros` are not read).
     Gptq {
         bits: u32,
-        group_size: Option<usize>,
+        group_size: WeightGroups,
         act_order: bool,
         zeros: Option<GptqZeros>,
     },
     /// AWQ `gemm`: 4-bit codes with zero points.
-    Awq { group_size: Option<usize> },
+    Awq { group_size: WeightGroups },
     /// MXFP4 (gpt-oss): fused per layer, read by the reader's own path, never per projection.
     Mxfp4,
     /// FP8 blocks: read by `checkpoint::fp8`, not through the logical layout.
@@ -155,8 +155,20 @@ impl Format {
             Self::IntQuantized { group_size, .. }
             | Self::PackQuantized { group_size, .. }
             | Self::Gptq { group_size, .. }
-            | Self::Awq { group_size } => group_size,
+            | Self::Awq { group_size } => group_size.group_size(),
             Self::Mxfp4 => Some(moe_kernels::packed::wna16::MXFP4_BLOCK),
+        }
+    }
+
+    /// The scale grouping of integer weights (channelwise for float weights, which have none).
+    pub(crate) fn groups(self) -> WeightGroups {
+        match self {
+            Self::IntQuantized { group_size, .. }
+            | Self::PackQuantized { group_size, .. }
+            | Self::Gptq { group_size, .. }
+            | Self::Awq { group_size } => group_size,
+            Self::Mxfp4 => moe_kernels::packed::wna16::MXFP4_GROUPS,
+            Self::Float | Self::Fp8Block => WeightGroups::Channelwise,
         }
     }
 
@@ -281,16 +293,16 @@ fn config_mismatch(t: &TensorRef<'_>, dim: Dim, actual: usize, config: &Path) ->
 /// Groups along `k` and the group size actually used (`k` for channelwise), rejecting a group
 /// size that does not divide `k`.
 pub(crate) fn groups_of(
-    group_size: Option<usize>,
+    group_size: WeightGroups,
     k: usize,
     tensor: &str,
 ) -> Result<(usize, usize), LayerError> {
     match group_size {
-        None => Ok((1, k)),
-        Some(g) if g > 0 && k.is_multiple_of(g) => Ok((k / g, g)),
-        Some(g) => Err(LayerError::GroupSizeNotDividing {
+        WeightGroups::Channelwise => Ok((1, k)),
+        WeightGroups::Groups(g) if k.is_multiple_of(g.get()) => Ok((k / g, g.get())),
+        WeightGroups::Groups(g) => Err(LayerError::GroupSizeNotDividing {
             tensor: tensor.to_string(),
-            group_size: g,
+            group_size: g.get(),
             k,
         }),
     }
@@ -777,7 +789,7 @@ pub(crate) fn read_projection_words<'a>(
 /// (stored `[G, n]`) and zero points (`qzeros` `[G, n/8]`, unpacked to `[n, G]`).
 fn awq_tensors<'a>(
     src: &'a TensorSource,
-    group_size: Option<usize>,
+    group_size: WeightGroups,
     req: &ProjRequest<'_>,
 ) -> Result<(TensorRef<'a>, Side<'a>), LayerError> {
     let (n, k) = (req.n.size, req.k.size);

@@ -37,7 +37,7 @@
 
 use std::path::Path;
 
-use moe_quant::DType;
+use moe_quant::{DType, WeightGroups};
 
 use moe_kernels::packed::wna16::MXFP4_BLOCK;
 
@@ -103,8 +103,8 @@ impl<'a> ReadOptions<'a> {
 pub struct IntExperts {
     /// Bits per code (4 or 8).
     pub bits: u32,
-    /// Input columns per scale group; `None` = one scale per output channel.
-    pub group_size: Option<usize>,
+    /// The scale grouping: groups of input columns, or one scale per output channel.
+    pub group_size: WeightGroups,
     /// The dtype the scales were stored in (they are returned widened to f32).
     pub scale_dtype: DType,
     /// `[E, 2I, H]` codes.
@@ -873,7 +873,7 @@ impl TpSlice {
         let local = full / size;
         let group = format.group_size();
         if let Some(g) = group {
-            groups_of(Some(g), full, intermediate.field)?;
+            groups_of(format.groups(), full, intermediate.field)?;
             if !local.is_multiple_of(g) {
                 return Err(err(format!(
                     "the per-rank {} {local} is not a multiple of the group size {g}",
@@ -1083,7 +1083,7 @@ impl Accumulator {
             }
             format => StoredExperts::Int(IntExperts {
                 bits: format.bits().unwrap_or(4),
-                group_size: format.group_size(),
+                group_size: format.groups(),
                 scale_dtype: self.scale_dtype.unwrap_or(DType::F32),
                 w13: self.w13_codes,
                 w13_scales: self.w13_scales,

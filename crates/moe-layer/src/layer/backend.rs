@@ -58,7 +58,7 @@ pub(crate) fn select(
     let opts = SelectOptions::native().with_disabled(disabled);
     let selection = match cfg.quant {
         LayerQuant::W4A8 { group_size } => {
-            let key = w4a8_weight_key(group_size.map_or(-1, |g| g as i64))?;
+            let key = w4a8_weight_key(group_size);
             select_w4a8_int8_moe_backend(&config, Some(&key), None, &platform, &opts)?
         }
         LayerQuant::Int8Online => select_int8_moe_backend(&config, &platform, &opts)?,
@@ -66,7 +66,7 @@ pub(crate) fn select(
         // The caller traded the checkpoint's float activations for the int8 kernels: the W4A8
         // method's rules decide, as for a W4A8 checkpoint of the same grouping.
         LayerQuant::Wna16 { group_size, .. } if cfg.wna16_on_w4a8() => {
-            let key = w4a8_weight_key(group_size.map_or(-1, |g| g as i64))?;
+            let key = w4a8_weight_key(group_size);
             select_w4a8_int8_moe_backend(&config, Some(&key), None, &platform, &opts)?
         }
         LayerQuant::Wna16 { bits, .. } => {

@@ -4,7 +4,7 @@
 
 use moe_kernels::{Activation, GateUpLayout};
 use moe_oracle::DisabledKernels;
-use moe_quant::DType;
+use moe_quant::{DType, WeightGroups};
 #[cfg(feature = "checkpoint")]
 use moe_router::{Grouping, ScalingPlacement, ScoringFunc};
 use moe_router::{RoundingProfile, RouterConfig};
@@ -16,12 +16,12 @@ use crate::LayerError;
 #[non_exhaustive]
 pub enum LayerQuant {
     /// compressed-tensors `int-quantized` W4A8: int4 codes stored as int8, static symmetric
-    /// scales (`group_size` columns per scale, `None` = channelwise), dynamic per-token int8
+    /// scales (groups of `g` input columns per scale, or channelwise), dynamic per-token int8
     /// activations. Group scales are run as bf16 (the kernels' format): f32 checkpoint
     /// scales are rounded to bf16 at load, as vLLM does.
     W4A8 {
-        /// Input columns per scale group; `None` = one scale per output channel.
-        group_size: Option<usize>,
+        /// The scale grouping: groups of input columns, or one scale per output channel.
+        group_size: WeightGroups,
     },
     /// vLLM's online int8 method (seed 004): bf16/f16/f32 weights are loaded and quantized per
     /// output row to int8 in `process` (moe-quant's `int8` module, bit-exact with vLLM), then
@@ -40,8 +40,8 @@ pub enum LayerQuant {
     Wna16 {
         /// Bits per code, 4 or 8.
         bits: u32,
-        /// Input columns per scale group; `None` = channelwise.
-        group_size: Option<usize>,
+        /// The scale grouping: groups of input columns, or channelwise.
+        group_size: WeightGroups,
         /// Rows carry act-order group indices (`g_idx`).
         act_order: bool,
         /// Asymmetric codes: every scale group has a zero point (GPTQ `sym: false`, AWQ),
@@ -69,31 +69,24 @@ impl LayerQuant {
     /// Scale columns per row of a `[rows, k]` weight.
     pub(crate) fn scale_cols(self, k: usize) -> usize {
         match self {
-            Self::W4A8 {
-                group_size: Some(g),
-            } => k / g,
-            Self::Wna16 {
-                group_size: Some(g),
-                ..
-            } => k / g,
-            Self::W4A8 { group_size: None }
-            | Self::Wna16 {
-                group_size: None, ..
-            }
-            | Self::Int8Online
-            | Self::Unquantized
-            | Self::Mxfp4
-            | Self::Fp8Block => 1,
+            Self::W4A8 { group_size } | Self::Wna16 { group_size, .. } => group_size.scale_cols(k),
+            Self::Int8Online | Self::Unquantized | Self::Mxfp4 | Self::Fp8Block => 1,
+        }
+    }
+
+    /// The scale grouping of the integer and MXFP4 schemes (`None` for float weights and FP8
+    /// blocks, whose scales are not grouped along K alone).
+    pub(crate) fn groups(self) -> Option<WeightGroups> {
+        match self {
+            Self::W4A8 { group_size } | Self::Wna16 { group_size, .. } => Some(group_size),
+            Self::Mxfp4 => Some(moe_kernels::packed::wna16::MXFP4_GROUPS),
+            Self::Int8Online | Self::Unquantized | Self::Fp8Block => None,
         }
     }
 
     /// Input columns per scale group of the integer schemes (`None`: channelwise or float).
     pub(crate) fn group_size(self) -> Option<usize> {
-        match self {
-            Self::W4A8 { group_size } | Self::Wna16 { group_size, .. } => group_size,
-            Self::Mxfp4 => Some(moe_kernels::packed::wna16::MXFP4_BLOCK),
-            Self::Int8Online | Self::Unquantized | Self::Fp8Block => None,
-        }
+        self.groups().and_then(WeightGroups::group_size)
     }
 
     /// The range of the signed integer codes the layer loads.
@@ -169,12 +162,14 @@ pub struct SharedExperts {
 /// fields; the struct is `#[non_exhaustive]` so that new settings can be added with defaults.
 ///
 /// ```
-/// use moe_layer::{LayerQuant, MoeLayerConfig};
+/// use moe_layer::{LayerQuant, MoeLayerConfig, WeightGroups};
 ///
-/// let cfg = MoeLayerConfig::new(8, 2, 128, 64, LayerQuant::W4A8 { group_size: Some(32) })
+/// let quant = LayerQuant::W4A8 { group_size: WeightGroups::groups(32)? };
+/// let cfg = MoeLayerConfig::new(8, 2, 128, 64, quant)
 ///     .with_tensor_parallel(1, 2)
 ///     .with_max_tokens(16);
 /// assert_eq!(cfg.intermediate_per_rank(), 32);
+/// # Ok::<(), moe_quant::QuantError>(())
 /// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -473,7 +468,7 @@ impl MoeLayerConfig {
             // An MXFP4 row may end in a partial block (its nibbles past H are ignored); the
             // down projection's K is sliced by rank, so it must hold whole blocks.
             let ragged_h = self.quant == LayerQuant::Mxfp4;
-            if g == 0 || !(ragged_h || self.hidden.is_multiple_of(g)) {
+            if !(ragged_h || self.hidden.is_multiple_of(g)) {
                 return Err(LayerError::GroupSizeNotDividing {
                     tensor: "w13".into(),
                     group_size: g,
@@ -569,14 +564,14 @@ impl MoeLayerConfig {
                     .into(),
             );
         }
-        if act_order && group_size.is_some() {
+        if act_order && !group_size.is_channelwise() {
             return refuse(
                 "int8 activations need weights in activation order: the W4A8 kernels cannot \
                  permute act-order columns"
                     .into(),
             );
         }
-        if let Some(g) = group_size
+        if let Some(g) = group_size.group_size()
             && !g.is_multiple_of(32)
         {
             return refuse(format!(

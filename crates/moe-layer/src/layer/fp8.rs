@@ -160,10 +160,7 @@ impl MoeLayer {
         self.params_mut()?;
         let checked = self.check_packed_fp8(&w13, &w2);
         let result = checked.and_then(|()| self.ready_fp8(w13, w2));
-        if let Err(e) = &result {
-            self.state = State::Unusable(e.to_string());
-        }
-        result
+        self.unusable_on_err(result)
     }
 
     /// The checks of [`Self::load_packed_fp8_experts`].

@@ -620,17 +620,10 @@ impl MoeLayer {
             let par = self.par;
             let loaded =
                 Self::fp8_from_checkpoint(ckpt, layer, cfg, &LoadOptions::new().with_par(par));
-            return match loaded {
-                Ok(mut moe) => {
-                    moe.set_parallelism(par);
-                    *self = moe;
-                    Ok(())
-                }
-                Err(e) => {
-                    self.state = super::State::Unusable(e.to_string());
-                    Err(e)
-                }
-            };
+            let mut moe = self.unusable_on_err(loaded)?;
+            moe.set_parallelism(par);
+            *self = moe;
+            return Ok(());
         }
         let opts = ReadOptions {
             tp_rank: cfg.tp_rank,
@@ -638,13 +631,8 @@ impl MoeLayer {
             expert_map: cfg.expert_map.as_deref(),
             shared_experts: cfg.shared_experts.is_some(),
         };
-        let tensors = match ckpt.read_layer(layer, &opts) {
-            Ok(t) => t,
-            Err(e) => {
-                self.state = super::State::Unusable(e.to_string());
-                return Err(e);
-            }
-        };
+        let read = ckpt.read_layer(layer, &opts);
+        let tensors = self.unusable_on_err(read)?;
         self.load_tensors(Cow::Owned(tensors))
     }
 
@@ -658,10 +646,7 @@ impl MoeLayer {
     /// layer's worth of bytes is not copied twice).
     fn load_tensors(&mut self, t: Cow<'_, MoeLayerTensors>) -> Result<(), LayerError> {
         let router = t.router.weight.to_f32_vec();
-        if let Err(e) = self.load_router_weight(&router) {
-            self.state = super::State::Unusable(e.to_string());
-            return Err(e);
-        }
+        self.load_router_weight(&router)?;
         if let Some(bias) = &t.router.correction_bias {
             self.load_router_correction_bias(bias)?;
         }
@@ -671,10 +656,7 @@ impl MoeLayer {
         if let (Some(sh), Some(layer)) = (&t.shared, self.shared.as_mut()) {
             let loaded =
                 layer.guarded(|cfg, p| copy_experts(cfg, p, Cow::Borrowed(&sh.mlp), t.layer, &[0]));
-            if let Err(e) = loaded {
-                self.state = super::State::Unusable(e.to_string());
-                return Err(e);
-            }
+            self.unusable_on_err(loaded)?;
             if let Some(gate) = &sh.gate {
                 self.load_shared_expert_gate(&gate.to_f32_vec())?;
             }
@@ -804,7 +786,7 @@ fn copy_experts(
         } => (
             bits,
             group_size,
-            act_order && group_size.is_some(),
+            act_order && !group_size.is_channelwise(),
             zero_points,
         ),
         _ => {
@@ -823,13 +805,14 @@ fn copy_experts(
         return mismatch(
             "weights",
             format!(
-                "int{bits}, group size {group_size:?}, act-order {act_order}, zero points \
-                 {zero_points}"
+                "int{bits}, group size {:?}, act-order {act_order}, zero points \
+                 {zero_points}",
+                group_size.group_size()
             ),
             format!(
                 "int{}, group size {:?}, act-order {}, zero points {}",
                 q.bits,
-                q.group_size,
+                q.group_size.group_size(),
                 q.act_order.is_some(),
                 q.zeros.is_some()
             ),

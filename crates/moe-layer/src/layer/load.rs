@@ -24,7 +24,10 @@ impl MoeLayer {
 
     /// Passes `result` through; an error leaves the layer unusable (a half-loaded layer must
     /// never compute).
-    fn unusable_on_err<T>(&mut self, result: Result<T, LayerError>) -> Result<T, LayerError> {
+    pub(super) fn unusable_on_err<T>(
+        &mut self,
+        result: Result<T, LayerError>,
+    ) -> Result<T, LayerError> {
         if let Err(e) = &result {
             self.state = State::Unusable(e.to_string());
         }
@@ -95,9 +98,11 @@ impl MoeLayer {
         )
     }
 
-    /// Sets the router's gate weight `[E, H]` (used by [`Self::route_hidden`]). A wrong size
+    /// Sets the router's gate weight `[E, H]` (used by [`Self::route_hidden`]). A processed or
+    /// unusable layer refuses it, as it refuses every load, and stays as it was; a wrong size
     /// or a non-finite value leaves the layer unusable, like any failed load.
     pub fn load_router_weight(&mut self, weight: &[f32]) -> Result<(), LayerError> {
+        self.params_ref()?;
         let (e, h) = (self.cfg.num_experts, self.cfg.hidden);
         let result = self
             .check_router_weight(weight)

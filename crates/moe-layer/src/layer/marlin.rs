@@ -12,7 +12,7 @@ use moe_kernels::marlin::{
     Scale16, ScaleLayout, ScaleRule, ScaleValues, Wna16Config, Wna16Tensor, pack_gptq,
     process_wna16_moe,
 };
-use moe_quant::DType;
+use moe_quant::{DType, WeightGroups};
 
 use super::params::Params;
 use crate::LayerError;
@@ -28,11 +28,13 @@ struct GptqProjection<S> {
 pub(crate) fn repack_layer(
     params: &Params,
     bits: u32,
-    group_size: Option<usize>,
+    groups: WeightGroups,
     act_order: bool,
     h: usize,
     i: usize,
 ) -> Result<(Vec<MarlinWeights>, Vec<MarlinWeights>), LayerError> {
+    // Marlin's config spells the grouping as vLLM's optional group size.
+    let group_size = groups.group_size();
     match params.scale_dtype {
         Some(DType::F16) => run::<f16>(params, bits, group_size, act_order, h, i, |s| {
             ScaleValues::F16(s)

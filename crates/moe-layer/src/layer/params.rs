@@ -4,6 +4,7 @@
 //! and writes it in place (spec section 6.3).
 
 use half::{bf16, f16};
+use moe_quant::WeightGroups;
 
 use super::config::{LayerQuant, MoeLayerConfig};
 use crate::LayerError;
@@ -651,7 +652,7 @@ pub(crate) fn check_scale(
     } else if matches!(
         quant,
         LayerQuant::W4A8 {
-            group_size: Some(_)
+            group_size: WeightGroups::Groups(_)
         }
     ) && !bf16::from_f32(v).to_f32().is_finite()
     {

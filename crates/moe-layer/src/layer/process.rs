@@ -6,7 +6,7 @@ use moe_kernels::{
     FusedMoe, FusedMoeConfig, PackedDense, PackedExperts, PackedW4A8, Par, W4A8Scales, par,
 };
 use moe_oracle::Selection;
-use moe_quant::DType;
+use moe_quant::{DType, WeightGroups};
 
 use super::params::Params;
 use super::scratch::{CallScratch, ScratchPool};
@@ -34,20 +34,10 @@ impl MoeLayer {
                 return Err(LayerError::Unusable { reason });
             }
         };
-        if let Err(e) = self.process_shared() {
-            self.state = State::Unusable(e.to_string());
-            return Err(e);
-        }
-        match self.build(&params) {
-            Ok(ready) => {
-                self.state = State::Ready(Box::new(ready));
-                Ok(())
-            }
-            Err(e) => {
-                self.state = State::Unusable(e.to_string());
-                Err(e)
-            }
-        }
+        let built = self.process_shared().and_then(|()| self.build(&params));
+        let ready = self.unusable_on_err(built)?;
+        self.state = State::Ready(Box::new(ready));
+        Ok(())
     }
 
     /// Processes the shared experts' layer; their missing tensors are named under
@@ -228,7 +218,7 @@ type Stacks<W> = (Vec<W>, Vec<W>);
 /// experts spread over threads as `par` allows (each expert is packed the same either way).
 pub(super) fn pack_w4a8(
     params: &Params,
-    group_size: Option<usize>,
+    group_size: WeightGroups,
     h: usize,
     i: usize,
     par: Par,
@@ -237,15 +227,17 @@ pub(super) fn pack_w4a8(
     let e = params.w2.len() / (h * i);
     let pack = |w: &[i8], s: &[f32], n: usize, k: usize| -> Result<PackedW4A8, LayerError> {
         Ok(match group_size {
-            None => PackedW4A8::pack(n, k, w, W4A8Scales::Channelwise(s), None)?,
-            Some(g) => {
+            WeightGroups::Channelwise => {
+                PackedW4A8::pack(n, k, w, W4A8Scales::Channelwise(s), None)?
+            }
+            WeightGroups::Groups(g) => {
                 let scales: Vec<bf16> = s.iter().map(|&v| bf16::from_f32(v)).collect();
                 PackedW4A8::pack(
                     n,
                     k,
                     w,
                     W4A8Scales::Grouped {
-                        group_size: g,
+                        group_size: g.get(),
                         scales: &scales,
                     },
                     None,

@@ -20,7 +20,7 @@
 
 use half::{bf16, f16};
 use moe_kernels::{Mxfp4Desc, PackedWna16, Par, Wna16Desc, Wna16Scales};
-use moe_quant::DType;
+use moe_quant::{DType, WeightGroups};
 
 use super::params::Params;
 use crate::LayerError;
@@ -40,7 +40,7 @@ struct Projection<'a> {
 /// What the packer needs to know about a layer besides its parameters.
 pub(crate) struct LayerShape {
     pub(crate) bits: u32,
-    pub(crate) group_size: Option<usize>,
+    pub(crate) group_size: WeightGroups,
     pub(crate) act_order: bool,
     pub(crate) zero_points: bool,
     pub(crate) h: usize,
@@ -71,7 +71,7 @@ pub(crate) fn pack_layer(
         });
     }
     let e = params.w2.len() / (h * i);
-    let act_order = act_order && group_size.is_some();
+    let act_order = act_order && !group_size.is_channelwise();
     if zero_points {
         // Zero points come with a checkpoint load only; without them the weights are not known.
         for (name, zeros, scales) in [
@@ -129,16 +129,16 @@ fn pack_expert(
     p: &Projection<'_>,
     x: usize,
     bits: u32,
-    group_size: Option<usize>,
+    group_size: WeightGroups,
     act_order: bool,
     dtype: DType,
 ) -> Result<PackedWna16, LayerError> {
     let (n, k) = (p.n, p.k);
-    let groups = group_size.map_or(1, |g| k.div_ceil(g));
+    let groups = group_size.group_size().map_or(1, |g| k.div_ceil(g));
     let codes = &p.codes[x * n * k..][..n * k];
     let scales = &p.scales[x * n * groups..][..n * groups];
     let zeros = p.zeros.map(|z| &z[x * n * groups..][..n * groups]);
-    let perm = match group_size {
+    let perm = match group_size.group_size() {
         Some(gs) if act_order => Some(sort_by_group(p, x, gs, groups)?),
         _ => None,
     };
@@ -240,7 +240,10 @@ pub(crate) fn pack_expert_words(
     }
     // Act-order: one permutation per matrix (gate and up share theirs, the reader checked),
     // as the whole-layer road sorts them; channelwise scales need none.
-    let perm = |name: &str, p: &crate::checkpoint::WordProj<'_>| match (group_size, act_order) {
+    let perm = |name: &str, p: &crate::checkpoint::WordProj<'_>| match (
+        group_size.group_size(),
+        act_order,
+    ) {
         (Some(gs), true) => {
             let g_idx = p.g_idx.as_deref().ok_or(LayerError::MissingParams {
                 missing: vec![format!("{name}_g_idx")],
@@ -273,7 +276,7 @@ fn pack_words(
     parts: &[&crate::checkpoint::WordProj<'_>],
     bits: u32,
     dtype: DType,
-    group_size: Option<usize>,
+    group_size: WeightGroups,
     perm: Option<&[u32]>,
 ) -> Result<PackedWna16, LayerError> {
     use moe_kernels::{Wna16WordsDesc, WordRows};

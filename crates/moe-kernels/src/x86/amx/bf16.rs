@@ -662,7 +662,7 @@ mod tests {
                         k,
                         bits,
                         codes: &codes,
-                        group_size: g,
+                        group_size: moe_quant::WeightGroups::from_group_size(g).unwrap(),
                         scales: Wna16Scales::F16(&scales),
                         zeros: asym.then_some(&zeros[..]),
                         bias: Some(&bias),
