@@ -348,6 +348,14 @@ impl KernelSet {
         self
     }
 
+    /// The same set without the int4 bf16 dot-product body (a rung whose own bf16 tiles take
+    /// those GEMMs).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the AMX rung drops it
+    pub(crate) fn without_wna16_int4_dot(mut self) -> Self {
+        self.wna16_int4_dot = None;
+        self
+    }
+
     /// The bf16 dot-product body for an int4 WNA16 GEMM of `m` rows, where the rung has it and
     /// `m` reaches it.
     pub(crate) fn wna16_int4_dot_for(&self, m: usize) -> Option<Int4Bf16Dot> {

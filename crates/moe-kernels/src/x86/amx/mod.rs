@@ -264,7 +264,12 @@ unsafe fn with_tile_entries(
     int4: W4A8PanelsFn,
     int8: W8A8PanelsFn,
 ) -> crate::KernelSet {
-    let base = super::avx512vnni_kernel_set(token).for_rung(Isa::Amx);
+    // Int4 WNA16 GEMMs keep the f32 body below the AMX-BF16 tiles' threshold: the AVX-512
+    // BF16 dot-product body that the VNNI rung may run for them is not measured against the
+    // tiles.
+    let base = super::avx512vnni_kernel_set(token)
+        .for_rung(Isa::Amx)
+        .without_wna16_int4_dot();
     let int4 = (Isa::Amx, ActEncoding::U8Offset128, int4);
     let int8 = (Isa::Amx, ActEncoding::U8Offset128, int8);
     // SAFETY: our contract.
