@@ -1047,12 +1047,20 @@ struct ChannelWords<'a> {
     shift: u32,
 }
 
+/// Panels whose tiles one pass over a row-major word matrix fills: 16 panels are 256
+/// channels, so each stored row is read 1 KiB at a time instead of one 64-byte line per panel
+/// and pass (a line per page, which no hardware prefetcher follows).
+const PANELS_PER_PASS: usize = 16;
+
 /// The packed steps of the channels `at` locates, for every case [`gather_words`] does not
-/// take (int8, AWQ, a K permutation). A panel's codes are first spread into a K-major tile of
+/// take (int8, AWQ, a K permutation). Each panel's codes are first spread into a K-major tile of
 /// one byte per code and 16 channels per K value (`K·16` bytes, cache-resident), then each
 /// packed step is read from the tile's rows in packed K order: for int8 the step's four byte
-/// rows are four tile rows as they are, for int4 eight tile rows shifted into nibbles. The
-/// tile is reused for every panel, so nothing the size of the matrix is unpacked.
+/// rows are four tile rows as they are, for int4 eight tile rows shifted into nibbles. Where the
+/// stored words run along the channels (GPTQ's and AWQ's `[K, ·]` matrices), one pass fills the
+/// tiles of [`PANELS_PER_PASS`] panels, reading each stored row in order; channel-major words
+/// (`pack-quantized`) fill one tile per pass. The tiles are reused, so nothing the size of the
+/// matrix is unpacked.
 fn gather_codes(
     at: &[ChannelWords<'_>],
     bits: u32,
@@ -1065,66 +1073,86 @@ fn gather_codes(
     let per_word = (32 / bits) as usize;
     let mask = (1u32 << bits) - 1;
     let n_panels = at.len().div_ceil(PANEL);
+    let row_major = at.first().is_some_and(|ch| ch.stride > 1);
+    let group = if row_major { PANELS_PER_PASS } else { 1 };
+    let tile_len = k_steps * k_step * PANEL;
     let mut codes = Vec::with_capacity(n_panels * k_steps * PANEL);
     // Rows past K stay 0 (the packed format's padding), as do channels past N.
-    let mut tile = vec![0u8; k_steps * k_step * PANEL];
-    for panel in at.chunks(PANEL) {
-        if panel.len() < PANEL {
-            tile.fill(0);
+    let mut tiles = vec![0u8; tile_len * group.min(n_panels)];
+    for pass in at.chunks(PANEL * group) {
+        if pass.len() < PANEL * group {
+            tiles.fill(0);
         }
         match order {
             WordOrder::Awq => {
-                for (c, ch) in panel.iter().enumerate() {
-                    let words = &ch.words[ch.first..];
-                    for (kk, w) in words.iter().step_by(ch.stride).take(k).enumerate() {
-                        tile[kk * PANEL + c] = ((u32::from_le_bytes(*w) >> ch.shift) & mask) as u8;
+                // K value by K value, the pass's channels in stored order along each row.
+                for kk in 0..k {
+                    for (i, ch) in pass.iter().enumerate() {
+                        let w = ch.words[ch.first + kk * ch.stride];
+                        let code = ((u32::from_le_bytes(w) >> ch.shift) & mask) as u8;
+                        tiles[(i / PANEL) * tile_len + kk * PANEL + i % PANEL] = code;
                     }
                 }
             }
             _ => {
-                // One stored word of each of the panel's channels at a time, then its fields
+                // One stored word of each of a panel's channels at a time, then its fields
                 // spread over the tile rows 16 channels wide (which vectorises).
                 for s in 0..k.div_ceil(per_word) {
-                    let mut words = [0u32; PANEL];
-                    for (w, ch) in words.iter_mut().zip(panel) {
-                        *w = u32::from_le_bytes(ch.words[ch.first + s * ch.stride]);
-                    }
-                    for j in 0..per_word.min(k - s * per_word) {
-                        let row = &mut tile[(s * per_word + j) * PANEL..][..PANEL];
-                        for (t, &w) in row.iter_mut().zip(&words) {
-                            *t = ((w >> (bits as usize * j)) & mask) as u8;
+                    for (panel, tile) in pass.chunks(PANEL).zip(tiles.chunks_exact_mut(tile_len)) {
+                        let mut words = [0u32; PANEL];
+                        for (w, ch) in words.iter_mut().zip(panel) {
+                            *w = u32::from_le_bytes(ch.words[ch.first + s * ch.stride]);
+                        }
+                        for j in 0..per_word.min(k - s * per_word) {
+                            let row = &mut tile[(s * per_word + j) * PANEL..][..PANEL];
+                            for (t, &w) in row.iter_mut().zip(&words) {
+                                *t = ((w >> (bits as usize * j)) & mask) as u8;
+                            }
                         }
                     }
                 }
             }
         }
-        // The tile row of packed K value `j`.
-        let row = |j: usize| -> &[u8] {
-            let src = match perm {
-                Some(p) if j < k => p[j] as usize,
-                _ => j,
-            };
-            &tile[src * PANEL..][..PANEL]
-        };
-        for s in 0..k_steps {
-            if bits == 8 {
-                for j in 0..K_STEP8 {
-                    let r = row(s * K_STEP8 + j);
-                    codes.extend(r.as_chunks::<4>().0.iter().map(|b| u32::from_le_bytes(*b)));
-                }
-            } else {
-                let mut step = [0u32; PANEL];
-                for j in 0..K_STEP {
-                    let r = row(s * K_STEP + j);
-                    for (w, &q) in step.iter_mut().zip(r) {
-                        *w |= u32::from(q) << (4 * j);
-                    }
-                }
-                codes.extend_from_slice(&step);
-            }
+        for tile in tiles
+            .chunks_exact(tile_len)
+            .take(pass.len().div_ceil(PANEL))
+        {
+            steps_from_tile(tile, bits, k, perm, &mut codes);
         }
     }
     codes
+}
+
+/// Appends the packed steps of one panel's K-major tile (see [`gather_codes`]), reading K
+/// value `j` of the packed order from tile row `perm[j]` (or `j`).
+fn steps_from_tile(tile: &[u8], bits: u32, k: usize, perm: Option<&[u32]>, codes: &mut Vec<u32>) {
+    let k_step = if bits == 4 { K_STEP } else { K_STEP8 };
+    let k_steps = k.div_ceil(k_step);
+    // The tile row of packed K value `j`.
+    let row = |j: usize| -> &[u8] {
+        let src = match perm {
+            Some(p) if j < k => p[j] as usize,
+            _ => j,
+        };
+        &tile[src * PANEL..][..PANEL]
+    };
+    for s in 0..k_steps {
+        if bits == 8 {
+            for j in 0..K_STEP8 {
+                let r = row(s * K_STEP8 + j);
+                codes.extend(r.as_chunks::<4>().0.iter().map(|b| u32::from_le_bytes(*b)));
+            }
+        } else {
+            let mut step = [0u32; PANEL];
+            for j in 0..K_STEP {
+                let r = row(s * K_STEP + j);
+                for (w, &q) in step.iter_mut().zip(r) {
+                    *w |= u32::from(q) << (4 * j);
+                }
+            }
+            codes.extend_from_slice(&step);
+        }
+    }
 }
 
 /// The packed int4 steps of AWQ words in K order: the eight words holding a step's eight K
