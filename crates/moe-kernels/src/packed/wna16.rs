@@ -1431,7 +1431,9 @@ mod tests {
     #[test]
     fn pack_words_equals_pack_of_the_codes() {
         let mut rng = SplitMix64::new(11);
-        let shapes: [(usize, usize, Option<usize>); 9] = [
+        // The last two span more than one pass of row-major words (16 panels, 256 channels),
+        // the last pass partial.
+        let shapes: [(usize, usize, Option<usize>); 11] = [
             (1, 1, None),
             (1, 8, Some(8)),
             (7, 35, Some(16)),
@@ -1441,6 +1443,8 @@ mod tests {
             (31, 256, Some(128)),
             (48, 301, Some(128)),
             (40, 67, Some(8)),
+            (273, 24, Some(8)),
+            (520, 17, None),
         ];
         for (n, k, g) in shapes {
             let groups = g.map_or(1, |g| k.div_ceil(g));
