@@ -79,13 +79,14 @@ struct Ours {
 }
 
 impl Ours {
-    /// Channels one pass of the tile's inner loop covers: the i8mm tiles of more than 4 rows
-    /// cover a panel in two passes of 8 channels, every other tile the 16 of a panel.
+    /// Channels one pass of the tile's inner loop covers: the i8mm tiles of more than 8 rows
+    /// cover a panel in four passes of 4 channels, those of 5 to 8 rows in two passes of 8,
+    /// every other tile the 16 of a panel.
     fn cols(self) -> usize {
-        if self.rung == "i8mm" && self.rows > 4 {
-            8
-        } else {
-            16
+        match (self.rung, self.rows) {
+            ("i8mm", 9..) => 4,
+            ("i8mm", 5..) => 8,
+            _ => 16,
         }
     }
 }
@@ -143,6 +144,13 @@ const KAI_MM_8X4: Kai = Kai {
     cols: 4,
     ext: Ext::I8mm,
 };
+const KAI_MM_16X4: Kai = Kai {
+    dir: KAI_W4A8,
+    name: "matmul_clamp_f32_qai8dxp4x8_qsi4c32p4x8_16x4x32_neon_i8mm",
+    rows: 16,
+    cols: 4,
+    ext: Ext::I8mm,
+};
 const KAI_W8_DOT_1X4: Kai = Kai {
     dir: KAI_W8A8,
     name: "matmul_clamp_f32_qai8dxp1x4_qsi8cxp4x4_1x4_neon_dotprod",
@@ -168,7 +176,8 @@ const KAI_W8_MM_16X4: Kai = Kai {
 /// The comparison lines. KleidiAI has no plain-NEON int8 kernels and no i8mm kernel for a
 /// single row (its decode path on i8mm cores is the dot-product 1×8 kernel), and only our i8mm
 /// rung has tiles taller than 4 rows, so some cells are empty or borrowed and say so. Our i8mm
-/// rung runs 1-row tiles on the dot-product body, so that is the loop its 1-row lines model.
+/// rung runs 1-row tiles on the dot-product body, so that is the loop its 1-row lines model;
+/// its 8- and 16-row lines stand for its tiles of 5 to 8 and of 9 to 16 rows.
 const PAIRINGS: &[Pairing] = &[
     pair(Format::W4A8, "neon", 1, Some(1), None),
     pair(Format::W4A8, "neon", 4, Some(4), None),
@@ -177,6 +186,7 @@ const PAIRINGS: &[Pairing] = &[
     pair_with(Format::W4A8, "i8mm", 1, "dotprod", Some(KAI_DOT_1X8)),
     pair(Format::W4A8, "i8mm", 4, Some(4), Some(KAI_MM_4X8)),
     pair(Format::W4A8, "i8mm", 8, Some(8), Some(KAI_MM_8X4)),
+    pair(Format::W4A8, "i8mm", 16, Some(16), Some(KAI_MM_16X4)),
     pair(Format::W8A8, "neon", 1, Some(1), None),
     pair(Format::W8A8, "neon", 4, Some(4), None),
     pair(Format::W8A8, "dotprod", 1, Some(1), Some(KAI_W8_DOT_1X4)),
@@ -184,6 +194,7 @@ const PAIRINGS: &[Pairing] = &[
     pair_with(Format::W8A8, "i8mm", 1, "dotprod", Some(KAI_W8_DOT_1X4)),
     pair(Format::W8A8, "i8mm", 4, Some(4), Some(KAI_W8_MM_16X4)),
     pair(Format::W8A8, "i8mm", 8, Some(8), Some(KAI_W8_MM_16X4)),
+    pair(Format::W8A8, "i8mm", 16, Some(16), Some(KAI_W8_MM_16X4)),
 ];
 
 /// A line whose tile of ours is another rung's body (`rows` rows of rung `body`).
@@ -541,12 +552,18 @@ fn kai_loop(root: &Path, k: Kai, work: &Path) -> Result<Loop> {
     Ok(l)
 }
 
+/// The part of a tile body's v0 symbol that names it: `<rung>::w4a8_tile::<R, false>` or
+/// `<rung>::w8a8_tile::<R>`. v0 mangling writes a const generic integer in hexadecimal.
+fn tile_symbol_fragment(format: Format, o: Ours) -> String {
+    match format {
+        Format::W4A8 => format!("{}{}9w4a8_tileKj{:x}_Kb0_E", o.rung.len(), o.rung, o.rows),
+        Format::W8A8 => format!("{}{}9w8a8_tileKj{:x}_E", o.rung.len(), o.rung, o.rows),
+    }
+}
+
 /// Extracts the inner loop of one of our tile bodies from the crate's assembly.
 fn ours_loop(asm: &str, format: Format, o: Ours) -> Result<Loop> {
-    let fragment = match format {
-        Format::W4A8 => format!("{}{}9w4a8_tileKj{}_Kb0_E", o.rung.len(), o.rung, o.rows),
-        Format::W8A8 => format!("{}{}9w8a8_tileKj{}_E", o.rung.len(), o.rung, o.rows),
-    };
+    let fragment = tile_symbol_fragment(format, o);
     let body = function_body(asm, &fragment).ok_or_else(|| {
         format!("no function whose v0 symbol contains {fragment} in the moe-kernels assembly")
     })?;
@@ -900,13 +917,14 @@ fn render(command: &str, sections: &[Section], have_kai: bool) -> String {
         s,
         "Cycles per iteration of each tile's steady-state inner loop (llvm-mca Total Cycles / \
          {MCA_ITERATIONS} iterations), MACs per iteration counted from its instructions (useful \
-         ones: a row of zeros padding an `smmla` pair does not count), and MACs per cycle; in brackets the MACs per cycle if only \
-         the execution resources limited the loop (MACs over llvm-mca's Block RThroughput, no \
-         dependency chains). Post-indexed loads are given to llvm-mca as a load and an add, \
-         because its models give the base-register write-back the load's latency. \
-         \"K\" is the K values one iteration covers over the channels the tile names (our 8-row \
-         i8mm tiles run a panel's 16 channels as two passes of 8), KleidiAI's as wide as the \
-         tile says."
+         ones: a row of zeros padding an `smmla` pair does not count), and MACs per cycle; in \
+         brackets the MACs per cycle if only the execution resources limited the loop (MACs \
+         over llvm-mca's Block RThroughput, no dependency chains). Post-indexed loads are \
+         given to llvm-mca as a load and an add, because its models give the base-register \
+         write-back the load's latency. \"K\" is the K values one iteration covers over the \
+         channels the tile names (our i8mm tiles of 5 to 8 rows run a panel's 16 channels as \
+         two passes of 8, those of 9 to 16 rows as four passes of 4), KleidiAI's as wide as \
+         the tile says."
     );
     if !have_kai {
         let _ = writeln!(s, "\nKleidiAI was not given: its columns are empty.");
@@ -1058,6 +1076,22 @@ g:
         let input = l.mca_input();
         assert!(input.contains("b.hs\t.Lmca_top"));
         assert!(input.starts_with(".Lmca_top:\n\tsdot"));
+    }
+
+    #[test]
+    fn tile_symbols_carry_their_rows_in_hexadecimal() {
+        let o = |rows| Ours { rung: "i8mm", rows };
+        assert_eq!(
+            tile_symbol_fragment(Format::W4A8, o(8)),
+            "4i8mm9w4a8_tileKj8_Kb0_E"
+        );
+        assert_eq!(
+            tile_symbol_fragment(Format::W8A8, o(16)),
+            "4i8mm9w8a8_tileKj10_E"
+        );
+        assert_eq!(o(16).cols(), 4);
+        assert_eq!(o(8).cols(), 8);
+        assert_eq!(o(4).cols(), 16);
     }
 
     #[test]

@@ -100,7 +100,7 @@ pub(super) fn unpack_codes(v: uint8x16_t) -> [int8x16_t; 2] {
 /// either stores it (block-accumulator mode, `ACC`) or adds `f32(acc_i) · scale` to `acc_f`,
 /// multiply then add. The int32 arithmetic wraps like the scalar reference's, so `acc_i` is
 /// exact whenever it fits. Tiles of many rows cover a panel in two passes of 8 channels
-/// (`NQ = 2`), so that their accumulators fit the register file.
+/// (`NQ = 2`) or four of 4 (`NQ = 1`), so that their accumulators fit the register file.
 ///
 /// # Safety
 /// - In block-accumulator mode the job's pointer is valid for the whole

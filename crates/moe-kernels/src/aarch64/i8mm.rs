@@ -1,4 +1,4 @@
-//! The int8 matrix-multiply rung (`smmla`, FEAT_I8MM): up to 8 rows × 16 channels as row
+//! The int8 matrix-multiply rung (`smmla`, FEAT_I8MM): up to 16 rows × 16 channels as row
 //! pairs × channel pairs of 2×2 i32 blocks, signed activations.
 //!
 //! `smmla` multiplies a 2×8 block of activations (two rows, 8 consecutive K values) with an
@@ -18,10 +18,12 @@
 //! tiles start on even rows (`row_align: 2`) to match.
 //!
 //! The unpacking and zips cost the same whatever the rows, so the more row pairs share each
-//! weight operand the more MACs per instruction: tiles are up to 8 rows (4 row pairs). The
-//! accumulators of 4 row pairs × 8 channel pairs would take all 32 vector registers, so a tile
-//! of more than 4 rows covers its panel in two passes of 8 channels (16 accumulators each), and
-//! a tile of up to 4 rows in one pass of 16 channels (also 16).
+//! weight operand the more MACs per instruction: tiles are up to 16 rows (8 row pairs). Every
+//! pass keeps 16 accumulators, so the taller the tile the fewer channels a pass covers: a tile
+//! of up to 4 rows covers its panel in one pass of 16 channels (2 row pairs × 8 channel pairs),
+//! one of 5 to 8 rows in two passes of 8 (4 × 4), and one of 9 to 16 rows in four passes of 4
+//! (8 × 2), where each unpacked and zipped quarter feeds up to 16 `smmla`. Each pass closes the
+//! blocks of its own channels.
 //!
 //! A tile of one row runs the dot-product body instead (the token implies dot product): `smmla`
 //! would spend half its work on a row of zeros, and the 1-row `sdot` loop does more MACs per
@@ -38,7 +40,7 @@ use super::common::{load_i8x16, load_u8x16, unpack_codes, w4a8_block_end, w4a8_s
 use crate::ukernel::{W4A8Job, W8A8Job};
 
 /// Rows per tile.
-const MR: usize = 8;
+const MR: usize = 16;
 
 /// Bytes of one chunk of the row-pair layout: 8 K values of each of the two rows.
 const PAIR_CHUNK: usize = 16;
@@ -247,11 +249,20 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
     if R <= 4 {
         // SAFETY: the output contract is forwarded from our caller.
         unsafe { w4a8_pass::<R, 2, 4, 8, 0, ACC>(job, p, m0) };
-    } else {
+    } else if R <= 8 {
         // SAFETY: as above; the two passes write disjoint channels.
         unsafe { w4a8_pass::<R, 4, 2, 4, 0, ACC>(job, p, m0) };
         // SAFETY: as above.
         unsafe { w4a8_pass::<R, 4, 2, 4, 2, ACC>(job, p, m0) };
+    } else {
+        // SAFETY: as above; the four passes write disjoint channels.
+        unsafe { w4a8_pass::<R, 8, 1, 2, 0, ACC>(job, p, m0) };
+        // SAFETY: as above.
+        unsafe { w4a8_pass::<R, 8, 1, 2, 1, ACC>(job, p, m0) };
+        // SAFETY: as above.
+        unsafe { w4a8_pass::<R, 8, 1, 2, 2, ACC>(job, p, m0) };
+        // SAFETY: as above.
+        unsafe { w4a8_pass::<R, 8, 1, 2, 3, ACC>(job, p, m0) };
     }
 }
 
@@ -321,11 +332,20 @@ unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
     if R <= 4 {
         // SAFETY: the output contract is forwarded from our caller.
         unsafe { w8a8_pass::<R, 2, 4, 8, 0>(job, p, m0) };
-    } else {
+    } else if R <= 8 {
         // SAFETY: as above; the two passes write disjoint channels.
         unsafe { w8a8_pass::<R, 4, 2, 4, 0>(job, p, m0) };
         // SAFETY: as above.
         unsafe { w8a8_pass::<R, 4, 2, 4, 2>(job, p, m0) };
+    } else {
+        // SAFETY: as above; the four passes write disjoint channels.
+        unsafe { w8a8_pass::<R, 8, 1, 2, 0>(job, p, m0) };
+        // SAFETY: as above.
+        unsafe { w8a8_pass::<R, 8, 1, 2, 1>(job, p, m0) };
+        // SAFETY: as above.
+        unsafe { w8a8_pass::<R, 8, 1, 2, 2>(job, p, m0) };
+        // SAFETY: as above.
+        unsafe { w8a8_pass::<R, 8, 1, 2, 3>(job, p, m0) };
     }
 }
 
@@ -334,7 +354,7 @@ crate::ukernel::impl_microkernels! {
     features: "NEON, dot-product and i8mm",
     mr: MR,
     row_align: 2,
-    rows: [1 2 3 4 5 6 7 8],
+    rows: [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16],
     w4a8_tile: w4a8_tile,
     w8a8_tile: w8a8_tile,
 }
