@@ -118,7 +118,7 @@ pub(crate) fn group_scales(s: &Wna16ScaleValues, at: usize) -> __m512 {
 /// Prefetches the line `PREFETCH_BYTES` past `step` into L1.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn prefetch_ahead(step: &[u32; 16]) {
+pub(crate) fn prefetch_ahead(step: &[u32; 16]) {
     // A prefetch is a hint that never faults, so an address past the weights is harmless.
     let ahead = step.as_ptr().cast::<i8>().wrapping_add(PREFETCH_BYTES);
     _mm_prefetch::<_MM_HINT_T0>(ahead);

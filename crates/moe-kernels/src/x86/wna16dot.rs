@@ -33,7 +33,7 @@ use std::ops::Range;
 
 use half::bf16;
 
-use super::wna16::{group_scales, load_zeros};
+use super::wna16::{group_scales, load_zeros, prefetch_ahead};
 use crate::packed::wna16::{E2M1_VALUES, Int4Values, K_STEP};
 use crate::packed::{PANEL, PackedWna16};
 use crate::ukernel::row_tiles;
@@ -189,6 +189,7 @@ unsafe fn tile<const R: usize, const C: usize, const ASYM: bool>(
         let (s0, s1) = (g * gs / K_STEP, k.min((g + 1) * gs).div_ceil(K_STEP));
         let mut part = [[_mm512_setzero_ps(); R]; C];
         for s in s0..s1 {
+            prefetch_ahead(&steps[s]);
             let v = load_step(&steps[s]);
             let xs: [&[u8; STEP_BYTES]; R] = std::array::from_fn(|r| &rows[r][s]);
             macro_rules! pair {
