@@ -125,8 +125,8 @@ fn list_entries(list: &str) -> Vec<&str> {
     entries
 }
 
-/// The names that `text` reaches through `crate::` or `super::` paths: the first segment of
-/// each path, and of each entry of a braced list right after the prefix.
+/// The names that `text` reaches through `crate::` or `super::` paths, each with its prefix:
+/// the first segment of each path, and of each entry of a braced list right after the prefix.
 fn path_heads(text: &str) -> Vec<String> {
     let mut heads = Vec::new();
     for prefix in ["crate::", "super::"] {
@@ -146,7 +146,7 @@ fn path_heads(text: &str) -> Vec<String> {
                 names
                     .into_iter()
                     .filter(|n| !n.is_empty())
-                    .map(String::from),
+                    .map(|n| format!("{prefix}{n}")),
             );
         }
     }
@@ -275,11 +275,10 @@ fn module_graph(dir: &Path) -> BTreeMap<String, Vec<Use>> {
             }
         };
         for (text, place) in [(&p.code, "code"), (&p.docs, "docs")] {
-            for head in path_heads(text) {
-                match reexports.get(&head) {
-                    Some(module) => add(module, format!("its {place} name `crate::{head}`")),
-                    None => add(&head, format!("its {place} name `crate::{head}`")),
-                }
+            for path in path_heads(text) {
+                let head = path.split_once("::").map_or("", |(_, h)| h);
+                let why = format!("its {place} name `{path}`");
+                add(reexports.get(head).map_or(head, String::as_str), why);
             }
         }
         for (owner, f, ty) in &methods {
@@ -446,8 +445,11 @@ fn the_graph_rules_catch_what_they_should() {
          #[cfg(test)]\nmod tests {\n    use crate::t;\n    fn f() { if x { y } }\n}\n\
          #[cfg(test)]\n#[allow(unused)]\nuse crate::u;\nuse crate::w;\n",
     );
-    assert_eq!(path_heads(&p.docs), ["a"]);
-    assert_eq!(path_heads(&p.code), ["b", "c", "e", "w", "h"]);
+    assert_eq!(path_heads(&p.docs), ["crate::a"]);
+    assert_eq!(
+        path_heads(&p.code),
+        ["crate::b", "crate::c", "crate::e", "crate::w", "super::h"]
+    );
     let r = root_reexports("pub mod a;\npub use a::{A, B as C,\n    inner::D};\npub use e::E;\n");
     assert_eq!(r.get("C").map(String::as_str), Some("a"));
     assert_eq!(r.get("D").map(String::as_str), Some("a"));
