@@ -7,10 +7,10 @@
 //! - The Markdown docs name no issue number and no working session.
 //! - Every crate inherits the workspace lints, and the workspace keeps `missing_docs` on, so
 //!   that clippy's `-D warnings` fails on a public item without docs.
-//! - The files of moe-oracle import each other without a cycle (their test modules aside).
 //!
 //! Each rule is a plain function with its own test, so a rule that stops matching is caught
-//! here rather than silently passing the tree.
+//! here rather than silently passing the tree. The layering of moe-oracle's files has a test
+//! of its own, `oracle_layers.rs`.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -220,100 +220,6 @@ fn public_items_without_docs_fail_the_lints() {
     }
 }
 
-/// The modules a source file's code (comments and its test module aside) names as
-/// `crate::<module>`.
-fn crate_modules_used(source: &str) -> Vec<String> {
-    let code = source.split("#[cfg(test)]").next().unwrap_or("");
-    let mut used = Vec::new();
-    for line in code.lines().filter(|l| comment_of(l).is_none()) {
-        let line = line.split("//").next().unwrap_or("");
-        for (i, _) in line.match_indices("crate::") {
-            let name: String = line[i + "crate::".len()..]
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            if !name.is_empty() && !used.contains(&name) {
-                used.push(name);
-            }
-        }
-        // `use crate::{a, b::C}` lists modules after a brace.
-        if let Some(rest) = line.trim_start().strip_prefix("use crate::{") {
-            for part in rest.split([',', '}']) {
-                let name: String = part
-                    .trim()
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
-                if !name.is_empty() && !used.contains(&name) {
-                    used.push(name);
-                }
-            }
-        }
-    }
-    used
-}
-
-/// A cycle in `edges` (module → modules it uses), as the path that closes it, if any.
-fn find_cycle(edges: &[(String, Vec<String>)]) -> Option<Vec<String>> {
-    fn visit(
-        m: &str,
-        edges: &[(String, Vec<String>)],
-        path: &mut Vec<String>,
-        done: &mut Vec<String>,
-    ) -> Option<Vec<String>> {
-        if let Some(at) = path.iter().position(|p| p == m) {
-            let mut cycle = path[at..].to_vec();
-            cycle.push(m.to_string());
-            return Some(cycle);
-        }
-        if done.iter().any(|d| d == m) {
-            return None;
-        }
-        path.push(m.to_string());
-        let next = edges.iter().find(|(n, _)| n == m).map(|(_, v)| v.clone());
-        for n in next.unwrap_or_default() {
-            if n != m
-                && let Some(c) = visit(&n, edges, path, done)
-            {
-                return Some(c);
-            }
-        }
-        path.pop();
-        done.push(m.to_string());
-        None
-    }
-    let mut done = Vec::new();
-    for (m, _) in edges {
-        if let Some(c) = visit(m, edges, &mut Vec::new(), &mut done) {
-            return Some(c);
-        }
-    }
-    None
-}
-
-#[test]
-fn oracle_files_import_without_cycles() {
-    let dir = root().join("crates/moe-oracle/src");
-    let mut edges = Vec::new();
-    for entry in fs::read_dir(&dir).unwrap().flatten() {
-        let path = entry.path();
-        let Some(stem) = path.file_stem().map(|s| s.to_string_lossy().into_owned()) else {
-            continue;
-        };
-        if stem == "lib" || path.extension().is_none_or(|e| e != "rs") {
-            continue;
-        }
-        let used = crate_modules_used(&fs::read_to_string(&path).unwrap());
-        edges.push((stem, used));
-    }
-    assert!(edges.len() > 8, "found only {} modules", edges.len());
-    assert_eq!(
-        find_cycle(&edges),
-        None,
-        "moe-oracle's files import each other in a circle"
-    );
-}
-
 #[test]
 fn the_rules_catch_what_they_forbid() {
     for bad in [
@@ -342,24 +248,4 @@ fn the_rules_catch_what_they_forbid() {
     assert_eq!(doc_problem("## Issue tracker conventions"), None);
     assert_eq!(comment_of("    /// doc"), Some("/ doc"));
     assert_eq!(comment_of("let x = 1; // trailing"), None);
-    let edges = |pairs: &[(&str, &[&str])]| -> Vec<(String, Vec<String>)> {
-        pairs
-            .iter()
-            .map(|(m, v)| (m.to_string(), v.iter().map(|s| s.to_string()).collect()))
-            .collect()
-    };
-    assert_eq!(
-        find_cycle(&edges(&[("a", &["b"]), ("b", &["c"]), ("c", &["a"])])),
-        Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
-    );
-    assert_eq!(
-        find_cycle(&edges(&[("a", &["b", "c"]), ("b", &["c"]), ("c", &[])])),
-        None
-    );
-    assert_eq!(
-        crate_modules_used(
-            "use crate::{a, b::C};\nuse crate::d::E; // crate::z\n#[cfg(test)]\nuse crate::t;"
-        ),
-        vec!["a".to_string(), "b".into(), "d".into()]
-    );
 }

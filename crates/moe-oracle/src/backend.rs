@@ -1,9 +1,9 @@
 //! Quantization families, their backends and the `moe_backend` strings that name them (spec
 //! sections 5.2, 7.7; seed 002). The per-platform priority lists and the mapping of a user's
-//! string live in [`crate::priority`].
+//! string live in the `priority` module, a layer above this one.
 //!
 //! A backend is vLLM's name for a way of running a family; each backend lists kernel
-//! candidates ([`crate::kernels::KernelId`]). In [`Strictness::VllmCompat`] the candidates are
+//! candidates ([`KernelId`]). In [`Strictness::VllmCompat`] the candidates are
 //! vLLM's kernel classes with vLLM's exact checks; in [`Strictness::Native`] they are moe-rs
 //! kernels, and backends that only have GPU kernels upstream have none.
 

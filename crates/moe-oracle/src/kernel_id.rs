@@ -1,6 +1,6 @@
 //! The names of the kernel candidates ([`KernelId`]) and of a chosen kernel on its rung
 //! ([`Kernel`]): plain data that errors and backends can name without the support hooks,
-//! which live in [`crate::kernels`].
+//! which the `kernels` module adds to these types a layer above.
 
 use std::fmt;
 

@@ -3,8 +3,9 @@
 //! kernels (our capability table, for native mode).
 //!
 //! Each hook answers one question of vLLM's `is_supported_config` (spec 7.6) and returns
-//! `Err(Unsupported)` with the reason text vLLM would give. The order in which the hooks are
-//! asked lives in [`crate::support`].
+//! `Err(Unsupported)` with the reason text vLLM would give. The hooks are methods of
+//! [`KernelId`], defined in its own module without them; the `support` module, a layer above,
+//! asks them in vLLM's order.
 //!
 //! Where our kernels accept more than vLLM's (documented per hook):
 //! - W4A8 runs on x86-64 and AArch64 (vLLM: Arm only, "kernel only supports Arm CPU").

@@ -23,13 +23,14 @@
 //! the rungs moe-kernels reports, and a [`DisabledKernels`] deny-list (read from
 //! `MOE_DISABLED_KERNELS` by [`DisabledKernels::from_env`] when the caller wants it).
 //!
-//! Modules, each depending only on modules before it in this list (no file imports another
-//! that imports it back; a test checks): [`unsupported`] (one kernel's refusal), [`routing`],
-//! [`kernel_id`] (kernel names), [`backend`] (families and backends), [`error`],
-//! [`activation`], [`platform`], [`config`] (parallel and layer configuration),
-//! [`quant_config`] (keys and `make_*_quant_config` helpers), [`query`] (what a check reads),
-//! [`kernels`] (the hooks), [`support`] (the check order), [`priority`] (priority lists and
-//! user backend names), [`disabled`], [`select`].
+//! Modules, bottom-up, each referring only to modules before it in this list (by `use`, by
+//! path, by doc link, or by calling a method that a module adds to a type of a lower one; the
+//! `oracle_layers` test of xtask checks the list): [`unsupported`] (one kernel's refusal),
+//! [`routing`], [`kernel_id`] (kernel names), [`backend`] (families and backends), [`error`],
+//! [`activation`], [`platform`], [`quant_config`] (keys and `make_*_quant_config` helpers),
+//! [`config`] (parallel and layer configuration), [`priority`] (priority lists and user backend
+//! names), [`query`] (what a check reads), [`kernels`] (the hooks), [`support`] (the check
+//! order), [`disabled`], [`select`].
 #![forbid(unsafe_code)]
 
 pub mod activation;

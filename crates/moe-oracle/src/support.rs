@@ -1,12 +1,13 @@
-//! The support check driver: asks one kernel's hooks in vLLM's order
-//! (`FusedMoEExperts.is_supported_config`, spec 7.6) and returns the first refusal.
+//! The support check driver: asks one kernel's hooks (the methods [`crate::kernels`] adds to
+//! [`KernelId`]) in vLLM's order (`FusedMoEExperts.is_supported_config`, spec 7.6) and returns
+//! the first refusal.
 //!
 //! Order: the kernel's own pre-checks, then device, act_and_mul, activation, quantization
 //! scheme, parallel config, routing method, router logits dtype, hidden-dim shape, activation
 //! format, batch invariance (when required), LoRA (when enabled), then the kernel's
 //! post-checks.
 
-use crate::kernel_id::KernelId;
+use crate::kernels::KernelId;
 pub use crate::query::{ActivationFormat, SupportQuery};
 use crate::unsupported::Unsupported;
 
