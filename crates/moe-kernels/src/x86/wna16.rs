@@ -31,8 +31,8 @@ use std::ops::Range;
 
 use half::{bf16, f16};
 
-use crate::packed::PANEL;
 use crate::packed::wna16::{E2M1_VALUES, Int4Values, K_STEP, K_STEP8, Wna16ScaleValues};
+use crate::packed::{PANEL, PackedWna16};
 use crate::wna16::Wna16Job;
 
 /// Rows per tile: 8 partial sums, 8 accumulators, the table, the step, the decoded weights and
@@ -285,6 +285,25 @@ unsafe fn tile<
             acc[r] = _mm512_fmadd_ps(sum, s, acc[r]);
         }
     }
+    // SAFETY: forwarded from our contract (rows `m0..m0 + R` of panel `p` are ours).
+    unsafe { store_panel_rows(w, job.out, p, m0, acc) };
+}
+
+/// Adds the bias (if any) to the sums of rows `m0..m0 + R` of panel `p` and stores their
+/// valid channels into `out` (`m·N`, row-major).
+///
+/// # Safety
+/// - `out` is valid for writes of rows `m0..m0 + R` in panel `p`'s channels, which no other
+///   thread writes meanwhile.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) unsafe fn store_panel_rows<const R: usize>(
+    w: &PackedWna16,
+    out: *mut f32,
+    p: usize,
+    m0: usize,
+    mut acc: [__m512; R],
+) {
     if let Some(b) = w.bias() {
         let b = load_f32(b[p * PANEL..][..PANEL].try_into().expect("16 biases"));
         for r in 0..R {
@@ -296,8 +315,8 @@ unsafe fn tile<
     for r in 0..R {
         let at = (m0 + r) * w.n() + p * PANEL;
         // SAFETY: the masked store writes channels `16p..16p + valid` (< N) of row
-        // `m0 + r < m`, elements of the caller's `m·N` output owned by this panel alone.
-        unsafe { _mm512_mask_storeu_ps(job.out.wrapping_add(at), mask, acc[r]) };
+        // `m0 + r`, elements of the caller's output owned by this panel alone (our contract).
+        unsafe { _mm512_mask_storeu_ps(out.wrapping_add(at), mask, acc[r]) };
     }
 }
 

@@ -33,7 +33,7 @@ use std::ops::Range;
 
 use half::bf16;
 
-use super::wna16::{group_scales, load_zeros, prefetch_ahead};
+use super::wna16::{group_scales, load_zeros, prefetch_ahead, store_panel_rows};
 use crate::packed::wna16::{E2M1_VALUES, Int4Values, K_STEP};
 use crate::packed::{PANEL, PackedWna16};
 use crate::ukernel::row_tiles;
@@ -230,22 +230,8 @@ unsafe fn tile<const R: usize, const C: usize, const ASYM: bool>(
             acc[r] = _mm512_fmadd_ps(sum, scale, acc[r]);
         }
     }
-    if let Some(b) = w.bias() {
-        let b: &[f32; PANEL] = b[p * PANEL..][..PANEL].try_into().expect("16 biases");
-        // SAFETY: the reference covers 16 readable f32; unaligned load.
-        let b = unsafe { _mm512_loadu_ps(b.as_ptr()) };
-        for r in 0..R {
-            acc[r] = _mm512_add_ps(acc[r], b);
-        }
-    }
-    let valid = PANEL.min(w.n() - p * PANEL);
-    let mask: __mmask16 = if valid == PANEL { !0 } else { (1 << valid) - 1 };
-    for r in 0..R {
-        let at = (m0 + r) * w.n() + p * PANEL;
-        // SAFETY: the masked store writes channels `16p..16p + valid` (< N) of row
-        // `m0 + r < m`, elements of the caller's `m·N` output owned by this panel alone.
-        unsafe { _mm512_mask_storeu_ps(job.out.wrapping_add(at), mask, acc[r]) };
-    }
+    // SAFETY: rows `m0..m0 + R` of panel `p` are ours to write (our contract).
+    unsafe { store_panel_rows(w, job.out, p, m0, acc) };
 }
 
 /// One row-count instance of [`tile`].
