@@ -13,8 +13,9 @@
 //! GEMM as bf16 pairs in that order ([`fill`]): two instructions decode 32 weights, where the
 //! f32 body needs four for 16, and one `vdpbf16ps` does the work of two `vfmadd`.
 //!
-//! Each group's pair products go into per-row partial sums (two or four chains for tiles of
-//! few rows, so one `vdpbf16ps` latency chain does not bound them); at the end of the group the
+//! Each group's pair products go into per-row partial sums (four chains per row for tiles of one
+//! or two rows, two for larger ones, so one `vdpbf16ps` latency chain does not bound them, and
+//! the body prefetches the weights 4 KiB ahead as the f32 body does); at the end of the group the
 //! chains are added, an asymmetric group subtracts `z · Σx` (the sum of the row's bf16
 //! activations over the group, made by [`fill`]), and the sum is scaled into the row's
 //! accumulator with one `vfmadd`, as the f32 body does. Rows run in blocks of [`ROW_BLOCK`], each
