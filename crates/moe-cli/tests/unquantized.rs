@@ -17,8 +17,8 @@ use moe_testutil::SplitMix64;
 use safetensors::Dtype;
 use serde_json::json;
 use support::{
-    SafetensorsFile, ScratchDir, f32_bytes, i32_bytes, moe_json, moe_run_args, moe_with_env,
-    path_arg, write_json, write_safetensors,
+    SafetensorsFile, ScratchDir, moe_json, moe_run_args, moe_with_env, path_arg, rel_l2,
+    silu_moe_forward, write_json, write_routed_input, write_safetensors,
 };
 
 const E: usize = 4;
@@ -94,30 +94,6 @@ fn write_bf16_model(dir: &Path, rng: &mut SplitMix64) -> Vec<[Proj; 3]> {
     experts
 }
 
-/// The f64 forward of `experts` on the given routing: SiLU-gated MLPs summed with the routing
-/// weights, `[T, H]`.
-fn reference_forward(experts: &[[Proj; 3]], x: &[f32], ids: &[i32], weights: &[f32]) -> Vec<f64> {
-    let mut out = Vec::with_capacity(T * H);
-    for t in 0..T {
-        let xt: Vec<f64> = x[t * H..][..H].iter().map(|&v| f64::from(v)).collect();
-        let mut want = vec![0f64; H];
-        for j in 0..TOP_K {
-            let [g, u, d] = &experts[ids[t * TOP_K + j] as usize];
-            let a: Vec<f64> = g
-                .matvec(&xt)
-                .iter()
-                .zip(u.matvec(&xt))
-                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
-                .collect();
-            for (w, y) in want.iter_mut().zip(d.matvec(&a)) {
-                *w += f64::from(weights[t * TOP_K + j]) * y;
-            }
-        }
-        out.extend(want);
-    }
-    out
-}
-
 #[test]
 fn bf16_checkpoint_through_inspect_and_run_on_both_roads() {
     let tmp = ScratchDir::new("bf16");
@@ -143,22 +119,14 @@ fn bf16_checkpoint_through_inspect_and_run_on_both_roads() {
         .map(|j| ((j / TOP_K + 3 * (j % TOP_K)) % E) as i32)
         .collect();
     let weights: Vec<f32> = (0..T * TOP_K).map(|j| 0.25 + 0.01 * j as f32).collect();
-    let mut input = BTreeMap::new();
-    input.insert("x".to_string(), (Dtype::F32, vec![T, H], f32_bytes(&x)));
-    input.insert(
-        "ids".to_string(),
-        (Dtype::I32, vec![T, TOP_K], i32_bytes(&ids)),
-    );
-    input.insert(
-        "w".to_string(),
-        (Dtype::F32, vec![T, TOP_K], f32_bytes(&weights)),
-    );
     let input_file = dir.join("input.safetensors");
-    write_safetensors(&input_file, &input);
+    write_routed_input(&input_file, H, TOP_K, &x, &ids, &weights);
     let out_file = dir.join("out.safetensors");
     let mut args = moe_run_args(dir, &input_file, &out_file);
     args.extend(["--topk-ids-tensor", "ids", "--topk-weights-tensor", "w"]);
-    let want = reference_forward(&experts, &x, &ids, &weights);
+    let want = silu_moe_forward(H, TOP_K, &x, &ids, &weights, |e, p, v| {
+        experts[e][p].matvec(v)
+    });
     for (road, env, bound) in [
         ("f32", &[("MOE_KERNELS_BF16_DOT", "0")][..], 1e-5),
         ("default", &[][..], 1e-2),
@@ -169,12 +137,7 @@ fn bf16_checkpoint_through_inspect_and_run_on_both_roads() {
             "{v}"
         );
         let got = SafetensorsFile::read(&out_file).f32s("output");
-        let (mut num, mut den) = (0f64, 0f64);
-        for (g, w) in got[..T * H].iter().zip(&want) {
-            num += (f64::from(*g) - w).powi(2);
-            den += w.powi(2);
-        }
-        let rel = (num / den).sqrt();
+        let rel = rel_l2(&got[..T * H], &want);
         eprintln!("{road} road: relative L2 {rel:.2e}");
         assert!(
             rel < bound,

@@ -348,3 +348,76 @@ pub fn bench_rows(report: &Value) -> &Vec<Value> {
 pub fn bytes_per_expert(row: &Value) -> f64 {
     row["bytes_touched"].as_f64().unwrap() / row["experts_touched"].as_f64().unwrap()
 }
+
+/// The f64 forward of a SiLU-gated MoE block on a given routing: per token, the sum over its
+/// `top_k` experts of `weight · down(silu(gate(x)) · up(x))`, `[tokens, hidden]`.
+/// `matvec(e, p, v)` multiplies projection `p` (0 gate, 1 up, 2 down) of expert `e` by `v`.
+pub fn silu_moe_forward(
+    hidden: usize,
+    top_k: usize,
+    x: &[f32],
+    ids: &[i32],
+    weights: &[f32],
+    matvec: impl Fn(usize, usize, &[f64]) -> Vec<f64>,
+) -> Vec<f64> {
+    let tokens = x.len() / hidden;
+    let mut out = Vec::with_capacity(tokens * hidden);
+    for t in 0..tokens {
+        let xt: Vec<f64> = x[t * hidden..][..hidden]
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect();
+        let mut want = vec![0f64; hidden];
+        for j in 0..top_k {
+            let e = ids[t * top_k + j] as usize;
+            let a: Vec<f64> = matvec(e, 0, &xt)
+                .iter()
+                .zip(matvec(e, 1, &xt))
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
+            for (w, y) in want.iter_mut().zip(matvec(e, 2, &a)) {
+                *w += f64::from(weights[t * top_k + j]) * y;
+            }
+        }
+        out.extend(want);
+    }
+    out
+}
+
+/// Writes hidden states `x` (`[tokens, hidden]`, tensor `x`) with a given routing (`ids` and
+/// `w`, `[tokens, top_k]`) into the safetensors file `path`, for `moe run --input-tensor x
+/// --topk-ids-tensor ids --topk-weights-tensor w`.
+pub fn write_routed_input(
+    path: &Path,
+    hidden: usize,
+    top_k: usize,
+    x: &[f32],
+    ids: &[i32],
+    weights: &[f32],
+) {
+    let tokens = x.len() / hidden;
+    let mut input = BTreeMap::new();
+    input.insert(
+        "x".to_string(),
+        (Dtype::F32, vec![tokens, hidden], f32_bytes(x)),
+    );
+    input.insert(
+        "ids".to_string(),
+        (Dtype::I32, vec![tokens, top_k], i32_bytes(ids)),
+    );
+    input.insert(
+        "w".to_string(),
+        (Dtype::F32, vec![tokens, top_k], f32_bytes(weights)),
+    );
+    write_safetensors(path, &input);
+}
+
+/// The relative L2 error of `got` against `want`.
+pub fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (g, w) in got.iter().zip(want) {
+        num += (f64::from(*g) - w).powi(2);
+        den += w.powi(2);
+    }
+    (num / den).sqrt()
+}

@@ -64,7 +64,7 @@ fn load_f32(v: &[f32; 16]) -> __m512 {
 /// Loads one step: 16 channels' 32-bit code words.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn load_step(v: &[u32; 16]) -> __m512i {
+pub(crate) fn load_step(v: &[u32; 16]) -> __m512i {
     // SAFETY: the reference covers 64 readable bytes, and the load is unaligned.
     unsafe { _mm512_loadu_si512(v.as_ptr().cast()) }
 }

@@ -34,7 +34,7 @@ use std::ops::Range;
 
 use half::bf16;
 
-use super::wna16::{group_scales, load_zeros, prefetch_ahead, store_panel_rows};
+use super::wna16::{group_scales, load_step, load_zeros, prefetch_ahead, store_panel_rows};
 use crate::packed::wna16::{E2M1_VALUES, Int4Values, K_STEP};
 use crate::packed::{PANEL, PackedWna16};
 use crate::ukernel::row_tiles;
@@ -133,14 +133,6 @@ fn table(w: &PackedWna16) -> [u16; 32] {
         (Int4Values::Integer, None) => std::array::from_fn(|c| c as f32 - 8.0),
     };
     std::array::from_fn(|i| bf16::from_f32(values[i % 16]).to_bits())
-}
-
-/// Loads one 64-byte step.
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn load_step(v: &[u32; 16]) -> __m512i {
-    // SAFETY: the reference covers 64 readable bytes, and the load is unaligned.
-    unsafe { _mm512_loadu_si512(v.as_ptr().cast()) }
 }
 
 /// Broadcasts activation pair `j` of a step to all 16 lanes.
