@@ -44,12 +44,12 @@ const MR: usize = 8;
 const PREFETCH_BYTES: usize = 4096;
 
 /// Decoded values of the 16 codes for symmetric weights (`c − 8`).
-const LUT_SYM: [f32; 16] = [
+pub(crate) const LUT_SYM: [f32; 16] = [
     -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0,
 ];
 
 /// Decoded values of the 16 codes for asymmetric weights (`c`; the zero is subtracted after).
-const LUT_RAW: [f32; 16] = [
+pub(crate) const LUT_RAW: [f32; 16] = [
     0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
 ];
 

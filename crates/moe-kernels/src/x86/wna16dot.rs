@@ -34,7 +34,9 @@ use std::ops::Range;
 
 use half::bf16;
 
-use super::wna16::{group_scales, load_step, load_zeros, prefetch_ahead, store_panel_rows};
+use super::wna16::{
+    LUT_RAW, LUT_SYM, group_scales, load_step, load_zeros, prefetch_ahead, store_panel_rows,
+};
 use crate::packed::wna16::{E2M1_VALUES, Int4Values, K_STEP};
 use crate::packed::{PANEL, PackedWna16};
 use crate::ukernel::row_tiles;
@@ -125,14 +127,31 @@ fn sum_groups(row: &[u8], k: usize, group: usize, sums: &mut Vec<f32>) {
     }
 }
 
-/// The 32-entry `vpermw` table of a matrix's code values (the 16 values twice), as bf16 bits.
-fn table(w: &PackedWna16) -> [u16; 32] {
-    let values: [f32; 16] = match (w.values(), w.zeros()) {
-        (Int4Values::E2m1, _) => E2M1_VALUES,
-        (Int4Values::Integer, Some(_)) => std::array::from_fn(|c| c as f32),
-        (Int4Values::Integer, None) => std::array::from_fn(|c| c as f32 - 8.0),
-    };
-    std::array::from_fn(|i| bf16::from_f32(values[i % 16]).to_bits())
+/// A `vpermw` table: the 16 code values twice, as bf16 bits (all exact in bf16).
+const fn table_of(values: [f32; 16]) -> [u16; 32] {
+    let mut table = [0u16; 32];
+    let mut i = 0;
+    while i < 32 {
+        table[i] = bf16::from_f32_const(values[i % 16]).to_bits();
+        i += 1;
+    }
+    table
+}
+
+/// Symmetric integer codes: `c − 8`.
+const TABLE_SYM: [u16; 32] = table_of(LUT_SYM);
+/// Integer codes with zero points: `c` (the zero point is taken off per group).
+const TABLE_RAW: [u16; 32] = table_of(LUT_RAW);
+/// MXFP4 codes: the e2m1 values.
+const TABLE_E2M1: [u16; 32] = table_of(E2M1_VALUES);
+
+/// The table of a matrix's code values.
+fn table(w: &PackedWna16) -> &'static [u16; 32] {
+    match (w.values(), w.zeros()) {
+        (Int4Values::E2m1, _) => &TABLE_E2M1,
+        (Int4Values::Integer, Some(_)) => &TABLE_RAW,
+        (Int4Values::Integer, None) => &TABLE_SYM,
+    }
 }
 
 /// Broadcasts activation pair `j` of a step to all 16 lanes.
