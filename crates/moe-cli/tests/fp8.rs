@@ -14,7 +14,8 @@ use safetensors::Dtype;
 use serde_json::json;
 use support::{
     SafetensorsFile, ScratchDir, bench_rows, bytes_per_expert, f32_bytes, moe_json, moe_run_args,
-    path_arg, rel_l2, silu_moe_forward, write_json, write_routed_input, write_safetensors,
+    path_arg, qwen3_moe_config, rel_l2, silu_moe_forward, write_json, write_routed_input,
+    write_safetensors,
 };
 
 const E: usize = 4;
@@ -77,14 +78,9 @@ impl Proj {
 /// Writes the FP8 checkpoint into `dir`, a gate and E experts drawn from `rng`, and returns the
 /// experts' `[gate, up, down]` projections.
 fn write_fp8_model(dir: &Path, rng: &mut SplitMix64) -> Vec<[Proj; 3]> {
-    let config = json!({
-        "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
-        "torch_dtype": "bfloat16", "hidden_act": "silu", "hidden_size": H,
-        "num_hidden_layers": 1, "num_experts": E, "num_experts_per_tok": TOP_K,
-        "moe_intermediate_size": I, "norm_topk_prob": true,
-        "quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
-            "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
-    });
+    let mut config = qwen3_moe_config(H, E, TOP_K, I);
+    config["quantization_config"] = json!({"quant_method": "fp8", "fmt": "e4m3",
+        "activation_scheme": "dynamic", "weight_block_size": [128, 128]});
     write_json(&dir.join("config.json"), &config);
     let mut tensors = BTreeMap::new();
     let gate = rng.vec_uniform(E * H, -0.5, 0.5);

@@ -15,10 +15,9 @@ use std::path::Path;
 use half::bf16;
 use moe_testutil::SplitMix64;
 use safetensors::Dtype;
-use serde_json::json;
 use support::{
-    SafetensorsFile, ScratchDir, moe_json, moe_run_args, moe_with_env, path_arg, rel_l2,
-    silu_moe_forward, write_json, write_routed_input, write_safetensors,
+    SafetensorsFile, ScratchDir, moe_json, moe_run_args, moe_with_env, path_arg, qwen3_moe_config,
+    rel_l2, silu_moe_forward, write_json, write_routed_input, write_safetensors,
 };
 
 const E: usize = 4;
@@ -62,12 +61,7 @@ impl Proj {
 
 /// Writes the bf16 checkpoint into `dir` and returns the experts' `[gate, up, down]`.
 fn write_bf16_model(dir: &Path, rng: &mut SplitMix64) -> Vec<[Proj; 3]> {
-    let config = json!({
-        "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
-        "torch_dtype": "bfloat16", "hidden_act": "silu", "hidden_size": H,
-        "num_hidden_layers": 1, "num_experts": E, "num_experts_per_tok": TOP_K,
-        "moe_intermediate_size": I, "norm_topk_prob": true,
-    });
+    let config = qwen3_moe_config(H, E, TOP_K, I);
     write_json(&dir.join("config.json"), &config);
     let mut tensors = BTreeMap::new();
     let gate = Proj::random(rng, E, H);

@@ -421,3 +421,14 @@ pub fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
     }
     (num / den).sqrt()
 }
+
+/// The `config.json` of a one-layer Qwen3-MoE checkpoint (SiLU experts, normalised top-k
+/// weights), without a `quantization_config`.
+pub fn qwen3_moe_config(hidden: usize, experts: usize, top_k: usize, intermediate: usize) -> Value {
+    serde_json::json!({
+        "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
+        "torch_dtype": "bfloat16", "hidden_act": "silu", "hidden_size": hidden,
+        "num_hidden_layers": 1, "num_experts": experts, "num_experts_per_tok": top_k,
+        "moe_intermediate_size": intermediate, "norm_topk_prob": true,
+    })
+}
