@@ -315,8 +315,8 @@ pub(crate) fn avx512vnni_kernel_set(_token: Avx512Vnni) -> crate::KernelSet {
 
 /// Rows from which int4 WNA16 GEMMs run the bf16 dot-product body with in-register decoding
 /// where the AVX-512 BF16 path is on: from the first, as it needs no per-call dequantization
-/// to pay back. On one AMD core, int4 g128, N 1536, K 2048, it runs at 1.9× the f32 body's rate
-/// with 1 row and 1.8× with 4 to 16.
+/// to pay back. On one AMD core, int4 g128, N 1536, K 2048 (the gemm criterion bench), it runs
+/// at 1.87× the f32 body's rate with 1 row and 1.93-1.97× from 16.
 const DEFAULT_INT4_BF16_DOT_MIN_ROWS: usize = 1;
 
 /// Rows from which the int4 bf16 dot-product body runs: [`BF16_DOT_MIN_ROWS_ENV`] when set
