@@ -109,21 +109,26 @@ pub(crate) unsafe fn quantize_row_sym_u8(x: &[f32], dst: &mut [u8], flip: u8) ->
 fn quantize_row_sym_u8_avx512(x: &[f32], dst: &mut [u8], flip: u8) -> SymRowQuant {
     let dst = &mut dst[..x.len()];
     let (chunks, tail) = x.as_chunks::<16>();
-    // `vmaxps` returns its second operand when either is NaN, so NaN elements leave the
-    // accumulator alone, as `f32::max` does in the scalar fold; max is exact in any order.
-    let mut acc = _mm512_setzero_ps();
-    let mut nan: __mmask16 = 0;
+    // The largest magnitude as the largest of the magnitudes' bit patterns, which order like
+    // their values for every non-NaN float (zeros, subnormals and infinities included), so the
+    // pass is one AND and one integer max per vector; a NaN's pattern lies above infinity's.
+    let magnitude = _mm512_set1_epi32(i32::MAX);
+    let mut acc = _mm512_setzero_si512();
     for c in chunks {
-        let v = load16(c);
-        acc = _mm512_max_ps(_mm512_abs_ps(v), acc);
-        nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+        let bits = _mm512_castps_si512(load16(c));
+        acc = _mm512_max_epu32(acc, _mm512_and_si512(bits, magnitude));
     }
-    let mut amax = lanes(acc).iter().fold(0.0f32, |m, &v| m.max(v));
-    let mut has_nan = nan != 0;
+    let mut bits = _mm512_reduce_max_epu32(acc);
     for &v in tail {
-        amax = amax.max(v.abs());
-        has_nan |= v.is_nan();
+        bits = bits.max(v.to_bits() & i32::MAX as u32);
     }
+    let has_nan = bits > f32::INFINITY.to_bits();
+    // With a NaN in the row, the scalar fold's `f32::max` skips it: so does this slow pass.
+    let amax = if has_nan {
+        x.iter().fold(0.0f32, |m, &v| m.max(v.abs()))
+    } else {
+        f32::from_bits(bits)
+    };
     let amax = amax.max(moe_quant::act::SYM_AMAX_FLOOR);
     let inv_scale = 127.0 / amax;
     // The flip stays in a vector register: a per-byte `map` over the codes was most of the
@@ -156,28 +161,27 @@ fn round_half_away(p: __m512) -> __m512 {
     let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(p);
     let away =
         _mm512_cmp_ps_mask::<_CMP_GE_OQ>(_mm512_abs_ps(_mm512_sub_ps(p, t)), _mm512_set1_ps(0.5));
-    let sign = _mm512_and_si512(_mm512_castps_si512(p), _mm512_set1_epi32(i32::MIN));
-    let unit = _mm512_castsi512_ps(_mm512_or_si512(
-        sign,
+    // `(p & sign bit) | 1.0` in one ternary logic op: ±1 with the sign of `p`.
+    let unit = _mm512_ternarylogic_epi32::<0xEA>(
+        _mm512_castps_si512(p),
+        _mm512_set1_epi32(i32::MIN),
         _mm512_castps_si512(_mm512_set1_ps(1.0)),
-    ));
-    _mm512_mask_add_ps(t, away, t, unit)
+    );
+    _mm512_mask_add_ps(t, away, t, _mm512_castsi512_ps(unit))
 }
 
 /// 16 codes `clamp(rna(v·inv_scale), −127, 127)`, NaN products as 0 (the scalar `as i8`), as
 /// bytes.
+///
+/// No clamp is needed: `inv_scale = 127 / amax` with `|v| ≤ amax` bounds every finite product
+/// by `127·(1 + 2⁻²⁴)²`, below 127.5, and an infinite `v` makes `amax` infinite and
+/// `inv_scale` zero, so its product is NaN. A NaN product converts to `i32::MIN`, whose low
+/// byte, all that the truncating `vpmovdb` keeps, is 0.
 #[target_feature(enable = "avx512f")]
 #[inline]
 fn sym_codes16(v: __m512, inv_scale: f32) -> __m128i {
     let p = _mm512_mul_ps(v, _mm512_set1_ps(inv_scale));
-    // Clamp in f32 like the scalar code, so ±Inf products saturate before the conversion.
-    let r = _mm512_min_ps(
-        _mm512_max_ps(round_half_away(p), _mm512_set1_ps(-127.0)),
-        _mm512_set1_ps(127.0),
-    );
-    let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(p, p);
-    let codes = _mm512_mask_mov_epi32(_mm512_cvttps_epi32(r), nan, _mm512_setzero_si512());
-    _mm512_cvtepi32_epi8(codes)
+    _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(round_half_away(p)))
 }
 
 /// 16 codes `clamp(rna(v·s) + zp, −128, 127) + 128`, as bytes.
@@ -242,6 +246,14 @@ mod tests {
             vec![f32::NEG_INFINITY, 1.0, f32::NAN],
             vec![1e-40, -1e-40, 0.0],
             vec![],
+            // Extremes of the magnitude pass: the largest finite values, negative zeros,
+            // rows below the amax floor, an infinity after 16 finite values.
+            vec![f32::MAX, -f32::MAX, 1.0, -0.0],
+            vec![-0.0; 33],
+            vec![3e-8, -7e-8, 1e-9, 5e-8],
+            (0..40)
+                .map(|i| if i == 20 { f32::NEG_INFINITY } else { i as f32 })
+                .collect(),
         ];
         for len in [1usize, 15, 16, 17, 31, 33, 64, 100, 255, 2048] {
             rows.push((0..len).map(|_| rng.normal() * 4.0).collect());
@@ -269,6 +281,10 @@ mod tests {
         let mut nan_in_tail = vec![0.25f32; 37];
         nan_in_tail[35] = f32::NAN;
         rows.push(nan_in_tail);
+        let mut nan_and_inf = vec![2.5f32; 40];
+        nan_and_inf[3] = f32::NAN;
+        nan_and_inf[30] = f32::INFINITY;
+        rows.push(nan_and_inf);
         rows
     }
 
