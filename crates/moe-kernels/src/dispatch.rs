@@ -12,6 +12,7 @@ use std::sync::OnceLock;
 
 use crate::arch;
 use crate::isa::{Isa, IsaCap, MAX_ISA_ENV};
+use crate::packed::PackedWna16;
 use crate::ukernel::{
     ActEncoding, W4A8PanelsFn, W4A8TileAFn, W4Bf16PanelsFn, W4Bf16TileAFn, W8A8PanelsFn,
     W8A8TileAFn,
@@ -84,14 +85,16 @@ pub(crate) struct Bf16Tiles {
     pub(crate) tile_a: W4Bf16TileAFn,
 }
 
-/// A rung's WNA16 body for int4 codes on bf16 dot products, the codes decoded to bf16 in
-/// registers: bf16 activations laid out once per GEMM, exact code values, f32 sums per group.
+/// A rung's WNA16 body for int4 codes on bf16 dot products with the codes decoded exactly:
+/// bf16 activations laid out once per GEMM, exact code values, f32 sums per group.
 #[derive(Clone, Copy)]
 pub(crate) struct Int4Bf16Dot {
-    /// What runs the products, for reports.
+    /// What runs the products and how it reads the codes, for reports.
     pub(crate) unit: &'static str,
     /// Rows from which it runs.
     pub(crate) min_m: usize,
+    /// Which GEMMs of at least `min_m` rows it takes: `serves(w, m)`.
+    pub(crate) serves: fn(&PackedWna16, usize) -> bool,
     pub(crate) fill: Int4DotFillFn,
     pub(crate) entry: Int4DotPanelsFn,
 }
@@ -326,25 +329,14 @@ impl KernelSet {
         self
     }
 
-    /// The same set with a bf16 dot-product body for int4 WNA16 weights from `min_m` rows.
+    /// The same set with `body`, a bf16 dot-product body for int4 WNA16 weights.
     ///
     /// # Safety
-    /// - `fill` and `entry` may be called on this CPU: the caller holds the token of their
-    ///   rung and has checked the features they need.
+    /// - `body.fill` and `body.entry` may be called on this CPU: the caller holds the token of
+    ///   their rung and has checked the features they need.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 rungs have one
-    pub(crate) unsafe fn with_wna16_int4_dot(
-        mut self,
-        unit: &'static str,
-        min_m: usize,
-        fill: Int4DotFillFn,
-        entry: Int4DotPanelsFn,
-    ) -> Self {
-        self.wna16_int4_dot = Some(Int4Bf16Dot {
-            unit,
-            min_m,
-            fill,
-            entry,
-        });
+    pub(crate) unsafe fn with_wna16_int4_dot(mut self, body: Int4Bf16Dot) -> Self {
+        self.wna16_int4_dot = Some(body);
         self
     }
 
@@ -356,10 +348,12 @@ impl KernelSet {
         self
     }
 
-    /// The bf16 dot-product body for an int4 WNA16 GEMM of `m` rows, where the rung has it and
-    /// `m` reaches it.
-    pub(crate) fn wna16_int4_dot_for(&self, m: usize) -> Option<Int4Bf16Dot> {
-        self.wna16_int4_dot.filter(|d| m >= d.min_m)
+    /// The bf16 dot-product body for the WNA16 GEMM of `m` rows on `w`, where the rung has
+    /// one, `w` holds int4 codes, `m` reaches the body's first row count and the body takes
+    /// that GEMM.
+    pub(crate) fn wna16_int4_dot_for(&self, w: &PackedWna16, m: usize) -> Option<Int4Bf16Dot> {
+        self.wna16_int4_dot
+            .filter(|d| w.bits() == 4 && m >= d.min_m && (d.serves)(w, m))
     }
 
     /// The same kernels with prefill numerics `prefill`. [`W4A8Prefill::Bf16Tiles`] changes
@@ -514,13 +508,12 @@ impl KernelSet {
         };
         match self.wna16_int4_dot {
             Some(d) if d.min_m <= 1 => format!(
-                "wna16_gemm: int4 codes: {} on codes decoded in registers (bf16 activations); \
-                 int8 and fp8 codes: {rest}",
+                "wna16_gemm: int4 codes: {} (bf16 activations); int8 and fp8 codes: {rest}",
                 d.unit
             ),
             Some(d) => format!(
-                "wna16_gemm: int4 codes: {f32_body} below {} rows, {} on codes decoded in \
-                 registers (bf16 activations) from {}; int8 and fp8 codes: {rest}",
+                "wna16_gemm: int4 codes: {f32_body} below {} rows, {} (bf16 activations) from \
+                 {}; int8 and fp8 codes: {rest}",
                 d.min_m, d.unit, d.min_m
             ),
             None if self.bf16_tiles.is_some() => format!("wna16_gemm: {rest} (int4, int8, fp8)"),

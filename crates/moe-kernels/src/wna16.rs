@@ -72,9 +72,9 @@ pub(crate) struct Int4DotJob<'a> {
     pub(crate) w: &'a PackedWna16,
     /// Rows.
     pub(crate) m: usize,
-    /// `m` rows of `row_bytes` bytes of activations in the body's layout.
+    /// The activations in the body's layout (see [`Int4DotLayout`]).
     pub(crate) pairs: &'a [u8],
-    /// Bytes per row of `pairs`.
+    /// Bytes per row of `pairs`, for a row-major layout.
     pub(crate) row_bytes: usize,
     /// Per row and scale group, the sum of the row's activations as the body rounded them
     /// (`m · n_groups`; filled only for weights with zero points).
@@ -96,8 +96,8 @@ unsafe impl Sync for Int4DotJob<'_> {}
 pub(crate) type Int4DotPanelsFn = unsafe fn(&Int4DotJob<'_>, Range<usize>);
 
 /// A bf16 dot-product body's activation layout: lays `m` rows of `x` (`k` values each) into
-/// `dst` (grown as needed) and returns the bytes of one row; with `sums` (a group size and a
-/// buffer), also writes each row's sums per group of the rounded activations.
+/// `dst` (grown as needed) and says where they went; with `sums` (a group size and a buffer),
+/// also writes each row's sums per group of the rounded activations.
 ///
 /// # Safety (for callers)
 /// - The CPU supports the body's rung; `x` holds `m·k` values.
@@ -107,7 +107,16 @@ pub(crate) type Int4DotFillFn = unsafe fn(
     k: usize,
     sums: Option<(usize, &mut Vec<f32>)>,
     dst: &mut Vec<u8>,
-) -> usize;
+) -> Int4DotLayout;
+
+/// Where an [`Int4DotFillFn`] put a GEMM's activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Int4DotLayout {
+    /// Bytes the layout takes at the start of the buffer.
+    pub(crate) len: usize,
+    /// Bytes per row, for a row-major layout (0 for one made of tiles).
+    pub(crate) row_bytes: usize,
+}
 
 /// A scale element the bodies widen to f32 (exactly).
 pub(crate) trait Widen: Copy + Send + Sync {
@@ -304,7 +313,7 @@ pub fn wna16_gemm(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let int4_dot = ks.wna16_int4_dot_for(m).filter(|_| w.bits() == 4);
+    let int4_dot = ks.wna16_int4_dot_for(w, m);
     let bf16_tiles = ks.wna16_bf16_for(m).filter(|_| w.has_bf16_fill());
     let (rows, tiles, group_sums) =
         scratch.f32_rows_tiles_and_sums(if w.perm().is_some() { m * k } else { 0 });
@@ -323,12 +332,12 @@ pub fn wna16_gemm(
         let sums = w.zeros().map(|_| (w.group_size(), &mut *group_sums));
         // SAFETY: the fill function comes from the same `KernelSet` as the entry, registered
         // only where its features are available; `x` holds `m·K` values (checked or gathered).
-        let row_bytes = unsafe { (d.fill)(x, m, k, sums, tiles) };
+        let layout = unsafe { (d.fill)(x, m, k, sums, tiles) };
         let job = Int4DotJob {
             w,
             m,
-            pairs: &tiles[..m * row_bytes],
-            row_bytes,
+            pairs: &tiles[..layout.len],
+            row_bytes: layout.row_bytes,
             group_sums: group_sums.as_slice(),
             out: out.as_mut_ptr(),
         };

@@ -300,14 +300,7 @@ pub(crate) fn avx512vnni_kernel_set(_token: Avx512Vnni) -> crate::KernelSet {
             )
         };
         // SAFETY: as above, with AVX-512 VL (the token) for the layout's 256-bit permute.
-        unsafe {
-            ks.with_wna16_int4_dot(
-                "avx512-bf16 dot products",
-                int4_dot_min_rows(),
-                wna16dot::fill,
-                wna16dot::entry,
-            )
-        }
+        unsafe { ks.with_wna16_int4_dot(wna16dot::body(int4_dot_min_rows())) }
     } else {
         ks
     }
@@ -347,14 +340,7 @@ pub(crate) fn bf16_dot_kernel_set() -> Option<crate::KernelSet> {
         )
     };
     // SAFETY: as above, with AVX-512 VL (the token) for the layout's 256-bit permute.
-    let ks = unsafe {
-        ks.with_wna16_int4_dot(
-            "avx512-bf16 dot products",
-            1,
-            wna16dot::fill,
-            wna16dot::entry,
-        )
-    };
+    let ks = unsafe { ks.with_wna16_int4_dot(wna16dot::body(1)) };
     Some(ks.with_w4a8_prefill(crate::W4A8Prefill::Bf16Tiles))
 }
 

@@ -37,10 +37,11 @@ use half::bf16;
 use super::wna16::{
     LUT_RAW, LUT_SYM, group_scales, load_step, load_zeros, prefetch_ahead, store_panel_rows,
 };
+use crate::dispatch::Int4Bf16Dot;
 use crate::packed::wna16::{E2M1_VALUES, Int4Values, K_STEP};
 use crate::packed::{PANEL, PackedWna16};
 use crate::ukernel::row_tiles;
-use crate::wna16::Int4DotJob;
+use crate::wna16::{Int4DotJob, Int4DotLayout};
 
 /// Rows per tile: 8 rows × 2 chains of partial sums and 8 accumulators leave room for the
 /// table, the step and the decoded pair.
@@ -62,8 +63,8 @@ fn pair_order() -> __m256i {
 }
 
 /// Lays out `m` rows of `x` (`k` values each) as bf16 pairs in the order the tiles read (see
-/// the module docs), K past `k` as zeros, and returns the bytes of one row. With `sums`, also
-/// writes each row's sums of its bf16 activations per group of the given size, in row-major
+/// the module docs), K past `k` as zeros, one row after another. With `sums`, also writes each
+/// row's sums of its bf16 activations per group of the given size, in row-major
 /// `[m, ceil(k / group)]` order.
 ///
 /// # Safety
@@ -75,13 +76,12 @@ pub(crate) unsafe fn fill(
     k: usize,
     sums: Option<(usize, &mut Vec<f32>)>,
     dst: &mut Vec<u8>,
-) -> usize {
+) -> Int4DotLayout {
     let ks = k.div_ceil(K_STEP);
     let row_bytes = ks * STEP_BYTES;
     if dst.len() < m * row_bytes {
         dst.resize(m * row_bytes, 0);
     }
-    let order = pair_order();
     for (row, out) in x
         .chunks_exact(k)
         .zip(dst.chunks_exact_mut(row_bytes))
@@ -89,19 +89,8 @@ pub(crate) unsafe fn fill(
     {
         // Two steps (16 values, 32 bytes) at a time; the last may be one step.
         for (c, chunk) in out.chunks_mut(2 * STEP_BYTES).enumerate() {
-            let lo = 16 * c;
-            let n = k.saturating_sub(lo).min(16);
-            let keep: __mmask16 = if n == 16 { !0 } else { (1 << n) - 1 };
-            // SAFETY: the masked load reads only the `n` values `row[lo..lo + n]`.
-            let v = unsafe { _mm512_maskz_loadu_ps(keep, row[lo..].as_ptr()) };
-            let h = _mm512_cvtneps_pbh(v);
-            // SAFETY: a bf16 vector reinterpreted as its 16-bit patterns.
-            let h = unsafe { std::mem::transmute::<__m256bh, __m256i>(h) };
-            let paired = _mm256_permutexvar_epi16(order, h);
-            let mut bytes = [0u8; 32];
-            // SAFETY: `bytes` is 32 writable bytes; unaligned store.
-            unsafe { _mm256_storeu_si256(bytes.as_mut_ptr().cast(), paired) };
-            chunk.copy_from_slice(&bytes[..chunk.len()]);
+            let paired = pairs16(row, 16 * c);
+            chunk.copy_from_slice(&paired[..chunk.len()]);
         }
     }
     if let Some((group, sums)) = sums {
@@ -110,7 +99,28 @@ pub(crate) unsafe fn fill(
             sum_groups(out, k, group, sums);
         }
     }
-    row_bytes
+    Int4DotLayout {
+        len: m * row_bytes,
+        row_bytes,
+    }
+}
+
+/// Values `lo..lo + 16` of `row` (zeros past its end) rounded to bf16 and laid out as the two
+/// steps' pairs: 32 bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub(crate) fn pairs16(row: &[f32], lo: usize) -> [u8; 32] {
+    let n = row.len().saturating_sub(lo).min(16);
+    let keep: __mmask16 = if n == 16 { !0 } else { (1 << n) - 1 };
+    // SAFETY: the masked load reads only the `n` values `row[lo..lo + n]`.
+    let v = unsafe { _mm512_maskz_loadu_ps(keep, row.as_ptr().wrapping_add(lo)) };
+    let h = _mm512_cvtneps_pbh(v);
+    // SAFETY: a bf16 vector reinterpreted as its 16-bit patterns.
+    let h = unsafe { std::mem::transmute::<__m256bh, __m256i>(h) };
+    let paired = _mm256_permutexvar_epi16(pair_order(), h);
+    let mut bytes = [0u8; 32];
+    // SAFETY: `bytes` is 32 writable bytes; unaligned store.
+    unsafe { _mm256_storeu_si256(bytes.as_mut_ptr().cast(), paired) };
+    bytes
 }
 
 /// Appends the sums of one row's bf16 activations (laid out by [`fill`]) per group of `group`
@@ -146,7 +156,7 @@ const TABLE_RAW: [u16; 32] = table_of(LUT_RAW);
 const TABLE_E2M1: [u16; 32] = table_of(E2M1_VALUES);
 
 /// The table of a matrix's code values.
-fn table(w: &PackedWna16) -> &'static [u16; 32] {
+pub(crate) fn table(w: &PackedWna16) -> &'static [u16; 32] {
     match (w.values(), w.zeros()) {
         (Int4Values::E2m1, _) => &TABLE_E2M1,
         (Int4Values::Integer, Some(_)) => &TABLE_RAW,
@@ -246,6 +256,17 @@ unsafe fn tile<const R: usize, const C: usize, const ASYM: bool>(
     unsafe { store_panel_rows(w, job.out, p, m0, acc) };
 }
 
+/// This body as a kernel set's int4 dot-product body, from `min_m` rows, for every int4 GEMM.
+pub(crate) fn body(min_m: usize) -> Int4Bf16Dot {
+    Int4Bf16Dot {
+        unit: "avx512-bf16 dot products on codes decoded in registers",
+        min_m,
+        serves: |_, _| true,
+        fill,
+        entry,
+    }
+}
+
 /// One row-count instance of [`tile`].
 type TileFn = unsafe fn(&Int4DotJob<'_>, usize, usize);
 
@@ -304,6 +325,23 @@ mod tests {
         ks
     }
 
+    /// Every body with these numerics this CPU can run, from one row: this one and the AMX
+    /// body on the exactly decoded codes (on the emulated unit, and on the hardware where
+    /// present).
+    fn dot_sets() -> Vec<(&'static str, crate::KernelSet)> {
+        let mut sets: Vec<_> = dot_set()
+            .map(|ks| ("avx512-bf16", ks))
+            .into_iter()
+            .collect();
+        if let Some(ks) = crate::x86::amx::emulated::int4_kernel_set() {
+            sets.push(("amx-bf16 on emulated tiles", ks));
+        }
+        if let Some(ks) = crate::x86::amx::hardware_int4_kernel_set() {
+            sets.push(("amx-bf16 tiles", ks));
+        }
+        sets
+    }
+
     #[test]
     fn fill_lays_out_bf16_pairs_and_group_sums() {
         if dot_set().is_none() {
@@ -319,8 +357,10 @@ mod tests {
             let x = rng.vec_uniform(m * k, -3.0, 3.0);
             let (mut dst, mut sums) = (vec![0xAA; 3], Vec::new());
             // SAFETY: the set exists, so the CPU has AVX-512 F/BW/VL/BF16; `x` holds `m·k`.
-            let row_bytes = unsafe { super::fill(&x, m, k, Some((group, &mut sums)), &mut dst) };
+            let layout = unsafe { super::fill(&x, m, k, Some((group, &mut sums)), &mut dst) };
+            let row_bytes = layout.row_bytes;
             assert_eq!(row_bytes, k.div_ceil(K_STEP) * STEP_BYTES);
+            assert_eq!(layout.len, m * row_bytes);
             for r in 0..m {
                 for kk in 0..k.next_multiple_of(K_STEP) {
                     let (s, j) = (kk / K_STEP, kk % K_STEP);
@@ -356,7 +396,7 @@ mod tests {
     /// `1e-5·Σ|x·w|` (f32 sums in another order, and `vdpbf16ps` adding two products at once).
     #[test]
     fn int4_dot_body_matches_the_f64_model_on_ragged_shapes() {
-        let Some(ks) = dot_set() else { return };
+        let sets = dot_sets();
         let mut rng = SplitMix64::new(0xd08);
         // (K, group size or channelwise, zero points, MXFP4)
         let cases: [(usize, Option<usize>, bool, bool); 7] = [
@@ -405,9 +445,14 @@ mod tests {
                 let dq = w.dequantize_f64();
                 for &m in &[0usize, 1, 2, 3, 5, 8, 9, 16, 64, 65, 130] {
                     let x: Vec<f32> = (0..m * k).map(|_| rng.normal() * 2.0).collect();
-                    for par in [Par::Seq, Par::Rayon] {
+                    for ((unit, ks), par) in
+                        sets.iter().flat_map(|s| [(s, Par::Seq), (s, Par::Rayon)])
+                    {
+                        if ks.wna16_int4_dot_for(&w, m).is_none() && m > 0 {
+                            continue;
+                        }
                         let mut got = vec![f32::NAN; m * n];
-                        crate::wna16_gemm(&ks, m, &x, &w, &mut got, &mut GemmScratch::new(), par)
+                        crate::wna16_gemm(ks, m, &x, &w, &mut got, &mut GemmScratch::new(), par)
                             .unwrap();
                         for r in 0..m {
                             for c in 0..n {
@@ -422,8 +467,8 @@ mod tests {
                                 let got = f64::from(got[r * n + c]);
                                 assert!(
                                     (got - want).abs() <= 1e-5 * mag + 1e-6,
-                                    "k={k} g={g:?} asym={asym} mxfp4={mx} m={m} n={n} {par:?}: \
-                                     out[{r},{c}] = {got}, want {want}"
+                                    "{unit}: k={k} g={g:?} asym={asym} mxfp4={mx} m={m} n={n} \
+                                     {par:?}: out[{r},{c}] = {got}, want {want}"
                                 );
                             }
                         }
@@ -436,7 +481,12 @@ mod tests {
     /// A row holding a NaN gives NaN outputs, and the other rows are untouched by it.
     #[test]
     fn int4_dot_body_keeps_nan_rows_nan() {
-        let Some(ks) = dot_set() else { return };
+        for (unit, ks) in dot_sets() {
+            nan_rows_stay_nan(unit, &ks);
+        }
+    }
+
+    fn nan_rows_stay_nan(unit: &str, ks: &crate::KernelSet) {
         let mut rng = SplitMix64::new(0xd09);
         let (n, k, m) = (20usize, 96usize, 5usize);
         let codes: Vec<u8> = (0..n * k).map(|_| rng.below(16) as u8).collect();
@@ -453,13 +503,21 @@ mod tests {
             perm: None,
         })
         .unwrap();
+        assert!(ks.wna16_int4_dot_for(&w, m).is_some(), "{unit}");
         let mut x = rng.vec_uniform(m * k, -1.0, 1.0);
         x[2 * k + 50] = f32::NAN;
         let mut got = vec![0f32; m * n];
-        crate::wna16_gemm(&ks, m, &x, &w, &mut got, &mut GemmScratch::new(), Par::Seq).unwrap();
+        crate::wna16_gemm(ks, m, &x, &w, &mut got, &mut GemmScratch::new(), Par::Seq).unwrap();
         for (r, row) in got.chunks_exact(n).enumerate() {
-            assert_eq!(row.iter().all(|v| v.is_nan()), r == 2, "row {r}: {row:?}");
-            assert!(r == 2 || row.iter().all(|v| v.is_finite()), "row {r}");
+            assert_eq!(
+                row.iter().all(|v| v.is_nan()),
+                r == 2,
+                "{unit}: row {r}: {row:?}"
+            );
+            assert!(
+                r == 2 || row.iter().all(|v| v.is_finite()),
+                "{unit}: row {r}"
+            );
         }
     }
 }

@@ -408,8 +408,14 @@ mod tests {
             Some(ks) => sets.push(("emulated tiles", ks)),
             None => eprintln!("note: skipping the emulated bf16 tiles: no AVX-512 VNNI and BF16"),
         }
+        if let Some(ks) = super::super::emulated::int4_kernel_set() {
+            sets.push(("emulated tiles, int4 codes decoded exactly", ks));
+        }
         if let Some(ks) = super::super::hardware_bf16_kernel_set() {
             sets.push(("hardware tiles", ks));
+        }
+        if let Some(ks) = super::super::hardware_int4_kernel_set() {
+            sets.push(("hardware tiles, int4 codes decoded exactly", ks));
         }
         if let Some(ks) = crate::x86::bf16_dot_kernel_set() {
             sets.push(("avx512-bf16", ks));
@@ -679,7 +685,7 @@ mod tests {
                         .unwrap();
                     // The int4 dot-product body multiplies the exact code values and scales the
                     // group sums in f32: no weight is rounded to bf16.
-                    let exact_weights = bits == 4 && ks.wna16_int4_dot_for(m).is_some();
+                    let exact_weights = ks.wna16_int4_dot_for(&w, m).is_some();
                     let weight = |v: f64| if exact_weights { v } else { round(v) };
                     for r in 0..m {
                         for c in 0..n {

@@ -21,6 +21,7 @@
 
 pub(crate) mod bf16;
 pub(crate) mod common;
+mod int4;
 mod tiles;
 mod w4a8;
 mod w8a8;
@@ -33,8 +34,10 @@ use super::Amx;
 use crate::Isa;
 use crate::dispatch::Bf16MinRows;
 use crate::ukernel::{ActEncoding, W4A8Job, W4A8PanelsFn, W4Bf16Job, W8A8Job, W8A8PanelsFn};
+use crate::wna16::Int4DotJob;
 use bf16::{WideBf16Pair, bf16_step};
 use common::{AccBuf, GROUP_ROWS, TILE_ROWS, TiledA, tile_config};
+use int4::{CodePair, int4_step};
 use tiles::{HwTiles, TileUnit};
 use w4a8::{BatchAccs, W4A8Step, WidePair, w4a8_step};
 use w8a8::{PanelPair, w8a8_step};
@@ -86,6 +89,8 @@ thread_local! {
     static WIDE: RefCell<WidePair> = RefCell::new(WidePair::default());
     /// The same for the bf16 path.
     static WIDE_BF16: RefCell<WideBf16Pair> = RefCell::new(WideBf16Pair::default());
+    /// The same for the int4 codes decoded exactly.
+    static CODES: RefCell<CodePair> = RefCell::new(CodePair::default());
 }
 
 /// Walks `panels` in pairs, widening each pair once and running every row group of the call
@@ -210,6 +215,43 @@ unsafe fn w4bf16_panels<U: TileUnit>(unit: &mut U, job: &W4Bf16Job<'_>, panels: 
     unit.release();
 }
 
+/// The exactly decoded int4 counterpart of [`w4bf16_panels`]: each panel pair's codes decoded
+/// to bf16 once per call, C tiles stored and scaled once per scale group (`int4.rs`).
+///
+/// # Safety
+/// - The CPU has AVX-512 F/BW and `unit` can run AMX-BF16 tile instructions;
+/// - the job satisfies [`crate::wna16::Int4DotPanelsFn`]'s contract, its activations laid out
+///   by [`int4::fill`], and [`int4::serves`] holds for its weights and rows.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn int4_panels<U: TileUnit>(unit: &mut U, job: &Int4DotJob<'_>, panels: Range<usize>) {
+    // SAFETY: `tile_config` shapes are legal.
+    unsafe { unit.configure(&tile_config(bf16::CHUNK_BYTES)) };
+    let mut acc = AccBuf::zeroed();
+    let n_chunks = job.w.k().div_ceil(bf16::CHUNK_K);
+    let a = TiledA::new(job.pairs, job.m, bf16::CHUNK_BYTES, n_chunks);
+    CODES.with_borrow_mut(|codes| {
+        let a = &a;
+        let mut p = panels.start;
+        while p < panels.end {
+            let nb = 2.min(panels.end - p);
+            codes.fill(job.w, p, nb);
+            let mut row0 = 0;
+            while row0 < job.m {
+                let rows = GROUP_ROWS.min(job.m - row0);
+                let step = int4::Step { codes, a, p, row0 };
+                // SAFETY: the unit is configured with 64-byte rows, `a` and `codes` are filled
+                // for this job and pair; the job contract (AMX-BF16 and `serves` included) is
+                // forwarded; `row0 < m` is a multiple of 16, and the shape has two row halves
+                // exactly when `row0 + 16 < m`.
+                unsafe { live_shape!(rows, nb, int4_step::<U>(unit, job, step, &mut acc)) };
+                row0 += rows;
+            }
+            p += nb;
+        }
+    });
+    unit.release();
+}
+
 /// The bf16 tile path's activation layout (the driver's hook).
 ///
 /// # Safety
@@ -229,6 +271,18 @@ unsafe fn w4bf16_entry(job: &W4Bf16Job<'_>, panels: Range<usize>) {
     let token = unsafe { Amx::new_unchecked() };
     // SAFETY: as above; the job contract is forwarded.
     unsafe { w4bf16_panels(&mut HwTiles::new(token), job, panels) }
+}
+
+/// The exactly decoded int4 entry point.
+///
+/// # Safety
+/// - [`crate::wna16::Int4DotPanelsFn`]'s contract, including AMX-BF16 and the tile permission.
+unsafe fn int4_entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
+    // SAFETY: the `KernelSet` holding this entry was built from the AMX token, and registers
+    // it only where AMX-BF16 and AVX-512 BF16 are present.
+    let token = unsafe { Amx::new_unchecked() };
+    // SAFETY: as above; the job contract is forwarded.
+    unsafe { int4_panels(&mut HwTiles::new(token), job, panels) }
 }
 
 /// The W4A8 tile entry point.
@@ -283,7 +337,11 @@ pub(crate) fn kernel_set(token: Amx) -> crate::KernelSet {
     let set = unsafe { with_tile_entries(token.avx512vnni(), min_rows(), w4a8_entry, w8a8_entry) };
     if has_bf16() {
         // SAFETY: the token proves AMX; AMX-BF16 and AVX-512 BF16 were just checked.
-        unsafe { set.with_bf16_tiles("amx-bf16 tiles", bf16_min_rows(), w4bf16_entry, bf16_tile_a) }
+        let set = unsafe {
+            set.with_bf16_tiles("amx-bf16 tiles", bf16_min_rows(), w4bf16_entry, bf16_tile_a)
+        };
+        // SAFETY: as above.
+        unsafe { set.with_wna16_int4_dot(int4::body(bf16_min_rows().wna16, int4_entry)) }
     } else {
         set
     }
@@ -333,6 +391,15 @@ pub(crate) fn hardware_bf16_kernel_set() -> Option<crate::KernelSet> {
     let set = unsafe { with_tile_entries(token.avx512vnni(), min_rows(), int4, int8) };
     // SAFETY: the token proves AMX; AMX-BF16 and AVX-512 BF16 were just checked.
     Some(unsafe { with_bf16_from_one_row(set, w4bf16_entry) })
+}
+
+/// The AMX rung on the hardware tile unit with its bf16 tile path and its exactly decoded int4
+/// body from one row on, when the CPU has AMX-BF16 (tests).
+#[cfg(test)]
+pub(crate) fn hardware_int4_kernel_set() -> Option<crate::KernelSet> {
+    let set = hardware_bf16_kernel_set()?;
+    // SAFETY: that set exists only where AMX-BF16 and AVX-512 BF16 are usable.
+    Some(unsafe { set.with_wna16_int4_dot(int4::body(1, int4_entry)) })
 }
 
 /// `set` with the bf16 tile path `entry` from one row on, chosen: what the tests of the path
@@ -397,6 +464,23 @@ pub(crate) mod emulated {
         // SAFETY: AVX-512 BF16 was just checked; the emulated unit needs nothing else.
         Some(unsafe { super::with_bf16_from_one_row(set, w4bf16_entry) })
     }
+
+    /// # Safety
+    /// - [`crate::wna16::Int4DotPanelsFn`]'s contract, with AVX-512 F/BW/BF16 instead of
+    ///   AMX-BF16.
+    unsafe fn int4_entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
+        // SAFETY: the caller guarantees AVX-512 BF16; the emulated unit runs anywhere.
+        unsafe { int4_panels(&mut EmulatedTiles::new(), job, panels) }
+    }
+
+    /// [`bf16_kernel_set`] with the exactly decoded int4 body from one row on (where it
+    /// serves), when AVX-512 VNNI, VL and BF16 are available.
+    pub(crate) fn int4_kernel_set() -> Option<crate::KernelSet> {
+        let set = bf16_kernel_set()?;
+        // SAFETY: the set exists only with AVX-512 BF16 (and VNNI, which comes with VL here);
+        // the emulated unit needs nothing else.
+        Some(unsafe { set.with_wna16_int4_dot(super::int4::body(1, int4_entry)) })
+    }
 }
 
 /// The AMX rung on the no-op tile unit, for timing its non-tile work (`tile-cost-model`).
@@ -427,6 +511,13 @@ pub(crate) mod cost_model {
         unsafe { w4bf16_panels(&mut NoopTiles, job, panels) }
     }
 
+    /// # Safety
+    /// - [`crate::wna16::Int4DotPanelsFn`]'s contract, with AVX-512 BF16 instead of AMX.
+    unsafe fn int4_entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
+        // SAFETY: as above.
+        unsafe { int4_panels(&mut NoopTiles, job, panels) }
+    }
+
     /// The set, when asked for (`MOE_KERNELS_TILE_COST_MODEL=1`) and AVX-512 VNNI is there.
     pub(crate) fn kernel_set() -> Option<crate::KernelSet> {
         if std::env::var("MOE_KERNELS_TILE_COST_MODEL").as_deref() != Ok("1") {
@@ -437,9 +528,11 @@ pub(crate) mod cost_model {
         let set = unsafe { with_tile_entries(token, min_rows(), w4a8_entry, w8a8_entry) };
         if crate::x86::detect().avx512bf16 {
             // SAFETY: AVX-512 BF16 was just checked; the no-op unit needs nothing else.
-            Some(unsafe {
+            let set = unsafe {
                 set.with_bf16_tiles("amx-bf16 tiles", bf16_min_rows(), w4bf16_entry, bf16_tile_a)
-            })
+            };
+            // SAFETY: as above.
+            Some(unsafe { set.with_wna16_int4_dot(int4::body(bf16_min_rows().wna16, int4_entry)) })
         } else {
             Some(set)
         }

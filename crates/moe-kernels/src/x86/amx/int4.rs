@@ -1,0 +1,319 @@
+//! Int4 WNA16 GEMMs on the AMX-BF16 tiles with the codes decoded exactly: the numerics of the
+//! AVX-512 BF16 dot-product body (`x86/wna16dot.rs`), the products on the tile unit.
+//!
+//! The bf16 tile body (`bf16.rs`) folds each group scale into bf16 weights, `bf16(w·scale)`,
+//! so its C tiles hold their sums over all of K; the price is a dequantization of every panel
+//! pair per call that costs about four vector instructions per 16 weights, which the tiles
+//! only pay back with many rows. Here a B row is two instructions per 32 weights: as in the
+//! dot-product body, one `vpsrlw` by `4j` and one `vpermw` through the 32-entry table of code
+//! values give K values `j` and `j + 4` of a step's 16 channels as exact bf16 (`c − 8`, or `c`
+//! with zero points, or the e2m1 value), which is one B row of `tdpbf16ps` when the activations
+//! are laid out in the same pair order ([`fill`]: the dot-product body's rows, cut into
+//! [`TiledA`] tiles). The scales stay out of the tiles: at the end of each scale group the C
+//! tiles are stored and each row's f32 sums are scaled into its accumulators (less `z · Σx`
+//! with zero points), one `vfmadd` per 16 outputs.
+//!
+//! That per-group epilogue grows with the rows while the dequantization it replaces does not,
+//! so the body serves a GEMM only while its rows do not exceed the group size ([`serves`]);
+//! past that the bf16 tile body's single epilogue is cheaper. Group boundaries must fall on
+//! the tiles' 32-value chunks, so groups that are not multiples of 32 go to the bf16 tile body
+//! too.
+//!
+//! Numerics: activations rounded to bf16 (nearest, ties to even), code values exact, group
+//! sums in f32 scaled in f32, as the dot-product body; the tile unit adds in its own order, so
+//! results are compared with an f64 model within a tolerance.
+
+// Rows index several arrays in lockstep; index loops read clearer than zips here.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+use half::bf16;
+
+use super::bf16::{CHUNK_BYTES, CHUNK_K};
+use super::common::{
+    AccBuf, GROUP_ROWS, Row64, TILE_ROWS, TiledA, dpbf16_live, load_a_live, load_b_live,
+    store_live, tiles_for, write_panel_rows, zero_live,
+};
+use super::tiles::TileUnit;
+use crate::dispatch::Int4Bf16Dot;
+use crate::packed::wna16::K_STEP;
+use crate::packed::{PANEL, PackedWna16};
+use crate::wna16::{Int4DotJob, Int4DotLayout};
+use crate::x86::wna16::{group_scales, load_step, load_zeros};
+use crate::x86::wna16dot::{pairs16, table};
+
+/// B rows per chunk: one per K pair of the chunk's 32 values.
+const CHUNK_ROWS: usize = CHUNK_K / 2;
+
+/// Whether this body takes the int4 GEMM of `m` rows on `w`: one scale group per matrix, or
+/// groups of whole chunks with no more rows than values per group.
+pub(crate) fn serves(w: &PackedWna16, m: usize) -> bool {
+    w.n_groups() == 1 || (w.group_size().is_multiple_of(CHUNK_K) && m <= w.group_size())
+}
+
+/// This body as a kernel set's int4 dot-product body from `min_m` rows, running `entry`.
+pub(crate) fn body(min_m: usize, entry: crate::wna16::Int4DotPanelsFn) -> Int4Bf16Dot {
+    Int4Bf16Dot {
+        unit: "amx-bf16 tiles on exactly decoded codes, up to as many rows as the group size",
+        min_m,
+        serves,
+        fill,
+        entry,
+    }
+}
+
+/// Lays out `m` rows of `x` (`k` values each) as [`TiledA`] tiles of [`CHUNK_K`] values, each
+/// row's values as bf16 pairs in the order the B rows hold them (K values `j` and `j + 4` of
+/// each step side by side); K past `k` and rows past `m` are zero. With `sums`, also writes
+/// each row's sums of its bf16 activations per group, in row-major `[m, ceil(k / group)]`
+/// order, each added in ascending K order as the dot-product body does.
+///
+/// # Safety
+/// - The CPU has AVX-512 F/BW/VL/BF16; `x` holds `m·k` values.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub(crate) unsafe fn fill(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    sums: Option<(usize, &mut Vec<f32>)>,
+    dst: &mut Vec<u8>,
+) -> Int4DotLayout {
+    let n_chunks = k.div_ceil(CHUNK_K);
+    let tile_bytes = TILE_ROWS * CHUNK_BYTES;
+    let bytes = tiles_for(dst, m, CHUNK_BYTES, n_chunks);
+    let len = bytes.len();
+    for (t, tile_row) in bytes.chunks_exact_mut(n_chunks * tile_bytes).enumerate() {
+        for (c, tile) in tile_row.chunks_exact_mut(tile_bytes).enumerate() {
+            for (r, a_row) in tile.chunks_exact_mut(CHUNK_BYTES).enumerate() {
+                let row = t * TILE_ROWS + r;
+                if row >= m {
+                    a_row.fill(0);
+                    continue;
+                }
+                let src = &x[row * k..][..k];
+                for (half, out) in a_row.chunks_exact_mut(32).enumerate() {
+                    out.copy_from_slice(&pairs16(src, c * CHUNK_K + 16 * half));
+                }
+            }
+        }
+    }
+    if let Some((group, sums)) = sums {
+        sums.clear();
+        let bytes = &dst[..len];
+        for row in 0..m {
+            let row_at = |c: usize| {
+                ((row / TILE_ROWS * n_chunks + c) * TILE_ROWS + row % TILE_ROWS) * CHUNK_BYTES
+            };
+            for g0 in (0..k).step_by(group) {
+                let mut sum = 0f32;
+                for kk in g0..k.min(g0 + group) {
+                    let (s, j) = (kk % CHUNK_K / K_STEP, kk % K_STEP);
+                    let at = row_at(kk / CHUNK_K) + 16 * s + 4 * (j % 4) + 2 * (j / 4);
+                    sum += bf16::from_bits(u16::from_le_bytes([bytes[at], bytes[at + 1]])).to_f32();
+                }
+                sums.push(sum);
+            }
+        }
+    }
+    Int4DotLayout { len, row_bytes: 0 }
+}
+
+/// A panel pair's codes decoded to exact bf16 B rows: per panel, chunk `c`'s row `4s + j`
+/// holds K values `8s + j` and `8s + j + 4` of the chunk's step `s` for the 16 channels;
+/// rows past K are zero.
+#[derive(Default)]
+pub(crate) struct CodePair {
+    /// `[panel][chunk][CHUNK_ROWS]`.
+    rows: Vec<Row64>,
+    /// B rows per panel.
+    rows_per_panel: usize,
+}
+
+impl CodePair {
+    /// Decodes panels `p..p + nb` (`nb` is 1 or 2) of `w`. Reuses the buffer, so a thread's
+    /// calls stop allocating once the largest matrix is seen.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(crate) fn fill(&mut self, w: &PackedWna16, p: usize, nb: usize) {
+        let (ks, n_chunks) = (w.k_steps(), w.k().div_ceil(CHUNK_K));
+        let rows_per_panel = n_chunks * CHUNK_ROWS;
+        self.rows_per_panel = rows_per_panel;
+        self.rows.resize(nb * rows_per_panel, Row64::ZERO);
+        // SAFETY: the table is 64 readable bytes; unaligned load.
+        let lut = unsafe { _mm512_loadu_si512(table(w).as_ptr().cast()) };
+        for j in 0..nb {
+            let (steps, _) = w.codes()[(p + j) * ks * PANEL..][..ks * PANEL].as_chunks::<PANEL>();
+            let dst = &mut self.rows[j * rows_per_panel..][..rows_per_panel];
+            let (quads, _) = dst.as_chunks_mut::<4>();
+            for (step, quad) in steps.iter().zip(quads.iter_mut()) {
+                let v = load_step(step);
+                let rows = [
+                    v,
+                    _mm512_srli_epi16::<4>(v),
+                    _mm512_srli_epi16::<8>(v),
+                    _mm512_srli_epi16::<12>(v),
+                ];
+                for (row, idx) in quad.iter_mut().zip(rows) {
+                    let bits = _mm512_permutexvar_epi16(idx, lut);
+                    // SAFETY: a `Row64` is 64 writable, 64-byte aligned bytes we borrow
+                    // mutably.
+                    unsafe { _mm512_store_si512(row.0.as_mut_ptr().cast(), bits) };
+                }
+            }
+            // A buffer that held a longer matrix keeps finite values here, which the zero
+            // activations past K would cancel; zeros keep every product exact.
+            dst[ks * 4..].fill(Row64::ZERO);
+        }
+    }
+
+    /// The 16 B rows of chunk `c` of the pair's panel `j`.
+    fn chunk_rows(&self, j: usize, c: usize) -> *const u8 {
+        let at = j * self.rows_per_panel + c * CHUNK_ROWS;
+        self.rows[at..at + CHUNK_ROWS].as_ptr().cast()
+    }
+}
+
+/// What a step needs besides the job: the decoded pair, the activation tiles, the pair's
+/// first panel and the row group's first row.
+pub(crate) struct Step<'a> {
+    pub(crate) codes: &'a CodePair,
+    pub(crate) a: &'a TiledA<'a>,
+    pub(crate) p: usize,
+    pub(crate) row0: usize,
+}
+
+/// Computes rows `row0..row0 + min(32, m − row0)` of the pair's channels, one scale group at a
+/// time. `NA` is 2 when the group has more than 16 rows, `NB` the number of panels in the pair.
+///
+/// # Safety
+/// - The CPU has AVX-512 F/BW and AMX-BF16; `unit` is configured with
+///   `tile_config(CHUNK_BYTES)`; `step.codes` was filled for the pair and `step.a` views this
+///   job's rows ([`fill`]).
+/// - The job satisfies [`crate::wna16::Int4DotPanelsFn`]'s contract for the pair's panels and
+///   [`serves`] holds for it; `row0 < job.m` is a multiple of 16, and `row0 + 16 < job.m`
+///   exactly when `NA == 2`.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(crate) unsafe fn int4_step<U: TileUnit, const NA: usize, const NB: usize>(
+    unit: &mut U,
+    job: &Int4DotJob<'_>,
+    step: Step<'_>,
+    acc: &mut AccBuf,
+) {
+    let Step { codes, a, p, row0 } = step;
+    let w = job.w;
+    let (k, ng) = (w.k(), w.n_groups());
+    let n_chunks = k.div_ceil(CHUNK_K);
+    // With one group it spans every chunk; otherwise groups are whole chunks (`serves`).
+    let per_group = if ng == 1 {
+        n_chunks
+    } else {
+        w.group_size() / CHUNK_K
+    };
+    let t = row0 / TILE_ROWS;
+    let rows = GROUP_ROWS.min(job.m - row0);
+    let zeros = w.zeros();
+    let mut acc_f = [[_mm512_setzero_ps(); 2]; GROUP_ROWS];
+    for g in 0..ng {
+        let chunks = g * per_group..n_chunks.min((g + 1) * per_group);
+        // SAFETY: for this and the tile calls below, the unit is configured with 64-byte A and
+        // B rows (our contract); `a` holds row tiles `t..t + NA` of every chunk; `chunk_rows`
+        // points at 16 rows of the decoded pair; the CPU has AMX-BF16 (our contract).
+        unsafe { zero_live::<U, NA, NB>(unit) };
+        for c in chunks {
+            // SAFETY: see above.
+            unsafe { load_a_live::<U, NA>(unit, a, t, c) };
+            let b_rows = [codes.chunk_rows(0, c), codes.chunk_rows(NB - 1, c)];
+            // SAFETY: see above.
+            unsafe { load_b_live::<U, NB>(unit, b_rows) };
+            // SAFETY: see above.
+            unsafe { dpbf16_live::<U, NA, NB>(unit) };
+        }
+        // SAFETY: see above.
+        unsafe { store_live::<U, NA, NB>(unit, acc) };
+        for j in 0..NB {
+            let at = ((p + j) * ng + g) * PANEL;
+            let scale = group_scales(w.scales(), at);
+            let zero = zeros.map(|z| load_zeros(z[at..at + PANEL].try_into().expect("16")));
+            for r in 0..rows {
+                // SAFETY: channels `16j..16j + 16` of an `AccBuf` row are 16 readable, 64-byte
+                // aligned 32-bit values, here the f32 sums the C tiles stored.
+                let mut sum = unsafe { _mm512_load_ps(acc.0[r][j * PANEL..].as_ptr().cast()) };
+                if let Some(zero) = zero {
+                    let xsum = _mm512_set1_ps(job.group_sums[(row0 + r) * ng + g]);
+                    sum = _mm512_fnmadd_ps(zero, xsum, sum);
+                }
+                acc_f[r][j] = _mm512_fmadd_ps(sum, scale, acc_f[r][j]);
+            }
+        }
+    }
+    for j in 0..NB {
+        let bias = w.bias().map(|b| &b[(p + j) * PANEL..][..PANEL]);
+        // SAFETY: rows `row0..row0 + rows < m` and panel `p + j`'s channels are inside the
+        // validated output and owned by this call (our contract).
+        unsafe {
+            write_panel_rows((job.out, w.n()), w.n(), (row0, rows), p + j, bias, |r| {
+                acc_f[r][j]
+            })
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use moe_testutil::SplitMix64;
+
+    use super::{CHUNK_BYTES, CHUNK_K, TILE_ROWS, TiledA};
+
+    /// The tiled layout holds the dot-product body's rows chunk by chunk, zeros past K and
+    /// past the last row, and the same group sums bit for bit.
+    #[test]
+    fn fill_tiles_the_dot_product_layout() {
+        if crate::x86::bf16_dot_kernel_set().is_none() {
+            eprintln!("note: skipping: no AVX-512 BF16");
+            return;
+        }
+        let mut rng = SplitMix64::new(0x1a4);
+        for (m, k, group) in [
+            (1usize, 8usize, 8usize),
+            (3, 37, 37),
+            (17, 72, 32),
+            (33, 200, 64),
+        ] {
+            let x = rng.vec_uniform(m * k, -3.0, 3.0);
+            let (mut rows, mut row_sums) = (Vec::new(), Vec::new());
+            let (mut tiles, mut tile_sums) = (vec![0xAA; 5], vec![1.0; 2]);
+            // SAFETY: AVX-512 F/BW/VL/BF16 were checked above (the set exists); `x` holds
+            // `m·k` values.
+            let by_row = unsafe {
+                crate::x86::wna16dot::fill(&x, m, k, Some((group, &mut row_sums)), &mut rows)
+            };
+            // SAFETY: as above.
+            let tiled = unsafe { super::fill(&x, m, k, Some((group, &mut tile_sums)), &mut tiles) };
+            assert_eq!(row_sums.len(), m * k.div_ceil(group));
+            assert_eq!(
+                row_sums.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                tile_sums.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "m={m} k={k} group={group}"
+            );
+            let n_chunks = k.div_ceil(CHUNK_K);
+            let a = TiledA::new(&tiles[..tiled.len], m, CHUNK_BYTES, n_chunks);
+            for r in 0..m.next_multiple_of(TILE_ROWS) {
+                for c in 0..n_chunks {
+                    // SAFETY: `row` points at 64 bytes of the layout for every padded row.
+                    let got = unsafe { std::slice::from_raw_parts(a.row(r, c), CHUNK_BYTES) };
+                    let want: Vec<u8> = (0..CHUNK_BYTES)
+                        .map(|i| {
+                            let at = c * CHUNK_BYTES + i;
+                            if r < m && at < by_row.row_bytes {
+                                rows[r * by_row.row_bytes + at]
+                            } else {
+                                0
+                            }
+                        })
+                        .collect();
+                    assert_eq!(got, &want[..], "m={m} k={k} row {r} chunk {c}");
+                }
+            }
+        }
+    }
+}
