@@ -183,7 +183,7 @@ pub(crate) struct Step<'a> {
 }
 
 /// Computes rows `row0..row0 + min(32, m − row0)` of the pair's channels, one scale group at a
-/// time. `NA` is 2 when the group has more than 16 rows, `NB` the number of panels in the pair.
+/// time, the C tiles of alternate groups stored into the two buffers of `bufs`. `NA` is 2 when the group has more than 16 rows, `NB` the number of panels in the pair.
 ///
 /// # Safety
 /// - The CPU has AVX-512 F/BW and AMX-BF16; `unit` is configured with
@@ -197,7 +197,7 @@ pub(crate) unsafe fn int4_step<U: TileUnit, const NA: usize, const NB: usize>(
     unit: &mut U,
     job: &Int4DotJob<'_>,
     step: Step<'_>,
-    acc: &mut AccBuf,
+    bufs: &mut [AccBuf; 2],
 ) {
     let Step { codes, a, p, row0 } = step;
     let w = job.w;
@@ -212,14 +212,13 @@ pub(crate) unsafe fn int4_step<U: TileUnit, const NA: usize, const NB: usize>(
     let t = row0 / TILE_ROWS;
     let rows = GROUP_ROWS.min(job.m - row0);
     let zeros = w.zeros();
-    let mut acc_f = [[_mm512_setzero_ps(); 2]; GROUP_ROWS];
-    for g in 0..ng {
-        let chunks = g * per_group..n_chunks.min((g + 1) * per_group);
+    // Zeroes, accumulates and stores scale group `g`'s C tiles into `buf`.
+    let group_tiles = |unit: &mut U, g: usize, buf: &mut AccBuf| {
         // SAFETY: for this and the tile calls below, the unit is configured with 64-byte A and
         // B rows (our contract); `a` holds row tiles `t..t + NA` of every chunk; `chunk_rows`
         // points at 16 rows of the decoded pair; the CPU has AMX-BF16 (our contract).
         unsafe { zero_live::<U, NA, NB>(unit) };
-        for c in chunks {
+        for c in g * per_group..n_chunks.min((g + 1) * per_group) {
             // SAFETY: see above.
             unsafe { load_a_live::<U, NA>(unit, a, t, c) };
             let b_rows = [codes.chunk_rows(0, c), codes.chunk_rows(NB - 1, c)];
@@ -229,7 +228,11 @@ pub(crate) unsafe fn int4_step<U: TileUnit, const NA: usize, const NB: usize>(
             unsafe { dpbf16_live::<U, NA, NB>(unit) };
         }
         // SAFETY: see above.
-        unsafe { store_live::<U, NA, NB>(unit, acc) };
+        unsafe { store_live::<U, NA, NB>(unit, buf) };
+    };
+    let mut acc_f = [[_mm512_setzero_ps(); 2]; GROUP_ROWS];
+    // Scales group `g`'s stored sums into the rows' accumulators.
+    let epilogue = |acc_f: &mut [[__m512; 2]; GROUP_ROWS], g: usize, buf: &AccBuf| {
         for j in 0..NB {
             let at = ((p + j) * ng + g) * PANEL;
             let scale = group_scales(w.scales(), at);
@@ -237,7 +240,7 @@ pub(crate) unsafe fn int4_step<U: TileUnit, const NA: usize, const NB: usize>(
             for r in 0..rows {
                 // SAFETY: channels `16j..16j + 16` of an `AccBuf` row are 16 readable, 64-byte
                 // aligned 32-bit values, here the f32 sums the C tiles stored.
-                let mut sum = unsafe { _mm512_load_ps(acc.0[r][j * PANEL..].as_ptr().cast()) };
+                let mut sum = unsafe { _mm512_load_ps(buf.0[r][j * PANEL..].as_ptr().cast()) };
                 if let Some(zero) = zero {
                     let xsum = _mm512_set1_ps(job.group_sums[(row0 + r) * ng + g]);
                     sum = _mm512_fnmadd_ps(zero, xsum, sum);
@@ -245,6 +248,21 @@ pub(crate) unsafe fn int4_step<U: TileUnit, const NA: usize, const NB: usize>(
                 acc_f[r][j] = _mm512_fmadd_ps(sum, scale, acc_f[r][j]);
             }
         }
+    };
+    // The next group's tiles are issued before this group's epilogue, into the other buffer,
+    // so the tile unit and the vector units work at the same time.
+    let [even, odd] = bufs;
+    group_tiles(unit, 0, even);
+    for g in 1..=ng {
+        let (next, done) = if g % 2 == 0 {
+            (&mut *even, &*odd)
+        } else {
+            (&mut *odd, &*even)
+        };
+        if g < ng {
+            group_tiles(unit, g, next);
+        }
+        epilogue(&mut acc_f, g - 1, done);
     }
     for j in 0..NB {
         let bias = w.bias().map(|b| &b[(p + j) * PANEL..][..PANEL]);

@@ -226,7 +226,7 @@ unsafe fn w4bf16_panels<U: TileUnit>(unit: &mut U, job: &W4Bf16Job<'_>, panels: 
 unsafe fn int4_panels<U: TileUnit>(unit: &mut U, job: &Int4DotJob<'_>, panels: Range<usize>) {
     // SAFETY: `tile_config` shapes are legal.
     unsafe { unit.configure(&tile_config(bf16::CHUNK_BYTES)) };
-    let mut acc = AccBuf::zeroed();
+    let mut bufs = [AccBuf::zeroed(), AccBuf::zeroed()];
     let n_chunks = job.w.k().div_ceil(bf16::CHUNK_K);
     let a = TiledA::new(job.pairs, job.m, bf16::CHUNK_BYTES, n_chunks);
     CODES.with_borrow_mut(|codes| {
@@ -243,7 +243,7 @@ unsafe fn int4_panels<U: TileUnit>(unit: &mut U, job: &Int4DotJob<'_>, panels: R
                 // for this job and pair; the job contract (AMX-BF16 and `serves` included) is
                 // forwarded; `row0 < m` is a multiple of 16, and the shape has two row halves
                 // exactly when `row0 + 16 < m`.
-                unsafe { live_shape!(rows, nb, int4_step::<U>(unit, job, step, &mut acc)) };
+                unsafe { live_shape!(rows, nb, int4_step::<U>(unit, job, step, &mut bufs)) };
                 row0 += rows;
             }
             p += nb;
