@@ -538,3 +538,69 @@ fn a_bad_router_weight_poisons_the_layer() {
     assert!(matches!(e, LayerError::ParamShape { .. }), "{e:?}");
     assert!(matches!(layer.process(), Err(LayerError::Unusable { .. })));
 }
+
+/// A load on a processed layer is refused with [`LayerError::AlreadyProcessed`] and leaves the
+/// layer processed, computing what it computed; a load on an unusable layer is refused with
+/// the earlier failure's reason, unchanged.
+fn refused_without_harm(name: &str, load: impl Fn(&mut MoeLayer) -> Result<(), LayerError>) {
+    let tensors = experts(11);
+    let mut layer = loaded(None, &tensors);
+    layer.process().unwrap();
+    let (x, logits) = inputs(3);
+    let before = apply(&layer, &x, &logits).unwrap();
+    let e = load(&mut layer).unwrap_err();
+    assert!(matches!(e, LayerError::AlreadyProcessed), "{name}: {e:?}");
+    assert!(
+        layer.is_processed(),
+        "{name}: the refusal unprocessed the layer"
+    );
+    assert_eq!(apply(&layer, &x, &logits).unwrap(), before, "{name}");
+
+    let mut layer = loaded(None, &tensors);
+    layer.load_router_weight(&[0.0; 3]).unwrap_err();
+    let Err(LayerError::Unusable { reason }) = layer.process() else {
+        panic!("{name}: a bad router weight must leave the layer unusable");
+    };
+    match load(&mut layer) {
+        Err(LayerError::Unusable { reason: got }) => assert_eq!(got, reason, "{name}"),
+        other => panic!("{name}: {other:?}"),
+    }
+    match layer.process() {
+        Err(LayerError::Unusable { reason: got }) => assert_eq!(got, reason, "{name}"),
+        other => panic!("{name}: {other:?}"),
+    }
+}
+
+#[test]
+fn load_router_weight_refuses_a_processed_or_unusable_layer_without_harm() {
+    refused_without_harm("router weight", |l| l.load_router_weight(&[0.5; E * H]));
+}
+
+#[test]
+fn load_router_bias_refuses_a_processed_or_unusable_layer_without_harm() {
+    refused_without_harm("router bias", |l| l.load_router_bias(&[0.5; E]));
+}
+
+#[test]
+fn load_router_correction_bias_refuses_a_processed_or_unusable_layer_without_harm() {
+    refused_without_harm("correction bias", |l| {
+        l.load_router_correction_bias(&[0.5; E])
+    });
+}
+
+#[test]
+fn load_shared_expert_gate_refuses_a_processed_or_unusable_layer_without_harm() {
+    refused_without_harm("shared gate", |l| l.load_shared_expert_gate(&[0.5; H]));
+}
+
+#[test]
+fn load_shared_expert_tensor_refuses_a_processed_or_unusable_layer_without_harm() {
+    let codes = vec![0i8; I * H];
+    refused_without_harm("shared tensor", |l| {
+        l.load_shared_expert_tensor(
+            ExpertShard::W1,
+            TensorKind::Weight,
+            &view("shared_expert.w1", &[I, H], TensorData::I8(&codes)),
+        )
+    });
+}
