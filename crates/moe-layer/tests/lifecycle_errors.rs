@@ -604,3 +604,77 @@ fn load_shared_expert_tensor_refuses_a_processed_or_unusable_layer_without_harm(
         )
     });
 }
+
+/// Under expert parallelism the expert map must hold this rank's share of the experts, as
+/// vLLM's `determine_expert_map` splits them (`E / ep_size`, one more on the first
+/// `E % ep_size` ranks, whatever the placement), and a map must be given: the error names
+/// the rank, the expected count and what the map holds.
+#[test]
+fn expert_map_must_hold_the_ranks_share_under_expert_parallelism() {
+    use moe_router::{ExpertMap, ExpertPlacement};
+    for ep_size in [2, 3] {
+        for rank in 0..ep_size {
+            for placement in [ExpertPlacement::Linear, ExpertPlacement::RoundRobin] {
+                let map = ExpertMap::new(E, ep_size, rank, placement).unwrap();
+                let cfg = config(Some(map.as_slice().to_vec())).with_expert_parallel(rank, ep_size);
+                MoeLayer::create(cfg).unwrap();
+            }
+        }
+    }
+    // Rank 0 of 2 holds two of the four experts, not one.
+    let cfg = config(Some(vec![0, -1, -1, -1])).with_expert_parallel(0, 2);
+    let e = MoeLayer::create(cfg).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            LayerError::ExpertParallelMap {
+                ep_rank: 0,
+                ep_size: 2,
+                num_experts: E,
+                expected: 2,
+                actual: Some(1),
+            }
+        ),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("holds 2 of 4") && msg.contains("map holds 1"),
+        "{msg}"
+    );
+    // Rank 2 of 3 holds one; two is rank 0's share.
+    let cfg = config(Some(vec![-1, -1, 0, 1])).with_expert_parallel(2, 3);
+    let e = MoeLayer::create(cfg).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            LayerError::ExpertParallelMap {
+                expected: 1,
+                actual: Some(2),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // Without a map every rank would hold every expert, and the ranks' sum would count each
+    // expert twice; the backend choice (`moe inspect`) refuses it the same way.
+    let cfg = config(None).with_expert_parallel(1, 2);
+    for e in [
+        cfg.select_backend().unwrap_err(),
+        MoeLayer::create(cfg).unwrap_err(),
+    ] {
+        assert!(
+            matches!(
+                e,
+                LayerError::ExpertParallelMap {
+                    ep_rank: 1,
+                    expected: 2,
+                    actual: None,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("no expert_map"), "{e}");
+    }
+}
