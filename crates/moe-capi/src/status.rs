@@ -131,6 +131,7 @@ impl From<LayerError> for CapiError {
             | LayerError::GroupSizeNotDividing { .. }
             | LayerError::TensorParallel { .. }
             | LayerError::ExpertMap { .. }
+            | LayerError::ExpertParallelMap { .. }
             | LayerError::Router(_)
             | LayerError::Kernel(_) => MoeStatus::InvalidArgument,
             _ => MoeStatus::Checkpoint,

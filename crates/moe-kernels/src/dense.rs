@@ -2,7 +2,9 @@
 //! weights, f32 accumulation, no quantization.
 //!
 //! One portable body, compiled three times: as is, and inside `#[target_feature]` wrappers for
-//! AVX2 and AVX-512 so the compiler vectorizes its 16-channel inner loop with wider registers.
+//! AVX2 and AVX-512 (`x86/dense.rs`) so the compiler vectorizes its 16-channel inner loop with
+//! wider registers. Each rung registers its build in the [`KernelSet`] ([`DenseBodies`]), as it
+//! does its other GEMM bodies; [`KernelSet::dense_isa`] says which build runs.
 //! Every output is `Σ_k x[m,k]·w[n,k]` accumulated in ascending k from 0 with a separate
 //! multiply and add (Rust never contracts them into FMA), and lanes never mix, so every build of
 //! the body gives the same bits as the scalar reference whatever the rung or thread count.
@@ -28,14 +30,21 @@ use crate::{Isa, KernelError, KernelSet, Par};
 const MR: usize = 4;
 
 /// A weight element the body widens to f32 (exactly).
-trait Widen: Copy + Send + Sync {
+pub(crate) trait Widen: Copy + Send + Sync + Sized {
+    /// The value as f32.
     fn widen(self) -> f32;
+    /// The build of the body for this element type among `bodies`.
+    fn entry(bodies: &DenseBodies) -> DensePanelsFn<Self>;
 }
 
 impl Widen for f32 {
     #[inline(always)]
     fn widen(self) -> f32 {
         self
+    }
+
+    fn entry(bodies: &DenseBodies) -> DensePanelsFn<Self> {
+        bodies.f32
     }
 }
 
@@ -44,10 +53,45 @@ impl Widen for bf16 {
     fn widen(self) -> f32 {
         f32::from_bits(u32::from(self.to_bits()) << 16)
     }
+
+    fn entry(bodies: &DenseBodies) -> DensePanelsFn<Self> {
+        bodies.bf16
+    }
+}
+
+/// One build of the body: computes panels `panels` of `job` (all rows), overwriting their
+/// outputs.
+///
+/// # Safety (for callers)
+/// - The CPU supports the build's rung (the [`KernelSet`] that holds it was built from its
+///   token).
+/// - `job.out` holds `m·N` writable f32 that nothing else reads or writes during the call
+///   except other calls on disjoint panel ranges; `panels` lies within the weights' panels.
+pub(crate) type DensePanelsFn<T> = unsafe fn(&DenseJob<'_, T>, Range<usize>);
+
+/// The dense builds of one rung, one per weight element type, and the rung whose registers
+/// they use.
+#[derive(Clone, Copy)]
+pub(crate) struct DenseBodies {
+    /// The rung whose vector width the builds use ([`Isa::Scalar`]: the portable build).
+    pub(crate) isa: Isa,
+    /// The build for f32 weights.
+    pub(crate) f32: DensePanelsFn<f32>,
+    /// The build for bf16 weights.
+    pub(crate) bf16: DensePanelsFn<bf16>,
+}
+
+impl DenseBodies {
+    /// The portable build, for every rung without one of its own.
+    pub(crate) const PORTABLE: Self = Self {
+        isa: Isa::Scalar,
+        f32: panels_portable::<f32>,
+        bf16: panels_portable::<bf16>,
+    };
 }
 
 /// One GEMM as the bodies see it.
-struct DenseJob<'a, T> {
+pub(crate) struct DenseJob<'a, T> {
     w: &'a [T],
     k: usize,
     n: usize,
@@ -105,7 +149,7 @@ fn tile<T: Widen, const R: usize, const NP: usize>(job: &DenseJob<'_, T>, p: usi
 /// Walks `panels` in groups of up to four (two for tiles of more than two rows, to stay in
 /// registers) and each group's row tiles.
 #[inline(always)]
-fn panels_body<T: Widen>(job: &DenseJob<'_, T>, panels: Range<usize>) {
+pub(crate) fn panels_body<T: Widen>(job: &DenseJob<'_, T>, panels: Range<usize>) {
     let mut p = panels.start;
     while p < panels.end {
         let left = panels.end - p;
@@ -142,42 +186,26 @@ fn panels_body<T: Widen>(job: &DenseJob<'_, T>, panels: Range<usize>) {
     }
 }
 
-fn panels_portable<T: Widen>(job: &DenseJob<'_, T>, panels: Range<usize>) {
+/// The portable build.
+///
+/// # Safety
+/// - As [`DensePanelsFn`]; it needs no CPU feature.
+unsafe fn panels_portable<T: Widen>(job: &DenseJob<'_, T>, panels: Range<usize>) {
     panels_body(job, panels);
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn panels_avx2<T: Widen>(job: &DenseJob<'_, T>, panels: Range<usize>) {
-    panels_body(job, panels);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn panels_avx512<T: Widen>(job: &DenseJob<'_, T>, panels: Range<usize>) {
-    panels_body(job, panels);
-}
-
-/// Runs `panels` with the widest body the kernel set's rung allows.
+/// Runs `panels` with the build the kernel set's rung registered.
 fn run<T: Widen>(ks: &KernelSet, job: &DenseJob<'_, T>, panels: Range<usize>) {
-    match ks.isa() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: a `KernelSet` of these rungs is only built from a token proving AVX-512 F.
-        Isa::Avx512Vnni | Isa::Amx => unsafe { panels_avx512(job, panels) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: a `KernelSet` of these rungs is only built from a token proving AVX2.
-        Isa::Avx2 | Isa::AvxVnni => unsafe { panels_avx2(job, panels) },
-        _ => panels_portable(job, panels),
-    }
+    let entry = T::entry(&ks.dense_bodies());
+    // SAFETY: the kernel set registers a build only from its rung's token; the caller
+    // (`dense_gemm`) checked the output length and hands out disjoint, in-bounds panel ranges.
+    unsafe { entry(job, panels) }
 }
 
-/// The rung whose vector width the dense GEMM uses with kernel set `ks` (reports).
+/// The rung whose vector width the dense GEMM uses with kernel set `ks` (reports); the same as
+/// [`KernelSet::dense_isa`].
 pub fn dense_isa(ks: &KernelSet) -> Isa {
-    match ks.isa() {
-        Isa::Avx512Vnni | Isa::Amx => Isa::Avx512Vnni,
-        Isa::Avx2 | Isa::AvxVnni => Isa::Avx2,
-        _ => Isa::Scalar,
-    }
+    ks.dense_isa()
 }
 
 /// `out[M, N] = x[M, K] · wᵀ` in f32 (no quantization).

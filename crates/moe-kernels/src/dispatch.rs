@@ -11,6 +11,7 @@ use std::fmt;
 use std::sync::OnceLock;
 
 use crate::arch;
+use crate::dense::DenseBodies;
 use crate::isa::{Isa, IsaCap, MAX_ISA_ENV};
 use crate::packed::PackedWna16;
 use crate::ukernel::{
@@ -143,6 +144,9 @@ pub struct KernelSet {
     w4a8_prefill: W4A8Prefill,
     /// The WNA16 (weight-only int4, f32 compute) body and the rung whose code it is.
     wna16: (Isa, Wna16PanelsFn),
+    /// The dense (float) GEMM's builds for this rung: the router gate, f32 experts, and bf16
+    /// experts below the bf16 path's threshold.
+    dense: DenseBodies,
     /// How many bytes the own kernels' activation layout of `m` rows of `k_pad` values takes
     /// at most, when they read one (see [`KernelSet::with_layouts`]).
     layout_bytes: Option<LayoutBytesFn>,
@@ -231,6 +235,7 @@ impl KernelSet {
             wna16_int4_dot: None,
             w4a8_prefill: W4A8Prefill::ExactInt8,
             wna16: (Isa::Scalar, crate::wna16::panels_portable),
+            dense: DenseBodies::PORTABLE,
             layout_bytes: None,
         }
     }
@@ -442,6 +447,28 @@ impl KernelSet {
         self
     }
 
+    /// Adds the dense builds `dense`.
+    ///
+    /// # Safety
+    /// - Both builds may be called on this CPU: the caller holds the token of `dense.isa`.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 has them today
+    pub(crate) unsafe fn with_dense(mut self, dense: DenseBodies) -> Self {
+        self.dense = dense;
+        self
+    }
+
+    /// The dense builds.
+    pub(crate) fn dense_bodies(&self) -> DenseBodies {
+        self.dense
+    }
+
+    /// The rung whose code runs the dense GEMM ([`crate::dense_gemm`], and bf16 experts below
+    /// the bf16 path's threshold): the rung whose vector width its build uses, or
+    /// [`Isa::Scalar`] for the portable build.
+    pub fn dense_isa(&self) -> Isa {
+        self.dense.isa
+    }
+
     /// The WNA16 entry point.
     pub(crate) fn wna16_entry(&self) -> Wna16PanelsFn {
         self.wna16.1
@@ -560,16 +587,14 @@ impl KernelSet {
                         .to_string())
             ),
             self.describe_wna16(),
+            format!("dense_gemm: {}", self.dense.isa),
             match self.bf16_tiles {
                 Some(t) => format!(
                     "dense_expert_gemm: {} below {} rows, {} (bf16 activations) from {} \
                      (bf16 weights)",
-                    crate::dense_isa(self),
-                    t.min_m.dense,
-                    t.unit,
-                    t.min_m.dense
+                    self.dense.isa, t.min_m.dense, t.unit, t.min_m.dense
                 ),
-                None => format!("dense_expert_gemm: {}", crate::dense_isa(self)),
+                None => format!("dense_expert_gemm: {}", self.dense.isa),
             },
         ]
     }

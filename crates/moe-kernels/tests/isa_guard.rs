@@ -2,7 +2,19 @@
 //! and prints what was detected (run with `--nocapture`), checking that the report is
 //! consistent.
 
-use moe_kernels::{Isa, IsaArch, cpu_features, isa_cap, kernels, selected_isa};
+use moe_kernels::{Isa, IsaArch, KernelSet, cpu_features, isa_cap, kernels, selected_isa};
+
+/// The rung whose build of the dense GEMM body rung `rung` must run: the x86 rungs register
+/// the body compiled for their vector width (AVX-512 F for the AVX-512 VNNI and AMX rungs);
+/// the aarch64 rungs and the scalar rung run the portable build (NEON is the aarch64
+/// baseline, so the portable build is already vectorized there).
+fn expected_dense_isa(rung: Isa) -> Isa {
+    match rung {
+        Isa::Avx2 | Isa::AvxVnni => Isa::Avx2,
+        Isa::Avx512Vnni | Isa::Amx => Isa::Avx512Vnni,
+        _ => Isa::Scalar,
+    }
+}
 
 #[test]
 fn selected_isa_matches_moe_expect_isa() {
@@ -21,6 +33,12 @@ fn selected_isa_matches_moe_expect_isa() {
     for line in kernels().describe_ops() {
         eprintln!("  {line}");
     }
+    // A rung that registered no dense build runs the portable one: catch that.
+    assert_eq!(
+        kernels().dense_isa(),
+        expected_dense_isa(expected),
+        "dense GEMM build"
+    );
     // Every aarch64 rung has kernels of its own for every op: prove that they are what runs,
     // so a silent fallback to a lower rung's code cannot pass.
     if expected.arch() == IsaArch::Aarch64 {
@@ -40,6 +58,27 @@ fn selected_isa_matches_moe_expect_isa() {
             kernels().w8a8_isa(1024),
             Isa::Amx,
             "w8a8 kernels for m = 1024"
+        );
+    }
+}
+
+/// Every rung this CPU offers runs its own build of the dense GEMM, whatever `MOE_EXPECT_ISA`
+/// says: a rung whose set lost its dense build fails here on any machine that has it.
+#[test]
+fn every_available_rung_runs_its_own_dense_build() {
+    for isa in moe_kernels::available_isas() {
+        let ks = KernelSet::for_isa(isa).expect("an available rung builds its kernel set");
+        assert_eq!(
+            ks.dense_isa(),
+            expected_dense_isa(isa),
+            "dense GEMM build of rung {isa}"
+        );
+        assert_eq!(moe_kernels::dense_isa(&ks), ks.dense_isa(), "rung {isa}");
+        let line = format!("dense_gemm: {}", ks.dense_isa());
+        assert!(
+            ks.describe_ops().contains(&line),
+            "rung {isa}: describe_ops lacks {line:?}: {:?}",
+            ks.describe_ops()
         );
     }
 }
@@ -68,11 +107,17 @@ fn report_detected_cpu_features() {
     );
     for isa in &available {
         assert!(
-            moe_kernels::KernelSet::for_isa(*isa).is_some(),
+            KernelSet::for_isa(*isa).is_some(),
             "available rung {isa} has no kernel set"
         );
     }
-    for op in ["w4a8_gemm", "w8a8_gemm", "wna16_gemm"] {
+    for op in [
+        "w4a8_gemm",
+        "w8a8_gemm",
+        "wna16_gemm",
+        "dense_gemm",
+        "dense_expert_gemm",
+    ] {
         assert!(
             ops.iter().any(|line| line.starts_with(op)),
             "describe_ops names no {op}: {ops:?}"

@@ -253,6 +253,28 @@ pub enum LayerError {
         reason: String,
     },
 
+    /// Expert parallelism whose expert map disagrees with the rank: rank `ep_rank` of
+    /// `ep_size` holds `expected` of the `num_experts` experts (`E / ep_size`, one more on the
+    /// first `E % ep_size` ranks, whatever the placement), the map `actual` (`None`: no map,
+    /// so every expert).
+    #[error(
+        "expert_map: rank {ep_rank} of {ep_size} expert-parallel ranks holds {expected} of \
+         {num_experts} experts, {}",
+        held(.actual)
+    )]
+    ExpertParallelMap {
+        /// This rank's expert-parallel index.
+        ep_rank: usize,
+        /// Expert-parallel ranks.
+        ep_size: usize,
+        /// Global experts.
+        num_experts: usize,
+        /// Local experts the rank holds under the split.
+        expected: usize,
+        /// Local experts of the map, or `None` without a map.
+        actual: Option<usize>,
+    },
+
     /// The layer asked for is not a MoE layer of this model.
     #[error("layer {layer} is not a MoE layer (MoE layers: {moe_layers:?})")]
     NotMoeLayer {
@@ -371,4 +393,12 @@ pub enum LayerError {
     /// No backend supports the layer configuration.
     #[error("backend selection: {0}")]
     Oracle(#[from] moe_oracle::OracleError),
+}
+
+/// What an expert map holds, for [`LayerError::ExpertParallelMap`].
+fn held(actual: &Option<usize>) -> String {
+    match *actual {
+        Some(n) => format!("the map holds {n}"),
+        None => "but no expert_map was given (every expert would be local)".into(),
+    }
 }

@@ -538,3 +538,143 @@ fn a_bad_router_weight_poisons_the_layer() {
     assert!(matches!(e, LayerError::ParamShape { .. }), "{e:?}");
     assert!(matches!(layer.process(), Err(LayerError::Unusable { .. })));
 }
+
+/// A load on a processed layer is refused with [`LayerError::AlreadyProcessed`] and leaves the
+/// layer processed, computing what it computed; a load on an unusable layer is refused with
+/// the earlier failure's reason, unchanged.
+fn refused_without_harm(name: &str, load: impl Fn(&mut MoeLayer) -> Result<(), LayerError>) {
+    let tensors = experts(11);
+    let mut layer = loaded(None, &tensors);
+    layer.process().unwrap();
+    let (x, logits) = inputs(3);
+    let before = apply(&layer, &x, &logits).unwrap();
+    let e = load(&mut layer).unwrap_err();
+    assert!(matches!(e, LayerError::AlreadyProcessed), "{name}: {e:?}");
+    assert!(
+        layer.is_processed(),
+        "{name}: the refusal unprocessed the layer"
+    );
+    assert_eq!(apply(&layer, &x, &logits).unwrap(), before, "{name}");
+
+    let mut layer = loaded(None, &tensors);
+    layer.load_router_weight(&[0.0; 3]).unwrap_err();
+    let Err(LayerError::Unusable { reason }) = layer.process() else {
+        panic!("{name}: a bad router weight must leave the layer unusable");
+    };
+    match load(&mut layer) {
+        Err(LayerError::Unusable { reason: got }) => assert_eq!(got, reason, "{name}"),
+        other => panic!("{name}: {other:?}"),
+    }
+    match layer.process() {
+        Err(LayerError::Unusable { reason: got }) => assert_eq!(got, reason, "{name}"),
+        other => panic!("{name}: {other:?}"),
+    }
+}
+
+#[test]
+fn load_router_weight_refuses_a_processed_or_unusable_layer_without_harm() {
+    refused_without_harm("router weight", |l| l.load_router_weight(&[0.5; E * H]));
+}
+
+#[test]
+fn load_router_bias_refuses_a_processed_or_unusable_layer_without_harm() {
+    refused_without_harm("router bias", |l| l.load_router_bias(&[0.5; E]));
+}
+
+#[test]
+fn load_router_correction_bias_refuses_a_processed_or_unusable_layer_without_harm() {
+    refused_without_harm("correction bias", |l| {
+        l.load_router_correction_bias(&[0.5; E])
+    });
+}
+
+#[test]
+fn load_shared_expert_gate_refuses_a_processed_or_unusable_layer_without_harm() {
+    refused_without_harm("shared gate", |l| l.load_shared_expert_gate(&[0.5; H]));
+}
+
+#[test]
+fn load_shared_expert_tensor_refuses_a_processed_or_unusable_layer_without_harm() {
+    let codes = vec![0i8; I * H];
+    refused_without_harm("shared tensor", |l| {
+        l.load_shared_expert_tensor(
+            ExpertShard::W1,
+            TensorKind::Weight,
+            &view("shared_expert.w1", &[I, H], TensorData::I8(&codes)),
+        )
+    });
+}
+
+/// Under expert parallelism the expert map must hold this rank's share of the experts, as
+/// vLLM's `determine_expert_map` splits them (`E / ep_size`, one more on the first
+/// `E % ep_size` ranks, whatever the placement), and a map must be given: the error names
+/// the rank, the expected count and what the map holds.
+#[test]
+fn expert_map_must_hold_the_ranks_share_under_expert_parallelism() {
+    use moe_router::{ExpertMap, ExpertPlacement};
+    for ep_size in [2, 3] {
+        for rank in 0..ep_size {
+            for placement in [ExpertPlacement::Linear, ExpertPlacement::RoundRobin] {
+                let map = ExpertMap::new(E, ep_size, rank, placement).unwrap();
+                let cfg = config(Some(map.as_slice().to_vec())).with_expert_parallel(rank, ep_size);
+                MoeLayer::create(cfg).unwrap();
+            }
+        }
+    }
+    // Rank 0 of 2 holds two of the four experts, not one.
+    let cfg = config(Some(vec![0, -1, -1, -1])).with_expert_parallel(0, 2);
+    let e = MoeLayer::create(cfg).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            LayerError::ExpertParallelMap {
+                ep_rank: 0,
+                ep_size: 2,
+                num_experts: E,
+                expected: 2,
+                actual: Some(1),
+            }
+        ),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("holds 2 of 4") && msg.contains("map holds 1"),
+        "{msg}"
+    );
+    // Rank 2 of 3 holds one; two is rank 0's share.
+    let cfg = config(Some(vec![-1, -1, 0, 1])).with_expert_parallel(2, 3);
+    let e = MoeLayer::create(cfg).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            LayerError::ExpertParallelMap {
+                expected: 1,
+                actual: Some(2),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // Without a map every rank would hold every expert, and the ranks' sum would count each
+    // expert twice; the backend choice (`moe inspect`) refuses it the same way.
+    let cfg = config(None).with_expert_parallel(1, 2);
+    for e in [
+        cfg.select_backend().unwrap_err(),
+        MoeLayer::create(cfg).unwrap_err(),
+    ] {
+        assert!(
+            matches!(
+                e,
+                LayerError::ExpertParallelMap {
+                    ep_rank: 1,
+                    expected: 2,
+                    actual: None,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("no expert_map"), "{e}");
+    }
+}

@@ -20,7 +20,7 @@
 //! - Our kernels are batch invariant (fixed reduction order), which vLLM's CPU kernels do not
 //!   claim.
 
-use moe_quant::{DType, GroupShape, QuantKey};
+use moe_quant::{DType, QuantKey, WeightGroups};
 
 use crate::activation::MoEActivation;
 use crate::config::ParallelConfig;
@@ -406,13 +406,13 @@ impl KernelId {
             }
             KernelId::VllmCpuExpertsInt8 => div32(h, i),
             KernelId::CpuInt4W4A8 => {
-                let g = match q.weight_key {
-                    Some(WeightKey::Quant(k)) if k.scale.group_shape.is_per_group() => {
-                        usize::try_from(k.scale.group_shape.col).unwrap_or(0)
-                    }
-                    _ => 2,
-                };
-                if g == 0 || !h.is_multiple_of(g) {
+                // Grouped scales need whole groups; channelwise ones (and keys without a
+                // grouping) an even K, for the nibble pairs.
+                let g = q
+                    .weight_groups()
+                    .and_then(WeightGroups::group_size)
+                    .unwrap_or(2);
+                if !h.is_multiple_of(g) {
                     return Err(Unsupported::new(format!(
                         "kernel requires hidden dim divisible by {g}"
                     )));
@@ -446,8 +446,11 @@ fn div32(h: usize, i: usize) -> Result<(), Unsupported> {
 /// Our W4A8 weight keys: int8-stored int4, static f32 or bf16 scales, symmetric, channelwise
 /// or grouped by a multiple of 32.
 fn our_w4a8_key(k: QuantKey) -> bool {
-    let gs = k.scale.group_shape;
-    let shape_ok = gs == GroupShape::PER_CHANNEL || (gs.is_per_group() && gs.col % 32 == 0);
+    let shape_ok = match WeightGroups::from_group_shape(k.scale.group_shape) {
+        Ok(WeightGroups::Channelwise) => true,
+        Ok(WeightGroups::Groups(g)) => g.get().is_multiple_of(32),
+        Err(_) => false,
+    };
     k.dtype == DType::I8
         && k.symmetric
         && k.scale2.is_none()

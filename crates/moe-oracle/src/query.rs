@@ -1,7 +1,7 @@
 //! What a support check reads ([`SupportQuery`]) and the activation layout a parallel
 //! configuration implies ([`ActivationFormat`]).
 
-use moe_quant::QuantKey;
+use moe_quant::{QuantKey, WeightGroups};
 
 use crate::config::MoeConfig;
 use crate::platform::Platform;
@@ -51,4 +51,16 @@ pub struct SupportQuery<'a> {
     pub platform: &'a Platform,
     /// Whether batch-invariant results are required (vLLM's `VLLM_BATCH_INVARIANT`).
     pub batch_invariant: bool,
+}
+
+impl SupportQuery<'_> {
+    /// The scale grouping of the weight key: channelwise or groups of `g` input columns, read
+    /// from a quantized key's group-shape tag; `None` for unquantized weights, scalar-type keys
+    /// and tags that are no weight grouping.
+    pub fn weight_groups(&self) -> Option<WeightGroups> {
+        match self.weight_key {
+            Some(WeightKey::Quant(k)) => WeightGroups::from_group_shape(k.scale.group_shape).ok(),
+            _ => None,
+        }
+    }
 }

@@ -76,15 +76,9 @@ impl ExpertMap {
         ep_rank: usize,
         placement: ExpertPlacement,
     ) -> Result<Self, RouterError> {
-        if num_experts == 0 {
-            return Err(RouterError::NoExperts);
-        }
-        if ep_size == 0 || ep_rank >= ep_size {
-            return Err(RouterError::EpRankOutOfRange { ep_rank, ep_size });
-        }
+        let num_local = Self::local_count(num_experts, ep_size, ep_rank)?;
         let base = num_experts / ep_size;
         let rem = num_experts % ep_size;
-        let num_local = base + usize::from(ep_rank < rem);
         let mut map = vec![Self::NOT_LOCAL; num_experts].into_boxed_slice();
         for local in 0..num_local {
             let global = match placement {
@@ -100,6 +94,22 @@ impl ExpertMap {
             ep_rank,
             placement,
         })
+    }
+
+    /// How many of `num_experts` experts rank `ep_rank` of `ep_size` holds: `E / ep_size`, one
+    /// more on the first `E % ep_size` ranks. Every placement gives each rank this count.
+    pub fn local_count(
+        num_experts: usize,
+        ep_size: usize,
+        ep_rank: usize,
+    ) -> Result<usize, RouterError> {
+        if num_experts == 0 {
+            return Err(RouterError::NoExperts);
+        }
+        if ep_size == 0 || ep_rank >= ep_size {
+            return Err(RouterError::EpRankOutOfRange { ep_rank, ep_size });
+        }
+        Ok(num_experts / ep_size + usize::from(ep_rank < num_experts % ep_size))
     }
 
     /// Number of global experts the map covers.

@@ -11,6 +11,7 @@ pub(crate) mod avx2;
 pub(crate) mod avx512vnni;
 pub(crate) mod avxvnni;
 mod bf16dot;
+mod dense;
 mod wna16;
 mod wna16dot;
 mod ymm;
@@ -236,11 +237,11 @@ fn request_tile_permission() -> bool {
 /// The kernel set of rung `isa` if this CPU supports it, built from the rung's token.
 pub(crate) fn kernel_set(isa: crate::Isa) -> Option<crate::KernelSet> {
     match isa {
-        Isa::Avx2 => Avx2::try_new().map(|t| with_avx2_wna16(avx2::kernel_set(t), t)),
+        Isa::Avx2 => Avx2::try_new().map(|t| with_avx2_bodies(avx2::kernel_set(t), t)),
         Isa::AvxVnni => AvxVnni::try_new().map(|t| {
             // SAFETY: the AVX-VNNI token includes AVX2.
             let avx2 = unsafe { Avx2::new_unchecked() };
-            with_avx2_wna16(avxvnni::kernel_set(t), avx2)
+            with_avx2_bodies(avxvnni::kernel_set(t), avx2)
         }),
         Isa::Avx512Vnni => Avx512Vnni::try_new().map(avx512vnni_kernel_set),
         Isa::Amx => Amx::try_new().map(amx::kernel_set).or_else(amx_cost_model),
@@ -261,10 +262,12 @@ fn amx_cost_model() -> Option<crate::KernelSet> {
     None
 }
 
-/// `ks` with the AVX2 build of the WNA16 body.
-fn with_avx2_wna16(ks: crate::KernelSet, _token: Avx2) -> crate::KernelSet {
+/// `ks` with the AVX2 builds of the WNA16 and dense bodies.
+fn with_avx2_bodies(ks: crate::KernelSet, _token: Avx2) -> crate::KernelSet {
     // SAFETY: the token proves AVX2, all the body needs.
-    unsafe { ks.with_wna16(Isa::Avx2, wna16::panels_avx2) }
+    let ks = unsafe { ks.with_wna16(Isa::Avx2, wna16::panels_avx2) };
+    // SAFETY: the token proves AVX2, all the dense builds need.
+    unsafe { ks.with_dense(dense::AVX2) }
 }
 
 /// The AVX-512 VNNI kernels.
@@ -288,6 +291,8 @@ pub(crate) fn avx512vnni_kernel_set(_token: Avx512Vnni) -> crate::KernelSet {
     };
     // SAFETY: the token proves AVX-512 F/BW/VL, all the WNA16 body needs.
     let ks = unsafe { ks.with_wna16(Isa::Avx512Vnni, wna16::panels_avx512) };
+    // SAFETY: the token proves AVX-512 F, all the dense builds need.
+    let ks = unsafe { ks.with_dense(dense::AVX512) };
     if std::is_x86_feature_detected!("avx512bf16") && bf16_dot_is_fast() {
         // SAFETY: the token proves AVX-512 F/BW and BF16 was detected just above: all the
         // bf16 dot-product body and its layout need.

@@ -192,7 +192,9 @@ pub struct MoeLayerConfig {
     pub ep_rank: usize,
     /// Expert-parallel ranks (1 = no expert parallelism). The oracle judges the layer with
     /// this parallel configuration, so a layer is refused under expert parallelism exactly
-    /// where the oracle refuses it; the experts this rank holds are `expert_map`'s.
+    /// where the oracle refuses it; the experts this rank holds are `expert_map`'s, which
+    /// with more than one rank must hold this rank's share (`E / ep_size`, one more on the
+    /// first `E % ep_size` ranks; [`LayerError::ExpertParallelMap`] otherwise).
     pub ep_size: usize,
     /// The gated activation.
     pub activation: Activation,
@@ -292,8 +294,8 @@ impl MoeLayerConfig {
     }
 
     /// This rank's place in an expert-parallel group of `ep_size` ranks, as the oracle sees
-    /// it (the experts held are [`Self::with_expert_map`]'s; [`linear_expert_map`] gives
-    /// vLLM's linear placement).
+    /// it (the experts held are [`Self::with_expert_map`]'s, which must number this rank's
+    /// share when `ep_size > 1`; [`linear_expert_map`] gives vLLM's linear placement).
     pub fn with_expert_parallel(mut self, ep_rank: usize, ep_size: usize) -> Self {
         self.ep_rank = ep_rank;
         self.ep_size = ep_size;
@@ -517,6 +519,34 @@ impl MoeLayerConfig {
                     reason: "local ids must be 0..n_local, each once, others -1".into(),
                 });
             }
+        }
+        self.validate_expert_parallel()
+    }
+
+    /// Under expert parallelism (`ep_size > 1`) the expert map must hold this rank's share of
+    /// the experts, as vLLM's `determine_expert_map` gives it: `E / ep_size`, one more on the
+    /// first `E % ep_size` ranks, under either placement (linear or round robin) or any
+    /// rearrangement of one. Without a map every rank would hold every expert, and the sum
+    /// over the ranks would count each expert `ep_size` times. With `ep_size == 1` the oracle
+    /// judges a single rank and the map, if any, is the caller's own placement.
+    fn validate_expert_parallel(&self) -> Result<(), LayerError> {
+        if self.ep_size <= 1 {
+            return Ok(());
+        }
+        let expected =
+            moe_router::ExpertMap::local_count(self.num_experts, self.ep_size, self.ep_rank)?;
+        let actual = self
+            .expert_map
+            .as_ref()
+            .map(|map| map.iter().filter(|&&l| l >= 0).count());
+        if actual != Some(expected) {
+            return Err(LayerError::ExpertParallelMap {
+                ep_rank: self.ep_rank,
+                ep_size: self.ep_size,
+                num_experts: self.num_experts,
+                expected,
+                actual,
+            });
         }
         Ok(())
     }

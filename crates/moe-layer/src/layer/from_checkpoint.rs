@@ -607,16 +607,17 @@ impl MoeLayer {
 
     /// Loads every expert tensor and the router weight of `layer` from `ckpt`, through the
     /// checkpoint reader (which fuses, slices this rank's shard and skips other ranks'
-    /// experts). A failure leaves the layer unusable.
+    /// experts). A processed or unusable layer refuses it and stays as it was; any other
+    /// failure leaves the layer unusable.
     pub fn load_from_checkpoint(
         &mut self,
         ckpt: &Checkpoint,
         layer: usize,
     ) -> Result<(), LayerError> {
+        self.params_ref()?;
         let cfg = self.cfg.clone();
         if cfg.quant == LayerQuant::Fp8Block {
             // Packed as read, so the layer comes back processed (`process` then does nothing).
-            self.params_mut()?;
             let par = self.par;
             let loaded =
                 Self::fp8_from_checkpoint(ckpt, layer, cfg, &LoadOptions::new().with_par(par));

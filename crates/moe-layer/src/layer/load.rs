@@ -1,6 +1,7 @@
 //! Loading: the `load_*` methods that write checkpoint tensors and router parameters into a
-//! layer that is still loading, with their argument checks. Any failed load leaves the layer
-//! unusable.
+//! layer that is still loading, with their argument checks. Every load first checks the
+//! layer's state: a processed or unusable layer refuses it and stays as it was. Any other
+//! failed load leaves the layer unusable.
 
 use moe_kernels::PackedDense;
 use moe_router::Router;
@@ -11,15 +12,27 @@ use super::{ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, State, TensorKind
 use crate::LayerError;
 
 impl MoeLayer {
-    /// Runs a load step; any failure leaves the layer unusable.
+    /// Runs a load step on a layer that is still loading. A processed or unusable layer
+    /// refuses it ([`LayerError::AlreadyProcessed`], [`LayerError::Unusable`]) and stays as it
+    /// was; any failure of `step` leaves the layer unusable.
+    fn load_step<T>(
+        &mut self,
+        step: impl FnOnce(&mut Self) -> Result<T, LayerError>,
+    ) -> Result<T, LayerError> {
+        self.params_ref()?;
+        let result = step(self);
+        self.unusable_on_err(result)
+    }
+
+    /// Runs a load step on the parameters; as [`Self::load_step`].
     pub(super) fn guarded<T>(
         &mut self,
         step: impl FnOnce(&MoeLayerConfig, &mut Params) -> Result<T, LayerError>,
     ) -> Result<T, LayerError> {
-        let cfg = self.cfg.clone();
-        let params = self.params_mut()?;
-        let result = step(&cfg, params);
-        self.unusable_on_err(result)
+        self.load_step(|layer| {
+            let cfg = layer.cfg.clone();
+            step(&cfg, layer.params_mut()?)
+        })
     }
 
     /// Passes `result` through; an error leaves the layer unusable (a half-loaded layer must
@@ -57,33 +70,35 @@ impl MoeLayer {
 
     /// Loads one whole checkpoint tensor of the shared experts (the fused shared MLP as one
     /// expert: `w1`/`w3` `[I_shared, H]`, `w2` `[H, I_shared]`, sliced for tensor parallelism
-    /// like the routed experts). A layer without shared experts refuses it.
+    /// like the routed experts). A processed or unusable layer refuses it and stays as it
+    /// was; a layer without shared experts, or a bad tensor, is left unusable.
     pub fn load_shared_expert_tensor(
         &mut self,
         shard: ExpertShard,
         kind: TensorKind,
         view: &TensorView<'_>,
     ) -> Result<(), LayerError> {
-        let result = match self.shared.as_mut() {
+        self.load_step(|layer| match layer.shared.as_mut() {
             Some(shared) => shared.load_expert_tensor(0, shard, kind, view),
             None => Err(LayerError::InvalidArgument {
                 field: "shared_experts",
                 reason: format!("{}: the layer has no shared experts", view.name),
             }),
-        };
-        self.unusable_on_err(result)
+        })
     }
 
     /// Sets the sigmoid gate of gated shared experts (Qwen2-MoE `shared_expert_gate` `[1, H]`).
+    /// A processed or unusable layer refuses it and stays as it was; a layer without gated
+    /// shared experts, a wrong size or a non-finite value leaves the layer unusable.
     pub fn load_shared_expert_gate(&mut self, weight: &[f32]) -> Result<(), LayerError> {
-        let result = self.check_shared_gate(weight);
-        self.unusable_on_err(result)?;
-        self.shared_gate = Some(weight.to_vec());
-        Ok(())
+        self.load_step(|layer| {
+            layer.check_shared_gate(weight)?;
+            layer.shared_gate = Some(weight.to_vec());
+            Ok(())
+        })
     }
 
     fn check_shared_gate(&self, weight: &[f32]) -> Result<(), LayerError> {
-        self.params_ref()?;
         if !self.cfg.shared_experts.is_some_and(|s| s.gated) {
             return Err(LayerError::InvalidArgument {
                 field: "shared_expert_gate",
@@ -102,28 +117,27 @@ impl MoeLayer {
     /// unusable layer refuses it, as it refuses every load, and stays as it was; a wrong size
     /// or a non-finite value leaves the layer unusable, like any failed load.
     pub fn load_router_weight(&mut self, weight: &[f32]) -> Result<(), LayerError> {
-        self.params_ref()?;
-        let (e, h) = (self.cfg.num_experts, self.cfg.hidden);
-        let result = self
-            .check_router_weight(weight)
-            .and_then(|()| PackedDense::pack_f32(e, h, weight).map_err(LayerError::from));
-        let packed = self.unusable_on_err(result)?;
-        self.router_weight = Some(packed);
-        Ok(())
+        self.load_step(|layer| {
+            layer.check_router_weight(weight)?;
+            let (e, h) = (layer.cfg.num_experts, layer.cfg.hidden);
+            layer.router_weight = Some(PackedDense::pack_f32(e, h, weight)?);
+            Ok(())
+        })
     }
 
     /// Sets the router linear's bias `[E]` (gpt-oss), added to the logits
-    /// [`Self::route_hidden`] computes. A wrong size, a non-finite value or a layer whose
-    /// config says its router has no bias leaves the layer unusable.
+    /// [`Self::route_hidden`] computes. A processed or unusable layer refuses it and stays as
+    /// it was; a wrong size, a non-finite value or a layer whose config says its router has no
+    /// bias leaves the layer unusable.
     pub fn load_router_bias(&mut self, bias: &[f32]) -> Result<(), LayerError> {
-        let result = self.check_router_bias(bias);
-        self.unusable_on_err(result)?;
-        self.router_bias = Some(bias.to_vec());
-        Ok(())
+        self.load_step(|layer| {
+            layer.check_router_bias(bias)?;
+            layer.router_bias = Some(bias.to_vec());
+            Ok(())
+        })
     }
 
     fn check_router_bias(&self, bias: &[f32]) -> Result<(), LayerError> {
-        self.params_ref()?;
         if !self.cfg.router_has_bias {
             return Err(LayerError::InvalidArgument {
                 field: "router.bias",
@@ -139,14 +153,13 @@ impl MoeLayer {
     }
 
     /// Sets the router's `e_score_correction_bias` `[E]` (DeepSeek-V3 style grouped routing;
-    /// it steers selection only). A wrong size or a non-finite value leaves the layer unusable.
+    /// it steers selection only). A processed or unusable layer refuses it and stays as it
+    /// was; a wrong size or a non-finite value leaves the layer unusable.
     pub fn load_router_correction_bias(&mut self, bias: &[f32]) -> Result<(), LayerError> {
-        let result = self.install_correction_bias(bias);
-        self.unusable_on_err(result)
+        self.load_step(|layer| layer.install_correction_bias(bias))
     }
 
     fn install_correction_bias(&mut self, bias: &[f32]) -> Result<(), LayerError> {
-        self.params_mut()?;
         check_values(
             "router.e_score_correction_bias",
             bias,
