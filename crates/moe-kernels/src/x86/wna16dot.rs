@@ -126,12 +126,28 @@ pub(crate) fn pairs16(row: &[f32], lo: usize) -> [u8; 32] {
 /// Appends the sums of one row's bf16 activations (laid out by [`fill`]) per group of `group`
 /// K values, each added in ascending K order.
 fn sum_groups(row: &[u8], k: usize, group: usize, sums: &mut Vec<f32>) {
+    push_group_sums(row, k, group, sums, pair_offset);
+}
+
+/// Where K value `kk` of a row laid out by [`fill`] lies, in bytes from the row's start.
+pub(crate) fn pair_offset(kk: usize) -> usize {
+    kk / K_STEP * STEP_BYTES + 4 * (kk % 4) + 2 * (kk % K_STEP / 4)
+}
+
+/// Appends the sums per group of `group` K values of the bf16 activations of one row in
+/// `bytes`, K value `kk` at byte `at(kk)`, each added in ascending K order.
+pub(crate) fn push_group_sums(
+    bytes: &[u8],
+    k: usize,
+    group: usize,
+    sums: &mut Vec<f32>,
+    at: impl Fn(usize) -> usize,
+) {
     for g0 in (0..k).step_by(group) {
         let mut sum = 0f32;
         for kk in g0..k.min(g0 + group) {
-            let (s, j) = (kk / K_STEP, kk % K_STEP);
-            let at = s * STEP_BYTES + 4 * (j % 4) + 2 * (j / 4);
-            sum += bf16::from_bits(u16::from_le_bytes([row[at], row[at + 1]])).to_f32();
+            let i = at(kk);
+            sum += bf16::from_bits(u16::from_le_bytes([bytes[i], bytes[i + 1]])).to_f32();
         }
         sums.push(sum);
     }

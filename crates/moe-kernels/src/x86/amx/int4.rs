@@ -28,8 +28,6 @@
 
 use std::arch::x86_64::*;
 
-use half::bf16;
-
 use super::bf16::{CHUNK_BYTES, CHUNK_K};
 use super::common::{
     AccBuf, GROUP_ROWS, Row64, TILE_ROWS, TiledA, dpbf16_live, load_a_live, load_b_live,
@@ -37,11 +35,10 @@ use super::common::{
 };
 use super::tiles::TileUnit;
 use crate::dispatch::Int4Bf16Dot;
-use crate::packed::wna16::K_STEP;
 use crate::packed::{PANEL, PackedWna16};
 use crate::wna16::{Int4DotJob, Int4DotLayout};
 use crate::x86::wna16::{group_scales, load_step, load_zeros};
-use crate::x86::wna16dot::{pairs16, table};
+use crate::x86::wna16dot::{pair_offset, pairs16, push_group_sums, table};
 
 /// B rows per chunk: one per K pair of the chunk's 32 values.
 const CHUNK_ROWS: usize = CHUNK_K / 2;
@@ -105,15 +102,8 @@ pub(crate) unsafe fn fill(
             let row_at = |c: usize| {
                 ((row / TILE_ROWS * n_chunks + c) * TILE_ROWS + row % TILE_ROWS) * CHUNK_BYTES
             };
-            for g0 in (0..k).step_by(group) {
-                let mut sum = 0f32;
-                for kk in g0..k.min(g0 + group) {
-                    let (s, j) = (kk % CHUNK_K / K_STEP, kk % K_STEP);
-                    let at = row_at(kk / CHUNK_K) + 16 * s + 4 * (j % 4) + 2 * (j / 4);
-                    sum += bf16::from_bits(u16::from_le_bytes([bytes[at], bytes[at + 1]])).to_f32();
-                }
-                sums.push(sum);
-            }
+            let at = |kk: usize| row_at(kk / CHUNK_K) + pair_offset(kk % CHUNK_K);
+            push_group_sums(bytes, k, group, sums, at);
         }
     }
     Int4DotLayout { len, row_bytes: 0 }
