@@ -177,8 +177,6 @@ fn wna16_bits(c: &mut Criterion, bits: u32) {
         let mut group = c.benchmark_group(format!("wna16_gemm/{prefix}{name}"));
         group.sample_size(10);
         for w in &packed {
-            // In the panel order the rung asks for, as a layer packs its experts.
-            let w = &w.clone().with_order(ks.panel_order());
             let (n, k) = (w.n(), w.k());
             for &m in MS {
                 let macs = m * n * k;
