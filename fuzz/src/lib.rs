@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use half::bf16;
-use moe_kernels::{PackedW4A8, PackedW8A8, W4A8Scales};
+use moe_kernels::{PackedW4A8, PackedW8A8, PanelOrder, W4A8Scales};
 use moe_layer::checkpoint::{Checkpoint, MoeModelSpec, ReadOptions, ShardAccess};
 use moe_layer::{MoeLayer, MoeLayerConfig};
 use moe_router::Logits;
@@ -180,6 +180,8 @@ pub fn packers(data: &[u8]) {
             if let Ok(p) = PackedW8A8::pack(n, k, &w, &scales) {
                 assert_eq!((p.n(), p.k()), (n, k));
                 assert_eq!(p.unpack_int8(), w, "PackedW8A8 round trip");
+                let pairs = p.with_order(PanelOrder::Pairs);
+                assert_eq!(pairs.unpack_int8(), w, "PackedW8A8 pair-order round trip");
             }
         }
         6 => {
@@ -281,6 +283,9 @@ fn packed_w4a8(b: &mut Bytes<'_>, fold: bool) {
     if let Ok(p) = PackedW4A8::pack(n, k, &w, scales, bias.as_deref()) {
         assert_eq!((p.n(), p.k()), (n, k));
         assert_eq!(p.unpack_int4(), w, "PackedW4A8 round trip");
+        let pairs = p.clone().with_order(PanelOrder::Pairs);
+        assert_eq!(pairs.unpack_int4(), w, "PackedW4A8 pair-order round trip");
+        assert_eq!(pairs.with_order(PanelOrder::Lanes), p);
     }
 }
 

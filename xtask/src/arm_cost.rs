@@ -176,14 +176,15 @@ const KAI_W8_MM_16X4: Kai = Kai {
 /// The comparison lines. KleidiAI has no plain-NEON int8 kernels and no i8mm kernel for a
 /// single row (its decode path on i8mm cores is the dot-product 1×8 kernel), and only our i8mm
 /// rung has tiles taller than 4 rows, so some cells are empty or borrowed and say so. Our i8mm
-/// rung runs 1-row tiles on the dot-product body, so that is the loop its 1-row lines model;
-/// its 8- and 16-row lines stand for its tiles of 5 to 8 and of 9 to 16 rows.
+/// lines model its bodies on weights in the pair order, which that rung packs for (its 1-row
+/// tile among them: a row pair with a row of zeros); its 8- and 16-row lines stand for its
+/// tiles of 5 to 8 and of 9 to 16 rows.
 const PAIRINGS: &[Pairing] = &[
     pair(Format::W4A8, "neon", 1, Some(1), None),
     pair(Format::W4A8, "neon", 4, Some(4), None),
     pair(Format::W4A8, "dotprod", 1, Some(1), Some(KAI_DOT_1X8)),
     pair(Format::W4A8, "dotprod", 4, Some(4), Some(KAI_DOT_4X8)),
-    pair_with(Format::W4A8, "i8mm", 1, "dotprod", Some(KAI_DOT_1X8)),
+    pair(Format::W4A8, "i8mm", 1, Some(1), Some(KAI_DOT_1X8)),
     pair(Format::W4A8, "i8mm", 4, Some(4), Some(KAI_MM_4X8)),
     pair(Format::W4A8, "i8mm", 8, Some(8), Some(KAI_MM_8X4)),
     pair(Format::W4A8, "i8mm", 16, Some(16), Some(KAI_MM_16X4)),
@@ -191,28 +192,11 @@ const PAIRINGS: &[Pairing] = &[
     pair(Format::W8A8, "neon", 4, Some(4), None),
     pair(Format::W8A8, "dotprod", 1, Some(1), Some(KAI_W8_DOT_1X4)),
     pair(Format::W8A8, "dotprod", 4, Some(4), Some(KAI_W8_DOT_16X4)),
-    pair_with(Format::W8A8, "i8mm", 1, "dotprod", Some(KAI_W8_DOT_1X4)),
+    pair(Format::W8A8, "i8mm", 1, Some(1), Some(KAI_W8_DOT_1X4)),
     pair(Format::W8A8, "i8mm", 4, Some(4), Some(KAI_W8_MM_16X4)),
     pair(Format::W8A8, "i8mm", 8, Some(8), Some(KAI_W8_MM_16X4)),
     pair(Format::W8A8, "i8mm", 16, Some(16), Some(KAI_W8_MM_16X4)),
 ];
-
-/// A line whose tile of ours is another rung's body (`rows` rows of rung `body`).
-const fn pair_with(
-    format: Format,
-    rung: &'static str,
-    rows: usize,
-    body: &'static str,
-    kai: Option<Kai>,
-) -> Pairing {
-    Pairing {
-        format,
-        rung,
-        rows,
-        ours: Some(Ours { rung: body, rows }),
-        kai,
-    }
-}
 
 const fn pair(
     format: Format,
@@ -553,11 +537,20 @@ fn kai_loop(root: &Path, k: Kai, work: &Path) -> Result<Loop> {
 }
 
 /// The part of a tile body's v0 symbol that names it: `<rung>::w4a8_tile::<R, false>` or
-/// `<rung>::w8a8_tile::<R>`. v0 mangling writes a const generic integer in hexadecimal.
+/// `<rung>::w8a8_tile::<R>`, and for the i8mm rung its bodies on weights in the pair order
+/// (`w4a8_pairs_tile`, `w8a8_pairs_tile`), the order that rung packs for. v0 mangling writes a
+/// name with its length before it and a const generic integer in hexadecimal.
 fn tile_symbol_fragment(format: Format, o: Ours) -> String {
+    let body = match (format, o.rung) {
+        (Format::W4A8, "i8mm") => "w4a8_pairs_tile",
+        (Format::W4A8, _) => "w4a8_tile",
+        (Format::W8A8, "i8mm") => "w8a8_pairs_tile",
+        (Format::W8A8, _) => "w8a8_tile",
+    };
+    let (rung, n) = (o.rung, o.rows);
     match format {
-        Format::W4A8 => format!("{}{}9w4a8_tileKj{:x}_Kb0_E", o.rung.len(), o.rung, o.rows),
-        Format::W8A8 => format!("{}{}9w8a8_tileKj{:x}_E", o.rung.len(), o.rung, o.rows),
+        Format::W4A8 => format!("{}{rung}{}{body}Kj{n:x}_Kb0_E", rung.len(), body.len()),
+        Format::W8A8 => format!("{}{rung}{}{body}Kj{n:x}_E", rung.len(), body.len()),
     }
 }
 
@@ -1083,11 +1076,19 @@ g:
         let o = |rows| Ours { rung: "i8mm", rows };
         assert_eq!(
             tile_symbol_fragment(Format::W4A8, o(8)),
-            "4i8mm9w4a8_tileKj8_Kb0_E"
+            "4i8mm15w4a8_pairs_tileKj8_Kb0_E"
         );
         assert_eq!(
             tile_symbol_fragment(Format::W8A8, o(16)),
-            "4i8mm9w8a8_tileKj10_E"
+            "4i8mm15w8a8_pairs_tileKj10_E"
+        );
+        let dot = Ours {
+            rung: "dotprod",
+            rows: 4,
+        };
+        assert_eq!(
+            tile_symbol_fragment(Format::W4A8, dot),
+            "7dotprod9w4a8_tileKj4_Kb0_E"
         );
         assert_eq!(o(16).cols(), 4);
         assert_eq!(o(8).cols(), 8);

@@ -53,7 +53,10 @@ fn w4a8(c: &mut Criterion) {
                     group_size: g,
                     scales: &s,
                 };
-                let packed = PackedW4A8::pack(n, k, &w, scales, None).unwrap();
+                // In the panel order the rung asks for, as a layer packs its experts.
+                let packed = PackedW4A8::pack(n, k, &w, scales, None)
+                    .unwrap()
+                    .with_order(ks.panel_order());
                 for &m in MS {
                     let macs = m * n * k;
                     if too_slow(isa, macs) {
@@ -98,6 +101,8 @@ fn w8a8(c: &mut Criterion) {
         let mut group = c.benchmark_group(format!("w8a8_gemm/{isa}"));
         group.sample_size(10);
         for w in &packed {
+            // In the panel order the rung asks for, as a layer packs its experts.
+            let w = &w.clone().with_order(ks.panel_order());
             let (n, k) = (w.n(), w.k());
             for &m in MS {
                 let macs = m * n * k;

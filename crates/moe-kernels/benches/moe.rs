@@ -79,7 +79,19 @@ fn fused_moe(c: &mut Criterion) {
         .filter(|&i| i != Isa::Scalar)
     {
         let ks = KernelSet::for_isa(isa).unwrap();
-        let moe = FusedMoe::new(weights.clone(), config.clone(), ks).unwrap();
+        // In the panel order the rung asks for, as a layer packs its experts.
+        let order = |w: &Vec<PackedW4A8>| -> Vec<PackedW4A8> {
+            w.iter()
+                .map(|w| w.clone().with_order(ks.panel_order()))
+                .collect()
+        };
+        let experts = PackedExperts {
+            w13: order(&weights.w13),
+            w2: order(&weights.w2),
+            w13_bias: None,
+            w2_bias: None,
+        };
+        let moe = FusedMoe::new(experts, config.clone(), ks).unwrap();
         let mut group = c.benchmark_group(format!("fused_moe_w4a8/{isa}"));
         group.sample_size(10);
         for &m in MS {

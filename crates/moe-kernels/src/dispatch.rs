@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use crate::arch;
 use crate::dense::DenseBodies;
 use crate::isa::{Isa, IsaCap, MAX_ISA_ENV};
-use crate::packed::PackedWna16;
+use crate::packed::{PackedWna16, PanelOrder};
 use crate::ukernel::{
     ActEncoding, W4A8PanelsFn, W4A8TileAFn, W4Bf16PanelsFn, W4Bf16TileAFn, W8A8PanelsFn,
     W8A8TileAFn,
@@ -108,6 +108,9 @@ pub(crate) struct W4A8Kernel {
     pub(crate) entry: W4A8PanelsFn,
     /// The kernel's own activation layout, made once per GEMM, if it reads one.
     pub(crate) tile_a: Option<W4A8TileAFn>,
+    /// Whether the entry reads [`PanelOrder::Pairs`] panels too (every entry reads the lane
+    /// order); the GEMMs hand other orders to the portable body.
+    pub(crate) pairs: bool,
 }
 
 /// One W8A8 implementation: its rung, activation encoding and entry point.
@@ -118,6 +121,9 @@ pub(crate) struct W8A8Kernel {
     pub(crate) entry: W8A8PanelsFn,
     /// The kernel's own activation layout, made once per GEMM, if it reads one.
     pub(crate) tile_a: Option<W8A8TileAFn>,
+    /// Whether the entry reads [`PanelOrder::Pairs`] panels too (every entry reads the lane
+    /// order); the GEMMs hand other orders to the portable body.
+    pub(crate) pairs: bool,
 }
 
 /// The kernels of one rung, ready to call; cheap to copy.
@@ -150,6 +156,8 @@ pub struct KernelSet {
     /// How many bytes the own kernels' activation layout of `m` rows of `k_pad` values takes
     /// at most, when they read one (see [`KernelSet::with_layouts`]).
     layout_bytes: Option<LayoutBytesFn>,
+    /// The panel order the own W4A8 and W8A8 kernels read fastest.
+    panel_order: PanelOrder,
 }
 
 /// The size bound of a kernel's activation layout: bytes for `m` rows of `k_pad` values.
@@ -216,6 +224,7 @@ impl KernelSet {
             encoding,
             entry,
             tile_a: None,
+            pairs: false,
         };
         let (isa, encoding, entry) = w8a8;
         let w8a8 = W8A8Kernel {
@@ -223,6 +232,7 @@ impl KernelSet {
             encoding,
             entry,
             tile_a: None,
+            pairs: false,
         };
         Self {
             rung,
@@ -237,7 +247,27 @@ impl KernelSet {
             wna16: (Isa::Scalar, crate::wna16::panels_portable),
             dense: DenseBodies::PORTABLE,
             layout_bytes: None,
+            panel_order: PanelOrder::Lanes,
         }
+    }
+
+    /// The same set, with its own W4A8 and W8A8 kernels (those below any large-row threshold)
+    /// reading [`PanelOrder::Pairs`] panels too, and asking for them
+    /// ([`KernelSet::panel_order`]).
+    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))] // only the i8mm rung has them
+    pub(crate) fn with_pairs_order(mut self) -> Self {
+        self.w4a8.pairs = true;
+        self.w8a8.pairs = true;
+        self.panel_order = PanelOrder::Pairs;
+        self
+    }
+
+    /// The panel order this set's W4A8 and W8A8 kernels read fastest: pack weights for the set
+    /// with [`crate::PackedW4A8::with_order`] and [`crate::PackedW8A8::with_order`]. Every
+    /// set reads every order (a kernel without a body for one hands the call to the portable
+    /// body), so weights packed for one set stay correct on any other.
+    pub fn panel_order(&self) -> PanelOrder {
+        self.panel_order
     }
 
     /// The same set, with its own kernels (those below any large-row threshold) reading their
@@ -282,6 +312,7 @@ impl KernelSet {
             encoding,
             entry,
             tile_a: None,
+            pairs: false,
         };
         let (isa, encoding, entry) = w8a8;
         let w8a8 = W8A8Kernel {
@@ -289,6 +320,7 @@ impl KernelSet {
             encoding,
             entry,
             tile_a: None,
+            pairs: false,
         };
         self.large_m = Some(LargeM {
             min_m: min_m.0,
@@ -406,9 +438,13 @@ impl KernelSet {
     }
 
     /// The bf16 tile path for a W4A8 GEMM of `m` rows, when chosen and `m` reaches it.
-    pub(crate) fn w4bf16_for(&self, m: usize) -> Option<Bf16Tiles> {
+    pub(crate) fn w4bf16_for(&self, m: usize, order: PanelOrder) -> Option<Bf16Tiles> {
         match (self.w4a8_prefill, self.bf16_tiles) {
-            (W4A8Prefill::Bf16Tiles, Some(t)) if m >= t.min_m.w4a8 => Some(t),
+            (W4A8Prefill::Bf16Tiles, Some(t))
+                if m >= t.min_m.w4a8 && order == PanelOrder::Lanes =>
+            {
+                Some(t)
+            }
             _ => None,
         }
     }
@@ -495,7 +531,11 @@ impl KernelSet {
         let w4 = (Isa::Scalar, ActEncoding::I8, w4a8_entry as W4A8PanelsFn);
         let w8 = (Isa::Scalar, ActEncoding::I8, w8a8_entry as W8A8PanelsFn);
         // SAFETY: the scalar entries need no CPU feature.
-        unsafe { Self::from_entries(Isa::Scalar, w4, w8) }
+        let mut set = unsafe { Self::from_entries(Isa::Scalar, w4, w8) };
+        // The portable body reads every order (`lanes_step`); it prefers none.
+        set.w4a8.pairs = true;
+        set.w8a8.pairs = true;
+        set
     }
 
     /// The kernels of rung `isa` when this CPU supports it (ignoring the cap), else `None`.
@@ -513,14 +553,16 @@ impl KernelSet {
         self.rung
     }
 
-    /// The rung whose code runs the W4A8 GEMM for `m` rows.
+    /// The rung whose code runs the W4A8 GEMM for `m` rows, on weights in the set's
+    /// [`KernelSet::panel_order`].
     pub fn w4a8_isa(&self, m: usize) -> Isa {
-        self.w4a8_for(m).isa
+        self.w4a8_for(m, self.panel_order).isa
     }
 
-    /// The rung whose code runs the W8A8 GEMM for `m` rows.
+    /// The rung whose code runs the W8A8 GEMM for `m` rows, on weights in the set's
+    /// [`KernelSet::panel_order`].
     pub fn w8a8_isa(&self, m: usize) -> Isa {
-        self.w8a8_for(m).isa
+        self.w8a8_for(m, self.panel_order).isa
     }
 
     /// The `wna16_gemm` line of [`KernelSet::describe_ops`].
@@ -599,19 +641,29 @@ impl KernelSet {
         ]
     }
 
-    /// The W4A8 kernel for a call of `m` rows.
-    pub(crate) fn w4a8_for(&self, m: usize) -> W4A8Kernel {
-        match self.large_m {
+    /// The W4A8 kernel for a call of `m` rows on panels in `order`: the portable body where
+    /// the rung's kernel does not read that order.
+    pub(crate) fn w4a8_for(&self, m: usize, order: PanelOrder) -> W4A8Kernel {
+        let kernel = match self.large_m {
             Some(l) if m >= l.min_m => l.w4a8,
             _ => self.w4a8,
+        };
+        match order {
+            PanelOrder::Pairs if !kernel.pairs => Self::scalar().w4a8,
+            _ => kernel,
         }
     }
 
-    /// The W8A8 kernel for a call of `m` rows.
-    pub(crate) fn w8a8_for(&self, m: usize) -> W8A8Kernel {
-        match self.large_m {
+    /// The W8A8 kernel for a call of `m` rows on panels in `order`: the portable body where
+    /// the rung's kernel does not read that order.
+    pub(crate) fn w8a8_for(&self, m: usize, order: PanelOrder) -> W8A8Kernel {
+        let kernel = match self.large_m {
             Some(l) if m >= l.min_m_w8a8 => l.w8a8,
             _ => self.w8a8,
+        };
+        match order {
+            PanelOrder::Pairs if !kernel.pairs => Self::scalar().w8a8,
+            _ => kernel,
         }
     }
 }

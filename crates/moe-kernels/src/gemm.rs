@@ -168,7 +168,7 @@ pub fn w4a8_gemm(
     let k = w.k();
     check_len("x", m * k, x.len())?;
     check_len("out", m * w.n(), out.len())?;
-    if let Some(tiles) = ks.w4bf16_for(m) {
+    if let Some(tiles) = ks.w4bf16_for(m, w.order()) {
         // SAFETY: the layout function comes from the same `KernelSet` as the entry, registered
         // only where its features are available.
         unsafe { (tiles.tile_a)(x, m, k, &mut scratch.tiles) };
@@ -188,7 +188,7 @@ pub fn w4a8_gemm(
         });
         return Ok(());
     }
-    let kernel = ks.w4a8_for(m);
+    let kernel = ks.w4a8_for(m, w.order());
     let fused = match kernel.encoding {
         ActEncoding::U8Offset128 | ActEncoding::I8BlockCorrected => ks.act_asym_u8(),
         ActEncoding::I8 => None,
@@ -275,7 +275,7 @@ pub fn w4a8_gemm_quantized(
     par: Par,
 ) -> Result<(), KernelError> {
     check_len("out", m * w.n(), out.len())?;
-    let kernel = ks.w4a8_for(m);
+    let kernel = ks.w4a8_for(m, w.order());
     prepare_w4a8(m, a, w, kernel.encoding, scratch)?;
     let rows = EncodedRows {
         a: &scratch.encoded,
@@ -387,7 +387,7 @@ pub(crate) fn w4a8_block_acc(
     w: &PackedW4A8,
 ) -> Result<Vec<i32>, KernelError> {
     let mut scratch = GemmScratch::new();
-    let kernel = ks.w4a8_for(m);
+    let kernel = ks.w4a8_for(m, w.order());
     prepare_w4a8(m, a, w, kernel.encoding, &mut scratch)?;
     let mut acc = vec![0i32; m * w.n_blocks() * w.n_panels() * crate::packed::PANEL];
     if let Some(tile_a) = kernel.tile_a {
@@ -486,7 +486,7 @@ pub fn w8a8_gemm(
     let k = w.k();
     check_len("x", m * k, x.len())?;
     check_len("out", m * w.n(), out.len())?;
-    let kernel = ks.w8a8_for(m);
+    let kernel = ks.w8a8_for(m, w.order());
     let mut scale = std::mem::take(&mut scratch.row_scale);
     scale.clear();
     scratch.nan_rows.clear();
@@ -576,7 +576,7 @@ fn run_w8a8(
     check_len("out", m * w.n(), out.len())?;
     check_len("q", m * k, a.q.len())?;
     check_len("scale", m, a.scale.len())?;
-    let kernel = ks.w8a8_for(m);
+    let kernel = ks.w8a8_for(m, w.order());
     encode_rows(a.q, m, k, k_pad, kernel.encoding, &mut scratch.encoded);
     let s = &mut *scratch;
     run_w8a8_encoded(kernel, m, &s.encoded, a.scale, w, out, &mut s.tiles, par);

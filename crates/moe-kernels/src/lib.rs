@@ -95,8 +95,8 @@ pub use moe::{
 };
 pub use packed::{
     AWQ_FIELD_OF_CHANNEL, E2M1_VALUES, FP8_BLOCK, Fp8BlockDesc, Fp8BlockRows, Int4Values,
-    Int8Values, Mxfp4Desc, PackedDense, PackedW4A8, PackedW8A8, PackedWna16, W4A8Scales, Wna16Desc,
-    Wna16Scales, Wna16WordsDesc, WordOrder, WordRows, e4m3_value,
+    Int8Values, Mxfp4Desc, PackedDense, PackedW4A8, PackedW8A8, PackedWna16, PanelOrder,
+    W4A8Scales, Wna16Desc, Wna16Scales, Wna16WordsDesc, WordOrder, WordRows, e4m3_value,
 };
 pub use par::Par;
 pub use wna16::{wna16_gemm, wna16_isa, wna16_reference};

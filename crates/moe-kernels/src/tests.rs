@@ -9,8 +9,8 @@ use crate::gemm::w4a8_block_acc;
 use crate::scalar::w4a8::{W4A8RefArgs, w4a8_reference, w4a8_reference_block_acc};
 use crate::scalar::w8a8::{W8A8RefArgs, w8a8_reference};
 use crate::{
-    AsymQuantRows, GemmScratch, Isa, KernelSet, PackedW4A8, PackedW8A8, Par, SymQuantRows,
-    W4A8Scales, available_isas, packed::PANEL,
+    AsymQuantRows, GemmScratch, Isa, KernelSet, PackedW4A8, PackedW8A8, PanelOrder, Par,
+    SymQuantRows, W4A8Scales, available_isas, packed::PANEL,
 };
 use moe_quant::act::{quantize_row_asym_i8, quantize_row_sym_i8};
 
@@ -148,13 +148,39 @@ impl W4A8Case {
     }
 }
 
+/// The panel orders a rung is checked on: the lane order everywhere, and the pair order too
+/// where the rung asks for it or reads every order (the portable body); the other rungs hand
+/// pair-order panels to the portable body (`pairs_order_on_every_rung`).
+fn orders(ks: &KernelSet) -> Vec<PanelOrder> {
+    if ks.panel_order() == PanelOrder::Pairs || ks.isa() == Isa::Scalar {
+        vec![PanelOrder::Lanes, PanelOrder::Pairs]
+    } else {
+        vec![PanelOrder::Lanes]
+    }
+}
+
 fn check_w4a8(isa: &str, ks: &KernelSet, c: &W4A8Case, par: Par) -> Result<(), String> {
+    for order in orders(ks) {
+        let packed = c.packed.clone().with_order(order);
+        check_w4a8_packed(&format!("{isa} {order:?}"), ks, c, &packed, par)?;
+    }
+    Ok(())
+}
+
+/// [`check_w4a8`] on the case's weights packed as `packed`.
+fn check_w4a8_packed(
+    isa: &str,
+    ks: &KernelSet,
+    c: &W4A8Case,
+    packed: &PackedW4A8,
+    par: Par,
+) -> Result<(), String> {
     let what = format!("{isa} m={} n={} k={} bl={}", c.m, c.n, c.k, c.block_len);
     // (a) Integer block accumulators, exactly.
     let want_acc = w4a8_reference_block_acc(&c.reference_args());
-    let got_acc = w4a8_block_acc(ks, c.m, c.rows(), &c.packed).map_err(|e| e.to_string())?;
+    let got_acc = w4a8_block_acc(ks, c.m, c.rows(), packed).map_err(|e| e.to_string())?;
     let nb = c.k / c.block_len;
-    let n_pad = c.packed.n_panels() * PANEL;
+    let n_pad = packed.n_panels() * PANEL;
     for m in 0..c.m {
         for n in 0..c.n {
             for b in 0..nb {
@@ -170,7 +196,7 @@ fn check_w4a8(isa: &str, ks: &KernelSet, c: &W4A8Case, par: Par) -> Result<(), S
     let want = w4a8_reference(&c.reference_args());
     let mut got = vec![f32::NAN; c.m * c.n];
     let mut scratch = GemmScratch::new();
-    crate::w4a8_gemm_quantized(ks, c.m, c.rows(), &c.packed, &mut got, &mut scratch, par)
+    crate::w4a8_gemm_quantized(ks, c.m, c.rows(), packed, &mut got, &mut scratch, par)
         .map_err(|e| e.to_string())?;
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         if g.to_bits() != w.to_bits() {
@@ -267,6 +293,64 @@ fn w4a8_random_shapes_any_thread_count() {
     }
 }
 
+/// Pair-order panels on every rung, those without a body for them included (they hand the
+/// call to the portable body): the same outputs as the reference.
+#[test]
+fn pairs_order_on_every_rung() {
+    let mut rng = SplitMix64::new(0x9a1);
+    let rungs = rungs();
+    for &(m, n, k, g) in &[
+        (1, 17, 64, Some(32)),
+        (5, 33, 70, None),
+        (16, 16, 128, Some(64)),
+    ] {
+        let case = w4a8_case(&mut rng, m, n, k, g);
+        let pairs = case.packed.clone().with_order(PanelOrder::Pairs);
+        for (isa, ks) in &rungs {
+            check_w4a8_packed(isa, ks, &case, &pairs, Par::Seq).unwrap();
+        }
+    }
+    for &(m, n, k) in &[(1, 17, 36), (6, 33, 64), (16, 16, 100)] {
+        let x: Vec<f32> = (0..m * k).map(|_| rng.normal()).collect();
+        let mut q = vec![0i8; m * k];
+        let scale: Vec<f32> = x
+            .chunks_exact(k)
+            .zip(q.chunks_exact_mut(k))
+            .map(|(row, q_row)| quantize_row_sym_i8(row, q_row))
+            .collect();
+        let w: Vec<i8> = (0..n * k).map(|_| rng.range_i64(-128, 127) as i8).collect();
+        let ws = rng.vec_uniform(n, 0.001, 0.02);
+        let packed = PackedW8A8::pack(n, k, &w, &ws)
+            .unwrap()
+            .with_order(PanelOrder::Pairs);
+        let args = W8A8RefArgs {
+            m,
+            n,
+            k,
+            q: &q,
+            row_scale: &scale,
+            w: &w,
+            scales: &ws,
+        };
+        let want = w8a8_reference(&args);
+        for (isa, ks) in &rungs {
+            let mut got = vec![f32::NAN; m * n];
+            let rows = SymQuantRows {
+                q: &q,
+                scale: &scale,
+            };
+            let mut scratch = GemmScratch::new();
+            crate::w8a8_gemm_quantized(ks, m, rows, &packed, &mut got, &mut scratch, Par::Seq)
+                .unwrap();
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(g, w)| g.to_bits() == w.to_bits());
+            assert!(same, "{isa} w8a8 pairs m={m} n={n} k={k}");
+        }
+    }
+}
+
 #[test]
 fn w8a8_every_rung_matches_reference() {
     let mut rng = SplitMix64::new(0x8a8);
@@ -295,27 +379,30 @@ fn w8a8_every_rung_matches_reference() {
                 };
                 let want = w8a8_reference(&args);
                 for (isa, ks) in &rungs {
-                    let mut got = vec![f32::NAN; m * n];
-                    let rows = SymQuantRows {
-                        q: &q,
-                        scale: &scale,
-                    };
-                    crate::w8a8_gemm_quantized(
-                        ks,
-                        m,
-                        rows,
-                        &packed,
-                        &mut got,
-                        &mut GemmScratch::new(),
-                        Par::Rayon,
-                    )
-                    .unwrap();
-                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                        assert_eq!(
-                            g.to_bits(),
-                            w.to_bits(),
-                            "{isa} m={m} n={n} k={k} out[{i}] = {g:e}, want {w:e}"
-                        );
+                    for order in orders(ks) {
+                        let packed = packed.clone().with_order(order);
+                        let mut got = vec![f32::NAN; m * n];
+                        let rows = SymQuantRows {
+                            q: &q,
+                            scale: &scale,
+                        };
+                        crate::w8a8_gemm_quantized(
+                            ks,
+                            m,
+                            rows,
+                            &packed,
+                            &mut got,
+                            &mut GemmScratch::new(),
+                            Par::Rayon,
+                        )
+                        .unwrap();
+                        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                            assert_eq!(
+                                g.to_bits(),
+                                w.to_bits(),
+                                "{isa} {order:?} m={m} n={n} k={k} out[{i}] = {g:e}, want {w:e}"
+                            );
+                        }
                     }
                 }
             }
@@ -349,19 +436,25 @@ fn extreme_codes_every_rung() {
         };
         let want = w8a8_reference(&args);
         for (isa, ks) in &rungs {
-            let mut got = vec![f32::NAN; m * n];
-            let rows = SymQuantRows {
-                q: &q,
-                scale: &scale,
-            };
-            let mut scratch = GemmScratch::new();
-            crate::w8a8_gemm_quantized(ks, m, rows, &packed, &mut got, &mut scratch, Par::Seq)
-                .unwrap();
-            let same = got
-                .iter()
-                .zip(&want)
-                .all(|(g, w)| g.to_bits() == w.to_bits());
-            assert!(same, "{isa} w8a8 w={wv} q={qv}: {got:?} != {want:?}");
+            for order in orders(ks) {
+                let packed = packed.clone().with_order(order);
+                let mut got = vec![f32::NAN; m * n];
+                let rows = SymQuantRows {
+                    q: &q,
+                    scale: &scale,
+                };
+                let mut scratch = GemmScratch::new();
+                crate::w8a8_gemm_quantized(ks, m, rows, &packed, &mut got, &mut scratch, Par::Seq)
+                    .unwrap();
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits());
+                assert!(
+                    same,
+                    "{isa} {order:?} w8a8 w={wv} q={qv}: {got:?} != {want:?}"
+                );
+            }
         }
     }
     for (k, wv, qv, zp) in [

@@ -67,6 +67,7 @@ pub(crate) type Wna16PanelsFn = unsafe fn(&Wna16Job<'_>, Range<usize>);
 
 /// One WNA16 GEMM on a bf16 dot-product body for int4 codes: the activations already laid out
 /// by the body's fill function.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 has such a body today
 pub(crate) struct Int4DotJob<'a> {
     /// The weights (4-bit codes).
     pub(crate) w: &'a PackedWna16,
@@ -111,6 +112,7 @@ pub(crate) type Int4DotFillFn = unsafe fn(
 
 /// Where an [`Int4DotFillFn`] put a GEMM's activations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 rungs make one
 pub(crate) struct Int4DotLayout {
     /// Bytes the layout takes at the start of the buffer.
     pub(crate) len: usize,

@@ -141,7 +141,8 @@ pub struct SynthLayer<W = PackedW4A8> {
     pub expert_bytes: usize,
 }
 
-/// Packs an `[n, k]` int4 matrix with bf16 group scales.
+/// Packs an `[n, k]` int4 matrix with bf16 group scales, in the dispatched kernels' panel
+/// order.
 fn pack(
     n: usize,
     k: usize,
@@ -159,6 +160,7 @@ fn pack(
         },
         None,
     )
+    .map(|w| w.with_order(kernels().panel_order()))
     .map_err(|e| CliError::context("packing expert weights", e))
 }
 
@@ -574,6 +576,7 @@ fn random_int8_packed(rng: &mut Rng, n: usize, k: usize) -> Result<PackedW8A8, C
         .collect();
     let scales: Vec<f32> = (0..n).map(|_| (0.5 + rng.unit()) / 127.0).collect();
     PackedW8A8::pack(n, k, &codes, &scales)
+        .map(|w| w.with_order(kernels().panel_order()))
         .map_err(|e| CliError::context("packing expert weights", e))
 }
 

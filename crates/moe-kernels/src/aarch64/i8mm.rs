@@ -2,8 +2,16 @@
 //! pairs × channel pairs of 2×2 i32 blocks, signed activations.
 //!
 //! `smmla` multiplies a 2×8 block of activations (two rows, 8 consecutive K values) with an
-//! 8×2 block of weights (two channels, the same K values). The packed panels are read as they
-//! are, without repacking:
+//! 8×2 block of weights (two channels, the same K values). The rung asks for its weights in the
+//! pair order ([`crate::PanelOrder::Pairs`], `KernelSet::panel_order`), where each 16 bytes of
+//! a step pair are one channel pair's operands:
+//!
+//! - W4A8: the low nibbles (`and`) are the operand of the step pair's first 8 K values, the
+//!   high nibbles (`ushr`) that of the next 8: one instruction per operand, no `zip`
+//!   ([`w4a8_pairs_tile`]).
+//! - W8A8: the 16 bytes are the operand as loaded ([`w8a8_pairs_tile`]).
+//!
+//! An odd last step of either order, and weights in the lane order, are read as they are:
 //!
 //! - W4A8: a 16-byte quarter of a packed step holds 4 channels × 4 K values in its low nibbles
 //!   (K 0..4 of the step) and its high nibbles (K 4..8). Zipping the unpacked halves by 32-bit
@@ -17,7 +25,7 @@
 //! ([`pair_rows`], the driver's layout hook), so one 16-byte load is one operand, and its
 //! tiles start on even rows (`row_align: 2`) to match.
 //!
-//! The unpacking and zips cost the same whatever the rows, so the more row pairs share each
+//! The unpacking (and zips) cost the same whatever the rows, so the more row pairs share each
 //! weight operand the more MACs per instruction: tiles are up to 16 rows (8 row pairs). Every
 //! pass keeps 16 accumulators, so the taller the tile the fewer channels a pass covers: a tile
 //! of up to 4 rows covers its panel in one pass of 16 channels (2 row pairs × 8 channel pairs),
@@ -25,18 +33,24 @@
 //! (8 × 2), where each unpacked and zipped quarter feeds up to 16 `smmla`. Each pass closes the
 //! blocks of its own channels.
 //!
-//! A tile of one row runs the dot-product body instead (the token implies dot product): `smmla`
-//! would spend half its work on a row of zeros, and the 1-row `sdot` loop does more MACs per
-//! cycle (`cargo xtask arm-cost`). An odd last row of a taller tile is paired with zero
-//! activations, whose results are dropped. The 2×2 blocks are regrouped into rows
-//! (`zip1`/`zip2` on 64-bit lanes), giving the exact row sums that the shared epilogue
-//! (`common.rs`) turns into outputs bit-identical to the scalar reference.
+//! On the lane order a tile of one row runs the dot-product body instead (the token implies dot
+//! product): `smmla` would spend half its work on a row of zeros and its zips, and the 1-row
+//! `sdot` loop does more MACs per cycle (`cargo xtask arm-cost`). On the pair order a row of
+//! zeros costs no more per useful MAC than `sdot` does, so one row runs as a row pair whose
+//! second row is zeros, read straight from the encoded row (one-row calls get no layout). An
+//! odd last row of a taller tile is paired with zero activations, whose results are dropped.
+//! The 2×2 blocks are regrouped into rows (`zip1`/`zip2` on 64-bit lanes), giving the exact
+//! row sums that the shared epilogue (`common.rs`) turns into outputs bit-identical to the
+//! scalar reference.
 
 use std::arch::aarch64::*;
 
 use super::NeonI8mm;
 use super::asm::smmla;
-use super::common::{load_i8x16, load_u8x16, unpack_codes, w4a8_block_end, w4a8_store, w8a8_store};
+use super::common::{
+    load_i8x8, load_i8x16, load_u8x16, unpack_codes, w4a8_block_end, w4a8_store, w8a8_store,
+};
+use crate::packed::PanelOrder;
 use crate::ukernel::{W4A8Job, W8A8Job};
 
 /// Rows per tile.
@@ -240,6 +254,10 @@ unsafe fn w4a8_pass<
 ///   (see [`crate::ukernel::W4A8PanelsFn`]).
 #[target_feature(enable = "neon,i8mm")]
 unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize, m0: usize) {
+    if job.w.order() == PanelOrder::Pairs {
+        // SAFETY: the output contract is forwarded from our caller.
+        return unsafe { w4a8_pairs_tile::<R, ACC>(job, p, m0) };
+    }
     if R == 1 {
         // SAFETY: the i8mm token is only made where dot product is present too
         // (`NeonI8mm::is_available`), so the dot-product body may run here; the output
@@ -324,6 +342,10 @@ unsafe fn w8a8_pass<
 /// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`.
 #[target_feature(enable = "neon,i8mm")]
 unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
+    if job.w.order() == PanelOrder::Pairs {
+        // SAFETY: the output contract is forwarded from our caller.
+        return unsafe { w8a8_pairs_tile::<R>(job, p, m0) };
+    }
     if R == 1 {
         // SAFETY: as in `w4a8_tile`: the i8mm token implies dot product; the output contract
         // is forwarded from our caller.
@@ -346,6 +368,410 @@ unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
         unsafe { w8a8_pass::<R, 8, 1, 2, 2>(job, p, m0) };
         // SAFETY: as above.
         unsafe { w8a8_pass::<R, 8, 1, 2, 3>(job, p, m0) };
+    }
+}
+
+/// A tile's activation operands in the pair order's passes: the row-pair layout, or for a
+/// one-row tile its encoded row as it is (one-row calls get no layout), 8 K values per chunk.
+#[derive(Clone, Copy)]
+struct PairActs<'a, const P: usize> {
+    /// The row pairs' layout chunks (tiles of 2 rows or more).
+    pairs: [&'a [[u8; PAIR_CHUNK]]; P],
+    /// The row's chunks (one-row tiles).
+    row: &'a [[u8; 8]],
+    /// The row's last 4 bytes when its length is not a multiple of 8 (a W8A8 row of an odd
+    /// number of steps), else empty.
+    row_tail: &'a [u8],
+}
+
+impl<'a, const P: usize> PairActs<'a, P> {
+    /// The operands of rows `m0..m0 + R` of a GEMM with encoded rows `a` (`[m][k_pad]`) and
+    /// row-pair layout `a_tiles`.
+    fn new<const R: usize>(a: &'a [u8], a_tiles: &'a [u8], m0: usize, k_pad: usize) -> Self {
+        if R == 1 {
+            let (row, row_tail) = a[m0 * k_pad..][..k_pad].as_chunks::<8>();
+            Self {
+                pairs: [&[]; P],
+                row,
+                row_tail,
+            }
+        } else {
+            Self {
+                pairs: tile_pairs::<R, P>(a_tiles, m0, k_pad),
+                row: &[],
+                row_tail: &[],
+            }
+        }
+    }
+
+    /// The whole chunks `range` only (W4A8 rows, whose length is a multiple of 8).
+    fn slice(&self, range: std::ops::Range<usize>) -> Self {
+        Self {
+            pairs: self
+                .pairs
+                .map(|pair| pair.get(range.clone()).unwrap_or(&[])),
+            row: self.row.get(range).unwrap_or(&[]),
+            row_tail: &[],
+        }
+    }
+
+    /// How many chunks the operands of the tile's `R` rows have, a short last one included.
+    fn chunks<const R: usize>(&self) -> usize {
+        if R == 1 {
+            self.row.len() + usize::from(!self.row_tail.is_empty())
+        } else {
+            self.pairs[0].len()
+        }
+    }
+}
+
+/// The activation operands of [`PairActs`] at chunk `c`; a one-row tile's row is paired with
+/// zeros (`ldr d` clears the upper half), as are row pairs past the tile's rows.
+#[target_feature(enable = "neon")]
+#[inline]
+fn pair_acts_at<const R: usize, const P: usize>(
+    acts: &PairActs<'_, P>,
+    c: usize,
+) -> [int8x16_t; P] {
+    if R == 1 {
+        std::array::from_fn(|j| {
+            if j == 0 {
+                vcombine_s8(load_i8x8(&acts.row[c]), vdup_n_s8(0))
+            } else {
+                vdupq_n_s8(0)
+            }
+        })
+    } else {
+        pair_operands::<R, P>(&acts.pairs, c)
+    }
+}
+
+/// [`PairActs`] two chunks at a time (16 K values: one W4A8 step pair), with the odd last
+/// chunk apart.
+#[derive(Clone, Copy)]
+struct PairActs2<'a, const P: usize> {
+    pairs: [&'a [[[u8; PAIR_CHUNK]; 2]]; P],
+    pairs_odd: [&'a [[u8; PAIR_CHUNK]]; P],
+    row: &'a [[[u8; 8]; 2]],
+    row_odd: &'a [[u8; 8]],
+}
+
+impl<'a, const P: usize> PairActs2<'a, P> {
+    /// The chunks of `acts` in twos; `n` is the number of twos every row pair (or the row) of
+    /// the tile's `R` rows must have, which lets the compiler drop the bounds checks.
+    fn new<const R: usize>(acts: &PairActs<'a, P>, n: usize) -> Self {
+        let used = if R == 1 { 0 } else { R.div_ceil(2) };
+        let (row, row_odd) = acts.row.as_chunks::<2>();
+        Self {
+            // Cut to exactly `n`: the loops over `0..n` then index without checks.
+            pairs: std::array::from_fn(|j| {
+                if j < used {
+                    &acts.pairs[j].as_chunks::<2>().0[..n]
+                } else {
+                    &[]
+                }
+            }),
+            pairs_odd: acts.pairs.map(|pair| pair.as_chunks::<2>().1),
+            row: if R == 1 { &row[..n] } else { &[] },
+            row_odd,
+        }
+    }
+
+    /// The activation operands of chunk `2t + HALF` (or, with `ODD`, of the odd last chunk),
+    /// as [`pair_acts_at`] makes them.
+    #[target_feature(enable = "neon")]
+    #[inline]
+    fn half<const R: usize, const ODD: bool, const HALF: usize>(&self, t: usize) -> [int8x16_t; P] {
+        std::array::from_fn(|j| {
+            if R == 1 {
+                if j > 0 {
+                    return vdupq_n_s8(0);
+                }
+                let chunk = if ODD {
+                    &self.row_odd[0]
+                } else {
+                    &self.row[t][HALF]
+                };
+                vcombine_s8(load_i8x8(chunk), vdup_n_s8(0))
+            } else if j < R.div_ceil(2) {
+                let chunk = if ODD {
+                    &self.pairs_odd[j][0]
+                } else {
+                    &self.pairs[j][t][HALF]
+                };
+                vreinterpretq_s8_u8(load_u8x16(chunk))
+            } else {
+                vdupq_n_s8(0)
+            }
+        })
+    }
+}
+
+/// Adds one channel pair's 16 K values (a 16-byte slice `v` of a W4A8 step pair) to the
+/// accumulators of channel pair `cp`: the low nibbles against the first 8 K values of each row
+/// pair (`a[0]`), the high nibbles against the next 8 (`a[1]`).
+#[target_feature(enable = "neon,i8mm")]
+#[inline]
+fn mm_slice<const R: usize, const P: usize, const CP: usize>(
+    mm: &mut [[int32x4_t; CP]; P],
+    a: &[[int8x16_t; P]; 2],
+    cp: usize,
+    v: uint8x16_t,
+) {
+    let lo = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0F)));
+    let hi = vreinterpretq_s8_u8(vshrq_n_u8::<4>(v));
+    for (acc, (&a0, &a1)) in mm
+        .iter_mut()
+        .zip(a[0].iter().zip(&a[1]))
+        .take(R.div_ceil(2))
+    {
+        acc[cp] = smmla(smmla(acc[cp], a0, lo), a1, hi);
+    }
+}
+
+/// Adds one half (`HALF` 0: the low nibbles, the step pair's first 8 K values; 1: the high
+/// nibbles, the next 8) of the channel pairs' slices `v` to the accumulators, against the
+/// row pairs' operands `a` of that half.
+#[target_feature(enable = "neon,i8mm")]
+#[inline]
+fn mm_half<const R: usize, const P: usize, const CP: usize, const HALF: usize>(
+    mm: &mut [[int32x4_t; CP]; P],
+    a: &[int8x16_t; P],
+    v: &[uint8x16_t; CP],
+) {
+    for (cp, &v) in v.iter().enumerate() {
+        let codes = if HALF == 0 {
+            vandq_u8(v, vdupq_n_u8(0x0F))
+        } else {
+            vshrq_n_u8::<4>(v)
+        };
+        let codes = vreinterpretq_s8_u8(codes);
+        for (acc, &a) in mm.iter_mut().zip(a).take(R.div_ceil(2)) {
+            acc[cp] = smmla(acc[cp], a, codes);
+        }
+    }
+}
+
+/// [`pair_acts_at`] for the last chunk `c`, which for a one-row tile may be the row's last 4
+/// bytes (then widened with zeros).
+#[target_feature(enable = "neon")]
+#[inline]
+fn pair_acts_last<const R: usize, const P: usize>(
+    acts: &PairActs<'_, P>,
+    c: usize,
+) -> [int8x16_t; P] {
+    match <[u8; 4]>::try_from(acts.row_tail) {
+        Ok(word) if R == 1 => std::array::from_fn(|j| {
+            let word = if j == 0 { u32::from_le_bytes(word) } else { 0 };
+            vreinterpretq_s8_u32(vsetq_lane_u32::<0>(word, vdupq_n_u32(0)))
+        }),
+        _ => pair_acts_at::<R, P>(acts, c),
+    }
+}
+
+/// One pass of a W4A8 tile on panels in the pair order ([`PanelOrder::Pairs`]): rows
+/// `m0..m0 + R` as `P` row pairs, channel quarters `Q0..Q0 + NQ` of panel `p` (`CP = 2·NQ`
+/// channel pairs), every block, then the outputs of those channels; `ACC` selects
+/// block-accumulator output. Each 16-byte slice of a step pair is one channel pair: its low
+/// nibbles (`and`) are the operand of the pair's first 8 K values, its high nibbles (`ushr`)
+/// that of the next 8, so each operand costs one instruction and no `zip`. Up to 4 row pairs
+/// take both halves' activations at once and finish a slice before the next; 8 row pairs have
+/// registers for one half's activations only, so they run the low halves of the pass's slices
+/// and then the high ones. An odd last step (channelwise blocks only) is in the lane order and
+/// takes the zips.
+///
+/// # Safety
+/// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`
+///   (see [`crate::ukernel::W4A8PanelsFn`]).
+#[target_feature(enable = "neon,i8mm")]
+#[inline]
+unsafe fn w4a8_pairs_pass<
+    const R: usize,
+    const P: usize,
+    const NQ: usize,
+    const CP: usize,
+    const Q0: usize,
+    const ACC: bool,
+>(
+    job: &W4A8Job<'_>,
+    p: usize,
+    m0: usize,
+) {
+    debug_assert!(CP == 2 * NQ && R <= 2 * P && Q0 + NQ <= 4);
+    let w = job.w;
+    let (k_pad, steps_per_block, n_blocks) = (w.k_pad(), w.block_len() / 8, w.n_blocks());
+    let (weight_steps, _) = w.panel_nibbles(p).as_chunks::<64>();
+    // A W4A8 step is 8 K values: one chunk of the activation operands.
+    let acts = PairActs::<P>::new::<R>(job.a, job.a_tiles, m0, k_pad);
+    let mut acc_f: [[float32x4_t; NQ]; R] = [[vdupq_n_f32(0.0); NQ]; R];
+    for b in 0..n_blocks {
+        let steps = b * steps_per_block..(b + 1) * steps_per_block;
+        let w_block = &weight_steps[steps.clone()];
+        // Blocks start on even steps; only a channelwise block can end on an odd one.
+        let (step_pairs, odd_step) = w_block.as_chunks::<2>();
+        let a_block = PairActs2::<P>::new::<R>(&acts.slice(steps), step_pairs.len());
+        let mut mm = [[vdupq_n_s32(0); CP]; P];
+        for (t, pair) in step_pairs.iter().enumerate() {
+            let (slices, _) = pair.as_flattened().as_chunks::<16>();
+            let slices = &slices[2 * Q0..2 * Q0 + CP];
+            if P >= 8 {
+                let v: [uint8x16_t; CP] = std::array::from_fn(|cp| load_u8x16(&slices[cp]));
+                let a = a_block.half::<R, false, 0>(t);
+                mm_half::<R, P, CP, 0>(&mut mm, &a, &v);
+                let a = a_block.half::<R, false, 1>(t);
+                mm_half::<R, P, CP, 1>(&mut mm, &a, &v);
+            } else {
+                let a = [
+                    a_block.half::<R, false, 0>(t),
+                    a_block.half::<R, false, 1>(t),
+                ];
+                for (cp, slice) in slices.iter().enumerate() {
+                    mm_slice::<R, P, CP>(&mut mm, &a, cp, load_u8x16(slice));
+                }
+            }
+        }
+        if let [last] = odd_step {
+            let a = a_block.half::<R, true, 0>(0);
+            let (quarters, _) = last.as_chunks::<16>();
+            for (q, quarter) in quarters[Q0..Q0 + NQ].iter().enumerate() {
+                let [lo, hi] = unpack_codes(load_u8x16(quarter));
+                mm_quarter::<R, P, CP>(&mut mm, &a, q, lo, hi);
+            }
+        }
+        let sums = rows_of::<R, P, CP, NQ>(&mm);
+        // SAFETY: the output contract is forwarded from our caller.
+        unsafe { w4a8_block_end::<R, NQ, ACC>(job, p, m0, Q0, b, &sums, &mut acc_f) };
+    }
+    // SAFETY: as above.
+    unsafe { w4a8_store::<R, NQ>(job, p, m0, Q0, &acc_f) };
+}
+
+/// The W4A8 tile body for `R` rows on panels in the pair order, in the passes of
+/// [`w4a8_tile`]; one row runs as a row pair with a row of zeros (as fast per useful MAC as
+/// the dot-product body on the lane order).
+///
+/// # Safety
+/// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`
+///   (see [`crate::ukernel::W4A8PanelsFn`]).
+#[target_feature(enable = "neon,i8mm")]
+#[inline(never)]
+unsafe fn w4a8_pairs_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize, m0: usize) {
+    if R <= 4 {
+        // SAFETY: the output contract is forwarded from our caller.
+        unsafe { w4a8_pairs_pass::<R, 2, 4, 8, 0, ACC>(job, p, m0) };
+    } else if R <= 8 {
+        // SAFETY: as above; the two passes write disjoint channels.
+        unsafe { w4a8_pairs_pass::<R, 4, 2, 4, 0, ACC>(job, p, m0) };
+        // SAFETY: as above.
+        unsafe { w4a8_pairs_pass::<R, 4, 2, 4, 2, ACC>(job, p, m0) };
+    } else {
+        // SAFETY: as above; the four passes write disjoint channels.
+        unsafe { w4a8_pairs_pass::<R, 8, 1, 2, 0, ACC>(job, p, m0) };
+        // SAFETY: as above.
+        unsafe { w4a8_pairs_pass::<R, 8, 1, 2, 1, ACC>(job, p, m0) };
+        // SAFETY: as above.
+        unsafe { w4a8_pairs_pass::<R, 8, 1, 2, 2, ACC>(job, p, m0) };
+        // SAFETY: as above.
+        unsafe { w4a8_pairs_pass::<R, 8, 1, 2, 3, ACC>(job, p, m0) };
+    }
+}
+
+/// Adds the pass's channel pairs (slices `2·Q0..2·Q0 + CP`) of one W8A8 step pair to the
+/// accumulators, against the row pairs' operands `a`.
+#[target_feature(enable = "neon,i8mm")]
+#[inline]
+fn mm_w8_pair<const R: usize, const P: usize, const CP: usize, const Q0: usize>(
+    mm: &mut [[int32x4_t; CP]; P],
+    a: &[int8x16_t; P],
+    two_steps: &[i8; 128],
+) {
+    let (slices, _) = two_steps.as_chunks::<16>();
+    for (cp, slice) in slices[2 * Q0..2 * Q0 + CP].iter().enumerate() {
+        let v = load_i8x16(slice);
+        for (acc, &a) in mm.iter_mut().zip(a).take(R.div_ceil(2)) {
+            acc[cp] = smmla(acc[cp], a, v);
+        }
+    }
+}
+
+/// One pass of a W8A8 tile on panels in the pair order ([`PanelOrder::Pairs`]): rows
+/// `m0..m0 + R` as `P` row pairs, channel quarters `Q0..Q0 + NQ` of panel `p` (`CP = 2·NQ`
+/// channel pairs). Each 16-byte slice of a step pair is one channel pair's operand as it is
+/// loaded; an odd last step is in the lane order and takes the zips.
+///
+/// # Safety
+/// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`.
+#[target_feature(enable = "neon,i8mm")]
+#[inline]
+unsafe fn w8a8_pairs_pass<
+    const R: usize,
+    const P: usize,
+    const NQ: usize,
+    const CP: usize,
+    const Q0: usize,
+>(
+    job: &W8A8Job<'_>,
+    p: usize,
+    m0: usize,
+) {
+    debug_assert!(CP == 2 * NQ && R <= 2 * P && Q0 + NQ <= 4);
+    let w = job.w;
+    let k_pad = w.k_pad();
+    let (step_pairs, odd_step) = w.panel_bytes(p).as_chunks::<128>();
+    // Two W8A8 steps are 8 K values: one chunk of the activation operands.
+    let acts = PairActs::<P>::new::<R>(job.a, job.a_tiles, m0, k_pad);
+    assert_eq!(acts.chunks::<R>(), k_pad.div_ceil(8));
+    assert_eq!(acts.chunks::<R>() - step_pairs.len(), odd_step.len() / 64);
+    let mut mm = [[vdupq_n_s32(0); CP]; P];
+    // Two step pairs per iteration: the loop's own instructions are spread over 16 K values.
+    let (quads, last_pair) = step_pairs.as_chunks::<2>();
+    for (u, [first, second]) in quads.iter().enumerate() {
+        let a = pair_acts_at::<R, P>(&acts, 2 * u);
+        mm_w8_pair::<R, P, CP, Q0>(&mut mm, &a, first);
+        let a = pair_acts_at::<R, P>(&acts, 2 * u + 1);
+        mm_w8_pair::<R, P, CP, Q0>(&mut mm, &a, second);
+    }
+    if let [two_steps] = last_pair {
+        let a = pair_acts_at::<R, P>(&acts, 2 * quads.len());
+        mm_w8_pair::<R, P, CP, Q0>(&mut mm, &a, two_steps);
+    }
+    if let Ok(last) = <&[i8; 64]>::try_from(odd_step) {
+        let a = pair_acts_last::<R, P>(&acts, step_pairs.len());
+        let (quarters, _) = last.as_chunks::<16>();
+        for (q, quarter) in quarters[Q0..Q0 + NQ].iter().enumerate() {
+            mm_quarter::<R, P, CP>(&mut mm, &a, q, load_i8x16(quarter), vdupq_n_s8(0));
+        }
+    }
+    let sums = rows_of::<R, P, CP, NQ>(&mm);
+    // SAFETY: the output contract is forwarded from our caller.
+    unsafe { w8a8_store::<R, NQ>(job, p, m0, Q0, &sums) };
+}
+
+/// The W8A8 tile body for `R` rows on panels in the pair order, in the passes of
+/// [`w8a8_tile`]; one row runs as a row pair with a row of zeros.
+///
+/// # Safety
+/// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`.
+#[target_feature(enable = "neon,i8mm")]
+#[inline(never)]
+unsafe fn w8a8_pairs_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
+    if R <= 4 {
+        // SAFETY: the output contract is forwarded from our caller.
+        unsafe { w8a8_pairs_pass::<R, 2, 4, 8, 0>(job, p, m0) };
+    } else if R <= 8 {
+        // SAFETY: as above; the two passes write disjoint channels.
+        unsafe { w8a8_pairs_pass::<R, 4, 2, 4, 0>(job, p, m0) };
+        // SAFETY: as above.
+        unsafe { w8a8_pairs_pass::<R, 4, 2, 4, 2>(job, p, m0) };
+    } else {
+        // SAFETY: as above; the four passes write disjoint channels.
+        unsafe { w8a8_pairs_pass::<R, 8, 1, 2, 0>(job, p, m0) };
+        // SAFETY: as above.
+        unsafe { w8a8_pairs_pass::<R, 8, 1, 2, 1>(job, p, m0) };
+        // SAFETY: as above.
+        unsafe { w8a8_pairs_pass::<R, 8, 1, 2, 2>(job, p, m0) };
+        // SAFETY: as above.
+        unsafe { w8a8_pairs_pass::<R, 8, 1, 2, 3>(job, p, m0) };
     }
 }
 
@@ -373,4 +799,5 @@ pub(crate) fn kernel_set(_token: NeonI8mm) -> crate::KernelSet {
     // SAFETY: the token proves this rung's CPU features, all its two entries need.
     let set = unsafe { crate::KernelSet::from_entries(isa, w4a8, w8a8) };
     set.with_layouts(w4a8_pair_rows, pair_rows, pair_rows_bytes)
+        .with_pairs_order()
 }

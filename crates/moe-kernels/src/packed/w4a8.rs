@@ -7,6 +7,11 @@
 //!   channel `16p + j/4`, low nibble = `w[8s + j%4] + 8`, high nibble = `w[8s + 4 + j%4] + 8`.
 //!   Unpacking the low nibbles of 64 bytes therefore gives the `vpdpbusd` operand for K values
 //!   `8s..8s+4` of 16 channels, the high nibbles the one for `8s+4..8s+8`.
+//!   That is the [`PanelOrder::Lanes`] order; in the [`PanelOrder::Pairs`] order (the `smmla`
+//!   operand, chosen at pack time with [`PackedW4A8::with_order`]) steps `2t` and `2t + 1` form
+//!   128 bytes instead: byte `16u + 8h + i` (`u < 8`, `h < 2`, `i < 8`) is channel
+//!   `16p + 2u + h`, low nibble = `w[16t + i] + 8`, high nibble = `w[16t + 8 + i] + 8`. An odd
+//!   last step stays in the lane order.
 //! - `scales[(p·B + b)·16 + c]`: the scale of channel `16p + c` in block `b`, kept as the caller
 //!   gave it: bf16 for group scales (they widen to f32 exactly), f32 for channelwise ones.
 //! - `bias[16p + c]` when present.
@@ -24,7 +29,7 @@ use std::num::NonZeroUsize;
 use half::bf16;
 use moe_quant::WeightGroups;
 
-use super::{PANEL, STEP_BYTES, check_len, round_up};
+use super::{PANEL, PanelOrder, STEP_BYTES, check_len, round_up};
 use crate::KernelError;
 
 /// K values per packed step (one 64-byte vector of nibbles).
@@ -79,6 +84,8 @@ pub struct PackedW4A8 {
     block_len: usize,
     n_blocks: usize,
     n_panels: usize,
+    /// The order of the bytes inside each panel.
+    order: PanelOrder,
     nibbles: Vec<u8>,
     scales: BlockScales,
     bias: Option<Vec<f32>>,
@@ -96,7 +103,8 @@ enum BlockScales {
 
 impl PackedW4A8 {
     /// Packs `w` (`[N, K]` row-major, values in `[-8, 7]`) with its scales and optional f32
-    /// bias `[N]`. Every shape, length and value is checked here, so the kernels need not.
+    /// bias `[N]`, in the [`PanelOrder::Lanes`] order. Every shape, length and value is checked
+    /// here, so the kernels need not.
     pub fn pack(
         n: usize,
         k: usize,
@@ -251,6 +259,7 @@ impl PackedW4A8 {
             block_len,
             n_blocks,
             n_panels,
+            order: PanelOrder::Lanes,
             nibbles,
             scales: block_scales,
             bias,
@@ -291,21 +300,70 @@ impl PackedW4A8 {
         self.nibbles.len() + scales + 4 * self.bias.as_ref().map_or(0, Vec::len)
     }
 
-    /// Rebuilds the `[N, K]` int4 values: the inverse of [`PackedW4A8::pack`] for the weights,
-    /// used by tests and inspection tools.
+    /// The order of the bytes inside the panels.
+    pub fn order(&self) -> PanelOrder {
+        self.order
+    }
+
+    /// The same weights in the panel order `order` (a kernel set's choice is
+    /// [`crate::KernelSet::panel_order`]); the values, scales and sizes are unchanged.
+    #[must_use]
+    pub fn with_order(mut self, order: PanelOrder) -> Self {
+        if order == self.order {
+            return self;
+        }
+        let steps = self.k_pad / K_STEP;
+        let len = steps * STEP_BYTES;
+        let mut out = vec![0u8; self.nibbles.len()];
+        for (src, dst) in self
+            .nibbles
+            .chunks_exact(len)
+            .zip(out.chunks_exact_mut(len))
+        {
+            for c in 0..PANEL {
+                for k in 0..self.k_pad {
+                    let code = code_of(src, self.order, steps, c, k);
+                    let (at, high) = code_at(order, steps, c, k);
+                    dst[at] |= if high { code << 4 } else { code };
+                }
+            }
+        }
+        self.nibbles = out;
+        self.order = order;
+        self
+    }
+
+    /// Rebuilds the `[N, K]` int4 values: the inverse of [`PackedW4A8::pack`] for the weights
+    /// (in either order), used by tests and inspection tools.
     pub fn unpack_int4(&self) -> Vec<i8> {
         let steps = self.k_pad / K_STEP;
         let mut w = vec![0i8; self.n * self.k];
         for row in 0..self.n {
             let (p, c) = (row / PANEL, row % PANEL);
+            let panel = self.panel_nibbles(p);
             for col in 0..self.k {
-                let (s, r) = (col / K_STEP, col % K_STEP);
-                let byte = self.nibbles[(p * steps + s) * STEP_BYTES + c * 4 + r % 4];
-                let nib = if r < 4 { byte & 0x0F } else { byte >> 4 };
-                w[row * self.k + col] = nib as i8 - 8;
+                w[row * self.k + col] = code_of(panel, self.order, steps, c, col) as i8 - 8;
             }
         }
         w
+    }
+
+    /// Step `s` of panel `p` in the lane order, whatever the stored order: the bytes the
+    /// portable body reads.
+    pub(crate) fn lanes_step(&self, p: usize, s: usize) -> [u8; STEP_BYTES] {
+        let steps = self.k_pad / K_STEP;
+        let panel = self.panel_nibbles(p);
+        if !self.order.paired(s, steps) {
+            return panel[s * STEP_BYTES..][..STEP_BYTES].try_into().unwrap();
+        }
+        let mut out = [0u8; STEP_BYTES];
+        for c in 0..PANEL {
+            for r in 0..K_STEP {
+                let code = code_of(panel, self.order, steps, c, K_STEP * s + r);
+                out[4 * c + r % 4] |= if r < 4 { code } else { code << 4 };
+            }
+        }
+        out
     }
 
     /// K rounded up to the packed step; activation rows are padded to this length.
@@ -363,9 +421,26 @@ impl PackedW4A8 {
         let steps_per_block = self.block_len / K_STEP;
         let nibbles = &self.panel_nibbles(p)[b * steps_per_block * STEP_BYTES..]
             [..steps_per_block * STEP_BYTES];
+        // Blocks start on even steps (a group is a multiple of 4 steps; channelwise is one
+        // block), so a block holds whole pairs and, channelwise, an odd last step.
+        let paired = match self.order {
+            PanelOrder::Pairs => steps_per_block & !1,
+            PanelOrder::Lanes => 0,
+        };
+        let (pairs, lanes) = nibbles.split_at(paired * STEP_BYTES);
         // Σ of the codes fits u32 for any block (at most 2^17 steps of 8 codes ≤ 15 per channel).
         let mut codes = [0u32; PANEL];
-        for step in nibbles.as_chunks::<STEP_BYTES>().0 {
+        for pair in pairs.as_chunks::<{ 2 * STEP_BYTES }>().0 {
+            let octets = &pair.as_chunks::<8>().0[channels.clone()];
+            for (sum, octet) in codes[channels.clone()].iter_mut().zip(octets) {
+                let q = u64::from_le_bytes(*octet);
+                let lo = q & 0x0F0F_0F0F_0F0F_0F0F;
+                let hi = (q >> 4) & 0x0F0F_0F0F_0F0F_0F0F;
+                // Bytes of `lo + hi` are ≤ 30, and 8 of them ≤ 240: summing cannot carry.
+                *sum += ((lo + hi).wrapping_mul(0x0101_0101_0101_0101) >> 56) as u32;
+            }
+        }
+        for step in lanes.as_chunks::<STEP_BYTES>().0 {
             let quads = &step.as_chunks::<4>().0[channels.clone()];
             for (sum, quad) in codes[channels.clone()].iter_mut().zip(quads) {
                 let q = u32::from_le_bytes(*quad);
@@ -391,6 +466,29 @@ impl PackedW4A8 {
     /// The bias of panel `p`: 16 values, if any.
     pub(crate) fn panel_bias(&self, p: usize) -> Option<&[f32]> {
         self.bias.as_deref().map(|b| &b[p * PANEL..][..PANEL])
+    }
+}
+
+/// Where the code of channel `c` (of a panel) at K value `k` lies in a panel of `steps` steps
+/// stored in `order`: the byte, and whether it is the high nibble.
+fn code_at(order: PanelOrder, steps: usize, c: usize, k: usize) -> (usize, bool) {
+    let s = k / K_STEP;
+    if order.paired(s, steps) {
+        let (t, kk) = (k / (2 * K_STEP), k % (2 * K_STEP));
+        (t * 2 * STEP_BYTES + 8 * c + kk % K_STEP, kk >= K_STEP)
+    } else {
+        let r = k % K_STEP;
+        (s * STEP_BYTES + 4 * c + r % 4, r >= 4)
+    }
+}
+
+/// The code of channel `c` at K value `k` in the panel bytes `panel` stored in `order`.
+fn code_of(panel: &[u8], order: PanelOrder, steps: usize, c: usize, k: usize) -> u8 {
+    let (at, high) = code_at(order, steps, c, k);
+    if high {
+        panel[at] >> 4
+    } else {
+        panel[at] & 0x0F
     }
 }
 
@@ -425,6 +523,49 @@ mod tests {
             }
             .unwrap();
             assert_eq!(packed.unpack_int4(), w, "n={n} k={k} g={g:?}");
+            let pairs = packed.clone().with_order(PanelOrder::Pairs);
+            assert_eq!(pairs.order(), PanelOrder::Pairs);
+            assert_eq!(pairs.unpack_int4(), w, "pairs n={n} k={k} g={g:?}");
+            for p in 0..packed.n_panels() {
+                for s in 0..packed.k_pad() / K_STEP {
+                    assert_eq!(pairs.lanes_step(p, s), packed.lanes_step(p, s));
+                }
+            }
+            assert_eq!(pairs.with_order(PanelOrder::Lanes), packed);
+        }
+    }
+
+    #[test]
+    fn pairs_order_puts_two_channels_of_eight_k_values_in_each_slice() {
+        let (n, k) = (16, 40);
+        let w: Vec<i8> = (0..n * k)
+            .map(|i| ((i * 7 + i / k) % 16) as i8 - 8)
+            .collect();
+        let s = vec![1.0f32; n];
+        let packed = PackedW4A8::pack(n, k, &w, W4A8Scales::Channelwise(&s), None)
+            .unwrap()
+            .with_order(PanelOrder::Pairs);
+        let bytes = packed.panel_nibbles(0);
+        let code = |c: usize, col: usize| (w[c * k + col] + 8) as u8;
+        // Steps 0..4 are two pairs; step 4 (K 32..40) is odd and keeps the lane order.
+        for t in 0..2 {
+            for u in 0..8 {
+                for h in 0..2 {
+                    for i in 0..8 {
+                        let c = 2 * u + h;
+                        let byte = bytes[t * 128 + 16 * u + 8 * h + i];
+                        assert_eq!(byte & 0x0F, code(c, 16 * t + i));
+                        assert_eq!(byte >> 4, code(c, 16 * t + 8 + i));
+                    }
+                }
+            }
+        }
+        for c in 0..PANEL {
+            for r in 0..4 {
+                let byte = bytes[4 * 64 + 4 * c + r];
+                assert_eq!(byte & 0x0F, code(c, 32 + r));
+                assert_eq!(byte >> 4, code(c, 36 + r));
+            }
         }
     }
 
@@ -455,28 +596,31 @@ mod tests {
             }
             .unwrap();
             let len = g.unwrap_or(k);
-            for row in 0..packed.n_panels() * PANEL {
-                let (p, c) = (row / PANEL, row % PANEL);
-                for b in 0..packed.n_blocks() {
-                    let expected: i32 = if row < n {
-                        w[row * k + b * len..][..len]
-                            .iter()
-                            .map(|&v| i32::from(v))
-                            .sum()
-                    } else {
-                        0
-                    };
-                    assert_eq!(
-                        packed.block_wsum(p, b)[c],
-                        expected,
-                        "n={n} k={k} row={row}"
-                    );
-                    let scale = match (row < n, g) {
-                        (false, _) => 0.0,
-                        (true, None) => cs[row],
-                        (true, Some(_)) => s[row * blocks + b].to_f32(),
-                    };
-                    assert_eq!(packed.block_scales(p, b)[c], scale);
+            let pairs = packed.clone().with_order(PanelOrder::Pairs);
+            for packed in [&packed, &pairs] {
+                for row in 0..packed.n_panels() * PANEL {
+                    let (p, c) = (row / PANEL, row % PANEL);
+                    for b in 0..packed.n_blocks() {
+                        let expected: i32 = if row < n {
+                            w[row * k + b * len..][..len]
+                                .iter()
+                                .map(|&v| i32::from(v))
+                                .sum()
+                        } else {
+                            0
+                        };
+                        assert_eq!(
+                            packed.block_wsum(p, b)[c],
+                            expected,
+                            "n={n} k={k} row={row}"
+                        );
+                        let scale = match (row < n, g) {
+                            (false, _) => 0.0,
+                            (true, None) => cs[row],
+                            (true, Some(_)) => s[row * blocks + b].to_f32(),
+                        };
+                        assert_eq!(packed.block_scales(p, b)[c], scale);
+                    }
                 }
             }
         }

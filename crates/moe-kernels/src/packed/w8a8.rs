@@ -4,12 +4,16 @@
 //! Layout (`P = ceil(N/16)` panels, `Kp = K` rounded up to 4):
 //!
 //! - `bytes[(p·Kp/4 + s)·64 + j]` = `w[16p + j/4][4s + j%4]`: one `vpdpbusd` operand per step.
+//!   That is the [`PanelOrder::Lanes`] order; in the [`PanelOrder::Pairs`] order (the `smmla`
+//!   operand, chosen at pack time with [`PackedW8A8::with_order`]) steps `2t` and `2t + 1` form
+//!   128 bytes instead: byte `16u + 8h + i` (`u < 8`, `h < 2`, `i < 8`) is
+//!   `w[16p + 2u + h][8t + i]`. An odd last step stays in the lane order.
 //! - `wsum[16p + c]` = `Σ_k w` of the channel, for kernels that take activations as `q + 128`.
 //! - `scales[16p + c]` = the channel's f32 scale.
 //!
 //! Channels past `N` and K values past `K` are zero.
 
-use super::{PANEL, STEP_BYTES, check_len, round_up};
+use super::{PANEL, PanelOrder, STEP_BYTES, check_len, round_up};
 use crate::KernelError;
 
 /// K values per packed step.
@@ -25,6 +29,8 @@ pub struct PackedW8A8 {
     k: usize,
     k_pad: usize,
     n_panels: usize,
+    /// The order of the bytes inside each panel.
+    order: PanelOrder,
     bytes: Vec<i8>,
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // for `q + 128` kernels (x86)
     wsum: Vec<i32>,
@@ -32,7 +38,8 @@ pub struct PackedW8A8 {
 }
 
 impl PackedW8A8 {
-    /// Packs `w` (`[N, K]` row-major i8) with its f32 per-channel scales `[N]`.
+    /// Packs `w` (`[N, K]` row-major i8) with its f32 per-channel scales `[N]`, in the
+    /// [`PanelOrder::Lanes`] order.
     pub fn pack(n: usize, k: usize, w: &[i8], scales: &[f32]) -> Result<Self, KernelError> {
         if k == 0 || k > MAX_K {
             return Err(KernelError::UnsupportedDim {
@@ -78,6 +85,7 @@ impl PackedW8A8 {
             k,
             k_pad,
             n_panels,
+            order: PanelOrder::Lanes,
             bytes,
             wsum,
             scales: padded_scales,
@@ -99,18 +107,57 @@ impl PackedW8A8 {
         self.bytes.len() + 4 * (self.wsum.len() + self.scales.len())
     }
 
-    /// Rebuilds the `[N, K]` weights (inverse of [`PackedW8A8::pack`]), for tests and tools.
+    /// The order of the bytes inside the panels.
+    pub fn order(&self) -> PanelOrder {
+        self.order
+    }
+
+    /// The same weights in the panel order `order` (a kernel set's choice is
+    /// [`crate::KernelSet::panel_order`]); the values, sums, scales and sizes are unchanged.
+    #[must_use]
+    pub fn with_order(mut self, order: PanelOrder) -> Self {
+        if order == self.order {
+            return self;
+        }
+        let steps = self.k_pad / K_STEP;
+        let len = steps * STEP_BYTES;
+        let mut out = vec![0i8; self.bytes.len()];
+        for (src, dst) in self.bytes.chunks_exact(len).zip(out.chunks_exact_mut(len)) {
+            for c in 0..PANEL {
+                for k in 0..self.k_pad {
+                    dst[byte_at(order, steps, c, k)] = src[byte_at(self.order, steps, c, k)];
+                }
+            }
+        }
+        self.bytes = out;
+        self.order = order;
+        self
+    }
+
+    /// Rebuilds the `[N, K]` weights (inverse of [`PackedW8A8::pack`], in either order), for
+    /// tests and tools.
     pub fn unpack_int8(&self) -> Vec<i8> {
         let steps = self.k_pad / K_STEP;
         let mut w = vec![0i8; self.n * self.k];
         for row in 0..self.n {
             let (p, c) = (row / PANEL, row % PANEL);
+            let panel = self.panel_bytes(p);
             for col in 0..self.k {
-                let (s, r) = (col / K_STEP, col % K_STEP);
-                w[row * self.k + col] = self.bytes[(p * steps + s) * STEP_BYTES + c * 4 + r];
+                w[row * self.k + col] = panel[byte_at(self.order, steps, c, col)];
             }
         }
         w
+    }
+
+    /// Step `s` of panel `p` in the lane order, whatever the stored order: the bytes the
+    /// portable body reads.
+    pub(crate) fn lanes_step(&self, p: usize, s: usize) -> [i8; STEP_BYTES] {
+        let steps = self.k_pad / K_STEP;
+        let panel = self.panel_bytes(p);
+        if !self.order.paired(s, steps) {
+            return panel[s * STEP_BYTES..][..STEP_BYTES].try_into().unwrap();
+        }
+        std::array::from_fn(|j| panel[byte_at(self.order, steps, j / 4, K_STEP * s + j % 4)])
     }
 
     /// K rounded up to the packed step; activation rows are padded to this length.
@@ -141,6 +188,18 @@ impl PackedW8A8 {
     }
 }
 
+/// Where the weight of channel `c` (of a panel) at K value `k` lies in a panel of `steps`
+/// steps stored in `order`.
+fn byte_at(order: PanelOrder, steps: usize, c: usize, k: usize) -> usize {
+    let s = k / K_STEP;
+    if order.paired(s, steps) {
+        let t = k / (2 * K_STEP);
+        t * 2 * STEP_BYTES + 8 * c + k % (2 * K_STEP)
+    } else {
+        s * STEP_BYTES + 4 * c + k % K_STEP
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,6 +212,40 @@ mod tests {
             let w: Vec<i8> = (0..n * k).map(|_| rng.range_i64(-128, 127) as i8).collect();
             let p = PackedW8A8::pack(n, k, &w, &vec![1.0; n]).unwrap();
             assert_eq!(p.unpack_int8(), w);
+            let pairs = p.clone().with_order(PanelOrder::Pairs);
+            assert_eq!(pairs.unpack_int8(), w, "pairs n={n} k={k}");
+            for panel in 0..p.n_panels() {
+                for s in 0..p.k_pad() / K_STEP {
+                    assert_eq!(pairs.lanes_step(panel, s), p.lanes_step(panel, s));
+                }
+            }
+            assert_eq!(pairs.with_order(PanelOrder::Lanes).bytes, p.bytes);
+        }
+    }
+
+    #[test]
+    fn pairs_order_puts_two_channels_of_eight_k_values_in_each_slice() {
+        let (n, k) = (16, 20);
+        let w: Vec<i8> = (0..n * k).map(|i| (i * 37 % 256) as u8 as i8).collect();
+        let p = PackedW8A8::pack(n, k, &w, &[1.0; 16])
+            .unwrap()
+            .with_order(PanelOrder::Pairs);
+        let bytes = p.panel_bytes(0);
+        // Steps 0..4 are two pairs; step 4 (K 16..20) is odd and keeps the lane order.
+        for t in 0..2 {
+            for u in 0..8 {
+                for h in 0..2 {
+                    for i in 0..8 {
+                        let at = t * 128 + 16 * u + 8 * h + i;
+                        assert_eq!(bytes[at], w[(2 * u + h) * k + 8 * t + i]);
+                    }
+                }
+            }
+        }
+        for c in 0..PANEL {
+            for r in 0..4 {
+                assert_eq!(bytes[4 * 64 + 4 * c + r], w[c * k + 16 + r]);
+            }
         }
     }
 

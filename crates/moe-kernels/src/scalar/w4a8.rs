@@ -93,14 +93,14 @@ impl W4A8Microkernel for Scalar {
         debug_assert!(mr == 1 && m0 < job.m);
         let w = job.w;
         let (k_pad, block_len, n_blocks) = (w.k_pad(), w.block_len(), w.n_blocks());
-        let nibbles = w.panel_nibbles(p);
         let a = &job.a[m0 * k_pad..][..k_pad];
         let zp = job.row_corr[m0];
         let mut acc_f = [0f32; PANEL];
         for b in 0..n_blocks {
             let mut acc = [0i32; PANEL];
             for s in b * block_len / K_STEP..(b + 1) * block_len / K_STEP {
-                let chunk = &nibbles[s * 64..][..64];
+                // The step in the lane order, whatever order the panel is stored in.
+                let chunk = w.lanes_step(p, s);
                 for (j, &byte) in chunk.iter().enumerate() {
                     let lo = i32::from(byte & 0x0F) - 8;
                     let hi = i32::from(byte >> 4) - 8;

@@ -62,11 +62,11 @@ impl W8A8Microkernel for Scalar {
         debug_assert!(mr == 1 && m0 < job.m);
         let w = job.w;
         let k_pad = w.k_pad();
-        let bytes = w.panel_bytes(p);
         let a = &job.a[m0 * k_pad..][..k_pad];
         let mut acc = [0i32; PANEL];
         for s in 0..k_pad / K_STEP {
-            for (j, &wv) in bytes[s * 64..][..64].iter().enumerate() {
+            // The step in the lane order, whatever order the panel is stored in.
+            for (j, &wv) in w.lanes_step(p, s).iter().enumerate() {
                 acc[j / 4] += i32::from(a[K_STEP * s + j % 4] as i8) * i32::from(wv);
             }
         }

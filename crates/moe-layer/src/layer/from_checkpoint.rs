@@ -409,6 +409,7 @@ impl MoeLayer {
         }
         let (selection, kernels) = super::backend::select(&moe.cfg, &moe.router).ok()?;
         let native_wna16 = selection.kernel.id == moe_oracle::KernelId::CpuWna16;
+        let order = kernels.panel_order();
         // One expert's parameters, filled and packed by the whole-layer code.
         let one = MoeLayerConfig {
             num_experts: 1,
@@ -442,11 +443,13 @@ impl MoeLayer {
             }
             let packed = match one.quant {
                 LayerQuant::Wna16 { group_size, .. } if one.wna16_on_w4a8() => {
-                    let (w13, w2) = super::process::pack_w4a8(&p, group_size, h, i, Par::Seq)?;
+                    let (w13, w2) =
+                        super::process::pack_w4a8(&p, group_size, h, i, Par::Seq, order)?;
                     Packed::W4A8(w13, w2)
                 }
                 LayerQuant::W4A8 { group_size } => {
-                    let (w13, w2) = super::process::pack_w4a8(&p, group_size, h, i, Par::Seq)?;
+                    let (w13, w2) =
+                        super::process::pack_w4a8(&p, group_size, h, i, Par::Seq, order)?;
                     Packed::W4A8(w13, w2)
                 }
                 LayerQuant::Wna16 {

@@ -3,24 +3,27 @@
 //! kernels. `w2` rows use the amax of the whole unsharded row recorded at load time.
 
 use half::{bf16, f16};
-use moe_kernels::PackedW8A8;
+use moe_kernels::{PackedW8A8, PanelOrder};
 use moe_quant::int8::{quantize_int8_per_row, quantize_row_int8_with_amax};
 use moe_quant::{DType, ModelFloat};
 
 use super::params::Params;
 use crate::LayerError;
 
-/// The quantized and packed `(w13, w2)` stacks.
+/// The quantized `(w13, w2)` stacks, packed in the panel order `order` (the kernel set's).
 pub(crate) fn quantize_and_pack(
     params: &Params,
     h: usize,
     i: usize,
+    order: PanelOrder,
 ) -> Result<(Vec<PackedW8A8>, Vec<PackedW8A8>), LayerError> {
-    match params.float_dtype {
+    let (w13, w2) = match params.float_dtype {
         Some(DType::BF16) => run::<bf16>(params, h, i),
         Some(DType::F16) => run::<f16>(params, h, i),
         _ => run::<f32>(params, h, i),
-    }
+    }?;
+    let order_all = |v: Vec<PackedW8A8>| v.into_iter().map(|w| w.with_order(order)).collect();
+    Ok((order_all(w13), order_all(w2)))
 }
 
 fn quant_err(tensor: &str, source: moe_quant::QuantError) -> LayerError {

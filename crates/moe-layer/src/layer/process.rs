@@ -3,7 +3,8 @@
 
 use half::bf16;
 use moe_kernels::{
-    FusedMoe, FusedMoeConfig, PackedDense, PackedExperts, PackedW4A8, Par, W4A8Scales, par,
+    FusedMoe, FusedMoeConfig, PackedDense, PackedExperts, PackedW4A8, PanelOrder, Par, W4A8Scales,
+    par,
 };
 use moe_oracle::Selection;
 use moe_quant::{DType, WeightGroups};
@@ -82,16 +83,18 @@ impl MoeLayer {
         let (b13, b2) = params.expert_biases(cfg.tp_rank);
         let moe = match cfg.quant {
             LayerQuant::W4A8 { group_size } => {
-                let (w13, w2) = pack_w4a8(params, group_size, h, i, self.par)?;
+                let (w13, w2) =
+                    pack_w4a8(params, group_size, h, i, self.par, kernels.panel_order())?;
                 Experts::W4A8(fused_pipeline((w13, w2), (&b13, &b2), &moe_cfg, kernels)?)
             }
             LayerQuant::Int8Online => {
-                let (w13, w2) = online::quantize_and_pack(params, h, i)?;
+                let (w13, w2) = online::quantize_and_pack(params, h, i, kernels.panel_order())?;
                 Experts::W8A8(fused_pipeline((w13, w2), (&b13, &b2), &moe_cfg, kernels)?)
             }
             LayerQuant::Wna16 { group_size, .. } if cfg.wna16_on_w4a8() => {
                 // Symmetric int4 codes are stored signed (`q − 8`), the W4A8 kernels' values.
-                let (w13, w2) = pack_w4a8(params, group_size, h, i, self.par)?;
+                let (w13, w2) =
+                    pack_w4a8(params, group_size, h, i, self.par, kernels.panel_order())?;
                 Experts::W4A8(fused_pipeline((w13, w2), (&b13, &b2), &moe_cfg, kernels)?)
             }
             LayerQuant::Wna16 {
@@ -214,14 +217,16 @@ fn fused_pipeline<W: moe_kernels::moe::ExpertMatrix>(
 /// The packed `w13` and `w2` stacks of a layer's experts, one entry per local expert.
 type Stacks<W> = (Vec<W>, Vec<W>);
 
-/// Packs the int4 experts (bf16 group scales or f32 channel scales) for the W4A8 kernels,
-/// experts spread over threads as `par` allows (each expert is packed the same either way).
+/// Packs the int4 experts (bf16 group scales or f32 channel scales) for the W4A8 kernels in
+/// the panel order `order` (the kernel set's), experts spread over threads as `par` allows
+/// (each expert is packed the same either way).
 pub(super) fn pack_w4a8(
     params: &Params,
     group_size: WeightGroups,
     h: usize,
     i: usize,
     par: Par,
+    order: PanelOrder,
 ) -> Result<Stacks<PackedW4A8>, LayerError> {
     let quant = LayerQuant::W4A8 { group_size };
     let e = params.w2.len() / (h * i);
@@ -243,7 +248,8 @@ pub(super) fn pack_w4a8(
                     None,
                 )?
             }
-        })
+        }
+        .with_order(order))
     };
     let (s13, s2) = (quant.scale_cols(h), quant.scale_cols(i));
     let experts = par::map_indexed(e, par, |x| {

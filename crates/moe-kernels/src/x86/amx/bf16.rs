@@ -456,7 +456,7 @@ mod tests {
                     };
                     let (want, mag) = reference(&x, &w, &scales, g, bias.as_deref(), m, n, k);
                     for (unit, ks) in &sets {
-                        if ks.w4bf16_for(m).is_none() {
+                        if ks.w4bf16_for(m, packed.order()).is_none() {
                             continue;
                         }
                         for par in [Par::Seq, Par::Rayon] {
