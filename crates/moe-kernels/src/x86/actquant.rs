@@ -16,6 +16,8 @@ use std::arch::x86_64::*;
 
 use moe_quant::act::AsymRowQuant;
 
+#[cfg(test)]
+use crate::dispatch::{AsymQuantU8Fn, SymQuantFn};
 use crate::dispatch::{AsymRowU8, SymRowQuant};
 
 /// Quantises `x`, writes `q + 128` into `dst[..x.len()]` and says whether the row held a NaN
@@ -52,29 +54,9 @@ fn quantize_row_asym_u8_avx512(x: &[f32], dst: &mut [u8]) -> AsymRowU8 {
         rmax = rmax.max(v);
         has_nan |= v.is_nan();
     }
-    let s = if rmin == rmax {
-        1.0
-    } else {
-        255.0 / (rmax - rmin)
+    let Some((s, zero_point)) = asym_params(rmin, rmax) else {
+        return all_zero_row(dst, has_nan);
     };
-    if !(s.is_finite() && s > 0.0) {
-        // The all-zero row of the scalar quantiser: every code 127, encoded 255.
-        dst.fill(255);
-        let row = AsymRowQuant {
-            recip: 1.0,
-            zero_point: 127,
-        };
-        return AsymRowU8 { row, has_nan };
-    }
-    let dmin = rmin * s;
-    let dmax = rmax * s;
-    let zp_f = if (-128.0 + dmin) + (127.0 + dmax) > 0.0 {
-        -128.0 - dmin
-    } else {
-        127.0 - dmax
-    };
-    let zero_point = zp_f.clamp(-128.0, 127.0).round_ties_even() as i32;
-
     let (dst_chunks, dst_tail) = dst.as_chunks_mut::<16>();
     for (c, d) in chunks.iter().zip(dst_chunks) {
         store16(d, encode16(load16(c), s, zero_point));
@@ -91,6 +73,51 @@ fn quantize_row_asym_u8_avx512(x: &[f32], dst: &mut [u8]) -> AsymRowU8 {
         zero_point,
     };
     AsymRowU8 { row, has_nan }
+}
+
+/// The asymmetric row parameters `(s, zero_point)` of a row ranging over `[rmin, rmax]`, with
+/// the scalar quantiser's f32 operations; `None` for the all-zero row.
+fn asym_params(rmin: f32, rmax: f32) -> Option<(f32, i32)> {
+    let s = if rmin == rmax {
+        1.0
+    } else {
+        255.0 / (rmax - rmin)
+    };
+    if !(s.is_finite() && s > 0.0) {
+        return None;
+    }
+    let dmin = rmin * s;
+    let dmax = rmax * s;
+    let zp_f = if (-128.0 + dmin) + (127.0 + dmax) > 0.0 {
+        -128.0 - dmin
+    } else {
+        127.0 - dmax
+    };
+    Some((s, zp_f.clamp(-128.0, 127.0).round_ties_even() as i32))
+}
+
+/// The all-zero row of the scalar quantiser: every code 127, encoded 255.
+fn all_zero_row(dst: &mut [u8], has_nan: bool) -> AsymRowU8 {
+    dst.fill(255);
+    let row = AsymRowQuant {
+        recip: 1.0,
+        zero_point: 127,
+    };
+    AsymRowU8 { row, has_nan }
+}
+
+/// The symmetric row parameters from the bit pattern of the largest magnitude of a row (NaNs
+/// included, see [`quantize_row_sym_u8_avx512`]): `(amax, has_nan)`, `amax` with the scalar
+/// quantiser's floor and its NaN-skipping fold when the row holds a NaN.
+fn sym_amax(x: &[f32], bits: u32) -> (f32, bool) {
+    let has_nan = bits > f32::INFINITY.to_bits();
+    // With a NaN in the row, the scalar fold's `f32::max` skips it: so does this slow pass.
+    let amax = if has_nan {
+        x.iter().fold(0.0f32, |m, &v| m.max(v.abs()))
+    } else {
+        f32::from_bits(bits)
+    };
+    (amax.max(moe_quant::act::SYM_AMAX_FLOOR), has_nan)
 }
 
 /// Quantises `x` symmetrically, writes each code `q` as the byte `q as u8 ^ flip` into
@@ -122,14 +149,7 @@ fn quantize_row_sym_u8_avx512(x: &[f32], dst: &mut [u8], flip: u8) -> SymRowQuan
     for &v in tail {
         bits = bits.max(v.to_bits() & i32::MAX as u32);
     }
-    let has_nan = bits > f32::INFINITY.to_bits();
-    // With a NaN in the row, the scalar fold's `f32::max` skips it: so does this slow pass.
-    let amax = if has_nan {
-        x.iter().fold(0.0f32, |m, &v| m.max(v.abs()))
-    } else {
-        f32::from_bits(bits)
-    };
-    let amax = amax.max(moe_quant::act::SYM_AMAX_FLOOR);
+    let (amax, has_nan) = sym_amax(x, bits);
     let inv_scale = 127.0 / amax;
     // The flip stays in a vector register: a per-byte `map` over the codes was most of the
     // quantiser's time.
@@ -227,6 +247,192 @@ fn lanes(v: __m512) -> [f32; 16] {
     out
 }
 
+/// [`quantize_row_asym_u8`] for CPUs with AVX2 (8 lanes), bit for bit the same.
+///
+/// # Safety
+/// - The CPU supports AVX2.
+pub(crate) unsafe fn quantize_row_asym_u8_avx2(x: &[f32], dst: &mut [u8]) -> AsymRowU8 {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { asym_u8_avx2(x, dst) }
+}
+
+#[target_feature(enable = "avx2")]
+fn asym_u8_avx2(x: &[f32], dst: &mut [u8]) -> AsymRowU8 {
+    let dst = &mut dst[..x.len()];
+    let (chunks, tail) = x.as_chunks::<8>();
+    // `vminps`/`vmaxps` return their second operand when either is NaN, as in the AVX-512
+    // pass; NaN lanes are collected as all-ones compare results.
+    let (mut lo, mut hi, mut nan) = (
+        _mm256_setzero_ps(),
+        _mm256_setzero_ps(),
+        _mm256_setzero_ps(),
+    );
+    for c in chunks {
+        let v = load8(c);
+        lo = _mm256_min_ps(v, lo);
+        hi = _mm256_max_ps(v, hi);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+    }
+    let (mut rmin, mut rmax) = (0.0f32, 0.0f32);
+    for (&a, &b) in lanes8(lo).iter().zip(&lanes8(hi)) {
+        rmin = rmin.min(a);
+        rmax = rmax.max(b);
+    }
+    let mut has_nan = _mm256_movemask_ps(nan) != 0;
+    for &v in tail {
+        rmin = rmin.min(v);
+        rmax = rmax.max(v);
+        has_nan |= v.is_nan();
+    }
+    let Some((s, zero_point)) = asym_params(rmin, rmax) else {
+        return all_zero_row(dst, has_nan);
+    };
+    let (dst_chunks, dst_tail) = dst.as_chunks_mut::<8>();
+    for (c, d) in chunks.iter().zip(dst_chunks) {
+        store8(d, encode8(load8(c), s, zero_point));
+    }
+    if !tail.is_empty() {
+        let mut padded = [0f32; 8];
+        padded[..tail.len()].copy_from_slice(tail);
+        let mut codes = [0u8; 8];
+        store8(&mut codes, encode8(load8(&padded), s, zero_point));
+        dst_tail.copy_from_slice(&codes[..tail.len()]);
+    }
+    let row = AsymRowQuant {
+        recip: 1.0 / s,
+        zero_point,
+    };
+    AsymRowU8 { row, has_nan }
+}
+
+/// [`quantize_row_sym_u8`] for CPUs with AVX2 (8 lanes), bit for bit the same.
+///
+/// # Safety
+/// - The CPU supports AVX2.
+pub(crate) unsafe fn quantize_row_sym_u8_avx2(x: &[f32], dst: &mut [u8], flip: u8) -> SymRowQuant {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { sym_u8_avx2(x, dst, flip) }
+}
+
+#[target_feature(enable = "avx2")]
+fn sym_u8_avx2(x: &[f32], dst: &mut [u8], flip: u8) -> SymRowQuant {
+    let dst = &mut dst[..x.len()];
+    let (chunks, tail) = x.as_chunks::<8>();
+    // The largest magnitude's bit pattern, as in the AVX-512 pass.
+    let magnitude = _mm256_set1_epi32(i32::MAX);
+    let mut acc = _mm256_setzero_si256();
+    for c in chunks {
+        let bits = _mm256_castps_si256(load8(c));
+        acc = _mm256_max_epu32(acc, _mm256_and_si256(bits, magnitude));
+    }
+    let mut bits = lanes8(_mm256_castsi256_ps(acc))
+        .iter()
+        .fold(0u32, |m, v| m.max(v.to_bits()));
+    for &v in tail {
+        bits = bits.max(v.to_bits() & i32::MAX as u32);
+    }
+    let (amax, has_nan) = sym_amax(x, bits);
+    let inv_scale = 127.0 / amax;
+    let flip = _mm_set1_epi8(flip as i8);
+    let (d_chunks, d_tail) = dst.as_chunks_mut::<8>();
+    for (c, d) in chunks.iter().zip(d_chunks) {
+        store8(d, _mm_xor_si128(sym_codes8(load8(c), inv_scale), flip));
+    }
+    if !tail.is_empty() {
+        let mut padded = [0f32; 8];
+        padded[..tail.len()].copy_from_slice(tail);
+        let mut codes = [0u8; 8];
+        store8(
+            &mut codes,
+            _mm_xor_si128(sym_codes8(load8(&padded), inv_scale), flip),
+        );
+        d_tail.copy_from_slice(&codes[..tail.len()]);
+    }
+    SymRowQuant {
+        scale: amax / 127.0,
+        has_nan,
+    }
+}
+
+/// `rna(p)` for every lane, as [`round_half_away`].
+#[target_feature(enable = "avx2")]
+#[inline]
+fn round_half_away8(p: __m256) -> __m256 {
+    let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(p);
+    let frac = _mm256_and_ps(
+        _mm256_sub_ps(p, t),
+        _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX)),
+    );
+    let away = _mm256_cmp_ps::<_CMP_GE_OQ>(frac, _mm256_set1_ps(0.5));
+    let sign = _mm256_and_ps(p, _mm256_castsi256_ps(_mm256_set1_epi32(i32::MIN)));
+    let unit = _mm256_or_ps(sign, _mm256_set1_ps(1.0));
+    // `t + 0` where the lane rounds toward zero: the code is the same for `±0`.
+    _mm256_add_ps(t, _mm256_and_ps(unit, away))
+}
+
+/// The low byte of each of the 8 lanes, in the low 8 bytes.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn low_bytes8(v: __m256i) -> __m128i {
+    let pick = _mm256_setr_epi8(
+        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1, -1, -1, -1,
+        -1, -1, -1, -1, -1, -1, -1, -1,
+    );
+    let bytes = _mm256_shuffle_epi8(v, pick);
+    let joined = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1));
+    _mm256_castsi256_si128(joined)
+}
+
+/// 8 codes `clamp(rna(v·inv_scale), −127, 127)` as [`sym_codes16`] (no clamp needed, NaN
+/// products truncated to byte 0), in the low 8 bytes.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn sym_codes8(v: __m256, inv_scale: f32) -> __m128i {
+    let p = _mm256_mul_ps(v, _mm256_set1_ps(inv_scale));
+    low_bytes8(_mm256_cvttps_epi32(round_half_away8(p)))
+}
+
+/// 8 codes `clamp(rna(v·s) + zp, −128, 127) + 128` as [`encode16`], in the low 8 bytes.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn encode8(v: __m256, s: f32, zero_point: i32) -> __m128i {
+    let p = _mm256_mul_ps(v, _mm256_set1_ps(s));
+    let ordered = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_ORD_Q>(p, p));
+    let q = _mm256_and_si256(_mm256_cvttps_epi32(round_half_away8(p)), ordered);
+    let q = _mm256_add_epi32(q, _mm256_set1_epi32(zero_point));
+    let q = _mm256_min_epi32(
+        _mm256_max_epi32(q, _mm256_set1_epi32(-128)),
+        _mm256_set1_epi32(127),
+    );
+    low_bytes8(_mm256_add_epi32(q, _mm256_set1_epi32(128)))
+}
+
+/// Loads 8 f32.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn load8(v: &[f32; 8]) -> __m256 {
+    // SAFETY: the reference covers 8 readable f32; the load is unaligned.
+    unsafe { _mm256_loadu_ps(v.as_ptr()) }
+}
+
+/// The 8 lanes of a vector.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn lanes8(v: __m256) -> [f32; 8] {
+    let mut out = [0f32; 8];
+    // SAFETY: `out` holds 8 f32, exactly what this unaligned store writes.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) };
+    out
+}
+
+/// Stores the low 8 bytes.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn store8(dst: &mut [u8; 8], v: __m128i) {
+    // SAFETY: `dst` holds 8 writable bytes, exactly what this 64-bit store writes.
+    unsafe { _mm_storel_epi64(dst.as_mut_ptr().cast(), v) };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -288,44 +494,55 @@ mod tests {
         rows
     }
 
+    /// The quantisers this CPU can run: `(name, asymmetric, symmetric)`.
+    fn quantisers() -> Vec<(&'static str, AsymQuantU8Fn, SymQuantFn)> {
+        let mut sets: Vec<(&'static str, AsymQuantU8Fn, SymQuantFn)> = Vec::new();
+        if super::super::Avx512Vnni::is_available() {
+            sets.push(("avx512", quantize_row_asym_u8, quantize_row_sym_u8));
+        }
+        if super::super::Avx2::is_available() {
+            sets.push(("avx2", quantize_row_asym_u8_avx2, quantize_row_sym_u8_avx2));
+        }
+        if sets.is_empty() {
+            eprintln!("note: skipping the SIMD quantiser tests: no AVX2 on this CPU");
+        }
+        sets
+    }
+
     #[test]
     fn asym_equals_moe_quant_exactly() {
-        if !super::super::Avx512Vnni::is_available() {
-            eprintln!("note: skipping the AVX-512 quantiser test: no AVX-512 on this CPU");
-            return;
-        }
-        for row in rows_with_nan_inside() {
-            let mut want_q = vec![0i8; row.len()];
-            let want = moe_quant::act::quantize_row_asym_i8(&row, &mut want_q);
-            let mut got = vec![0u8; row.len()];
-            // SAFETY: AVX-512 was detected above.
-            let r = unsafe { quantize_row_asym_u8(&row, &mut got) };
-            assert_eq!(r.has_nan, row.iter().any(|v| v.is_nan()), "{row:?}");
-            let r = r.row;
-            assert_eq!(r.zero_point, want.zero_point, "{row:?}");
-            assert_eq!(r.recip.to_bits(), want.recip.to_bits(), "{row:?}");
-            let got_q: Vec<i8> = got.iter().map(|&u| (u ^ 0x80) as i8).collect();
-            assert_eq!(got_q, want_q, "{row:?}");
+        for (name, asym, _) in quantisers() {
+            for row in rows_with_nan_inside() {
+                let mut want_q = vec![0i8; row.len()];
+                let want = moe_quant::act::quantize_row_asym_i8(&row, &mut want_q);
+                let mut got = vec![0u8; row.len()];
+                // SAFETY: `quantisers` lists only what this CPU runs.
+                let r = unsafe { asym(&row, &mut got) };
+                assert_eq!(r.has_nan, row.iter().any(|v| v.is_nan()), "{name}: {row:?}");
+                let r = r.row;
+                assert_eq!(r.zero_point, want.zero_point, "{name}: {row:?}");
+                assert_eq!(r.recip.to_bits(), want.recip.to_bits(), "{name}: {row:?}");
+                let got_q: Vec<i8> = got.iter().map(|&u| (u ^ 0x80) as i8).collect();
+                assert_eq!(got_q, want_q, "{name}: {row:?}");
+            }
         }
     }
 
     #[test]
     fn sym_equals_moe_quant_exactly() {
-        if !super::super::Avx512Vnni::is_available() {
-            eprintln!("note: skipping the AVX-512 quantiser test: no AVX-512 on this CPU");
-            return;
-        }
-        for row in rows_with_nan_inside() {
-            let mut want_q = vec![0i8; row.len()];
-            let want = moe_quant::act::quantize_row_sym_i8(&row, &mut want_q);
-            for flip in [0u8, 0x80] {
-                let mut got = vec![0u8; row.len()];
-                // SAFETY: AVX-512 was detected above.
-                let r = unsafe { quantize_row_sym_u8(&row, &mut got, flip) };
-                assert_eq!(r.scale.to_bits(), want.to_bits(), "{row:?}");
-                assert_eq!(r.has_nan, row.iter().any(|v| v.is_nan()), "{row:?}");
-                let got_q: Vec<i8> = got.iter().map(|&u| (u ^ flip) as i8).collect();
-                assert_eq!(got_q, want_q, "flip {flip:#x}: {row:?}");
+        for (name, _, sym) in quantisers() {
+            for row in rows_with_nan_inside() {
+                let mut want_q = vec![0i8; row.len()];
+                let want = moe_quant::act::quantize_row_sym_i8(&row, &mut want_q);
+                for flip in [0u8, 0x80] {
+                    let mut got = vec![0u8; row.len()];
+                    // SAFETY: `quantisers` lists only what this CPU runs.
+                    let r = unsafe { sym(&row, &mut got, flip) };
+                    assert_eq!(r.scale.to_bits(), want.to_bits(), "{name}: {row:?}");
+                    assert_eq!(r.has_nan, row.iter().any(|v| v.is_nan()), "{name}: {row:?}");
+                    let got_q: Vec<i8> = got.iter().map(|&u| (u ^ flip) as i8).collect();
+                    assert_eq!(got_q, want_q, "{name}: flip {flip:#x}: {row:?}");
+                }
             }
         }
     }

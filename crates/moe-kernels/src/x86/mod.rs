@@ -262,8 +262,16 @@ fn amx_cost_model() -> Option<crate::KernelSet> {
     None
 }
 
-/// `ks` with the AVX2 builds of the WNA16 and dense bodies.
+/// `ks` with the AVX2 builds of the activation quantisers and the WNA16 and dense bodies.
 fn with_avx2_bodies(ks: crate::KernelSet, _token: Avx2) -> crate::KernelSet {
+    // SAFETY: the token proves AVX2, all the quantisers need.
+    let ks = unsafe {
+        ks.with_act_quant(
+            Isa::Avx2,
+            actquant::quantize_row_asym_u8_avx2,
+            actquant::quantize_row_sym_u8_avx2,
+        )
+    };
     // SAFETY: the token proves AVX2, all the body needs.
     let ks = unsafe { ks.with_wna16(Isa::Avx2, wna16::panels_avx2) };
     // SAFETY: the token proves AVX2, all the dense builds need.
