@@ -1,16 +1,18 @@
-//! AVX-512 activation quantisers, equal to the scalar ones of `moe_quant::act` bit for bit:
-//! for the W4A8 driver the asymmetric per-row quantisation of `quantize_row_asym_i8`
-//! (spec §4.2(a)), fused with the `q + 128` encoding the x86 kernels read; for the W8A8 driver
-//! the symmetric one of `quantize_row_sym_i8` (spec §5.3 stage 0), fused with the encoding and
-//! the NaN scan of the W8A8 driver (its scalar `f32::round` was 18 % of a Qwen3 M=1024 W8A8
-//! profile).
+//! Activation quantisers for the x86 rungs, AVX-512 (16 lanes) and AVX2 (8 lanes), equal to
+//! the scalar ones of `moe_quant::act` bit for bit: for the W4A8 driver the asymmetric per-row
+//! quantisation of `quantize_row_asym_i8` (spec §4.2(a)), fused with the `q + 128` encoding the
+//! x86 kernels read; for the W8A8 driver the symmetric one of `quantize_row_sym_i8` (spec §5.3
+//! stage 0), fused with the encoding and the NaN scan of the W8A8 driver (its scalar
+//! `f32::round` was 18 % of a Qwen3 M=1024 W8A8 profile).
 //!
-//! The range pass uses `vminps`/`vmaxps` with the accumulator second, so a NaN element leaves it
-//! unchanged, as `f32::min`/`f32::max` do in the scalar code. Codes are `t + sign(p)` where
-//! `t = trunc(p)` and `|p − t| ≥ 0.5` (that difference is exact), i.e. round half away from
-//! zero like `f32::round`; NaN products become code `zp`, like the scalar `as i32`. The row
-//! parameters (scale, zero point) are computed with the same scalar f32 operations as in
-//! `moe_quant`.
+//! The asymmetric range pass uses `vminps`/`vmaxps` with the accumulator second, so a NaN
+//! element leaves it unchanged, as `f32::min`/`f32::max` do in the scalar code; the symmetric
+//! one takes the largest magnitude as the largest of the magnitudes' bit patterns. Codes are
+//! `t + sign(p)` where `t = trunc(p)` and `|p − t| ≥ 0.5` (that difference is exact), i.e.
+//! round half away from zero like `f32::round`; NaN products become code `zp` (0 for the
+//! symmetric codes), like the scalar `as i32`. The row parameters (scale, zero point) are
+//! computed with the same scalar f32 operations as in `moe_quant`, by one function for both
+//! widths.
 
 use std::arch::x86_64::*;
 
