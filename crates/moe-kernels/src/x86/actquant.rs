@@ -59,22 +59,35 @@ fn quantize_row_asym_u8_avx512(x: &[f32], dst: &mut [u8]) -> AsymRowU8 {
     let Some((s, zero_point)) = asym_params(rmin, rmax) else {
         return all_zero_row(dst, has_nan);
     };
-    let (dst_chunks, dst_tail) = dst.as_chunks_mut::<16>();
-    for (c, d) in chunks.iter().zip(dst_chunks) {
-        store16(d, encode16(load16(c), s, zero_point));
-    }
-    if !tail.is_empty() {
-        let mut padded = [0f32; 16];
-        padded[..tail.len()].copy_from_slice(tail);
-        let mut codes = [0u8; 16];
-        store16(&mut codes, encode16(load16(&padded), s, zero_point));
-        dst_tail.copy_from_slice(&codes[..tail.len()]);
-    }
+    code_row(x, dst, |c: &[f32; 16], d| {
+        store16(d, encode16(load16(c), s, zero_point))
+    });
     let row = AsymRowQuant {
         recip: 1.0 / s,
         zero_point,
     };
     AsymRowU8 { row, has_nan }
+}
+
+/// Writes the codes of `x` into `dst[..x.len()]`, `N` values at a time with `code` (which
+/// reads `N` floats and writes their `N` codes), the tail through a zero-padded chunk.
+///
+/// Always inlined into the quantisers, so `code`, a closure of theirs, inherits their target
+/// features and is inlined too.
+#[inline(always)]
+fn code_row<const N: usize>(x: &[f32], dst: &mut [u8], code: impl Fn(&[f32; N], &mut [u8; N])) {
+    let (chunks, tail) = x.as_chunks::<N>();
+    let (d_chunks, d_tail) = dst[..x.len()].as_chunks_mut::<N>();
+    for (c, d) in chunks.iter().zip(d_chunks) {
+        code(c, d);
+    }
+    if !tail.is_empty() {
+        let mut padded = [0f32; N];
+        padded[..tail.len()].copy_from_slice(tail);
+        let mut codes = [0u8; N];
+        code(&padded, &mut codes);
+        d_tail.copy_from_slice(&codes[..tail.len()]);
+    }
 }
 
 /// The asymmetric row parameters `(s, zero_point)` of a row ranging over `[rmin, rmax]`, with
@@ -156,20 +169,9 @@ fn quantize_row_sym_u8_avx512(x: &[f32], dst: &mut [u8], flip: u8) -> SymRowQuan
     // The flip stays in a vector register: a per-byte `map` over the codes was most of the
     // quantiser's time.
     let flip = _mm_set1_epi8(flip as i8);
-    let (d_chunks, d_tail) = dst.as_chunks_mut::<16>();
-    for (c, d) in chunks.iter().zip(d_chunks) {
+    code_row(x, dst, |c: &[f32; 16], d| {
         store16(d, _mm_xor_si128(sym_codes16(load16(c), inv_scale), flip));
-    }
-    if !tail.is_empty() {
-        let mut padded = [0f32; 16];
-        padded[..tail.len()].copy_from_slice(tail);
-        let mut codes = [0u8; 16];
-        store16(
-            &mut codes,
-            _mm_xor_si128(sym_codes16(load16(&padded), inv_scale), flip),
-        );
-        d_tail.copy_from_slice(&codes[..tail.len()]);
-    }
+    });
     SymRowQuant {
         scale: amax / 127.0,
         has_nan,
@@ -289,17 +291,9 @@ fn asym_u8_avx2(x: &[f32], dst: &mut [u8]) -> AsymRowU8 {
     let Some((s, zero_point)) = asym_params(rmin, rmax) else {
         return all_zero_row(dst, has_nan);
     };
-    let (dst_chunks, dst_tail) = dst.as_chunks_mut::<8>();
-    for (c, d) in chunks.iter().zip(dst_chunks) {
-        store8(d, encode8(load8(c), s, zero_point));
-    }
-    if !tail.is_empty() {
-        let mut padded = [0f32; 8];
-        padded[..tail.len()].copy_from_slice(tail);
-        let mut codes = [0u8; 8];
-        store8(&mut codes, encode8(load8(&padded), s, zero_point));
-        dst_tail.copy_from_slice(&codes[..tail.len()]);
-    }
+    code_row(x, dst, |c: &[f32; 8], d| {
+        store8(d, encode8(load8(c), s, zero_point))
+    });
     let row = AsymRowQuant {
         recip: 1.0 / s,
         zero_point,
@@ -336,20 +330,9 @@ fn sym_u8_avx2(x: &[f32], dst: &mut [u8], flip: u8) -> SymRowQuant {
     let (amax, has_nan) = sym_amax(x, bits);
     let inv_scale = 127.0 / amax;
     let flip = _mm_set1_epi8(flip as i8);
-    let (d_chunks, d_tail) = dst.as_chunks_mut::<8>();
-    for (c, d) in chunks.iter().zip(d_chunks) {
+    code_row(x, dst, |c: &[f32; 8], d| {
         store8(d, _mm_xor_si128(sym_codes8(load8(c), inv_scale), flip));
-    }
-    if !tail.is_empty() {
-        let mut padded = [0f32; 8];
-        padded[..tail.len()].copy_from_slice(tail);
-        let mut codes = [0u8; 8];
-        store8(
-            &mut codes,
-            _mm_xor_si128(sym_codes8(load8(&padded), inv_scale), flip),
-        );
-        d_tail.copy_from_slice(&codes[..tail.len()]);
-    }
+    });
     SymRowQuant {
         scale: amax / 127.0,
         has_nan,
