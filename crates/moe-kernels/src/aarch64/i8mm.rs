@@ -247,6 +247,34 @@ unsafe fn w4a8_pass<
     unsafe { w4a8_store::<R, NQ>(job, p, m0, Q0, &acc_f) };
 }
 
+/// Runs the passes of a tile of `R` rows (`$r`) with `$pass`, whose const parameters after
+/// the rows are the pass's row pairs, channel quarters, channel pairs and first quarter (then
+/// `$extra`, if any): one pass of 16 channels up to 4 rows, two of 8 up to 8 rows, four of 4
+/// beyond, each writing its own channels. The calls are unsafe; the caller forwards its output
+/// contract.
+macro_rules! passes {
+    ($pass:ident::<$r:ident $(, $extra:ident)?>($($arg:expr),*)) => {
+        if $r <= 4 {
+            // SAFETY: the output contract is forwarded from the caller.
+            unsafe { $pass::<$r, 2, 4, 8, 0 $(, $extra)?>($($arg),*) };
+        } else if $r <= 8 {
+            // SAFETY: as above; the two passes write disjoint channels.
+            unsafe { $pass::<$r, 4, 2, 4, 0 $(, $extra)?>($($arg),*) };
+            // SAFETY: as above.
+            unsafe { $pass::<$r, 4, 2, 4, 2 $(, $extra)?>($($arg),*) };
+        } else {
+            // SAFETY: as above; the four passes write disjoint channels.
+            unsafe { $pass::<$r, 8, 1, 2, 0 $(, $extra)?>($($arg),*) };
+            // SAFETY: as above.
+            unsafe { $pass::<$r, 8, 1, 2, 1 $(, $extra)?>($($arg),*) };
+            // SAFETY: as above.
+            unsafe { $pass::<$r, 8, 1, 2, 2 $(, $extra)?>($($arg),*) };
+            // SAFETY: as above.
+            unsafe { $pass::<$r, 8, 1, 2, 3 $(, $extra)?>($($arg),*) };
+        }
+    };
+}
+
 /// The W4A8 tile body for `R` rows; `ACC` selects block-accumulator output.
 ///
 /// # Safety
@@ -264,24 +292,7 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
         // contract is forwarded from our caller.
         return unsafe { super::dotprod::w4a8_tile::<1, ACC>(job, p, m0) };
     }
-    if R <= 4 {
-        // SAFETY: the output contract is forwarded from our caller.
-        unsafe { w4a8_pass::<R, 2, 4, 8, 0, ACC>(job, p, m0) };
-    } else if R <= 8 {
-        // SAFETY: as above; the two passes write disjoint channels.
-        unsafe { w4a8_pass::<R, 4, 2, 4, 0, ACC>(job, p, m0) };
-        // SAFETY: as above.
-        unsafe { w4a8_pass::<R, 4, 2, 4, 2, ACC>(job, p, m0) };
-    } else {
-        // SAFETY: as above; the four passes write disjoint channels.
-        unsafe { w4a8_pass::<R, 8, 1, 2, 0, ACC>(job, p, m0) };
-        // SAFETY: as above.
-        unsafe { w4a8_pass::<R, 8, 1, 2, 1, ACC>(job, p, m0) };
-        // SAFETY: as above.
-        unsafe { w4a8_pass::<R, 8, 1, 2, 2, ACC>(job, p, m0) };
-        // SAFETY: as above.
-        unsafe { w4a8_pass::<R, 8, 1, 2, 3, ACC>(job, p, m0) };
-    }
+    passes!(w4a8_pass::<R, ACC>(job, p, m0));
 }
 
 /// One pass of a W8A8 tile: rows `m0..m0 + R` as `P` row pairs, channel quarters
@@ -351,24 +362,7 @@ unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
         // is forwarded from our caller.
         return unsafe { super::dotprod::w8a8_tile::<1>(job, p, m0) };
     }
-    if R <= 4 {
-        // SAFETY: the output contract is forwarded from our caller.
-        unsafe { w8a8_pass::<R, 2, 4, 8, 0>(job, p, m0) };
-    } else if R <= 8 {
-        // SAFETY: as above; the two passes write disjoint channels.
-        unsafe { w8a8_pass::<R, 4, 2, 4, 0>(job, p, m0) };
-        // SAFETY: as above.
-        unsafe { w8a8_pass::<R, 4, 2, 4, 2>(job, p, m0) };
-    } else {
-        // SAFETY: as above; the four passes write disjoint channels.
-        unsafe { w8a8_pass::<R, 8, 1, 2, 0>(job, p, m0) };
-        // SAFETY: as above.
-        unsafe { w8a8_pass::<R, 8, 1, 2, 1>(job, p, m0) };
-        // SAFETY: as above.
-        unsafe { w8a8_pass::<R, 8, 1, 2, 2>(job, p, m0) };
-        // SAFETY: as above.
-        unsafe { w8a8_pass::<R, 8, 1, 2, 3>(job, p, m0) };
-    }
+    passes!(w8a8_pass::<R>(job, p, m0));
 }
 
 /// A tile's activation operands in the pair order's passes: the row-pair layout, or for a
@@ -656,24 +650,7 @@ unsafe fn w4a8_pairs_pass<
 #[target_feature(enable = "neon,i8mm")]
 #[inline(never)]
 unsafe fn w4a8_pairs_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize, m0: usize) {
-    if R <= 4 {
-        // SAFETY: the output contract is forwarded from our caller.
-        unsafe { w4a8_pairs_pass::<R, 2, 4, 8, 0, ACC>(job, p, m0) };
-    } else if R <= 8 {
-        // SAFETY: as above; the two passes write disjoint channels.
-        unsafe { w4a8_pairs_pass::<R, 4, 2, 4, 0, ACC>(job, p, m0) };
-        // SAFETY: as above.
-        unsafe { w4a8_pairs_pass::<R, 4, 2, 4, 2, ACC>(job, p, m0) };
-    } else {
-        // SAFETY: as above; the four passes write disjoint channels.
-        unsafe { w4a8_pairs_pass::<R, 8, 1, 2, 0, ACC>(job, p, m0) };
-        // SAFETY: as above.
-        unsafe { w4a8_pairs_pass::<R, 8, 1, 2, 1, ACC>(job, p, m0) };
-        // SAFETY: as above.
-        unsafe { w4a8_pairs_pass::<R, 8, 1, 2, 2, ACC>(job, p, m0) };
-        // SAFETY: as above.
-        unsafe { w4a8_pairs_pass::<R, 8, 1, 2, 3, ACC>(job, p, m0) };
-    }
+    passes!(w4a8_pairs_pass::<R, ACC>(job, p, m0));
 }
 
 /// Adds the pass's channel pairs (slices `2·Q0..2·Q0 + CP`) of one W8A8 step pair to the
@@ -755,24 +732,7 @@ unsafe fn w8a8_pairs_pass<
 #[target_feature(enable = "neon,i8mm")]
 #[inline(never)]
 unsafe fn w8a8_pairs_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
-    if R <= 4 {
-        // SAFETY: the output contract is forwarded from our caller.
-        unsafe { w8a8_pairs_pass::<R, 2, 4, 8, 0>(job, p, m0) };
-    } else if R <= 8 {
-        // SAFETY: as above; the two passes write disjoint channels.
-        unsafe { w8a8_pairs_pass::<R, 4, 2, 4, 0>(job, p, m0) };
-        // SAFETY: as above.
-        unsafe { w8a8_pairs_pass::<R, 4, 2, 4, 2>(job, p, m0) };
-    } else {
-        // SAFETY: as above; the four passes write disjoint channels.
-        unsafe { w8a8_pairs_pass::<R, 8, 1, 2, 0>(job, p, m0) };
-        // SAFETY: as above.
-        unsafe { w8a8_pairs_pass::<R, 8, 1, 2, 1>(job, p, m0) };
-        // SAFETY: as above.
-        unsafe { w8a8_pairs_pass::<R, 8, 1, 2, 2>(job, p, m0) };
-        // SAFETY: as above.
-        unsafe { w8a8_pairs_pass::<R, 8, 1, 2, 3>(job, p, m0) };
-    }
+    passes!(w8a8_pairs_pass::<R>(job, p, m0));
 }
 
 crate::ukernel::impl_microkernels! {
