@@ -7,11 +7,12 @@
 #
 # Then, on the AMX machine, from a copy of the repository with FOLDER beside it:
 #
-#   bash target/amx-bundle/run.sh [STEP...]   # steps: cpu tests w4a8 bf16 w8a8 w4a16 (default all)
+#   bash target/amx-bundle/run.sh [STEP...]   # steps: cpu tests w4a8 bf16 w8a8 w4a16 switch
+#                                              # (default all; AMX_CPUS=2,3 pins other cores)
 #
 # `run.sh` writes its results under `$OUT` (default FOLDER/out): `cpu.txt`, `tests.txt`, one
-# JSON file of `moe bench` rows per timed step and every step's messages in `bench.err` (seven
-# files in all, so a harness that returns at most eight brings every one back). The test binaries run with `MOE_EXPECT_ISA=amx`,
+# JSON file of `moe bench` rows per timed step, the switch-over report in `switch.txt` and every
+# step's messages in `bench.err` (eight files in all, so a harness that returns at most eight brings every one back). The test binaries run with `MOE_EXPECT_ISA=amx`,
 # so a machine whose AMX is hidden or not granted fails them instead of passing on the VNNI rung.
 set -euo pipefail
 cd "$(dirname "$0")/.."
