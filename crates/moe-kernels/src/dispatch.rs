@@ -477,7 +477,10 @@ impl KernelSet {
     ///
     /// # Safety
     /// - `entry` may be called on this CPU: the caller holds the token of `isa`.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 has one today
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
     pub(crate) unsafe fn with_wna16(mut self, isa: Isa, entry: Wna16PanelsFn) -> Self {
         self.wna16 = (isa, entry);
         self

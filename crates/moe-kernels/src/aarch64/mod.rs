@@ -1,7 +1,7 @@
 //! aarch64 CPU detection and the ISA tokens that prove it, plus one module per aarch64 rung.
 //!
 //! The rungs are NEON (`neon.rs`, widening multiplies), dot product (`dotprod.rs`, `sdot`) and
-//! int8 matrix multiply (`i8mm.rs`, `smmla`). They share their loads and epilogues
+//! int8 matrix multiply (`i8mm.rs`, `smmla`); all three run the NEON WNA16 body (`wna16.rs`). They share their loads and epilogues
 //! (`common.rs`); `sdot` and `smmla` are emitted only by `asm.rs` until their intrinsics are
 //! stable. Every rung takes the activations as signed codes; W4A8 multiplies them by the weight
 //! codes `w + 8` as they come out of the nibbles (`ActEncoding::I8BlockCorrected`, the `+ 8` taken
@@ -12,6 +12,7 @@ mod common;
 pub(crate) mod dotprod;
 pub(crate) mod i8mm;
 pub(crate) mod neon;
+mod wna16;
 
 use crate::Isa;
 
@@ -111,14 +112,17 @@ pub fn detect() -> Aarch64Features {
     }
 }
 
-/// The kernel set of rung `isa` if this CPU supports it, built from the rung's token.
+/// The kernel set of rung `isa` if this CPU supports it, built from the rung's token, with the
+/// NEON WNA16 body that all three rungs share.
 pub(crate) fn kernel_set(isa: Isa) -> Option<crate::KernelSet> {
-    match isa {
+    let set = match isa {
         Isa::Neon => Neon::try_new().map(neon::kernel_set),
         Isa::NeonDot => NeonDot::try_new().map(dotprod::kernel_set),
         Isa::NeonI8mm => NeonI8mm::try_new().map(i8mm::kernel_set),
         _ => None,
-    }
+    }?;
+    // SAFETY: every aarch64 rung implies NEON, all the WNA16 body needs.
+    Some(unsafe { set.with_wna16(Isa::Neon, wna16::panels_neon) })
 }
 
 /// What quantises activations where a rung registers no quantiser of its own (every aarch64

@@ -947,7 +947,11 @@ impl PackedWna16 {
     }
 
     /// The f32 scales of group `g` of panel `p` (16 channels; f16 and bf16 widen exactly).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the AMX bf16 tiles read them
+    // The AMX bf16 tiles and the NEON WNA16 body read them.
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
     pub(crate) fn group_scales(&self, p: usize, g: usize) -> [f32; PANEL] {
         let at = (p * self.n_groups + g) * PANEL;
         let mut out = [0f32; PANEL];
@@ -974,7 +978,11 @@ impl PackedWna16 {
 
     /// The zero points of group `g` of panel `p` as f32 (the symmetric zero when there are
     /// none).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the AMX bf16 tiles read them
+    // The AMX bf16 tiles and the NEON WNA16 body read them.
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
     pub(crate) fn group_zeros(&self, p: usize, g: usize) -> [f32; PANEL] {
         match &self.zeros {
             Some(z) => {
