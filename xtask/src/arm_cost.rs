@@ -60,6 +60,11 @@ enum Ext {
 enum Format {
     W4A8,
     W8A8,
+    /// Weight-only int4 with f32 activations (symmetric codes), on the NEON body every aarch64
+    /// rung shares.
+    Wna16Int4,
+    /// The same with int8 codes.
+    Wna16Int8,
 }
 
 impl Format {
@@ -67,7 +72,14 @@ impl Format {
         match self {
             Format::W4A8 => "W4A8",
             Format::W8A8 => "W8A8",
+            Format::Wna16Int4 => "WNA16 int4",
+            Format::Wna16Int8 => "WNA16 int8",
         }
+    }
+
+    /// Whether the format's products are f32 (`fmla`), whose lanes then count as MACs.
+    fn is_float(self) -> bool {
+        matches!(self, Format::Wna16Int4 | Format::Wna16Int8)
     }
 }
 
@@ -178,7 +190,8 @@ const KAI_W8_MM_16X4: Kai = Kai {
 /// rung has tiles taller than 4 rows, so some cells are empty or borrowed and say so. Our i8mm
 /// lines model its bodies on weights in the pair order, which that rung packs for (its 1-row
 /// tile among them: a row pair with a row of zeros); its 8- and 16-row lines stand for its
-/// tiles of 5 to 8 and of 9 to 16 rows.
+/// tiles of 5 to 8 and of 9 to 16 rows. The WNA16 lines (f32 activations) have no KleidiAI
+/// counterpart, and the NEON body serves all three rungs, so they are named after neon only.
 const PAIRINGS: &[Pairing] = &[
     pair(Format::W4A8, "neon", 1, Some(1), None),
     pair(Format::W4A8, "neon", 4, Some(4), None),
@@ -196,6 +209,10 @@ const PAIRINGS: &[Pairing] = &[
     pair(Format::W8A8, "i8mm", 4, Some(4), Some(KAI_W8_MM_16X4)),
     pair(Format::W8A8, "i8mm", 8, Some(8), Some(KAI_W8_MM_16X4)),
     pair(Format::W8A8, "i8mm", 16, Some(16), Some(KAI_W8_MM_16X4)),
+    pair(Format::Wna16Int4, "neon", 1, Some(1), None),
+    pair(Format::Wna16Int4, "neon", 4, Some(4), None),
+    pair(Format::Wna16Int8, "neon", 1, Some(1), None),
+    pair(Format::Wna16Int8, "neon", 4, Some(4), None),
 ];
 
 const fn pair(
@@ -524,7 +541,7 @@ fn kai_loop(root: &Path, k: Kai, work: &Path) -> Result<Loop> {
         .arg(&object)
         .read_stdout()?;
     let insns = parse_objdump(&listing);
-    let mut l = inner_loop(&insns).ok_or_else(|| {
+    let mut l = inner_loop(&insns, false).ok_or_else(|| {
         format!(
             "no loop with multiply-accumulate instructions in {}",
             source.display()
@@ -540,17 +557,31 @@ fn kai_loop(root: &Path, k: Kai, work: &Path) -> Result<Loop> {
 /// `<rung>::w8a8_tile::<R>`, and for the i8mm rung its bodies on weights in the pair order
 /// (`w4a8_pairs_tile`, `w8a8_pairs_tile`), the order that rung packs for. v0 mangling writes a
 /// name with its length before it and a const generic integer in hexadecimal.
+///
+/// The WNA16 body is `aarch64::wna16::tile::<BITS, R, C, false>` (symmetric codes), with `C`
+/// partial sums per vector: 2 for tiles of one or two rows, else 1.
 fn tile_symbol_fragment(format: Format, o: Ours) -> String {
     let body = match (format, o.rung) {
         (Format::W4A8, "i8mm") => "w4a8_pairs_tile",
         (Format::W4A8, _) => "w4a8_tile",
         (Format::W8A8, "i8mm") => "w8a8_pairs_tile",
         (Format::W8A8, _) => "w8a8_tile",
+        (Format::Wna16Int4 | Format::Wna16Int8, _) => "tile",
     };
     let (rung, n) = (o.rung, o.rows);
     match format {
         Format::W4A8 => format!("{}{rung}{}{body}Kj{n:x}_Kb0_E", rung.len(), body.len()),
         Format::W8A8 => format!("{}{rung}{}{body}Kj{n:x}_E", rung.len(), body.len()),
+        Format::Wna16Int4 | Format::Wna16Int8 => {
+            let bits = if format == Format::Wna16Int4 { 4 } else { 8 };
+            // Tiles of one row keep two partial sums (`Kj2`); the 2-row tile's `C = 2` would
+            // be a back-reference to `R = 2`, so only 1- and 3- or 4-row tiles are named.
+            let chains = if n <= 2 { 2 } else { 1 };
+            format!(
+                "5wna16{}{body}Km{bits:x}_Kj{n:x}_Kj{chains:x}_Kb0_E",
+                body.len()
+            )
+        }
     }
 }
 
@@ -561,7 +592,7 @@ fn ours_loop(asm: &str, format: Format, o: Ours) -> Result<Loop> {
         format!("no function whose v0 symbol contains {fragment} in the moe-kernels assembly")
     })?;
     let insns = parse_llvm_asm(body);
-    let mut l = inner_loop(&insns)
+    let mut l = inner_loop(&insns, format.is_float())
         .ok_or_else(|| format!("no loop with multiply-accumulate instructions in {fragment}"))?;
     // smmla works on row pairs: an odd last row is paired with zeros.
     l.useful_rows = o.rows;
@@ -659,8 +690,9 @@ fn is_branch(mnemonic: &str) -> bool {
     matches!(mnemonic, "b" | "cbz" | "cbnz" | "tbz" | "tbnz") || mnemonic.starts_with("b.")
 }
 
-/// Multiply-accumulates one instruction performs.
-fn macs_of(mnemonic: &str, operands: &str) -> u64 {
+/// Multiply-accumulates one instruction performs; with `float`, f32 `fmla` lanes count too
+/// (the integer formats' loops are judged by their integer products alone).
+fn macs_of(mnemonic: &str, operands: &str, float: bool) -> u64 {
     let lanes = || -> u64 {
         let dest = operands.split(',').next().unwrap_or("").trim();
         let arrangement = dest.split_once('.').map_or("", |(_, a)| a);
@@ -679,13 +711,15 @@ fn macs_of(mnemonic: &str, operands: &str) -> u64 {
         "smull" | "smull2" | "umull" | "umull2" | "smlal" | "smlal2" | "umlal" | "umlal2"
         | "smlsl" | "smlsl2" => lanes(),
         "mul" | "mla" if operands.trim_start().starts_with('v') => lanes(),
+        "fmla" if float && operands.trim_start().starts_with('v') => lanes(),
         _ => 0,
     }
 }
 
 /// The innermost loop (a backward branch with no other backward branch inside its range)
-/// that issues the most multiply-accumulates; the first such loop on a tie.
-fn inner_loop(insns: &[Insn]) -> Option<Loop> {
+/// that issues the most multiply-accumulates (f32 ones too with `float`); the first such loop on
+/// a tie.
+fn inner_loop(insns: &[Insn], float: bool) -> Option<Loop> {
     let loops: Vec<(usize, usize)> = insns
         .iter()
         .enumerate()
@@ -700,7 +734,10 @@ fn inner_loop(insns: &[Insn]) -> Option<Loop> {
     let mut best: Option<Loop> = None;
     for (s, e) in innermost {
         let body = insns[s..=e].to_vec();
-        let macs = body.iter().map(|i| macs_of(&i.mnemonic, &i.operands)).sum();
+        let macs = body
+            .iter()
+            .map(|i| macs_of(&i.mnemonic, &i.operands, float))
+            .sum();
         if macs > 0 && best.as_ref().is_none_or(|b| macs > b.macs) {
             best = Some(Loop {
                 insns: body,
@@ -1028,14 +1065,17 @@ mod tests {
 
     #[test]
     fn macs_are_counted_per_instruction() {
-        assert_eq!(macs_of("sdot", "v23.4s, v10.16b, v24.4b[0]"), 16);
-        assert_eq!(macs_of("sdot", "v4.4s, v24.16b, v28.16b"), 16);
-        assert_eq!(macs_of("sdot", "v4.2s, v24.8b, v28.8b"), 8);
-        assert_eq!(macs_of("smmla", "v1.4s, v2.16b, v3.16b"), 32);
-        assert_eq!(macs_of("smull", "v5.8h, v6.8b, v7.8b"), 8);
-        assert_eq!(macs_of("smlal2", "v5.8h, v6.16b, v7.16b"), 8);
-        assert_eq!(macs_of("mul", "x0, x1, x2"), 0);
-        assert_eq!(macs_of("add", "v1.4s, v1.4s, v2.4s"), 0);
+        assert_eq!(macs_of("sdot", "v23.4s, v10.16b, v24.4b[0]", false), 16);
+        assert_eq!(macs_of("sdot", "v4.4s, v24.16b, v28.16b", false), 16);
+        assert_eq!(macs_of("sdot", "v4.2s, v24.8b, v28.8b", false), 8);
+        assert_eq!(macs_of("smmla", "v1.4s, v2.16b, v3.16b", false), 32);
+        assert_eq!(macs_of("smull", "v5.8h, v6.8b, v7.8b", false), 8);
+        assert_eq!(macs_of("smlal2", "v5.8h, v6.16b, v7.16b", false), 8);
+        assert_eq!(macs_of("mul", "x0, x1, x2", false), 0);
+        assert_eq!(macs_of("add", "v1.4s, v1.4s, v2.4s", false), 0);
+        assert_eq!(macs_of("fmla", "v1.4s, v2.4s, v3.s[2]", true), 4);
+        assert_eq!(macs_of("fmla", "v1.4s, v2.4s, v3.4s", true), 4);
+        assert_eq!(macs_of("fmla", "v1.4s, v2.4s, v3.4s", false), 0);
     }
 
     #[test]
@@ -1063,7 +1103,7 @@ g:
         let body = function_body(asm, "f").unwrap();
         assert!(!body.contains("g:"));
         let insns = parse_llvm_asm(body);
-        let l = inner_loop(&insns).unwrap();
+        let l = inner_loop(&insns, false).unwrap();
         assert_eq!(l.insns.len(), 5);
         assert_eq!(l.macs, 16);
         let input = l.mca_input();
@@ -1090,6 +1130,15 @@ g:
             tile_symbol_fragment(Format::W4A8, dot),
             "7dotprod9w4a8_tileKj4_Kb0_E"
         );
+        let neon = |rows| Ours { rung: "neon", rows };
+        assert_eq!(
+            tile_symbol_fragment(Format::Wna16Int4, neon(1)),
+            "5wna164tileKm4_Kj1_Kj2_Kb0_E"
+        );
+        assert_eq!(
+            tile_symbol_fragment(Format::Wna16Int8, neon(4)),
+            "5wna164tileKm8_Kj4_Kj1_Kb0_E"
+        );
         assert_eq!(o(16).cols(), 4);
         assert_eq!(o(8).cols(), 8);
         assert_eq!(o(4).cols(), 16);
@@ -1107,7 +1156,7 @@ g:
 ";
         let insns = parse_objdump(listing);
         assert_eq!(insns[3].target, Some(0));
-        let l = inner_loop(&insns).unwrap();
+        let l = inner_loop(&insns, false).unwrap();
         assert_eq!((l.insns.len(), l.macs), (4, 32));
         assert!(!l.mca_input().contains("cbnz"));
     }
