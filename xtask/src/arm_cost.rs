@@ -92,12 +92,13 @@ struct Ours {
 
 impl Ours {
     /// Channels one pass of the tile's inner loop covers: the i8mm tiles of more than 8 rows
-    /// cover a panel in four passes of 4 channels, those of 5 to 8 rows in two passes of 8,
-    /// every other tile the 16 of a panel.
-    fn cols(self) -> usize {
-        match (self.rung, self.rows) {
-            ("i8mm", 9..) => 4,
-            ("i8mm", 5..) => 8,
+    /// cover a panel in four passes of 4 channels, those of 5 to 8 rows in two passes of 8, as
+    /// do the WNA16 tiles of more than 4 rows; every other tile covers the 16 of a panel.
+    fn cols(self, format: Format) -> usize {
+        match (format, self.rung, self.rows) {
+            (_, "i8mm", 9..) => 4,
+            (_, "i8mm", 5..) => 8,
+            (Format::Wna16Int4 | Format::Wna16Int8, _, 5..) => 8,
             _ => 16,
         }
     }
@@ -211,8 +212,10 @@ const PAIRINGS: &[Pairing] = &[
     pair(Format::W8A8, "i8mm", 16, Some(16), Some(KAI_W8_MM_16X4)),
     pair(Format::Wna16Int4, "neon", 1, Some(1), None),
     pair(Format::Wna16Int4, "neon", 4, Some(4), None),
+    pair(Format::Wna16Int4, "neon", 8, Some(8), None),
     pair(Format::Wna16Int8, "neon", 1, Some(1), None),
     pair(Format::Wna16Int8, "neon", 4, Some(4), None),
+    pair(Format::Wna16Int8, "neon", 8, Some(8), None),
 ];
 
 const fn pair(
@@ -558,8 +561,9 @@ fn kai_loop(root: &Path, k: Kai, work: &Path) -> Result<Loop> {
 /// (`w4a8_pairs_tile`, `w8a8_pairs_tile`), the order that rung packs for. v0 mangling writes a
 /// name with its length before it and a const generic integer in hexadecimal.
 ///
-/// The WNA16 body is `aarch64::wna16::tile::<BITS, R, C, false>` (symmetric codes), with `C`
-/// partial sums per vector: 2 for tiles of one or two rows, else 1.
+/// The WNA16 body is `aarch64::wna16::tile::<BITS, R, C, false, NQ>` (symmetric codes), with
+/// `C` partial sums per vector (2 for tiles of one or two rows, else 1); the fragment stops
+/// before `NQ`, which the rows already decide and which v0 may write as a back-reference.
 fn tile_symbol_fragment(format: Format, o: Ours) -> String {
     let body = match (format, o.rung) {
         (Format::W4A8, "i8mm") => "w4a8_pairs_tile",
@@ -575,10 +579,10 @@ fn tile_symbol_fragment(format: Format, o: Ours) -> String {
         Format::Wna16Int4 | Format::Wna16Int8 => {
             let bits = if format == Format::Wna16Int4 { 4 } else { 8 };
             // Tiles of one row keep two partial sums (`Kj2`); the 2-row tile's `C = 2` would
-            // be a back-reference to `R = 2`, so only 1- and 3- or 4-row tiles are named.
+            // be a back-reference to `R = 2`, so 2-row tiles cannot be named this way.
             let chains = if n <= 2 { 2 } else { 1 };
             format!(
-                "5wna16{}{body}Km{bits:x}_Kj{n:x}_Kj{chains:x}_Kb0_E",
+                "5wna16{}{body}Km{bits:x}_Kj{n:x}_Kj{chains:x}_Kb0_",
                 body.len()
             )
         }
@@ -601,7 +605,7 @@ fn ours_loop(asm: &str, format: Format, o: Ours) -> Result<Loop> {
     } else {
         o.rows
     };
-    l.k_per_iter = l.useful_macs() / (o.rows * o.cols()) as u64;
+    l.k_per_iter = l.useful_macs() / (o.rows * o.cols(format)) as u64;
     Ok(l)
 }
 
@@ -981,12 +985,18 @@ fn render(command: &str, sections: &[Section], have_kai: bool) -> String {
             let p = r.pairing;
             let (ours_tile, ours_cyc, ours_rate) = match (p.ours, r.ours) {
                 (Some(o), Some(c)) if o.rung != p.rung => (
-                    format!("{}×{} ({} body), K {}", o.rows, o.cols(), o.rung, c.k),
+                    format!(
+                        "{}×{} ({} body), K {}",
+                        o.rows,
+                        o.cols(p.format),
+                        o.rung,
+                        c.k
+                    ),
                     format!("{:.2}", c.cycles),
                     c.rates(),
                 ),
                 (Some(o), Some(c)) => (
-                    format!("{}×{}, K {}", o.rows, o.cols(), c.k),
+                    format!("{}×{}, K {}", o.rows, o.cols(p.format), c.k),
                     format!("{:.2}", c.cycles),
                     c.rates(),
                 ),
@@ -1133,15 +1143,17 @@ g:
         let neon = |rows| Ours { rung: "neon", rows };
         assert_eq!(
             tile_symbol_fragment(Format::Wna16Int4, neon(1)),
-            "5wna164tileKm4_Kj1_Kj2_Kb0_E"
+            "5wna164tileKm4_Kj1_Kj2_Kb0_"
         );
         assert_eq!(
             tile_symbol_fragment(Format::Wna16Int8, neon(4)),
-            "5wna164tileKm8_Kj4_Kj1_Kb0_E"
+            "5wna164tileKm8_Kj4_Kj1_Kb0_"
         );
-        assert_eq!(o(16).cols(), 4);
-        assert_eq!(o(8).cols(), 8);
-        assert_eq!(o(4).cols(), 16);
+        assert_eq!(neon(8).cols(Format::Wna16Int4), 8);
+        assert_eq!(neon(4).cols(Format::Wna16Int4), 16);
+        assert_eq!(o(16).cols(Format::W4A8), 4);
+        assert_eq!(o(8).cols(Format::W8A8), 8);
+        assert_eq!(o(4).cols(Format::W4A8), 16);
     }
 
     #[test]
