@@ -62,12 +62,30 @@ fn selected_isa_matches_moe_expect_isa() {
     }
 }
 
-/// Every rung this CPU offers runs its own build of the dense GEMM, whatever `MOE_EXPECT_ISA`
-/// says: a rung whose set lost its dense build fails here on any machine that has it.
+/// The rung whose code runs the WNA16 GEMM's f32 body on rung `rung`: the x86 rungs with
+/// AVX-512 run the AVX-512 body, AVX2 and AVX-VNNI the portable body built for AVX2, every
+/// aarch64 rung the NEON body, and the scalar rung the portable one.
+fn expected_wna16_isa(rung: Isa) -> Isa {
+    match rung {
+        Isa::Avx2 | Isa::AvxVnni => Isa::Avx2,
+        Isa::Avx512Vnni | Isa::Amx => Isa::Avx512Vnni,
+        Isa::Neon | Isa::NeonDot | Isa::NeonI8mm => Isa::Neon,
+        _ => Isa::Scalar,
+    }
+}
+
+/// Every rung this CPU offers runs its own build of the dense GEMM and of the WNA16 f32 body,
+/// whatever `MOE_EXPECT_ISA` says: a rung whose set lost either fails here on any machine
+/// that has it.
 #[test]
-fn every_available_rung_runs_its_own_dense_build() {
+fn every_available_rung_runs_its_own_dense_and_wna16_bodies() {
     for isa in moe_kernels::available_isas() {
         let ks = KernelSet::for_isa(isa).expect("an available rung builds its kernel set");
+        assert_eq!(
+            ks.without_bf16_path().wna16_isa(),
+            expected_wna16_isa(isa),
+            "WNA16 f32 body of rung {isa}"
+        );
         assert_eq!(
             ks.dense_isa(),
             expected_dense_isa(isa),
