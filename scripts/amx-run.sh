@@ -12,6 +12,10 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-$here/out}
 mkdir -p "$out"
+# The bundle's payload, unpacked once beside this script.
+if [ ! -x "$here/bin/moe" ]; then
+    tar -C "$here" -xJf "$here/payload.tar.xz"
+fi
 moe="$here/bin/moe"
 steps=${*:-cpu tests w4a8 bf16 w8a8 w4a16 switch}
 cpus=${AMX_CPUS:-0,1}
@@ -45,9 +49,11 @@ for step in $steps; do
             grep -E "^(selected|  amx)" "$out/cpu.txt"
             ;;
         tests)
-            for t in "$here"/tests/*; do
-                echo "== $(basename "$t")"
-                MOE_GOLDENS="$here/goldens" MOE_EXPECT_ISA=amx timeout 300 "$t" --test-threads 8 2>&1 \
+            # Run from the bundle, whose goldens and fixtures the variables name.
+            export MOE_GOLDENS="$here/goldens" MOE_FIXTURES="$here/fixtures"
+            for t in "$here"/tests/kernels/* "$here"/tests/layer/*; do
+                echo "== $(basename "$(dirname "$t")")/$(basename "$t")"
+                MOE_EXPECT_ISA=${AMX_EXPECT_ISA:-amx} timeout 300 "$t" --test-threads 8 2>&1 \
                     | grep -E "^test result|FAILED|panicked" | head -20
             done > "$out/tests.txt"
             cat "$out/tests.txt"
