@@ -272,12 +272,14 @@ fn with_avx2_bodies(ks: crate::KernelSet, _token: Avx2) -> crate::KernelSet {
             actquant::quantize_row_sym_u8_avx2,
         )
     };
-    let wna16_body: crate::wna16::Wna16PanelsFn = if std::is_x86_feature_detected!("fma") {
+    let fma_f16c = std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c");
+    let wna16_body: crate::wna16::Wna16PanelsFn = if fma_f16c {
         wna16::panels_avx2_fma
     } else {
         wna16::panels_avx2
     };
-    // SAFETY: the token proves AVX2 and FMA was detected just above: all either body needs.
+    // SAFETY: the token proves AVX2, and FMA and F16C were detected just above: all either
+    // body needs.
     let ks = unsafe { ks.with_wna16(Isa::Avx2, wna16_body) };
     // SAFETY: the token proves AVX2, all the dense builds need.
     unsafe { ks.with_dense(dense::AVX2) }

@@ -24,8 +24,10 @@
 //! one shift and one AND; ORed into the exponent of `2^23`, it is the f32 `2^23 + c`, and one
 //! subtraction of `2^23 + z` (the zero point, 8 or 128 when symmetric) leaves the exact `c − z`.
 //! int8 codes widen with `vpmovzxbd` and decode the same way. The multiply-adds are fused, as
-//! in the AVX-512 body (within `1e-5·Σ|x·w|` of the reference). e2m1 and e4m3 codes, and CPUs
-//! with AVX2 but no FMA, run the portable body compiled with AVX2 enabled, which keeps the
+//! in the AVX-512 body (within `1e-5·Σ|x·w|` of the reference). e2m1 codes take their
+//! magnitude from an 8-entry table (`vpermps` on the low three bits) and their sign from the
+//! top bit; e4m3 codes go through f16 as in the AVX-512 body (`vcvtph2ps`, F16C). CPUs with
+//! AVX2 but no FMA or F16C run the portable body compiled with AVX2 enabled, which keeps the
 //! reference's separate multiply and add and equals it bit for bit.
 
 // Register arrays are indexed by row in lockstep; index loops read clearer than zips here.
@@ -453,6 +455,58 @@ fn decode8_avx2(step: &[u32; 16], j: usize, offset: &[__m256; 2]) -> [__m256; 2]
     })
 }
 
+/// Decodes nibble `J` (`SHIFT = 4J`, `SIGN = 28 − 4J`) of both halves of a step of e2m1
+/// codes: the magnitude from the 8-entry table of codes 0..=7 (`vpermps` reads the low three
+/// bits of each lane), the sign from the nibble's top bit moved to bit 31.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn decode_e2m1_avx2<const SHIFT: i32, const SIGN: i32>(
+    v: &[__m256i; 2],
+    lut: __m256,
+) -> [__m256; 2] {
+    let sign_bit = _mm256_set1_epi32(i32::MIN);
+    std::array::from_fn(|h| {
+        let magnitude = _mm256_permutevar8x32_ps(lut, _mm256_srli_epi32::<SHIFT>(v[h]));
+        let sign = _mm256_and_si256(_mm256_slli_epi32::<SIGN>(v[h]), sign_bit);
+        _mm256_xor_ps(magnitude, _mm256_castsi256_ps(sign))
+    })
+}
+
+/// [`decode_e2m1_avx2`] for a K value `j` known only at run time (the ragged end of K).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn decode_e2m1_at_avx2(v: &[__m256i; 2], j: usize, lut: __m256) -> [__m256; 2] {
+    let sign_bit = _mm256_set1_epi32(i32::MIN);
+    let (right, left) = (
+        _mm_cvtsi32_si128(4 * j as i32),
+        _mm_cvtsi32_si128(28 - 4 * j as i32),
+    );
+    std::array::from_fn(|h| {
+        let magnitude = _mm256_permutevar8x32_ps(lut, _mm256_srl_epi32(v[h], right));
+        let sign = _mm256_and_si256(_mm256_sll_epi32(v[h], left), sign_bit);
+        _mm256_xor_ps(magnitude, _mm256_castsi256_ps(sign))
+    })
+}
+
+/// Decodes K value `j` of an int8 step of e4m3 codes (16 consecutive channel bytes), as
+/// [`decode_e4m3`] does with 512-bit registers: sign-extended to 16 bits and shifted left by
+/// 7, with bit 14 (a second copy of the sign) cleared, each is an f16 equal to the e4m3 value
+/// times `2^-8`, which `vcvtph2ps` widens exactly and one multiply by `2^8` restores.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn decode_e4m3_avx2(step: &[u32; 16], j: usize) -> [__m256; 2] {
+    let bytes: &[u32; 4] = step[4 * j..4 * j + 4].try_into().expect("16 bytes");
+    // SAFETY: the reference covers 16 readable bytes, and the load is unaligned.
+    let b = unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) };
+    let shifted = _mm256_slli_epi16::<7>(_mm256_cvtepi8_epi16(b));
+    let half = _mm256_and_si256(shifted, _mm256_set1_epi16(!0x4000));
+    let scale = _mm256_set1_ps(256.0);
+    [
+        _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(half)), scale),
+        _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256::<1>(half)), scale),
+    ]
+}
+
 /// `part += w · x` over the 16 channels.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
@@ -462,14 +516,22 @@ fn fma16(part: &mut [__m256; 2], w: &[__m256; 2], x: __m256) {
     }
 }
 
+/// What the codes of a matrix are, for the AVX2 FMA body.
+const INTEGER: u8 = 0;
+/// See [`INTEGER`]: 4-bit e2m1 values (MXFP4).
+const E2M1: u8 = 1;
+/// See [`INTEGER`]: 8-bit e4m3 values (FP8).
+const E4M3: u8 = 2;
+
 /// Computes rows `m0..m0 + R` of panel `p` with `C` partial sums per vector (the AVX2 FMA
 /// body; see the module docs).
 ///
 /// # Safety
 /// - The job's output pointer is valid and exclusively ours for rows `m0..m0 + R` of panel
-///   `p`; `m0 + R ≤ job.m`, `job.x` holds `m·K` values; the codes are integers of `BITS` bits.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2<const BITS: u32, const R: usize, const C: usize>(
+///   `p`; `m0 + R ≤ job.m`, `job.x` holds `m·K` values; the codes are `BITS`-bit codes of
+///   kind `KIND` ([`INTEGER`], [`E2M1`] with 4 bits, [`E4M3`] with 8).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_avx2<const BITS: u32, const R: usize, const C: usize, const KIND: u8>(
     job: &Wna16Job<'_>,
     p: usize,
     m0: usize,
@@ -478,6 +540,8 @@ unsafe fn tile_avx2<const BITS: u32, const R: usize, const C: usize>(
     let (k, ks, ng, gs) = (w.k(), w.k_steps(), w.n_groups(), w.group_size());
     let (steps, _) = w.codes()[p * ks * PANEL..][..ks * PANEL].as_chunks::<PANEL>();
     let rows: [&[f32]; R] = std::array::from_fn(|r| &job.x[(m0 + r) * k..][..k]);
+    // Magnitudes of the e2m1 codes 0..=7 (the sign is the code's top bit).
+    let e2m1 = load8(E2M1_VALUES[..8].try_into().expect("8 values"));
     // The rows' accumulators live in memory: they change once per group, and in registers
     // they would crowd out the partial sums.
     let mut acc = [[0f32; PANEL]; R];
@@ -498,7 +562,11 @@ unsafe fn tile_avx2<const BITS: u32, const R: usize, const C: usize>(
                     std::array::from_fn(|r| rows[r][s * K_STEP..][..K_STEP].try_into().unwrap());
                 macro_rules! k_value {
                     ($j:literal) => {{
-                        let wj = decode4_avx2::<{ 4 * $j }>(&v, &offset);
+                        let wj = if KIND == E2M1 {
+                            decode_e2m1_avx2::<{ 4 * $j }, { 28 - 4 * $j }>(&v, e2m1)
+                        } else {
+                            decode4_avx2::<{ 4 * $j }>(&v, &offset)
+                        };
                         for r in 0..R {
                             fma16(&mut part[$j % C][r], &wj, _mm256_set1_ps(xs[r][$j]));
                         }
@@ -517,7 +585,11 @@ unsafe fn tile_avx2<const BITS: u32, const R: usize, const C: usize>(
             if s_full * K_STEP < k1 {
                 let v = load_step_avx2(&steps[s_full]);
                 for kk in s_full * K_STEP..k1 {
-                    let wj = decode4_at_avx2(&v, kk % K_STEP, &offset);
+                    let wj = if KIND == E2M1 {
+                        decode_e2m1_at_avx2(&v, kk % K_STEP, e2m1)
+                    } else {
+                        decode4_at_avx2(&v, kk % K_STEP, &offset)
+                    };
                     for r in 0..R {
                         fma16(&mut part[0][r], &wj, _mm256_set1_ps(rows[r][kk]));
                     }
@@ -529,7 +601,11 @@ unsafe fn tile_avx2<const BITS: u32, const R: usize, const C: usize>(
             for s in s0..s_full {
                 let step = &steps[s];
                 for j in 0..K_STEP8 {
-                    let wj = decode8_avx2(step, j, &offset);
+                    let wj = if KIND == E4M3 {
+                        decode_e4m3_avx2(step, j)
+                    } else {
+                        decode8_avx2(step, j, &offset)
+                    };
                     for r in 0..R {
                         let x = _mm256_set1_ps(rows[r][s * K_STEP8 + j]);
                         fma16(&mut part[j % C][r], &wj, x);
@@ -537,7 +613,11 @@ unsafe fn tile_avx2<const BITS: u32, const R: usize, const C: usize>(
                 }
             }
             for kk in s_full * K_STEP8..k1 {
-                let wj = decode8_avx2(&steps[s_full], kk % K_STEP8, &offset);
+                let wj = if KIND == E4M3 {
+                    decode_e4m3_avx2(&steps[s_full], kk % K_STEP8)
+                } else {
+                    decode8_avx2(&steps[s_full], kk % K_STEP8, &offset)
+                };
                 for r in 0..R {
                     fma16(&mut part[0][r], &wj, _mm256_set1_ps(rows[r][kk]));
                 }
@@ -577,18 +657,18 @@ unsafe fn tile_avx2<const BITS: u32, const R: usize, const C: usize>(
 /// Walks the row tiles of `panels` with the AVX2 FMA body.
 ///
 /// # Safety
-/// - As [`crate::wna16::Wna16PanelsFn`], on a CPU with AVX2 and FMA, for integer codes of
-///   `BITS` bits.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn panels_fma<const BITS: u32>(job: &Wna16Job<'_>, panels: Range<usize>) {
+/// - As [`crate::wna16::Wna16PanelsFn`], on a CPU with AVX2, FMA and F16C, for `BITS`-bit
+///   codes of kind `KIND`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn panels_fma<const BITS: u32, const KIND: u8>(job: &Wna16Job<'_>, panels: Range<usize>) {
     for p in panels {
         for rows in crate::ukernel::row_tiles(job.m, MR_AVX2) {
             let (m0, mr) = (rows.start, rows.len());
             let tile_fn: TileFn = match mr {
-                1 => tile_avx2::<BITS, 1, 2>,
-                2 => tile_avx2::<BITS, 2, 2>,
-                3 => tile_avx2::<BITS, 3, 1>,
-                _ => tile_avx2::<BITS, MR_AVX2, 1>,
+                1 => tile_avx2::<BITS, 1, 2, KIND>,
+                2 => tile_avx2::<BITS, 2, 2, KIND>,
+                3 => tile_avx2::<BITS, 3, 1, KIND>,
+                _ => tile_avx2::<BITS, MR_AVX2, 1, KIND>,
             };
             // SAFETY: rows `m0..m0 + mr` lie within `0..m`, panel `p` is ours (caller), and the
             // caller's CPU has the features the tile needs.
@@ -597,21 +677,17 @@ unsafe fn panels_fma<const BITS: u32>(job: &Wna16Job<'_>, panels: Range<usize>) 
     }
 }
 
-/// The AVX2 entry with FMA: the FMA body for integer codes, the portable body (vectorized
-/// over 256-bit registers) for e2m1 and e4m3 values.
+/// The AVX2 entry on CPUs with FMA and F16C: the FMA body for every kind of code.
 ///
 /// # Safety
-/// - As [`crate::wna16::Wna16PanelsFn`], on a CPU with AVX2 and FMA.
+/// - As [`crate::wna16::Wna16PanelsFn`], on a CPU with AVX2, FMA and F16C.
 pub(crate) unsafe fn panels_avx2_fma(job: &Wna16Job<'_>, range: Range<usize>) {
     let w = job.w;
-    if w.values() == Int4Values::E2m1 || w.is_e4m3() {
-        // SAFETY: forwarded from the caller (AVX2 is all the portable build needs).
-        return unsafe { panels_avx2(job, range) };
-    }
-    let walk: unsafe fn(&Wna16Job<'_>, Range<usize>) = if w.bits() == 4 {
-        panels_fma::<4>
-    } else {
-        panels_fma::<8>
+    let walk: unsafe fn(&Wna16Job<'_>, Range<usize>) = match (w.bits(), w.values()) {
+        _ if w.is_e4m3() => panels_fma::<8, E4M3>,
+        (4, Int4Values::E2m1) => panels_fma::<4, E2M1>,
+        (4, _) => panels_fma::<4, INTEGER>,
+        _ => panels_fma::<8, INTEGER>,
     };
     // SAFETY: forwarded from the caller; the instance matches the weights' codes.
     unsafe { walk(job, range) }
