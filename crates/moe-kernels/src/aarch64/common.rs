@@ -75,7 +75,7 @@ fn load_i32x4(v: &[i32]) -> int32x4_t {
 /// Loads 4 f32.
 #[target_feature(enable = "neon")]
 #[inline]
-fn load_f32x4(v: &[f32]) -> float32x4_t {
+pub(super) fn load_f32x4(v: &[f32]) -> float32x4_t {
     let v: &[f32; 4] = v[..4].try_into().unwrap();
     // SAFETY: the reference covers 4 readable f32; `ld1` has no alignment requirement.
     unsafe { vld1q_f32(v.as_ptr()) }

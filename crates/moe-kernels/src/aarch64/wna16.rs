@@ -34,6 +34,8 @@ use crate::packed::wna16::{Int4Values, K_STEP, K_STEP8};
 use crate::packed::{PANEL, PackedWna16};
 use crate::wna16::Wna16Job;
 
+use super::common::load_f32x4;
+
 /// Rows per tile. Tiles of up to 4 rows cover the panel's 16 channels at once (four vectors
 /// per row); taller tiles cover it in two passes of 8 channels (two vectors per row), so each
 /// decoded weight vector serves up to 8 rows while the partial sums still take 16 registers.
@@ -54,8 +56,7 @@ type Lanes<const NQ: usize> = [float32x4_t; NQ];
 #[inline]
 fn load_lanes<const NQ: usize>(v: &[f32; PANEL], q0: usize) -> Lanes<NQ> {
     let v = &v[4 * q0..4 * (q0 + NQ)];
-    // SAFETY: lanes `4q..4q + 4` of the slice are readable; `ld1` has no alignment requirement.
-    std::array::from_fn(|q| unsafe { vld1q_f32(v[4 * q..].as_ptr()) })
+    std::array::from_fn(|q| load_f32x4(&v[4 * q..]))
 }
 
 /// Stores vectors `q0..q0 + NQ` of 16 f32.
@@ -68,14 +69,6 @@ fn store_lanes<const NQ: usize>(dst: &mut [f32; PANEL], q0: usize, v: Lanes<NQ>)
         // requirement.
         unsafe { vst1q_f32(dst[4 * q..].as_mut_ptr(), v[q]) };
     }
-}
-
-/// Loads four f32.
-#[target_feature(enable = "neon")]
-#[inline]
-fn load4(v: &[f32; 4]) -> float32x4_t {
-    // SAFETY: the reference covers four readable f32; `ld1` has no alignment requirement.
-    unsafe { vld1q_f32(v.as_ptr()) }
 }
 
 /// Words `4q0..4(q0 + NQ)` of one int4 step, XORed so each nibble is the two's complement of
@@ -224,9 +217,7 @@ unsafe fn tile<
                 // Each row's four activations of one half of the step, loaded when that half
                 // starts, so the two halves do not hold twice the registers at once.
                 let half = |h: usize| -> [float32x4_t; R] {
-                    std::array::from_fn(|r| {
-                        load4(rows[r][s * K_STEP + 4 * h..][..4].try_into().unwrap())
-                    })
+                    std::array::from_fn(|r| load_f32x4(&rows[r][s * K_STEP + 4 * h..]))
                 };
                 macro_rules! k_value {
                     ($xs:ident, $j:literal, $lane:literal) => {{
@@ -262,9 +253,8 @@ unsafe fn tile<
             let (s0, s_full) = (k0 / K_STEP8, k1 / K_STEP8);
             for s in s0..s_full {
                 let step = &steps[s];
-                let xs: [float32x4_t; R] = std::array::from_fn(|r| {
-                    load4(rows[r][s * K_STEP8..][..K_STEP8].try_into().unwrap())
-                });
+                let xs: [float32x4_t; R] =
+                    std::array::from_fn(|r| load_f32x4(&rows[r][s * K_STEP8..]));
                 macro_rules! k_value {
                     ($j:literal) => {{
                         let wj = decode8::<ASYM, NQ>(step, $j, q0, &zadj);

@@ -395,7 +395,7 @@ fn encode8(v: __m256, s: f32, zero_point: i32) -> __m128i {
 /// Loads 8 f32.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn load8(v: &[f32; 8]) -> __m256 {
+pub(crate) fn load8(v: &[f32; 8]) -> __m256 {
     // SAFETY: the reference covers 8 readable f32; the load is unaligned.
     unsafe { _mm256_loadu_ps(v.as_ptr()) }
 }

@@ -42,6 +42,8 @@ use crate::packed::wna16::{E2M1_VALUES, Int4Values, K_STEP, K_STEP8, Wna16ScaleV
 use crate::packed::{PANEL, PackedWna16};
 use crate::wna16::Wna16Job;
 
+use super::actquant::load8;
+
 /// Rows per tile: 8 partial sums, 8 accumulators, the table, the step, the decoded weights and
 /// the zero vector fit the 32 registers.
 const MR: usize = 8;
@@ -390,14 +392,6 @@ const MR_AVX2: usize = 4;
 
 /// `2^23` as f32 bits: ORed with an integer below `2^23`, it makes the f32 `2^23 + i`.
 const MAGIC: i32 = 0x4B00_0000;
-
-/// Loads 8 f32.
-#[target_feature(enable = "avx2")]
-#[inline]
-fn load8(v: &[f32; 8]) -> __m256 {
-    // SAFETY: the reference covers 8 readable f32, and the load is unaligned.
-    unsafe { _mm256_loadu_ps(v.as_ptr()) }
-}
 
 /// Stores 8 f32.
 #[target_feature(enable = "avx2")]
