@@ -62,6 +62,7 @@ pub mod par;
 pub mod scalar;
 mod ukernel;
 mod wna16;
+mod wna16_tile;
 
 #[cfg(target_arch = "aarch64")]
 pub mod aarch64;

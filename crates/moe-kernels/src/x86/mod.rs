@@ -274,7 +274,7 @@ fn with_avx2_bodies(ks: crate::KernelSet, _token: Avx2) -> crate::KernelSet {
     };
     let fma_f16c = std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c");
     let wna16_body: crate::wna16::Wna16PanelsFn = if fma_f16c {
-        wna16::panels_avx2_fma
+        wna16::ymm::wna16_entry
     } else {
         wna16::panels_avx2
     };
@@ -305,7 +305,7 @@ pub(crate) fn avx512vnni_kernel_set(_token: Avx512Vnni) -> crate::KernelSet {
         )
     };
     // SAFETY: the token proves AVX-512 F/BW/VL, all the WNA16 body needs.
-    let ks = unsafe { ks.with_wna16(Isa::Avx512Vnni, wna16::panels_avx512) };
+    let ks = unsafe { ks.with_wna16(Isa::Avx512Vnni, wna16::zmm::wna16_entry) };
     // SAFETY: the token proves AVX-512 F, all the dense builds need.
     let ks = unsafe { ks.with_dense(dense::AVX512) };
     if std::is_x86_feature_detected!("avx512bf16") && bf16_dot_is_fast() {
