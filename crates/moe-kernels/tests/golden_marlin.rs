@@ -179,7 +179,7 @@ struct ProjInput<S> {
     bias: Option<Vec<S>>,
 }
 
-/// Family B: the seed's whole post-processing, both scale rules.
+/// Family B: vLLM's whole post-processing, both scale rules.
 fn check_moe(case: &GoldenCase) -> Result<(), String> {
     match case.dtype("w13_scales") {
         Dtype::F16 => check_moe_typed::<f16>(case),
@@ -198,7 +198,7 @@ fn check_moe_typed<S: Scale16>(case: &GoldenCase) -> Result<(), String> {
         group_size: group_size(case),
         act_order,
         input_dtype: input_dtype(case),
-        scale_rule: ScaleRule::Seed,
+        scale_rule: ScaleRule::Upstream,
     };
     let owned: Vec<_> = ["w13", "w2"]
         .iter()
@@ -566,7 +566,7 @@ fn check_quantize_typed<S: Scale16>(case: &GoldenCase) -> Result<(), String> {
     let g_idx = words(case, "g_idx");
     let gs = group_size(case);
     let num_groups = case.shape("scales")[0];
-    // Our own path: the seed's pipeline on a one-expert "layer" is not the right shape here, so
+    // Our own path: vLLM's pipeline on a one-expert "layer" is not the right shape here, so
     // run its steps directly: repack (with the golden's sort), fp8 remap, scale permutation.
     let spec = RepackSpec {
         size_k: k,

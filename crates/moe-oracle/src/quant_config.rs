@@ -285,7 +285,7 @@ pub fn make_int8_moe_quant_config(
     }
 }
 
-/// A WNA16 config (ours; the seed oracle has no helper): weights tagged `"int4"` or int8 with
+/// A WNA16 config (ours; vLLM's oracle has no helper): weights tagged `"int4"` or int8 with
 /// the W4A8 block-shape convention, activations unquantized 16-bit.
 pub fn make_wna16_moe_quant_config(
     weight_bits: u32,

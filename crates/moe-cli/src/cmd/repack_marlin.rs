@@ -2,8 +2,8 @@
 //! checkpoint into a Marlin-packed one, offline, on the CPU.
 //!
 //! It streams one MoE layer at a time: read the layer's experts with moe-layer's reader (which
-//! decodes either format into signed codes and scales), put them back into the GPTQ layout the
-//! seed's post-processing takes (`[E, K/pf, N]` words, `[E, G, N]` scales), run
+//! decodes either format into signed codes and scales), put them back into the GPTQ layout
+//! vLLM's post-processing takes (`[E, K/pf, N]` words, `[E, G, N]` scales), run
 //! [`process_wna16_moe`] (repack, scale and bias permutations, act-order sort, FP8/INT8 steps,
 //! with every check), and write that layer's Marlin tensors to their own shard. Every other
 //! tensor (embeddings, attention, routers, shared experts) is copied unchanged into one more

@@ -7,7 +7,7 @@
 //! - [`perm`]: the scale, bias and zero-point column permutations.
 //! - [`preprocess`]: the FP8-activation code remap and ×512, the INT8-activation i16 scales and
 //!   global scale, and act-order's stable argsort with its checks.
-//! - [`postprocess`]: the seed's whole WNA16 post-processing step, in its order, refusing what
+//! - [`postprocess`]: vLLM's whole WNA16 post-processing step, in its order, refusing what
 //!   the kernels cannot run.
 //! - [`exec`]: a CPU executor over Marlin-format weights (W4A16 / W8A16, f32 accumulation).
 //!

@@ -30,8 +30,9 @@ impl ScaleLayout {
     }
 
     /// Upstream's rule (`marlin_permute_scales`): grouped iff the group size is not channelwise,
-    /// is below `size_k`, and activations are 16-bit. With the seed's `size_k = I` for w13 it
-    /// can disagree with [`Self::for_kernel`] (the quirk of spec §4); kept to reproduce the seed.
+    /// is below `size_k`, and activations are 16-bit. With vLLM's `size_k = I` for w13 it
+    /// can disagree with [`Self::for_kernel`] (the quirk of spec §4); kept to reproduce
+    /// vLLM's bytes.
     pub const fn upstream_rule(size_k: usize, group_size: Option<usize>, a8: bool) -> Self {
         match group_size {
             Some(gs) if gs < size_k && !a8 => Self::Grouped,

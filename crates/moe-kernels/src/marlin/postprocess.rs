@@ -1,4 +1,4 @@
-//! The WNA16 MoE weight post-processing of the seed (`_process_weights_marlin`, spec
+//! vLLM's WNA16 MoE weight post-processing (`_process_weights_marlin`, spec
 //! `marlin.md` §8), in its order, with the checks upstream lacks: FP8 preprocessing, act-order
 //! sort, repack, scale permutation, INT8 scale processing, bias permutation.
 //!
@@ -40,9 +40,9 @@ impl ActDtype {
 pub enum ScaleRule {
     /// What the kernel reads: grouped iff `G > 1` and 16-bit activations. The project default.
     Kernel,
-    /// The seed's call, `size_k = I` for w13: differs from the kernel when `I ≤ gs < H` or
+    /// vLLM's call, `size_k = I` for w13: differs from the kernel when `I ≤ gs < H` or
     /// `H ≤ gs < I`. Only for reproducing upstream's bytes.
-    Seed,
+    Upstream,
 }
 
 /// The quantisation and layer shape of a WNA16 MoE layer.
@@ -109,7 +109,7 @@ pub struct MarlinTensor<S> {
     /// Act-order permutations `[E, K]`, empty without act-order.
     pub sort_indices: Vec<u32>,
     /// `g_idx` in sorted order `[E, K]` (`g_idx[sort_indices]`), empty without act-order. The
-    /// seed computes but drops it; the kernel needs it when K is split (spec §12.4).
+    /// vLLM computes but drops it; the kernel needs it when K is split (spec §12.4).
     pub g_idx_sorted: Vec<u32>,
     /// Permuted bias `[E, N]`.
     pub bias: Option<Vec<S>>,
@@ -167,7 +167,7 @@ pub fn check_act_support(num_bits: u32, input_dtype: ActDtype) -> Result<WeightB
     }
 }
 
-/// Runs the seed's WNA16 post-processing on both projections (spec §8), refusing what the
+/// Runs vLLM's WNA16 post-processing on both projections (spec §8), refusing what the
 /// kernels cannot run.
 pub fn process_wna16_moe<S: Scale16>(
     config: &Wna16Config,
@@ -196,10 +196,10 @@ pub fn process_wna16_moe<S: Scale16>(
     }
     let g13 = groups_for("w13", h, config.group_size)?;
     let g2 = groups_for("w2", i, config.group_size)?;
-    // The seed's w13 call passes size_k = I; w2's passes G2·gs, which is always right.
+    // vLLM's w13 call passes size_k = I; w2's passes G2·gs, which is always right.
     let w13_layout = match config.scale_rule {
         ScaleRule::Kernel => ScaleLayout::for_kernel(g13, a8),
-        ScaleRule::Seed => ScaleLayout::upstream_rule(i, config.group_size, a8),
+        ScaleRule::Upstream => ScaleLayout::upstream_rule(i, config.group_size, a8),
     };
     let w2_layout = ScaleLayout::for_kernel(g2, a8);
     let proj = |name, t, k, n, g, layout| Projection {
@@ -293,7 +293,7 @@ impl<S: Scale16> Projection<'_, S> {
         Ok(())
     }
 
-    /// Steps 2–7 of the seed for this projection.
+    /// Steps 2–7 of vLLM's post-processing for this projection.
     fn process(
         self,
         config: &Wna16Config,

@@ -1,6 +1,6 @@
 //! `process` for WNA16 layers: the loaded signed codes and scales are written as GPTQ tensors
 //! (codes offset by 8 or 128 and packed along K, scales `[G, N]` in their 16-bit dtype), put
-//! through the seed's Marlin post-processing (moe-kernels' `marlin` module: repack, scale
+//! through vLLM's Marlin post-processing (moe-kernels' `marlin` module: repack, scale
 //! permutation, act-order sort) and wrapped per expert as [`MarlinWeights`], which the CPU
 //! Marlin executor multiplies. Going through the real layout, rather than multiplying the
 //! codes directly, is the point: the layer proves the repacked bytes in use.
