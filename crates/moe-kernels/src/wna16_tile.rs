@@ -5,8 +5,10 @@
 //! than a generic, so that every helper is compiled with the same features as the body and
 //! inlines into it).
 //!
-//! The tile body computes rows `m0..m0 + R` of one panel (16 output channels). Per scale
-//! group it clears `C × R` partial sums, adds `w_j · x[r][j]` for every K value `j` of the
+//! The tile body computes rows `m0..m0 + R` of one panel (16 output channels), or of a window
+//! of its channels where a rung's registers cannot hold the partial sums of all 16 for its
+//! tallest tiles (the panel is then covered in passes). Per scale group it clears `C × R`
+//! partial sums, adds `w_j · x[r][j]` for every K value `j` of the
 //! group into chain `j mod C` of row `r` (so one multiply-add latency chain does not bound a
 //! tile of few rows), then adds the chains and scales them into the row's accumulator. Weights
 //! are decoded once per K value and serve every row of the tile. The accumulators live in
@@ -34,66 +36,75 @@ pub(crate) fn code_kind(w: &PackedWna16) -> u8 {
     }
 }
 
-/// Adds the bias (if any) to the sums of rows `m0..m0 + R` of panel `p` and stores their
-/// valid channels into `out` (`m·N`, row-major).
+/// Adds the bias (if any) to the sums of rows `m0..m0 + R` in channels `first..first + L` of
+/// panel `p` and stores the channels that exist into `out` (`m·N`, row-major).
 ///
 /// # Safety
-/// - `out` is valid for writes of rows `m0..m0 + R` in panel `p`'s channels, which no other
-///   thread writes meanwhile.
+/// - `out` is valid for writes of rows `m0..m0 + R` in those channels, which no other thread
+///   writes meanwhile.
 #[cfg_attr(
     not(any(target_arch = "x86_64", target_arch = "aarch64")),
     allow(dead_code)
 )]
 #[inline]
-pub(crate) unsafe fn store_rows<const R: usize>(
+pub(crate) unsafe fn store_rows<const R: usize, const L: usize>(
     w: &PackedWna16,
     out: *mut f32,
     p: usize,
     m0: usize,
-    acc: &mut [[f32; PANEL]; R],
+    first: usize,
+    acc: &mut [[f32; L]; R],
 ) {
-    let bias = w.panel_bias(p);
+    let bias = w.panel_bias(p).map(|b| &b[first..first + L]);
     // Channels that exist (`N` need not fill the last panel).
-    let valid = PANEL.min(w.n() - p * PANEL);
+    let valid = L.min((w.n() - p * PANEL).saturating_sub(first));
     for (r, row) in acc.iter_mut().enumerate() {
         if let Some(b) = bias {
             for (v, b) in row.iter_mut().zip(b) {
                 *v += b;
             }
         }
-        let dst = out.wrapping_add((m0 + r) * w.n() + p * PANEL);
-        // SAFETY: channels `16p..16p + valid` (< N) of row `m0 + r` are elements of the
-        // caller's output owned by this panel alone (our contract); the local row does not
-        // overlap them.
+        let dst = out.wrapping_add((m0 + r) * w.n() + p * PANEL + first);
+        // SAFETY: channels `16p + first..16p + first + valid` (< N) of row `m0 + r` are
+        // elements of the caller's output owned by this panel alone (our contract); the local
+        // row does not overlap them.
         unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), dst, valid) };
     }
 }
 
-/// Defines `tile::<BITS, R, C, KIND, ASYM>` (the body above), `panels::<BITS, KIND, ASYM>`
-/// (its walk over row tiles of at most `mr` rows, `rows` naming the chains `C` of each row
-/// count) and the entry `wna16_entry` ([`crate::wna16::Wna16PanelsFn`]) in the invoking
-/// module, compiled with `features`.
+/// Defines `tile::<BITS, R, C, KIND, ASYM>` (the body above, over a window of `lanes` of the
+/// panel's 16 channels), `panels::<BITS, KIND, ASYM>` (its walk over row tiles of at most `mr`
+/// rows, each in `16 / lanes` passes, `rows` naming the chains `C` of each row count) and the
+/// entry `wna16_entry` ([`crate::wna16::Wna16PanelsFn`]) in the invoking module, compiled with
+/// `features`.
 ///
-/// The invoking module provides, each `#[target_feature]` with those features and `#[inline]`:
-/// - `Ch`: 16 channels of f32 (one panel's width), and `Step`: a loaded int4 step;
-/// - `GroupConsts` and `group_consts::<KIND, ASYM>(w, p, g)`: what decoding group `g` of panel
-///   `p` needs (its zero points, tables);
-/// - `zero() -> Ch`, `add(Ch, Ch) -> Ch`, `fma(part, w, x: f32) -> Ch` (`part + w·x`, fused);
-/// - `load_step(&[u32; 16]) -> Step`, `prefetch_ahead(&[u32; 16])`;
+/// The invoking module provides, each `#[target_feature]` with those features and `#[inline]`
+/// (`first` is the window's first channel in the panel):
+/// - `Ch`: `lanes` channels of f32, and `Step`: a loaded int4 step's window;
+/// - `GroupConsts` and `group_consts::<KIND, ASYM>(w, p, g, first)`: what decoding group `g`
+///   of panel `p` needs (its zero points, tables);
+/// - `zero() -> Ch`, `add(Ch, Ch) -> Ch`, `fma(part, w, x: f32) -> Ch` (`part + w·x`, fused)
+///   and `fma_at(part, w, xs: &[f32], j) -> Ch` (`part + w·xs[j]`, `j` a constant once
+///   inlined, so a rung may multiply by a lane of `xs` loaded once for several `j`);
+/// - `load_step::<KIND>(&[u32; 16], first) -> Step`, `prefetch_ahead(&[u32; 16])`;
 /// - `decode4::<SHIFT, TOP, KIND, ASYM>(&Step, &GroupConsts) -> Ch`: K value `J` of an int4
 ///   step, `SHIFT = 4J` bringing its nibble to the bottom of the lane and `TOP = 28 − 4J` to
 ///   the top; `decode4_at::<KIND, ASYM>(&Step, j, &GroupConsts)` for a `j` known at run time;
-/// - `decode8::<KIND, ASYM>(&[u32; 16], j, &GroupConsts) -> Ch`: K value `j` of an 8-bit step;
-/// - `load_scales(w, p, g) -> Ch`: the scales of group `g` of panel `p`, and
-///   `scale_into(&mut [f32; 16], sum: Ch, scales: Ch)`: the accumulator row plus `sum · scales`.
+/// - `decode8::<KIND, ASYM>(&[u32; 16], j, first, &GroupConsts) -> Ch`: K value `j` of an
+///   8-bit step;
+/// - `load_scales(w, p, g, first) -> Ch`: the window's scales of group `g` of panel `p`, and
+///   `scale_into(&mut [f32; lanes], sum: Ch, scales: Ch)`: the accumulator row plus
+///   `sum · scales`.
 macro_rules! wna16_f32_tiles {
     (
         features: $features:literal,
+        lanes: $lanes:expr,
         mr: $mr:expr,
         rows: [$($n:literal => $chains:literal),+ $(,)?] $(,)?
     ) => {
-        /// Computes rows `m0..m0 + R` of panel `p` with `C` partial sums per row, for
-        /// `BITS`-bit codes of kind `KIND` (zero points exactly when `ASYM`).
+        /// Computes rows `m0..m0 + R` of channels `first..first + lanes` of panel `p` with `C`
+        /// partial sums per row, for `BITS`-bit codes of kind `KIND` (zero points exactly when
+        /// `ASYM`).
         ///
         /// # Safety
         /// - The job's output pointer is valid and exclusively ours for rows `m0..m0 + R` of
@@ -112,6 +123,7 @@ macro_rules! wna16_f32_tiles {
             job: &$crate::wna16::Wna16Job<'_>,
             p: usize,
             m0: usize,
+            first: usize,
         ) {
             use $crate::packed::PANEL;
             use $crate::packed::wna16::{K_STEP, K_STEP8};
@@ -125,10 +137,10 @@ macro_rules! wna16_f32_tiles {
             let row_steps8: [&[[f32; K_STEP8]]; R] =
                 ::std::array::from_fn(|r| rows[r].as_chunks().0);
             // The rows' accumulators live in memory (see the scaffolding's docs).
-            let mut acc = [[0f32; PANEL]; R];
+            let mut acc = [[0f32; $lanes]; R];
             for g in 0..ng {
                 let (k0, k1) = (g * gs, k.min((g + 1) * gs));
-                let gc = group_consts::<KIND, ASYM>(w, p, g);
+                let gc = group_consts::<KIND, ASYM>(w, p, g, first);
                 let mut part = [[zero(); R]; C];
                 if BITS == 4 {
                     // Group sizes are multiples of K_STEP, so `k0` starts a step.
@@ -136,7 +148,7 @@ macro_rules! wna16_f32_tiles {
                     for s in s0..s_full {
                         let step = &steps[s];
                         prefetch_ahead(step);
-                        let v = load_step(step);
+                        let v = load_step::<KIND>(step, first);
                         let xs: [&[f32; K_STEP]; R] = ::std::array::from_fn(|r| &row_steps[r][s]);
                         macro_rules! k_value {
                             ($j:literal) => {{
@@ -144,7 +156,7 @@ macro_rules! wna16_f32_tiles {
                                     &v, &gc,
                                 );
                                 for r in 0..R {
-                                    part[$j % C][r] = fma(part[$j % C][r], wj, xs[r][$j]);
+                                    part[$j % C][r] = fma_at(part[$j % C][r], wj, xs[r], $j);
                                 }
                             }};
                         }
@@ -159,7 +171,7 @@ macro_rules! wna16_f32_tiles {
                     }
                     // The last step of K, when K is not a multiple of K_STEP.
                     if s_full * K_STEP < k1 {
-                        let v = load_step(&steps[s_full]);
+                        let v = load_step::<KIND>(&steps[s_full], first);
                         for kk in s_full * K_STEP..k1 {
                             let wj = decode4_at::<KIND, ASYM>(&v, kk % K_STEP, &gc);
                             for r in 0..R {
@@ -175,21 +187,28 @@ macro_rules! wna16_f32_tiles {
                         prefetch_ahead(step);
                         let xs: [&[f32; K_STEP8]; R] =
                             ::std::array::from_fn(|r| &row_steps8[r][s]);
-                        for j in 0..K_STEP8 {
-                            let wj = decode8::<KIND, ASYM>(step, j, &gc);
-                            for r in 0..R {
-                                part[j % C][r] = fma(part[j % C][r], wj, xs[r][j]);
-                            }
+                        macro_rules! k_value {
+                            ($j:literal) => {{
+                                let wj = decode8::<KIND, ASYM>(step, $j, first, &gc);
+                                for r in 0..R {
+                                    part[$j % C][r] = fma_at(part[$j % C][r], wj, xs[r], $j);
+                                }
+                            }};
                         }
+                        k_value!(0);
+                        k_value!(1);
+                        k_value!(2);
+                        k_value!(3);
                     }
                     for kk in s_full * K_STEP8..k1 {
-                        let wj = decode8::<KIND, ASYM>(&steps[s_full], kk % K_STEP8, &gc);
+                        let wj =
+                            decode8::<KIND, ASYM>(&steps[s_full], kk % K_STEP8, first, &gc);
                         for r in 0..R {
                             part[0][r] = fma(part[0][r], wj, rows[r][kk]);
                         }
                     }
                 }
-                let scales = load_scales(w, p, g);
+                let scales = load_scales(w, p, g, first);
                 for r in 0..R {
                     let mut sum = part[0][r];
                     for chain in &part[1..] {
@@ -201,7 +220,7 @@ macro_rules! wna16_f32_tiles {
                 ::std::hint::black_box(&mut acc);
             }
             // SAFETY: forwarded from our contract (rows `m0..m0 + R` of panel `p` are ours).
-            unsafe { $crate::wna16_tile::store_rows(w, job.out, p, m0, &mut acc) };
+            unsafe { $crate::wna16_tile::store_rows(w, job.out, p, m0, first, &mut acc) };
         }
 
         /// Walks the row tiles of `panels`.
@@ -224,16 +243,22 @@ macro_rules! wna16_f32_tiles {
                     i += 1;
                 }
             };
+            const { assert!($crate::packed::PANEL % $lanes == 0, "windows tile the panel") };
             for p in panels {
                 for rows in $crate::ukernel::row_tiles(job.m, $mr) {
                     let m0 = rows.start;
-                    match rows.len() {
-                        $(
-                            // SAFETY: rows `m0..m0 + n` lie within `0..m`, panel `p` is ours
-                            // (caller), and the caller's CPU has the features the tile needs.
-                            $n => unsafe { tile::<BITS, $n, $chains, KIND, ASYM>(job, p, m0) },
-                        )+
-                        _ => unreachable!("tile rows out of range"),
+                    for first in (0..$crate::packed::PANEL).step_by($lanes) {
+                        match rows.len() {
+                            $(
+                                // SAFETY: rows `m0..m0 + n` lie within `0..m`, panel `p` is
+                                // ours (caller), and the caller's CPU has the features the
+                                // tile needs.
+                                $n => unsafe {
+                                    tile::<BITS, $n, $chains, KIND, ASYM>(job, p, m0, first)
+                                },
+                            )+
+                            _ => unreachable!("tile rows out of range"),
+                        }
                     }
                 }
             }

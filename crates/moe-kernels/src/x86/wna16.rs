@@ -201,8 +201,7 @@ pub(crate) mod zmm {
     use crate::packed::{PANEL, PackedWna16};
     use crate::wna16_tile::{E2M1, E4M3};
 
-    use super::{LUT_RAW, LUT_SYM, group_scales, load_f32, load_zeros};
-    use super::{load_step, prefetch_ahead};
+    use super::{LUT_RAW, LUT_SYM, group_scales, load_f32, load_zeros, prefetch_ahead};
 
     /// 16 channels of f32.
     type Ch = __m512;
@@ -225,6 +224,7 @@ pub(crate) mod zmm {
         w: &PackedWna16,
         p: usize,
         g: usize,
+        _first: usize,
     ) -> GroupConsts {
         let zero = match w.zeros() {
             Some(z) if ASYM => {
@@ -262,6 +262,20 @@ pub(crate) mod zmm {
         _mm512_fmadd_ps(_mm512_set1_ps(x), w, part)
     }
 
+    /// `part + w · xs[j]`, fused (a broadcast from memory).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn fma_at(part: Ch, w: Ch, xs: &[f32], j: usize) -> Ch {
+        fma(part, w, xs[j])
+    }
+
+    /// Loads one step: 16 channels' 32-bit code words.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn load_step<const KIND: u8>(step: &[u32; PANEL], _first: usize) -> Step {
+        super::load_step(step)
+    }
+
     /// Decodes nibble `SHIFT / 4` of every lane through the group's table, less its zero
     /// points when asymmetric.
     #[target_feature(enable = "avx512f")]
@@ -289,6 +303,7 @@ pub(crate) mod zmm {
     fn decode8<const KIND: u8, const ASYM: bool>(
         step: &[u32; PANEL],
         j: usize,
+        _first: usize,
         gc: &GroupConsts,
     ) -> Ch {
         if KIND == E4M3 {
@@ -301,7 +316,7 @@ pub(crate) mod zmm {
     /// The scales of group `g` of panel `p`.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    fn load_scales(w: &PackedWna16, p: usize, g: usize) -> Ch {
+    fn load_scales(w: &PackedWna16, p: usize, g: usize, _first: usize) -> Ch {
         group_scales(w.scales(), (p * w.n_groups() + g) * PANEL)
     }
 
@@ -316,6 +331,7 @@ pub(crate) mod zmm {
 
     crate::wna16_tile::wna16_f32_tiles! {
         features: "avx512f,avx512bw,avx512vl",
+        lanes: 16,
         // 8 rows × 1 chain, or fewer rows × more chains, of partial sums leave room for the
         // table, the step, the decoded weights and the zero vector.
         mr: 8,
@@ -357,6 +373,7 @@ pub(crate) mod ymm {
         w: &PackedWna16,
         p: usize,
         g: usize,
+        _first: usize,
     ) -> GroupConsts {
         let zeros = w.group_zeros(p, g);
         let offset = std::array::from_fn(|h| {
@@ -391,10 +408,17 @@ pub(crate) mod ymm {
         ]
     }
 
+    /// `part + w · xs[j]`, fused (a broadcast from memory).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn fma_at(part: Ch, w: Ch, xs: &[f32], j: usize) -> Ch {
+        fma(part, w, xs[j])
+    }
+
     /// Loads one step's 16 code words.
     #[target_feature(enable = "avx2")]
     #[inline]
-    fn load_step(step: &[u32; PANEL]) -> Step {
+    fn load_step<const KIND: u8>(step: &[u32; PANEL], _first: usize) -> Step {
         // SAFETY: each half covers 8 readable words (32 bytes), and the loads are unaligned.
         std::array::from_fn(|h| unsafe { _mm256_loadu_si256(step[8 * h..].as_ptr().cast()) })
     }
@@ -470,6 +494,7 @@ pub(crate) mod ymm {
     fn decode8<const KIND: u8, const ASYM: bool>(
         step: &[u32; PANEL],
         j: usize,
+        _first: usize,
         gc: &GroupConsts,
     ) -> Ch {
         if KIND == E4M3 {
@@ -496,7 +521,7 @@ pub(crate) mod ymm {
     /// The scales of group `g` of panel `p`.
     #[target_feature(enable = "avx2")]
     #[inline]
-    fn load_scales(w: &PackedWna16, p: usize, g: usize) -> Ch {
+    fn load_scales(w: &PackedWna16, p: usize, g: usize, _first: usize) -> Ch {
         let s = w.group_scales(p, g);
         std::array::from_fn(|h| load8(s[8 * h..][..8].try_into().expect("8 scales")))
     }
@@ -515,6 +540,7 @@ pub(crate) mod ymm {
 
     crate::wna16_tile::wna16_f32_tiles! {
         features: "avx2,fma,f16c",
+        lanes: 16,
         // 8 partial sums (two vectors per row), the decoded weights, the broadcast activation
         // and the decoding constants fit the 16 registers.
         mr: 4,
