@@ -516,8 +516,8 @@ mod tests {
             }
         }
 
-        /// Every variant: bits × scale dtype × symmetry × bias and permutation, then MXFP4
-        /// without and with bias, then FP8 as one run without bias and as two runs with bias.
+        /// Every variant: bits × scale dtype × symmetry × bias and permutation, then the
+        /// floating-point codes ([`Case::fp_variants`]).
         fn variants(&self) -> Vec<PackedWna16> {
             let mut all = Vec::new();
             for variant in 0..24 {
@@ -548,6 +548,14 @@ mod tests {
                     .unwrap(),
                 );
             }
+            all.extend(self.fp_variants());
+            all
+        }
+
+        /// MXFP4 without and with bias, then FP8 as one run without bias and as two runs with
+        /// bias.
+        fn fp_variants(&self) -> Vec<PackedWna16> {
+            let mut all = Vec::new();
             for bias in [None, Some(&self.bias[..])] {
                 all.push(
                     PackedWna16::pack_mxfp4(Mxfp4Desc {
@@ -651,36 +659,138 @@ mod tests {
             let case = Case::new(&mut rng, n, k, g);
             let x = rng.vec_uniform(m * k, -2.0, 2.0);
             for w in case.variants() {
-                let want = wna16_reference(m, &x, &w);
-                let exact = f64_reference(m, &x, &w);
-                let mag = magnitudes(m, &x, &w);
-                for (i, (&a, &b)) in want.iter().zip(&exact).enumerate() {
+                assert_every_rung_matches(m, &x, &w);
+            }
+        }
+    }
+
+    /// MXFP4 and FP8 weights (without and with bias) at every row count from 0 to 17, so every
+    /// tile of every rung and its two-pass split run them, on odd N and K values that end
+    /// inside a step (and inside a scale group).
+    #[test]
+    fn fp_codes_match_the_reference_at_every_row_count() {
+        let mut rng = SplitMix64::new(17);
+        for (n, k) in [(19, 75), (33, 133)] {
+            let case = Case::new(&mut rng, n, k, None);
+            for m in 0..=17 {
+                let x = rng.vec_uniform(m * k, -2.0, 2.0);
+                for w in case.fp_variants() {
+                    assert_every_rung_matches(m, &x, &w);
+                }
+            }
+        }
+    }
+
+    /// One GEMM on every rung against the reference, and the reference against the f64
+    /// product (see [`every_rung_matches_the_reference`]).
+    fn assert_every_rung_matches(m: usize, x: &[f32], w: &PackedWna16) {
+        let (n, k, g) = (w.n(), w.k(), w.group_size());
+        let want = wna16_reference(m, x, w);
+        let exact = f64_reference(m, x, w);
+        let mag = magnitudes(m, x, w);
+        for (i, (&a, &b)) in want.iter().zip(&exact).enumerate() {
+            assert!(
+                (f64::from(a) - b).abs() <= 1e-5 * mag[i] + 1e-30,
+                "reference vs f64 m={m} n={n} k={k}"
+            );
+        }
+        for ks in &sets() {
+            let fused = ks.wna16_isa() != Isa::Scalar;
+            for par in [Par::Seq, Par::Rayon] {
+                let mut out = vec![f32::NAN; m * n];
+                let mut scratch = GemmScratch::new();
+                wna16_gemm(ks, m, x, w, &mut out, &mut scratch, par).unwrap();
+                for (i, (&a, &b)) in out.iter().zip(&want).enumerate() {
+                    let ok = if fused {
+                        f64::from((a - b).abs()) <= 1e-5 * mag[i] + 1e-30
+                    } else {
+                        a.to_bits() == b.to_bits()
+                    };
                     assert!(
-                        (f64::from(a) - b).abs() <= 1e-5 * mag[i] + 1e-30,
-                        "reference vs f64 m={m} n={n} k={k}"
+                        ok,
+                        "{} m={m} n={n} k={k} g={g} bits={} asym={} {:?} {:?} i={i}: {a} vs {b}",
+                        ks.wna16_isa(),
+                        w.bits(),
+                        w.is_asymmetric(),
+                        w.values(),
+                        w.int8_values()
                     );
                 }
-                for ks in &sets() {
-                    let fused = ks.wna16_isa() != Isa::Scalar;
-                    for par in [Par::Seq, Par::Rayon] {
-                        let mut out = vec![f32::NAN; m * n];
+            }
+        }
+    }
+
+    /// Every e2m1 code (MXFP4) and every non-NaN e4m3 code (FP8: subnormals and both zeros
+    /// included) in every channel of a panel and at every K position, those of the ragged last
+    /// step included, read back exactly by every rung: one-hot activation rows pick one K
+    /// value each, so each output is one weight, with every row count of a tile from 1 to 9.
+    #[test]
+    fn every_fp_code_decodes_exactly_on_every_rung() {
+        let n = 16;
+        // MXFP4: code (k + 3c) mod 16 at [c, k]; K = 61 leaves 5 K values in the last step.
+        let k4 = 61;
+        let mut blocks = vec![0u8; n * 2 * 16];
+        for c in 0..n {
+            for kk in 0..k4 {
+                let (b, e) = (kk / 32, kk % 32);
+                blocks[(c * 2 + b) * 16 + e / 2] |= (((kk + 3 * c) % 16) as u8) << (4 * (e % 2));
+            }
+        }
+        // Block scales 2^0 and 2^-1.
+        let e8m0: Vec<u8> = (0..n * 2).map(|i| 127 - (i % 2) as u8).collect();
+        let mxfp4 = PackedWna16::pack_mxfp4(Mxfp4Desc {
+            n,
+            k: k4,
+            blocks: &blocks,
+            scales: &e8m0,
+            bias: None,
+        })
+        .unwrap();
+        // FP8: code (k + 17c) mod 256 at [c, k], NaN codes made -0; K = 255 leaves 3 K values
+        // in the last step.
+        let k8 = 255;
+        let codes: Vec<u8> = (0..n * k8)
+            .map(|i| ((i % k8 + 17 * (i / k8)) % 256) as u8)
+            .map(|b| if b & 0x7F == 0x7F { 0x80 } else { b })
+            .collect();
+        let fp8 = PackedWna16::pack_fp8_block(Fp8BlockDesc {
+            n,
+            k: k8,
+            rows: &[Fp8BlockRows {
+                channels: n,
+                codes: &codes,
+                scales: &[0.5, 4.0],
+            }],
+            bias: None,
+        })
+        .unwrap();
+        for w in [&mxfp4, &fp8] {
+            let k = w.k();
+            let wd = w.dequantize_f64();
+            for ks in &sets() {
+                for m in 1..=9 {
+                    for k0 in (0..k).step_by(m) {
+                        let rows = m.min(k - k0);
+                        let mut x = vec![0f32; rows * k];
+                        for r in 0..rows {
+                            x[r * k + k0 + r] = 1.0;
+                        }
+                        let mut out = vec![f32::NAN; rows * n];
                         let mut scratch = GemmScratch::new();
-                        wna16_gemm(ks, m, &x, &w, &mut out, &mut scratch, par).unwrap();
-                        for (i, (&a, &b)) in out.iter().zip(&want).enumerate() {
-                            let ok = if fused {
-                                f64::from((a - b).abs()) <= 1e-5 * mag[i] + 1e-30
-                            } else {
-                                a.to_bits() == b.to_bits()
-                            };
-                            assert!(
-                                ok,
-                                "{} m={m} n={n} k={k} g={g:?} bits={} asym={} {:?} {:?} i={i}: {a} vs {b}",
-                                ks.wna16_isa(),
-                                w.bits(),
-                                w.is_asymmetric(),
-                                w.values(),
-                                w.int8_values()
-                            );
+                        wna16_gemm(ks, rows, &x, w, &mut out, &mut scratch, Par::Seq).unwrap();
+                        for r in 0..rows {
+                            for c in 0..n {
+                                let want = wd[c * k + k0 + r];
+                                assert!(
+                                    f64::from(out[r * n + c]) == want,
+                                    "{} {:?} {:?} rows={rows} k={} c={c}: {} vs {want}",
+                                    ks.wna16_isa(),
+                                    w.values(),
+                                    w.int8_values(),
+                                    k0 + r,
+                                    out[r * n + c]
+                                );
+                            }
                         }
                     }
                 }
