@@ -9,20 +9,40 @@
 //!   `c` into the 4-bit two's complement of `c − 8`, so K value `j` is a shift left that brings
 //!   its nibble to the top of the lane, an arithmetic shift right by 28 and a conversion
 //!   (`scvtf`): exactly `c − 8`.
+//! - e2m1 (MXFP4, int4 codes in the same layout): the step is de-interleaved by bytes (a
+//!   four-way load, `ld4`, for 16 channels; two rounds of unzips for 8), so the codes of K
+//!   value `j` are a nibble of consecutive channel bytes. Masked or shifted to it, they index
+//!   two tables (`tbl`) holding the two high bytes of each value's f32 bits (every e2m1 value
+//!   is a bf16 value); zipped byte by byte (`zip1`/`zip2`) they are bf16s, which widen into
+//!   the top halves of f32 lanes (`shll`) exactly. Nine instructions per K value of 16
+//!   channels and a share of the load, against twelve for int4, and no conversion: `scvtf`
+//!   takes one vector pipe for two cycles on the Neoverse N2 model, while lookups and zips
+//!   issue on both pipes.
 //! - int8: K value `j` of a step is 16 consecutive channel bytes. An XOR with `0x80` turns
 //!   each code into the i8 `c − 128`, which two widenings and a conversion make exact f32s.
+//! - e4m3 (FP8, 8-bit codes in the same layout): each byte sign-extended to 16 bits and
+//!   shifted left by 4 (`sshll`) holds its seven magnitude bits at bits 4..10 and copies of
+//!   its sign at 11..15; clearing bits 11..14 (`bic`) and widening into the top half of a
+//!   32-bit lane (`shll`) leaves the sign at bit 31 and the magnitude at bits 20..26, the
+//!   f32 that is the e4m3 value times `2^-120` (see [`e4m3_value`]; subnormal codes give f32
+//!   subnormals, which aarch64 does not flush), and one exact multiply by `2^120` follows:
+//!   twelve instructions per K value of 16 channels, against eleven for int8, again without
+//!   `scvtf`. The multiply stays in the decode: folded into the f32 block scales it could
+//!   overflow them.
 //!
 //! Asymmetric weights then subtract `z − 8` (or `z − 128`) per group, which leaves the exact
 //! `c − z`. Each row multiplies the decoded weights by its activation with `fmla` by element
 //! (the activations are read four K values at a time) into per-group partial sums; tiles of one
 //! or two rows keep two partial sums per vector (even and odd K values) so the FMA latency does
 //! not bound them. At the end of a group the partial sums are scaled into the row's
-//! accumulator with one more `fmla`. Weights are decoded once per K value for all rows.
+//! accumulator with one more `fmla` (e8m0 scales widened exactly to f32, as every body does).
+//! Weights are decoded once per K value for all rows.
 //!
 //! Numerics: as in the AVX-512 body, every multiply-add is fused, so outputs differ from the
 //! reference (`crate::wna16`) by a few units in the last place of the magnitudes summed; the
-//! tests bound the difference by `1e-5·Σ|x·w|`. MXFP4 (e2m1) and FP8 (e4m3) codes run the
-//! portable body, which LLVM vectorises for NEON.
+//! tests bound the difference by `1e-5·Σ|x·w|`. Every decode above is exact.
+//!
+//! [`e4m3_value`]: crate::packed::wna16::e4m3_value
 
 // Register arrays are indexed by row in lockstep; index loops read clearer than zips here.
 #![allow(clippy::needless_range_loop)]
@@ -30,9 +50,10 @@
 use std::arch::aarch64::*;
 use std::ops::Range;
 
-use crate::packed::wna16::{Int4Values, K_STEP, K_STEP8};
+use crate::packed::wna16::{E2M1_VALUES, K_STEP, K_STEP8};
 use crate::packed::{PANEL, PackedWna16};
 use crate::wna16::Wna16Job;
+use crate::wna16_tile::{E2M1, E4M3, INTEGER, code_kind};
 
 use super::common::load_f32x4;
 
@@ -46,6 +67,29 @@ const FULL_WIDTH_ROWS: usize = 4;
 
 /// Vectors per row of a panel's 16 channels.
 const V: usize = PANEL / 4;
+
+/// Byte `B` (2 or 3, little-endian) of the f32 bits of each e2m1 value: every value is a
+/// bf16 (at most two significant bits), so bytes 2 and 3 are all its bits.
+const fn e2m1_f32_byte<const B: u32>() -> [u8; 16] {
+    let mut t = [0u8; 16];
+    let mut c = 0;
+    while c < 16 {
+        let bits = E2M1_VALUES[c].to_bits();
+        assert!(bits & 0xFFFF == 0, "e2m1 values are bf16 values");
+        t[c] = (bits >> (8 * B)) as u8;
+        c += 1;
+    }
+    t
+}
+
+/// Bits 16..24 of the f32 of each e2m1 code.
+const E2M1_LOW: [u8; 16] = e2m1_f32_byte::<2>();
+
+/// Bits 24..32 of the f32 of each e2m1 code.
+const E2M1_HIGH: [u8; 16] = e2m1_f32_byte::<3>();
+
+/// `2^120`, the factor between an e4m3 value and the f32 its bits make (see [`decode_e4m3`]).
+const E4M3_RESCALE: f32 = f32::from_bits((127 + 120) << 23);
 
 /// `NQ` vectors of one row, lane `i` of vector `q` being channel `4(q0 + q) + i` of the panel
 /// for the pass starting at vector `q0`.
@@ -86,6 +130,35 @@ fn load_step4<const NQ: usize>(step: &[u32; PANEL], q0: usize) -> [int32x4_t; NQ
     })
 }
 
+/// Channels `4q0..4(q0 + NQ)` of one e2m1 step, de-interleaved so that each byte of the
+/// channels' words (K values `2b` and `2b + 1` in byte `b`, the low and high nibble) is
+/// consecutive, for [`decode_e2m1`].
+/// - `NQ` = 4: vector `b` holds byte `b` of the 16 channels (a four-way load, `ld4`).
+/// - `NQ` = 2: vector `h` holds byte `2h` of the 8 channels in its low half and byte `2h + 1`
+///   in its high half (two rounds of unzips, `uzp1`/`uzp2`, which keep two registers live
+///   where the 64-bit halves of a four-way load would keep four).
+#[target_feature(enable = "neon")]
+#[inline]
+fn load_e2m1<const NQ: usize>(step: &[u32; PANEL], q0: usize) -> [uint8x16_t; NQ] {
+    if NQ == V {
+        // SAFETY: the step is 64 readable bytes; `ld4` has no alignment requirement.
+        let b = unsafe { vld4q_u8(step.as_ptr().cast()) };
+        let all = [b.0, b.1, b.2, b.3];
+        std::array::from_fn(|q| all[q])
+    } else {
+        let words = &step[4 * q0..4 * q0 + 8];
+        let [a, b]: [uint8x16_t; 2] = std::array::from_fn(|h| {
+            // SAFETY: words `4h..4h + 4` of the slice are readable; `ld1` has no alignment
+            // requirement.
+            unsafe { vld1q_u8(words[4 * h..].as_ptr().cast()) }
+        });
+        // Bytes 0 and 2, then 1 and 3, of the channels; then bytes 0 and 1, then 2 and 3.
+        let (even, odd) = (vuzp1q_u8(a, b), vuzp2q_u8(a, b));
+        let both = [vuzp1q_u8(even, odd), vuzp2q_u8(even, odd)];
+        std::array::from_fn(|q| both[q])
+    }
+}
+
 /// Decodes K value `J` (nibble `J`, brought to the top by a left shift of `SHL = 28 − 4J`) of
 /// a flipped int4 step: `c − 8`, less `zadj` when asymmetric.
 #[target_feature(enable = "neon")]
@@ -113,6 +186,86 @@ fn decode4_at<const ASYM: bool, const NQ: usize>(
         let w = vcvtq_f32_s32(vshrq_n_s32::<28>(vshlq_s32(v[q], shl)));
         if ASYM { vsubq_f32(w, zadj[q]) } else { w }
     })
+}
+
+/// Decodes K value `j` of an e2m1 step loaded by [`load_e2m1`]. The codes of the pass's
+/// channels, masked to the low nibble (`j` even) or shifted down from the high one, index two
+/// tables (`tbl`) holding the two high bytes of each value's f32 bits; zipped byte by byte
+/// they are bf16s, which widen into the top halves of the f32 lanes (`shll`) exactly. `j` is a
+/// constant where the tile inlines this, so the selections fold away.
+#[target_feature(enable = "neon")]
+#[inline]
+fn decode_e2m1<const NQ: usize>(bytes: &[uint8x16_t; NQ], j: usize) -> Lanes<NQ> {
+    // SAFETY: the table is 16 readable bytes; `ld1` has no alignment requirement.
+    let low = unsafe { vld1q_u8(E2M1_LOW.as_ptr()) };
+    // SAFETY: as above.
+    let high = unsafe { vld1q_u8(E2M1_HIGH.as_ptr()) };
+    let b = bytes[if NQ == V { j / 2 } else { j / 4 }];
+    let codes = if j.is_multiple_of(2) {
+        vandq_u8(b, vdupq_n_u8(0x0F))
+    } else {
+        vshrq_n_u8::<4>(b)
+    };
+    let (lo, hi) = (vqtbl1q_u8(low, codes), vqtbl1q_u8(high, codes));
+    let widen = |bf16: uint8x16_t| {
+        let bf16 = vreinterpretq_u16_u8(bf16);
+        [
+            vshll_n_u16::<16>(vget_low_u16(bf16)),
+            vshll_high_n_u16::<16>(bf16),
+        ]
+    };
+    let bits: [uint32x4_t; NQ] = if NQ == V {
+        let ([a, b], [c, d]) = (widen(vzip1q_u8(lo, hi)), widen(vzip2q_u8(lo, hi)));
+        let all = [a, b, c, d];
+        std::array::from_fn(|q| all[q])
+    } else {
+        // Byte `j / 2` is the low half of its vector when it is even.
+        let both = widen(if (j / 2).is_multiple_of(2) {
+            vzip1q_u8(lo, hi)
+        } else {
+            vzip2q_u8(lo, hi)
+        });
+        std::array::from_fn(|q| both[q])
+    };
+    std::array::from_fn(|q| vreinterpretq_f32_u32(bits[q]))
+}
+
+/// Decodes channels `4q0..4(q0 + NQ)` of K value `j` of an e4m3 step (16 consecutive channel
+/// bytes, sign bit 7 and seven magnitude bits; `NQ` is 4 with `q0` = 0, or 2). Sign-extended
+/// to 16 bits and shifted left by 4 (`sshll`), a byte holds its magnitude at bits 4..10 and
+/// copies of its sign at bits 11..15; with bits 11..14 cleared (`bic`) and the lane widened
+/// into the top half of 32 bits (`shll`), the sign is at bit 31 and the magnitude at bits
+/// 20..26: the f32 that is the e4m3 value times `2^-120`, subnormal codes included, as
+/// [`e4m3_value`] places it. The multiply by `2^120` is exact.
+///
+/// [`e4m3_value`]: crate::packed::wna16::e4m3_value
+#[target_feature(enable = "neon")]
+#[inline]
+fn decode_e4m3<const NQ: usize>(step: &[u32; PANEL], j: usize, q0: usize) -> Lanes<NQ> {
+    let words: &[u32; 4] = step[4 * j..4 * j + 4].try_into().expect("16 bytes");
+    let sign_copies = vdupq_n_s16(0x7800);
+    let clear = |wide: int16x8_t| vreinterpretq_u16_s16(vbicq_s16(wide, sign_copies));
+    let widen = |wide: uint16x8_t| {
+        [
+            vshll_n_u16::<16>(vget_low_u16(wide)),
+            vshll_high_n_u16::<16>(wide),
+        ]
+    };
+    let bits: [uint32x4_t; NQ] = if NQ == V {
+        // SAFETY: the reference covers 16 readable bytes; `ld1` has no alignment requirement.
+        let bytes = unsafe { vld1q_s8(words.as_ptr().cast()) };
+        let [a, b] = widen(clear(vshll_n_s8::<4>(vget_low_s8(bytes))));
+        let [c, d] = widen(clear(vshll_high_n_s8::<4>(bytes)));
+        let all = [a, b, c, d];
+        std::array::from_fn(|q| all[q])
+    } else {
+        let half: &[u32; 2] = words[q0..q0 + 2].try_into().expect("8 bytes");
+        // SAFETY: the reference covers 8 readable bytes; `ld1` has no alignment requirement.
+        let bytes = unsafe { vld1_s8(half.as_ptr().cast()) };
+        let both = widen(clear(vshll_n_s8::<4>(bytes)));
+        std::array::from_fn(|q| both[q])
+    };
+    std::array::from_fn(|q| vmulq_n_f32(vreinterpretq_f32_u32(bits[q]), E4M3_RESCALE))
 }
 
 /// Decodes channels `4q0..4(q0 + NQ)` of K value `j` of an int8 step (16 consecutive channel
@@ -176,13 +329,15 @@ fn fma_dup<const NQ: usize>(part: &mut Lanes<NQ>, w: &Lanes<NQ>, x: f32) {
 ///
 /// # Safety
 /// - The job's output pointer is valid and exclusively ours for rows `m0..m0 + R` of panel
-///   `p`; `m0 + R ≤ job.m`, `job.x` holds `m·K` values, and the codes are integers of `BITS`
-///   bits (zero points present exactly when `ASYM`); `q0 + NQ ≤ 4`.
+///   `p`; `m0 + R ≤ job.m`, `job.x` holds `m·K` values, and the codes are `BITS`-bit codes of
+///   kind `KIND` ([`INTEGER`], [`E2M1`] with 4 bits, [`E4M3`] with 8), with zero points
+///   present exactly when `ASYM` (integers only); `q0 + NQ ≤ 4`.
 #[target_feature(enable = "neon")]
 unsafe fn tile<
     const BITS: u32,
     const R: usize,
     const C: usize,
+    const KIND: u8,
     const ASYM: bool,
     const NQ: usize,
 >(
@@ -213,7 +368,12 @@ unsafe fn tile<
             // Group sizes are multiples of K_STEP, so `k0` starts a step.
             let (s0, s_full) = (k0 / K_STEP, k1 / K_STEP);
             for s in s0..s_full {
-                let v = load_step4::<NQ>(&steps[s], q0);
+                // Each kind loads the step as its decoder reads it (the other array is unused).
+                let (v, e2m1) = if KIND == E2M1 {
+                    ([vdupq_n_s32(0); NQ], load_e2m1::<NQ>(&steps[s], q0))
+                } else {
+                    (load_step4::<NQ>(&steps[s], q0), [vdupq_n_u8(0); NQ])
+                };
                 // Each row's four activations of one half of the step, loaded when that half
                 // starts, so the two halves do not hold twice the registers at once.
                 let half = |h: usize| -> [float32x4_t; R] {
@@ -221,7 +381,11 @@ unsafe fn tile<
                 };
                 macro_rules! k_value {
                     ($xs:ident, $j:literal, $lane:literal) => {{
-                        let wj = decode4::<{ 28 - 4 * $j }, ASYM, NQ>(&v, &zadj);
+                        let wj = if KIND == E2M1 {
+                            decode_e2m1::<NQ>(&e2m1, $j)
+                        } else {
+                            decode4::<{ 28 - 4 * $j }, ASYM, NQ>(&v, &zadj)
+                        };
                         for r in 0..R {
                             fma_lane::<$lane, NQ>(&mut part[$j % C][r], &wj, $xs[r]);
                         }
@@ -240,9 +404,17 @@ unsafe fn tile<
             }
             // The last step of K, when K is not a multiple of K_STEP.
             if s_full * K_STEP < k1 {
-                let v = load_step4::<NQ>(&steps[s_full], q0);
+                let (v, e2m1) = if KIND == E2M1 {
+                    ([vdupq_n_s32(0); NQ], load_e2m1::<NQ>(&steps[s_full], q0))
+                } else {
+                    (load_step4::<NQ>(&steps[s_full], q0), [vdupq_n_u8(0); NQ])
+                };
                 for kk in s_full * K_STEP..k1 {
-                    let wj = decode4_at::<ASYM, NQ>(&v, kk % K_STEP, &zadj);
+                    let wj = if KIND == E2M1 {
+                        decode_e2m1::<NQ>(&e2m1, kk % K_STEP)
+                    } else {
+                        decode4_at::<ASYM, NQ>(&v, kk % K_STEP, &zadj)
+                    };
                     for r in 0..R {
                         fma_dup(&mut part[0][r], &wj, rows[r][kk]);
                     }
@@ -257,7 +429,11 @@ unsafe fn tile<
                     std::array::from_fn(|r| load_f32x4(&rows[r][s * K_STEP8..]));
                 macro_rules! k_value {
                     ($j:literal) => {{
-                        let wj = decode8::<ASYM, NQ>(step, $j, q0, &zadj);
+                        let wj = if KIND == E4M3 {
+                            decode_e4m3::<NQ>(step, $j, q0)
+                        } else {
+                            decode8::<ASYM, NQ>(step, $j, q0, &zadj)
+                        };
                         for r in 0..R {
                             fma_lane::<$j, NQ>(&mut part[$j % C][r], &wj, xs[r]);
                         }
@@ -269,7 +445,11 @@ unsafe fn tile<
                 k_value!(3);
             }
             for kk in s_full * K_STEP8..k1 {
-                let wj = decode8::<ASYM, NQ>(&steps[s_full], kk % K_STEP8, q0, &zadj);
+                let wj = if KIND == E4M3 {
+                    decode_e4m3::<NQ>(&steps[s_full], kk % K_STEP8, q0)
+                } else {
+                    decode8::<ASYM, NQ>(&steps[s_full], kk % K_STEP8, q0, &zadj)
+                };
                 for r in 0..R {
                     fma_dup(&mut part[0][r], &wj, rows[r][kk]);
                 }
@@ -342,22 +522,25 @@ type TileFn = unsafe fn(&Wna16Job<'_>, usize, usize, usize);
 /// the 16 channels, taller ones in two passes of 8.
 ///
 /// # Safety
-/// - As [`crate::wna16::Wna16PanelsFn`], for integer codes of `BITS` bits with zero points
+/// - As [`crate::wna16::Wna16PanelsFn`], for `BITS`-bit codes of kind `KIND` with zero points
 ///   exactly when `ASYM`.
 #[target_feature(enable = "neon")]
-unsafe fn panels<const BITS: u32, const ASYM: bool>(job: &Wna16Job<'_>, panels: Range<usize>) {
+unsafe fn panels<const BITS: u32, const KIND: u8, const ASYM: bool>(
+    job: &Wna16Job<'_>,
+    panels: Range<usize>,
+) {
     for p in panels {
         for rows in crate::ukernel::row_tiles(job.m, MR) {
             let (m0, mr) = (rows.start, rows.len());
             let tile_fn: TileFn = match mr {
-                1 => tile::<BITS, 1, 2, ASYM, V>,
-                2 => tile::<BITS, 2, 2, ASYM, V>,
-                3 => tile::<BITS, 3, 1, ASYM, V>,
-                4 => tile::<BITS, 4, 1, ASYM, V>,
-                5 => tile::<BITS, 5, 1, ASYM, 2>,
-                6 => tile::<BITS, 6, 1, ASYM, 2>,
-                7 => tile::<BITS, 7, 1, ASYM, 2>,
-                _ => tile::<BITS, MR, 1, ASYM, 2>,
+                1 => tile::<BITS, 1, 2, KIND, ASYM, V>,
+                2 => tile::<BITS, 2, 2, KIND, ASYM, V>,
+                3 => tile::<BITS, 3, 1, KIND, ASYM, V>,
+                4 => tile::<BITS, 4, 1, KIND, ASYM, V>,
+                5 => tile::<BITS, 5, 1, KIND, ASYM, 2>,
+                6 => tile::<BITS, 6, 1, KIND, ASYM, 2>,
+                7 => tile::<BITS, 7, 1, KIND, ASYM, 2>,
+                _ => tile::<BITS, MR, 1, KIND, ASYM, 2>,
             };
             let passes: &[usize] = if mr <= FULL_WIDTH_ROWS { &[0] } else { &[0, 2] };
             for &q0 in passes {
@@ -370,22 +553,22 @@ unsafe fn panels<const BITS: u32, const ASYM: bool>(job: &Wna16Job<'_>, panels: 
     }
 }
 
-/// The entry of every aarch64 rung.
+/// The entry of every aarch64 rung: every kind of code.
 ///
 /// # Safety
 /// - As [`crate::wna16::Wna16PanelsFn`]; it needs NEON only.
 #[target_feature(enable = "neon")]
 pub(crate) unsafe fn panels_neon(job: &Wna16Job<'_>, range: Range<usize>) {
     let w = job.w;
-    if w.values() == Int4Values::E2m1 || w.is_e4m3() {
-        return crate::wna16::panels_body(job, range);
-    }
-    let walk: unsafe fn(&Wna16Job<'_>, Range<usize>) = match (w.bits(), w.zeros().is_some()) {
-        (4, false) => panels::<4, false>,
-        (4, true) => panels::<4, true>,
-        (_, false) => panels::<8, false>,
-        (_, true) => panels::<8, true>,
-    };
+    let walk: unsafe fn(&Wna16Job<'_>, Range<usize>) =
+        match (code_kind(w), w.bits(), w.zeros().is_some()) {
+            (E4M3, _, _) => panels::<8, E4M3, false>,
+            (E2M1, _, _) => panels::<4, E2M1, false>,
+            (_, 4, false) => panels::<4, INTEGER, false>,
+            (_, 4, true) => panels::<4, INTEGER, true>,
+            (_, _, false) => panels::<8, INTEGER, false>,
+            (_, _, true) => panels::<8, INTEGER, true>,
+        };
     // SAFETY: forwarded from the caller; the instance matches the weights' codes.
     unsafe { walk(job, range) }
 }
