@@ -65,6 +65,10 @@ enum Format {
     Wna16Int4,
     /// The same with int8 codes.
     Wna16Int8,
+    /// The same with e2m1 codes (MXFP4).
+    Wna16E2m1,
+    /// The same with e4m3 codes (FP8).
+    Wna16E4m3,
 }
 
 impl Format {
@@ -74,12 +78,26 @@ impl Format {
             Format::W8A8 => "W8A8",
             Format::Wna16Int4 => "WNA16 int4",
             Format::Wna16Int8 => "WNA16 int8",
+            Format::Wna16E2m1 => "WNA16 e2m1",
+            Format::Wna16E4m3 => "WNA16 e4m3",
+        }
+    }
+
+    /// For the WNA16 formats, the NEON body's code width and code kind (its `BITS` and `KIND`
+    /// const generics: 0 integers, 1 e2m1, 2 e4m3).
+    fn wna16_codes(self) -> Option<(u32, u8)> {
+        match self {
+            Format::Wna16Int4 => Some((4, 0)),
+            Format::Wna16Int8 => Some((8, 0)),
+            Format::Wna16E2m1 => Some((4, 1)),
+            Format::Wna16E4m3 => Some((8, 2)),
+            Format::W4A8 | Format::W8A8 => None,
         }
     }
 
     /// Whether the format's products are f32 (`fmla`), whose lanes then count as MACs.
     fn is_float(self) -> bool {
-        matches!(self, Format::Wna16Int4 | Format::Wna16Int8)
+        self.wna16_codes().is_some()
     }
 }
 
@@ -98,7 +116,7 @@ impl Ours {
         match (format, self.rung, self.rows) {
             (_, "i8mm", 9..) => 4,
             (_, "i8mm", 5..) => 8,
-            (Format::Wna16Int4 | Format::Wna16Int8, _, 5..) => 8,
+            (f, _, 5..) if f.is_float() => 8,
             _ => 16,
         }
     }
@@ -216,6 +234,12 @@ const PAIRINGS: &[Pairing] = &[
     pair(Format::Wna16Int8, "neon", 1, Some(1), None),
     pair(Format::Wna16Int8, "neon", 4, Some(4), None),
     pair(Format::Wna16Int8, "neon", 8, Some(8), None),
+    pair(Format::Wna16E2m1, "neon", 1, Some(1), None),
+    pair(Format::Wna16E2m1, "neon", 4, Some(4), None),
+    pair(Format::Wna16E2m1, "neon", 8, Some(8), None),
+    pair(Format::Wna16E4m3, "neon", 1, Some(1), None),
+    pair(Format::Wna16E4m3, "neon", 4, Some(4), None),
+    pair(Format::Wna16E4m3, "neon", 8, Some(8), None),
 ];
 
 const fn pair(
@@ -561,31 +585,31 @@ fn kai_loop(root: &Path, k: Kai, work: &Path) -> Result<Loop> {
 /// (`w4a8_pairs_tile`, `w8a8_pairs_tile`), the order that rung packs for. v0 mangling writes a
 /// name with its length before it and a const generic integer in hexadecimal.
 ///
-/// The WNA16 body is `aarch64::wna16::tile::<BITS, R, C, false, NQ>` (symmetric codes), with
-/// `C` partial sums per vector (2 for tiles of one or two rows, else 1); the fragment stops
-/// before `NQ`, which the rows already decide and which v0 may write as a back-reference.
+/// The WNA16 body is `aarch64::wna16::tile::<BITS, R, C, KIND, false, NQ>` (symmetric codes
+/// of kind `KIND`, a `u8`), with `C` partial sums per vector (2 for tiles of one or two rows,
+/// else 1); the fragment stops before `NQ`, which the rows already decide and which v0 may
+/// write as a back-reference.
 fn tile_symbol_fragment(format: Format, o: Ours) -> String {
-    let body = match (format, o.rung) {
+    let (rung, n) = (o.rung, o.rows);
+    if let Some((bits, kind)) = format.wna16_codes() {
+        let body = "tile";
+        // Tiles of one row keep two partial sums (`Kj2`); the 2-row tile's `C = 2` would be a
+        // back-reference to `R = 2`, so 2-row tiles cannot be named this way.
+        let chains = if n <= 2 { 2 } else { 1 };
+        return format!(
+            "5wna16{}{body}Km{bits:x}_Kj{n:x}_Kj{chains:x}_Kh{kind:x}_Kb0_",
+            body.len()
+        );
+    }
+    let body = match (format, rung) {
         (Format::W4A8, "i8mm") => "w4a8_pairs_tile",
         (Format::W4A8, _) => "w4a8_tile",
         (Format::W8A8, "i8mm") => "w8a8_pairs_tile",
-        (Format::W8A8, _) => "w8a8_tile",
-        (Format::Wna16Int4 | Format::Wna16Int8, _) => "tile",
+        _ => "w8a8_tile",
     };
-    let (rung, n) = (o.rung, o.rows);
     match format {
         Format::W4A8 => format!("{}{rung}{}{body}Kj{n:x}_Kb0_E", rung.len(), body.len()),
-        Format::W8A8 => format!("{}{rung}{}{body}Kj{n:x}_E", rung.len(), body.len()),
-        Format::Wna16Int4 | Format::Wna16Int8 => {
-            let bits = if format == Format::Wna16Int4 { 4 } else { 8 };
-            // Tiles of one row keep two partial sums (`Kj2`); the 2-row tile's `C = 2` would
-            // be a back-reference to `R = 2`, so 2-row tiles cannot be named this way.
-            let chains = if n <= 2 { 2 } else { 1 };
-            format!(
-                "5wna16{}{body}Km{bits:x}_Kj{n:x}_Kj{chains:x}_Kb0_",
-                body.len()
-            )
-        }
+        _ => format!("{}{rung}{}{body}Kj{n:x}_E", rung.len(), body.len()),
     }
 }
 
@@ -1143,12 +1167,21 @@ g:
         let neon = |rows| Ours { rung: "neon", rows };
         assert_eq!(
             tile_symbol_fragment(Format::Wna16Int4, neon(1)),
-            "5wna164tileKm4_Kj1_Kj2_Kb0_"
+            "5wna164tileKm4_Kj1_Kj2_Kh0_Kb0_"
         );
         assert_eq!(
             tile_symbol_fragment(Format::Wna16Int8, neon(4)),
-            "5wna164tileKm8_Kj4_Kj1_Kb0_"
+            "5wna164tileKm8_Kj4_Kj1_Kh0_Kb0_"
         );
+        assert_eq!(
+            tile_symbol_fragment(Format::Wna16E2m1, neon(8)),
+            "5wna164tileKm4_Kj8_Kj1_Kh1_Kb0_"
+        );
+        assert_eq!(
+            tile_symbol_fragment(Format::Wna16E4m3, neon(1)),
+            "5wna164tileKm8_Kj1_Kj2_Kh2_Kb0_"
+        );
+        assert_eq!(neon(8).cols(Format::Wna16E4m3), 8);
         assert_eq!(neon(8).cols(Format::Wna16Int4), 8);
         assert_eq!(neon(4).cols(Format::Wna16Int4), 16);
         assert_eq!(o(16).cols(Format::W4A8), 4);
