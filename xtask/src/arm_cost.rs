@@ -111,12 +111,12 @@ struct Ours {
 impl Ours {
     /// Channels one pass of the tile's inner loop covers: the i8mm tiles of more than 8 rows
     /// cover a panel in four passes of 4 channels, those of 5 to 8 rows in two passes of 8, as
-    /// do the WNA16 tiles of more than 4 rows; every other tile covers the 16 of a panel.
+    /// do the WNA16 tiles of every height; every other tile covers the 16 of a panel.
     fn cols(self, format: Format) -> usize {
         match (format, self.rung, self.rows) {
             (_, "i8mm", 9..) => 4,
             (_, "i8mm", 5..) => 8,
-            (f, _, 5..) if f.is_float() => 8,
+            (f, _, _) if f.is_float() => 8,
             _ => 16,
         }
     }
@@ -585,17 +585,20 @@ fn kai_loop(root: &Path, k: Kai, work: &Path) -> Result<Loop> {
 /// (`w4a8_pairs_tile`, `w8a8_pairs_tile`), the order that rung packs for. v0 mangling writes a
 /// name with its length before it and a const generic integer in hexadecimal.
 ///
-/// The WNA16 body is `aarch64::wna16::tile::<BITS, R, C, KIND, false, NQ>` (symmetric codes
-/// of kind `KIND`, a `u8`), with `C` partial sums per vector (2 for tiles of one or two rows,
-/// else 1); the fragment stops before `NQ`, which the rows already decide and which v0 may
-/// write as a back-reference.
+/// The WNA16 body is `aarch64::wna16::tile::<BITS, R, C, KIND, false>` (symmetric codes of
+/// kind `KIND`, a `u8`, the tile scaffolding's instance for 8-channel windows), with `C` partial
+/// sums per row (4 for tiles of one row, 2 for two or three rows, else 1).
 fn tile_symbol_fragment(format: Format, o: Ours) -> String {
     let (rung, n) = (o.rung, o.rows);
     if let Some((bits, kind)) = format.wna16_codes() {
         let body = "tile";
-        // Tiles of one row keep two partial sums (`Kj2`); the 2-row tile's `C = 2` would be a
-        // back-reference to `R = 2`, so 2-row tiles cannot be named this way.
-        let chains = if n <= 2 { 2 } else { 1 };
+        // The 2-row tile's `C = 2` would be a back-reference to `R = 2` in v0, so 2-row tiles
+        // cannot be named this way.
+        let chains = match n {
+            1 => 4,
+            2 | 3 => 2,
+            _ => 1,
+        };
         return format!(
             "5wna16{}{body}Km{bits:x}_Kj{n:x}_Kj{chains:x}_Kh{kind:x}_Kb0_",
             body.len()
@@ -1167,7 +1170,7 @@ g:
         let neon = |rows| Ours { rung: "neon", rows };
         assert_eq!(
             tile_symbol_fragment(Format::Wna16Int4, neon(1)),
-            "5wna164tileKm4_Kj1_Kj2_Kh0_Kb0_"
+            "5wna164tileKm4_Kj1_Kj4_Kh0_Kb0_"
         );
         assert_eq!(
             tile_symbol_fragment(Format::Wna16Int8, neon(4)),
@@ -1179,11 +1182,12 @@ g:
         );
         assert_eq!(
             tile_symbol_fragment(Format::Wna16E4m3, neon(1)),
-            "5wna164tileKm8_Kj1_Kj2_Kh2_Kb0_"
+            "5wna164tileKm8_Kj1_Kj4_Kh2_Kb0_"
         );
         assert_eq!(neon(8).cols(Format::Wna16E4m3), 8);
         assert_eq!(neon(8).cols(Format::Wna16Int4), 8);
-        assert_eq!(neon(4).cols(Format::Wna16Int4), 16);
+        assert_eq!(neon(1).cols(Format::Wna16Int4), 8);
+        assert_eq!(neon(4).cols(Format::W4A8), 16);
         assert_eq!(o(16).cols(Format::W4A8), 4);
         assert_eq!(o(8).cols(Format::W8A8), 8);
         assert_eq!(o(4).cols(Format::W4A8), 16);

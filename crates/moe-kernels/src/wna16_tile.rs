@@ -42,8 +42,10 @@ pub(crate) fn code_kind(w: &PackedWna16) -> u8 {
 /// # Safety
 /// - `out` is valid for writes of rows `m0..m0 + R` in those channels, which no other thread
 ///   writes meanwhile.
-// Only the x86 bodies instantiate the scaffolding; the aarch64 body has passes of its own.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 #[inline]
 pub(crate) unsafe fn store_rows<const R: usize, const L: usize>(
     w: &PackedWna16,
@@ -93,7 +95,10 @@ pub(crate) unsafe fn store_rows<const R: usize, const L: usize>(
 /// - `load_scales(w, p, g, first) -> Ch`: the window's scales of group `g` of panel `p`, and
 ///   `scale_into(&mut [f32; lanes], sum: Ch, scales: Ch)`: the accumulator row plus
 ///   `sum · scales`.
-#[cfg_attr(not(target_arch = "x86_64"), allow(unused_macros))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(unused_macros)
+)]
 macro_rules! wna16_f32_tiles {
     (
         features: $features:literal,
@@ -290,5 +295,8 @@ macro_rules! wna16_f32_tiles {
     };
 }
 
-#[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(unused_imports)
+)]
 pub(crate) use wna16_f32_tiles;

@@ -122,7 +122,7 @@ pub(crate) fn kernel_set(isa: Isa) -> Option<crate::KernelSet> {
         _ => None,
     }?;
     // SAFETY: every aarch64 rung implies NEON, all the WNA16 body needs.
-    Some(unsafe { set.with_wna16(Isa::Neon, wna16::panels_neon) })
+    Some(unsafe { set.with_wna16(Isa::Neon, wna16::wna16_entry) })
 }
 
 /// What quantises activations where a rung registers no quantiser of its own (every aarch64

@@ -1,21 +1,23 @@
 //! The WNA16 (weight-only int4/int8, f32 compute) body of the aarch64 rungs. It needs NEON
 //! only, the aarch64 baseline, so all three rungs register it: the dot-product and
-//! matrix-multiply extensions have nothing for f32 products.
+//! matrix-multiply extensions have nothing for f32 products. It runs on the tile scaffolding
+//! of `crate::wna16_tile`; this file keeps the decodes.
 //!
-//! Tiles of up to 4 rows × 16 channels (four 4-lane vectors per row), or of 5 to [`MR`] rows
-//! in two passes of 8 channels, so a decoded weight vector serves up to 8 rows.
+//! Tiles of 1 to 8 rows cover a panel in two windows of 8 channels (two 4-lane vectors per
+//! row), so a tile of 8 rows keeps its 16 partial sums in registers and each decoded weight
+//! vector serves all of its rows.
 //! - int4: one packed step holds 8 K values of the panel's 16 channels, one channel per
 //!   32-bit lane (nibble `j` is K value `8s + j`). An XOR with `0x8888_8888` turns every code
 //!   `c` into the 4-bit two's complement of `c − 8`, so K value `j` is a shift left that brings
 //!   its nibble to the top of the lane, an arithmetic shift right by 28 and a conversion
 //!   (`scvtf`): exactly `c − 8`.
-//! - e2m1 (MXFP4, int4 codes in the same layout): the step is de-interleaved by bytes (a
-//!   four-way load, `ld4`, for 16 channels; two rounds of unzips for 8), so the codes of K
-//!   value `j` are a nibble of consecutive channel bytes. Masked or shifted to it, they index
-//!   two tables (`tbl`) holding the two high bytes of each value's f32 bits (every e2m1 value
-//!   is a bf16 value); zipped byte by byte (`zip1`/`zip2`) they are bf16s, which widen into
-//!   the top halves of f32 lanes (`shll`) exactly. Nine instructions per K value of 16
-//!   channels and a share of the load, against twelve for int4, and no conversion: `scvtf`
+//! - e2m1 (MXFP4, int4 codes in the same layout): the step is de-interleaved by bytes (two
+//!   rounds of unzips for a window of 8 channels; a four-way load, `ld4`, for 16), so the
+//!   codes of K value `j` are a nibble of consecutive channel bytes. Masked or shifted to it,
+//!   they index two tables (`tbl`) holding the two high bytes of each value's f32 bits (every
+//!   e2m1 value is a bf16 value); zipped byte by byte (`zip1`/`zip2`) they are bf16s, which
+//!   widen into the top halves of f32 lanes (`shll`) exactly. Nine instructions per K value of
+//!   16 channels and a share of the load, against twelve for int4, and no conversion: `scvtf`
 //!   takes one vector pipe for two cycles on the Neoverse N2 model, while lookups and zips
 //!   issue on both pipes.
 //! - int8: K value `j` of a step is 16 consecutive channel bytes. An XOR with `0x80` turns
@@ -33,8 +35,8 @@
 //! Asymmetric weights then subtract `z − 8` (or `z − 128`) per group, which leaves the exact
 //! `c − z`. Each row multiplies the decoded weights by its activation with `fmla` by element
 //! (the activations are read four K values at a time) into per-group partial sums; tiles of one
-//! or two rows keep two partial sums per vector (even and odd K values) so the FMA latency does
-//! not bound them. At the end of a group the partial sums are scaled into the row's
+//! to three rows keep two or four partial sums per vector so the FMA latency does not bound
+//! them. At the end of a group the partial sums are scaled into the row's
 //! accumulator with one more `fmla` (e8m0 scales widened exactly to f32, as every body does).
 //! Weights are decoded once per K value for all rows.
 //!
@@ -48,22 +50,12 @@
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::aarch64::*;
-use std::ops::Range;
 
-use crate::packed::wna16::{E2M1_VALUES, K_STEP, K_STEP8};
+use crate::packed::wna16::E2M1_VALUES;
 use crate::packed::{PANEL, PackedWna16};
-use crate::wna16::Wna16Job;
-use crate::wna16_tile::{E2M1, E4M3, INTEGER, code_kind};
+use crate::wna16_tile::{E2M1, E4M3};
 
 use super::common::load_f32x4;
-
-/// Rows per tile. Tiles of up to 4 rows cover the panel's 16 channels at once (four vectors
-/// per row); taller tiles cover it in two passes of 8 channels (two vectors per row), so each
-/// decoded weight vector serves up to 8 rows while the partial sums still take 16 registers.
-const MR: usize = 8;
-
-/// Rows up to which a tile covers all 16 channels in one pass.
-const FULL_WIDTH_ROWS: usize = 4;
 
 /// Vectors per row of a panel's 16 channels.
 const V: usize = PANEL / 4;
@@ -101,18 +93,6 @@ type Lanes<const NQ: usize> = [float32x4_t; NQ];
 fn load_lanes<const NQ: usize>(v: &[f32; PANEL], q0: usize) -> Lanes<NQ> {
     let v = &v[4 * q0..4 * (q0 + NQ)];
     std::array::from_fn(|q| load_f32x4(&v[4 * q..]))
-}
-
-/// Stores vectors `q0..q0 + NQ` of 16 f32.
-#[target_feature(enable = "neon")]
-#[inline]
-fn store_lanes<const NQ: usize>(dst: &mut [f32; PANEL], q0: usize, v: Lanes<NQ>) {
-    let dst = &mut dst[4 * q0..4 * (q0 + NQ)];
-    for q in 0..NQ {
-        // SAFETY: lanes `4q..4q + 4` of the slice are writable; `st1` has no alignment
-        // requirement.
-        unsafe { vst1q_f32(dst[4 * q..].as_mut_ptr(), v[q]) };
-    }
 }
 
 /// Words `4q0..4(q0 + NQ)` of one int4 step, XORed so each nibble is the two's complement of
@@ -163,7 +143,7 @@ fn load_e2m1<const NQ: usize>(step: &[u32; PANEL], q0: usize) -> [uint8x16_t; NQ
 /// a flipped int4 step: `c − 8`, less `zadj` when asymmetric.
 #[target_feature(enable = "neon")]
 #[inline]
-fn decode4<const SHL: i32, const ASYM: bool, const NQ: usize>(
+fn decode_int4<const SHL: i32, const ASYM: bool, const NQ: usize>(
     v: &[int32x4_t; NQ],
     zadj: &Lanes<NQ>,
 ) -> Lanes<NQ> {
@@ -173,10 +153,10 @@ fn decode4<const SHL: i32, const ASYM: bool, const NQ: usize>(
     })
 }
 
-/// [`decode4`] for a K value `j` known only at run time (the ragged end of K).
+/// [`decode_int4`] for a K value `j` known only at run time (the ragged end of K).
 #[target_feature(enable = "neon")]
 #[inline]
-fn decode4_at<const ASYM: bool, const NQ: usize>(
+fn decode_int4_at<const ASYM: bool, const NQ: usize>(
     v: &[int32x4_t; NQ],
     j: usize,
     zadj: &Lanes<NQ>,
@@ -272,7 +252,7 @@ fn decode_e4m3<const NQ: usize>(step: &[u32; PANEL], j: usize, q0: usize) -> Lan
 /// bytes): `c − 128`, less `zadj` when asymmetric. `NQ` is 4 (`q0` = 0) or 2.
 #[target_feature(enable = "neon")]
 #[inline]
-fn decode8<const ASYM: bool, const NQ: usize>(
+fn decode_int8<const ASYM: bool, const NQ: usize>(
     step: &[u32; PANEL],
     j: usize,
     q0: usize,
@@ -324,251 +304,176 @@ fn fma_dup<const NQ: usize>(part: &mut Lanes<NQ>, w: &Lanes<NQ>, x: f32) {
     }
 }
 
-/// Computes rows `m0..m0 + R` of panel `p`, channels `4q0..4(q0 + NQ)`, with `C` partial sums
-/// per vector.
-///
-/// # Safety
-/// - The job's output pointer is valid and exclusively ours for rows `m0..m0 + R` of panel
-///   `p`; `m0 + R ≤ job.m`, `job.x` holds `m·K` values, and the codes are `BITS`-bit codes of
-///   kind `KIND` ([`INTEGER`], [`E2M1`] with 4 bits, [`E4M3`] with 8), with zero points
-///   present exactly when `ASYM` (integers only); `q0 + NQ ≤ 4`.
-#[target_feature(enable = "neon")]
-unsafe fn tile<
-    const BITS: u32,
-    const R: usize,
-    const C: usize,
-    const KIND: u8,
-    const ASYM: bool,
-    const NQ: usize,
->(
-    job: &Wna16Job<'_>,
-    p: usize,
-    m0: usize,
-    q0: usize,
-) {
-    let w = job.w;
-    let (k, ks, ng, gs) = (w.k(), w.k_steps(), w.n_groups(), w.group_size());
-    let (steps, _) = w.codes()[p * ks * PANEL..][..ks * PANEL].as_chunks::<PANEL>();
-    let rows: [&[f32]; R] = std::array::from_fn(|r| &job.x[(m0 + r) * k..][..k]);
-    let symmetric_zero = f32::from(w.symmetric_zero());
-    // The rows' accumulators live in memory: they change once per group, and in registers
-    // they would crowd out the partial sums of the inner loop.
-    let mut acc = [[0f32; PANEL]; R];
-    for g in 0..ng {
-        let (k0, k1) = (g * gs, k.min((g + 1) * gs));
-        // `z − 8` (or `z − 128`): what is left to subtract from the decoded `c − 8`.
-        let zadj: Lanes<NQ> = if ASYM {
-            let z = w.group_zeros(p, g);
-            load_lanes(&std::array::from_fn(|c| z[c] - symmetric_zero), q0)
-        } else {
-            [vdupq_n_f32(0.0); NQ]
-        };
-        let mut part = [[[vdupq_n_f32(0.0); NQ]; R]; C];
-        if BITS == 4 {
-            // Group sizes are multiples of K_STEP, so `k0` starts a step.
-            let (s0, s_full) = (k0 / K_STEP, k1 / K_STEP);
-            for s in s0..s_full {
-                // Each kind loads the step as its decoder reads it (the other array is unused).
-                let (v, e2m1) = if KIND == E2M1 {
-                    ([vdupq_n_s32(0); NQ], load_e2m1::<NQ>(&steps[s], q0))
-                } else {
-                    (load_step4::<NQ>(&steps[s], q0), [vdupq_n_u8(0); NQ])
-                };
-                // Each row's four activations of one half of the step, loaded when that half
-                // starts, so the two halves do not hold twice the registers at once.
-                let half = |h: usize| -> [float32x4_t; R] {
-                    std::array::from_fn(|r| load_f32x4(&rows[r][s * K_STEP + 4 * h..]))
-                };
-                macro_rules! k_value {
-                    ($xs:ident, $j:literal, $lane:literal) => {{
-                        let wj = if KIND == E2M1 {
-                            decode_e2m1::<NQ>(&e2m1, $j)
-                        } else {
-                            decode4::<{ 28 - 4 * $j }, ASYM, NQ>(&v, &zadj)
-                        };
-                        for r in 0..R {
-                            fma_lane::<$lane, NQ>(&mut part[$j % C][r], &wj, $xs[r]);
-                        }
-                    }};
-                }
-                let xs = half(0);
-                k_value!(xs, 0, 0);
-                k_value!(xs, 1, 1);
-                k_value!(xs, 2, 2);
-                k_value!(xs, 3, 3);
-                let xs = half(1);
-                k_value!(xs, 4, 0);
-                k_value!(xs, 5, 1);
-                k_value!(xs, 6, 2);
-                k_value!(xs, 7, 3);
-            }
-            // The last step of K, when K is not a multiple of K_STEP.
-            if s_full * K_STEP < k1 {
-                let (v, e2m1) = if KIND == E2M1 {
-                    ([vdupq_n_s32(0); NQ], load_e2m1::<NQ>(&steps[s_full], q0))
-                } else {
-                    (load_step4::<NQ>(&steps[s_full], q0), [vdupq_n_u8(0); NQ])
-                };
-                for kk in s_full * K_STEP..k1 {
-                    let wj = if KIND == E2M1 {
-                        decode_e2m1::<NQ>(&e2m1, kk % K_STEP)
-                    } else {
-                        decode4_at::<ASYM, NQ>(&v, kk % K_STEP, &zadj)
-                    };
-                    for r in 0..R {
-                        fma_dup(&mut part[0][r], &wj, rows[r][kk]);
-                    }
-                }
-            }
-        } else {
-            // Group sizes are multiples of 8, so `k0` starts a step.
-            let (s0, s_full) = (k0 / K_STEP8, k1 / K_STEP8);
-            for s in s0..s_full {
-                let step = &steps[s];
-                let xs: [float32x4_t; R] =
-                    std::array::from_fn(|r| load_f32x4(&rows[r][s * K_STEP8..]));
-                macro_rules! k_value {
-                    ($j:literal) => {{
-                        let wj = if KIND == E4M3 {
-                            decode_e4m3::<NQ>(step, $j, q0)
-                        } else {
-                            decode8::<ASYM, NQ>(step, $j, q0, &zadj)
-                        };
-                        for r in 0..R {
-                            fma_lane::<$j, NQ>(&mut part[$j % C][r], &wj, xs[r]);
-                        }
-                    }};
-                }
-                k_value!(0);
-                k_value!(1);
-                k_value!(2);
-                k_value!(3);
-            }
-            for kk in s_full * K_STEP8..k1 {
-                let wj = if KIND == E4M3 {
-                    decode_e4m3::<NQ>(&steps[s_full], kk % K_STEP8, q0)
-                } else {
-                    decode8::<ASYM, NQ>(&steps[s_full], kk % K_STEP8, q0, &zadj)
-                };
-                for r in 0..R {
-                    fma_dup(&mut part[0][r], &wj, rows[r][kk]);
-                }
-            }
-        }
-        let s: Lanes<NQ> = load_lanes(&w.group_scales(p, g), q0);
-        for r in 0..R {
-            let mut row: Lanes<NQ> = load_lanes(&acc[r], q0);
-            for q in 0..NQ {
-                let mut sum = part[0][r][q];
-                for chain in &part[1..] {
-                    sum = vaddq_f32(sum, chain[r][q]);
-                }
-                row[q] = vfmaq_f32(row[q], sum, s[q]);
-            }
-            store_lanes(&mut acc[r], q0, row);
-        }
-        // Keeps the accumulators in memory (see above) rather than promoted to registers.
-        std::hint::black_box(&mut acc);
-    }
-    // SAFETY: forwarded from our contract (rows `m0..m0 + R` of panel `p` are ours).
-    unsafe { store_panel_rows::<R, NQ>(w, job.out, p, m0, q0, &acc) };
+/// The tile scaffolding's view of this body (`crate::wna16_tile`): windows of 8 channels, two
+/// 4-lane vectors per row, so that a tile of 8 rows keeps its 16 partial sums in registers and
+/// each decoded weight vector serves all of its rows.
+const LANES: usize = 8;
+
+/// Vectors per row of a window.
+const NQ: usize = LANES / 4;
+
+/// A window's channels of f32.
+type Ch = Lanes<NQ>;
+
+/// A loaded int4 step's window: the flipped words of integer codes, or the byte planes of
+/// e2m1 codes (the other stays zero).
+#[derive(Clone, Copy)]
+struct Step {
+    ints: [int32x4_t; NQ],
+    e2m1: [uint8x16_t; NQ],
 }
 
-/// Adds the bias (if any) to channels `4q0..4(q0 + NQ)` of the sums of rows `m0..m0 + R` of
-/// panel `p` and stores the valid ones into `out` (`m·N`, row-major).
-///
-/// # Safety
-/// - `out` is valid for writes of rows `m0..m0 + R` in panel `p`'s channels, which no other
-///   thread writes meanwhile.
+/// What decoding one group of a window needs.
+struct GroupConsts {
+    /// `z − 8` (or `z − 128`) per channel: what is left to subtract from the decoded `c − 8`
+    /// of asymmetric codes.
+    zadj: Ch,
+}
+
+/// The decoding constants of group `g` of panel `p`'s window at channel `first`.
 #[target_feature(enable = "neon")]
-unsafe fn store_panel_rows<const R: usize, const NQ: usize>(
+#[inline]
+fn group_consts<const KIND: u8, const ASYM: bool>(
     w: &PackedWna16,
-    out: *mut f32,
     p: usize,
-    m0: usize,
-    q0: usize,
-    acc: &[[f32; PANEL]; R],
-) {
-    let bias: Option<Lanes<NQ>> = w
-        .panel_bias(p)
-        .map(|b| load_lanes(b.try_into().expect("16 biases"), q0));
-    let first = 4 * q0;
-    // Channels of the pass that exist (`N` need not fill the last panel).
-    let valid = PANEL
-        .min(w.n() - p * PANEL)
-        .saturating_sub(first)
-        .min(4 * NQ);
-    for r in 0..R {
-        let mut row = acc[r];
-        if let Some(b) = bias {
-            let mut v: Lanes<NQ> = load_lanes(&row, q0);
-            for q in 0..NQ {
-                v[q] = vaddq_f32(v[q], b[q]);
-            }
-            store_lanes(&mut row, q0, v);
+    g: usize,
+    first: usize,
+) -> GroupConsts {
+    let zadj = if ASYM {
+        let z = w.group_zeros(p, g);
+        let symmetric_zero = f32::from(w.symmetric_zero());
+        load_lanes(&std::array::from_fn(|c| z[c] - symmetric_zero), first / 4)
+    } else {
+        zero()
+    };
+    GroupConsts { zadj }
+}
+
+/// All zeros.
+#[target_feature(enable = "neon")]
+#[inline]
+fn zero() -> Ch {
+    [vdupq_n_f32(0.0); NQ]
+}
+
+/// `a + b`.
+#[target_feature(enable = "neon")]
+#[inline]
+fn add(a: Ch, b: Ch) -> Ch {
+    std::array::from_fn(|q| vaddq_f32(a[q], b[q]))
+}
+
+/// `part + w · x`, fused.
+#[target_feature(enable = "neon")]
+#[inline]
+fn fma(mut part: Ch, w: Ch, x: f32) -> Ch {
+    fma_dup(&mut part, &w, x);
+    part
+}
+
+/// `part + w · xs[j]`, fused: `fmla` by element on the four activations around `j`, a load
+/// that repeats for the four `j` of a group and is merged into one.
+#[target_feature(enable = "neon")]
+#[inline]
+fn fma_at(mut part: Ch, w: Ch, xs: &[f32], j: usize) -> Ch {
+    let x = load_f32x4(&xs[4 * (j / 4)..]);
+    match j % 4 {
+        0 => fma_lane::<0, NQ>(&mut part, &w, x),
+        1 => fma_lane::<1, NQ>(&mut part, &w, x),
+        2 => fma_lane::<2, NQ>(&mut part, &w, x),
+        _ => fma_lane::<3, NQ>(&mut part, &w, x),
+    }
+    part
+}
+
+/// Loads the window at channel `first` of one int4 step as its kind's decoder reads it.
+#[target_feature(enable = "neon")]
+#[inline]
+fn load_step<const KIND: u8>(step: &[u32; PANEL], first: usize) -> Step {
+    if KIND == E2M1 {
+        Step {
+            ints: [vdupq_n_s32(0); NQ],
+            e2m1: load_e2m1::<NQ>(step, first / 4),
         }
-        let dst = out.wrapping_add((m0 + r) * w.n() + p * PANEL + first);
-        // SAFETY: channels `16p + first..16p + first + valid` (< N) of row `m0 + r` are
-        // elements of the caller's output owned by this panel alone (our contract); the local
-        // row does not overlap them.
-        unsafe { std::ptr::copy_nonoverlapping(row[first..].as_ptr(), dst, valid) };
+    } else {
+        Step {
+            ints: load_step4::<NQ>(step, first / 4),
+            e2m1: [vdupq_n_u8(0); NQ],
+        }
     }
 }
 
-/// One row-count and width instance of [`tile`].
-type TileFn = unsafe fn(&Wna16Job<'_>, usize, usize, usize);
-
-/// Walks the row tiles of `panels`: tiles of up to [`FULL_WIDTH_ROWS`] rows in one pass over
-/// the 16 channels, taller ones in two passes of 8.
-///
-/// # Safety
-/// - As [`crate::wna16::Wna16PanelsFn`], for `BITS`-bit codes of kind `KIND` with zero points
-///   exactly when `ASYM`.
+/// Issues no prefetch: the body is bound by its decode, not by memory.
 #[target_feature(enable = "neon")]
-unsafe fn panels<const BITS: u32, const KIND: u8, const ASYM: bool>(
-    job: &Wna16Job<'_>,
-    panels: Range<usize>,
-) {
-    for p in panels {
-        for rows in crate::ukernel::row_tiles(job.m, MR) {
-            let (m0, mr) = (rows.start, rows.len());
-            let tile_fn: TileFn = match mr {
-                1 => tile::<BITS, 1, 2, KIND, ASYM, V>,
-                2 => tile::<BITS, 2, 2, KIND, ASYM, V>,
-                3 => tile::<BITS, 3, 1, KIND, ASYM, V>,
-                4 => tile::<BITS, 4, 1, KIND, ASYM, V>,
-                5 => tile::<BITS, 5, 1, KIND, ASYM, 2>,
-                6 => tile::<BITS, 6, 1, KIND, ASYM, 2>,
-                7 => tile::<BITS, 7, 1, KIND, ASYM, 2>,
-                _ => tile::<BITS, MR, 1, KIND, ASYM, 2>,
-            };
-            let passes: &[usize] = if mr <= FULL_WIDTH_ROWS { &[0] } else { &[0, 2] };
-            for &q0 in passes {
-                // SAFETY: rows `m0..m0 + mr` lie within `0..m`, panel `p` is ours (caller),
-                // the codes are what the instance expects (caller), and each pass's vectors
-                // lie within the panel's four.
-                unsafe { tile_fn(job, p, m0, q0) };
-            }
-        }
+#[inline]
+fn prefetch_ahead(_step: &[u32; PANEL]) {}
+
+/// Decodes K value `SHIFT / 4` of a loaded int4 step (`TOP = 28 − SHIFT` brings its nibble to
+/// the top of the lane).
+#[target_feature(enable = "neon")]
+#[inline]
+fn decode4<const SHIFT: i32, const TOP: i32, const KIND: u8, const ASYM: bool>(
+    v: &Step,
+    gc: &GroupConsts,
+) -> Ch {
+    if KIND == E2M1 {
+        decode_e2m1::<NQ>(&v.e2m1, (SHIFT / 4) as usize)
+    } else {
+        decode_int4::<TOP, ASYM, NQ>(&v.ints, &gc.zadj)
     }
 }
 
-/// The entry of every aarch64 rung: every kind of code.
-///
-/// # Safety
-/// - As [`crate::wna16::Wna16PanelsFn`]; it needs NEON only.
+/// [`decode4`] for a K value `j` known only at run time (the ragged end of K).
 #[target_feature(enable = "neon")]
-pub(crate) unsafe fn panels_neon(job: &Wna16Job<'_>, range: Range<usize>) {
-    let w = job.w;
-    let walk: unsafe fn(&Wna16Job<'_>, Range<usize>) =
-        match (code_kind(w), w.bits(), w.zeros().is_some()) {
-            (E4M3, _, _) => panels::<8, E4M3, false>,
-            (E2M1, _, _) => panels::<4, E2M1, false>,
-            (_, 4, false) => panels::<4, INTEGER, false>,
-            (_, 4, true) => panels::<4, INTEGER, true>,
-            (_, _, false) => panels::<8, INTEGER, false>,
-            (_, _, true) => panels::<8, INTEGER, true>,
-        };
-    // SAFETY: forwarded from the caller; the instance matches the weights' codes.
-    unsafe { walk(job, range) }
+#[inline]
+fn decode4_at<const KIND: u8, const ASYM: bool>(v: &Step, j: usize, gc: &GroupConsts) -> Ch {
+    if KIND == E2M1 {
+        decode_e2m1::<NQ>(&v.e2m1, j)
+    } else {
+        decode_int4_at::<ASYM, NQ>(&v.ints, j, &gc.zadj)
+    }
+}
+
+/// Decodes K value `j` of an 8-bit step's window at channel `first`.
+#[target_feature(enable = "neon")]
+#[inline]
+fn decode8<const KIND: u8, const ASYM: bool>(
+    step: &[u32; PANEL],
+    j: usize,
+    first: usize,
+    gc: &GroupConsts,
+) -> Ch {
+    if KIND == E4M3 {
+        decode_e4m3::<NQ>(step, j, first / 4)
+    } else {
+        decode_int8::<ASYM, NQ>(step, j, first / 4, &gc.zadj)
+    }
+}
+
+/// The scales of group `g` of panel `p`'s window at channel `first`.
+#[target_feature(enable = "neon")]
+#[inline]
+fn load_scales(w: &PackedWna16, p: usize, g: usize, first: usize) -> Ch {
+    load_lanes(&w.group_scales(p, g), first / 4)
+}
+
+/// `acc + sum · scales`.
+#[target_feature(enable = "neon")]
+#[inline]
+fn scale_into(acc: &mut [f32; LANES], sum: Ch, scales: Ch) {
+    for q in 0..NQ {
+        let v = vfmaq_f32(load_f32x4(&acc[4 * q..]), sum[q], scales[q]);
+        // SAFETY: lanes `4q..4q + 4` of the row are writable; `st1` has no alignment
+        // requirement.
+        unsafe { vst1q_f32(acc[4 * q..].as_mut_ptr(), v) };
+    }
+}
+
+crate::wna16_tile::wna16_f32_tiles! {
+    features: "neon",
+    lanes: LANES,
+    // Tiles of one to three rows keep more partial sums per row, so the `fmla` latency does
+    // not bound them.
+    mr: 8,
+    rows: [1 => 4, 2 => 2, 3 => 2, 4 => 1, 5 => 1, 6 => 1, 7 => 1, 8 => 1],
 }
