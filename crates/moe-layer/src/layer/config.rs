@@ -288,6 +288,11 @@ impl MoeLayerConfig {
     }
 
     /// The global-to-local expert map (`-1` = another rank's expert), for expert parallelism.
+    ///
+    /// With `ep_size` 1 (the default) any map is accepted, unlike vLLM, which passes none
+    /// there: a host that places experts on its own layers sums their outputs as it would
+    /// expert-parallel ranks', and the shared experts are added by the layer holding global
+    /// expert 0 only ([`Self::adds_shared_experts`]).
     pub fn with_expert_map(mut self, expert_map: Option<Vec<i32>>) -> Self {
         self.expert_map = expert_map;
         self
