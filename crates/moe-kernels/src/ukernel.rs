@@ -363,6 +363,27 @@ pub(crate) unsafe fn w8a8_panels<K: W8A8Microkernel>(
     }
 }
 
+/// Checks, at compile time in the tile macros, that a rung instantiates its tile for the row
+/// counts `1, 2, ..., mr` in order, so that a walk's `match` on the row count is total.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+pub(crate) const fn assert_rows_one_to(rows: &[usize], mr: usize) {
+    assert!(
+        rows.len() == mr,
+        "one tile instantiation per row count 1..=MR"
+    );
+    let mut i = 0;
+    while i < rows.len() {
+        assert!(
+            rows[i] == i + 1,
+            "tile row counts are 1, 2, ..., MR in order"
+        );
+        i += 1;
+    }
+}
+
 /// The per-rung glue around a rung's tile bodies, written once: the [`W4A8Microkernel`] and
 /// [`W8A8Microkernel`] impls for the rung's token, which turn the runtime row count `mr` into
 /// the const-generic tile (`w4a8_tile::<R, ACC>`, `w8a8_tile::<R>`), and the two entry points
@@ -386,15 +407,7 @@ macro_rules! impl_microkernels {
     ) => {
         // Every row count `1..=MR` has a tile instantiation, so `tile` never reaches the
         // `unreachable!` arm for a valid `mr`.
-        const _: () = {
-            let rows: &[usize] = &[$($n),+];
-            assert!(rows.len() == $mr, "one tile instantiation per row count 1..=MR");
-            let mut i = 0;
-            while i < rows.len() {
-                assert!(rows[i] == i + 1, "tile row counts are 1, 2, ..., MR in order");
-                i += 1;
-            }
-        };
+        const _: () = $crate::ukernel::assert_rows_one_to(&[$($n),+], $mr);
 
         impl $crate::ukernel::W4A8Microkernel for $token {
             const MR: usize = $mr;

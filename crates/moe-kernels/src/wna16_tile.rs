@@ -238,15 +238,7 @@ macro_rules! wna16_f32_tiles {
             panels: ::std::ops::Range<usize>,
         ) {
             // Every row count `1..=MR` has a tile instantiation, so the match is total.
-            const _: () = {
-                let rows: &[usize] = &[$($n),+];
-                assert!(rows.len() == $mr, "one tile instantiation per row count 1..=MR");
-                let mut i = 0;
-                while i < rows.len() {
-                    assert!(rows[i] == i + 1, "tile row counts are 1, 2, ..., MR in order");
-                    i += 1;
-                }
-            };
+            const _: () = $crate::ukernel::assert_rows_one_to(&[$($n),+], $mr);
             const { assert!($crate::packed::PANEL % $lanes == 0, "windows tile the panel") };
             for p in panels {
                 for rows in $crate::ukernel::row_tiles(job.m, $mr) {
