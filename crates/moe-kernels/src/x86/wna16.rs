@@ -344,7 +344,9 @@ pub(crate) mod zmm {
 pub(crate) mod ymm {
     use std::arch::x86_64::*;
 
-    use crate::packed::wna16::E2M1_VALUES;
+    use half::{bf16, f16};
+
+    use crate::packed::wna16::{E2M1_VALUES, Wna16ScaleValues};
     use crate::packed::{PANEL, PackedWna16};
     use crate::wna16_tile::{E2M1, E4M3};
     use crate::x86::actquant::load8;
@@ -518,12 +520,51 @@ pub(crate) mod ymm {
         }
     }
 
-    /// The scales of group `g` of panel `p`.
+    /// 16 two-byte values (`f16` or `bf16` scales) as two halves of 8.
     #[target_feature(enable = "avx2")]
     #[inline]
+    fn load_u16_halves<T>(v: &[T; PANEL]) -> [__m128i; 2] {
+        debug_assert_eq!(size_of::<T>(), 2);
+        // SAFETY: callers pass 16 two-byte elements, 32 readable bytes; the load is unaligned.
+        let raw = unsafe { _mm256_loadu_si256(v.as_ptr().cast()) };
+        [
+            _mm256_castsi256_si128(raw),
+            _mm256_extracti128_si256::<1>(raw),
+        ]
+    }
+
+    /// The scales of group `g` of panel `p`, widened to f32 in registers (exactly), as the
+    /// AVX-512 body's `group_scales` does with 512-bit ones.
+    #[target_feature(enable = "avx2,f16c")]
+    #[inline]
     fn load_scales(w: &PackedWna16, p: usize, g: usize, _first: usize) -> Ch {
-        let s = w.group_scales(p, g);
-        std::array::from_fn(|h| load8(s[8 * h..][..8].try_into().expect("8 scales")))
+        let at = (p * w.n_groups() + g) * PANEL;
+        match w.scales() {
+            Wna16ScaleValues::F16(v) => {
+                let v: &[f16; PANEL] = v[at..at + PANEL].try_into().expect("16 scales");
+                load_u16_halves(v).map(|h| _mm256_cvtph_ps(h))
+            }
+            Wna16ScaleValues::Bf16(v) => {
+                let v: &[bf16; PANEL] = v[at..at + PANEL].try_into().expect("16 scales");
+                load_u16_halves(v)
+                    .map(|h| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h))))
+            }
+            Wna16ScaleValues::F32(v) => {
+                std::array::from_fn(|h| load8(v[at + 8 * h..][..8].try_into().expect("8 scales")))
+            }
+            Wna16ScaleValues::E8m0(v) => {
+                let subnormal = _mm256_set1_ps(f32::from_bits(0x0040_0000));
+                std::array::from_fn(|h| {
+                    let bytes: &[u8; 8] = v[at + 8 * h..][..8].try_into().expect("8 scales");
+                    // SAFETY: the reference covers 8 readable bytes, and the load is unaligned.
+                    let e = _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(bytes.as_ptr().cast()) });
+                    // `e << 23` is the f32 `2^(e − 127)` for e ≥ 1; e = 0 is the subnormal 2^-127.
+                    let pow = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(e));
+                    let zero = _mm256_castsi256_ps(_mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
+                    _mm256_blendv_ps(pow, subnormal, zero)
+                })
+            }
+        }
     }
 
     /// `acc + sum · scales`.
