@@ -377,10 +377,14 @@ pub(crate) mod ymm {
         g: usize,
         _first: usize,
     ) -> GroupConsts {
-        let zeros = w.group_zeros(p, g);
-        let offset = std::array::from_fn(|h| {
-            load8(&std::array::from_fn(|c| zeros[8 * h + c] + 8_388_608.0))
-        });
+        // Only asymmetric codes need the group's zero points; the others share one offset
+        // (unused by e2m1 and e4m3 codes).
+        let offset = if ASYM {
+            let zeros = w.group_zeros(p, g);
+            std::array::from_fn(|h| load8(&std::array::from_fn(|c| zeros[8 * h + c] + 8_388_608.0)))
+        } else {
+            [_mm256_set1_ps(8_388_608.0 + f32::from(w.symmetric_zero())); 2]
+        };
         let e2m1 = load8(E2M1_VALUES[..8].try_into().expect("8 values"));
         GroupConsts { offset, e2m1 }
     }
