@@ -21,7 +21,7 @@ use super::{Experts, MoeLayer, State};
 use crate::checkpoint::{Checkpoint, Fp8Expert, Fp8Group, ReadOptions};
 #[cfg(feature = "checkpoint")]
 use moe_kernels::{Fp8BlockDesc, Fp8BlockRows, Par};
-use moe_kernels::{FusedMoe, Int8Values, PackedExperts, PackedWna16};
+use moe_kernels::{Int8Values, PackedWna16};
 
 /// The refusal of every road but the checkpoint's for FP8 weights (`what` names the tensor).
 pub(super) fn not_by_name(what: &str) -> LayerError {
@@ -228,13 +228,8 @@ impl MoeLayer {
                 ),
             });
         }
-        let weights = PackedExperts {
-            w13,
-            w2,
-            w13_bias: None,
-            w2_bias: None,
-        };
-        let fused = FusedMoe::new(weights, self.fused_config(), kernels)?;
+        let fused =
+            super::process::fused_pipeline((w13, w2), (None, None), &self.fused_config(), kernels)?;
         let ready = self.ready_with(Experts::Wna16Native(fused), selection)?;
         self.state = State::Ready(Box::new(ready));
         Ok(())

@@ -506,13 +506,7 @@ impl MoeLayer {
                 .collect::<Option<Vec<_>>>()?
                 .into_iter()
                 .unzip();
-            let weights = moe_kernels::PackedExperts {
-                w13,
-                w2,
-                w13_bias: None,
-                w2_bias: None,
-            };
-            moe_kernels::FusedMoe::new(weights, moe_cfg, kernels).ok()
+            super::process::fused_pipeline((w13, w2), (None, None), &moe_cfg, kernels).ok()
         }
         let on_w4a8 = matches!(cfg.quant, LayerQuant::W4A8 { .. }) || cfg.wna16_on_w4a8();
         let fused = match on_w4a8 {
@@ -594,13 +588,12 @@ impl MoeLayer {
             .collect::<Option<Vec<_>>>()?
             .into_iter()
             .unzip();
-        let weights = moe_kernels::PackedExperts {
-            w13,
-            w2,
-            w13_bias: Some(refs.w13.bias_values.clone()),
-            w2_bias: Some(refs.w2.bias_values.clone()),
-        };
-        let fused = moe_kernels::FusedMoe::new(weights, moe.fused_config(), kernels).ok()?;
+        let biases = (
+            Some(refs.w13.bias_values.clone()),
+            Some(refs.w2.bias_values.clone()),
+        );
+        let fused =
+            super::process::fused_pipeline((w13, w2), biases, &moe.fused_config(), kernels).ok()?;
         let ready = moe
             .ready_with(super::Experts::Wna16Native(fused), selection)
             .ok()?;

@@ -85,17 +85,17 @@ impl MoeLayer {
             LayerQuant::W4A8 { group_size } => {
                 let (w13, w2) =
                     pack_w4a8(params, group_size, h, i, self.par, kernels.panel_order())?;
-                Experts::W4A8(fused_pipeline((w13, w2), (&b13, &b2), &moe_cfg, kernels)?)
+                Experts::W4A8(fused_pipeline((w13, w2), (b13, b2), &moe_cfg, kernels)?)
             }
             LayerQuant::Int8Online => {
                 let (w13, w2) = online::quantize_and_pack(params, h, i, kernels.panel_order())?;
-                Experts::W8A8(fused_pipeline((w13, w2), (&b13, &b2), &moe_cfg, kernels)?)
+                Experts::W8A8(fused_pipeline((w13, w2), (b13, b2), &moe_cfg, kernels)?)
             }
             LayerQuant::Wna16 { group_size, .. } if cfg.wna16_on_w4a8() => {
                 // Symmetric int4 codes are stored signed (`q − 8`), the W4A8 kernels' values.
                 let (w13, w2) =
                     pack_w4a8(params, group_size, h, i, self.par, kernels.panel_order())?;
-                Experts::W4A8(fused_pipeline((w13, w2), (&b13, &b2), &moe_cfg, kernels)?)
+                Experts::W4A8(fused_pipeline((w13, w2), (b13, b2), &moe_cfg, kernels)?)
             }
             LayerQuant::Wna16 {
                 bits,
@@ -112,7 +112,7 @@ impl MoeLayer {
                     i,
                 };
                 let (w13, w2) = wna16::pack_layer(params, &shape, self.par)?;
-                Experts::Wna16Native(fused_pipeline((w13, w2), (&b13, &b2), &moe_cfg, kernels)?)
+                Experts::Wna16Native(fused_pipeline((w13, w2), (b13, b2), &moe_cfg, kernels)?)
             }
             LayerQuant::Wna16 {
                 zero_points: true, ..
@@ -134,11 +134,11 @@ impl MoeLayer {
                 ..
             } => {
                 let (w13, w2) = marlin::repack_layer(params, bits, group_size, act_order, h, i)?;
-                Experts::Wna16(fused_pipeline((w13, w2), (&b13, &b2), &moe_cfg, kernels)?)
+                Experts::Wna16(fused_pipeline((w13, w2), (b13, b2), &moe_cfg, kernels)?)
             }
             LayerQuant::Mxfp4 if selection.kernel.id == moe_oracle::KernelId::CpuWna16 => {
                 let (w13, w2) = wna16::pack_mxfp4_layer(params, h, i, self.par)?;
-                Experts::Wna16Native(fused_pipeline((w13, w2), (&b13, &b2), &moe_cfg, kernels)?)
+                Experts::Wna16Native(fused_pipeline((w13, w2), (b13, b2), &moe_cfg, kernels)?)
             }
             LayerQuant::Mxfp4 => {
                 return Err(LayerError::InvalidArgument {
@@ -152,7 +152,7 @@ impl MoeLayer {
             LayerQuant::Fp8Block => return Err(fp8::not_by_name("the expert weights")),
             LayerQuant::Unquantized => {
                 let (w13, w2) = pack_dense(params, h, i)?;
-                Experts::Dense(fused_pipeline((w13, w2), (&b13, &b2), &moe_cfg, kernels)?)
+                Experts::Dense(fused_pipeline((w13, w2), (b13, b2), &moe_cfg, kernels)?)
             }
         };
         self.ready_with(moe, selection)
@@ -196,9 +196,9 @@ impl MoeLayer {
 
 /// The fused pipeline of one format's packed stacks with the layer's expert biases,
 /// configuration and kernels: the same for every format.
-fn fused_pipeline<W: moe_kernels::moe::ExpertMatrix>(
+pub(super) fn fused_pipeline<W: moe_kernels::moe::ExpertMatrix>(
     (w13, w2): Stacks<W>,
-    (b13, b2): (&Option<Vec<f32>>, &Option<Vec<f32>>),
+    (b13, b2): (Option<Vec<f32>>, Option<Vec<f32>>),
     cfg: &FusedMoeConfig,
     kernels: moe_kernels::KernelSet,
 ) -> Result<FusedMoe<W>, LayerError> {
@@ -206,8 +206,8 @@ fn fused_pipeline<W: moe_kernels::moe::ExpertMatrix>(
         PackedExperts {
             w13,
             w2,
-            w13_bias: b13.clone(),
-            w2_bias: b2.clone(),
+            w13_bias: b13,
+            w2_bias: b2,
         },
         cfg.clone(),
         kernels,
