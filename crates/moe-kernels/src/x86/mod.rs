@@ -365,8 +365,14 @@ pub(crate) fn bf16_dot_kernel_set() -> Option<crate::KernelSet> {
 }
 
 /// The environment variable that turns the AVX-512 BF16 path for int4 and e4m3 weights on
-/// (`1`) or off (`0`) whatever the CPU's vendor.
+/// (`1`) or off (`0`) whatever the CPU's vendor. `0` also keeps the AMX rung off its AMX-BF16
+/// tiles, so that it means f32 products for weight-only and bf16 experts on every rung.
 pub(crate) const BF16_DOT_ENV: &str = "MOE_KERNELS_BF16_DOT";
+
+/// Whether [`BF16_DOT_ENV`] turns every bf16 path off.
+pub(crate) fn bf16_paths_off() -> bool {
+    std::env::var(BF16_DOT_ENV).as_deref().map(str::trim) == Ok("0")
+}
 
 /// The environment variable that moves the row count from which that path runs.
 pub(crate) const BF16_DOT_MIN_ROWS_ENV: &str = "MOE_KERNELS_BF16_DOT_MIN_M";

@@ -335,7 +335,7 @@ unsafe fn with_tile_entries(
 pub(crate) fn kernel_set(token: Amx) -> crate::KernelSet {
     // SAFETY: the token proves AMX (and AVX-512 VNNI), all the tile entries need.
     let set = unsafe { with_tile_entries(token.avx512vnni(), min_rows(), w4a8_entry, w8a8_entry) };
-    if has_bf16() {
+    if bf16_tiles_on() {
         // SAFETY: the token proves AMX; AMX-BF16 and AVX-512 BF16 were just checked.
         let set = unsafe {
             set.with_bf16_tiles("amx-bf16 tiles", bf16_min_rows(), w4bf16_entry, bf16_tile_a)
@@ -352,6 +352,12 @@ pub(crate) fn kernel_set(token: Amx) -> crate::KernelSet {
 fn has_bf16() -> bool {
     let f = super::detect();
     f.amx_bf16 && f.avx512bf16
+}
+
+/// Whether the rung takes its bf16 tile path: the CPU has it ([`has_bf16`]) and
+/// `MOE_KERNELS_BF16_DOT=0` does not ask for f32 products everywhere.
+fn bf16_tiles_on() -> bool {
+    has_bf16() && !super::bf16_paths_off()
 }
 
 /// Rows from which the bf16 tile path takes over unless `MOE_KERNELS_AMX_BF16_MIN_M` sets
