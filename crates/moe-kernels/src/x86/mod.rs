@@ -369,9 +369,18 @@ pub(crate) fn bf16_dot_kernel_set() -> Option<crate::KernelSet> {
 /// tiles, so that it means f32 products for weight-only and bf16 experts on every rung.
 pub(crate) const BF16_DOT_ENV: &str = "MOE_KERNELS_BF16_DOT";
 
+/// What [`BF16_DOT_ENV`] asks for: `Some(true)` for `1`, `Some(false)` for `0`, else `None`.
+fn bf16_dot_setting() -> Option<bool> {
+    match std::env::var(BF16_DOT_ENV).as_deref().map(str::trim) {
+        Ok("1") => Some(true),
+        Ok("0") => Some(false),
+        _ => None,
+    }
+}
+
 /// Whether [`BF16_DOT_ENV`] turns every bf16 path off.
 pub(crate) fn bf16_paths_off() -> bool {
-    std::env::var(BF16_DOT_ENV).as_deref().map(str::trim) == Ok("0")
+    bf16_dot_setting() == Some(false)
 }
 
 /// The environment variable that moves the row count from which that path runs.
@@ -389,15 +398,11 @@ pub(crate) const DEFAULT_BF16_DOT_MIN_ROWS: usize = 10;
 /// issue one 16-lane FMA; Intel's run it at about half their FMA rate, and those with AMX take
 /// the AMX-BF16 tiles instead. [`BF16_DOT_ENV`] overrides the vendor rule.
 fn bf16_dot_is_fast() -> bool {
-    match std::env::var(BF16_DOT_ENV).as_deref().map(str::trim) {
-        Ok("1") => true,
-        Ok("0") => false,
-        _ => {
-            let id = std::arch::x86_64::__cpuid_count(0, 0);
-            // "AuthenticAMD" in EBX, EDX, ECX.
-            (id.ebx, id.edx, id.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163)
-        }
-    }
+    bf16_dot_setting().unwrap_or_else(|| {
+        let id = std::arch::x86_64::__cpuid_count(0, 0);
+        // "AuthenticAMD" in EBX, EDX, ECX.
+        (id.ebx, id.edx, id.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163)
+    })
 }
 
 /// Rows from which the AVX-512 BF16 path runs (read once).
