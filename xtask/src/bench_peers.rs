@@ -177,6 +177,11 @@ enum PeerCell {
 /// the int8 run, the same arithmetic.
 const W4A16_PEER_PATH: &str = "int4_amx_g128";
 
+/// vLLM's int8 path (int8 weights with one scale per channel, int8 activations per token):
+/// when it runs, ours is also timed in that format (`moe bench --format w8a8`), and its
+/// peer/ours compares the two like for like.
+const W8A8_PEER_PATH: &str = "int8_w8a8";
+
 /// Which of our layers `moe bench` times.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ours {
@@ -186,6 +191,18 @@ enum Ours {
     W4a16G128,
     /// The same weights with dynamic per-token int8 activations on the W4A8 kernels.
     W4a16G128Int8,
+    /// W8A8: int8 weights, channelwise scales, dynamic per-token int8 activations.
+    W8a8,
+}
+
+impl Ours {
+    /// Every layer `moe bench` may time.
+    const ALL: [Self; 4] = [
+        Self::W4a8G32,
+        Self::W4a16G128,
+        Self::W4a16G128Int8,
+        Self::W8a8,
+    ];
 }
 
 impl Ours {
@@ -201,6 +218,7 @@ impl Ours {
                 "--wna16-activations",
                 "int8",
             ],
+            Self::W8a8 => &["--format", "w8a8"],
         }
     }
 
@@ -210,6 +228,7 @@ impl Ours {
             Self::W4a8G32 => "ours",
             Self::W4a16G128 => "ours-w4a16-g128",
             Self::W4a16G128Int8 => "ours-w4a16-g128-int8",
+            Self::W8a8 => "ours-w8a8",
         }
     }
 }
@@ -227,6 +246,9 @@ struct Measurements {
     /// The same with `--wna16-activations int8`, the arithmetic vLLM's int4 g128 path runs,
     /// which it is compared with.
     ours_w4a16_int8: BTreeMap<(String, usize), Vec<Value>>,
+    /// Per (shape, M): the `moe bench --format w8a8` rows of every round, when vLLM's int8
+    /// path runs.
+    ours_w8a8: BTreeMap<(String, usize), Vec<Value>>,
     /// Per shape: why `moe bench` failed, if it did.
     ours_failed: BTreeMap<String, String>,
     /// Per (shape, path, M): one cell per round.
@@ -241,6 +263,7 @@ impl Measurements {
             Ours::W4a8G32 => &mut self.ours,
             Ours::W4a16G128 => &mut self.ours_w4a16,
             Ours::W4a16G128Int8 => &mut self.ours_w4a16_int8,
+            Ours::W8a8 => &mut self.ours_w8a8,
         }
     }
 }
@@ -325,6 +348,13 @@ pub fn run(opts: &BenchPeers) -> Result<()> {
                     opts.rounds
                 ));
                 run_ours(opts, &moe, shape, &batch_sizes, Ours::W4a16G128Int8, &mut m);
+            }
+            if paths.iter().any(|p| p == W8A8_PEER_PATH) {
+                banner(&format!(
+                    "{shape}: round {round}/{}: ours, w8a8",
+                    opts.rounds
+                ));
+                run_ours(opts, &moe, shape, &batch_sizes, Ours::W8a8, &mut m);
             }
             for path in &paths {
                 banner(&format!(
@@ -463,9 +493,7 @@ fn render_file(file: &Path, svg: Option<&Path>) -> Result<()> {
             .and_then(Value::as_str)
             .map(String::from);
         let side = field("side");
-        let ours_side = [Ours::W4a8G32, Ours::W4a16G128, Ours::W4a16G128Int8]
-            .into_iter()
-            .find(|o| o.side() == side);
+        let ours_side = Ours::ALL.into_iter().find(|o| o.side() == side);
         if let Some(ours) = ours_side {
             if let Some(reason) = failed {
                 if ours == Ours::W4a8G32 {
@@ -578,11 +606,13 @@ fn table_panels(rows: &[Value]) -> Vec<Panel> {
                 }),
             }
         };
-        add(
-            "ours".into(),
-            row.get("ours_ms").and_then(Value::as_f64),
-            false,
-        );
+        for (name, field) in [
+            ("ours", "ours_ms"),
+            ("ours w4a16-int8", "ours_w4a16_g128_int8_ms"),
+            ("ours w8a8", "ours_w8a8_ms"),
+        ] {
+            add(name.into(), row.get(field).and_then(Value::as_f64), false);
+        }
         for peer in row.get("peer").map(Value::items).unwrap_or_default() {
             if let Some(path) = peer.get("path").and_then(Value::as_str) {
                 let ms = peer.get("experts_ms").and_then(Value::as_f64);
@@ -1201,6 +1231,11 @@ fn render_table(
         .expect("writing to a String");
         rule.push_str("---:|---:|");
     }
+    let w8a8 = !m.ours_w8a8.is_empty();
+    if w8a8 {
+        write!(header, " {:>13} |", "ours w8a8 ms").expect("writing to a String");
+        rule.push_str("---:|");
+    }
     for path in paths {
         write!(
             header,
@@ -1247,6 +1282,7 @@ fn render_table(
             };
             let ours_w4a16 = ms_of(&m.ours_w4a16);
             let ours_w4a16_int8 = ms_of(&m.ours_w4a16_int8);
+            let ours_w8a8 = ms_of(&m.ours_w8a8);
             let mut line = format!(
                 "| {:<16} | {:>5} | {:>9} | {:>9} | {:>10} | {:>9} | {:>9} |",
                 shape,
@@ -1265,6 +1301,9 @@ fn render_table(
                     fmt(ours_w4a16_int8)
                 )
                 .expect("writing to a String");
+            }
+            if w8a8 {
+                write!(line, " {:>13} |", fmt(ours_w8a8)).expect("writing to a String");
             }
             let mut peer_json = Vec::new();
             for path in paths {
@@ -1301,10 +1340,11 @@ fn render_table(
                     }
                 }
                 let peer = median(ran);
-                // vLLM's int4 g128 path is compared with ours in its own weight format and
-                // arithmetic (int8 activations) when that ran.
-                let ours = match ours_w4a16_int8 {
-                    Some(o) if path == W4A16_PEER_PATH => Some(o),
+                // vLLM's int4 g128 and int8 paths are compared with ours in their own weight
+                // format and arithmetic (int8 activations) when that ran.
+                let ours = match (ours_w4a16_int8, ours_w8a8) {
+                    (Some(o), _) if path == W4A16_PEER_PATH => Some(o),
+                    (_, Some(o)) if path == W8A8_PEER_PATH => Some(o),
                     _ => ours,
                 };
                 let cell = match (peer, ours) {
@@ -1355,6 +1395,7 @@ fn render_table(
                     "ours_w4a16_g128_int8_ms",
                     Value::num_or_null(ours_w4a16_int8),
                 ),
+                ("ours_w8a8_ms", Value::num_or_null(ours_w8a8)),
                 ("target_ms", Value::num_or_null(target)),
                 ("peer", Value::Arr(peer_json)),
             ]));
@@ -1376,10 +1417,22 @@ fn render_table(
             "  ours w4a16 = `moe bench --format w4a16 --group-size 128` (weight-only int4, groups \
              of 128, float activations), the same stage; ours w4a16-int8 = the same with \
              `--wna16-activations int8` (dynamic per-token int8 activations on the W4A8 kernels), \
-             the arithmetic of vLLM's {W4A16_PEER_PATH} path, whose peer/ours is against it; the \
-             other paths' against W4A8."
+             the arithmetic of vLLM's {W4A16_PEER_PATH} path, whose peer/ours is against it."
         )
         .expect("writing to a String");
+    }
+    if w8a8 {
+        writeln!(
+            text,
+            "  ours w8a8 = `moe bench --format w8a8` (int8 weights, one scale per channel, \
+             dynamic per-token int8 activations), the same stage and the arithmetic of vLLM's \
+             {W8A8_PEER_PATH} path, whose peer/ours is against it."
+        )
+        .expect("writing to a String");
+    }
+    if w4a16 || w8a8 {
+        writeln!(text, "  every other path's peer/ours is against W4A8.")
+            .expect("writing to a String");
     }
     let has = |peer: Peer| paths.iter().any(|p| Peer::of_path(p).0 == peer);
     if has(Peer::Vllm) {
@@ -1638,6 +1691,49 @@ mod tests {
         assert_eq!((ratio(0), ratio(1)), (Some(3.0), Some(2.5)));
         assert!(table.text.contains("ours w4a16 ms"), "{}", table.text);
         assert!(table.text.contains("ours w4a16-int8 ms"), "{}", table.text);
+    }
+
+    /// vLLM's int8 path is set beside our W8A8 layer and compared with it; the other paths
+    /// stay compared with W4A8, and the plot draws both of ours.
+    #[test]
+    fn int8_is_compared_with_our_w8a8() {
+        let mut m = Measurements::default();
+        let row = |ms: f64| {
+            json::parse(&format!(
+                r#"{{"stage": "experts", "batch": 16, "ms_per_call": {ms}}}"#
+            ))
+            .expect("row parses")
+        };
+        let key = ("mixtral-8x7b".to_string(), 16);
+        m.ours.insert(key.clone(), vec![row(1.0)]);
+        m.ours_w8a8
+            .insert(key.clone(), vec![row(4.0), row(6.0), row(5.0)]);
+        let ran = |ms: f64| PeerCell::Ran {
+            experts_ms: ms,
+            total_ms: ms,
+            best_ms: ms,
+            rel_err: None,
+        };
+        let paths = ["int4_amx_g32".to_string(), W8A8_PEER_PATH.to_string()];
+        for path in &paths {
+            m.peer
+                .insert((key.0.clone(), path.clone(), 16), vec![ran(10.0)]);
+        }
+        let table = render_table(&paths, 5, std::slice::from_ref(&key.0), &[16], &m);
+        let r = &table.rows[0];
+        assert_eq!(r.get("ours_w8a8_ms").and_then(Value::as_f64), Some(5.0));
+        let ratio = |at: usize| {
+            r.get("peer").map(Value::items).unwrap_or_default()[at]
+                .get("peer_over_ours")
+                .and_then(Value::as_f64)
+        };
+        assert_eq!((ratio(0), ratio(1)), (Some(10.0), Some(2.0)));
+        assert!(table.text.contains("ours w8a8 ms"), "{}", table.text);
+        assert!(!table.text.contains("ours w4a16 ms"), "{}", table.text);
+        let panels = table_panels(&table.rows);
+        let names: Vec<&str> = panels[0].lines.iter().map(|l| l.name.as_str()).collect();
+        assert!(names.contains(&"ours w8a8"), "{names:?}");
+        assert!(!names.contains(&"ours w4a16-int8"), "{names:?}");
     }
 
     #[test]
