@@ -163,12 +163,45 @@ pub struct KernelSet {
 /// The size bound of a kernel's activation layout: bytes for `m` rows of `k_pad` values.
 pub(crate) type LayoutBytesFn = fn(m: usize, k_pad: usize) -> usize;
 
+/// Rows from which a large-row W4A8 kernel takes over, by the length of the weights' scale
+/// blocks: a kernel that pays an epilogue per block wins from fewer rows when blocks are long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct W4A8MinRows {
+    /// Blocks shorter than [`W4A8MinRows::LONG_BLOCK`] values.
+    pub(crate) short_blocks: usize,
+    /// Blocks of at least [`W4A8MinRows::LONG_BLOCK`] values (channelwise scales included).
+    pub(crate) long_blocks: usize,
+}
+
+impl W4A8MinRows {
+    /// The shortest block counted as long: groups of 128, the common GPTQ/AWQ size.
+    pub(crate) const LONG_BLOCK: usize = 128;
+
+    /// The same threshold for every block length.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the AMX rung has one
+    pub(crate) const fn all(rows: usize) -> Self {
+        Self {
+            short_blocks: rows,
+            long_blocks: rows,
+        }
+    }
+
+    /// The threshold for blocks of `block_len` values.
+    pub(crate) fn for_block(self, block_len: usize) -> usize {
+        if block_len >= Self::LONG_BLOCK {
+            self.long_blocks
+        } else {
+            self.short_blocks
+        }
+    }
+}
+
 /// Kernels that replace a set's own from `min_m` rows on: tile kernels only pay off once a
 /// call has enough rows to fill their tiles.
 #[derive(Clone, Copy)]
 struct LargeM {
     /// Rows from which the W4A8 kernel takes over.
-    min_m: usize,
+    min_m: W4A8MinRows,
     /// Rows from which the W8A8 kernel takes over.
     min_m_w8a8: usize,
     w4a8: W4A8Kernel,
@@ -294,15 +327,15 @@ impl KernelSet {
         self.layout_bytes.map_or(0, |f| f(m, k_pad))
     }
 
-    /// The same set, with `w4a8` running every call of at least `min_m.0` rows and `w8a8`
-    /// every call of at least `min_m.1`.
+    /// The same set, with `w4a8` running every call of at least `min_m.0` rows (for its
+    /// weights' block length) and `w8a8` every call of at least `min_m.1`.
     ///
     /// # Safety
     /// - Both entries may be called on this CPU: the caller holds the token of their rungs.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the AMX rung has them
     pub(crate) unsafe fn with_large_m(
         mut self,
-        min_m: (usize, usize),
+        min_m: (W4A8MinRows, usize),
         w4a8: (Isa, ActEncoding, W4A8PanelsFn),
         w8a8: (Isa, ActEncoding, W8A8PanelsFn),
     ) -> Self {
@@ -556,10 +589,11 @@ impl KernelSet {
         self.rung
     }
 
-    /// The rung whose code runs the W4A8 GEMM for `m` rows, on weights in the set's
+    /// The rung whose code runs the W4A8 GEMM for `m` rows, on weights with scale blocks of
+    /// `block_len` values (the group size, or K for channelwise scales) in the set's
     /// [`KernelSet::panel_order`].
-    pub fn w4a8_isa(&self, m: usize) -> Isa {
-        self.w4a8_for(m, self.panel_order).isa
+    pub fn w4a8_isa(&self, m: usize, block_len: usize) -> Isa {
+        self.w4a8_for(m, block_len, self.panel_order).isa
     }
 
     /// The rung whose code runs the W8A8 GEMM for `m` rows, on weights in the set's
@@ -603,6 +637,21 @@ impl KernelSet {
             None => below.to_string(),
         };
         let large = self.large_m;
+        // W4A8 says where long blocks switch when that differs.
+        let w4a8_per_m = match large {
+            Some(l) if l.min_m.long_blocks != l.min_m.short_blocks => format!(
+                "{} below {} rows ({} for groups of {} or more), {} from there",
+                self.w4a8.isa,
+                l.min_m.short_blocks,
+                l.min_m.long_blocks,
+                W4A8MinRows::LONG_BLOCK,
+                l.w4a8.isa
+            ),
+            _ => per_m(
+                self.w4a8.isa,
+                large.map(|l| (l.w4a8.isa, l.min_m.short_blocks)),
+            ),
+        };
         let bf16 = match (self.w4a8_prefill(), self.bf16_tiles) {
             (W4A8Prefill::Bf16Tiles, Some(t)) => {
                 format!(", {} (bf16 activations) from {} rows", t.unit, t.min_m.w4a8)
@@ -611,10 +660,7 @@ impl KernelSet {
             (_, None) => String::new(),
         };
         vec![
-            format!(
-                "w4a8_gemm: {}{bf16}",
-                per_m(self.w4a8.isa, large.map(|l| (l.w4a8.isa, l.min_m)))
-            ),
+            format!("w4a8_gemm: {w4a8_per_m}{bf16}"),
             format!(
                 "w8a8_gemm: {}",
                 per_m(self.w8a8.isa, large.map(|l| (l.w8a8.isa, l.min_m_w8a8)))
@@ -644,11 +690,12 @@ impl KernelSet {
         ]
     }
 
-    /// The W4A8 kernel for a call of `m` rows on panels in `order`: the portable body where
-    /// the rung's kernel does not read that order.
-    pub(crate) fn w4a8_for(&self, m: usize, order: PanelOrder) -> W4A8Kernel {
+    /// The W4A8 kernel for a call of `m` rows on weights with scale blocks of `block_len`
+    /// values, in panels of `order`: the portable body where the rung's kernel does not read
+    /// that order.
+    pub(crate) fn w4a8_for(&self, m: usize, block_len: usize, order: PanelOrder) -> W4A8Kernel {
         let kernel = match self.large_m {
-            Some(l) if m >= l.min_m => l.w4a8,
+            Some(l) if m >= l.min_m.for_block(block_len) => l.w4a8,
             _ => self.w4a8,
         };
         match order {
@@ -738,4 +785,52 @@ fn select() -> KernelSet {
         .with_w4a8_prefill(w4a8_prefill_requested());
     tracing::debug!(isa = ?chosen.isa(), ops = ?chosen.describe_ops(), cap = ?cap, "selected kernels");
     chosen
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Long scale blocks switch to the large-row W4A8 kernel from their own row count, and
+    /// `describe_ops` says so.
+    #[test]
+    fn w4a8_large_rows_switch_by_block_length() {
+        let min = W4A8MinRows {
+            short_blocks: 32,
+            long_blocks: 24,
+        };
+        assert_eq!(
+            [32, 64, 127, 128, 4096].map(|b| min.for_block(b)),
+            [32, 32, 32, 24, 24]
+        );
+        let base = KernelSet::scalar();
+        let w4a8 = (Isa::Amx, ActEncoding::U8Offset128, base.w4a8.entry);
+        let w8a8 = (Isa::Amx, ActEncoding::U8Offset128, base.w8a8.entry);
+        // SAFETY: both entries are the portable ones, which run anywhere.
+        let set = unsafe { base.with_large_m((min, 16), w4a8, w8a8) };
+        let isa = |m, block_len| set.w4a8_isa(m, block_len);
+        assert_eq!(
+            [
+                isa(23, 128),
+                isa(24, 128),
+                isa(24, 2048),
+                isa(31, 32),
+                isa(32, 32)
+            ],
+            [Isa::Scalar, Isa::Amx, Isa::Amx, Isa::Scalar, Isa::Amx]
+        );
+        assert_eq!(
+            (set.w8a8_isa(15), set.w8a8_isa(16)),
+            (Isa::Scalar, Isa::Amx)
+        );
+        let line = &set.describe_ops()[0];
+        assert!(
+            line.contains("scalar below 32 rows (24 for groups of 128 or more), amx from there"),
+            "{line}"
+        );
+        // SAFETY: as above.
+        let same = unsafe { base.with_large_m((W4A8MinRows::all(32), 16), w4a8, w8a8) };
+        let line = &same.describe_ops()[0];
+        assert!(line.contains("scalar below 32 rows, amx from 32"), "{line}");
+    }
 }

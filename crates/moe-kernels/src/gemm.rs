@@ -188,7 +188,7 @@ pub fn w4a8_gemm(
         });
         return Ok(());
     }
-    let kernel = ks.w4a8_for(m, w.order());
+    let kernel = ks.w4a8_for(m, w.block_len(), w.order());
     let fused = match kernel.encoding {
         ActEncoding::U8Offset128 | ActEncoding::I8BlockCorrected => ks.act_asym_u8(),
         ActEncoding::I8 => None,
@@ -275,7 +275,7 @@ pub fn w4a8_gemm_quantized(
     par: Par,
 ) -> Result<(), KernelError> {
     check_len("out", m * w.n(), out.len())?;
-    let kernel = ks.w4a8_for(m, w.order());
+    let kernel = ks.w4a8_for(m, w.block_len(), w.order());
     prepare_w4a8(m, a, w, kernel.encoding, scratch)?;
     let rows = EncodedRows {
         a: &scratch.encoded,
@@ -387,7 +387,7 @@ pub(crate) fn w4a8_block_acc(
     w: &PackedW4A8,
 ) -> Result<Vec<i32>, KernelError> {
     let mut scratch = GemmScratch::new();
-    let kernel = ks.w4a8_for(m, w.order());
+    let kernel = ks.w4a8_for(m, w.block_len(), w.order());
     prepare_w4a8(m, a, w, kernel.encoding, &mut scratch)?;
     let mut acc = vec![0i32; m * w.n_blocks() * w.n_panels() * crate::packed::PANEL];
     if let Some(tile_a) = kernel.tile_a {

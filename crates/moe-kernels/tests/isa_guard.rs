@@ -43,14 +43,18 @@ fn selected_isa_matches_moe_expect_isa() {
     // so a silent fallback to a lower rung's code cannot pass.
     if expected.arch() == IsaArch::Aarch64 {
         for m in [1, 64] {
-            assert_eq!(kernels().w4a8_isa(m), expected, "w4a8 kernels for m = {m}");
+            assert_eq!(
+                kernels().w4a8_isa(m, 32),
+                expected,
+                "w4a8 kernels for m = {m}"
+            );
             assert_eq!(kernels().w8a8_isa(m), expected, "w8a8 kernels for m = {m}");
         }
     }
     // The AMX rung runs AVX-512 VNNI for few rows and its tiles for many: prove the tiles run.
     if expected == Isa::Amx {
         assert_eq!(
-            kernels().w4a8_isa(1024),
+            kernels().w4a8_isa(1024, 32),
             Isa::Amx,
             "w4a8 kernels for m = 1024"
         );

@@ -295,7 +295,7 @@ pub fn run(args: &DemoArgs, out: Output) -> Result<(), CliError> {
             batch: m,
             ms_per_call: ms,
             tokens_per_s: m as f64 / (ms / 1e3).max(f64::MIN_POSITIVE),
-            gemm_isa: kernels().w4a8_isa(m).name(),
+            gemm_isa: kernels().w4a8_isa(m, args.group_size).name(),
             ref_tokens: rm,
             rel_l2_error: rel,
             max_abs_error: max_abs,

@@ -73,7 +73,7 @@ pub struct BackendInfo {
     /// executor, which calls none).
     pub isa: String,
     /// What that kernel set runs per operation, numerics choices included (e.g.
-    /// `w4a8_gemm: avx512-vnni below 32 rows, amx from 32`).
+    /// `w8a8_gemm: avx512-vnni below 16 rows, amx from 16`).
     pub ops: Vec<String>,
 }
 

@@ -32,7 +32,7 @@ use std::sync::OnceLock;
 
 use super::Amx;
 use crate::Isa;
-use crate::dispatch::Bf16MinRows;
+use crate::dispatch::{Bf16MinRows, W4A8MinRows};
 use crate::ukernel::{ActEncoding, W4A8Job, W4A8PanelsFn, W4Bf16Job, W8A8Job, W8A8PanelsFn};
 use crate::wna16::Int4DotJob;
 use bf16::{WideBf16Pair, bf16_step};
@@ -43,20 +43,26 @@ use w4a8::{BatchAccs, W4A8Step, WidePair, w4a8_step};
 use w8a8::{PanelPair, w8a8_step};
 
 /// Rows per call (rows per expert, in the fused pipeline) from which the W4A8 tiles take over
-/// unless `MOE_KERNELS_AMX_MIN_M` says otherwise. Measured on one core with AMX-INT8: at 16
-/// rows the int8 tiles run at the AVX-512 VNNI kernel's rate, at 64 rows 1.3× faster; with
-/// group-32 scales the per-block epilogue, not the tile unit, bounds them.
-pub(crate) const DEFAULT_AMX_MIN_ROWS_W4A8: usize = 32;
+/// unless `MOE_KERNELS_AMX_MIN_M` says otherwise, by scale block. Measured on one core with
+/// AMX-INT8: with groups of 32 the int8 tiles run at the AVX-512 VNNI kernel's rate at 16 rows
+/// and 1.3× faster at 64 (the per-block epilogue, not the tile unit, bounds them); both rungs
+/// interleaved call by call on two cores, every token on all 8 experts of 2048 × 768: groups
+/// of 32 at 0.93-0.94× the VNNI kernel's time at 24 rows, 1.05-1.10× at 28, 1.12-1.21× at 32;
+/// groups of 128 at 0.96-1.00× at 16 and 20 rows, 1.08-1.09× at 24, 1.23× at 28.
+pub(crate) const DEFAULT_AMX_MIN_ROWS_W4A8: W4A8MinRows = W4A8MinRows {
+    short_blocks: 32,
+    long_blocks: 24,
+};
 
 /// The same for W8A8, whose tiles hold their sums over all of K: 1.3× faster than AVX-512
 /// VNNI at 16 rows on the same machine.
 pub(crate) const DEFAULT_AMX_MIN_ROWS_W8A8: usize = 16;
 
-/// The environment variable that overrides both thresholds (read once).
+/// The environment variable that overrides every threshold (read once).
 pub(crate) const AMX_MIN_ROWS_ENV: &str = "MOE_KERNELS_AMX_MIN_M";
 
 /// Rows from which the AMX rung runs its W4A8 and W8A8 tile kernels.
-pub(crate) fn min_rows() -> (usize, usize) {
+pub(crate) fn min_rows() -> (W4A8MinRows, usize) {
     static MIN: OnceLock<Option<usize>> = OnceLock::new();
     let set = *MIN.get_or_init(|| {
         std::env::var(AMX_MIN_ROWS_ENV)
@@ -65,7 +71,7 @@ pub(crate) fn min_rows() -> (usize, usize) {
             .map(|v| v.max(1))
     });
     match set {
-        Some(v) => (v, v),
+        Some(v) => (W4A8MinRows::all(v), v),
         None => (DEFAULT_AMX_MIN_ROWS_W4A8, DEFAULT_AMX_MIN_ROWS_W8A8),
     }
 }
@@ -314,7 +320,7 @@ unsafe fn w8a8_entry(job: &W8A8Job<'_>, panels: Range<usize>) {
 /// - Both entries may be called on this CPU.
 unsafe fn with_tile_entries(
     token: super::Avx512Vnni,
-    min: (usize, usize),
+    min: (W4A8MinRows, usize),
     int4: W4A8PanelsFn,
     int8: W8A8PanelsFn,
 ) -> crate::KernelSet {
@@ -449,7 +455,7 @@ pub(crate) mod emulated {
     pub(crate) fn kernel_set() -> Option<crate::KernelSet> {
         let token = Avx512Vnni::try_new()?;
         // SAFETY: the token proves AVX-512 VNNI, all the emulated entries need.
-        Some(unsafe { with_tile_entries(token, (1, 1), w4a8_entry, w8a8_entry) })
+        Some(unsafe { with_tile_entries(token, (W4A8MinRows::all(1), 1), w4a8_entry, w8a8_entry) })
     }
 
     /// # Safety
