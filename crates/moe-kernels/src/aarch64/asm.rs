@@ -1,12 +1,13 @@
-//! The only home of the `sdot` and `smmla` instructions, emitted with `asm!` because their
-//! intrinsics (`vdotq_laneq_s32`, `vmmlaq_s32`) are not stable yet; the helpers are meant to be
-//! replaced one for one by those intrinsics once they are.
+//! The only home of the `sdot`, `smmla` and `fcvtl` (from f16) instructions, emitted with
+//! `asm!` because their intrinsics (`vdotq_laneq_s32`, `vmmlaq_s32`, `vcvt_f32_f16`) or the
+//! f16 vector types are not stable yet; the helpers are meant to be replaced one for one by
+//! those intrinsics once they are.
 //!
 //! Each helper is a safe `#[target_feature]` function: callers compiled with the same feature
 //! (the rung's tile bodies) call it without `unsafe`, and LLVM inlines it there. The
 //! instructions only read and write vector registers, so the blocks touch no memory.
 
-use std::arch::aarch64::{int8x8_t, int8x16_t, int32x4_t};
+use std::arch::aarch64::{float32x4_t, int8x8_t, int8x16_t, int16x4_t, int32x4_t};
 use std::arch::asm;
 
 /// SDOT by element: `acc[i] + Σ_{j<4} w[4i + j] · a[4·LANE + j]` for the four i32 lanes `i`
@@ -72,4 +73,23 @@ pub(super) fn smmla(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
         );
     }
     acc
+}
+
+/// FCVTL: the four f16 values whose bits are the lanes of `h`, widened to f32 (exactly, as
+/// every f16 is an f32).
+#[target_feature(enable = "neon")]
+#[inline]
+pub(super) fn f16x4_to_f32(h: int16x4_t) -> float32x4_t {
+    let out: float32x4_t;
+    // SAFETY: `fcvtl` is part of the base aarch64 vector unit (the `neon` feature of this
+    // function); it reads and writes only the named vector registers.
+    unsafe {
+        asm!(
+            "fcvtl {out:v}.4s, {h:v}.4h",
+            out = lateout(vreg) out,
+            h = in(vreg) h,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    out
 }

@@ -51,10 +51,11 @@
 
 use std::arch::aarch64::*;
 
-use crate::packed::wna16::E2M1_VALUES;
+use crate::packed::wna16::{E2M1_VALUES, Wna16ScaleValues};
 use crate::packed::{PANEL, PackedWna16};
 use crate::wna16_tile::{E2M1, E4M3};
 
+use super::asm::f16x4_to_f32;
 use super::common::load_f32x4;
 
 /// Vectors per row of a panel's 16 channels.
@@ -454,7 +455,53 @@ fn decode8<const KIND: u8, const ASYM: bool>(
 #[target_feature(enable = "neon")]
 #[inline]
 fn load_scales(w: &PackedWna16, p: usize, g: usize, first: usize) -> Ch {
-    load_lanes(&w.group_scales(p, g), first / 4)
+    scale_lanes(w.scales(), (p * w.n_groups() + g) * PANEL + first)
+}
+
+/// The `4·NQ` packed scales from `at`, widened to f32 in registers (exactly): f16 by `fcvtl`,
+/// bf16 by a shift into the high half, e8m0 by placing the exponent.
+#[target_feature(enable = "neon")]
+#[inline]
+fn scale_lanes<const NQ: usize>(s: &Wna16ScaleValues, at: usize) -> Lanes<NQ> {
+    match s {
+        Wna16ScaleValues::F16(v) => {
+            let v = &v[at..at + 4 * NQ];
+            std::array::from_fn(|q| f16x4_to_f32(load_u16x4(&v[4 * q..4 * q + 4])))
+        }
+        Wna16ScaleValues::Bf16(v) => {
+            let v = &v[at..at + 4 * NQ];
+            std::array::from_fn(|q| {
+                let bits = vreinterpret_u16_s16(load_u16x4(&v[4 * q..4 * q + 4]));
+                vreinterpretq_f32_u32(vshll_n_u16::<16>(bits))
+            })
+        }
+        Wna16ScaleValues::F32(v) => {
+            let v = &v[at..at + 4 * NQ];
+            std::array::from_fn(|q| load_f32x4(&v[4 * q..]))
+        }
+        Wna16ScaleValues::E8m0(v) => {
+            let v = &v[at..at + 4 * NQ];
+            std::array::from_fn(|q| {
+                let e: [u32; 4] = std::array::from_fn(|i| u32::from(v[4 * q + i]));
+                // SAFETY: `e` is four readable u32; `ld1` has no alignment requirement.
+                let e = unsafe { vld1q_u32(e.as_ptr()) };
+                // `e << 23` is the f32 `2^(e − 127)` for e ≥ 1; e = 0 is the subnormal 2^-127.
+                let pow = vreinterpretq_f32_u32(vshlq_n_u32::<23>(e));
+                let subnormal = vdupq_n_f32(f32::from_bits(0x0040_0000));
+                vbslq_f32(vceqq_u32(e, vdupq_n_u32(0)), subnormal, pow)
+            })
+        }
+    }
+}
+
+/// Loads four 16-bit values (f16 or bf16 bits) into one 64-bit vector.
+#[target_feature(enable = "neon")]
+#[inline]
+fn load_u16x4<T>(v: &[T]) -> int16x4_t {
+    assert!(v.len() == 4 && size_of::<T>() == 2, "four 16-bit values");
+    // SAFETY: the slice holds four 2-byte values (asserted): 8 readable bytes; `ld1` has no
+    // alignment requirement.
+    unsafe { vld1_s16(v.as_ptr().cast()) }
 }
 
 /// `acc + sum · scales`.

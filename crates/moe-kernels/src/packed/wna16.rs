@@ -947,11 +947,8 @@ impl PackedWna16 {
     }
 
     /// The f32 scales of group `g` of panel `p` (16 channels; f16 and bf16 widen exactly).
-    // The AMX bf16 tiles and the NEON WNA16 body read them.
-    #[cfg_attr(
-        not(any(target_arch = "x86_64", target_arch = "aarch64")),
-        allow(dead_code)
-    )]
+    // The AMX bf16 tiles read them.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) fn group_scales(&self, p: usize, g: usize) -> [f32; PANEL] {
         let at = (p * self.n_groups + g) * PANEL;
         let mut out = [0f32; PANEL];
