@@ -1651,44 +1651,65 @@ mod tests {
         assert!(table.text.contains("llama.cpp Q4_0 ms"));
     }
 
+    /// A `moe bench` experts row of `ms` per call at `batch` tokens.
+    fn experts_row(batch: usize, ms: f64) -> Value {
+        json::parse(&format!(
+            r#"{{"stage": "experts", "batch": {batch}, "ms_per_call": {ms}}}"#
+        ))
+        .expect("row parses")
+    }
+
+    /// A peer cell that ran in `ms` per call.
+    fn ran(ms: f64) -> PeerCell {
+        PeerCell::Ran {
+            experts_ms: ms,
+            total_ms: ms,
+            best_ms: ms,
+            rel_err: None,
+        }
+    }
+
+    /// The table of one shape and batch size where every path ran in `peer_ms`, and each
+    /// path's peer/ours.
+    fn one_row_table(m: &mut Measurements, paths: &[String], peer_ms: f64) -> (Table, Vec<f64>) {
+        let (shape, b) = m.ours.keys().next().cloned().expect("an ours row");
+        for path in paths {
+            m.peer
+                .insert((shape.clone(), path.clone(), b), vec![ran(peer_ms)]);
+        }
+        let table = render_table(paths, 5, std::slice::from_ref(&shape), &[b], m);
+        let ratios = table.rows[0]
+            .get("peer")
+            .map(Value::items)
+            .unwrap_or_default()
+            .iter()
+            .map(|p| {
+                p.get("peer_over_ours")
+                    .and_then(Value::as_f64)
+                    .unwrap_or(f64::NAN)
+            })
+            .collect();
+        (table, ratios)
+    }
+
     /// vLLM's int4 g128 path (int8 activations inside) is set beside our w4a16 g128 layer in
     /// both arithmetics and compared with the int8 one; the other paths stay compared with
     /// W4A8.
     #[test]
     fn int4_g128_is_compared_with_our_w4a16_g128_on_int8_activations() {
         let mut m = Measurements::default();
-        let row = |ms: f64| {
-            json::parse(&format!(
-                r#"{{"stage": "experts", "batch": 1, "ms_per_call": {ms}}}"#
-            ))
-            .expect("row parses")
-        };
         let key = ("qwen3-30b-a3b".to_string(), 1);
-        m.ours.insert(key.clone(), vec![row(1.0)]);
-        m.ours_w4a16.insert(key.clone(), vec![row(2.0)]);
-        m.ours_w4a16_int8.insert(key.clone(), vec![row(1.2)]);
-        let ran = |ms: f64| PeerCell::Ran {
-            experts_ms: ms,
-            total_ms: ms,
-            best_ms: ms,
-            rel_err: None,
-        };
+        m.ours.insert(key.clone(), vec![experts_row(1, 1.0)]);
+        m.ours_w4a16.insert(key.clone(), vec![experts_row(1, 2.0)]);
+        m.ours_w4a16_int8
+            .insert(key.clone(), vec![experts_row(1, 1.2)]);
         let paths = ["int4_amx_g32".to_string(), W4A16_PEER_PATH.to_string()];
-        for path in &paths {
-            m.peer
-                .insert((key.0.clone(), path.clone(), 1), vec![ran(3.0)]);
-        }
-        let table = render_table(&paths, 5, std::slice::from_ref(&key.0), &[1], &m);
+        let (table, ratios) = one_row_table(&mut m, &paths, 3.0);
         let r = &table.rows[0];
         let ms = |name: &str| r.get(name).and_then(Value::as_f64);
         assert_eq!(ms("ours_w4a16_g128_ms"), Some(2.0));
         assert_eq!(ms("ours_w4a16_g128_int8_ms"), Some(1.2));
-        let ratio = |at: usize| {
-            r.get("peer").map(Value::items).unwrap_or_default()[at]
-                .get("peer_over_ours")
-                .and_then(Value::as_f64)
-        };
-        assert_eq!((ratio(0), ratio(1)), (Some(3.0), Some(2.5)));
+        assert_eq!(ratios, [3.0, 2.5]);
         assert!(table.text.contains("ours w4a16 ms"), "{}", table.text);
         assert!(table.text.contains("ours w4a16-int8 ms"), "{}", table.text);
     }
@@ -1698,36 +1719,15 @@ mod tests {
     #[test]
     fn int8_is_compared_with_our_w8a8() {
         let mut m = Measurements::default();
-        let row = |ms: f64| {
-            json::parse(&format!(
-                r#"{{"stage": "experts", "batch": 16, "ms_per_call": {ms}}}"#
-            ))
-            .expect("row parses")
-        };
         let key = ("mixtral-8x7b".to_string(), 16);
-        m.ours.insert(key.clone(), vec![row(1.0)]);
-        m.ours_w8a8
-            .insert(key.clone(), vec![row(4.0), row(6.0), row(5.0)]);
-        let ran = |ms: f64| PeerCell::Ran {
-            experts_ms: ms,
-            total_ms: ms,
-            best_ms: ms,
-            rel_err: None,
-        };
+        m.ours.insert(key.clone(), vec![experts_row(16, 1.0)]);
+        let w8a8 = [4.0, 6.0, 5.0].map(|ms| experts_row(16, ms));
+        m.ours_w8a8.insert(key.clone(), w8a8.to_vec());
         let paths = ["int4_amx_g32".to_string(), W8A8_PEER_PATH.to_string()];
-        for path in &paths {
-            m.peer
-                .insert((key.0.clone(), path.clone(), 16), vec![ran(10.0)]);
-        }
-        let table = render_table(&paths, 5, std::slice::from_ref(&key.0), &[16], &m);
+        let (table, ratios) = one_row_table(&mut m, &paths, 10.0);
         let r = &table.rows[0];
         assert_eq!(r.get("ours_w8a8_ms").and_then(Value::as_f64), Some(5.0));
-        let ratio = |at: usize| {
-            r.get("peer").map(Value::items).unwrap_or_default()[at]
-                .get("peer_over_ours")
-                .and_then(Value::as_f64)
-        };
-        assert_eq!((ratio(0), ratio(1)), (Some(10.0), Some(2.0)));
+        assert_eq!(ratios, [10.0, 2.0]);
         assert!(table.text.contains("ours w8a8 ms"), "{}", table.text);
         assert!(!table.text.contains("ours w4a16 ms"), "{}", table.text);
         let panels = table_panels(&table.rows);
