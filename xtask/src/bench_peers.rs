@@ -1245,6 +1245,13 @@ fn render_table(
         .expect("writing to a String");
         rule.push_str("---:|");
     }
+    // The targets compare W4A8 with whichever peer path is fastest, whatever its format.
+    let fastest_column = paths.len() > 1;
+    if fastest_column {
+        write!(header, " {:>34} |", "fastest peer ms (path, peer/ours)")
+            .expect("writing to a String");
+        rule.push_str("---:|");
+    }
     writeln!(text, "{header}\n{rule}").expect("writing to a String");
     // Per path: (rounds that ran, worst rel_err, distinct failure reasons).
     let mut status: BTreeMap<&str, (usize, Option<f64>, Vec<String>)> = BTreeMap::new();
@@ -1306,6 +1313,7 @@ fn render_table(
                 write!(line, " {:>13} |", fmt(ours_w8a8)).expect("writing to a String");
             }
             let mut peer_json = Vec::new();
+            let mut fastest: Option<(f64, &str)> = None;
             for path in paths {
                 let cells = m
                     .peer
@@ -1340,6 +1348,11 @@ fn render_table(
                     }
                 }
                 let peer = median(ran);
+                if let Some(p) = peer
+                    && fastest.is_none_or(|(f, _)| p < f)
+                {
+                    fastest = Some((p, path));
+                }
                 // vLLM's int4 g128 and int8 paths are compared with ours in their own weight
                 // format and arithmetic (int8 activations) when that ran.
                 let ours = match (ours_w4a16_int8, ours_w8a8) {
@@ -1382,6 +1395,15 @@ fn render_table(
                     ),
                 ]));
             }
+            let fastest_over_ours = fastest.zip(ours).map(|((p, _), o)| p / o);
+            if fastest_column {
+                let cell = match (fastest, fastest_over_ours) {
+                    (Some((p, path)), Some(r)) => format!("{} ({path}, {r:.2}x)", fmt_ms(p)),
+                    (Some((p, path)), None) => format!("{} ({path})", fmt_ms(p)),
+                    (None, _) => "-".into(),
+                };
+                write!(line, " {cell:>34} |").expect("writing to a String");
+            }
             writeln!(text, "{line}").expect("writing to a String");
             rows.push(Value::obj([
                 ("shape", Value::str(shape)),
@@ -1398,6 +1420,17 @@ fn render_table(
                 ("ours_w8a8_ms", Value::num_or_null(ours_w8a8)),
                 ("target_ms", Value::num_or_null(target)),
                 ("peer", Value::Arr(peer_json)),
+                (
+                    "fastest_peer",
+                    match fastest {
+                        Some((p, path)) => Value::obj([
+                            ("path", Value::str(path)),
+                            ("experts_ms", Value::Num(p)),
+                            ("peer_over_ours", Value::num_or_null(fastest_over_ours)),
+                        ]),
+                        None => Value::Null,
+                    },
+                ),
             ]));
         }
     }
@@ -1433,6 +1466,14 @@ fn render_table(
     if w4a16 || w8a8 {
         writeln!(text, "  every other path's peer/ours is against W4A8.")
             .expect("writing to a String");
+    }
+    if fastest_column {
+        writeln!(
+            text,
+            "  fastest peer = the fastest peer path of the row, whatever its weight format, and its \
+             time over ours (W4A8 g32): the comparison the targets make."
+        )
+        .expect("writing to a String");
     }
     let has = |peer: Peer| paths.iter().any(|p| Peer::of_path(p).0 == peer);
     if has(Peer::Vllm) {
@@ -1692,6 +1733,41 @@ mod tests {
         (table, ratios)
     }
 
+    /// The fastest peer path of a row is picked whatever its format and set against W4A8;
+    /// a path that did not run is not a candidate.
+    #[test]
+    fn the_fastest_peer_path_of_a_row_is_set_against_w4a8() {
+        let mut m = Measurements::default();
+        let key = ("deepseek-v2-lite".to_string(), 256);
+        m.ours.insert(key.clone(), vec![experts_row(256, 100.0)]);
+        let paths = ["int4_amx_g32", W4A16_PEER_PATH, W8A8_PEER_PATH].map(String::from);
+        for (path, ms) in paths.iter().zip([150.0, 60.0, 70.0]) {
+            m.peer
+                .insert((key.0.clone(), path.clone(), key.1), vec![ran(ms)]);
+        }
+        m.peer.insert(
+            (key.0.clone(), "int4_amx_ch".into(), key.1),
+            vec![PeerCell::Failed("failed: killed".into())],
+        );
+        let mut with_failed = paths.to_vec();
+        with_failed.push("int4_amx_ch".into());
+        let table = render_table(&with_failed, 5, std::slice::from_ref(&key.0), &[256], &m);
+        let fastest = table.rows[0].get("fastest_peer").expect("a fastest peer");
+        assert_eq!(
+            fastest.get("path").and_then(Value::as_str),
+            Some(W4A16_PEER_PATH)
+        );
+        assert_eq!(
+            fastest.get("peer_over_ours").and_then(Value::as_f64),
+            Some(0.6)
+        );
+        assert!(
+            table.text.contains("60.00 (int4_amx_g128, 0.60x)"),
+            "{}",
+            table.text
+        );
+    }
+
     /// vLLM's int4 g128 path (int8 activations inside) is set beside our w4a16 g128 layer in
     /// both arithmetics and compared with the int8 one; the other paths stay compared with
     /// W4A8.
@@ -1728,6 +1804,11 @@ mod tests {
         let r = &table.rows[0];
         assert_eq!(r.get("ours_w8a8_ms").and_then(Value::as_f64), Some(5.0));
         assert_eq!(ratios, [10.0, 2.0]);
+        let fastest = r.get("fastest_peer").expect("a fastest peer");
+        assert_eq!(
+            fastest.get("peer_over_ours").and_then(Value::as_f64),
+            Some(10.0)
+        );
         assert!(table.text.contains("ours w8a8 ms"), "{}", table.text);
         assert!(!table.text.contains("ours w4a16 ms"), "{}", table.text);
         let panels = table_panels(&table.rows);
