@@ -121,6 +121,11 @@ pub(crate) fn chunks(w: &PackedW4A8) -> (usize, impl Fn(usize) -> (usize, usize)
     })
 }
 
+/// How far ahead of the current packed step [`WidePair::fill`] prefetches into L1: a panel
+/// pair's codes are read once per call, straight from DRAM, and a page-sized lead carries the
+/// stream across the 4 KiB boundaries where the hardware prefetcher stops.
+const FILL_PREFETCH_BYTES: usize = 4096;
+
 /// Longest block whose int32 sums are exact in f32: `|Σ (q + 128)·w| ≤ 255·8·B < 2^24`. For
 /// such blocks `f32(acc) − f32(128 + zp)·f32(Σw)`, one fused multiply-add of exact integers,
 /// is the exact `acc_i`, which saves the 32-bit multiply of the integer correction.
@@ -144,7 +149,8 @@ pub(crate) struct WidePair {
 
 impl WidePair {
     /// Widens panels `p..p + nb` (`nb` is 1 or 2) of `w` for chunks of `chunk` bytes.
-    /// Reuses the buffers, so a thread's calls stop allocating once the largest matrix is seen.
+    /// Reuses the buffers, so a thread's calls stop allocating once the largest matrix is seen;
+    /// every row is written (data, correction or padding), so nothing is cleared first.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     pub(crate) fn fill(&mut self, w: &PackedW4A8, p: usize, nb: usize, chunk: usize) {
         let (block_len, n_blocks) = (w.block_len(), w.n_blocks());
@@ -152,7 +158,6 @@ impl WidePair {
         let in_tile = corr_in_tile(block_len);
         self.rows_per_block = rows_per_block;
         self.n_blocks = n_blocks;
-        self.rows.clear();
         self.rows
             .resize(nb * n_blocks * rows_per_block, Row64::ZERO);
         self.wsum.clear();
@@ -170,6 +175,10 @@ impl WidePair {
                 let dst = &mut self.rows[at..at + rows_per_block];
                 let mut ws = _mm512_setzero_si512();
                 for (step, pair) in block.iter().zip(dst.as_chunks_mut::<2>().0) {
+                    // The codes stream from DRAM once per call; a hint never faults, so an
+                    // address past the panel is harmless.
+                    let ahead = step.as_ptr().wrapping_add(FILL_PREFETCH_BYTES);
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
                     // SAFETY: `step` is 64 readable bytes; the load is unaligned.
                     let v = unsafe { _mm512_loadu_si512(step.as_ptr().cast()) };
                     let lo = _mm512_sub_epi8(_mm512_and_si512(v, mask), eight);
@@ -183,6 +192,11 @@ impl WidePair {
                     // SAFETY: as above.
                     unsafe { _mm512_store_si512(pair[1].0.as_mut_ptr().cast(), hi) };
                 }
+                // Rows past the block's data up to its correction row (or its end) are zero: a
+                // block that ends inside a chunk pads it.
+                let data_rows = 2 * steps_per_block;
+                let pad_end = rows_per_block - usize::from(in_tile);
+                dst[data_rows..pad_end].fill(Row64::ZERO);
                 if in_tile {
                     let parts = correction_parts(ws);
                     // SAFETY: the block's last row (K values 32..36 of its one chunk) is 64
