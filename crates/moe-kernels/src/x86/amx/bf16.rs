@@ -97,6 +97,22 @@ fn pair_index() -> __m512i {
     )
 }
 
+/// How far ahead of the weights it reads a fill prefetches them into L1: each panel pair's
+/// weights are read once per call, straight from DRAM, and a page-sized lead carries the
+/// stream across the 4 KiB boundaries where the hardware prefetcher stops.
+const FILL_PREFETCH_BYTES: usize = 4096;
+
+/// Prefetches the line [`FILL_PREFETCH_BYTES`] past `source` into L1.
+#[target_feature(enable = "sse")]
+#[inline]
+fn prefetch_source<T>(source: &T) {
+    // A prefetch is a hint that never faults, so an address past the weights is harmless.
+    let ahead = (source as *const T)
+        .cast::<i8>()
+        .wrapping_add(FILL_PREFETCH_BYTES);
+    _mm_prefetch::<_MM_HINT_T0>(ahead);
+}
+
 /// Stores one B row.
 #[target_feature(enable = "avx512f")]
 fn store_row(row: &mut Row64, bits: __m512i) {
@@ -120,12 +136,17 @@ impl WideBf16Pair {
     pub(crate) fn fill(&mut self, w: Bf16Weights<'_>, p: usize, nb: usize) {
         let rows_per_panel = w.k().div_ceil(CHUNK_K) * CHUNK_ROWS;
         self.rows_per_panel = rows_per_panel;
-        self.rows.clear();
         self.rows.resize(nb * rows_per_panel, Row64::ZERO);
-        match w {
+        let written = match w {
             Bf16Weights::W4A8(w) => self.fill_w4a8(w, p, nb),
             Bf16Weights::Wna16(w) => self.fill_wna16(w, p, nb),
             Bf16Weights::Dense(w) => self.fill_dense(w, p, nb),
+        };
+        // The rows past K meet zero activations. Every weight is finite, so what a longer
+        // matrix left here would add zeros too; clearing the few rows past K keeps that exact
+        // without relying on it.
+        for j in 0..nb {
+            self.rows[j * rows_per_panel + written..(j + 1) * rows_per_panel].fill(Row64::ZERO);
         }
     }
 
@@ -134,12 +155,12 @@ impl WideBf16Pair {
     /// is K-major), even channels' values first, which `vpermw` interleaves into pairs. An odd
     /// K leaves the last row's odd halves zero, as are the rows past K.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    fn fill_dense(&mut self, w: &PackedDense, p: usize, nb: usize) {
+    fn fill_dense(&mut self, w: &PackedDense, p: usize, nb: usize) -> usize {
         let rows_per_panel = self.rows_per_panel;
         let k = w.k();
         let Some(values) = w.bf16_values() else {
             debug_assert!(false, "the bf16 path takes bf16 dense weights only");
-            return;
+            return 0;
         };
         let pairs = pair_index();
         for j in 0..nb {
@@ -147,6 +168,7 @@ impl WideBf16Pair {
             let dst = &mut self.rows[j * rows_per_panel..][..k.div_ceil(2)];
             let (whole, tail) = panel.as_chunks::<{ 2 * PANEL }>();
             for (row, two) in dst.iter_mut().zip(whole) {
+                prefetch_source(two);
                 // SAFETY: 32 readable bf16 (64 bytes); the load is unaligned.
                 let v = unsafe { _mm512_loadu_si512(two.as_ptr().cast()) };
                 store_row(row, _mm512_permutexvar_epi16(pairs, v));
@@ -158,11 +180,12 @@ impl WideBf16Pair {
                 store_row(row, _mm512_permutexvar_epi16(pairs, v));
             }
         }
+        k.div_ceil(2)
     }
 
     /// [`WideBf16Pair::fill`] from W4A8-packed panels (weights `c − 8`, block scales).
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    fn fill_w4a8(&mut self, w: &PackedW4A8, p: usize, nb: usize) {
+    fn fill_w4a8(&mut self, w: &PackedW4A8, p: usize, nb: usize) -> usize {
         let rows_per_panel = self.rows_per_panel;
         let block_len = w.block_len();
         // The weight `c − 8` of every nibble code `c`; `vpermps` reads a lane's low 4 bits.
@@ -183,6 +206,7 @@ impl WideBf16Pair {
                     // SAFETY: 16 readable f32 in a local array; unaligned load.
                     sc = unsafe { _mm512_loadu_ps(scales.as_ptr()) };
                 }
+                prefetch_source(step);
                 // SAFETY: `step` is 64 readable bytes; the load is unaligned.
                 let v = unsafe { _mm512_loadu_si512(step.as_ptr().cast()) };
                 // Byte `i` of a channel's dword holds K value `i` (low nibble) and `4 + i`
@@ -197,6 +221,7 @@ impl WideBf16Pair {
                 }
             }
         }
+        (w.k_pad() / K_STEP).min(rows_per_panel / 4) * 4
     }
 
     /// [`WideBf16Pair::fill`] from WNA16-packed int4 panels: weights `(v(c) − zero)·scale` with
@@ -204,7 +229,7 @@ impl WideBf16Pair {
     /// value times the scale for MXFP4 (zero 0; exact in bf16). 8-bit codes go to
     /// [`WideBf16Pair::fill_bytes`].
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    fn fill_wna16(&mut self, w: &PackedWna16, p: usize, nb: usize) {
+    fn fill_wna16(&mut self, w: &PackedWna16, p: usize, nb: usize) -> usize {
         if w.bits() == 8 {
             return self.fill_bytes(w, p, nb);
         }
@@ -237,6 +262,7 @@ impl WideBf16Pair {
                     // SAFETY: as above.
                     zero = unsafe { _mm512_loadu_ps(zeros.as_ptr()) };
                 }
+                prefetch_source(step);
                 // SAFETY: `step` is 16 readable u32; the load is unaligned.
                 let v = unsafe { _mm512_loadu_si512(step.as_ptr().cast()) };
                 // Nibble `i` of a channel's word holds K value `8s + i`.
@@ -250,6 +276,7 @@ impl WideBf16Pair {
                 }
             }
         }
+        steps.min(rows_per_panel / 4) * 4
     }
 
     /// [`WideBf16Pair::fill`] from WNA16-packed 8-bit panels: integer codes as
@@ -260,7 +287,7 @@ impl WideBf16Pair {
     /// runs of 16 bytes, so it fills B rows `2s` and `2s + 1`. Codes past K are 0, finite
     /// weights that meet the zero activations [`fill_a`] puts past K.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    fn fill_bytes(&mut self, w: &PackedWna16, p: usize, nb: usize) {
+    fn fill_bytes(&mut self, w: &PackedWna16, p: usize, nb: usize) -> usize {
         let rows_per_panel = self.rows_per_panel;
         let (group_size, steps) = (w.group_size(), w.k_steps());
         let e4m3 = w.is_e4m3();
@@ -302,6 +329,7 @@ impl WideBf16Pair {
                 store_pair(&mut out[1], weight(2), weight(3), pairs);
             }
         }
+        steps.min(rows_per_panel / 2) * 2
     }
 
     /// The B rows of chunk `c` of the pair's panel `j`.
