@@ -160,7 +160,7 @@ impl WidePair {
         self.n_blocks = n_blocks;
         self.rows
             .resize(nb * n_blocks * rows_per_block, Row64::ZERO);
-        self.wsum.clear();
+        // Every block's sums are stored below, so nothing is cleared.
         self.wsum.resize(nb * n_blocks, [0; PANEL]);
         self.scales.clear();
         let steps_per_block = block_len / K_STEP;
