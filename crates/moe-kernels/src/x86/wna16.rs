@@ -118,12 +118,14 @@ pub(crate) fn group_scales(s: &Wna16ScaleValues, at: usize) -> __m512 {
 }
 
 /// Prefetches the line `PREFETCH_BYTES` past `step` into L1 (an SSE instruction, part of
-/// every x86_64 CPU).
+/// every x86_64 CPU): weights that stream from DRAM once per call, here and in the AMX panel
+/// fills, where a page-sized lead carries the stream across the 4 KiB boundaries at which the
+/// hardware prefetcher stops.
 #[target_feature(enable = "sse")]
 #[inline]
-pub(crate) fn prefetch_ahead(step: &[u32; 16]) {
+pub(crate) fn prefetch_ahead<T>(step: &T) {
     // A prefetch is a hint that never faults, so an address past the weights is harmless.
-    let ahead = step.as_ptr().cast::<i8>().wrapping_add(PREFETCH_BYTES);
+    let ahead = (step as *const T).cast::<i8>().wrapping_add(PREFETCH_BYTES);
     _mm_prefetch::<_MM_HINT_T0>(ahead);
 }
 

@@ -23,7 +23,7 @@ use super::tiles::TileUnit;
 use crate::packed::wna16::{K_STEP as K_STEP_WNA16, K_STEP8};
 use crate::packed::{PANEL, PackedDense, PackedW4A8, PackedWna16, STEP_BYTES, w4a8::K_STEP};
 use crate::ukernel::{Bf16Weights, W4Bf16Job};
-use crate::x86::wna16::{decode_e4m3, decode8};
+use crate::x86::wna16::{decode_e4m3, decode8, prefetch_ahead};
 
 /// K values per chunk: 32 bf16 fill one 64-byte A row.
 pub(crate) const CHUNK_K: usize = 32;
@@ -97,22 +97,6 @@ fn pair_index() -> __m512i {
     )
 }
 
-/// How far ahead of the weights it reads a fill prefetches them into L1: each panel pair's
-/// weights are read once per call, straight from DRAM, and a page-sized lead carries the
-/// stream across the 4 KiB boundaries where the hardware prefetcher stops.
-const FILL_PREFETCH_BYTES: usize = 4096;
-
-/// Prefetches the line [`FILL_PREFETCH_BYTES`] past `source` into L1.
-#[target_feature(enable = "sse")]
-#[inline]
-fn prefetch_source<T>(source: &T) {
-    // A prefetch is a hint that never faults, so an address past the weights is harmless.
-    let ahead = (source as *const T)
-        .cast::<i8>()
-        .wrapping_add(FILL_PREFETCH_BYTES);
-    _mm_prefetch::<_MM_HINT_T0>(ahead);
-}
-
 /// Stores one B row.
 #[target_feature(enable = "avx512f")]
 fn store_row(row: &mut Row64, bits: __m512i) {
@@ -168,7 +152,7 @@ impl WideBf16Pair {
             let dst = &mut self.rows[j * rows_per_panel..][..k.div_ceil(2)];
             let (whole, tail) = panel.as_chunks::<{ 2 * PANEL }>();
             for (row, two) in dst.iter_mut().zip(whole) {
-                prefetch_source(two);
+                prefetch_ahead(two);
                 // SAFETY: 32 readable bf16 (64 bytes); the load is unaligned.
                 let v = unsafe { _mm512_loadu_si512(two.as_ptr().cast()) };
                 store_row(row, _mm512_permutexvar_epi16(pairs, v));
@@ -206,7 +190,7 @@ impl WideBf16Pair {
                     // SAFETY: 16 readable f32 in a local array; unaligned load.
                     sc = unsafe { _mm512_loadu_ps(scales.as_ptr()) };
                 }
-                prefetch_source(step);
+                prefetch_ahead(step);
                 // SAFETY: `step` is 64 readable bytes; the load is unaligned.
                 let v = unsafe { _mm512_loadu_si512(step.as_ptr().cast()) };
                 // Byte `i` of a channel's dword holds K value `i` (low nibble) and `4 + i`
@@ -262,7 +246,7 @@ impl WideBf16Pair {
                     // SAFETY: as above.
                     zero = unsafe { _mm512_loadu_ps(zeros.as_ptr()) };
                 }
-                prefetch_source(step);
+                prefetch_ahead(step);
                 // SAFETY: `step` is 16 readable u32; the load is unaligned.
                 let v = unsafe { _mm512_loadu_si512(step.as_ptr().cast()) };
                 // Nibble `i` of a channel's word holds K value `8s + i`.

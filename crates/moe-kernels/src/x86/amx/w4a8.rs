@@ -33,6 +33,7 @@ use super::common::{
 use super::tiles::{TILE_MAX_COLSB, TileUnit};
 use crate::packed::{PANEL, PackedW4A8, STEP_BYTES, w4a8::K_STEP};
 use crate::ukernel::{W4A8Job, W4A8Out};
+use crate::x86::wna16::prefetch_ahead;
 
 /// Values per block up to which the correction rides in the tile product.
 const CORR_IN_TILE_MAX_BLOCK: usize = 32;
@@ -121,11 +122,6 @@ pub(crate) fn chunks(w: &PackedW4A8) -> (usize, impl Fn(usize) -> (usize, usize)
     })
 }
 
-/// How far ahead of the current packed step [`WidePair::fill`] prefetches into L1: a panel
-/// pair's codes are read once per call, straight from DRAM, and a page-sized lead carries the
-/// stream across the 4 KiB boundaries where the hardware prefetcher stops.
-const FILL_PREFETCH_BYTES: usize = 4096;
-
 /// Longest block whose int32 sums are exact in f32: `|Σ (q + 128)·w| ≤ 255·8·B < 2^24`. For
 /// such blocks `f32(acc) − f32(128 + zp)·f32(Σw)`, one fused multiply-add of exact integers,
 /// is the exact `acc_i`, which saves the 32-bit multiply of the integer correction.
@@ -175,10 +171,7 @@ impl WidePair {
                 let dst = &mut self.rows[at..at + rows_per_block];
                 let mut ws = _mm512_setzero_si512();
                 for (step, pair) in block.iter().zip(dst.as_chunks_mut::<2>().0) {
-                    // The codes stream from DRAM once per call; a hint never faults, so an
-                    // address past the panel is harmless.
-                    let ahead = step.as_ptr().wrapping_add(FILL_PREFETCH_BYTES);
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+                    prefetch_ahead(step);
                     // SAFETY: `step` is 64 readable bytes; the load is unaligned.
                     let v = unsafe { _mm512_loadu_si512(step.as_ptr().cast()) };
                     let lo = _mm512_sub_epi8(_mm512_and_si512(v, mask), eight);
