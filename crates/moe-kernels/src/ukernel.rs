@@ -287,12 +287,26 @@ pub(crate) trait W8A8Microkernel: Copy {
     /// activations as row pairs in its own layout needs its tiles on pair boundaries.
     const ROW_ALIGN: usize = 1;
 
+    /// Panels per tile: 2 when the rung has [`W8A8Microkernel::pair_tile`].
+    const NP: usize = 1;
+
     /// Computes rows `m0..m0 + mr` (`1 ≤ mr ≤ MR`) of panel `p`.
     ///
     /// # Safety
     /// - `self` proves the ISA; the job satisfies [`W8A8PanelsFn`]'s contract for panel `p`;
     /// - `m0 + mr ≤ job.m`.
     unsafe fn tile(self, job: &W8A8Job<'_>, p: usize, m0: usize, mr: usize);
+
+    /// Computes rows `m0..m0 + mr` of panels `p` and `p + 1` (rungs with `NP == 2`).
+    ///
+    /// # Safety
+    /// - As [`W8A8Microkernel::tile`] for both panels.
+    unsafe fn pair_tile(self, job: &W8A8Job<'_>, p: usize, m0: usize, mr: usize) {
+        // SAFETY: forwarded contract.
+        unsafe { self.tile(job, p, m0, mr) };
+        // SAFETY: as above.
+        unsafe { self.tile(job, p + 1, m0, mr) };
+    }
 }
 
 /// Walks the panels and, inside each, the row tiles; the body every rung's entry inlines.
@@ -354,12 +368,21 @@ pub(crate) unsafe fn w8a8_panels<K: W8A8Microkernel>(
     panels: Range<usize>,
 ) {
     debug_assert!(job.w.k_pad().is_multiple_of(K::KC_ALIGN));
-    for p in panels {
+    let mut p = panels.start;
+    while p < panels.end {
+        let pair = K::NP == 2 && p + 1 < panels.end;
         for rows in row_tiles_aligned(job.m, K::MR, K::ROW_ALIGN) {
-            // SAFETY: forwarded from this function's contract; `row_tiles` yields ranges of
-            // at most `MR` rows inside `0..m`.
-            unsafe { kern.tile(job, p, rows.start, rows.len()) };
+            if pair {
+                // SAFETY: forwarded from this function's contract for panels `p` and
+                // `p + 1 < panels.end`; `row_tiles` yields ranges of at most `MR` rows inside
+                // `0..m`.
+                unsafe { kern.pair_tile(job, p, rows.start, rows.len()) };
+            } else {
+                // SAFETY: as above, for panel `p`.
+                unsafe { kern.tile(job, p, rows.start, rows.len()) };
+            }
         }
+        p += if pair { 2 } else { 1 };
     }
 }
 
@@ -403,7 +426,8 @@ macro_rules! impl_microkernels {
         $(row_align: $align:expr,)?
         rows: [$($n:literal)+],
         w4a8_tile: $w4a8_tile:ident,
-        w8a8_tile: $w8a8_tile:ident $(,)?
+        w8a8_tile: $w8a8_tile:ident
+        $(, w8a8_pair_tile: $w8a8_pair:ident)? $(,)?
     ) => {
         // Every row count `1..=MR` has a tile instantiation, so `tile` never reaches the
         // `unreachable!` arm for a valid `mr`.
@@ -458,6 +482,7 @@ macro_rules! impl_microkernels {
                     _ => unreachable!("tile rows out of range"),
                 }
             }
+            $crate::ukernel::w8a8_pair_methods!($($w8a8_pair)?; $($n)+);
         }
 
         /// The W4A8 entry point of this rung.
@@ -497,6 +522,35 @@ macro_rules! impl_microkernels {
 }
 
 pub(crate) use impl_microkernels;
+
+/// The two-panel items of a [`W8A8Microkernel`] impl made by [`impl_microkernels!`]: nothing
+/// for a rung without a two-panel tile, else `NP = 2` and [`W8A8Microkernel::pair_tile`] over
+/// the rung's row counts.
+macro_rules! w8a8_pair_methods {
+    (; $($n:literal)+) => {};
+    ($pair:ident; $($n:literal)+) => {
+        const NP: usize = 2;
+
+        #[inline(always)]
+        unsafe fn pair_tile(
+            self,
+            job: &$crate::ukernel::W8A8Job<'_>,
+            p: usize,
+            m0: usize,
+            mr: usize,
+        ) {
+            match mr {
+                $(
+                    // SAFETY: as for `tile`, for both panels.
+                    $n => unsafe { $pair::<$n>(job, p, m0) },
+                )+
+                _ => unreachable!("tile rows out of range"),
+            }
+        }
+    };
+}
+
+pub(crate) use w8a8_pair_methods;
 
 /// The `kernel_set(token)` of a rung whose two entries (from [`impl_microkernels!`]) run on the
 /// rung itself: `isa` names it, and `w4a8`/`w8a8` are the [`ActEncoding`] variants its entries
