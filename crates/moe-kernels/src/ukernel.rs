@@ -472,15 +472,7 @@ macro_rules! impl_microkernels {
                 m0: usize,
                 mr: usize,
             ) {
-                match mr {
-                    $(
-                        // SAFETY: `self` is this rung's token, so the CPU has the features the
-                        // tile body is compiled for; the output contract is forwarded from our
-                        // caller, and `mr` is the tile's row count.
-                        $n => unsafe { $w8a8_tile::<$n>(job, p, m0) },
-                    )+
-                    _ => unreachable!("tile rows out of range"),
-                }
+                $crate::ukernel::w8a8_tile_for_rows!($w8a8_tile, mr, job, p, m0; $($n)+)
             }
             $crate::ukernel::w8a8_pair_methods!($($w8a8_pair)?; $($n)+);
         }
@@ -539,18 +531,31 @@ macro_rules! w8a8_pair_methods {
             m0: usize,
             mr: usize,
         ) {
-            match mr {
-                $(
-                    // SAFETY: as for `tile`, for both panels.
-                    $n => unsafe { $pair::<$n>(job, p, m0) },
-                )+
-                _ => unreachable!("tile rows out of range"),
-            }
+            $crate::ukernel::w8a8_tile_for_rows!($pair, mr, job, p, m0; $($n)+)
         }
     };
 }
 
 pub(crate) use w8a8_pair_methods;
+
+/// Calls the W8A8 tile body `$tile::<R>(job, p, m0)` whose `R` is the runtime row count `mr`,
+/// one of the rung's row counts `$n` (the body of [`W8A8Microkernel::tile`] and
+/// [`W8A8Microkernel::pair_tile`] in [`impl_microkernels!`]).
+macro_rules! w8a8_tile_for_rows {
+    ($tile:ident, $mr:expr, $job:expr, $p:expr, $m0:expr; $($n:literal)+) => {
+        match $mr {
+            $(
+                // SAFETY: the method invoking this is called on the rung's token, so the CPU
+                // has the features the tile body is compiled for; its output contract is
+                // forwarded from its caller, and `mr` is the tile's row count.
+                $n => unsafe { $tile::<$n>($job, $p, $m0) },
+            )+
+            _ => unreachable!("tile rows out of range"),
+        }
+    };
+}
+
+pub(crate) use w8a8_tile_for_rows;
 
 /// The `kernel_set(token)` of a rung whose two entries (from [`impl_microkernels!`]) run on the
 /// rung itself: `isa` names it, and `w4a8`/`w8a8` are the [`ActEncoding`] variants its entries
