@@ -36,7 +36,7 @@ use crate::dispatch::{Bf16MinRows, W4A8MinRows};
 use crate::ukernel::{ActEncoding, W4A8Job, W4A8PanelsFn, W4Bf16Job, W8A8Job, W8A8PanelsFn};
 use crate::wna16::Int4DotJob;
 use bf16::{WideBf16Pair, bf16_step};
-use common::{AccBuf, GROUP_ROWS, TILE_ROWS, TiledA, tile_config};
+use common::{AccBuf, GROUP_ROWS, TILE_ROWS, TileBuf, TiledA, tile_config};
 use int4::{CodePair, int4_step};
 use tiles::{HwTiles, TileUnit};
 use w4a8::{BatchAccs, W4A8Step, WidePair, w4a8_step};
@@ -150,12 +150,13 @@ unsafe fn w8a8_panels<U: TileUnit>(unit: &mut U, job: &W8A8Job<'_>, panels: Rang
     // SAFETY: `tile_config` shapes are legal.
     unsafe { unit.configure(&tile_config(w8a8::CHUNK)) };
     let mut acc = AccBuf::zeroed();
+    let mut tails: w8a8::Tails = [TileBuf::zeroed(), TileBuf::zeroed()];
     let (n_chunks, _) = w8a8::chunks(job.w.k_pad());
     let a = TiledA::new(job.a_tiles, job.m, w8a8::CHUNK, n_chunks);
     let mut p = panels.start;
     while p < panels.end {
         let nb = 2.min(panels.end - p);
-        let pair = PanelPair::new(job.w, p, nb);
+        let pair = PanelPair::new(job.w, p, nb, &mut tails);
         let mut row0 = 0;
         while row0 < job.m {
             let rows = GROUP_ROWS.min(job.m - row0);

@@ -35,21 +35,26 @@ pub(crate) fn tile_a(a: &[u8], m: usize, k_pad: usize, dst: &mut Vec<u8>) {
     tile_rows(ARows { a, m, k_pad }, CHUNK, n_chunks, starts, dst);
 }
 
-/// The B side of one step: the packed bytes of up to two adjacent panels and zero-padded
-/// copies of their ragged last chunk.
+/// Zero-padded copies of the ragged last chunk of a panel pair, one per panel: its steps, then
+/// zero rows. A walk keeps one for all its pairs.
+pub(crate) type Tails = [TileBuf; 2];
+
+/// The B side of one step: the packed bytes of up to two adjacent panels and, when K is not a
+/// multiple of [`CHUNK`], zero-padded copies of their ragged last chunk.
 pub(crate) struct PanelPair<'a> {
     /// First panel of the pair.
     p: usize,
     /// The packed panels (the second repeats the first when the pair has one panel).
     panels: [&'a [u8]; 2],
-    /// The last chunk of each panel when K is not a multiple of [`CHUNK`]: its steps, then
-    /// zero rows.
-    tail: [TileBuf; 2],
+    /// The last chunk of each panel, filled when K is not a multiple of [`CHUNK`].
+    tail: &'a Tails,
 }
 
 impl<'a> PanelPair<'a> {
-    /// Panels `p..p + nb` (`nb` is 1 or 2) of `w`.
-    pub(crate) fn new(w: &'a PackedW8A8, p: usize, nb: usize) -> Self {
+    /// Panels `p..p + nb` (`nb` is 1 or 2) of `w`, their ragged last chunk copied into `tails`
+    /// if K has one (every K value of a copy past the panel's data is zero, as a fresh
+    /// [`TileBuf`] is and no copy writes there).
+    pub(crate) fn new(w: &'a PackedW8A8, p: usize, nb: usize, tails: &'a mut Tails) -> Self {
         let bytes = |p: usize| {
             let panel = w.panel_bytes(p);
             // SAFETY: `i8` and `u8` have the same size, alignment and validity.
@@ -57,15 +62,19 @@ impl<'a> PanelPair<'a> {
         };
         let panels = [bytes(p), bytes(p + nb - 1)];
         let full = w.k_pad() / CHUNK * CHUNK;
-        let tail = panels.map(|panel| {
-            let mut buf = TileBuf::zeroed();
-            let (steps, _) = panel[full / K_STEP * STEP_BYTES..].as_chunks::<STEP_BYTES>();
-            for (row, step) in buf.0.iter_mut().zip(steps) {
-                *row = *step;
+        if full < w.k_pad() {
+            for (buf, panel) in tails.iter_mut().zip(panels) {
+                let (steps, _) = panel[full / K_STEP * STEP_BYTES..].as_chunks::<STEP_BYTES>();
+                for (row, step) in buf.0.iter_mut().zip(steps) {
+                    *row = *step;
+                }
             }
-            buf
-        });
-        Self { p, panels, tail }
+        }
+        Self {
+            p,
+            panels,
+            tail: tails,
+        }
     }
 }
 
