@@ -280,6 +280,24 @@ unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
             acc[r] = _mm512_dpbusd_epi32(acc[r], a, v);
         }
     }
+    // SAFETY: our contract.
+    unsafe { w8a8_store_panel(job, p, m0, acc) };
+}
+
+/// The W8A8 epilogue of panel `p`: `f32(acc − 128·Σw) · (xs·ws)` for rows `m0..m0 + R`, the
+/// channels past N masked out.
+///
+/// # Safety
+/// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[inline]
+unsafe fn w8a8_store_panel<const R: usize>(
+    job: &W8A8Job<'_>,
+    p: usize,
+    m0: usize,
+    acc: [__m512i; R],
+) {
+    let w = job.w;
     let comp = _mm512_slli_epi32::<7>(load_i32(w.panel_wsum(p).try_into().unwrap()));
     let scales = load_f32(w.panel_scales(p).try_into().unwrap());
     let valid = PANEL.min(w.n() - p * PANEL);
@@ -318,7 +336,8 @@ unsafe fn w8a8_pair_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize)
         assert_eq!(a.len(), steps[0].len());
     }
     assert_eq!(steps[0].len(), steps[1].len());
-    let mut acc = [[_mm512_setzero_si512(); 2]; R];
+    // `acc[j][r]`: panel `p + j`, row `m0 + r`.
+    let mut acc = [[_mm512_setzero_si512(); R]; 2];
     for (i, (s0, s1)) in steps[0].iter().zip(steps[1]).enumerate() {
         prefetch_at::<W8A8_PREFETCH_BYTES, _>(s0);
         prefetch_at::<W8A8_PREFETCH_BYTES, _>(s1);
@@ -328,27 +347,14 @@ unsafe fn w8a8_pair_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize)
         let v1 = load_bytes(unsafe { &*(s1 as *const [i8; 64]).cast::<[u8; 64]>() });
         for r in 0..R {
             let a = _mm512_set1_epi32(i32::from_le_bytes(row_steps[r][i]));
-            acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], a, v0);
-            acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], a, v1);
+            acc[0][r] = _mm512_dpbusd_epi32(acc[0][r], a, v0);
+            acc[1][r] = _mm512_dpbusd_epi32(acc[1][r], a, v1);
         }
     }
-    for j in 0..2 {
-        let p = p + j;
-        let comp = _mm512_slli_epi32::<7>(load_i32(w.panel_wsum(p).try_into().unwrap()));
-        let scales = load_f32(w.panel_scales(p).try_into().unwrap());
-        let valid = PANEL.min(w.n() - p * PANEL);
-        let keep: __mmask16 = if valid == PANEL { !0 } else { (1 << valid) - 1 };
-        for r in 0..R {
-            let exact = _mm512_sub_epi32(acc[r][j], comp);
-            let dequant = _mm512_mul_ps(_mm512_set1_ps(job.row_scale[m0 + r]), scales);
-            let y = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), dequant);
-            // SAFETY: row `m0 + r < m`, channels `16p..16p + valid < N`, owned by this call;
-            // masked lanes are not accessed.
-            unsafe {
-                _mm512_mask_storeu_ps(job.out.wrapping_add((m0 + r) * job.ld + p * PANEL), keep, y)
-            };
-        }
-    }
+    // SAFETY: our contract, for panel `p`.
+    unsafe { w8a8_store_panel(job, p, m0, acc[0]) };
+    // SAFETY: our contract, for panel `p + 1`.
+    unsafe { w8a8_store_panel(job, p + 1, m0, acc[1]) };
 }
 
 crate::ukernel::impl_microkernels! {

@@ -156,18 +156,20 @@ pub(crate) fn tile_rows(
 /// `copy_from_slice` (a `memmove` call per chunk cost several per cent of a W8A8 call).
 #[inline]
 fn copy_row_chunk(dst: &mut [u8], src: &[u8]) {
-    match (
-        <&mut [u8; 64]>::try_from(&mut *dst),
-        <&[u8; 64]>::try_from(src),
-    ) {
-        (Ok(d), Ok(s)) => *d = *s,
-        _ => match (
-            <&mut [u8; 32]>::try_from(&mut *dst),
-            <&[u8; 32]>::try_from(src),
-        ) {
-            (Ok(d), Ok(s)) => *d = *s,
-            _ => dst.copy_from_slice(src),
-        },
+    if !copy_fixed::<64>(dst, src) && !copy_fixed::<32>(dst, src) {
+        dst.copy_from_slice(src);
+    }
+}
+
+/// Copies `src` into `dst` when both are `N` bytes long; says whether it did.
+#[inline]
+fn copy_fixed<const N: usize>(dst: &mut [u8], src: &[u8]) -> bool {
+    match (<&mut [u8; N]>::try_from(dst), <&[u8; N]>::try_from(src)) {
+        (Ok(d), Ok(s)) => {
+            *d = *s;
+            true
+        }
+        _ => false,
     }
 }
 
