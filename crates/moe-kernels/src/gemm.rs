@@ -13,6 +13,11 @@ use crate::par::{Par, split_panels};
 use crate::ukernel::{ActEncoding, Bf16Weights, W4A8Job, W4A8Out, W4Bf16Job, W8A8Job};
 use moe_quant::act::quantize_row_asym_i8;
 
+mod tokens;
+pub(crate) use tokens::{
+    TokenCodes, TokenParams, TokenQuant, quantize_tokens, w4a8_gemm_tokens, w8a8_gemm_tokens,
+};
+
 /// Activation rows already quantised asymmetrically (spec §4.2(a)): `x ≈ (q − zp)·recip`.
 #[derive(Debug, Clone, Copy)]
 pub struct AsymQuantRows<'a> {

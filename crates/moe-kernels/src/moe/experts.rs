@@ -6,10 +6,71 @@ use crate::{
     GemmScratch, KernelError, KernelSet, PackedDense, PackedW4A8, PackedW8A8, PackedWna16, Par,
 };
 
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for crate::PackedW4A8 {}
-    impl Sealed for crate::PackedW8A8 {}
+/// The part of [`ExpertMatrix`] only this crate sees: what lets the pipeline quantise each
+/// token once per call for the formats whose GEMMs quantise their input rows per token.
+pub(crate) mod sealed {
+    use crate::gemm::{TokenCodes, TokenQuant, w4a8_gemm_tokens, w8a8_gemm_tokens};
+    use crate::{GemmScratch, KernelError, KernelSet, PackedW4A8, PackedW8A8, Par};
+
+    pub trait Sealed {
+        /// How this format's GEMM quantises its input rows, when it quantises each row by
+        /// itself (per token), so that the rows of one token may share one quantisation.
+        fn token_quant(&self) -> Option<TokenQuant> {
+            None
+        }
+
+        /// `out[m, N]` from the codes of `tokens` (one output row per entry), quantised by
+        /// the rule of [`Self::token_quant`]. `Ok(false)`, with nothing written, when this
+        /// call's kernel multiplies float rows; the caller then runs the float GEMM.
+        fn gemm_tokens(
+            &self,
+            _ks: &KernelSet,
+            _tokens: &[usize],
+            _codes: TokenCodes<'_>,
+            _out: &mut [f32],
+            _scratch: &mut GemmScratch,
+            _par: Par,
+        ) -> Result<bool, KernelError> {
+            Ok(false)
+        }
+    }
+
+    impl Sealed for PackedW4A8 {
+        fn token_quant(&self) -> Option<TokenQuant> {
+            Some(TokenQuant::Asym)
+        }
+
+        fn gemm_tokens(
+            &self,
+            ks: &KernelSet,
+            tokens: &[usize],
+            codes: TokenCodes<'_>,
+            out: &mut [f32],
+            scratch: &mut GemmScratch,
+            par: Par,
+        ) -> Result<bool, KernelError> {
+            w4a8_gemm_tokens(ks, tokens, codes, self, out, scratch, par)
+        }
+    }
+
+    impl Sealed for PackedW8A8 {
+        fn token_quant(&self) -> Option<TokenQuant> {
+            Some(TokenQuant::Sym)
+        }
+
+        fn gemm_tokens(
+            &self,
+            ks: &KernelSet,
+            tokens: &[usize],
+            codes: TokenCodes<'_>,
+            out: &mut [f32],
+            scratch: &mut GemmScratch,
+            par: Par,
+        ) -> Result<bool, KernelError> {
+            w8a8_gemm_tokens(ks, tokens, codes, self, out, scratch, par).map(|()| true)
+        }
+    }
+
     impl Sealed for crate::PackedDense {}
     impl Sealed for crate::marlin::MarlinWeights {}
     impl Sealed for crate::PackedWna16 {}

@@ -11,9 +11,11 @@ use std::time::{Duration, Instant};
 
 use super::activation::{Activation, GateUpLayout};
 use super::bucket::Routing;
+use super::experts::sealed::Sealed;
 use super::experts::{ExpertMatrix, WeightFormat};
 use super::numerics::{ExpertId, MoeFloat, Numerics, Round, SumMode};
 use super::scratch::{MoeScratch, MoeScratchDims, NOT_LOCAL, StageTimes};
+use crate::gemm::{TokenCodes, TokenParams, TokenQuant, quantize_tokens};
 use crate::packed::check_len;
 use crate::par::{self, Par, join, pool_threads};
 use crate::{GemmScratch, KernelError, KernelSet};
@@ -299,16 +301,47 @@ impl<W: ExpertMatrix> FusedMoe<W> {
             expert_rows,
             gate_up,
             activated,
+            token_codes,
+            token_params,
             gemm,
             times,
             ..
         } = scratch;
         // Lane `l` records into `lane_times[l]`, the stages outside the lanes into `outer`.
-        let (outer, lane_times): (Option<&mut StageTimes>, Option<&mut [StageTimes]>) =
+        let (mut outer, lane_times): (Option<&mut StageTimes>, Option<&mut [StageTimes]>) =
             match times.as_deref_mut() {
                 Some([outer, lanes @ ..]) => (Some(outer), Some(lanes)),
                 _ => (None, None),
             };
+        // Formats that quantise per token share one quantisation of each token among its
+        // experts, unless the router weight scales each expert's copy of the row first.
+        let token_rule = self
+            .weights
+            .w13
+            .first()
+            .and_then(Sealed::token_quant)
+            .filter(|_| !self.config.apply_router_weight_on_input);
+        let codes = match token_rule {
+            Some(rule) => {
+                let started = outer.is_some().then(Instant::now);
+                let (codes, params) = (&mut token_codes[..tokens * h], &mut token_params[..tokens]);
+                let quantiser = TokenQuantiser {
+                    ks: &self.kernels,
+                    rule,
+                    hidden: h,
+                };
+                quantiser.run(x, &mut expert_rows[..tokens * h], codes, params, par);
+                if let (Some(t0), Some(outer)) = (started, outer.as_deref_mut()) {
+                    outer.gather += t0.elapsed();
+                }
+                Some(TokenCodes {
+                    k: h,
+                    codes: &token_codes[..tokens * h],
+                    params: &token_params[..tokens],
+                })
+            }
+            None => None,
+        };
         let active = offsets.windows(2).filter(|w| w[1] > w[0]).count();
         let lanes = match par {
             Par::Seq => 1,
@@ -321,6 +354,7 @@ impl<W: ExpertMatrix> FusedMoe<W> {
             tok: &tok[..rows],
             gate: &gate[..rows],
             offsets: &offsets[..=e],
+            codes,
             numerics,
             par,
         };
@@ -395,6 +429,8 @@ struct ExpertCtx<'a, W, X> {
     tok: &'a [usize],
     gate: &'a [f32],
     offsets: &'a [usize],
+    /// Every token's activation codes, when the format quantises per token.
+    codes: Option<TokenCodes<'a>>,
     numerics: Numerics,
     par: Par,
 }
@@ -507,26 +543,40 @@ impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
             let gate_up_e = &mut gate_up[r0 * 2 * i..][..n_e * 2 * i];
             let act_e = &mut activated[r0 * i..][..n_e * i];
 
-            // Gather (and optionally gate) the input rows.
-            for (pos, row) in (start..end).zip(rows_e.chunks_exact_mut(h)) {
-                let src = &self.x[self.tok[pos] * h..][..h];
-                if on_input {
-                    let g = nm.gate(self.gate[pos]);
+            // Gate/up projection from the tokens' shared codes, or from the gathered (and
+            // optionally gated) input rows.
+            let from_codes = match self.codes {
+                Some(codes) => weights.w13[e].gemm_tokens(
+                    &self.moe.kernels,
+                    &self.tok[start..end],
+                    codes,
+                    gate_up_e,
+                    scratch,
+                    self.par,
+                )?,
+                None => false,
+            };
+            if !from_codes {
+                for (pos, row) in (start..end).zip(rows_e.chunks_exact_mut(h)) {
+                    let src = &self.x[self.tok[pos] * h..][..h];
                     for (d, s) in row.iter_mut().zip(src) {
                         *d = s.to_f32();
                     }
-                    Round::map_twice(row, nm.compute, Round::F32, |v| v * g);
-                } else {
-                    for (d, s) in row.iter_mut().zip(src) {
-                        *d = s.to_f32();
+                    if on_input {
+                        let g = nm.gate(self.gate[pos]);
+                        Round::map_twice(row, nm.compute, Round::F32, |v| v * g);
                     }
                 }
+                mark(&mut times, |t| &mut t.gather);
+                weights.w13[e].gemm(
+                    &self.moe.kernels,
+                    n_e,
+                    rows_e,
+                    gate_up_e,
+                    scratch,
+                    self.par,
+                )?;
             }
-
-            mark(&mut times, |t| &mut t.gather);
-
-            // Gate/up projection, bias, activation.
-            weights.w13[e].gemm(&self.moe.kernels, n_e, rows_e, gate_up_e, scratch, self.par)?;
             let b13 = weights
                 .w13_bias
                 .as_deref()
@@ -554,6 +604,49 @@ impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
             mark(&mut times, |t| &mut t.down);
         }
         Ok(())
+    }
+}
+
+/// Below this many values the tokens' rows are quantised on one thread.
+const PARALLEL_QUANT_MIN: usize = 1 << 15;
+
+/// Quantises every token's row once per call for the formats whose GEMMs quantise per token
+/// (see [`crate::gemm::TokenCodes`]).
+struct TokenQuantiser<'a> {
+    ks: &'a KernelSet,
+    rule: TokenQuant,
+    hidden: usize,
+}
+
+impl TokenQuantiser<'_> {
+    /// Rows of `x` into `codes` and `params` (one per token), each widened to f32 in
+    /// `staging` first; halves of the tokens run on two threads when asked and worth it, and
+    /// each row's codes depend on that row alone, so the split never changes them.
+    fn run<X: MoeFloat>(
+        &self,
+        x: &[X],
+        staging: &mut [f32],
+        codes: &mut [i8],
+        params: &mut [TokenParams],
+        par: Par,
+    ) {
+        let (t, h) = (params.len(), self.hidden);
+        if par == Par::Rayon && t >= 2 && t * h >= PARALLEL_QUANT_MIN {
+            let mid = t / 2;
+            let (x0, x1) = x.split_at(mid * h);
+            let (s0, s1) = staging.split_at_mut(mid * h);
+            let (c0, c1) = codes.split_at_mut(mid * h);
+            let (p0, p1) = params.split_at_mut(mid);
+            join(
+                || self.run(x0, s0, c0, p0, par),
+                || self.run(x1, s1, c1, p1, par),
+            );
+            return;
+        }
+        for (d, s) in staging.iter_mut().zip(x) {
+            *d = s.to_f32();
+        }
+        quantize_tokens(self.ks, self.rule, staging, h, codes, params);
     }
 }
 

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use crate::gemm::TokenParams;
 use crate::{GemmScratch, KernelError};
 
 /// Time spent in each stage of [`FusedMoe::apply`](super::FusedMoe::apply) calls, summed over
@@ -20,7 +21,9 @@ use crate::{GemmScratch, KernelError};
 pub struct StageTimes {
     /// Bucketing the (token, slot) pairs by expert.
     pub route: Duration,
-    /// Gathering (and, with the router weight on the input, scaling) the input rows.
+    /// Gathering (and, with the router weight on the input, scaling) the input rows; for the
+    /// formats that quantise per token, quantising each token once instead (the gate/up GEMMs
+    /// then gather the codes).
     pub gather: Duration,
     /// The gate/up GEMMs and their bias and rounding.
     pub gate_up: Duration,
@@ -93,6 +96,11 @@ pub struct MoeScratch {
     pub(crate) gate_up: Vec<f32>,
     /// Activation outputs, `[pairs, I]`.
     pub(crate) activated: Vec<f32>,
+    /// Each token's activation codes, quantised once per call for formats whose GEMMs
+    /// quantise per token, `[T, H]`.
+    pub(crate) token_codes: Vec<i8>,
+    /// Each token's quantisation parameters, `[T]`.
+    pub(crate) token_params: Vec<TokenParams>,
     /// One GEMM scratch per lane.
     pub(crate) gemm: Vec<GemmScratch>,
     /// Per lane (and one for the stages outside the lanes), the stage times recorded, when
@@ -104,7 +112,8 @@ impl MoeScratch {
     /// Allocates every buffer for calls up to `dims`.
     ///
     /// Memory: about `max_tokens·top_k·(3H + 3I)·4` bytes plus `lanes·max_tokens·top_k·2·max(H, I)`
-    /// bytes of quantised rows; split very large batches into several calls instead.
+    /// bytes of quantised rows and `max_tokens·H` bytes of per-token codes; split very large
+    /// batches into several calls instead.
     pub fn new(dims: MoeScratchDims) -> Result<Self, KernelError> {
         let overflow = |dim| KernelError::UnsupportedDim {
             dim,
@@ -140,6 +149,13 @@ impl MoeScratch {
             expert_rows: vec![0.0; rows(h)?],
             gate_up: vec![0.0; rows(i.saturating_mul(2))?],
             activated: vec![0.0; rows(i)?],
+            token_codes: vec![
+                0;
+                dims.max_tokens
+                    .checked_mul(h)
+                    .ok_or(overflow("max_tokens·H"))?
+            ],
+            token_params: vec![TokenParams::default(); dims.max_tokens],
             gemm: (0..dims.lanes)
                 .map(|_| GemmScratch::with_capacity(max_pairs, h.max(i)))
                 .collect(),

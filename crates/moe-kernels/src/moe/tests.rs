@@ -825,10 +825,11 @@ fn non_finite_rows_give_the_same_bits_on_every_rung() {
 #[test]
 fn results_do_not_depend_on_threads_or_lanes() {
     let mut rng = SplitMix64::new(41);
-    // Big enough that every GEMM splits its panels (above the driver's 2^18 MACs).
+    // Big enough that every GEMM splits its panels (above the driver's 2^18 MACs) and that
+    // the tokens are quantised in two halves (above 2^15 values).
     let layer = w4a8_layer(42, (8, 256, 128), Some(64), true);
-    let r = routed(&mut rng, 40, 4, |rng| rng.below(8) as i64);
-    let x = rng.vec_uniform(40 * 256, -1.0, 1.0);
+    let r = routed(&mut rng, 137, 4, |rng| rng.below(8) as i64);
+    let x = rng.vec_uniform(137 * 256, -1.0, 1.0);
     let moe = layer.moe(*crate::kernels());
     let want = run(&moe, &x, &r, 1, Par::Seq).unwrap();
     assert_bits_eq(&want, &layer.reference(&x, &r), "Seq vs reference");
