@@ -242,8 +242,9 @@ pub struct BenchArgs {
     #[arg(long, hide = true, conflicts_with = "experts_only")]
     pub layer: bool,
     /// Also time each stage of the fused pipeline (route, gather, gate/up, activation, down,
-    /// reduce; the GEMM stages include their activation quantisation), in ms per call summed
-    /// over the lanes that run at once (with `--experts-only`).
+    /// reduce; the GEMM stages include their activation quantisation, except that W4A8 and
+    /// W8A8 quantise each token once in the gather stage), in ms per call summed over the lanes
+    /// that run at once (with `--experts-only`).
     #[arg(long)]
     pub breakdown: bool,
     /// Also draw the rows as an SVG chart (ms per call against tokens per call, log axes, one
