@@ -226,19 +226,7 @@ pub fn w4a8_gemm(
                 scratch.nan_rows.push(i);
             }
         }
-        let s = &mut *scratch;
-        s.block_corr.clear();
-        if kernel.encoding.needs_block_corr() {
-            block_corrections(w, &s.encoded, &s.corr, &mut s.block_corr);
-        }
-        let rows = EncodedRows {
-            a: &s.encoded,
-            corr: &s.corr,
-            block_corr: &s.block_corr,
-            recip: &s.row_scale,
-        };
-        run_w4a8(kernel, m, w, rows, &mut s.tiles, out, par);
-        poison_nan_rows(&scratch.nan_rows, w.n(), out);
+        run_w4a8_encoded(kernel, m, w, scratch, out, par);
         return Ok(());
     }
     let mut q = std::mem::take(&mut scratch.q);
@@ -290,6 +278,32 @@ pub fn w4a8_gemm_quantized(
     };
     run_w4a8(kernel, m, w, rows, &mut scratch.tiles, out, par);
     Ok(())
+}
+
+/// Runs the kernel on the rows `scratch` holds in its encoding (`encoded`, `corr`, `row_scale`
+/// and `nan_rows` filled for `m` rows): makes the block corrections if the encoding needs them,
+/// multiplies, and turns the rows that held a NaN into NaN rows.
+fn run_w4a8_encoded(
+    kernel: W4A8Kernel,
+    m: usize,
+    w: &PackedW4A8,
+    scratch: &mut GemmScratch,
+    out: &mut [f32],
+    par: Par,
+) {
+    let s = &mut *scratch;
+    s.block_corr.clear();
+    if kernel.encoding.needs_block_corr() {
+        block_corrections(w, &s.encoded, &s.corr, &mut s.block_corr);
+    }
+    let rows = EncodedRows {
+        a: &s.encoded,
+        corr: &s.corr,
+        block_corr: &s.block_corr,
+        recip: &s.row_scale,
+    };
+    run_w4a8(kernel, m, w, rows, &mut s.tiles, out, par);
+    poison_nan_rows(&s.nan_rows, w.n(), out);
 }
 
 /// Whether a row holds a NaN; branch-free so that it vectorises (an early exit would keep the

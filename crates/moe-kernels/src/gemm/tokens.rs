@@ -9,7 +9,7 @@
 //! ones the per-expert GEMMs use, so codes, zero points and scales, and therefore the outputs,
 //! are the same bits either way.
 
-use super::{EncodedRows, block_corrections, has_nan, poison_nan_rows, run_w4a8, run_w8a8_encoded};
+use super::{has_nan, poison_nan_rows, run_w4a8_encoded, run_w8a8_encoded};
 use crate::dispatch::KernelSet;
 use crate::packed::{PackedW4A8, PackedW8A8, check_len};
 use crate::par::Par;
@@ -195,18 +195,7 @@ pub(crate) fn w4a8_gemm_tokens(
             s.nan_rows.push(i);
         }
     }
-    s.block_corr.clear();
-    if kernel.encoding.needs_block_corr() {
-        block_corrections(w, &s.encoded, &s.corr, &mut s.block_corr);
-    }
-    let rows = EncodedRows {
-        a: &s.encoded,
-        corr: &s.corr,
-        block_corr: &s.block_corr,
-        recip: &s.row_scale,
-    };
-    run_w4a8(kernel, m, w, rows, &mut s.tiles, out, par);
-    poison_nan_rows(&s.nan_rows, w.n(), out);
+    run_w4a8_encoded(kernel, m, w, scratch, out, par);
     Ok(true)
 }
 
