@@ -19,7 +19,7 @@ use std::arch::x86_64::*;
 
 use super::Avx512Vnni;
 use crate::packed::PANEL;
-use crate::ukernel::{W4A8Job, W8A8Job};
+use crate::ukernel::{W4A8Job, W4A8Out, W8A8Job};
 
 /// Rows per tile.
 const MR: usize = 8;
@@ -105,52 +105,7 @@ fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
     acc
 }
 
-/// The W4A8 tile's i32 sums of a panel's 16 channels: one 512-bit vector.
-type I32s = __m512i;
-/// The W4A8 tile's f32 values of a panel's 16 channels.
-type F32s = __m512;
-
-/// What every scale block of a W4A8 tile needs.
-struct W4Tile<'a, const R: usize> {
-    /// Per row, `κ` of each block.
-    row_kappa: [&'a [i32]; R],
-    /// Per row, `−zp` in the low 16 bits of each 32-bit lane, 0 in the high ones.
-    neg_zp_lo: [i32; R],
-    /// Per row, the zero point.
-    zp: [i32; R],
-    /// `Σc` of a block fits an i16 (see [`block_sums`]).
-    short_blocks: bool,
-    /// `κ/8` of every row fits an i16 too.
-    paired: bool,
-}
-
-impl<'a, const R: usize> W4Tile<'a, R> {
-    /// The tile of rows `m0..m0 + R` of a matrix with `n_blocks` scale blocks per row (the
-    /// caller's count, so that the block loop's bound and these slices' length are one value
-    /// and indexing them needs no check).
-    fn new(job: &W4A8Job<'a>, m0: usize, n_blocks: usize) -> Self {
-        let mut row_kappa: [&[i32]; R] = [&[]; R];
-        let mut neg_zp_lo = [0i32; R];
-        let mut zp = [0i32; R];
-        for r in 0..R {
-            row_kappa[r] = &job.block_corr[(m0 + r) * n_blocks..][..n_blocks];
-            zp[r] = job.row_corr[m0 + r];
-            neg_zp_lo[r] = zp[r].wrapping_neg() & 0xFFFF;
-        }
-        // Σc of a block is at most 15·B; below 2^15 it is one i16 for `vpdpwssd`, and below
-        // 2^15 / 255 blocks the `κ/8` of every row fits an i16 too.
-        let block_len = job.w.block_len();
-        Self {
-            row_kappa,
-            neg_zp_lo,
-            zp,
-            short_blocks: block_len * 15 < 1 << 15,
-            paired: block_len * 255 < 1 << 15,
-        }
-    }
-}
-
-/// The exact sums `Σ (q − zp)·w` of the tile's rows over scale block `b`.
+/// The W4A8 tile body for `R` rows; `ACC` selects block-accumulator output.
 ///
 /// The weight codes `c = w + 8` (nibbles, `0..=15`) are `vpdpbusd`'s unsigned operand and the
 /// raw activation codes its signed one ([`crate::ukernel::ActEncoding::I8BlockCorrected`]), so a
@@ -168,133 +123,135 @@ impl<'a, const R: usize> W4Tile<'a, R> {
 /// `vpdpwssd` is emitted as written ([`dpwssd`]): LLVM's generic tuning would split the
 /// intrinsic into `vpmaddwd` + `vpaddd`, one more operation per row and block on the ports
 /// `vpdpbusd` needs.
+///
+/// # Safety
+/// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`
+///   (see [`crate::ukernel::W4A8PanelsFn`]); `job.block_corr` holds `m·n_blocks` values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-#[inline]
-fn block_sums<const R: usize, const ACC: bool>(
-    tile: &W4Tile<'_, R>,
-    w_block: &[[u8; 64]],
-    a_block: &[&[[u8; 8]]; R],
-    b: usize,
-) -> [I32s; R] {
+unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize, m0: usize) {
+    let w = job.w;
+    let (k_pad, steps_per_block, n_blocks) = (w.k_pad(), w.block_len() / 8, w.n_blocks());
+    let nibbles = w.panel_nibbles(p);
+    // Steps as fixed-size chunks, so the inner loop indexes arrays with one proven bound.
+    let (weight_steps, _) = nibbles.as_chunks::<64>();
+    let mut row_steps: [&[[u8; 8]]; R] = [&[]; R];
+    let mut row_kappa: [&[i32]; R] = [&[]; R];
+    // `−zp` in the low 16 bits of each 32-bit lane, 0 in the high ones, for `vpdpwssd`.
+    let mut neg_zp_lo = [0i32; R];
+    let mut zp = [0i32; R];
+    for r in 0..R {
+        row_steps[r] = job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<8>().0;
+        row_kappa[r] = &job.block_corr[(m0 + r) * n_blocks..][..n_blocks];
+        zp[r] = job.row_corr[m0 + r];
+        neg_zp_lo[r] = zp[r].wrapping_neg() & 0xFFFF;
+    }
+    // Σc of a block is at most 15·B; below 2^15 it is one i16 for `vpdpwssd`, and below
+    // 2^15 / 255 blocks the `κ/8` of every row fits an i16 too.
+    let short_blocks = w.block_len() * 15 < 1 << 15;
+    let paired = w.block_len() * 255 < 1 << 15;
     let mask = _mm512_set1_epi8(0x0F);
     let ones = _mm512_set1_epi8(1);
-    // With few rows, two accumulators per row (K values 0..4 and 4..8 of each step) halve
-    // the dependency chain; from `SPLIT_MAX_ROWS + 1` rows the rows' own chains keep the
-    // unit busy, and one accumulator saves the add that joins the two.
-    let split = R <= SPLIT_MAX_ROWS;
-    let mut acc_lo = [_mm512_setzero_si512(); R];
-    let mut acc_hi = [_mm512_setzero_si512(); R];
-    let mut code_sum = if tile.paired {
-        _mm512_set1_epi32(8 << 16)
-    } else {
-        _mm512_setzero_si512()
-    };
-    for (i, w_step) in w_block.iter().enumerate() {
-        prefetch_ahead(w_step);
-        let v = load_bytes(w_step);
-        let lo = _mm512_and_si512(v, mask);
-        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask);
-        // `lo + hi` is at most 30: one byte, so one dot with ones sums both halves.
-        code_sum = _mm512_dpbusd_epi32(code_sum, _mm512_add_epi8(lo, hi), ones);
+    let mut acc_f = [_mm512_setzero_ps(); R];
+    for b in 0..n_blocks {
+        let steps = b * steps_per_block..(b + 1) * steps_per_block;
+        let w_block = &weight_steps[steps.clone()];
+        let mut a_block: [&[[u8; 8]]; R] = [&[]; R];
         for r in 0..R {
-            let a = &a_block[r][i];
-            let a_lo = _mm512_set1_epi32(i32::from_le_bytes([a[0], a[1], a[2], a[3]]));
-            let a_hi = _mm512_set1_epi32(i32::from_le_bytes([a[4], a[5], a[6], a[7]]));
-            acc_lo[r] = _mm512_dpbusd_epi32(acc_lo[r], lo, a_lo);
+            a_block[r] = &row_steps[r][steps.clone()];
+        }
+        for a in &a_block {
+            assert_eq!(a.len(), w_block.len());
+        }
+        // With few rows, two accumulators per row (K values 0..4 and 4..8 of each step) halve
+        // the dependency chain; from `SPLIT_MAX_ROWS + 1` rows the rows' own chains keep the
+        // unit busy, and one accumulator saves the add that joins the two.
+        let split = R <= SPLIT_MAX_ROWS;
+        let mut acc_lo = [_mm512_setzero_si512(); R];
+        let mut acc_hi = [_mm512_setzero_si512(); R];
+        let mut code_sum = if paired {
+            _mm512_set1_epi32(8 << 16)
+        } else {
+            _mm512_setzero_si512()
+        };
+        for (i, w_step) in w_block.iter().enumerate() {
+            prefetch_ahead(w_step);
+            let v = load_bytes(w_step);
+            let lo = _mm512_and_si512(v, mask);
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask);
+            // `lo + hi` is at most 30: one byte, so one dot with ones sums both halves.
+            code_sum = _mm512_dpbusd_epi32(code_sum, _mm512_add_epi8(lo, hi), ones);
+            for r in 0..R {
+                let a = &a_block[r][i];
+                let a_lo = _mm512_set1_epi32(i32::from_le_bytes([a[0], a[1], a[2], a[3]]));
+                let a_hi = _mm512_set1_epi32(i32::from_le_bytes([a[4], a[5], a[6], a[7]]));
+                acc_lo[r] = _mm512_dpbusd_epi32(acc_lo[r], lo, a_lo);
+                if split {
+                    acc_hi[r] = _mm512_dpbusd_epi32(acc_hi[r], hi, a_hi);
+                } else {
+                    acc_lo[r] = _mm512_dpbusd_epi32(acc_lo[r], hi, a_hi);
+                }
+            }
+        }
+        let sc = load_f32(&w.block_scales(p, b));
+        let joined: [__m512i; R] = std::array::from_fn(|r| {
             if split {
-                acc_hi[r] = _mm512_dpbusd_epi32(acc_hi[r], hi, a_hi);
+                _mm512_add_epi32(acc_lo[r], acc_hi[r])
             } else {
-                acc_lo[r] = _mm512_dpbusd_epi32(acc_lo[r], hi, a_hi);
+                acc_lo[r]
+            }
+        });
+        // One branch per block, outside the rows, so each arm unrolls over the rows with the
+        // accumulators in registers.
+        let acc_i: [__m512i; R] = if paired {
+            std::array::from_fn(|r| {
+                // `κ` is a multiple of 8: `−κ << 13` is `−κ/8` in the high i16, 0 in the low.
+                let word = (row_kappa[r][b].wrapping_neg() << 13) | neg_zp_lo[r];
+                dpwssd(joined[r], code_sum, _mm512_set1_epi32(word))
+            })
+        } else if short_blocks {
+            std::array::from_fn(|r| {
+                let acc = _mm512_sub_epi32(joined[r], _mm512_set1_epi32(row_kappa[r][b]));
+                dpwssd(acc, code_sum, _mm512_set1_epi32(neg_zp_lo[r]))
+            })
+        } else {
+            std::array::from_fn(|r| {
+                let acc = _mm512_sub_epi32(joined[r], _mm512_set1_epi32(row_kappa[r][b]));
+                _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_set1_epi32(zp[r]), code_sum))
+            })
+        };
+        match job.out {
+            W4A8Out::BlockAcc { ptr } if ACC => {
+                for r in 0..R {
+                    let at = ((m0 + r) * n_blocks + b) * PANEL * w.n_panels() + p * PANEL;
+                    // SAFETY: the driver sized the accumulator buffer `[m][n_blocks][n_pad]`;
+                    // these 16 channels of row `m0 + r` belong to this call alone.
+                    unsafe { _mm512_storeu_si512(ptr.wrapping_add(at).cast(), acc_i[r]) };
+                }
+            }
+            _ => {
+                for r in 0..R {
+                    acc_f[r] =
+                        _mm512_add_ps(acc_f[r], _mm512_mul_ps(_mm512_cvtepi32_ps(acc_i[r]), sc));
+                }
             }
         }
     }
-    let joined: [__m512i; R] = std::array::from_fn(|r| {
-        if split {
-            _mm512_add_epi32(acc_lo[r], acc_hi[r])
-        } else {
-            acc_lo[r]
+    if let W4A8Out::Values { ptr, ld } = job.out {
+        let valid = PANEL.min(w.n() - p * PANEL);
+        let keep: __mmask16 = if valid == PANEL { !0 } else { (1 << valid) - 1 };
+        let bias = w.panel_bias(p).map(|b| load_f32(b.try_into().unwrap()));
+        for r in 0..R {
+            let mut y = _mm512_mul_ps(acc_f[r], _mm512_set1_ps(job.row_recip[m0 + r]));
+            if let Some(bias) = bias {
+                y = _mm512_add_ps(y, bias);
+            }
+            // SAFETY: row `m0 + r < m` and the masked-in channels `16p..16p + valid` are `< N`,
+            // inside the validated output and owned by this call; masked-out lanes are not
+            // accessed.
+            unsafe { _mm512_mask_storeu_ps(ptr.wrapping_add((m0 + r) * ld + p * PANEL), keep, y) };
         }
-    });
-    // One branch per block, outside the rows, so each arm unrolls over the rows with the
-    // accumulators in registers.
-    if tile.paired {
-        std::array::from_fn(|r| {
-            // `κ` is a multiple of 8: `−κ << 13` is `−κ/8` in the high i16, 0 in the low.
-            let word = (tile.row_kappa[r][b].wrapping_neg() << 13) | tile.neg_zp_lo[r];
-            dpwssd(joined[r], code_sum, _mm512_set1_epi32(word))
-        })
-    } else if tile.short_blocks {
-        std::array::from_fn(|r| {
-            let acc = _mm512_sub_epi32(joined[r], _mm512_set1_epi32(tile.row_kappa[r][b]));
-            dpwssd(acc, code_sum, _mm512_set1_epi32(tile.neg_zp_lo[r]))
-        })
-    } else {
-        std::array::from_fn(|r| {
-            let acc = _mm512_sub_epi32(joined[r], _mm512_set1_epi32(tile.row_kappa[r][b]));
-            _mm512_sub_epi32(
-                acc,
-                _mm512_mullo_epi32(_mm512_set1_epi32(tile.zp[r]), code_sum),
-            )
-        })
     }
 }
-
-/// All zeros.
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn zero_f32s() -> F32s {
-    _mm512_setzero_ps()
-}
-
-/// Loads 16 f32.
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn load_f32s(v: &[f32; 16]) -> F32s {
-    load_f32(v)
-}
-
-/// `acc + f32(sums)·scales`, multiplied then added (the reference order, no FMA).
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn add_scaled(acc: F32s, sums: I32s, scales: F32s) -> F32s {
-    _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(sums), scales))
-}
-
-/// `acc·recip`, then `+ bias`.
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn scale_row(acc: F32s, recip: f32, bias: Option<F32s>) -> F32s {
-    let y = _mm512_mul_ps(acc, _mm512_set1_ps(recip));
-    match bias {
-        Some(bias) => _mm512_add_ps(y, bias),
-        None => y,
-    }
-}
-
-/// Stores 16 i32 sums.
-///
-/// # Safety
-/// - `dst` is valid for 16 i32 writes that no one else accesses meanwhile.
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn store_i32s(dst: *mut i32, sums: I32s) {
-    // SAFETY: our contract; the store is unaligned.
-    unsafe { _mm512_storeu_si512(dst.cast(), sums) };
-}
-
-/// Stores the first `valid` of 16 values.
-///
-/// # Safety
-/// - `dst` is valid for `valid` f32 writes that no one else accesses meanwhile.
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn store_f32s(dst: *mut f32, y: F32s, valid: usize) {
-    let keep: __mmask16 = if valid == PANEL { !0 } else { (1 << valid) - 1 };
-    // SAFETY: our contract; masked-out lanes are not accessed.
-    unsafe { _mm512_mask_storeu_ps(dst, keep, y) };
-}
-
-crate::x86::w4a8_tile::w4a8_tile_scaffold!("avx512f,avx512bw,avx512vnni");
 
 /// The W8A8 tile body for `R` rows.
 ///

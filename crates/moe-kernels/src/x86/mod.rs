@@ -12,7 +12,6 @@ pub(crate) mod avx512vnni;
 pub(crate) mod avxvnni;
 mod bf16dot;
 mod dense;
-mod w4a8_tile;
 mod wna16;
 mod wna16dot;
 mod ymm;

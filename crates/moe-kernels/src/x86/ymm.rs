@@ -18,7 +18,7 @@ macro_rules! ymm_kernels {
         use std::arch::x86_64::*;
 
         use crate::packed::PANEL;
-        use crate::ukernel::{W4A8Job, W8A8Job};
+        use crate::ukernel::{W4A8Job, W4A8Out, W8A8Job};
 
         /// Rows per tile.
         const MR: usize = 4;
@@ -63,141 +63,114 @@ macro_rules! ymm_kernels {
             unsafe { std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, valid) };
         }
 
-        /// The W4A8 tile's i32 sums of a panel's 16 channels: two halves of 8.
-        type I32s = [__m256i; 2];
-        /// The W4A8 tile's f32 values of a panel's 16 channels.
-        type F32s = [__m256; 2];
-
-        /// What every scale block of a W4A8 tile needs: the rows' corrections `128 + zp`
-        /// (activations encoded `q + 128`).
-        struct W4Tile<const R: usize> {
-            corr: [i32; R],
-        }
-
-        impl<const R: usize> W4Tile<R> {
-            /// The tile of rows `m0..m0 + R` (the block count is the scaffold's; this
-            /// encoding has no per-block correction).
-            fn new(job: &W4A8Job<'_>, m0: usize, _n_blocks: usize) -> Self {
-                let mut corr = [0i32; R];
-                for r in 0..R {
-                    corr[r] = job.row_corr[m0 + r];
-                }
-                Self { corr }
-            }
-        }
-
-        /// The exact sums `Σ (q − zp)·w` of the tile's rows over a scale block: the signed
-        /// weights `c − 8` against the activations `q + 128`, less `(128 + zp)·Σw`, the
-        /// block's weight sums `Σw` being the dot of the weights with a row of ones.
+        /// The W4A8 tile body for `R` rows; `ACC` selects block-accumulator output.
+        ///
+        /// # Safety
+        /// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of
+        ///   panel `p`.
         #[target_feature(enable = $features)]
-        #[inline]
-        fn block_sums<const R: usize, const ACC: bool>(
-            tile: &W4Tile<R>,
-            w_block: &[[u8; 64]],
-            a_block: &[&[[u8; 8]]; R],
-            _b: usize,
-        ) -> [I32s; R] {
+        unsafe fn w4a8_tile<const R: usize, const ACC: bool>(
+            job: &W4A8Job<'_>,
+            p: usize,
+            m0: usize,
+        ) {
+            let w = job.w;
+            let (k_pad, steps_per_block, n_blocks) = (w.k_pad(), w.block_len() / 8, w.n_blocks());
+            let nibbles = w.panel_nibbles(p);
+            let (weight_steps, _) = nibbles.as_chunks::<64>();
+            // Loops, not `array::from_fn`: closures do not inherit `#[target_feature]`, so
+            // vectors built in one would travel through memory.
+            let mut row_steps: [&[[u8; 8]]; R] = [&[]; R];
+            for r in 0..R {
+                row_steps[r] = job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<8>().0;
+            }
             let mask = _mm256_set1_epi8(0x0F);
             let eight = _mm256_set1_epi8(8);
+            // The block's weight sums are the dot of the weights with a virtual row of ones.
             let ones = _mm256_set1_epi8(1);
-            let mut acc = [[_mm256_setzero_si256(); 2]; R];
-            let mut wsum = [_mm256_setzero_si256(); 2];
-            for (i, w_step) in w_block.iter().enumerate() {
-                let halves = w_step.as_chunks::<32>().0;
-                let mut a_lo = [_mm256_setzero_si256(); R];
-                let mut a_hi = [_mm256_setzero_si256(); R];
+            let mut acc_f = [[_mm256_setzero_ps(); 2]; R];
+            for b in 0..n_blocks {
+                let steps = b * steps_per_block..(b + 1) * steps_per_block;
+                let w_block = &weight_steps[steps.clone()];
+                let mut a_block: [&[[u8; 8]]; R] = [&[]; R];
                 for r in 0..R {
-                    let a = &a_block[r][i];
-                    a_lo[r] = _mm256_set1_epi32(i32::from_le_bytes([a[0], a[1], a[2], a[3]]));
-                    a_hi[r] = _mm256_set1_epi32(i32::from_le_bytes([a[4], a[5], a[6], a[7]]));
+                    a_block[r] = &row_steps[r][steps.clone()];
                 }
-                for h in 0..2 {
-                    let v = load_bytes(&halves[h]);
-                    let lo = _mm256_sub_epi8(_mm256_and_si256(v, mask), eight);
-                    let hi =
-                        _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16::<4>(v), mask), eight);
+                for a in &a_block {
+                    assert_eq!(a.len(), w_block.len());
+                }
+                let mut acc = [[_mm256_setzero_si256(); 2]; R];
+                let mut wsum = [_mm256_setzero_si256(); 2];
+                for (i, w_step) in w_block.iter().enumerate() {
+                    let halves = w_step.as_chunks::<32>().0;
+                    let mut a_lo = [_mm256_setzero_si256(); R];
+                    let mut a_hi = [_mm256_setzero_si256(); R];
                     for r in 0..R {
-                        acc[r][h] = w4_dot(acc[r][h], a_lo[r], lo, a_hi[r], hi);
+                        let a = &a_block[r][i];
+                        a_lo[r] = _mm256_set1_epi32(i32::from_le_bytes([a[0], a[1], a[2], a[3]]));
+                        a_hi[r] = _mm256_set1_epi32(i32::from_le_bytes([a[4], a[5], a[6], a[7]]));
                     }
-                    wsum[h] = w4_dot(wsum[h], ones, lo, ones, hi);
+                    for h in 0..2 {
+                        let v = load_bytes(&halves[h]);
+                        let lo = _mm256_sub_epi8(_mm256_and_si256(v, mask), eight);
+                        let hi = _mm256_sub_epi8(
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
+                            eight,
+                        );
+                        for r in 0..R {
+                            acc[r][h] = w4_dot(acc[r][h], a_lo[r], lo, a_hi[r], hi);
+                        }
+                        wsum[h] = w4_dot(wsum[h], ones, lo, ones, hi);
+                    }
+                }
+                let block_scales = w.block_scales(p, b);
+                for h in 0..2 {
+                    let ws = wsum[h];
+                    let sc = load_f32(block_scales[8 * h..][..8].try_into().unwrap());
+                    for r in 0..R {
+                        let corr = _mm256_set1_epi32(job.row_corr[m0 + r]);
+                        let acc_i = _mm256_sub_epi32(acc[r][h], _mm256_mullo_epi32(corr, ws));
+                        match job.out {
+                            W4A8Out::BlockAcc { ptr } if ACC => {
+                                let at = ((m0 + r) * n_blocks + b) * PANEL * w.n_panels()
+                                    + p * PANEL
+                                    + 8 * h;
+                                // SAFETY: the driver sized the buffer `[m][n_blocks][n_pad]`;
+                                // these 8 channels of row `m0 + r` belong to this call alone.
+                                unsafe { _mm256_storeu_si256(ptr.wrapping_add(at).cast(), acc_i) };
+                            }
+                            _ => {
+                                let term = _mm256_mul_ps(_mm256_cvtepi32_ps(acc_i), sc);
+                                acc_f[r][h] = _mm256_add_ps(acc_f[r][h], term);
+                            }
+                        }
+                    }
                 }
             }
-            let mut sums = [[_mm256_setzero_si256(); 2]; R];
-            for h in 0..2 {
+            if let W4A8Out::Values { ptr, ld } = job.out {
+                let valid = PANEL.min(w.n() - p * PANEL);
+                let bias = w.panel_bias(p).map(|b| {
+                    [
+                        load_f32(b[..8].try_into().unwrap()),
+                        load_f32(b[8..].try_into().unwrap()),
+                    ]
+                });
                 for r in 0..R {
-                    let corr = _mm256_set1_epi32(tile.corr[r]);
-                    sums[r][h] = _mm256_sub_epi32(acc[r][h], _mm256_mullo_epi32(corr, wsum[h]));
+                    let recip = _mm256_set1_ps(job.row_recip[m0 + r]);
+                    let mut y = [
+                        _mm256_mul_ps(acc_f[r][0], recip),
+                        _mm256_mul_ps(acc_f[r][1], recip),
+                    ];
+                    if let Some(bias) = bias {
+                        y = [_mm256_add_ps(y[0], bias[0]), _mm256_add_ps(y[1], bias[1])];
+                    }
+                    let dst = ptr.wrapping_add((m0 + r) * ld + p * PANEL);
+                    // SAFETY: row `m0 + r < m`, channels `16p..16p + valid < N`, inside the
+                    // validated output and owned by this call.
+                    unsafe { store16(dst, y[0], y[1], valid) };
                 }
             }
-            sums
         }
-
-        /// All zeros.
-        #[target_feature(enable = $features)]
-        #[inline]
-        fn zero_f32s() -> F32s {
-            [_mm256_setzero_ps(); 2]
-        }
-
-        /// Loads 16 f32.
-        #[target_feature(enable = $features)]
-        #[inline]
-        fn load_f32s(v: &[f32; 16]) -> F32s {
-            [
-                load_f32(v[..8].try_into().unwrap()),
-                load_f32(v[8..].try_into().unwrap()),
-            ]
-        }
-
-        /// `acc + f32(sums)·scales`, multiplied then added (the reference order, no FMA).
-        #[target_feature(enable = $features)]
-        #[inline]
-        fn add_scaled(acc: F32s, sums: I32s, scales: F32s) -> F32s {
-            let mut y = acc;
-            for h in 0..2 {
-                let term = _mm256_mul_ps(_mm256_cvtepi32_ps(sums[h]), scales[h]);
-                y[h] = _mm256_add_ps(acc[h], term);
-            }
-            y
-        }
-
-        /// `acc·recip`, then `+ bias`.
-        #[target_feature(enable = $features)]
-        #[inline]
-        fn scale_row(acc: F32s, recip: f32, bias: Option<F32s>) -> F32s {
-            let recip = _mm256_set1_ps(recip);
-            let y = [_mm256_mul_ps(acc[0], recip), _mm256_mul_ps(acc[1], recip)];
-            match bias {
-                Some(b) => [_mm256_add_ps(y[0], b[0]), _mm256_add_ps(y[1], b[1])],
-                None => y,
-            }
-        }
-
-        /// Stores 16 i32 sums.
-        ///
-        /// # Safety
-        /// - `dst` is valid for 16 i32 writes that no one else accesses meanwhile.
-        #[target_feature(enable = $features)]
-        #[inline]
-        unsafe fn store_i32s(dst: *mut i32, sums: I32s) {
-            // SAFETY: our contract, elements 0..8; the store is unaligned.
-            unsafe { _mm256_storeu_si256(dst.cast(), sums[0]) };
-            // SAFETY: our contract, elements 8..16.
-            unsafe { _mm256_storeu_si256(dst.wrapping_add(8).cast(), sums[1]) };
-        }
-
-        /// Stores the first `valid` of 16 values.
-        ///
-        /// # Safety
-        /// - `dst` is valid for `valid` f32 writes that no one else accesses meanwhile.
-        #[target_feature(enable = $features)]
-        #[inline]
-        unsafe fn store_f32s(dst: *mut f32, y: F32s, valid: usize) {
-            // SAFETY: our contract.
-            unsafe { store16(dst, y[0], y[1], valid) };
-        }
-
-        crate::x86::w4a8_tile::w4a8_tile_scaffold!($features);
 
         /// The W8A8 tile body for `R` rows.
         ///
