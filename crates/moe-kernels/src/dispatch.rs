@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use crate::arch;
 use crate::dense::DenseBodies;
 use crate::isa::{Isa, IsaCap, MAX_ISA_ENV};
-use crate::packed::{PackedWna16, PanelOrder};
+use crate::packed::{PackedW4A8, PackedWna16, PanelOrder};
 use crate::ukernel::{
     ActEncoding, W4A8PanelsFn, W4A8TileAFn, W4Bf16PanelsFn, W4Bf16TileAFn, W8A8PanelsFn,
     W8A8TileAFn,
@@ -34,20 +34,37 @@ pub enum W4A8Prefill {
     /// Only where the rung has the bf16 tiles (AMX with AMX-BF16); elsewhere the same as
     /// [`W4A8Prefill::ExactInt8`].
     Bf16Tiles,
+    /// From the rung's threshold on, weights with group scales requantised to int8 with one
+    /// scale per channel once per call ([`crate::scalar::w4a8_channel`]), int8 activations as
+    /// [`W4A8Prefill::ExactInt8`], one int32 sum over all of K: the W8A8 tiles' rate instead
+    /// of an epilogue per group. Each weight moves by at most half an int8 step of its
+    /// channel's largest group, so outputs stay within a few tenths of a per cent (relative
+    /// L2) of the exact ones, but are not bit-equal to them or to vLLM's W4A8 kernel.
+    /// Channelwise weights, K above [`crate::scalar::w4a8_channel::MAX_K`] and rungs without
+    /// the AMX tiles keep [`W4A8Prefill::ExactInt8`].
+    ChannelInt8,
 }
 
 impl W4A8Prefill {
-    /// The name `MOE_KERNELS_W4A8_PREFILL` and reports use: `int8` or `bf16`.
+    /// The name `MOE_KERNELS_W4A8_PREFILL` and reports use: `int8`, `bf16` or `int8-channel`.
     pub fn name(self) -> &'static str {
         match self {
             Self::ExactInt8 => "int8",
             Self::Bf16Tiles => "bf16",
+            Self::ChannelInt8 => "int8-channel",
         }
+    }
+
+    /// The choice a [`W4A8Prefill::name`] names.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::ExactInt8, Self::Bf16Tiles, Self::ChannelInt8]
+            .into_iter()
+            .find(|p| p.name() == name)
     }
 }
 
 /// The environment variable that chooses the process-wide [`W4A8Prefill`] (`int8`, the
-/// default, or `bf16`), read once by [`kernels`].
+/// default, `bf16` or `int8-channel`), read once by [`kernels`].
 pub const W4A8_PREFILL_ENV: &str = "MOE_KERNELS_W4A8_PREFILL";
 
 /// Rows from which a rung's bf16 path takes over, per kind of GEMM: the weight-only int4 and
@@ -206,6 +223,9 @@ struct LargeM {
     min_m_w8a8: usize,
     w4a8: W4A8Kernel,
     w8a8: W8A8Kernel,
+    /// The W4A8 kernel on weights requantised per channel ([`W4A8Prefill::ChannelInt8`]) and
+    /// the rows from which it takes over.
+    w4a8_channel: Option<(W4A8Kernel, usize)>,
 }
 
 /// Quantises one row like `moe_quant::act::quantize_row_asym_i8`, writing `q + 128`.
@@ -360,7 +380,32 @@ impl KernelSet {
             min_m_w8a8: min_m.1,
             w4a8,
             w8a8,
+            w4a8_channel: None,
         });
+        self
+    }
+
+    /// The same set with `entry`, the W4A8 kernel of [`W4A8Prefill::ChannelInt8`], beside its
+    /// large-row W4A8 kernel (same rung and encoding), from `min_m` rows, reading the rows in
+    /// the layout `tile_a` makes. A set without large-row kernels stays as it is.
+    ///
+    /// # Safety
+    /// - `entry` may be called on this CPU: the caller holds the token of its rung.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the AMX rung has one
+    pub(crate) unsafe fn with_w4a8_channel(
+        mut self,
+        entry: W4A8PanelsFn,
+        tile_a: W4A8TileAFn,
+        min_m: usize,
+    ) -> Self {
+        if let Some(l) = &mut self.large_m {
+            let kernel = W4A8Kernel {
+                entry,
+                tile_a: Some(tile_a),
+                ..l.w4a8
+            };
+            l.w4a8_channel = Some((kernel, min_m));
+        }
         self
     }
 
@@ -434,12 +479,20 @@ impl KernelSet {
     }
 
     /// The W4A8 prefill numerics in force: [`W4A8Prefill::Bf16Tiles`] only when it was chosen
-    /// and the rung has the bf16 tiles.
+    /// and the rung has the bf16 tiles, [`W4A8Prefill::ChannelInt8`] only when it was chosen
+    /// and the rung has its kernel.
     pub fn w4a8_prefill(&self) -> W4A8Prefill {
-        match (self.w4a8_prefill, self.bf16_tiles) {
-            (W4A8Prefill::Bf16Tiles, Some(_)) => W4A8Prefill::Bf16Tiles,
+        match (self.w4a8_prefill, self.bf16_tiles, self.w4a8_channel()) {
+            (W4A8Prefill::Bf16Tiles, Some(_), _) => W4A8Prefill::Bf16Tiles,
+            (W4A8Prefill::ChannelInt8, _, Some(_)) => W4A8Prefill::ChannelInt8,
             _ => W4A8Prefill::ExactInt8,
         }
+    }
+
+    /// The rung's kernel for [`W4A8Prefill::ChannelInt8`] and its first row count, if it has
+    /// one.
+    fn w4a8_channel(&self) -> Option<(W4A8Kernel, usize)> {
+        self.large_m.and_then(|l| l.w4a8_channel)
     }
 
     /// The same kernels without the bf16 paths: WNA16 GEMMs run the f32 body at every row
@@ -593,7 +646,9 @@ impl KernelSet {
     /// `block_len` values (the group size, or K for channelwise scales) in the set's
     /// [`KernelSet::panel_order`].
     pub fn w4a8_isa(&self, m: usize, block_len: usize) -> Isa {
-        self.w4a8_for(m, block_len, self.panel_order).isa
+        // The requantised kernel runs on the same rung as the exact one.
+        self.w4a8_for_shape(m, block_len, false, self.panel_order)
+            .isa
     }
 
     /// The rung whose code runs the W8A8 GEMM for `m` rows, on weights in the set's
@@ -652,15 +707,35 @@ impl KernelSet {
                 large.map(|l| (l.w4a8.isa, l.min_m.short_blocks)),
             ),
         };
-        let bf16 = match (self.w4a8_prefill(), self.bf16_tiles) {
-            (W4A8Prefill::Bf16Tiles, Some(t)) => {
+        let prefill = match (self.w4a8_prefill(), self.bf16_tiles, self.w4a8_channel()) {
+            (W4A8Prefill::Bf16Tiles, Some(t), _) => {
                 format!(", {} (bf16 activations) from {} rows", t.unit, t.min_m.w4a8)
             }
-            (_, Some(_)) => format!(" (bf16 path available: {W4A8_PREFILL_ENV}=bf16)"),
-            (_, None) => String::new(),
+            (W4A8Prefill::ChannelInt8, _, Some((k, min))) => format!(
+                "; groups: {} on weights requantised to int8 per channel from {min} rows \
+                 ({W4A8_PREFILL_ENV}=int8-channel)",
+                k.isa
+            ),
+            (_, bf16, channel) => {
+                let names: Vec<&str> = [
+                    (bf16.is_some(), "bf16"),
+                    (channel.is_some(), "int8-channel"),
+                ]
+                .into_iter()
+                .filter_map(|(has, name)| has.then_some(name))
+                .collect();
+                match names.as_slice() {
+                    [] => String::new(),
+                    [one] => format!(" ({one} path available: {W4A8_PREFILL_ENV}={one})"),
+                    many => format!(
+                        " (other paths available: {W4A8_PREFILL_ENV}={})",
+                        many.join(" or ")
+                    ),
+                }
+            }
         };
         vec![
-            format!("w4a8_gemm: {w4a8_per_m}{bf16}"),
+            format!("w4a8_gemm: {w4a8_per_m}{prefill}"),
             format!(
                 "w8a8_gemm: {}",
                 per_m(self.w8a8.isa, large.map(|l| (l.w8a8.isa, l.min_m_w8a8)))
@@ -693,8 +768,27 @@ impl KernelSet {
     /// The W4A8 kernel for a call of `m` rows on weights with scale blocks of `block_len`
     /// values, in panels of `order`: the portable body where the rung's kernel does not read
     /// that order.
-    pub(crate) fn w4a8_for(&self, m: usize, block_len: usize, order: PanelOrder) -> W4A8Kernel {
+    pub(crate) fn w4a8_for(&self, m: usize, w: &PackedW4A8) -> W4A8Kernel {
+        // Channelwise weights have one block already.
+        let requantise = w.block_len() < w.k_pad() && w.k() <= crate::scalar::w4a8_channel::MAX_K;
+        self.w4a8_for_shape(m, w.block_len(), requantise, w.order())
+    }
+
+    /// [`KernelSet::w4a8_for`] by the weights' shape: scale blocks of `block_len` values,
+    /// whether [`W4A8Prefill::ChannelInt8`] may requantise them, their panel order.
+    fn w4a8_for_shape(
+        &self,
+        m: usize,
+        block_len: usize,
+        requantise: bool,
+        order: PanelOrder,
+    ) -> W4A8Kernel {
+        let chosen = requantise && self.w4a8_prefill == W4A8Prefill::ChannelInt8;
         let kernel = match self.large_m {
+            Some(LargeM {
+                w4a8_channel: Some((channel, min)),
+                ..
+            }) if chosen && m >= min => channel,
             Some(l) if m >= l.min_m.for_block(block_len) => l.w4a8,
             _ => self.w4a8,
         };
@@ -748,19 +842,25 @@ pub fn kernels() -> &'static KernelSet {
 }
 
 /// The W4A8 prefill numerics this process asks for through `MOE_KERNELS_W4A8_PREFILL` (`int8`,
-/// the default, or `bf16`; read once, anything else ignored with a warning). [`kernels`] and
+/// the default, `bf16` or `int8-channel`; read once, anything else ignored with a warning). [`kernels`] and
 /// the kernel sets a layer selects apply it; [`KernelSet::w4a8_prefill`] says whether the rung
 /// can honour it.
 pub fn w4a8_prefill_requested() -> W4A8Prefill {
     static PREFILL: OnceLock<W4A8Prefill> = OnceLock::new();
     *PREFILL.get_or_init(|| {
-        match std::env::var(W4A8_PREFILL_ENV).ok().as_deref().map(str::trim) {
-            None | Some("") | Some("int8") => W4A8Prefill::ExactInt8,
-            Some("bf16") => W4A8Prefill::Bf16Tiles,
-            Some(other) => {
-                tracing::warn!(value = %other, "ignoring {W4A8_PREFILL_ENV}: expected int8 or bf16");
+        match std::env::var(W4A8_PREFILL_ENV)
+            .ok()
+            .as_deref()
+            .map(str::trim)
+        {
+            None | Some("") => W4A8Prefill::ExactInt8,
+            Some(name) => W4A8Prefill::from_name(name).unwrap_or_else(|| {
+                tracing::warn!(
+                    value = %name,
+                    "ignoring {W4A8_PREFILL_ENV}: expected int8, bf16 or int8-channel"
+                );
                 W4A8Prefill::ExactInt8
-            }
+            }),
         }
     })
 }

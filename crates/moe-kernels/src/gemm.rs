@@ -193,7 +193,7 @@ pub fn w4a8_gemm(
         });
         return Ok(());
     }
-    let kernel = ks.w4a8_for(m, w.block_len(), w.order());
+    let kernel = ks.w4a8_for(m, w);
     let fused = match kernel.encoding {
         ActEncoding::U8Offset128 | ActEncoding::I8BlockCorrected => ks.act_asym_u8(),
         ActEncoding::I8 => None,
@@ -268,7 +268,7 @@ pub fn w4a8_gemm_quantized(
     par: Par,
 ) -> Result<(), KernelError> {
     check_len("out", m * w.n(), out.len())?;
-    let kernel = ks.w4a8_for(m, w.block_len(), w.order());
+    let kernel = ks.w4a8_for(m, w);
     prepare_w4a8(m, a, w, kernel.encoding, scratch)?;
     let rows = EncodedRows {
         a: &scratch.encoded,
@@ -406,7 +406,9 @@ pub(crate) fn w4a8_block_acc(
     w: &PackedW4A8,
 ) -> Result<Vec<i32>, KernelError> {
     let mut scratch = GemmScratch::new();
-    let kernel = ks.w4a8_for(m, w.block_len(), w.order());
+    // Block accumulators exist on the exact numerics only.
+    let ks = ks.with_w4a8_prefill(crate::W4A8Prefill::ExactInt8);
+    let kernel = ks.w4a8_for(m, w);
     prepare_w4a8(m, a, w, kernel.encoding, &mut scratch)?;
     let mut acc = vec![0i32; m * w.n_blocks() * w.n_panels() * crate::packed::PANEL];
     if let Some(tile_a) = kernel.tile_a {

@@ -219,8 +219,10 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',')]
     pub isa: Vec<Isa>,
     /// W4A8 numerics for calls with many rows per expert: `int8` (bit-equal to vLLM's W4A8
-    /// kernel) or `bf16` (bf16 activations and weights on the AMX-BF16 tiles, where the rung
-    /// has them); default: the process's (`MOE_KERNELS_W4A8_PREFILL`, else int8).
+    /// kernel), `bf16` (bf16 activations and weights on the AMX-BF16 tiles, where the rung
+    /// has them) or `int8-channel` (group-scaled weights requantised to int8 per channel on the
+    /// AMX-INT8 tiles, where the rung has them); default: the process's
+    /// (`MOE_KERNELS_W4A8_PREFILL`, else int8).
     #[arg(long, value_parser = parse_prefill)]
     pub w4a8_prefill: Option<W4A8Prefill>,
     /// DRAM read bandwidth the bound divides by, GB/s; default: measured here by a streaming
@@ -297,13 +299,10 @@ impl StageBreakdown {
     }
 }
 
-/// Parses `int8` or `bf16`.
+/// Parses `int8`, `bf16` or `int8-channel`.
 fn parse_prefill(text: &str) -> Result<W4A8Prefill, String> {
-    match text {
-        "int8" => Ok(W4A8Prefill::ExactInt8),
-        "bf16" => Ok(W4A8Prefill::Bf16Tiles),
-        _ => Err(format!("unknown W4A8 prefill {text:?}: use int8 or bf16")),
-    }
+    W4A8Prefill::from_name(text)
+        .ok_or_else(|| format!("unknown W4A8 prefill {text:?}: use int8, bf16 or int8-channel"))
 }
 
 /// The report, as printed with `--json`.

@@ -181,7 +181,7 @@ pub(crate) fn w4a8_gemm_tokens(
     }
     check_tokens(a, tokens, w.k())?;
     check_len("out", m * w.n(), out.len())?;
-    let kernel = ks.w4a8_for(m, w.block_len(), w.order());
+    let kernel = ks.w4a8_for(m, w);
     let s = &mut *scratch;
     gather_encoded(a, tokens, w.k_pad(), kernel.encoding, &mut s.encoded);
     s.corr.clear();

@@ -3,6 +3,7 @@
 //! packed formats (the last fallback of the dispatcher).
 
 pub mod w4a8;
+pub mod w4a8_channel;
 pub mod w8a8;
 
 /// The scalar rung needs no CPU feature, so its token is free to make.

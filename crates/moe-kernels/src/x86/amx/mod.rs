@@ -24,6 +24,7 @@ pub(crate) mod common;
 mod int4;
 mod tiles;
 mod w4a8;
+mod w4a8_channel;
 mod w8a8;
 
 use std::cell::RefCell;
@@ -40,6 +41,7 @@ use common::{AccBuf, GROUP_ROWS, TILE_ROWS, TileBuf, TiledA, tile_config};
 use int4::{CodePair, int4_step};
 use tiles::{HwTiles, TileUnit};
 use w4a8::{BatchAccs, W4A8Step, WidePair, w4a8_step};
+use w4a8_channel::{ChannelPair, channel_step};
 use w8a8::{PanelPair, w8a8_step};
 
 /// Rows per call (rows per expert, in the fused pipeline) from which the W4A8 tiles take over
@@ -54,6 +56,13 @@ pub(crate) const DEFAULT_AMX_MIN_ROWS_W4A8: W4A8MinRows = W4A8MinRows {
     long_blocks: 24,
 };
 
+/// The same for W4A8 under `W4A8Prefill::ChannelInt8`, whose tiles hold their sums over all of
+/// K once each panel pair is requantised. Both rungs interleaved call by call on two cores,
+/// every token on all 8 experts of 2048 × 768, groups of 32: the VNNI kernel's time over the
+/// tiles' 0.62-0.63 at 8 rows, 0.89-0.94 at 12, 0.98-1.02 at 16, 1.13-1.17 at 24, 1.40-1.44 at
+/// 32.
+pub(crate) const DEFAULT_AMX_MIN_ROWS_W4A8_CHANNEL: usize = 20;
+
 /// The same for W8A8, whose tiles hold their sums over all of K: 1.3× faster than AVX-512
 /// VNNI at 16 rows on the same machine.
 pub(crate) const DEFAULT_AMX_MIN_ROWS_W8A8: usize = 16;
@@ -61,19 +70,28 @@ pub(crate) const DEFAULT_AMX_MIN_ROWS_W8A8: usize = 16;
 /// The environment variable that overrides every threshold (read once).
 pub(crate) const AMX_MIN_ROWS_ENV: &str = "MOE_KERNELS_AMX_MIN_M";
 
-/// Rows from which the AMX rung runs its W4A8 and W8A8 tile kernels.
-pub(crate) fn min_rows() -> (W4A8MinRows, usize) {
+/// The one threshold `MOE_KERNELS_AMX_MIN_M` sets, if it does (read once).
+fn min_rows_set() -> Option<usize> {
     static MIN: OnceLock<Option<usize>> = OnceLock::new();
-    let set = *MIN.get_or_init(|| {
+    *MIN.get_or_init(|| {
         std::env::var(AMX_MIN_ROWS_ENV)
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok())
             .map(|v| v.max(1))
-    });
-    match set {
+    })
+}
+
+/// Rows from which the AMX rung runs its W4A8 and W8A8 tile kernels.
+pub(crate) fn min_rows() -> (W4A8MinRows, usize) {
+    match min_rows_set() {
         Some(v) => (W4A8MinRows::all(v), v),
         None => (DEFAULT_AMX_MIN_ROWS_W4A8, DEFAULT_AMX_MIN_ROWS_W8A8),
     }
+}
+
+/// Rows from which the AMX rung runs its W4A8 tiles on weights requantised per channel.
+fn channel_min_rows() -> usize {
+    min_rows_set().unwrap_or(DEFAULT_AMX_MIN_ROWS_W4A8_CHANNEL)
 }
 
 /// Runs `$step::<U, NA, NB>` for a row group of `$rows` rows and a pair of `$nb` panels: one
@@ -97,6 +115,8 @@ thread_local! {
     static WIDE_BF16: RefCell<WideBf16Pair> = RefCell::new(WideBf16Pair::default());
     /// The same for the int4 codes decoded exactly.
     static CODES: RefCell<CodePair> = RefCell::new(CodePair::default());
+    /// The same for the codes requantised per channel.
+    static CHANNEL: RefCell<ChannelPair> = RefCell::new(ChannelPair::default());
 }
 
 /// Walks `panels` in pairs, widening each pair once and running every row group of the call
@@ -175,6 +195,53 @@ unsafe fn w8a8_panels<U: TileUnit>(unit: &mut U, job: &W8A8Job<'_>, panels: Rang
         p += nb;
     }
     unit.release();
+}
+
+/// The per-channel counterpart of [`w4a8_panels`] (`W4A8Prefill::ChannelInt8`): each panel pair
+/// requantised to int8 once, C tiles held over all of K.
+///
+/// # Safety
+/// - As [`w4a8_panels`], with the rows laid out by [`channel_tile_a`] and values as the job's
+///   output.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn w4a8_channel_panels<U: TileUnit>(unit: &mut U, job: &W4A8Job<'_>, panels: Range<usize>) {
+    // SAFETY: `tile_config` shapes are legal.
+    unsafe { unit.configure(&tile_config(w8a8::CHUNK)) };
+    let mut acc = AccBuf::zeroed();
+    let (n_chunks, _) = w8a8::chunks(job.w.k_pad());
+    let a = TiledA::new(job.a_tiles, job.m, w8a8::CHUNK, n_chunks);
+    CHANNEL.with_borrow_mut(|pair| {
+        let mut p = panels.start;
+        while p < panels.end {
+            let nb = 2.min(panels.end - p);
+            pair.fill(job.w, p, nb);
+            let mut row0 = 0;
+            while row0 < job.m {
+                let rows = GROUP_ROWS.min(job.m - row0);
+                let pair = (&*pair, p);
+                // SAFETY: the unit is configured for 64-byte chunks, `pair` was filled for
+                // these panels and `a` views this job's rows in the W8A8 layout; the job
+                // contract is forwarded; `row0 < m` is a multiple of 16, and the shape has two
+                // row halves exactly when `row0 + 16 < m`.
+                unsafe {
+                    live_shape!(
+                        rows,
+                        nb,
+                        channel_step::<U>(unit, job, pair, &a, row0, &mut acc)
+                    )
+                };
+                row0 += rows;
+            }
+            p += nb;
+        }
+    });
+    unit.release();
+}
+
+/// The per-channel body's activation layout: the W8A8 body's 64-byte chunks of the same
+/// encoded rows (the driver's hook).
+fn channel_tile_a(a: &[u8], _corr: &[i32], m: usize, w: &crate::PackedW4A8, dst: &mut Vec<u8>) {
+    w8a8::tile_a(a, m, w.k_pad(), dst);
 }
 
 /// The bf16 counterpart of [`w4a8_panels`]: activations rounded to bf16 once per call,
@@ -303,6 +370,18 @@ unsafe fn w4a8_entry(job: &W4A8Job<'_>, panels: Range<usize>) {
     unsafe { w4a8_panels(&mut HwTiles::new(token), job, panels) }
 }
 
+/// The per-channel W4A8 tile entry point.
+///
+/// # Safety
+/// - [`W4A8PanelsFn`]'s contract, including AMX-INT8 support and the tile permission, with the
+///   rows laid out by [`channel_tile_a`].
+unsafe fn w4a8_channel_entry(job: &W4A8Job<'_>, panels: Range<usize>) {
+    // SAFETY: the `KernelSet` holding this entry was built from the AMX token.
+    let token = unsafe { Amx::new_unchecked() };
+    // SAFETY: AMX implies AVX-512 VNNI; the job contract is forwarded.
+    unsafe { w4a8_channel_panels(&mut HwTiles::new(token), job, panels) }
+}
+
 /// The W8A8 tile entry point.
 ///
 /// # Safety
@@ -321,10 +400,16 @@ unsafe fn w8a8_entry(job: &W8A8Job<'_>, panels: Range<usize>) {
 /// - Both entries may be called on this CPU.
 unsafe fn with_tile_entries(
     token: super::Avx512Vnni,
-    min: (W4A8MinRows, usize),
-    int4: W4A8PanelsFn,
+    min: TileMinRows,
+    (int4, int4_channel): (W4A8PanelsFn, W4A8PanelsFn),
     int8: W8A8PanelsFn,
 ) -> crate::KernelSet {
+    let TileMinRows {
+        w4a8: min_w4a8,
+        w4a8_channel: min_channel,
+        w8a8: min_w8a8,
+    } = min;
+    let min = (min_w4a8, min_w8a8);
     // Int4 WNA16 GEMMs keep the f32 body below the AMX-BF16 tiles' threshold: the AVX-512
     // BF16 dot-product body that the VNNI rung may run for them is not measured against the
     // tiles.
@@ -335,13 +420,52 @@ unsafe fn with_tile_entries(
     let int8 = (Isa::Amx, ActEncoding::U8Offset128, int8);
     // SAFETY: our contract.
     let set = unsafe { base.with_large_m(min, int4, int8) };
-    set.with_large_m_layouts(w4a8::tile_a, w8a8::tile_a)
+    let set = set.with_large_m_layouts(w4a8::tile_a, w8a8::tile_a);
+    // SAFETY: our contract.
+    unsafe { set.with_w4a8_channel(int4_channel, channel_tile_a, min_channel) }
+}
+
+/// Rows from which each tile kernel of the rung takes over.
+#[derive(Clone, Copy)]
+struct TileMinRows {
+    w4a8: W4A8MinRows,
+    w4a8_channel: usize,
+    w8a8: usize,
+}
+
+impl TileMinRows {
+    /// The rung's thresholds, or the one `MOE_KERNELS_AMX_MIN_M` sets.
+    fn dispatched() -> Self {
+        let (w4a8, w8a8) = min_rows();
+        Self {
+            w4a8,
+            w4a8_channel: channel_min_rows(),
+            w8a8,
+        }
+    }
+
+    /// Every tile kernel from `rows` rows.
+    #[cfg(test)]
+    fn all(rows: usize) -> Self {
+        Self {
+            w4a8: W4A8MinRows::all(rows),
+            w4a8_channel: rows,
+            w8a8: rows,
+        }
+    }
 }
 
 /// The kernels of the AMX rung: AVX-512 VNNI below [`min_rows`] rows, tiles from there.
 pub(crate) fn kernel_set(token: Amx) -> crate::KernelSet {
     // SAFETY: the token proves AMX (and AVX-512 VNNI), all the tile entries need.
-    let set = unsafe { with_tile_entries(token.avx512vnni(), min_rows(), w4a8_entry, w8a8_entry) };
+    let set = unsafe {
+        with_tile_entries(
+            token.avx512vnni(),
+            TileMinRows::dispatched(),
+            (w4a8_entry, w4a8_channel_entry),
+            w8a8_entry,
+        )
+    };
     if bf16_tiles_on() {
         // SAFETY: the token proves AMX; AMX-BF16 and AVX-512 BF16 were just checked.
         let set = unsafe {
@@ -399,9 +523,10 @@ fn bf16_min_rows() -> Bf16MinRows {
 #[cfg(test)]
 pub(crate) fn hardware_bf16_kernel_set() -> Option<crate::KernelSet> {
     let token = Amx::try_new().filter(|_| has_bf16())?;
-    let (int4, int8) = (w4a8_entry, w8a8_entry);
+    let int4: (W4A8PanelsFn, W4A8PanelsFn) = (w4a8_entry, w4a8_channel_entry);
+    let min = TileMinRows::dispatched();
     // SAFETY: the token proves AMX (and AVX-512 VNNI), all the tile entries need.
-    let set = unsafe { with_tile_entries(token.avx512vnni(), min_rows(), int4, int8) };
+    let set = unsafe { with_tile_entries(token.avx512vnni(), min, int4, w8a8_entry) };
     // SAFETY: the token proves AMX; AMX-BF16 and AVX-512 BF16 were just checked.
     Some(unsafe { with_bf16_from_one_row(set, w4bf16_entry) })
 }
@@ -413,6 +538,17 @@ pub(crate) fn hardware_int4_kernel_set() -> Option<crate::KernelSet> {
     let set = hardware_bf16_kernel_set()?;
     // SAFETY: that set exists only where AMX-BF16 and AVX-512 BF16 are usable.
     Some(unsafe { set.with_wna16_int4_dot(int4::body(1, int4_entry)) })
+}
+
+/// The AMX rung on the hardware tile unit with its int8 tile entries from one row on, when the
+/// CPU has AMX (tests of bodies the dispatched rung takes only from its thresholds).
+#[cfg(test)]
+pub(crate) fn hardware_kernel_set_from_one_row() -> Option<crate::KernelSet> {
+    let token = Amx::try_new()?;
+    let int4: (W4A8PanelsFn, W4A8PanelsFn) = (w4a8_entry, w4a8_channel_entry);
+    let min = TileMinRows::all(1);
+    // SAFETY: the token proves AMX (and AVX-512 VNNI), all the tile entries need.
+    Some(unsafe { with_tile_entries(token.avx512vnni(), min, int4, w8a8_entry) })
 }
 
 /// `set` with the bf16 tile path `entry` from one row on, chosen: what the tests of the path
@@ -446,6 +582,14 @@ pub(crate) mod emulated {
     }
 
     /// # Safety
+    /// - [`W4A8PanelsFn`]'s contract, including AVX-512 F/BW/VNNI support, with the rows
+    ///   laid out by [`channel_tile_a`].
+    unsafe fn w4a8_channel_entry(job: &W4A8Job<'_>, panels: Range<usize>) {
+        // SAFETY: the caller guarantees AVX-512; the emulated unit runs anywhere.
+        unsafe { w4a8_channel_panels(&mut EmulatedTiles::new(), job, panels) }
+    }
+
+    /// # Safety
     /// - [`W8A8PanelsFn`]'s contract, including AVX-512 F/BW/VNNI support.
     unsafe fn w8a8_entry(job: &W8A8Job<'_>, panels: Range<usize>) {
         // SAFETY: as above.
@@ -455,8 +599,10 @@ pub(crate) mod emulated {
     /// The AMX rung with the emulated unit from one row on, when AVX-512 VNNI is available.
     pub(crate) fn kernel_set() -> Option<crate::KernelSet> {
         let token = Avx512Vnni::try_new()?;
+        let int4: (W4A8PanelsFn, W4A8PanelsFn) = (w4a8_entry, w4a8_channel_entry);
+        let min = TileMinRows::all(1);
         // SAFETY: the token proves AVX-512 VNNI, all the emulated entries need.
-        Some(unsafe { with_tile_entries(token, (W4A8MinRows::all(1), 1), w4a8_entry, w8a8_entry) })
+        Some(unsafe { with_tile_entries(token, min, int4, w8a8_entry) })
     }
 
     /// # Safety
@@ -511,6 +657,13 @@ pub(crate) mod cost_model {
     }
 
     /// # Safety
+    /// - [`W4A8PanelsFn`]'s contract, with AVX-512 F/BW/VNNI instead of AMX.
+    unsafe fn w4a8_channel_entry(job: &W4A8Job<'_>, panels: Range<usize>) {
+        // SAFETY: as above.
+        unsafe { w4a8_channel_panels(&mut NoopTiles, job, panels) }
+    }
+
+    /// # Safety
     /// - [`W8A8PanelsFn`]'s contract, with AVX-512 F/BW/VNNI instead of AMX.
     unsafe fn w8a8_entry(job: &W8A8Job<'_>, panels: Range<usize>) {
         // SAFETY: as above.
@@ -537,8 +690,9 @@ pub(crate) mod cost_model {
             return None;
         }
         let token = Avx512Vnni::try_new()?;
+        let int4: (W4A8PanelsFn, W4A8PanelsFn) = (w4a8_entry, w4a8_channel_entry);
         // SAFETY: the token proves AVX-512 VNNI, all the no-op entries need.
-        let set = unsafe { with_tile_entries(token, min_rows(), w4a8_entry, w8a8_entry) };
+        let set = unsafe { with_tile_entries(token, TileMinRows::dispatched(), int4, w8a8_entry) };
         if crate::x86::detect().avx512bf16 {
             // SAFETY: AVX-512 BF16 was just checked; the no-op unit needs nothing else.
             let set = unsafe {
