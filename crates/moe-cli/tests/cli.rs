@@ -455,6 +455,44 @@ fn bench_layer_times_the_block_and_its_experts_through_moe_layer() {
         let args: Vec<&str> = ["bench"].iter().chain(flag).copied().collect();
         assert_clean_failure(&args, "--experts-only");
     }
+    // Each prefill choice runs, and the rows' kernel lines say what is in force.
+    for (prefill, in_force) in [
+        ("int8", "requantised"),
+        ("int8-channel", "requantised to int8 per channel from"),
+    ] {
+        let chosen = moe_json(&[
+            "bench",
+            "--json",
+            "--experts-only",
+            "--w4a8-prefill",
+            prefill,
+            "--shape",
+            "e8-k2-h128-i64",
+            "--batch-sizes",
+            "32",
+            "--min-bytes",
+            "1M",
+            "--iters",
+            "1",
+            "--warmup-ms",
+            "0",
+        ]);
+        let row = &chosen["rows"][0];
+        assert!(row["ms_per_call"].as_f64().unwrap() > 0.0, "{row}");
+        let ops = row["ops"].to_string();
+        // Only a rung with the AMX tiles has the requantised kernel.
+        if ops.contains("amx from") {
+            assert_eq!(
+                ops.contains(in_force),
+                prefill != "int8",
+                "{prefill}: {ops}"
+            );
+        }
+    }
+    assert_clean_failure(
+        &["bench", "--experts-only", "--w4a8-prefill", "int4"],
+        "int8-channel",
+    );
     assert_clean_failure(&["bench", "--layer", "--experts-only"], "cannot be used");
     assert_clean_failure(&["bench", "--zero-points"], "--zero-points");
     assert_clean_failure(&["bench", "--peak-gmacs", "0"], "--peak-gmacs");

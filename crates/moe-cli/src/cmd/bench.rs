@@ -511,6 +511,13 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
             args.min_bytes as f64 / (1 << 20) as f64,
             dram / 1e9
         );
+        if road == Road::ExpertsOnly && args.format == BenchFormat::W4a8 {
+            let numerics: Vec<&str> = rungs.iter().map(|ks| ks.w4a8_prefill().name()).collect();
+            println!(
+                "  W4A8 prefill numerics in force: {} (int8 is bit-equal to the reference; --w4a8-prefill chooses)",
+                numerics.join(", ")
+            );
+        }
         if let Some(g) = args.peak_gmacs {
             println!(
                 "  compute bound = M·k·3·H·I MACs / {g} G MAC/s (given with --peak-gmacs; drawn by --plot)"

@@ -847,6 +847,55 @@ fn results_do_not_depend_on_threads_or_lanes() {
     }
 }
 
+/// W4A8 prefill on weights requantised per channel: the same bits on any thread and lane count,
+/// and close to the exact path (the tiles' own tests compare them with their scalar twin).
+#[test]
+fn requantised_prefill_does_not_depend_on_threads_or_lanes() {
+    let mut rng = SplitMix64::new(43);
+    let layer = w4a8_layer(44, (8, 256, 128), Some(64), true);
+    let r = routed(&mut rng, 137, 4, |rng| rng.below(8) as i64);
+    let x = rng.vec_uniform(137 * 256, -1.0, 1.0);
+    let mut sets = vec![("dispatched", *crate::kernels())];
+    #[cfg(target_arch = "x86_64")]
+    sets.extend(crate::x86::test_only_kernel_sets());
+    for (name, ks) in sets {
+        let ks = ks.with_w4a8_prefill(crate::W4A8Prefill::ChannelInt8);
+        if ks.w4a8_prefill() != crate::W4A8Prefill::ChannelInt8 {
+            continue;
+        }
+        let moe = layer.moe(ks);
+        let want = run(&moe, &x, &r, 1, Par::Seq).unwrap();
+        let exact = layer.reference(&x, &r);
+        let (mut d, mut n) = (0f64, 0f64);
+        for (g, e) in want.iter().zip(&exact) {
+            d += f64::from(g - e).powi(2);
+            n += f64::from(*e).powi(2);
+        }
+        assert!(
+            (d / n).sqrt() < 2e-2,
+            "{name}: {:e} from the exact path",
+            (d / n).sqrt()
+        );
+        assert_ne!(want, exact, "{name}: the requantised kernel did not run");
+        for threads in [1, 2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            for lanes in [1, 2, 8] {
+                let got = pool
+                    .install(|| run(&moe, &x, &r, lanes, Par::Rayon))
+                    .unwrap();
+                assert_bits_eq(
+                    &got,
+                    &want,
+                    &format!("{name}: {threads} threads, {lanes} lanes"),
+                );
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Typed errors.
 
