@@ -37,11 +37,12 @@ pub enum W4A8Prefill {
     /// From the rung's threshold on, weights with group scales requantised to int8 with one
     /// scale per channel once per call ([`crate::scalar::w4a8_channel`]), int8 activations as
     /// [`W4A8Prefill::ExactInt8`], one int32 sum over all of K: the W8A8 tiles' rate instead
-    /// of an epilogue per group. Each weight moves by at most half an int8 step of its
+    /// of an epilogue per group (or, without tiles, the W8A8 kernel's). Each weight moves by at most half an int8 step of its
     /// channel's largest group, so outputs stay within a few tenths of a per cent (relative
     /// L2) of the exact ones, but are not bit-equal to them or to vLLM's W4A8 kernel.
-    /// Channelwise weights, K above [`crate::scalar::w4a8_channel::MAX_K`] and rungs without
-    /// the AMX tiles keep [`W4A8Prefill::ExactInt8`].
+    /// The AMX rung runs it on the AMX-INT8 tiles, the AVX-512 VNNI rung on its W8A8 tile's
+    /// loop; channelwise weights, K above [`crate::scalar::w4a8_channel::MAX_K`] and the other
+    /// rungs keep [`W4A8Prefill::ExactInt8`].
     ChannelInt8,
 }
 
@@ -165,6 +166,9 @@ pub struct KernelSet {
     wna16_int4_dot: Option<Int4Bf16Dot>,
     /// Whether W4A8 GEMMs use the bf16 tiles from their threshold on.
     w4a8_prefill: W4A8Prefill,
+    /// The W4A8 kernel on weights requantised per channel ([`W4A8Prefill::ChannelInt8`]) and
+    /// the rows from which it takes over, if the rung has one.
+    w4a8_channel: Option<(W4A8Kernel, usize)>,
     /// The WNA16 (weight-only int4, f32 compute) body and the rung whose code it is.
     wna16: (Isa, Wna16PanelsFn),
     /// The dense (float) GEMM's builds for this rung: the router gate, f32 experts, and bf16
@@ -223,9 +227,6 @@ struct LargeM {
     min_m_w8a8: usize,
     w4a8: W4A8Kernel,
     w8a8: W8A8Kernel,
-    /// The W4A8 kernel on weights requantised per channel ([`W4A8Prefill::ChannelInt8`]) and
-    /// the rows from which it takes over.
-    w4a8_channel: Option<(W4A8Kernel, usize)>,
 }
 
 /// Quantises one row like `moe_quant::act::quantize_row_asym_i8`, writing `q + 128`.
@@ -297,6 +298,7 @@ impl KernelSet {
             bf16_tiles: None,
             wna16_int4_dot: None,
             w4a8_prefill: W4A8Prefill::ExactInt8,
+            w4a8_channel: None,
             wna16: (Isa::Scalar, crate::wna16::panels_portable),
             dense: DenseBodies::PORTABLE,
             layout_bytes: None,
@@ -380,32 +382,19 @@ impl KernelSet {
             min_m_w8a8: min_m.1,
             w4a8,
             w8a8,
-            w4a8_channel: None,
         });
         self
     }
 
-    /// The same set with `entry`, the W4A8 kernel of [`W4A8Prefill::ChannelInt8`], beside its
-    /// large-row W4A8 kernel (same rung and encoding), from `min_m` rows, reading the rows in
-    /// the layout `tile_a` makes. A set without large-row kernels stays as it is.
+    /// The same set with `kernel`, the W4A8 kernel of [`W4A8Prefill::ChannelInt8`], from
+    /// `min_m` rows (replacing any the set had).
     ///
     /// # Safety
-    /// - `entry` may be called on this CPU: the caller holds the token of its rung.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the AMX rung has one
-    pub(crate) unsafe fn with_w4a8_channel(
-        mut self,
-        entry: W4A8PanelsFn,
-        tile_a: W4A8TileAFn,
-        min_m: usize,
-    ) -> Self {
-        if let Some(l) = &mut self.large_m {
-            let kernel = W4A8Kernel {
-                entry,
-                tile_a: Some(tile_a),
-                ..l.w4a8
-            };
-            l.w4a8_channel = Some((kernel, min_m));
-        }
+    /// - `kernel.entry` and its layout hook may be called on this CPU: the caller holds the
+    ///   token of its rung.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 rungs have one
+    pub(crate) unsafe fn with_w4a8_channel(mut self, kernel: W4A8Kernel, min_m: usize) -> Self {
+        self.w4a8_channel = Some((kernel, min_m));
         self
     }
 
@@ -482,7 +471,11 @@ impl KernelSet {
     /// and the rung has the bf16 tiles, [`W4A8Prefill::ChannelInt8`] only when it was chosen
     /// and the rung has its kernel.
     pub fn w4a8_prefill(&self) -> W4A8Prefill {
-        match (self.w4a8_prefill, self.bf16_tiles, self.w4a8_channel()) {
+        match (
+            self.w4a8_prefill,
+            self.bf16_tiles,
+            self.w4a8_channel_kernel(),
+        ) {
             (W4A8Prefill::Bf16Tiles, Some(_), _) => W4A8Prefill::Bf16Tiles,
             (W4A8Prefill::ChannelInt8, _, Some(_)) => W4A8Prefill::ChannelInt8,
             _ => W4A8Prefill::ExactInt8,
@@ -491,8 +484,8 @@ impl KernelSet {
 
     /// The rung's kernel for [`W4A8Prefill::ChannelInt8`] and its first row count, if it has
     /// one.
-    fn w4a8_channel(&self) -> Option<(W4A8Kernel, usize)> {
-        self.large_m.and_then(|l| l.w4a8_channel)
+    pub(crate) fn w4a8_channel_kernel(&self) -> Option<(W4A8Kernel, usize)> {
+        self.w4a8_channel
     }
 
     /// The same kernels without the bf16 paths: WNA16 GEMMs run the f32 body at every row
@@ -707,7 +700,11 @@ impl KernelSet {
                 large.map(|l| (l.w4a8.isa, l.min_m.short_blocks)),
             ),
         };
-        let prefill = match (self.w4a8_prefill(), self.bf16_tiles, self.w4a8_channel()) {
+        let prefill = match (
+            self.w4a8_prefill(),
+            self.bf16_tiles,
+            self.w4a8_channel_kernel(),
+        ) {
             (W4A8Prefill::Bf16Tiles, Some(t), _) => {
                 format!(", {} (bf16 activations) from {} rows", t.unit, t.min_m.w4a8)
             }
@@ -784,12 +781,9 @@ impl KernelSet {
         order: PanelOrder,
     ) -> W4A8Kernel {
         let chosen = requantise && self.w4a8_prefill == W4A8Prefill::ChannelInt8;
-        let kernel = match self.large_m {
-            Some(LargeM {
-                w4a8_channel: Some((channel, min)),
-                ..
-            }) if chosen && m >= min => channel,
-            Some(l) if m >= l.min_m.for_block(block_len) => l.w4a8,
+        let kernel = match (self.w4a8_channel, self.large_m) {
+            (Some((channel, min)), _) if chosen && m >= min => channel,
+            (_, Some(l)) if m >= l.min_m.for_block(block_len) => l.w4a8,
             _ => self.w4a8,
         };
         match order {

@@ -32,6 +32,7 @@ use std::ops::Range;
 use std::sync::OnceLock;
 
 use super::Amx;
+use super::requant::ChannelPair;
 use crate::Isa;
 use crate::dispatch::{Bf16MinRows, W4A8MinRows};
 use crate::ukernel::{ActEncoding, W4A8Job, W4A8PanelsFn, W4Bf16Job, W8A8Job, W8A8PanelsFn};
@@ -41,7 +42,7 @@ use common::{AccBuf, GROUP_ROWS, TILE_ROWS, TileBuf, TiledA, tile_config};
 use int4::{CodePair, int4_step};
 use tiles::{HwTiles, TileUnit};
 use w4a8::{BatchAccs, W4A8Step, WidePair, w4a8_step};
-use w4a8_channel::{ChannelPair, channel_step};
+use w4a8_channel::channel_step;
 use w8a8::{PanelPair, w8a8_step};
 
 /// Rows per call (rows per expert, in the fused pipeline) from which the W4A8 tiles take over
@@ -214,7 +215,7 @@ unsafe fn w4a8_channel_panels<U: TileUnit>(unit: &mut U, job: &W4A8Job<'_>, pane
         let mut p = panels.start;
         while p < panels.end {
             let nb = 2.min(panels.end - p);
-            pair.fill(job.w, p, nb);
+            pair.fill::<false>(job.w, p, nb);
             let mut row0 = 0;
             while row0 < job.m {
                 let rows = GROUP_ROWS.min(job.m - row0);
@@ -421,8 +422,15 @@ unsafe fn with_tile_entries(
     // SAFETY: our contract.
     let set = unsafe { base.with_large_m(min, int4, int8) };
     let set = set.with_large_m_layouts(w4a8::tile_a, w8a8::tile_a);
+    let channel = crate::dispatch::W4A8Kernel {
+        isa: Isa::Amx,
+        encoding: ActEncoding::U8Offset128,
+        entry: int4_channel,
+        tile_a: Some(channel_tile_a),
+        pairs: false,
+    };
     // SAFETY: our contract.
-    unsafe { set.with_w4a8_channel(int4_channel, channel_tile_a, min_channel) }
+    unsafe { set.with_w4a8_channel(channel, min_channel) }
 }
 
 /// Rows from which each tile kernel of the rung takes over.
