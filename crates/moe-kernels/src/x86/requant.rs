@@ -279,17 +279,32 @@ mod tests {
             crate::PackedW4A8::pack(n, k, &self.w, scales, self.bias.as_deref()).unwrap()
         }
 
-        /// The reference arguments of the activations quantised per row, and what they hold.
-        fn quantised(&self, k: usize) -> (Vec<i8>, Vec<i32>, Vec<f32>) {
+        /// `f` of the reference arguments: the activations quantised per row, the weights.
+        fn with_args<T>(
+            &self,
+            (n, k, g): (usize, usize, usize),
+            f: impl FnOnce(&W4A8RefArgs<'_>) -> T,
+        ) -> T {
             let m = self.x.len() / k;
             let mut q = vec![0i8; m * k];
-            let (mut zp, mut recip) = (Vec::new(), Vec::new());
+            let (mut zero_point, mut recip) = (Vec::new(), Vec::new());
             for (row, q_row) in self.x.chunks_exact(k).zip(q.chunks_exact_mut(k)) {
                 let r = quantize_row_asym_i8(row, q_row);
-                zp.push(r.zero_point);
+                zero_point.push(r.zero_point);
                 recip.push(r.recip);
             }
-            (q, zp, recip)
+            f(&W4A8RefArgs {
+                m,
+                n,
+                k,
+                q: &q,
+                zero_point: &zero_point,
+                recip: &recip,
+                w: &self.w,
+                block_len: g,
+                scales: &self.scales,
+                bias: self.bias.as_deref(),
+            })
         }
 
         fn run(
@@ -355,20 +370,7 @@ mod tests {
                         scales: scales(&mut rng, n, k / g),
                         bias: (rng.below(2) == 0).then(|| rng.vec_uniform(n, -1.0, 1.0)),
                     };
-                    let (q, zero_point, recip) = case.quantised(k);
-                    let args = W4A8RefArgs {
-                        m,
-                        n,
-                        k,
-                        q: &q,
-                        zero_point: &zero_point,
-                        recip: &recip,
-                        w: &case.w,
-                        block_len: g,
-                        scales: &case.scales,
-                        bias: case.bias.as_deref(),
-                    };
-                    let want = w4a8_channel_reference(&args);
+                    let want = case.with_args((n, k, g), w4a8_channel_reference);
                     for (unit, ks) in &sets {
                         for par in [Par::Seq, Par::Rayon] {
                             let got = case.run(ks, (m, n, k, g), par);
@@ -458,21 +460,8 @@ mod tests {
                     .sum();
             }
         }
-        let (q, zero_point, recip) = case.quantised(k);
-        let args = W4A8RefArgs {
-            m,
-            n,
-            k,
-            q: &q,
-            zero_point: &zero_point,
-            recip: &recip,
-            w: &case.w,
-            block_len: g,
-            scales: &case.scales,
-            bias: None,
-        };
-        let exact = rel_l2(&w4a8_reference(&args), &want);
-        let twin = rel_l2(&w4a8_channel_reference(&args), &want);
+        let exact = rel_l2(&case.with_args((n, k, g), w4a8_reference), &want);
+        let twin = rel_l2(&case.with_args((n, k, g), w4a8_channel_reference), &want);
         eprintln!("relative L2 against f32: exact int8 {exact:.3e}, requantised {twin:.3e}");
         assert!(
             twin <= 1.5e-2 && twin <= 2.0 * exact,
