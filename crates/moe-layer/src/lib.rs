@@ -67,6 +67,9 @@ pub use layer::{LoadOptions, LoadProgress};
 /// How `apply` spreads work over threads (re-exported from moe-kernels); see
 /// [`MoeLayer::set_parallelism`].
 pub use moe_kernels::Par;
+/// The numerics of W4A8 calls with many rows per expert (re-exported from moe-kernels); see
+/// [`MoeLayerConfig::w4a8_prefill`].
+pub use moe_kernels::W4A8Prefill;
 pub use moe_oracle::DisabledKernels;
 /// The scale grouping [`LayerQuant`]'s integer schemes carry (re-exported from moe-quant).
 pub use moe_quant::WeightGroups;

@@ -223,7 +223,7 @@ pub struct BenchArgs {
     /// has them) or `int8-channel` (group-scaled weights requantised to int8 per channel on the
     /// AMX-INT8 tiles, where the rung has them); default: the process's
     /// (`MOE_KERNELS_W4A8_PREFILL`, else int8).
-    #[arg(long, value_parser = parse_prefill)]
+    #[arg(long, value_parser = super::parse_w4a8_prefill)]
     pub w4a8_prefill: Option<W4A8Prefill>,
     /// DRAM read bandwidth the bound divides by, GB/s; default: measured here by a streaming
     /// read on the benchmark's threads before the rows.
@@ -297,12 +297,6 @@ impl StageBreakdown {
             reduce_ms: ms(t.reduce),
         }
     }
-}
-
-/// Parses `int8`, `bf16` or `int8-channel`.
-fn parse_prefill(text: &str) -> Result<W4A8Prefill, String> {
-    W4A8Prefill::from_name(text)
-        .ok_or_else(|| format!("unknown W4A8 prefill {text:?}: use int8, bf16 or int8-channel"))
 }
 
 /// The report, as printed with `--json`.

@@ -124,6 +124,12 @@ pub fn parse_wna16_activations(text: &str) -> Result<moe_layer::Wna16Activations
     }
 }
 
+/// Parses `--w4a8-prefill`: `int8`, `bf16` or `int8-channel` ([`moe_layer::W4A8Prefill`]).
+pub fn parse_w4a8_prefill(text: &str) -> Result<moe_layer::W4A8Prefill, String> {
+    moe_layer::W4A8Prefill::from_name(text)
+        .ok_or_else(|| format!("unknown W4A8 prefill {text:?}: use int8, bf16 or int8-channel"))
+}
+
 /// The median of a set of durations, in milliseconds (0 for an empty set).
 pub fn median_ms(samples: &mut [Duration]) -> f64 {
     if samples.is_empty() {

@@ -13,7 +13,7 @@ use std::time::Instant;
 use half::{bf16, f16};
 use moe_kernels::moe::MoeFloat;
 use moe_layer::checkpoint::{Checkpoint, ShardAccess};
-use moe_layer::{LoadOptions, LoadProgress, MoeLayer, Par, Wna16Activations};
+use moe_layer::{LoadOptions, LoadProgress, MoeLayer, Par, W4A8Prefill, Wna16Activations};
 use moe_router::Logits;
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use serde::Serialize;
@@ -71,6 +71,12 @@ pub struct RunArgs {
     /// numerics; symmetric int4 weights without act-order only).
     #[arg(long, value_name = "float|int8", default_value = "float", value_parser = super::parse_wna16_activations)]
     pub wna16_activations: Wna16Activations,
+    /// Numerics of W4A8 calls with many rows per expert: `int8` (bit-equal to vLLM's W4A8
+    /// kernel), `bf16` or `int8-channel` (faster, other numerics, where the CPU has them; see
+    /// docs/kernels.md); default: `MOE_KERNELS_W4A8_PREFILL`, else int8. The report's kernel
+    /// lines say what is in force.
+    #[arg(long, value_name = "int8|bf16|int8-channel", value_parser = super::parse_w4a8_prefill)]
+    pub w4a8_prefill: Option<W4A8Prefill>,
     /// Print the report as JSON instead of text (set from the global `--json` flag).
     #[arg(skip)]
     pub json: bool,
@@ -130,10 +136,7 @@ pub fn run(args: &RunArgs) -> Result<RunReport, Box<dyn Error>> {
             MAX_TOKENS_PER_CALL,
             (args.tp_rank, args.tp_size),
             map,
-            &LoadOptions::new()
-                .with_par(Par::Rayon)
-                .with_wna16_activations(args.wna16_activations)
-                .with_expert_parallel(args.ep_rank, args.ep_size),
+            &load_options(args).with_expert_parallel(args.ep_rank, args.ep_size),
         )?
     };
     let load_ms = load_start.elapsed().as_secs_f64() * 1e3;
@@ -220,14 +223,24 @@ pub fn run(args: &RunArgs) -> Result<RunReport, Box<dyn Error>> {
 /// Below this many experts a layer loads in a blink and gets no progress bar.
 const PROGRESS_MIN_EXPERTS: usize = 16;
 
+/// How `moe run` loads: experts in parallel, with the activations and prefill numerics asked
+/// for.
+fn load_options<'a>(args: &RunArgs) -> LoadOptions<'a> {
+    let opts = LoadOptions::new()
+        .with_par(Par::Rayon)
+        .with_wna16_activations(args.wna16_activations);
+    match args.w4a8_prefill {
+        Some(prefill) => opts.with_w4a8_prefill(prefill),
+        None => opts,
+    }
+}
+
 /// Loads and processes `layer`, experts in parallel on rayon's global pool (the one `apply`
 /// runs on), with a progress bar of experts packed on stderr for layers with many experts
 /// (hidden with `--json` or when stderr is not a terminal; cleared when done).
 fn load_layer(ckpt: &Checkpoint, layer: usize, args: &RunArgs) -> Result<MoeLayer, Box<dyn Error>> {
     let experts = ckpt.spec().num_experts;
-    let opts = LoadOptions::new()
-        .with_par(Par::Rayon)
-        .with_wna16_activations(args.wna16_activations);
+    let opts = load_options(args);
     if experts < PROGRESS_MIN_EXPERTS {
         return Ok(MoeLayer::from_checkpoint_with(
             ckpt,
@@ -500,6 +513,7 @@ mod tests {
             ep_rank: 0,
             ep_size: 1,
             wna16_activations: Wna16Activations::Float,
+            w4a8_prefill: None,
             json: true,
         }
     }
@@ -525,6 +539,52 @@ mod tests {
         let _ = std::fs::remove_file(&output);
         let got = SafeTensors::deserialize(&bytes).unwrap();
         f32s(&got.tensor("output").unwrap())
+    }
+
+    /// `--w4a8-prefill` reaches the layer: the report's kernel lines say what is in force (the
+    /// requantised path where the rung has it, the exact one always for `int8`), and the
+    /// fixture's output stays within the int4 tolerance of the f32 reference and of vLLM.
+    #[test]
+    fn w4a8_prefill_choice_reaches_the_layer() {
+        let dir = fixtures().join("qwen3moe-w4a8-g32");
+        if !dir.is_dir() {
+            assert!(
+                std::env::var_os("MOE_REQUIRE_TEST_TOOLS").is_none(),
+                "{} is missing, and MOE_REQUIRE_TEST_TOOLS forbids skipping",
+                dir.display()
+            );
+            return;
+        }
+        let want_bytes = std::fs::read(dir.join("expected.safetensors")).unwrap();
+        let want = SafeTensors::deserialize(&want_bytes).unwrap();
+        let hf = f32s(&want.tensor("out_hf_dequant_f32").unwrap());
+        for (prefill, tag) in [
+            (W4A8Prefill::ExactInt8, "exact"),
+            (W4A8Prefill::ChannelInt8, "channel"),
+        ] {
+            let output = std::env::temp_dir().join(format!(
+                "moe_run_test_{}_prefill_{tag}.safetensors",
+                std::process::id()
+            ));
+            let args = RunArgs {
+                w4a8_prefill: Some(prefill),
+                ..fixture_args(&dir, output.clone())
+            };
+            let report = run(&args).unwrap();
+            let ops = report.kernel_ops.join("; ");
+            let requantised = ops.contains("requantised to int8 per channel from");
+            let has_body = ops.contains("int8-channel");
+            assert_eq!(
+                requantised,
+                prefill == W4A8Prefill::ChannelInt8 && has_body,
+                "{tag}: {ops}"
+            );
+            let bytes = std::fs::read(&output).unwrap();
+            let _ = std::fs::remove_file(&output);
+            let got = SafeTensors::deserialize(&bytes).unwrap();
+            let got = f32s(&got.tensor("output").unwrap());
+            assert!(rel_l2(&got, &hf) < 3e-2, "{tag}: {}", rel_l2(&got, &hf));
+        }
     }
 
     /// The two fixtures hold the same int4 codes and bf16 scales, so the WNA16 one run with

@@ -82,7 +82,12 @@ pub(crate) fn select(
         .kernel
         .isa
         .and_then(KernelSet::for_isa)
-        .map(|ks| ks.with_w4a8_prefill(moe_kernels::w4a8_prefill_requested()))
+        .map(|ks| {
+            let prefill = cfg
+                .w4a8_prefill
+                .unwrap_or_else(moe_kernels::w4a8_prefill_requested);
+            ks.with_w4a8_prefill(prefill)
+        })
         .unwrap_or(*moe_kernels::kernels());
     Ok((selection, kernels))
 }

@@ -2,7 +2,7 @@
 //! routing, quantization scheme, largest call), and its derivation from a checkpoint's
 //! [`MoeModelSpec`](crate::checkpoint::MoeModelSpec).
 
-use moe_kernels::{Activation, GateUpLayout};
+use moe_kernels::{Activation, GateUpLayout, W4A8Prefill};
 use moe_oracle::DisabledKernels;
 use moe_quant::{DType, WeightGroups};
 #[cfg(feature = "checkpoint")]
@@ -228,6 +228,11 @@ pub struct MoeLayerConfig {
     /// Kernels the backend selection must not choose; `None` reads the process-wide
     /// `MOE_DISABLED_KERNELS` when the layer is processed.
     pub disabled_kernels: Option<DisabledKernels>,
+    /// The numerics of W4A8 calls with many rows per expert ([`W4A8Prefill`]: exact int8, the
+    /// default, or one of the faster paths with other numerics where the CPU has it); `None`
+    /// reads the process-wide `MOE_KERNELS_W4A8_PREFILL` when the layer is processed. WNA16
+    /// layers on int8 activations ([`Wna16Activations::DynamicInt8`]) follow it too.
+    pub w4a8_prefill: Option<W4A8Prefill>,
 }
 
 impl MoeLayerConfig {
@@ -264,6 +269,7 @@ impl MoeLayerConfig {
             in_dtype: DType::BF16,
             max_tokens: 256,
             disabled_kernels: None,
+            w4a8_prefill: None,
         }
     }
 
@@ -336,6 +342,13 @@ impl MoeLayerConfig {
     /// `cpu-wna16`.
     pub fn with_disabled_kernels(mut self, disabled: DisabledKernels) -> Self {
         self.disabled_kernels = Some(disabled);
+        self
+    }
+
+    /// Runs W4A8 calls with many rows per expert with `prefill` (in place of
+    /// `MOE_KERNELS_W4A8_PREFILL`); the layer's `BackendInfo::ops` says what is in force.
+    pub fn with_w4a8_prefill(mut self, prefill: W4A8Prefill) -> Self {
+        self.w4a8_prefill = Some(prefill);
         self
     }
 

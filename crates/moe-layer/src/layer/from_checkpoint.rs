@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use moe_kernels::{Activation, GateUpLayout};
 use moe_quant::DType;
 
-use moe_kernels::{PackedW4A8, PackedWna16, Par};
+use moe_kernels::{PackedW4A8, PackedWna16, Par, W4A8Prefill};
 use moe_oracle::DisabledKernels;
 
 use super::MoeLayer;
@@ -124,6 +124,7 @@ impl MoeLayerConfig {
             in_dtype: spec.dtype.unwrap_or(DType::BF16),
             max_tokens,
             disabled_kernels: None,
+            w4a8_prefill: None,
         })
     }
 }
@@ -148,6 +149,9 @@ pub struct LoadOptions<'a> {
     /// Kernels the backend selection must not choose; `None` (the default) reads
     /// `MOE_DISABLED_KERNELS` ([`MoeLayerConfig::disabled_kernels`]).
     pub disabled_kernels: Option<&'a DisabledKernels>,
+    /// The numerics of W4A8 calls with many rows per expert; `None` (the default) reads
+    /// `MOE_KERNELS_W4A8_PREFILL` ([`MoeLayerConfig::w4a8_prefill`]).
+    pub w4a8_prefill: Option<W4A8Prefill>,
     /// This rank's `(ep_rank, ep_size)` in an expert-parallel group, for the oracle
     /// ([`MoeLayerConfig::with_expert_parallel`]); `(0, 1)` by default. Only
     /// [`MoeLayer::from_checkpoint_ranked_with`] reads it, with the expert map it is given.
@@ -162,6 +166,7 @@ impl<'a> LoadOptions<'a> {
             progress: None,
             wna16_activations: Wna16Activations::Float,
             disabled_kernels: None,
+            w4a8_prefill: None,
             expert_parallel: (0, 1),
         }
     }
@@ -172,14 +177,21 @@ impl<'a> LoadOptions<'a> {
         self
     }
 
-    /// `cfg` with what these options decide about the layer itself (its WNA16 activations
-    /// and the kernels its backend selection avoids).
+    /// `cfg` with what these options decide about the layer itself (its WNA16 activations,
+    /// its W4A8 prefill numerics and the kernels its backend selection avoids).
     fn configure(&self, cfg: MoeLayerConfig) -> MoeLayerConfig {
-        let cfg = cfg.with_wna16_activations(self.wna16_activations);
+        let mut cfg = cfg.with_wna16_activations(self.wna16_activations);
+        cfg.w4a8_prefill = self.w4a8_prefill;
         match self.disabled_kernels {
             Some(disabled) => cfg.with_disabled_kernels(disabled.clone()),
             None => cfg,
         }
+    }
+
+    /// Runs W4A8 calls with many rows per expert with `prefill`.
+    pub fn with_w4a8_prefill(mut self, prefill: W4A8Prefill) -> Self {
+        self.w4a8_prefill = Some(prefill);
+        self
     }
 
     /// This rank's place in an expert-parallel group, for the oracle.
@@ -220,6 +232,7 @@ impl std::fmt::Debug for LoadOptions<'_> {
             .field("progress", &self.progress.map(|_| "callback"))
             .field("wna16_activations", &self.wna16_activations)
             .field("disabled_kernels", &self.disabled_kernels)
+            .field("w4a8_prefill", &self.w4a8_prefill)
             .field("expert_parallel", &self.expert_parallel)
             .finish()
     }
