@@ -437,6 +437,21 @@ mod tests {
 
     use super::*;
 
+    /// The fixture directory `name`, or `None` when it is missing and the run may skip
+    /// (`MOE_REQUIRE_TEST_TOOLS` unset; set, a missing fixture fails the test).
+    fn fixture(name: &str) -> Option<PathBuf> {
+        let dir = fixtures().join(name);
+        if dir.is_dir() {
+            return Some(dir);
+        }
+        assert!(
+            std::env::var_os("MOE_REQUIRE_TEST_TOOLS").is_none(),
+            "{} is missing, and MOE_REQUIRE_TEST_TOOLS forbids skipping",
+            dir.display()
+        );
+        None
+    }
+
     fn fixtures() -> PathBuf {
         match std::env::var_os("MOE_FIXTURES") {
             Some(d) if !d.is_empty() => PathBuf::from(d),
@@ -546,18 +561,13 @@ mod tests {
     /// fixture's output stays within the int4 tolerance of the f32 reference and of vLLM.
     #[test]
     fn w4a8_prefill_choice_reaches_the_layer() {
-        let dir = fixtures().join("qwen3moe-w4a8-g32");
-        if !dir.is_dir() {
-            assert!(
-                std::env::var_os("MOE_REQUIRE_TEST_TOOLS").is_none(),
-                "{} is missing, and MOE_REQUIRE_TEST_TOOLS forbids skipping",
-                dir.display()
-            );
+        let Some(dir) = fixture("qwen3moe-w4a8-g32") else {
             return;
-        }
+        };
         let want_bytes = std::fs::read(dir.join("expected.safetensors")).unwrap();
         let want = SafeTensors::deserialize(&want_bytes).unwrap();
         let hf = f32s(&want.tensor("out_hf_dequant_f32").unwrap());
+        let vllm = f32s(&want.tensor("out_vllm").unwrap());
         for (prefill, tag) in [
             (W4A8Prefill::ExactInt8, "exact"),
             (W4A8Prefill::ChannelInt8, "channel"),
@@ -584,6 +594,7 @@ mod tests {
             let got = SafeTensors::deserialize(&bytes).unwrap();
             let got = f32s(&got.tensor("output").unwrap());
             assert!(rel_l2(&got, &hf) < 3e-2, "{tag}: {}", rel_l2(&got, &hf));
+            assert!(rel_l2(&got, &vllm) < 3e-2, "{tag}: {}", rel_l2(&got, &vllm));
         }
     }
 
@@ -593,19 +604,11 @@ mod tests {
     /// kernel also quantizes this checkpoint's activations to int8).
     #[test]
     fn wna16_fixture_with_int8_activations_is_the_w4a8_computation() {
-        let (w4a16, w4a8) = (
-            fixtures().join("qwen3moe-w4a16-g32"),
-            fixtures().join("qwen3moe-w4a8-g32"),
-        );
-        if !w4a16.is_dir() || !w4a8.is_dir() {
-            assert!(
-                std::env::var_os("MOE_REQUIRE_TEST_TOOLS").is_none(),
-                "{} or {} is missing, and MOE_REQUIRE_TEST_TOOLS forbids skipping",
-                w4a16.display(),
-                w4a8.display()
-            );
+        let (Some(w4a16), Some(w4a8)) =
+            (fixture("qwen3moe-w4a16-g32"), fixture("qwen3moe-w4a8-g32"))
+        else {
             return;
-        }
+        };
         let int8 = run_output(&w4a16, Wna16Activations::DynamicInt8, "wna16_int8");
         let w4a8_out = run_output(&w4a8, Wna16Activations::Float, "w4a8");
         let float = run_output(&w4a16, Wna16Activations::Float, "wna16_float");
@@ -622,15 +625,9 @@ mod tests {
 
     #[test]
     fn missing_input_tensor_is_an_error() {
-        let dir = fixtures().join("qwen3moe-w4a8-g32");
-        if !dir.is_dir() {
-            assert!(
-                std::env::var_os("MOE_REQUIRE_TEST_TOOLS").is_none(),
-                "{} is missing, and MOE_REQUIRE_TEST_TOOLS forbids skipping",
-                dir.display()
-            );
+        let Some(dir) = fixture("qwen3moe-w4a8-g32") else {
             return;
-        }
+        };
         let args = RunArgs {
             input_tensor: "no_such_tensor".into(),
             json: false,
