@@ -173,6 +173,33 @@ typedef enum {
 } MoeWna16Activations;
 
 /*
+ The numerics of W4A8 prefill, from the kernels' row threshold on
+ (`MoeLayerOptions::w4a8_prefill`); decode calls run the exact int8 path whatever is chosen.
+ */
+typedef enum {
+  /*
+   What the process chose: `MOE_KERNELS_W4A8_PREFILL`, or exact int8 when it is unset.
+   */
+  MOE_W4A8_PREFILL_PROCESS = 0,
+  /*
+   Int8 activations with the group scales applied per group: bit-equal to vLLM's W4A8
+   kernel (`int8`).
+   */
+  MOE_W4A8_PREFILL_INT8 = 1,
+  /*
+   Activations and dequantized weights in bf16 on the AMX-BF16 tiles, f32 sums (`bf16`);
+   where the CPU has no AMX-BF16, the same as `MOE_W4A8_PREFILL_INT8`.
+   */
+  MOE_W4A8_PREFILL_BF16 = 2,
+  /*
+   Weights requantised to int8 with one scale per channel once per call, int8
+   activations, one int32 sum over all of K (`int8-channel`): faster prefill, outputs
+   about 1 % (relative L2) from the exact ones; on the AMX and AVX-512 VNNI rungs.
+   */
+  MOE_W4A8_PREFILL_INT8_CHANNEL = 3,
+} MoeW4a8Prefill;
+
+/*
  An opaque MoE layer; C code only ever holds pointers to it.
  */
 typedef struct MoeLayerHandle MoeLayerHandle;
@@ -207,7 +234,7 @@ typedef struct {
  Settings of a layer beyond `MoeLayerDesc`, for `moe_layer_create_with` and
  `moe_layer_open_checkpoint_with`. Start from `moe_layer_options_default` and change the
  fields you need. A checkpoint's `config.json` decides its activation and routing, so
- `moe_layer_open_checkpoint_with` reads only `wna16_activations`.
+ `moe_layer_open_checkpoint_with` reads only `wna16_activations` and `w4a8_prefill`.
  */
 typedef struct {
   /*
@@ -254,6 +281,15 @@ typedef struct {
    A `MoeWna16Activations` value (default `MOE_WNA16_ACTIVATIONS_FLOAT`).
    */
   uint32_t wna16_activations;
+  /*
+   A `MoeW4a8Prefill` value (default `MOE_W4A8_PREFILL_PROCESS`). Read when
+   `struct_size` covers it.
+   */
+  uint32_t w4a8_prefill;
+  /*
+   Zero; refused otherwise, so that a later meaning cannot be misread.
+   */
+  uint32_t reserved;
 } MoeLayerOptions;
 
 /*
@@ -404,7 +440,7 @@ MoeStatus moe_layer_open_checkpoint_ranked(const char *model_dir,
  [`moe_layer_open_checkpoint`] for one rank of a parallel group (`*ranks`; NULL: a single
  rank holding every expert) with `*options` (NULL: the defaults). The checkpoint's
  `config.json` decides the activation and the routing, so only
- `options->wna16_activations` is read.
+ `options->wna16_activations` and `options->w4a8_prefill` are read.
 
  # Safety
  - `model_dir` is NULL or a NUL-terminated string; `ranks` is NULL or points to a
@@ -489,8 +525,8 @@ MoeStatus moe_layer_free(MoeLayerHandle *layer);
 
 /*
  Fills `*options` with the defaults: SiLU experts, softmax routing, float activations for
- WNA16 weights, and `struct_size` set to this library's `sizeof(MoeLayerOptions)`. Does
- nothing for NULL.
+ WNA16 weights, the process's W4A8 prefill numerics, and `struct_size` set to this
+ library's `sizeof(MoeLayerOptions)`. Does nothing for NULL.
 
  # Safety
  - `options` is NULL or valid for one write of a `MoeLayerOptions`.

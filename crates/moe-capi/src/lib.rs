@@ -43,7 +43,8 @@ pub use lifecycle::{
     moe_layer_set_num_threads,
 };
 pub use options::{
-    MoeActivation, MoeLayerOptions, MoeRouting, MoeWna16Activations, moe_layer_options_default,
+    MoeActivation, MoeLayerOptions, MoeRouting, MoeW4a8Prefill, MoeWna16Activations,
+    OPTIONS_FIRST_VERSION_SIZE, moe_layer_options_default,
 };
 pub use registry::MoeLayerHandle;
 pub use run::{

@@ -207,7 +207,7 @@ pub unsafe extern "C" fn moe_layer_open_checkpoint_ranked(
 /// [`moe_layer_open_checkpoint`] for one rank of a parallel group (`*ranks`; NULL: a single
 /// rank holding every expert) with `*options` (NULL: the defaults). The checkpoint's
 /// `config.json` decides the activation and the routing, so only
-/// `options->wna16_activations` is read.
+/// `options->wna16_activations` and `options->w4a8_prefill` are read.
 ///
 /// # Safety
 /// - `model_dir` is NULL or a NUL-terminated string; `ranks` is NULL or points to a
@@ -237,9 +237,12 @@ pub unsafe extern "C" fn moe_layer_open_checkpoint_with(
         // SAFETY: NULL or a readable MoeLayerOptions per this function's contract.
         let options = unsafe { MoeLayerOptions::read(options)? };
         // Experts are packed on rayon's global pool, the pool `apply` uses by default.
-        let load = LoadOptions::new()
+        let mut load = LoadOptions::new()
             .with_par(Par::Rayon)
             .with_wna16_activations(options.wna16_activations()?);
+        if let Some(prefill) = options.w4a8_prefill()? {
+            load = load.with_w4a8_prefill(prefill);
+        }
         let ckpt = Checkpoint::open(std::path::Path::new(dir), ShardAccess::Mmap)?;
         let layer = resolve_layer(&ckpt, dir, layer)?;
         let moe = match ranks {

@@ -1,14 +1,15 @@
 //! [`MoeLayerOptions`]: the settings of a layer beyond its sizes and weight scheme (the gated
 //! activation, the routing method and its parameters, what WNA16 weights are multiplied
-//! with), and their translation into the layer's configuration.
+//! with, the numerics of W4A8 prefill), and their translation into the layer's configuration.
 //!
 //! The struct starts with its own size, so that a later version of the library can append
 //! fields and still read what an older caller wrote: fields past the caller's
-//! `struct_size` keep their defaults.
+//! `struct_size` keep their defaults. The first version of the struct ended with
+//! `wna16_activations` ([`OPTIONS_FIRST_VERSION_SIZE`] bytes); the smallest size read is that.
 
 use moe_kernels::Activation;
 use moe_layer::checkpoint::RoutingSpec;
-use moe_layer::{MoeLayerConfig, Wna16Activations};
+use moe_layer::{MoeLayerConfig, W4A8Prefill, Wna16Activations};
 use moe_router::ScoringFunc;
 
 use crate::status::CapiError;
@@ -56,10 +57,29 @@ pub enum MoeWna16Activations {
     Int8 = 1,
 }
 
+/// The numerics of W4A8 prefill, from the kernels' row threshold on
+/// (`MoeLayerOptions::w4a8_prefill`); decode calls run the exact int8 path whatever is chosen.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoeW4a8Prefill {
+    /// What the process chose: `MOE_KERNELS_W4A8_PREFILL`, or exact int8 when it is unset.
+    Process = 0,
+    /// Int8 activations with the group scales applied per group: bit-equal to vLLM's W4A8
+    /// kernel (`int8`).
+    Int8 = 1,
+    /// Activations and dequantized weights in bf16 on the AMX-BF16 tiles, f32 sums (`bf16`);
+    /// where the CPU has no AMX-BF16, the same as `MOE_W4A8_PREFILL_INT8`.
+    Bf16 = 2,
+    /// Weights requantised to int8 with one scale per channel once per call, int8
+    /// activations, one int32 sum over all of K (`int8-channel`): faster prefill, outputs
+    /// about 1 % (relative L2) from the exact ones; on the AMX and AVX-512 VNNI rungs.
+    Int8Channel = 3,
+}
+
 /// Settings of a layer beyond `MoeLayerDesc`, for `moe_layer_create_with` and
 /// `moe_layer_open_checkpoint_with`. Start from `moe_layer_options_default` and change the
 /// fields you need. A checkpoint's `config.json` decides its activation and routing, so
-/// `moe_layer_open_checkpoint_with` reads only `wna16_activations`.
+/// `moe_layer_open_checkpoint_with` reads only `wna16_activations` and `w4a8_prefill`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct MoeLayerOptions {
@@ -87,7 +107,17 @@ pub struct MoeLayerOptions {
     pub correction_bias: u32,
     /// A `MoeWna16Activations` value (default `MOE_WNA16_ACTIVATIONS_FLOAT`).
     pub wna16_activations: u32,
+    /// A `MoeW4a8Prefill` value (default `MOE_W4A8_PREFILL_PROCESS`). Read when
+    /// `struct_size` covers it.
+    pub w4a8_prefill: u32,
+    /// Zero; refused otherwise, so that a later meaning cannot be misread.
+    pub reserved: u32,
 }
+
+/// Bytes of the struct's first version, which ended with `wna16_activations`: the smallest
+/// `struct_size` read.
+pub const OPTIONS_FIRST_VERSION_SIZE: usize = std::mem::offset_of!(MoeLayerOptions, w4a8_prefill)
+    .next_multiple_of(std::mem::align_of::<MoeLayerOptions>());
 
 impl Default for MoeLayerOptions {
     fn default() -> Self {
@@ -102,6 +132,8 @@ impl Default for MoeLayerOptions {
             routed_scaling_factor: 1.0,
             correction_bias: 0,
             wna16_activations: MoeWna16Activations::Float as u32,
+            w4a8_prefill: MoeW4a8Prefill::Process as u32,
+            reserved: 0,
         }
     }
 }
@@ -123,17 +155,32 @@ impl MoeLayerOptions {
         // SAFETY: non-NULL and aligned (checked); its first field is readable per this
         // function's contract.
         let size = unsafe { ptr.cast::<usize>().read() };
-        if size < size_of::<Self>() {
+        if size >= size_of::<Self>() {
+            // SAFETY: the caller's struct holds `size ≥ size_of::<Self>()` readable bytes
+            // (this function's contract) and the pointer is aligned; every field is a plain
+            // integer or float, valid for any bits.
+            return Ok(unsafe { ptr.read() });
+        }
+        if size < OPTIONS_FIRST_VERSION_SIZE {
             return Err(CapiError::invalid(format!(
-                "options.struct_size: {size} is smaller than this library's MoeLayerOptions \
-                 ({} bytes); fill the struct with moe_layer_options_default",
+                "options.struct_size: {size} is smaller than any MoeLayerOptions this library \
+                 reads ({OPTIONS_FIRST_VERSION_SIZE} to {} bytes); fill the struct with \
+                 moe_layer_options_default",
                 size_of::<Self>()
             )));
         }
-        // SAFETY: the caller's struct holds `size ≥ size_of::<Self>()` readable bytes (this
-        // function's contract) and the pointer is aligned; every field is a plain integer or
-        // float, valid for any bits.
-        Ok(unsafe { ptr.read() })
+        // An older caller's struct: its fields over the defaults of the later ones. Its
+        // padding after `wna16_activations` is not read.
+        let mut options = Self::default();
+        let prefix = std::mem::offset_of!(Self, w4a8_prefill);
+        // SAFETY: the caller's struct holds `size ≥ OPTIONS_FIRST_VERSION_SIZE > prefix` readable
+        // bytes (this function's contract); `options` is a distinct local of at least
+        // `prefix` bytes, and the first `prefix` bytes are the first version's fields, with no
+        // padding between them, each a plain integer or float valid for any bits.
+        unsafe {
+            std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), (&raw mut options).cast::<u8>(), prefix)
+        };
+        Ok(options)
     }
 
     /// The activation these options name.
@@ -217,8 +264,29 @@ impl MoeLayerOptions {
         }
     }
 
-    /// `cfg` with these options' activation, routing (renormalized when `renormalize`) and
-    /// WNA16 activations; the router is built by the rules the checkpoint loader uses.
+    /// The numerics of W4A8 prefill these options choose; `None` leaves the process's choice.
+    pub(crate) fn w4a8_prefill(&self) -> Result<Option<W4A8Prefill>, CapiError> {
+        if self.reserved != 0 {
+            return Err(CapiError::invalid(format!(
+                "options.reserved: {} where 0 is required",
+                self.reserved
+            )));
+        }
+        match self.w4a8_prefill {
+            0 => Ok(None),
+            1 => Ok(Some(W4A8Prefill::ExactInt8)),
+            2 => Ok(Some(W4A8Prefill::Bf16Tiles)),
+            3 => Ok(Some(W4A8Prefill::ChannelInt8)),
+            other => Err(CapiError::invalid(format!(
+                "options.w4a8_prefill: {other} is not a MoeW4a8Prefill (0 = process, 1 = int8, \
+                 2 = bf16, 3 = int8_channel)"
+            ))),
+        }
+    }
+
+    /// `cfg` with these options' activation, routing (renormalized when `renormalize`), WNA16
+    /// activations and W4A8 prefill; the router is built by the rules the checkpoint loader
+    /// uses.
     pub(crate) fn configure(
         &self,
         cfg: MoeLayerConfig,
@@ -231,14 +299,17 @@ impl MoeLayerOptions {
             .with_activation(self.activation()?)
             .with_router(router)
             .with_wna16_activations(self.wna16_activations()?);
+        if let Some(prefill) = self.w4a8_prefill()? {
+            cfg = cfg.with_w4a8_prefill(prefill);
+        }
         cfg.router_bias_pending = spec.has_correction_bias;
         Ok(cfg)
     }
 }
 
 /// Fills `*options` with the defaults: SiLU experts, softmax routing, float activations for
-/// WNA16 weights, and `struct_size` set to this library's `sizeof(MoeLayerOptions)`. Does
-/// nothing for NULL.
+/// WNA16 weights, the process's W4A8 prefill numerics, and `struct_size` set to this
+/// library's `sizeof(MoeLayerOptions)`. Does nothing for NULL.
 ///
 /// # Safety
 /// - `options` is NULL or valid for one write of a `MoeLayerOptions`.

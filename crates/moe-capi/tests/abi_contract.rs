@@ -679,8 +679,10 @@ fn open_checkpoint_ranked_asks_the_oracle_with_the_expert_parallel_rank() {
 fn bad_layer_options_are_refused() {
     let ckpt = Checkpoint::open(&fixture(), ShardAccess::Read).unwrap();
     let desc = fixture_desc(&ckpt);
-    let cases: [(MoeLayerOptions, &str); 6] = [
+    let cases: [(MoeLayerOptions, &str); 8] = [
         (options(|o| o.struct_size = 8), "struct_size"),
+        (options(|o| o.w4a8_prefill = 4), "w4a8_prefill"),
+        (options(|o| o.reserved = 1), "reserved"),
         (options(|o| o.activation = 9), "activation"),
         (options(|o| o.routing = 7), "routing"),
         (
@@ -710,6 +712,107 @@ fn bad_layer_options_are_refused() {
     // SAFETY: valid desc, options and out-pointer.
     let status = unsafe { moe_layer_create_with(&desc, &opts, &mut layer) };
     expect(status, MoeStatus::InvalidArgument);
+}
+
+/// A caller compiled against the first version of `MoeLayerOptions` (which ended with
+/// `wna16_activations`) is read up to there: its fields count, and whatever lies past them (its
+/// padding, here garbage) is neither read nor refused.
+#[test]
+fn options_of_the_first_version_are_read_up_to_their_size() {
+    let ckpt = Checkpoint::open(&fixture(), ShardAccess::Read).unwrap();
+    let desc = fixture_desc(&ckpt);
+    let first = |f: fn(&mut MoeLayerOptions)| {
+        options(|o| {
+            o.struct_size = OPTIONS_FIRST_VERSION_SIZE;
+            o.w4a8_prefill = 99;
+            o.reserved = 7;
+            f(o);
+        })
+    };
+    assert!(OPTIONS_FIRST_VERSION_SIZE < size_of::<MoeLayerOptions>());
+    let mut layer = null_mut();
+    // SAFETY: valid desc, options and out-pointer.
+    let status = unsafe { moe_layer_create_with(&desc, &first(|_| {}), &mut layer) };
+    expect(status, MoeStatus::Ok);
+    expect(moe_layer_free(layer), MoeStatus::Ok);
+    let mut layer = null_mut();
+    // SAFETY: as above.
+    let status = unsafe { moe_layer_create_with(&desc, &first(|o| o.activation = 9), &mut layer) };
+    expect(status, MoeStatus::InvalidArgument);
+    assert!(last_error().contains("activation"), "{}", last_error());
+    let too_small = first(|o| o.struct_size = OPTIONS_FIRST_VERSION_SIZE - 8);
+    // SAFETY: as above.
+    let status = unsafe { moe_layer_create_with(&desc, &too_small, &mut layer) };
+    expect(status, MoeStatus::InvalidArgument);
+    assert!(last_error().contains("struct_size"), "{}", last_error());
+}
+
+/// `w4a8_prefill` reaches the layer a checkpoint opens: on 128 tokens (32 rows per expert on
+/// average, past every rung's prefill threshold) each choice computes exactly what the Rust
+/// layer loaded with the same choice computes; where the kernels have the requantised body,
+/// `MOE_W4A8_PREFILL_INT8_CHANNEL` moves the outputs, by about the documented 1 %.
+#[test]
+fn w4a8_prefill_option_reaches_the_layer() {
+    use moe_layer::{LoadOptions, MoeLayer, W4A8Prefill};
+    let tokens = 128;
+    let dir = CString::new(fixture().to_str().unwrap()).unwrap();
+    let ckpt = Checkpoint::open(&fixture(), ShardAccess::Read).unwrap();
+    let hidden = fixture_x().len() / 5;
+    let mut rng = moe_testutil::SplitMix64::new(0x4a8);
+    let x: Vec<f32> = (0..tokens * hidden).map(|_| rng.normal()).collect();
+    let mut outputs = Vec::new();
+    for (choice, prefill) in [
+        (MoeW4a8Prefill::Int8, W4A8Prefill::ExactInt8),
+        (MoeW4a8Prefill::Int8Channel, W4A8Prefill::ChannelInt8),
+    ] {
+        let o = options(|o| o.w4a8_prefill = choice as u32);
+        let mut layer = null_mut();
+        // SAFETY: a valid C string, options and out-pointer; NULL ranks mean one rank.
+        let status = unsafe {
+            moe_layer_open_checkpoint_with(
+                dir.as_ptr(),
+                MOE_FIRST_MOE_LAYER,
+                tokens,
+                null(),
+                &o,
+                &mut layer,
+            )
+        };
+        expect(status, MoeStatus::Ok);
+        let mut got = vec![0f32; x.len()];
+        expect(apply_f32(layer, &x, &mut got), MoeStatus::Ok);
+        expect(moe_layer_free(layer), MoeStatus::Ok);
+        let load = LoadOptions::new().with_w4a8_prefill(prefill);
+        let rust = MoeLayer::from_checkpoint_with(&ckpt, 0, tokens, &load).unwrap();
+        let mut want = vec![0f32; x.len()];
+        rust.apply_with_gate(&x, &mut want).unwrap();
+        let first_diff = got
+            .iter()
+            .zip(&want)
+            .position(|(g, w)| g.to_bits() != w.to_bits());
+        assert_eq!(
+            first_diff, None,
+            "{choice:?}: the ABI's layer and the Rust layer differ"
+        );
+        outputs.push(got);
+    }
+    let ops = moe_kernels::kernels().describe_ops().join("; ");
+    let diff: f64 = outputs[0]
+        .iter()
+        .zip(&outputs[1])
+        .map(|(a, b)| f64::from(a - b).powi(2))
+        .sum();
+    let norm: f64 = outputs[0].iter().map(|a| f64::from(*a).powi(2)).sum();
+    let rel = (diff / norm).sqrt();
+    if ops.contains("int8-channel") {
+        assert!(rel > 0.0, "the requantised body did not run: {ops}");
+    } else {
+        assert_eq!(
+            rel, 0.0,
+            "no requantised body, yet the outputs moved: {ops}"
+        );
+    }
+    assert!(rel < 3e-2, "requantised prefill {rel:e} from the exact one");
 }
 
 /// An unquantized layer built through the ABI from bf16 tensors computes exactly what the Rust
