@@ -49,7 +49,7 @@ fn main() {
     let cli = Cli::parse();
     let out = Output { json: cli.json };
     let result: Result<(), CliError> = match cli.command {
-        None => cmd::cpu::run(&cmd::cpu::CpuArgs {}, out),
+        None => cmd::cpu::run(&cmd::cpu::CpuArgs::default(), out),
         Some(Command::Cpu(args)) => cmd::cpu::run(&args, out),
         Some(Command::Demo(args)) => cmd::demo::run(&args, out),
         Some(Command::Inspect(args)) => cmd::inspect::run(&args, out),

@@ -26,6 +26,37 @@ fn cpu_json_names_the_selected_rung() {
     );
 }
 
+/// `--measure` times every unit the CPU has, on the threads asked for, and the memory read;
+/// the report's lines match the probes the CPU offers, and without the flag nothing is measured.
+#[test]
+fn cpu_measure_reports_each_unit_and_the_memory_read() {
+    let plain = moe_json(&["cpu", "--json"]);
+    assert!(plain.get("measured").is_none(), "{plain}");
+    let v = moe_json(&[
+        "cpu",
+        "--json",
+        "--measure",
+        "--threads",
+        "2",
+        "--probe-ms",
+        "20",
+    ]);
+    let m = &v["measured"];
+    assert_eq!(m["threads"], 2, "{v}");
+    assert!(m["dram_read_gb_s"].as_f64().expect("dram") > 0.0, "{v}");
+    let units = m["units"].as_array().expect("units");
+    let names: Vec<&str> = units.iter().map(|u| u["unit"].as_str().unwrap()).collect();
+    let want: Vec<&str> = moe_kernels::probe::unit_probes()
+        .iter()
+        .map(|p| p.name)
+        .collect();
+    assert_eq!(names, want, "{v}");
+    for u in units {
+        let rate = u["g_ops_per_s"].as_f64().expect("rate");
+        assert!(rate.is_finite() && rate > 0.0, "{u}");
+    }
+}
+
 #[test]
 fn demo_at_a_tiny_shape_reports_the_kernel_and_a_small_error() {
     let v = moe_json(&[

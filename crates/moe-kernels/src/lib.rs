@@ -59,6 +59,7 @@ pub mod marlin;
 pub mod moe;
 pub mod packed;
 pub mod par;
+pub mod probe;
 pub mod scalar;
 mod ukernel;
 mod wna16;

@@ -607,7 +607,7 @@ fn check_format_options(args: &BenchArgs) -> Result<(), CliError> {
 /// The best of three timed reads of `bytes` of freshly written memory by every pool thread, in
 /// bytes per second: what the weight stream of a decode call can reach at most here. Each
 /// thread reads its share as four interleaved streams ([`sum_four_streams`]).
-fn measure_dram(pool: &rayon::ThreadPool, bytes: usize) -> f64 {
+pub(crate) fn measure_dram(pool: &rayon::ThreadPool, bytes: usize) -> f64 {
     use rayon::prelude::*;
     let words = (bytes / 8).max(1);
     let buf: Vec<u64> = (0..words as u64).collect();

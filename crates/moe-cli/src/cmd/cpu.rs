@@ -1,5 +1,6 @@
 //! `moe cpu`: the detected CPU features and, per rung of the ISA ladder, whether it is
-//! available and which kernels the dispatcher would run, then the rung it selected.
+//! available and which kernels the dispatcher would run, then the rung it selected; with
+//! `--measure`, what the multiply units and memory deliver now.
 
 use clap::Args;
 use moe_kernels::{Isa, IsaCap, KernelSet, available_isas, cpu_features, isa_cap, kernels};
@@ -7,9 +8,22 @@ use serde::Serialize;
 
 use super::{CliError, Output};
 
-/// Options of `moe cpu` (none besides `--json`).
-#[derive(Debug, Args)]
-pub struct CpuArgs {}
+/// Options of `moe cpu`.
+#[derive(Debug, Default, Args)]
+pub struct CpuArgs {
+    /// Also measure what each multiply unit (AVX-512 FMA and VNNI, AMX-INT8, AMX-BF16, where
+    /// present) and a streaming read from memory deliver now, on `--threads` threads at once:
+    /// on a shared machine a unit's rate moves with its co-tenants, so read benchmark figures
+    /// next to a measurement taken in the same minutes
+    #[arg(long)]
+    pub measure: bool,
+    /// Threads for `--measure` (default: the available parallelism)
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Milliseconds each unit's loop runs for `--measure` (default 500)
+    #[arg(long)]
+    pub probe_ms: Option<u64>,
+}
 
 /// The report, as printed with `--json`.
 #[derive(Debug, Serialize)]
@@ -28,6 +42,31 @@ pub struct CpuReport {
     pub selected_isa: &'static str,
     /// What the selected kernel set runs per operation.
     pub selected_ops: Vec<String>,
+    /// With `--measure`: what each unit and the memory delivered, on `threads` threads.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub measured: Option<Measured>,
+}
+
+/// What `--measure` found.
+#[derive(Debug, Serialize)]
+pub struct Measured {
+    /// Threads that ran each loop at once.
+    pub threads: usize,
+    /// One entry per unit.
+    pub units: Vec<UnitRate>,
+    /// A streaming read of 1 GiB, best of three, in GB/s (1e9 bytes).
+    pub dram_read_gb_s: f64,
+}
+
+/// One unit's measured rate.
+#[derive(Debug, Serialize)]
+pub struct UnitRate {
+    /// The unit and instruction, e.g. `amx-int8 tdpbusd`.
+    pub unit: &'static str,
+    /// What one operation is, e.g. `int8-MAC`.
+    pub op: &'static str,
+    /// Operations per second on all threads together, in units of 1e9.
+    pub g_ops_per_s: f64,
 }
 
 /// One CPU feature.
@@ -88,12 +127,53 @@ pub fn report() -> CpuReport {
         cap: cap_text,
         selected_isa: chosen.isa().name(),
         selected_ops: chosen.describe_ops(),
+        measured: None,
     }
 }
 
+/// Runs every unit probe on `threads` threads at once for `probe` each, then the memory read.
+fn measure(threads: usize, probe: std::time::Duration) -> Result<Measured, CliError> {
+    let units = moe_kernels::probe::unit_probes()
+        .into_iter()
+        .map(|p| {
+            let total: f64 = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..threads).map(|_| s.spawn(|| (p.run)(probe))).collect();
+                handles.into_iter().filter_map(|h| h.join().ok()).sum()
+            });
+            UnitRate {
+                unit: p.name,
+                op: p.op,
+                g_ops_per_s: total / 1e9,
+            }
+        })
+        .collect();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| CliError(format!("a pool of {threads} threads: {e}")))?;
+    let dram = super::bench::measure_dram(&pool, 1 << 30) / 1e9;
+    Ok(Measured {
+        threads,
+        units,
+        dram_read_gb_s: dram,
+    })
+}
+
 /// Runs `moe cpu`.
-pub fn run(_args: &CpuArgs, out: Output) -> Result<(), CliError> {
-    let r = report();
+pub fn run(args: &CpuArgs, out: Output) -> Result<(), CliError> {
+    let mut r = report();
+    if args.measure {
+        let threads = args.threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        });
+        if threads == 0 {
+            return Err(CliError("--threads: must be at least 1".to_string()));
+        }
+        r.measured = Some(measure(
+            threads,
+            std::time::Duration::from_millis(args.probe_ms.unwrap_or(500).max(1)),
+        )?);
+    }
     if out.json {
         return out.print_json(&r);
     }
@@ -118,5 +198,15 @@ pub fn run(_args: &CpuArgs, out: Output) -> Result<(), CliError> {
         r.selected_isa,
         r.selected_ops.join(", ")
     );
+    if let Some(m) = &r.measured {
+        println!("measured now, {} threads at once:", m.threads);
+        for u in &m.units {
+            println!("  {:<28} {:>8.0} G {}/s", u.unit, u.g_ops_per_s, u.op);
+        }
+        println!(
+            "  {:<28} {:>8.1} GB/s",
+            "memory read (1 GiB)", m.dram_read_gb_s
+        );
+    }
     Ok(())
 }

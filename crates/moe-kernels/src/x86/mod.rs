@@ -13,6 +13,7 @@ pub(crate) mod avx512vnni;
 pub(crate) mod avxvnni;
 mod bf16dot;
 mod dense;
+pub(crate) mod probe;
 mod requant;
 mod wna16;
 mod wna16dot;

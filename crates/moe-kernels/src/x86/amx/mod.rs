@@ -22,6 +22,7 @@
 pub(crate) mod bf16;
 pub(crate) mod common;
 mod int4;
+pub(crate) mod probe;
 mod tiles;
 mod w4a8;
 mod w4a8_channel;
@@ -488,7 +489,7 @@ pub(crate) fn kernel_set(token: Amx) -> crate::KernelSet {
 
 /// Whether the CPU has what the bf16 tile path needs besides AMX: AMX-BF16 for the products
 /// and AVX-512 BF16 for rounding activations and weights.
-fn has_bf16() -> bool {
+pub(crate) fn has_bf16() -> bool {
     let f = super::detect();
     f.amx_bf16 && f.avx512bf16
 }

@@ -1,0 +1,76 @@
+//! The tile products of [`crate::probe`]: the 2 × 2 step's four products on tiles that stay
+//! loaded, so the unit's issue rate (one product per 16 cycles at best) is all that is timed.
+
+use std::time::Duration;
+
+use super::common::{dpbf16_live, dpbusd_live, tile_config, zero_live};
+use super::tiles::{HwTiles, TileUnit};
+use crate::probe::best_rate;
+use crate::x86::Amx;
+
+/// Four products per step, this many steps per batch.
+const STEPS: usize = 64;
+
+pub(crate) use super::has_bf16;
+
+/// `tdpbusd` int8 multiply-adds per second (16 × 16 × 64 per product).
+pub(crate) fn int8_rate(duration: Duration) -> f64 {
+    let Some(token) = Amx::try_new() else {
+        return 0.0;
+    };
+    let ops = (STEPS * 4 * 16 * 16 * 64) as f64;
+    let mut unit = HwTiles::new(token);
+    // SAFETY: `tile_config` shapes are legal.
+    unsafe { unit.configure(&tile_config(64)) };
+    // SAFETY: the unit is configured.
+    unsafe { zero_live::<HwTiles, 2, 2>(&mut unit) };
+    // SAFETY: the unit is configured.
+    unsafe { zero_operands(&mut unit) };
+    let rate = best_rate(duration, ops, || {
+        for _ in 0..STEPS {
+            // SAFETY: configured and every tile zeroed; the 2 × 2 step's shapes agree.
+            unsafe { dpbusd_live::<HwTiles, 2, 2>(&mut unit) };
+        }
+    });
+    unit.release();
+    rate
+}
+
+/// `tdpbf16ps` bf16 multiply-adds per second (16 × 16 × 32 per product).
+pub(crate) fn bf16_rate(duration: Duration) -> f64 {
+    let Some(token) = Amx::try_new().filter(|_| has_bf16()) else {
+        return 0.0;
+    };
+    let ops = (STEPS * 4 * 16 * 16 * 32) as f64;
+    let mut unit = HwTiles::new(token);
+    // SAFETY: `tile_config` shapes are legal.
+    unsafe { unit.configure(&tile_config(64)) };
+    // SAFETY: the unit is configured.
+    unsafe { zero_live::<HwTiles, 2, 2>(&mut unit) };
+    // SAFETY: the unit is configured.
+    unsafe { zero_operands(&mut unit) };
+    let rate = best_rate(duration, ops, || {
+        for _ in 0..STEPS {
+            // SAFETY: configured and every tile zeroed; the 2 × 2 step's shapes agree, and the CPU has AMX-BF16 (checked).
+            unsafe { dpbf16_live::<HwTiles, 2, 2>(&mut unit) };
+        }
+    });
+    unit.release();
+    rate
+}
+
+/// Zeroes the A and B tiles.
+///
+/// # Safety
+/// - The unit is configured with `tile_config`.
+unsafe fn zero_operands(unit: &mut HwTiles) {
+    use super::common::{A0, A1, B0, B1};
+    // SAFETY: configured tiles (our contract); likewise below.
+    unsafe { unit.zero::<A0>() };
+    // SAFETY: as above.
+    unsafe { unit.zero::<A1>() };
+    // SAFETY: as above.
+    unsafe { unit.zero::<B0>() };
+    // SAFETY: as above.
+    unsafe { unit.zero::<B1>() };
+}
