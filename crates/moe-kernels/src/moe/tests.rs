@@ -868,6 +868,7 @@ fn requantised_prefill_does_not_depend_on_threads_or_lanes() {
     let layer = w4a8_layer(44, (8, 256, 128), Some(64), true);
     let r = routed(&mut rng, 137, 4, |rng| rng.below(8) as i64);
     let x = rng.vec_uniform(137 * 256, -1.0, 1.0);
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut sets = vec![("dispatched", *crate::kernels())];
     #[cfg(target_arch = "x86_64")]
     sets.extend(crate::x86::test_only_kernel_sets());
