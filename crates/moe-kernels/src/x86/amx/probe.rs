@@ -15,33 +15,25 @@ pub(crate) use super::has_bf16;
 
 /// `tdpbusd` int8 multiply-adds per second (16 × 16 × 64 per product).
 pub(crate) fn int8_rate(duration: Duration) -> f64 {
-    let Some(token) = Amx::try_new() else {
-        return 0.0;
-    };
-    let ops = (STEPS * 4 * 16 * 16 * 64) as f64;
-    let mut unit = HwTiles::new(token);
-    // SAFETY: `tile_config` shapes are legal.
-    unsafe { unit.configure(&tile_config(64)) };
-    // SAFETY: the unit is configured.
-    unsafe { zero_live::<HwTiles, 2, 2>(&mut unit) };
-    // SAFETY: the unit is configured.
-    unsafe { zero_operands(&mut unit) };
-    let rate = best_rate(duration, ops, || {
-        for _ in 0..STEPS {
-            // SAFETY: configured and every tile zeroed; the 2 × 2 step's shapes agree.
-            unsafe { dpbusd_live::<HwTiles, 2, 2>(&mut unit) };
-        }
-    });
-    unit.release();
-    rate
+    match Amx::try_new() {
+        Some(token) => resident_rate(token, false, duration),
+        None => 0.0,
+    }
 }
 
 /// `tdpbf16ps` bf16 multiply-adds per second (16 × 16 × 32 per product).
 pub(crate) fn bf16_rate(duration: Duration) -> f64 {
-    let Some(token) = Amx::try_new().filter(|_| has_bf16()) else {
-        return 0.0;
-    };
-    let ops = (STEPS * 4 * 16 * 16 * 32) as f64;
+    match Amx::try_new().filter(|_| has_bf16()) {
+        Some(token) => resident_rate(token, true, duration),
+        None => 0.0,
+    }
+}
+
+/// The 2 × 2 step's products (`tdpbf16ps` when `bf16`, which the caller has checked the CPU
+/// runs, else `tdpbusd`) on zeroed tiles that stay loaded, per second.
+fn resident_rate(token: Amx, bf16: bool, duration: Duration) -> f64 {
+    let k = if bf16 { 32 } else { 64 };
+    let ops = (STEPS * 4 * 16 * 16 * k) as f64;
     let mut unit = HwTiles::new(token);
     // SAFETY: `tile_config` shapes are legal.
     unsafe { unit.configure(&tile_config(64)) };
@@ -51,8 +43,14 @@ pub(crate) fn bf16_rate(duration: Duration) -> f64 {
     unsafe { zero_operands(&mut unit) };
     let rate = best_rate(duration, ops, || {
         for _ in 0..STEPS {
-            // SAFETY: configured and every tile zeroed; the 2 × 2 step's shapes agree, and the CPU has AMX-BF16 (checked).
-            unsafe { dpbf16_live::<HwTiles, 2, 2>(&mut unit) };
+            if bf16 {
+                // SAFETY: configured and every tile zeroed; the 2 × 2 step's shapes agree, and
+                // the CPU has AMX-BF16 (our caller checked).
+                unsafe { dpbf16_live::<HwTiles, 2, 2>(&mut unit) };
+            } else {
+                // SAFETY: configured and every tile zeroed; the 2 × 2 step's shapes agree.
+                unsafe { dpbusd_live::<HwTiles, 2, 2>(&mut unit) };
+            }
         }
     });
     unit.release();
