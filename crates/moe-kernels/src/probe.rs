@@ -19,7 +19,7 @@ pub struct UnitProbe {
     pub run: fn(Duration) -> f64,
 }
 
-/// The probes this CPU can run, cheapest unit first.
+/// The probes this CPU can run: the vector units, then the tile unit.
 pub fn unit_probes() -> Vec<UnitProbe> {
     #[cfg(target_arch = "x86_64")]
     {

@@ -136,17 +136,19 @@ fn measure(threads: usize, probe: std::time::Duration) -> Result<Measured, CliEr
     let units = moe_kernels::probe::unit_probes()
         .into_iter()
         .map(|p| {
-            let total: f64 = std::thread::scope(|s| {
+            let rates: Vec<Option<f64>> = std::thread::scope(|s| {
                 let handles: Vec<_> = (0..threads).map(|_| s.spawn(|| (p.run)(probe))).collect();
-                handles.into_iter().filter_map(|h| h.join().ok()).sum()
+                handles.into_iter().map(|h| h.join().ok()).collect()
             });
-            UnitRate {
+            let total: Option<f64> = rates.into_iter().sum();
+            let total = total.ok_or_else(|| CliError(format!("the {} probe failed", p.name)))?;
+            Ok(UnitRate {
                 unit: p.name,
                 op: p.op,
                 g_ops_per_s: total / 1e9,
-            }
+            })
         })
-        .collect();
+        .collect::<Result<_, CliError>>()?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()

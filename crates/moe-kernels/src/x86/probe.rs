@@ -33,7 +33,7 @@ pub(crate) fn unit_probes() -> Vec<UnitProbe> {
             op: "int8-MAC",
             run: super::amx::probe::int8_rate,
         });
-        if super::amx::probe::has_bf16() {
+        if super::amx::probe::has_amx_bf16() {
             probes.push(UnitProbe {
                 name: "amx-bf16 tdpbf16ps",
                 op: "bf16-MAC",

@@ -489,7 +489,7 @@ pub(crate) fn kernel_set(token: Amx) -> crate::KernelSet {
 
 /// Whether the CPU has what the bf16 tile path needs besides AMX: AMX-BF16 for the products
 /// and AVX-512 BF16 for rounding activations and weights.
-pub(crate) fn has_bf16() -> bool {
+fn has_bf16() -> bool {
     let f = super::detect();
     f.amx_bf16 && f.avx512bf16
 }
