@@ -105,18 +105,40 @@ pub(crate) struct Bf16Tiles {
     pub(crate) tile_a: W4Bf16TileAFn,
 }
 
-/// A rung's WNA16 body for int4 codes on bf16 dot products with the codes decoded exactly:
-/// bf16 activations laid out once per GEMM, exact code values, f32 sums per group.
+/// A rung's WNA16 body for int4 codes on dot products with the codes decoded in registers or
+/// tiles: the activations laid out once per GEMM in the body's numerics (rounded to bf16, or
+/// quantized to 15-bit integers), exact code values, f32 sums per group.
 #[derive(Clone, Copy)]
-pub(crate) struct Int4Bf16Dot {
+pub(crate) struct Int4Dot {
     /// What runs the products and how it reads the codes, for reports.
     pub(crate) unit: &'static str,
+    /// What the activations become, for reports (`bf16 activations`).
+    pub(crate) activations: &'static str,
     /// Rows from which it runs.
     pub(crate) min_m: usize,
-    /// Which GEMMs of at least `min_m` rows it takes: `serves(w, m)`.
+    /// Rows from which it no longer runs (`usize::MAX`: none).
+    pub(crate) max_m: usize,
+    /// Which GEMMs of rows in `min_m..max_m` it takes: `serves(w, m)`.
     pub(crate) serves: fn(&PackedWna16, usize) -> bool,
     pub(crate) fill: Int4DotFillFn,
     pub(crate) entry: Int4DotPanelsFn,
+}
+
+impl Int4Dot {
+    /// Whether it takes the GEMM of `m` rows on `w`.
+    fn takes(&self, w: &PackedWna16, m: usize) -> bool {
+        w.bits() == 4 && (self.min_m..self.max_m).contains(&m) && (self.serves)(w, m)
+    }
+
+    /// Its rows, for reports: `from 8`, `below 8`, `from 1 below 8`, or nothing for all.
+    fn rows_phrase(&self) -> String {
+        match (self.min_m <= 1, self.max_m == usize::MAX) {
+            (true, true) => String::new(),
+            (false, true) => format!(" from {}", self.min_m),
+            (true, false) => format!(" below {} rows", self.max_m),
+            (false, false) => format!(" from {} below {} rows", self.min_m, self.max_m),
+        }
+    }
 }
 
 /// One W4A8 implementation: its rung, activation encoding and entry point.
@@ -162,9 +184,9 @@ pub struct KernelSet {
     large_m: Option<LargeM>,
     /// The rung's bf16 tile path for int4 and e4m3 weights, if it has one.
     bf16_tiles: Option<Bf16Tiles>,
-    /// The rung's bf16 dot-product body for int4 WNA16 weights, if it has one; it takes those
-    /// GEMMs from the bf16 path and the f32 body.
-    wna16_int4_dot: Option<Int4Bf16Dot>,
+    /// The rung's dot-product bodies for int4 WNA16 weights (up to two, for disjoint row
+    /// counts); where one takes a GEMM, it runs instead of the bf16 path and the f32 body.
+    wna16_int4_dot: [Option<Int4Dot>; 2],
     /// Whether W4A8 GEMMs use the bf16 tiles from their threshold on.
     w4a8_prefill: W4A8Prefill,
     /// The W4A8 kernel on weights requantised per channel ([`W4A8Prefill::ChannelInt8`]) and
@@ -297,7 +319,7 @@ impl KernelSet {
             act_sym: None,
             large_m: None,
             bf16_tiles: None,
-            wna16_int4_dot: None,
+            wna16_int4_dot: [None; 2],
             w4a8_prefill: W4A8Prefill::ExactInt8,
             w4a8_channel: None,
             wna16: (Isa::Scalar, crate::wna16::panels_portable),
@@ -434,31 +456,38 @@ impl KernelSet {
         self
     }
 
-    /// The same set with `body`, a bf16 dot-product body for int4 WNA16 weights.
+    /// The same set with `body`, a dot-product body for int4 WNA16 weights, beside the one it
+    /// may hold already (whose rows must not overlap `body`'s).
     ///
     /// # Safety
     /// - `body.fill` and `body.entry` may be called on this CPU: the caller holds the token of
     ///   their rung and has checked the features they need.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 rungs have one
-    pub(crate) unsafe fn with_wna16_int4_dot(mut self, body: Int4Bf16Dot) -> Self {
-        self.wna16_int4_dot = Some(body);
+    pub(crate) unsafe fn with_wna16_int4_dot(mut self, body: Int4Dot) -> Self {
+        let free = self
+            .wna16_int4_dot
+            .iter_mut()
+            .find(|d| d.is_none())
+            .expect("at most two int4 dot-product bodies per set");
+        *free = Some(body);
         self
     }
 
-    /// The same set without the int4 bf16 dot-product body (a rung whose own bf16 tiles take
-    /// those GEMMs).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the AMX rung drops it
+    /// The same set without its int4 dot-product bodies (a rung that brings its own).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the AMX rung drops them
     pub(crate) fn without_wna16_int4_dot(mut self) -> Self {
-        self.wna16_int4_dot = None;
+        self.wna16_int4_dot = [None; 2];
         self
     }
 
-    /// The bf16 dot-product body for the WNA16 GEMM of `m` rows on `w`, where the rung has
-    /// one, `w` holds int4 codes, `m` reaches the body's first row count and the body takes
-    /// that GEMM.
-    pub(crate) fn wna16_int4_dot_for(&self, w: &PackedWna16, m: usize) -> Option<Int4Bf16Dot> {
+    /// The dot-product body for the WNA16 GEMM of `m` rows on `w`, where the rung has one that
+    /// takes it: `w` holds int4 codes, `m` lies in the body's rows and the body serves `w`.
+    pub(crate) fn wna16_int4_dot_for(&self, w: &PackedWna16, m: usize) -> Option<Int4Dot> {
         self.wna16_int4_dot
-            .filter(|d| w.bits() == 4 && m >= d.min_m && (d.serves)(w, m))
+            .iter()
+            .flatten()
+            .find(|d| d.takes(w, m))
+            .copied()
     }
 
     /// The same kernels with prefill numerics `prefill`. [`W4A8Prefill::Bf16Tiles`] changes
@@ -494,7 +523,7 @@ impl KernelSet {
     /// weight-only GEMM's f32 numerics whatever the CPU.
     pub fn without_bf16_path(mut self) -> Self {
         self.bf16_tiles = None;
-        self.wna16_int4_dot = None;
+        self.wna16_int4_dot = [None; 2];
         self
     }
 
@@ -661,19 +690,25 @@ impl KernelSet {
             ),
             None => f32_body.to_string(),
         };
-        match self.wna16_int4_dot {
-            Some(d) if d.min_m <= 1 => format!(
-                "wna16_gemm: int4 codes: {} (bf16 activations); int8 and fp8 codes: {rest}",
-                d.unit
-            ),
-            Some(d) => format!(
-                "wna16_gemm: int4 codes: {f32_body} below {} rows, {} (bf16 activations) from \
-                 {}; int8 and fp8 codes: {rest}",
-                d.min_m, d.unit, d.min_m
-            ),
-            None if self.bf16_tiles.is_some() => format!("wna16_gemm: {rest} (int4, int8, fp8)"),
-            None => format!("wna16_gemm: {rest}"),
+        let mut dots: Vec<Int4Dot> = self.wna16_int4_dot.iter().flatten().copied().collect();
+        if dots.is_empty() {
+            return match self.bf16_tiles {
+                Some(_) => format!("wna16_gemm: {rest} (int4, int8, fp8)"),
+                None => format!("wna16_gemm: {rest}"),
+            };
         }
+        dots.sort_by_key(|d| d.min_m);
+        let mut int4: Vec<String> = Vec::new();
+        if dots[0].min_m > 1 {
+            int4.push(format!("{f32_body} below {} rows", dots[0].min_m));
+        }
+        for d in &dots {
+            int4.push(format!("{} ({}){}", d.unit, d.activations, d.rows_phrase()));
+        }
+        format!(
+            "wna16_gemm: int4 codes: {}; int8 and fp8 codes: {rest}",
+            int4.join(", ")
+        )
     }
 
     /// One line per operation saying which implementation runs, e.g.

@@ -63,6 +63,7 @@ pub mod probe;
 pub mod scalar;
 mod ukernel;
 mod wna16;
+mod wna16_i15;
 mod wna16_tile;
 
 #[cfg(target_arch = "aarch64")]
@@ -102,6 +103,7 @@ pub use packed::{
 };
 pub use par::Par;
 pub use wna16::{wna16_gemm, wna16_isa, wna16_reference};
+pub use wna16_i15::wna16_i15_reference;
 
 /// The CPU features this binary's architecture cares about, as `(name, detected)` pairs.
 pub fn cpu_features() -> Vec<(&'static str, bool)> {

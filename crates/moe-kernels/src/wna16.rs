@@ -77,8 +77,9 @@ pub(crate) struct Int4DotJob<'a> {
     pub(crate) pairs: &'a [u8],
     /// Bytes per row of `pairs`, for a row-major layout.
     pub(crate) row_bytes: usize,
-    /// Per row and scale group, the sum of the row's activations as the body rounded them
-    /// (`m · n_groups`; filled only for weights with zero points).
+    /// Per-row activation sums made by the body's fill: per scale group of the activations as
+    /// a bf16 body rounded them (`m · n_groups`, weights with zero points only), or per block
+    /// of the integer body's quantized activations.
     pub(crate) group_sums: &'a [f32],
     /// Output `[m, N]`.
     pub(crate) out: *mut f32,
@@ -96,17 +97,18 @@ unsafe impl Sync for Int4DotJob<'_> {}
 ///   no other thread accesses meanwhile; `panels` lies within `0..w.n_panels()`.
 pub(crate) type Int4DotPanelsFn = unsafe fn(&Int4DotJob<'_>, Range<usize>);
 
-/// A bf16 dot-product body's activation layout: lays `m` rows of `x` (`k` values each) into
-/// `dst` (grown as needed) and says where they went; with `sums` (a group size and a buffer),
-/// also writes each row's sums per group of the rounded activations.
+/// A dot-product body's activation layout: lays `m` rows of `x` (K values of `w` each) into
+/// `dst` (grown as needed) and says where they went; writes into `sums` the per-row sums the
+/// body needs (the bf16 bodies: per scale group of the rounded activations, for weights with
+/// zero points; the integer body: per block, always).
 ///
 /// # Safety (for callers)
-/// - The CPU supports the body's rung; `x` holds `m·k` values.
+/// - The CPU supports the body's rung; `x` holds `m·K` values.
 pub(crate) type Int4DotFillFn = unsafe fn(
     x: &[f32],
     m: usize,
-    k: usize,
-    sums: Option<(usize, &mut Vec<f32>)>,
+    w: &PackedWna16,
+    sums: &mut Vec<f32>,
     dst: &mut Vec<u8>,
 ) -> Int4DotLayout;
 
@@ -331,10 +333,9 @@ pub fn wna16_gemm(
         None => x,
     };
     if let Some(d) = int4_dot {
-        let sums = w.zeros().map(|_| (w.group_size(), &mut *group_sums));
         // SAFETY: the fill function comes from the same `KernelSet` as the entry, registered
         // only where its features are available; `x` holds `m·K` values (checked or gathered).
-        let layout = unsafe { (d.fill)(x, m, k, sums, tiles) };
+        let layout = unsafe { (d.fill)(x, m, w, group_sums, tiles) };
         let job = Int4DotJob {
             w,
             m,

@@ -105,8 +105,9 @@ pub enum BenchFormat {
     /// Int8 weights with per-channel scales, int8 symmetric per-token activations (on the
     /// layer road: bf16 weights quantized by the online int8 method in `process`).
     W8a8,
-    /// Int4 weights with bf16 group scales, float activations (weight-only): f32 FMA, or bf16
-    /// products with f32 sums from the rung's bf16-path row count on.
+    /// Int4 weights with bf16 group scales, float activations (weight-only): f32 FMA, or the
+    /// rung's int4 dot-product body (15-bit integer or bf16 activations, exact codes, f32 sums)
+    /// and bf16 tiles where it has them (the report names what runs).
     W4a16,
     /// Int8 weights with bf16 group scales, float activations (weight-only), computed as W4A16.
     W8a16,
@@ -511,6 +512,17 @@ pub fn run(args: &BenchArgs, out: Output) -> Result<(), CliError> {
                 "  W4A8 prefill numerics in force: {} (int8 is bit-equal to the reference; --w4a8-prefill chooses)",
                 numerics.join(", ")
             );
+        }
+        if matches!(
+            args.format,
+            BenchFormat::W4a16 | BenchFormat::W8a16 | BenchFormat::Mxfp4 | BenchFormat::Fp8
+        ) {
+            for ks in &rungs {
+                let ops = ks.describe_ops();
+                if let Some(line) = ops.iter().find(|l| l.starts_with("wna16_gemm")) {
+                    println!("  {line}");
+                }
+            }
         }
         if let Some(g) = args.peak_gmacs {
             println!(

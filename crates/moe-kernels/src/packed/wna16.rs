@@ -998,6 +998,26 @@ impl PackedWna16 {
     pub(crate) fn panel_bias(&self, p: usize) -> Option<&[f32]> {
         self.bias.as_deref().map(|b| &b[p * PANEL..][..PANEL])
     }
+
+    /// One channel of int4 zeros with groups of `group` (K itself: channelwise) and, with
+    /// `zero_points`, zero points: what the activation layouts' tests need of a matrix.
+    #[cfg(test)]
+    pub(crate) fn int4_for_layout(k: usize, group: usize, zero_points: bool) -> Self {
+        let groups = if group >= k { None } else { Some(group) };
+        let n_groups = k.div_ceil(group.min(k));
+        Self::pack(Wna16Desc {
+            n: 1,
+            k,
+            bits: 4,
+            codes: &vec![0; k],
+            group_size: WeightGroups::from_group_size(groups).expect("a group size"),
+            scales: Wna16Scales::F32(&vec![1.0; n_groups]),
+            zeros: zero_points.then_some(&vec![8; n_groups][..]),
+            bias: None,
+            perm: None,
+        })
+        .expect("valid weights")
+    }
 }
 
 /// The packed int4 steps of the channels whose words `at` locates: per channel, its words, the

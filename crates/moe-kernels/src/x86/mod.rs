@@ -16,6 +16,7 @@ mod dense;
 pub(crate) mod probe;
 mod requant;
 mod wna16;
+pub(crate) mod wna16_i15;
 mod wna16dot;
 mod ymm;
 
@@ -333,8 +334,12 @@ pub(crate) fn avx512vnni_kernel_set(_token: Avx512Vnni) -> crate::KernelSet {
         };
         // SAFETY: as above, with AVX-512 VL (the token) for the layout's 256-bit permute.
         unsafe { ks.with_wna16_int4_dot(wna16dot::body(int4_dot_min_rows())) }
-    } else {
+    } else if bf16_paths_off() {
         ks
+    } else {
+        // SAFETY: the token proves AVX-512 F/BW/VL/VNNI, all the integer body and its layout
+        // need.
+        unsafe { ks.with_wna16_int4_dot(wna16_i15::body(1, usize::MAX)) }
     }
 }
 
@@ -390,7 +395,7 @@ pub(crate) fn bf16_dot_kernel_set() -> Option<crate::KernelSet> {
     if !std::is_x86_feature_detected!("avx512bf16") {
         return None;
     }
-    let ks = avx512vnni_kernel_set(token);
+    let ks = avx512vnni_kernel_set(token).without_wna16_int4_dot();
     // SAFETY: AVX-512 F/BW (the token) and BF16 (detected above) are all the body needs.
     let ks = unsafe {
         ks.with_bf16_tiles(

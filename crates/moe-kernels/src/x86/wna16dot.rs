@@ -37,7 +37,7 @@ use half::bf16;
 use super::wna16::{
     LUT_RAW, LUT_SYM, group_scales, load_step, load_zeros, prefetch_ahead, store_panel_rows,
 };
-use crate::dispatch::Int4Bf16Dot;
+use crate::dispatch::Int4Dot;
 use crate::packed::wna16::{E2M1_VALUES, Int4Values, K_STEP};
 use crate::packed::{PANEL, PackedWna16};
 use crate::ukernel::row_tiles;
@@ -62,21 +62,23 @@ fn pair_order() -> __m256i {
     _mm256_set_epi16(15, 11, 14, 10, 13, 9, 12, 8, 7, 3, 6, 2, 5, 1, 4, 0)
 }
 
-/// Lays out `m` rows of `x` (`k` values each) as bf16 pairs in the order the tiles read (see
-/// the module docs), K past `k` as zeros, one row after another. With `sums`, also writes each
-/// row's sums of its bf16 activations per group of the given size, in row-major
-/// `[m, ceil(k / group)]` order.
+/// Lays out `m` rows of `x` (K values of `w` each) as bf16 pairs in the order the tiles read
+/// (see the module docs), K past its end as zeros, one row after another. For weights with zero
+/// points, also writes each row's sums of its bf16 activations per scale group into `sums`, in
+/// row-major `[m, n_groups]` order.
 ///
 /// # Safety
-/// - The CPU has AVX-512 F/BW/VL/BF16; `x` holds `m·k` values.
+/// - The CPU has AVX-512 F/BW/VL/BF16; `x` holds `m·K` values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 pub(crate) unsafe fn fill(
     x: &[f32],
     m: usize,
-    k: usize,
-    sums: Option<(usize, &mut Vec<f32>)>,
+    w: &PackedWna16,
+    sums: &mut Vec<f32>,
     dst: &mut Vec<u8>,
 ) -> Int4DotLayout {
+    let k = w.k();
+    let sums = w.zeros().map(|_| (w.group_size(), sums));
     let ks = k.div_ceil(K_STEP);
     let row_bytes = ks * STEP_BYTES;
     if dst.len() < m * row_bytes {
@@ -273,10 +275,12 @@ unsafe fn tile<const R: usize, const C: usize, const ASYM: bool>(
 }
 
 /// This body as a kernel set's int4 dot-product body, from `min_m` rows, for every int4 GEMM.
-pub(crate) fn body(min_m: usize) -> Int4Bf16Dot {
-    Int4Bf16Dot {
+pub(crate) fn body(min_m: usize) -> Int4Dot {
+    Int4Dot {
         unit: "avx512-bf16 dot products on codes decoded in registers",
+        activations: "bf16 activations",
         min_m,
+        max_m: usize::MAX,
         serves: |_, _| true,
         fill,
         entry,
@@ -372,8 +376,9 @@ mod tests {
         ] {
             let x = rng.vec_uniform(m * k, -3.0, 3.0);
             let (mut dst, mut sums) = (vec![0xAA; 3], Vec::new());
+            let w = crate::PackedWna16::int4_for_layout(k, group, true);
             // SAFETY: the set exists, so the CPU has AVX-512 F/BW/VL/BF16; `x` holds `m·k`.
-            let layout = unsafe { super::fill(&x, m, k, Some((group, &mut sums)), &mut dst) };
+            let layout = unsafe { super::fill(&x, m, &w, &mut sums, &mut dst) };
             let row_bytes = layout.row_bytes;
             assert_eq!(row_bytes, k.div_ceil(K_STEP) * STEP_BYTES);
             assert_eq!(layout.len, m * row_bytes);

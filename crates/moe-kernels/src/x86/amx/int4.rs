@@ -34,7 +34,7 @@ use super::common::{
     store_live, tiles_for, write_panel_rows, zero_live,
 };
 use super::tiles::TileUnit;
-use crate::dispatch::Int4Bf16Dot;
+use crate::dispatch::Int4Dot;
 use crate::packed::{PANEL, PackedWna16};
 use crate::wna16::{Int4DotJob, Int4DotLayout};
 use crate::x86::wna16::{group_scales, load_step, load_zeros};
@@ -50,32 +50,37 @@ pub(crate) fn serves(w: &PackedWna16, m: usize) -> bool {
 }
 
 /// This body as a kernel set's int4 dot-product body from `min_m` rows, running `entry`.
-pub(crate) fn body(min_m: usize, entry: crate::wna16::Int4DotPanelsFn) -> Int4Bf16Dot {
-    Int4Bf16Dot {
+pub(crate) fn body(min_m: usize, entry: crate::wna16::Int4DotPanelsFn) -> Int4Dot {
+    Int4Dot {
         unit: "amx-bf16 tiles on exactly decoded codes, up to as many rows as the group size",
+        activations: "bf16 activations",
         min_m,
+        max_m: usize::MAX,
         serves,
         fill,
         entry,
     }
 }
 
-/// Lays out `m` rows of `x` (`k` values each) as [`TiledA`] tiles of [`CHUNK_K`] values, each
-/// row's values as bf16 pairs in the order the B rows hold them (K values `j` and `j + 4` of
-/// each step side by side); K past `k` and rows past `m` are zero. With `sums`, also writes
-/// each row's sums of its bf16 activations per group, in row-major `[m, ceil(k / group)]`
-/// order, each added in ascending K order as the dot-product body does.
+/// Lays out `m` rows of `x` (K values of `w` each) as [`TiledA`] tiles of [`CHUNK_K`] values,
+/// each row's values as bf16 pairs in the order the B rows hold them (K values `j` and `j + 4`
+/// of each step side by side); K past its end and rows past `m` are zero. For weights with zero
+/// points, also writes each row's sums of its bf16 activations per scale group into `sums`, in
+/// row-major `[m, n_groups]` order, each added in ascending K order as the dot-product body
+/// does.
 ///
 /// # Safety
-/// - The CPU has AVX-512 F/BW/VL/BF16; `x` holds `m·k` values.
+/// - The CPU has AVX-512 F/BW/VL/BF16; `x` holds `m·K` values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 pub(crate) unsafe fn fill(
     x: &[f32],
     m: usize,
-    k: usize,
-    sums: Option<(usize, &mut Vec<f32>)>,
+    w: &PackedWna16,
+    sums: &mut Vec<f32>,
     dst: &mut Vec<u8>,
 ) -> Int4DotLayout {
+    let k = w.k();
+    let sums = w.zeros().map(|_| (w.group_size(), sums));
     let n_chunks = k.div_ceil(CHUNK_K);
     let tile_bytes = TILE_ROWS * CHUNK_BYTES;
     let bytes = tiles_for(dst, m, CHUNK_BYTES, n_chunks);
@@ -290,13 +295,12 @@ mod tests {
             let x = rng.vec_uniform(m * k, -3.0, 3.0);
             let (mut rows, mut row_sums) = (Vec::new(), Vec::new());
             let (mut tiles, mut tile_sums) = (vec![0xAA; 5], vec![1.0; 2]);
+            let w = crate::PackedWna16::int4_for_layout(k, group, true);
             // SAFETY: AVX-512 F/BW/VL/BF16 were checked above (the set exists); `x` holds
             // `m·k` values.
-            let by_row = unsafe {
-                crate::x86::wna16dot::fill(&x, m, k, Some((group, &mut row_sums)), &mut rows)
-            };
+            let by_row = unsafe { crate::x86::wna16dot::fill(&x, m, &w, &mut row_sums, &mut rows) };
             // SAFETY: as above.
-            let tiled = unsafe { super::fill(&x, m, k, Some((group, &mut tile_sums)), &mut tiles) };
+            let tiled = unsafe { super::fill(&x, m, &w, &mut tile_sums, &mut tiles) };
             assert_eq!(row_sums.len(), m * k.div_ceil(group));
             assert_eq!(
                 row_sums.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),

@@ -480,10 +480,16 @@ pub(crate) fn kernel_set(token: Amx) -> crate::KernelSet {
         let set = unsafe {
             set.with_bf16_tiles("amx-bf16 tiles", bf16_min_rows(), w4bf16_entry, bf16_tile_a)
         };
+        let tiles_from = bf16_min_rows().wna16;
         // SAFETY: as above.
-        unsafe { set.with_wna16_int4_dot(int4::body(bf16_min_rows().wna16, int4_entry)) }
-    } else {
+        let set = unsafe { set.with_wna16_int4_dot(int4::body(tiles_from, int4_entry)) };
+        // SAFETY: the token proves AVX-512 F/BW/VL/VNNI, all the integer body needs.
+        unsafe { set.with_wna16_int4_dot(crate::x86::wna16_i15::body(1, tiles_from)) }
+    } else if super::bf16_paths_off() {
         set
+    } else {
+        // SAFETY: as above.
+        unsafe { set.with_wna16_int4_dot(crate::x86::wna16_i15::body(1, usize::MAX)) }
     }
 }
 
