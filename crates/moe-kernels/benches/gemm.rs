@@ -158,12 +158,13 @@ fn wna16_bits(c: &mut Criterion, bits: u32) {
             .unwrap()
         })
         .collect();
-    // Each rung as dispatched, and, where it has a bf16 path, also with f32 at every row count.
+    // Each rung as dispatched, and, where it has a path with other numerics (bf16 or 15-bit
+    // integer activations), also with f32 at every row count.
     let mut sets = Vec::new();
     for isa in moe_kernels::available_isas() {
         let ks = KernelSet::for_isa(isa).unwrap();
         sets.push((isa.to_string(), ks));
-        if ks.has_bf16_tiles() {
+        if ks.describe_ops() != ks.without_bf16_path().describe_ops() {
             sets.push((format!("{isa}-f32"), ks.without_bf16_path()));
         }
     }
