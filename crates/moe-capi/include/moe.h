@@ -616,6 +616,18 @@ MoeStatus moe_layer_info(MoeLayerHandle *layer, MoeLayerInfo *out);
  */
 MoeStatus moe_layer_backend(MoeLayerHandle *layer, MoeBackendInfo *out);
 
+/*
+ Writes to `*out` what a processed layer's kernels run per operation, and with which
+ numerics: one line per operation, joined by `'\n'` (e.g. `wna16_gemm: int4 codes: … (15-bit
+ integer activations) below 8 rows, …`), as `moe cpu` and `moe inspect` print it.
+ `MOE_STATUS_BAD_STATE` before `moe_layer_process`. The string stays valid until the layer is
+ freed.
+
+ # Safety
+ - `out` is NULL or valid for one pointer write.
+ */
+MoeStatus moe_layer_backend_ops(MoeLayerHandle *layer, const char **out);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -8,7 +8,8 @@
 //!   `moe_layer_load_tensor(...)` per tensor, then `moe_layer_process(handle)`.
 //! - `moe_layer_apply(handle, dtype, x, x_len, logits_or_null, logits_len, out, out_len)`:
 //!   route and run the experts on caller-owned buffers; safe from many threads at once.
-//! - `moe_layer_info`, `moe_layer_backend`: sizes, state and the chosen backend.
+//! - `moe_layer_info`, `moe_layer_backend`, `moe_layer_backend_ops`: sizes, state, the chosen
+//!   backend and what its kernels run per operation (numerics included).
 //! - `moe_layer_set_num_threads`: the calling thread only, the current rayon pool, or a
 //!   private pool.
 //! - `moe_layer_free(handle)`.
@@ -49,7 +50,7 @@ pub use options::{
 pub use registry::MoeLayerHandle;
 pub use run::{
     MoeBackendInfo, MoeLayerInfo, moe_layer_apply, moe_layer_apply_topk, moe_layer_backend,
-    moe_layer_info, moe_layer_route,
+    moe_layer_backend_ops, moe_layer_info, moe_layer_route,
 };
 pub use status::{MoeDtype, MoeQuant, MoeStatus};
 

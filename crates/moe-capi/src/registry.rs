@@ -27,6 +27,8 @@ pub(crate) struct BackendNames {
     pub(crate) backend: CString,
     pub(crate) kernel: CString,
     pub(crate) isa: CString,
+    /// What the kernels run per operation, one line each, joined by `\n`.
+    pub(crate) ops: CString,
 }
 
 /// One live layer with what the C side needs next to it.

@@ -326,6 +326,28 @@ pub unsafe extern "C" fn moe_layer_info(
     })
 }
 
+/// Calls `f` with the C strings of a processed layer's backend report, made on first request
+/// and kept with the layer (so pointers into them stay valid until it is freed).
+fn with_backend_names<R>(
+    layer: *mut MoeLayerHandle,
+    f: impl FnOnce(&BackendNames) -> R,
+) -> Result<R, CapiError> {
+    let entry = registry::get(layer)?;
+    if let Some(names) = entry.names.get() {
+        return Ok(f(names));
+    }
+    let info = locked(entry.layer.read())?
+        .backend()
+        .ok_or_else(|| CapiError::new(MoeStatus::BadState, "the layer is not processed yet"))?;
+    let c = |s: String| CString::new(s).unwrap_or_default();
+    Ok(f(entry.names.get_or_init(|| BackendNames {
+        backend: c(info.backend),
+        kernel: c(info.kernel),
+        isa: c(info.isa),
+        ops: c(info.ops.join("\n")),
+    })))
+}
+
 /// Writes the chosen backend's names to `*out` (`MOE_STATUS_BAD_STATE` before
 /// `moe_layer_process`). The strings stay valid until the layer is freed.
 ///
@@ -337,27 +359,32 @@ pub unsafe extern "C" fn moe_layer_backend(
     out: *mut MoeBackendInfo,
 ) -> MoeStatus {
     guard(|| {
-        let entry = registry::get(layer)?;
-        let names = match entry.names.get() {
-            Some(names) => names,
-            None => {
-                let info = locked(entry.layer.read())?.backend().ok_or_else(|| {
-                    CapiError::new(MoeStatus::BadState, "the layer is not processed yet")
-                })?;
-                let c = |s: String| CString::new(s).unwrap_or_default();
-                entry.names.get_or_init(|| BackendNames {
-                    backend: c(info.backend),
-                    kernel: c(info.kernel),
-                    isa: c(info.isa),
-                })
-            }
-        };
-        let info = MoeBackendInfo {
+        let info = with_backend_names(layer, |names| MoeBackendInfo {
             backend: names.backend.as_ptr(),
             kernel: names.kernel.as_ptr(),
             isa: names.isa.as_ptr(),
-        };
+        })?;
         // SAFETY: NULL (refused) or writable per this function's contract.
         unsafe { write_out(out, info, "out") }
+    })
+}
+
+/// Writes to `*out` what a processed layer's kernels run per operation, and with which
+/// numerics: one line per operation, joined by `'\n'` (e.g. `wna16_gemm: int4 codes: … (15-bit
+/// integer activations) below 8 rows, …`), as `moe cpu` and `moe inspect` print it.
+/// `MOE_STATUS_BAD_STATE` before `moe_layer_process`. The string stays valid until the layer is
+/// freed.
+///
+/// # Safety
+/// - `out` is NULL or valid for one pointer write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn moe_layer_backend_ops(
+    layer: *mut MoeLayerHandle,
+    out: *mut *const c_char,
+) -> MoeStatus {
+    guard(|| {
+        let ops = with_backend_names(layer, |names| names.ops.as_ptr())?;
+        // SAFETY: NULL (refused) or writable per this function's contract.
+        unsafe { write_out(out, ops, "out") }
     })
 }

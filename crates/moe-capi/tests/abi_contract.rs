@@ -410,6 +410,12 @@ fn bad_descriptions_and_tensors_are_refused_with_their_status() {
         unsafe { moe_layer_backend(layer, backend.as_mut_ptr()) },
         MoeStatus::BadState,
     );
+    let mut ops = null();
+    // SAFETY: a valid out-pointer.
+    expect(
+        unsafe { moe_layer_backend_ops(layer, &mut ops) },
+        MoeStatus::BadState,
+    );
     expect(moe_layer_free(layer), MoeStatus::Ok);
     expect(moe_layer_free(layer), MoeStatus::InvalidHandle);
     expect(moe_layer_free(null_mut()), MoeStatus::NullPointer);
@@ -637,6 +643,43 @@ fn open_checkpoint_with_int8_activations_runs_wna16_on_the_w4a8_kernels() {
     for layer in [int8, float, w4a8] {
         expect(moe_layer_free(layer), MoeStatus::Ok);
     }
+}
+
+/// A processed layer reports what its kernels run per operation, numerics included, as the
+/// Rust layer's backend does, one line per operation; a NULL out-pointer is refused.
+#[test]
+fn backend_ops_say_what_runs_per_operation() {
+    let layer = open_fixture();
+    let mut ops = null();
+    // SAFETY: a valid out-pointer.
+    expect(
+        unsafe { moe_layer_backend_ops(layer, &mut ops) },
+        MoeStatus::Ok,
+    );
+    // SAFETY: written by the successful call: a NUL-terminated string owned by the layer.
+    let got = unsafe { CStr::from_ptr(ops) }.to_str().unwrap().to_owned();
+    let ckpt = Checkpoint::open(&fixture(), ShardAccess::Read).unwrap();
+    let rust = moe_layer::MoeLayer::from_checkpoint(&ckpt, 0, 16).unwrap();
+    assert_eq!(got, rust.backend().unwrap().ops.join("\n"));
+    for op in ["w4a8_gemm", "w8a8_gemm", "wna16_gemm", "dense_gemm"] {
+        assert!(
+            got.lines().any(|l| l.starts_with(op)),
+            "no {op} line in {got:?}"
+        );
+    }
+    let mut again = null();
+    // SAFETY: a valid out-pointer.
+    expect(
+        unsafe { moe_layer_backend_ops(layer, &mut again) },
+        MoeStatus::Ok,
+    );
+    assert_eq!(again, ops, "the string is kept with the layer");
+    // SAFETY: NULL is reported.
+    expect(
+        unsafe { moe_layer_backend_ops(layer, null_mut()) },
+        MoeStatus::NullPointer,
+    );
+    expect(moe_layer_free(layer), MoeStatus::Ok);
 }
 
 /// An expert-parallel rank reaches the oracle: more ranks than the fixture's 8 experts is

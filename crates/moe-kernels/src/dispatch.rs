@@ -518,9 +518,9 @@ impl KernelSet {
         self.w4a8_channel
     }
 
-    /// The same kernels without the bf16 paths: WNA16 GEMMs run the f32 body at every row
-    /// count, and [`W4A8Prefill::Bf16Tiles`] has nothing to choose. For callers who want the
-    /// weight-only GEMM's f32 numerics whatever the CPU.
+    /// The same kernels without the bf16 paths and the integer WNA16 body: WNA16 GEMMs run the
+    /// f32 body at every row count, and [`W4A8Prefill::Bf16Tiles`] has nothing to choose. For
+    /// callers who want the weight-only GEMM's f32 numerics whatever the CPU.
     pub fn without_bf16_path(mut self) -> Self {
         self.bf16_tiles = None;
         self.wna16_int4_dot = [None; 2];

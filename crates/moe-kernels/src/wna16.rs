@@ -20,8 +20,10 @@
 //! Where the rung has a bf16 path, [`wna16_gemm`] runs it instead, with other numerics: the
 //! activations rounded to bf16 and f32 sums, over code values kept exact by the int4 dot-product
 //! body of AVX-512 BF16 (at every row count), or over weights dequantized to bf16 by the
-//! bf16 tiles (from their row threshold on). `KernelSet::without_bf16_path` keeps every call on
-//! the definition above.
+//! bf16 tiles (from their row threshold on). x86 rungs without the AVX-512 BF16 body run int4
+//! integer codes below the tiles' rows on integer dot products instead, with each row's
+//! activations quantized to 15 bits ([`crate::wna16_i15`]). `KernelSet::without_bf16_path`
+//! keeps every call on the definition above.
 //!
 //! Output channels are split over threads by panel and every output is computed by one thread
 //! in a fixed order, so results never depend on the thread count.

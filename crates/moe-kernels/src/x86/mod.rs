@@ -412,7 +412,8 @@ pub(crate) fn bf16_dot_kernel_set() -> Option<crate::KernelSet> {
 
 /// The environment variable that turns the AVX-512 BF16 path for int4 and e4m3 weights on
 /// (`1`) or off (`0`) whatever the CPU's vendor. `0` also keeps the AMX rung off its AMX-BF16
-/// tiles, so that it means f32 products for weight-only and bf16 experts on every rung.
+/// tiles and every rung off the integer body of int4 weights, so that it means f32 products
+/// for weight-only and bf16 experts on every rung.
 pub(crate) const BF16_DOT_ENV: &str = "MOE_KERNELS_BF16_DOT";
 
 /// What [`BF16_DOT_ENV`] asks for: `Some(true)` for `1`, `Some(false)` for `0`, else `None`.
