@@ -26,6 +26,47 @@ fn cpu_json_names_the_selected_rung() {
     );
 }
 
+/// The integer body of int4 weight-only GEMMs (15-bit integer activations) is reported where
+/// it runs, and `MOE_KERNELS_WNA16_I15=0` or `MOE_KERNELS_BF16_DOT=0` takes it out of every
+/// rung (f32 products), while `MOE_KERNELS_WNA16_I15=1` puts it on every rung with AVX-512
+/// VNNI, ahead of any bf16 body.
+#[test]
+fn cpu_reports_the_integer_wna16_body_and_its_switches() {
+    let wna16_lines = |env: &[(&str, &str)]| -> Vec<(String, String)> {
+        let v = moe_with_env(&["cpu", "--json"], env).json();
+        v["ladder"]
+            .as_array()
+            .expect("ladder")
+            .iter()
+            .filter(|r| r["available"] == true)
+            .map(|r| {
+                let line = r["ops"]
+                    .as_array()
+                    .expect("ops")
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .find(|l| l.starts_with("wna16_gemm"))
+                    .unwrap_or_default()
+                    .to_string();
+                (r["isa"].as_str().unwrap_or_default().to_string(), line)
+            })
+            .collect()
+    };
+    const INTEGER: &str = "15-bit integer activations";
+    for off in [
+        ("MOE_KERNELS_WNA16_I15", "0"),
+        ("MOE_KERNELS_BF16_DOT", "0"),
+    ] {
+        for (isa, line) in wna16_lines(&[off]) {
+            assert!(!line.contains(INTEGER), "{off:?}, rung {isa}: {line}");
+        }
+    }
+    for (isa, line) in wna16_lines(&[("MOE_KERNELS_WNA16_I15", "1")]) {
+        let vnni = isa == "avx512-vnni" || isa == "amx";
+        assert_eq!(line.contains(INTEGER), vnni, "rung {isa}: {line}");
+    }
+}
+
 /// `--measure` times every unit the CPU has, on the threads asked for, and the memory read;
 /// the report's lines match the probes the CPU offers, and without the flag nothing is measured.
 #[test]

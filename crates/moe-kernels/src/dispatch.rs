@@ -114,6 +114,8 @@ pub(crate) struct Int4Dot {
     pub(crate) unit: &'static str,
     /// What the activations become, for reports (`bf16 activations`).
     pub(crate) activations: &'static str,
+    /// Which int4 codes it serves, for reports (` for integer codes`, or empty for all).
+    pub(crate) codes: &'static str,
     /// Rows from which it runs.
     pub(crate) min_m: usize,
     /// Rows from which it no longer runs (`usize::MAX`: none).
@@ -457,7 +459,8 @@ impl KernelSet {
     }
 
     /// The same set with `body`, a dot-product body for int4 WNA16 weights, beside the one it
-    /// may hold already (whose rows must not overlap `body`'s).
+    /// may hold already; of bodies whose rows overlap, the one added first takes the GEMMs it
+    /// serves.
     ///
     /// # Safety
     /// - `body.fill` and `body.entry` may be called on this CPU: the caller holds the token of
@@ -697,13 +700,20 @@ impl KernelSet {
                 None => format!("wna16_gemm: {rest}"),
             };
         }
+        // By first row (a stable sort keeps the order of precedence among equal ones).
         dots.sort_by_key(|d| d.min_m);
         let mut int4: Vec<String> = Vec::new();
-        if dots[0].min_m > 1 {
-            int4.push(format!("{f32_body} below {} rows", dots[0].min_m));
-        }
         for d in &dots {
-            int4.push(format!("{} ({}){}", d.unit, d.activations, d.rows_phrase()));
+            int4.push(format!(
+                "{} ({}){}{}",
+                d.unit,
+                d.activations,
+                d.codes,
+                d.rows_phrase()
+            ));
+        }
+        if dots.iter().all(|d| !d.codes.is_empty() || d.min_m > 1) {
+            int4.push(format!("otherwise {f32_body}"));
         }
         format!(
             "wna16_gemm: int4 codes: {}; int8 and fp8 codes: {rest}",

@@ -332,15 +332,45 @@ pub(crate) fn avx512vnni_kernel_set(_token: Avx512Vnni) -> crate::KernelSet {
                 bf16dot::tile_a,
             )
         };
+        // The integer body, where asked for, goes first: it takes the integer codes and leaves
+        // MXFP4 to the bf16 body.
+        let ks = if integer_wna16_setting() == Some(true) {
+            // SAFETY: the token proves AVX-512 F/BW/VL/VNNI, all the integer body needs.
+            unsafe { ks.with_wna16_int4_dot(wna16_i15::body(1, usize::MAX)) }
+        } else {
+            ks
+        };
         // SAFETY: as above, with AVX-512 VL (the token) for the layout's 256-bit permute.
         unsafe { ks.with_wna16_int4_dot(wna16dot::body(int4_dot_min_rows())) }
-    } else if bf16_paths_off() {
+    } else if !integer_wna16_on() {
         ks
     } else {
         // SAFETY: the token proves AVX-512 F/BW/VL/VNNI, all the integer body and its layout
         // need.
         unsafe { ks.with_wna16_int4_dot(wna16_i15::body(1, usize::MAX)) }
     }
+}
+
+/// The environment variable that chooses the integer body of int4 weight-only GEMMs
+/// (`wna16_i15`, 15-bit integer activations): `1` runs it ahead of the AVX-512 BF16 body where
+/// the rung has both (by default that body runs on AMD cores), `0` never runs it (the f32 body,
+/// or the bf16 paths where they are on, take its GEMMs).
+pub(crate) const INTEGER_WNA16_ENV: &str = "MOE_KERNELS_WNA16_I15";
+
+/// What [`INTEGER_WNA16_ENV`] asks for: `Some(true)` for `1`, `Some(false)` for `0`, else
+/// `None`.
+fn integer_wna16_setting() -> Option<bool> {
+    match std::env::var(INTEGER_WNA16_ENV).as_deref().map(str::trim) {
+        Ok("1") => Some(true),
+        Ok("0") => Some(false),
+        _ => None,
+    }
+}
+
+/// Whether a rung may register the integer body: neither [`BF16_DOT_ENV`] (`0`: f32 products
+/// everywhere) nor [`INTEGER_WNA16_ENV`] (`0`) turned it off.
+pub(crate) fn integer_wna16_on() -> bool {
+    !bf16_paths_off() && integer_wna16_setting() != Some(false)
 }
 
 /// The AVX-512 VNNI rung with its requantised W4A8 body from one row on, when the CPU has it

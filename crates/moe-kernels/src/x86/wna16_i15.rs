@@ -329,6 +329,7 @@ pub(crate) fn body(min_m: usize, max_m: usize) -> Int4Dot {
     Int4Dot {
         unit: "avx512-vnni dot products on codes decoded in registers",
         activations: "15-bit integer activations",
+        codes: " for integer codes",
         min_m,
         max_m,
         serves: |w, _| crate::wna16_i15::serves(w),

@@ -279,6 +279,7 @@ pub(crate) fn body(min_m: usize) -> Int4Dot {
     Int4Dot {
         unit: "avx512-bf16 dot products on codes decoded in registers",
         activations: "bf16 activations",
+        codes: "",
         min_m,
         max_m: usize::MAX,
         serves: |_, _| true,

@@ -54,6 +54,7 @@ pub(crate) fn body(min_m: usize, entry: crate::wna16::Int4DotPanelsFn) -> Int4Do
     Int4Dot {
         unit: "amx-bf16 tiles on exactly decoded codes, up to as many rows as the group size",
         activations: "bf16 activations",
+        codes: "",
         min_m,
         max_m: usize::MAX,
         serves,

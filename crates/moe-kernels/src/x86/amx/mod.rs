@@ -483,9 +483,12 @@ pub(crate) fn kernel_set(token: Amx) -> crate::KernelSet {
         let tiles_from = bf16_min_rows().wna16;
         // SAFETY: as above.
         let set = unsafe { set.with_wna16_int4_dot(int4::body(tiles_from, int4_entry)) };
+        if !super::integer_wna16_on() {
+            return set;
+        }
         // SAFETY: the token proves AVX-512 F/BW/VL/VNNI, all the integer body needs.
         unsafe { set.with_wna16_int4_dot(crate::x86::wna16_i15::body(1, tiles_from)) }
-    } else if super::bf16_paths_off() {
+    } else if !super::integer_wna16_on() {
         set
     } else {
         // SAFETY: as above.
