@@ -90,6 +90,27 @@ pub(crate) struct Int4DotJob<'a> {
 // SAFETY: as for `Wna16Job`: bodies write through `out` only in disjoint panel ranges.
 unsafe impl Sync for Int4DotJob<'_> {}
 
+/// Walks a dot-product body's GEMM of `m` rows over `panels`: rows in blocks of `row_block`,
+/// each block over all of `panels` (so its activations stay in cache while the panels stream),
+/// each panel in row tiles of up to `mr`; calls `tile(p, m0, rows)` for each tile.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 has such a body today
+pub(crate) fn walk_row_blocks(
+    m: usize,
+    panels: Range<usize>,
+    row_block: usize,
+    mr: usize,
+    mut tile: impl FnMut(usize, usize, usize),
+) {
+    for b0 in (0..m).step_by(row_block) {
+        let block = b0..m.min(b0 + row_block);
+        for p in panels.clone() {
+            for rows in crate::ukernel::row_tiles(block.len(), mr) {
+                tile(p, b0 + rows.start, rows.len());
+            }
+        }
+    }
+}
+
 /// A bf16 dot-product body's entry over a range of panels.
 ///
 /// # Safety (for callers)

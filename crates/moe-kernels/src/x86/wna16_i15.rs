@@ -32,8 +32,7 @@ use crate::dispatch::Int4Dot;
 #[cfg(test)]
 use crate::packed::wna16::K_STEP;
 use crate::packed::{PANEL, PackedWna16};
-use crate::ukernel::row_tiles;
-use crate::wna16::{Int4DotJob, Int4DotLayout};
+use crate::wna16::{Int4DotJob, Int4DotLayout, walk_row_blocks};
 use crate::wna16_i15::{Blocks, MAX_Q, RowScale};
 
 /// Rows per tile: 8 rows × 2 integer sums and an f32 accumulator each leave room for the
@@ -306,21 +305,16 @@ fn tile_fn<const ASYM: bool>(rows: usize) -> TileFn {
 ///   `job.group_sums` made by this module's [`fill`].
 pub(crate) unsafe fn entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
     let asym = job.w.zeros().is_some();
-    for b0 in (0..job.m).step_by(ROW_BLOCK) {
-        let block = b0..job.m.min(b0 + ROW_BLOCK);
-        for p in panels.clone() {
-            for rows in row_tiles(block.len(), MR) {
-                let f = if asym {
-                    tile_fn::<true>(rows.len())
-                } else {
-                    tile_fn::<false>(rows.len())
-                };
-                // SAFETY: rows `b0 + rows.start..b0 + rows.end` lie within `0..m`, panel `p`
-                // is the caller's, and the caller's CPU has the features the tile needs.
-                unsafe { f(job, p, b0 + rows.start) };
-            }
-        }
-    }
+    walk_row_blocks(job.m, panels, ROW_BLOCK, MR, |p, m0, rows| {
+        let f = if asym {
+            tile_fn::<true>(rows)
+        } else {
+            tile_fn::<false>(rows)
+        };
+        // SAFETY: rows `m0..m0 + rows` lie within `0..m` (the walk), panel `p` is the caller's,
+        // and the caller's CPU has the features the tile needs.
+        unsafe { f(job, p, m0) };
+    });
 }
 
 /// This body as a kernel set's int4 dot-product body, for GEMMs of `min_m` rows up to

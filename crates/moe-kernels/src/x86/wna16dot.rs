@@ -40,8 +40,7 @@ use super::wna16::{
 use crate::dispatch::Int4Dot;
 use crate::packed::wna16::{E2M1_VALUES, Int4Values, K_STEP};
 use crate::packed::{PANEL, PackedWna16};
-use crate::ukernel::row_tiles;
-use crate::wna16::{Int4DotJob, Int4DotLayout};
+use crate::wna16::{Int4DotJob, Int4DotLayout, walk_row_blocks};
 
 /// Rows per tile: 8 rows × 2 chains of partial sums and 8 accumulators leave room for the
 /// table, the step and the decoded pair.
@@ -312,21 +311,16 @@ fn tile_fn<const ASYM: bool>(rows: usize) -> TileFn {
 /// - As [`crate::wna16::Int4DotPanelsFn`], on a CPU with AVX-512 F/BW/BF16.
 pub(crate) unsafe fn entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
     let asym = job.w.zeros().is_some();
-    for b0 in (0..job.m).step_by(ROW_BLOCK) {
-        let block = b0..job.m.min(b0 + ROW_BLOCK);
-        for p in panels.clone() {
-            for rows in row_tiles(block.len(), MR) {
-                let f = if asym {
-                    tile_fn::<true>(rows.len())
-                } else {
-                    tile_fn::<false>(rows.len())
-                };
-                // SAFETY: rows `b0 + rows.start..b0 + rows.end` lie within `0..m`, panel `p`
-                // is the caller's, and the caller's CPU has the features the tile needs.
-                unsafe { f(job, p, b0 + rows.start) };
-            }
-        }
-    }
+    walk_row_blocks(job.m, panels, ROW_BLOCK, MR, |p, m0, rows| {
+        let f = if asym {
+            tile_fn::<true>(rows)
+        } else {
+            tile_fn::<false>(rows)
+        };
+        // SAFETY: rows `m0..m0 + rows` lie within `0..m` (the walk), panel `p` is the caller's,
+        // and the caller's CPU has the features the tile needs.
+        unsafe { f(job, p, m0) };
+    });
 }
 
 #[cfg(test)]
