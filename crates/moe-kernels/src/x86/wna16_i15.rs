@@ -17,7 +17,9 @@
 //! longer one) the sums become `128·Σc·hi + Σc·lo` (exact), convert to f32, lose `z · Σq` (the
 //! block's activation sum, made by [`fill`]) in one fused multiply-add, and are scaled into
 //! the row's f32 accumulator with another. The row's scale and the bias are applied once at the
-//! end. Rows run in blocks of [`ROW_BLOCK`] over all of the call's panels, so a block's
+//! end. From [`PAIR_MIN_ROWS`] rows a tile covers two panels ([`tile2`]), so that each
+//! activation word loaded feeds two `vpdpbusd`; below, where the weights' stream from memory
+//! bounds the call, one. Rows run in blocks of [`ROW_BLOCK`] over all of the call's panels, so a block's
 //! activations stay in L2 while the panels stream, and weights are prefetched a page ahead as
 //! in the f32 body.
 
@@ -40,6 +42,14 @@ use crate::wna16_i15::{Blocks, MAX_Q, RowScale};
 /// per row: with two `vpdpbusd` issued per cycle, a chain taking two of them per step would be
 /// bound by their latency.
 const MR: usize = 8;
+
+/// Rows from which tiles cover two panels at once ([`tile2`]): each activation word loaded
+/// then feeds two `vpdpbusd`. Fewer rows (decode, bound by the weights' stream) keep one panel
+/// per tile and more chains per row.
+const PAIR_MIN_ROWS: usize = 3;
+
+/// Rows per two-panel tile: 4 rows × 2 panels × 2 integer sums and 8 f32 accumulators.
+const MR2: usize = 4;
 
 /// Rows that run over all of a call's panels before the next rows start.
 const ROW_BLOCK: usize = 64;
@@ -280,8 +290,97 @@ unsafe fn tile<const R: usize, const C: usize, const ASYM: bool>(
     unsafe { store_panel_rows(w, job.out, p, m0, acc) };
 }
 
-/// One row-count instance of [`tile`].
+/// Rows `m0..m0 + R` of panels `p` and `p + 1` at once: each broadcast activation word feeds
+/// both panels' `vpdpbusd`, halving the loads per multiply-add of [`tile`].
+///
+/// # Safety
+/// - As [`tile`], for panels `p` and `p + 1`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tile2<const R: usize, const ASYM: bool>(job: &Int4DotJob<'_>, p: usize, m0: usize) {
+    let w = job.w;
+    let (ks, ng) = (w.k_steps(), w.n_groups());
+    let blocks = Blocks::of(w);
+    let nb = blocks.count(ng);
+    let codes: [&[[u32; PANEL]]; 2] = std::array::from_fn(|j| {
+        w.codes()[(p + j) * ks * PANEL..][..ks * PANEL]
+            .as_chunks::<PANEL>()
+            .0
+    });
+    let rows: [&[u8]; R] =
+        std::array::from_fn(|r| &job.pairs[(m0 + r) * job.row_bytes..][..job.row_bytes]);
+    let acts: [&[[u8; STEP_BYTES]]; R] =
+        std::array::from_fn(|r| rows[r][HEADER_BYTES..].as_chunks().0);
+    let nibbles = _mm512_set1_epi32(0x0F0F_0F0F);
+    let mut acc = [[_mm512_setzero_ps(); R]; 2];
+    for g in 0..ng {
+        for i in 0..blocks.per_group {
+            let steps = blocks.steps(g, i);
+            if steps.is_empty() {
+                continue;
+            }
+            let mut hi = [[_mm512_setzero_si512(); R]; 2];
+            let mut lo = [[_mm512_setzero_si512(); R]; 2];
+            for s in steps {
+                let mut even = [_mm512_setzero_si512(); 2];
+                let mut odd = [_mm512_setzero_si512(); 2];
+                for j in 0..2 {
+                    prefetch_ahead(&codes[j][s]);
+                    let v = load_step(&codes[j][s]);
+                    even[j] = _mm512_and_si512(v, nibbles);
+                    odd[j] = _mm512_and_si512(_mm512_srli_epi32::<4>(v), nibbles);
+                }
+                for r in 0..R {
+                    let a = &acts[r][s];
+                    let words: [__m512i; 4] = std::array::from_fn(|k| broadcast_word(a, k));
+                    for j in 0..2 {
+                        hi[j][r] = _mm512_dpbusd_epi32(hi[j][r], even[j], words[0]);
+                        hi[j][r] = _mm512_dpbusd_epi32(hi[j][r], odd[j], words[1]);
+                        lo[j][r] = _mm512_dpbusd_epi32(lo[j][r], even[j], words[2]);
+                        lo[j][r] = _mm512_dpbusd_epi32(lo[j][r], odd[j], words[3]);
+                    }
+                }
+            }
+            let b = g * blocks.per_group + i;
+            for j in 0..2 {
+                let q = p + j;
+                let scale = group_scales(w.scales(), (q * ng + g) * PANEL);
+                let zero = match w.zeros() {
+                    Some(z) if ASYM => {
+                        load_zeros(z[(q * ng + g) * PANEL..][..PANEL].try_into().expect("16"))
+                    }
+                    _ => _mm512_set1_ps(f32::from(w.symmetric_zero())),
+                };
+                for r in 0..R {
+                    let d = _mm512_add_epi32(_mm512_slli_epi32::<7>(hi[j][r]), lo[j][r]);
+                    let xsum = _mm512_set1_ps(job.group_sums[(m0 + r) * nb + b]);
+                    let t = _mm512_fnmadd_ps(zero, xsum, _mm512_cvtepi32_ps(d));
+                    acc[j][r] = _mm512_fmadd_ps(t, scale, acc[j][r]);
+                }
+            }
+        }
+    }
+    for j in 0..2 {
+        for r in 0..R {
+            let scaled = _mm512_mul_ps(acc[j][r], _mm512_set1_ps(header_f32(rows[r], 0)));
+            acc[j][r] = _mm512_mul_ps(scaled, _mm512_set1_ps(header_f32(rows[r], 4)));
+        }
+        // SAFETY: rows `m0..m0 + R` of panel `p + j` are ours to write (our contract).
+        unsafe { store_panel_rows(w, job.out, p + j, m0, acc[j]) };
+    }
+}
+
+/// One row-count instance of [`tile`] or [`tile2`].
 type TileFn = unsafe fn(&Int4DotJob<'_>, usize, usize);
+
+/// The instance of [`tile2`] for `rows` rows (1 to [`MR2`]).
+fn tile2_fn<const ASYM: bool>(rows: usize) -> TileFn {
+    match rows {
+        1 => tile2::<1, ASYM>,
+        2 => tile2::<2, ASYM>,
+        3 => tile2::<3, ASYM>,
+        _ => tile2::<MR2, ASYM>,
+    }
+}
 
 /// The instance of [`tile`] for `rows` rows (1 to [`MR`]).
 fn tile_fn<const ASYM: bool>(rows: usize) -> TileFn {
@@ -298,14 +397,33 @@ fn tile_fn<const ASYM: bool>(rows: usize) -> TileFn {
 }
 
 /// The entry (see [`crate::wna16::Int4DotPanelsFn`]): rows in blocks of [`ROW_BLOCK`], each
-/// block over `panels`, each panel in row tiles of up to [`MR`].
+/// block over `panels`; from [`PAIR_MIN_ROWS`] rows, pairs of panels in row tiles of up to
+/// [`MR2`] ([`tile2`]) and a lone last panel alone, with fewer rows each panel in row tiles of
+/// up to [`MR`] ([`tile`]).
 ///
 /// # Safety
 /// - As [`crate::wna16::Int4DotPanelsFn`], on a CPU with AVX-512 F/BW/VNNI, `job.pairs` and
 ///   `job.group_sums` made by this module's [`fill`].
 pub(crate) unsafe fn entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
     let asym = job.w.zeros().is_some();
-    walk_row_blocks(job.m, panels, ROW_BLOCK, MR, |p, m0, rows| {
+    let pairs = if job.m >= PAIR_MIN_ROWS {
+        panels.len() / 2
+    } else {
+        0
+    };
+    walk_row_blocks(job.m, 0..pairs, ROW_BLOCK, MR2, |pair, m0, rows| {
+        let f = if asym {
+            tile2_fn::<true>(rows)
+        } else {
+            tile2_fn::<false>(rows)
+        };
+        // SAFETY: rows `m0..m0 + rows` lie within `0..m` (the walk), panels `p` and `p + 1`
+        // are the caller's (`2·pairs ≤` their count), and the caller's CPU has the features
+        // the tile needs.
+        unsafe { f(job, panels.start + 2 * pair, m0) };
+    });
+    let singles = panels.start + 2 * pairs..panels.end;
+    walk_row_blocks(job.m, singles, ROW_BLOCK, MR, |p, m0, rows| {
         let f = if asym {
             tile_fn::<true>(rows)
         } else {
