@@ -140,11 +140,13 @@ impl Blocks {
     }
 
     /// Blocks per row.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 has the body
     pub(crate) fn count(&self, n_groups: usize) -> usize {
         n_groups * self.per_group
     }
 
     /// The block of K value `kk` (`kk < K`).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 has the body
     pub(crate) fn of_k(&self, kk: usize) -> usize {
         kk / self.group * self.per_group + kk % self.group / self.len
     }
@@ -161,6 +163,7 @@ impl Blocks {
     /// The packed steps that hold block `i` of group `g`: a block starts on a step (groups and
     /// [`MAX_BLOCK`] are multiples of [`K_STEP`], or the group is all of K), and only the last
     /// block of K may end inside one.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 has the body
     pub(crate) fn steps(&self, g: usize, i: usize) -> std::ops::Range<usize> {
         let r = self.k_range(g, i);
         r.start / K_STEP..r.end.div_ceil(K_STEP)
@@ -168,6 +171,7 @@ impl Blocks {
 }
 
 /// Whether the integer body can take `w`: int4 integer codes (not MXFP4's e2m1 values).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 has the body
 pub(crate) fn serves(w: &PackedWna16) -> bool {
     w.bits() == 4 && w.values() == Int4Values::Integer
 }
