@@ -13,15 +13,15 @@
 //! row into two integer sums (high and low bytes), kept in two chains each for tiles of up to
 //! four rows, so that no latency chain bounds them.
 //!
-//! At the end of each block (a scale group, or [`crate::wna16_i15::MAX_BLOCK`] K values of a
-//! longer one) the sums become `128·Σc·hi + Σc·lo` (exact), convert to f32, lose `z · Σq` (the
-//! block's activation sum, made by [`fill`]) in one fused multiply-add, and are scaled into
-//! the row's f32 accumulator with another. The row's scale and the bias are applied once at the
-//! end. From [`PAIR_MIN_ROWS`] rows a tile covers two panels ([`tile2`]), so that each
-//! activation word loaded feeds two `vpdpbusd`; below, where the weights' stream from memory
-//! bounds the call, one. Rows run in blocks of [`ROW_BLOCK`] over all of the call's panels, so a block's
-//! activations stay in L2 while the panels stream, and weights are prefetched a page ahead as
-//! in the f32 body.
+//! At the end of each block (a scale group, or [`crate::wna16_i15::MAX_BLOCK`] K values of
+//! a longer one) the sums become `128·Σc·hi + Σc·lo` (exact), convert to f32, lose `z · Σq`
+//! (the block's activation sum, made by [`fill`]) in one fused multiply-add, and are scaled
+//! into the row's f32 accumulator with another. The row's scale and the bias are applied once
+//! at the end. From [`PAIR_MIN_ROWS`] rows (and K of [`PAIR_MIN_K`]) a tile covers two panels
+//! ([`tile2`]), so that each activation word loaded feeds two `vpdpbusd`; otherwise, and at
+//! decode, where the weights' stream from memory bounds the call, one. Rows run in blocks of
+//! [`ROW_BLOCK`] over all of the call's panels, so a block's activations stay in L2 while the
+//! panels stream, and weights are prefetched a page ahead as in the f32 body.
 
 // Register arrays are indexed by row in lockstep; index loops read clearer than zips here.
 #![allow(clippy::needless_range_loop)]
@@ -47,6 +47,11 @@ const MR: usize = 8;
 /// then feeds two `vpdpbusd`. Fewer rows (decode, bound by the weights' stream) keep one panel
 /// per tile and more chains per row.
 const PAIR_MIN_ROWS: usize = 3;
+
+/// K from which the two-panel tiles run. Alternated against one panel per tile at 3 to 16
+/// rows, they were 1.04-1.25× faster on 4096 × 14336 experts and 0.79-0.97× as fast on
+/// 2048 × 768 ones.
+const PAIR_MIN_K: usize = 4096;
 
 /// Rows per two-panel tile: 4 rows × 2 panels × 2 integer sums and 8 f32 accumulators.
 const MR2: usize = 4;
@@ -397,16 +402,16 @@ fn tile_fn<const ASYM: bool>(rows: usize) -> TileFn {
 }
 
 /// The entry (see [`crate::wna16::Int4DotPanelsFn`]): rows in blocks of [`ROW_BLOCK`], each
-/// block over `panels`; from [`PAIR_MIN_ROWS`] rows, pairs of panels in row tiles of up to
-/// [`MR2`] ([`tile2`]) and a lone last panel alone, with fewer rows each panel in row tiles of
-/// up to [`MR`] ([`tile`]).
+/// block over `panels`; from [`PAIR_MIN_ROWS`] rows and K of [`PAIR_MIN_K`], pairs of panels
+/// in row tiles of up to [`MR2`] ([`tile2`]) and a lone last panel alone, otherwise each panel
+/// in row tiles of up to [`MR`] ([`tile`]).
 ///
 /// # Safety
 /// - As [`crate::wna16::Int4DotPanelsFn`], on a CPU with AVX-512 F/BW/VNNI, `job.pairs` and
 ///   `job.group_sums` made by this module's [`fill`].
 pub(crate) unsafe fn entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
     let asym = job.w.zeros().is_some();
-    let pairs = if job.m >= PAIR_MIN_ROWS {
+    let pairs = if job.m >= PAIR_MIN_ROWS && job.w.k() >= PAIR_MIN_K {
         panels.len() / 2
     } else {
         0
@@ -600,7 +605,7 @@ mod tests {
         let Some(ks) = set() else { return };
         let mut rng = SplitMix64::new(0x15b);
         // (K, group size or channelwise, zero points, act-order)
-        let cases: [(usize, Option<usize>, bool, bool); 9] = [
+        let cases: [(usize, Option<usize>, bool, bool); 10] = [
             (8, None, false, false),
             (37, None, true, false),
             (72, Some(32), false, false),
@@ -610,6 +615,7 @@ mod tests {
             (120, Some(40), false, false),
             (2100, None, false, false),
             (2304, Some(2048), true, true),
+            (4100, Some(128), true, false),
         ];
         for &(k, g, asym, perm) in &cases {
             for &n in &[1usize, 17, 33] {
