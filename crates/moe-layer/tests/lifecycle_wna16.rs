@@ -7,7 +7,7 @@
 
 mod checkpoint_support;
 
-use checkpoint_support::{Ckpt, E, Fmt, G, H, I, Proj, temp_dir};
+use checkpoint_support::{Ckpt, E, Fmt, G, H, I, Proj, temp_dir, wna16_tolerance};
 use moe_layer::checkpoint::{Checkpoint, ShardAccess};
 use moe_layer::{LayerError, LayerQuant, LoadOptions, MoeLayer, MoeLayerConfig, Wna16Activations};
 use moe_quant::WeightGroups;
@@ -76,21 +76,7 @@ fn check(ck: &Ckpt, experts: &[[Proj; 3]], tag: &str, gate_up_group: &dyn Fn(usi
     let layer = MoeLayer::from_checkpoint(&ckpt, 0, 16).unwrap();
     let info = layer.backend().unwrap();
     assert!(info.kernel.starts_with("cpu-wna16/"), "{tag}: {info:?}");
-    // Int4 GEMMs may take the CPU's bf16 path (activations and dequantized weights rounded to
-    // bf16: a relative error of about 2^-8 per factor) or its integer body (each activation
-    // rounded to a 15-bit grid of its row's largest: at most 2^-15 of that); else f32.
-    let wna16_has = |what: &str| {
-        info.ops
-            .iter()
-            .any(|op| op.starts_with("wna16_gemm") && op.contains(what))
-    };
-    let tol = if wna16_has("bf16 activations") {
-        5e-3
-    } else if wna16_has("15-bit integer activations") {
-        1e-3
-    } else {
-        1e-5
-    };
+    let tol = wna16_tolerance(&info.ops);
     let mut rng = SplitMix64::new(7);
     for t in [1, 5, 16] {
         let x = rng.vec_uniform(t * H, -2.0, 2.0);
