@@ -28,8 +28,8 @@ fn cpu_json_names_the_selected_rung() {
 
 /// The integer body of int4 weight-only GEMMs (15-bit integer activations) is reported where
 /// it runs, and `MOE_KERNELS_WNA16_I15=0` or `MOE_KERNELS_BF16_DOT=0` takes it out of every
-/// rung (f32 products), while `MOE_KERNELS_WNA16_I15=1` puts it on every rung with AVX-512
-/// VNNI, ahead of any bf16 body.
+/// rung (f32 products), while `MOE_KERNELS_WNA16_I15=1` puts it on every x86 SIMD rung, ahead
+/// of any bf16 body. The AVX2 and AVX-VNNI rungs run it by default.
 #[test]
 fn cpu_reports_the_integer_wna16_body_and_its_switches() {
     let wna16_lines = |env: &[(&str, &str)]| -> Vec<(String, String)> {
@@ -61,9 +61,15 @@ fn cpu_reports_the_integer_wna16_body_and_its_switches() {
             assert!(!line.contains(INTEGER), "{off:?}, rung {isa}: {line}");
         }
     }
+    let x86_simd = |isa: &str| matches!(isa, "avx2" | "avx-vnni" | "avx512-vnni" | "amx");
     for (isa, line) in wna16_lines(&[("MOE_KERNELS_WNA16_I15", "1")]) {
-        let vnni = isa == "avx512-vnni" || isa == "amx";
-        assert_eq!(line.contains(INTEGER), vnni, "rung {isa}: {line}");
+        assert_eq!(line.contains(INTEGER), x86_simd(&isa), "rung {isa}: {line}");
+    }
+    // The 256-bit rungs have no bf16 path, so their integer body runs by default.
+    for (isa, line) in wna16_lines(&[]) {
+        if matches!(isa.as_str(), "avx2" | "avx-vnni") {
+            assert!(line.contains(INTEGER), "rung {isa}: {line}");
+        }
     }
 }
 

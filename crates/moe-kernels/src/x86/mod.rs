@@ -17,6 +17,7 @@ pub(crate) mod probe;
 mod requant;
 mod wna16;
 pub(crate) mod wna16_i15;
+pub(crate) mod wna16_i15_avx2;
 mod wna16dot;
 mod ymm;
 
@@ -285,6 +286,12 @@ fn with_avx2_bodies(ks: crate::KernelSet, _token: Avx2) -> crate::KernelSet {
     // SAFETY: the token proves AVX2, and FMA and F16C were detected just above: all either
     // body needs.
     let ks = unsafe { ks.with_wna16(Isa::Avx2, wna16_body) };
+    let ks = if fma_f16c && integer_wna16_on() {
+        // SAFETY: as above: the integer body needs AVX2, FMA and F16C.
+        unsafe { ks.with_wna16_int4_dot(wna16_i15_avx2::body(1, usize::MAX)) }
+    } else {
+        ks
+    };
     // SAFETY: the token proves AVX2, all the dense builds need.
     unsafe { ks.with_dense(dense::AVX2) }
 }
@@ -354,7 +361,8 @@ pub(crate) fn avx512vnni_kernel_set(_token: Avx512Vnni) -> crate::KernelSet {
 /// The environment variable that chooses the integer body of int4 weight-only GEMMs
 /// (`wna16_i15`, 15-bit integer activations): `1` runs it ahead of the AVX-512 BF16 body where
 /// the rung has both (by default that body runs on AMD cores), `0` never runs it (the f32 body,
-/// or the bf16 paths where they are on, take its GEMMs).
+/// or the bf16 paths where they are on, take its GEMMs). The AVX2 and AVX-VNNI rungs, which
+/// have no bf16 path, run their build of it unless it is off.
 pub(crate) const INTEGER_WNA16_ENV: &str = "MOE_KERNELS_WNA16_I15";
 
 /// What [`INTEGER_WNA16_ENV`] asks for: `Some(true)` for `1`, `Some(false)` for `0`, else

@@ -543,7 +543,7 @@ pub(crate) mod ymm {
     /// AVX-512 body's `group_scales` does with 512-bit ones.
     #[target_feature(enable = "avx2,f16c")]
     #[inline]
-    fn load_scales(w: &PackedWna16, p: usize, g: usize, _first: usize) -> Ch {
+    pub(crate) fn load_scales(w: &PackedWna16, p: usize, g: usize, _first: usize) -> Ch {
         let at = (p * w.n_groups() + g) * PANEL;
         match w.scales() {
             Wna16ScaleValues::F16(v) => {

@@ -483,6 +483,18 @@ mod tests {
         ks
     }
 
+    /// Every integer body this CPU runs (AVX-512 VNNI, AVX2), each alone in its rung's set:
+    /// they share the numerics, so the same tests hold for each.
+    fn bodies() -> Vec<(&'static str, crate::KernelSet)> {
+        let sets = [
+            ("avx512-vnni", set()),
+            ("avx2", crate::x86::wna16_i15_avx2::kernel_set()),
+        ];
+        sets.into_iter()
+            .filter_map(|(name, ks)| Some((name, ks?)))
+            .collect()
+    }
+
     /// Random int4 weights: `g` None is channelwise; scales of each 16-bit kind and f32.
     fn weights(
         rng: &mut SplitMix64,
@@ -602,7 +614,12 @@ mod tests {
     /// on ragged shapes equals the scalar twin bit for bit, whatever the thread split.
     #[test]
     fn integer_body_equals_its_scalar_twin_on_ragged_shapes() {
-        let Some(ks) = set() else { return };
+        for (body, ks) in bodies() {
+            equals_the_twin_on_ragged_shapes(body, &ks);
+        }
+    }
+
+    fn equals_the_twin_on_ragged_shapes(body: &str, ks: &crate::KernelSet) {
         let mut rng = SplitMix64::new(0x15b);
         // (K, group size or channelwise, zero points, act-order)
         let cases: [(usize, Option<usize>, bool, bool); 10] = [
@@ -629,14 +646,14 @@ mod tests {
                     for par in [Par::Seq, Par::Rayon] {
                         assert!(m == 0 || ks.wna16_int4_dot_for(&w, m).is_some());
                         let mut got = vec![f32::NAN; m * n];
-                        crate::wna16_gemm(&ks, m, &x, &w, &mut got, &mut GemmScratch::new(), par)
+                        crate::wna16_gemm(ks, m, &x, &w, &mut got, &mut GemmScratch::new(), par)
                             .unwrap();
                         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
                             assert_eq!(
                                 a.to_bits(),
                                 b.to_bits(),
-                                "k={k} g={g:?} asym={asym} perm={perm} n={n} m={m} {par:?}: \
-                                 out[{i}] = {a}, want {b}"
+                                "{body}: k={k} g={g:?} asym={asym} perm={perm} n={n} m={m} \
+                                 {par:?}: out[{i}] = {a}, want {b}"
                             );
                         }
                     }
@@ -650,7 +667,12 @@ mod tests {
     /// f32 sums' own rounding.
     #[test]
     fn integer_body_stays_within_the_grid_of_the_f32_definition() {
-        let Some(ks) = set() else { return };
+        for (body, ks) in bodies() {
+            within_the_grid_of_the_f32_definition(body, &ks);
+        }
+    }
+
+    fn within_the_grid_of_the_f32_definition(body: &str, ks: &crate::KernelSet) {
         let mut rng = SplitMix64::new(0x15c);
         for &(k, g, asym) in &[
             (256usize, Some(128usize), false),
@@ -665,7 +687,7 @@ mod tests {
                 // An outlier in the first row: the others' grid is finer.
                 x[3] = 40.0;
                 let mut got = vec![0f32; m * n];
-                crate::wna16_gemm(&ks, m, &x, &w, &mut got, &mut GemmScratch::new(), Par::Seq)
+                crate::wna16_gemm(ks, m, &x, &w, &mut got, &mut GemmScratch::new(), Par::Seq)
                     .unwrap();
                 for r in 0..m {
                     let row = &x[r * k..][..k];
@@ -683,7 +705,7 @@ mod tests {
                         let got = f64::from(got[r * n + c]);
                         assert!(
                             (got - want).abs() <= grid + 1e-5 * mag,
-                            "k={k} g={g:?} m={m}: out[{r},{c}] = {got}, want {want} (grid {grid})"
+                            "{body}: k={k} g={g:?} m={m}: out[{r},{c}] = {got}, want {want} (grid {grid})"
                         );
                     }
                 }
@@ -695,7 +717,12 @@ mod tests {
     /// gives the bias; a row of tiny values keeps its precision.
     #[test]
     fn integer_body_rows_of_non_finite_zero_and_tiny_values() {
-        let Some(ks) = set() else { return };
+        for (body, ks) in bodies() {
+            rows_of_non_finite_zero_and_tiny_values(body, &ks);
+        }
+    }
+
+    fn rows_of_non_finite_zero_and_tiny_values(body: &str, ks: &crate::KernelSet) {
         let mut rng = SplitMix64::new(0x15d);
         let (n, k, m) = (20usize, 96usize, 6usize);
         let w = weights(&mut rng, n, k, Some(32), false, false);
@@ -707,19 +734,19 @@ mod tests {
             *v *= 1e-35;
         }
         let mut got = vec![0f32; m * n];
-        crate::wna16_gemm(&ks, m, &x, &w, &mut got, &mut GemmScratch::new(), Par::Seq).unwrap();
+        crate::wna16_gemm(ks, m, &x, &w, &mut got, &mut GemmScratch::new(), Par::Seq).unwrap();
         let f32_def = crate::wna16_reference(m, &x, &w);
         for (r, row) in got.chunks_exact(n).enumerate() {
             assert_eq!(
                 row.iter().all(|v| v.is_nan()),
                 r == 1 || r == 2,
-                "row {r}: {row:?}"
+                "{body}: row {r}: {row:?}"
             );
             if r == 3 {
                 assert_eq!(
                     row,
                     &w.bias().unwrap()[..n],
-                    "an all-zero row gives the bias"
+                    "{body}: an all-zero row gives the bias"
                 );
             }
             if r == 4 {
@@ -728,7 +755,7 @@ mod tests {
                     let (a, b) = (row[c] - bias[c], f32_def[r * n + c] - bias[c]);
                     assert!(
                         (a - b).abs() <= 1e-3 * b.abs() + 1e-40,
-                        "tiny row, channel {c}: {a:e} vs {b:e}"
+                        "{body}: tiny row, channel {c}: {a:e} vs {b:e}"
                     );
                 }
             }

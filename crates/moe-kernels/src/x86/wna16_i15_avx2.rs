@@ -1,0 +1,432 @@
+//! The WNA16 body for int4 integer codes on AVX2 (`vpmaddwd`), with each row of activations
+//! quantized to 15-bit integers once per GEMM (the numerics of [`crate::wna16_i15`], which
+//! this body equals bit for bit, as the AVX-512 VNNI body does).
+//!
+//! AVX2 multiplies bytes only through `vpmaddubsw`, whose 16-bit pair sums would need the
+//! activations split into two bytes and a second widening step; `vpmaddwd` instead multiplies
+//! 16-bit pairs into exact 32-bit sums (`|c·q| ≤ 15·16383`), so each activation stays one
+//! 16-bit integer. A 32-byte half of a packed int4 step holds 8 channels, one per 32-bit lane,
+//! nibble `j` = K value `8s + j`: a shift by `4j` and an AND with `0x000F000F` leave K values
+//! `j` and `j + 4` as the lane's two 16-bit halves. The activations are laid out per step as
+//! four 32-bit words, `(q_j, q_{j+4})` for `j = 0..4` ([`fill`]), each broadcast to all lanes,
+//! so four `vpmaddwd` per half and row do the step's 64 multiply-adds of that half into
+//! integer sums, which the block's end turns into f32 exactly as the scalar twin does.
+//!
+//! Rows run in blocks of [`ROW_BLOCK`] over all of the call's panels, each panel in tiles of
+//! up to [`MR`] rows: the codes a step decodes serve every row of the tile.
+
+// Register arrays are indexed by row in lockstep; index loops read clearer than zips here.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::actquant::load8;
+use super::wna16::prefetch_ahead;
+use super::wna16::ymm::load_scales;
+use crate::dispatch::Int4Dot;
+use crate::packed::{PANEL, PackedWna16};
+use crate::wna16::{Int4DotJob, Int4DotLayout, walk_row_blocks};
+use crate::wna16_i15::{Blocks, MAX_Q, RowScale};
+
+/// Rows per tile: 4 rows × 2 integer sums, a half step's 4 decoded code vectors and the
+/// broadcast activations fit the 16 registers.
+const MR: usize = 4;
+
+/// Rows that run over all of a call's panels before the next rows start.
+const ROW_BLOCK: usize = 64;
+
+/// Bytes of one step of a row's activations: four words of two 16-bit integers.
+const STEP_BYTES: usize = 16;
+
+/// Bytes before a row's first step: its scale and post factor (f32 each), then zeros.
+const HEADER_BYTES: usize = 16;
+
+/// Where K value `kk` of a row's steps lies, in bytes from the first step.
+#[cfg(test)]
+fn byte_offset(kk: usize) -> usize {
+    let j = kk % crate::packed::wna16::K_STEP;
+    kk / crate::packed::wna16::K_STEP * STEP_BYTES + 4 * (j % 4) + 2 * (j / 4)
+}
+
+/// Lays out `m` rows of `x` for the body: per row a [`HEADER_BYTES`] header (the row's scale
+/// and post factor, see [`RowScale`]) and then, per step, the 16-bit integers of K values
+/// `8s + 0, 4, 1, 5, 2, 6, 3, 7`, K past its end as zeros. Writes each row's activation sums
+/// per block into `sums`, row-major.
+///
+/// # Safety
+/// - The CPU has AVX2; `x` holds `m·K` values of `w`.
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn fill(
+    x: &[f32],
+    m: usize,
+    w: &PackedWna16,
+    sums: &mut Vec<f32>,
+    dst: &mut Vec<u8>,
+) -> Int4DotLayout {
+    let (k, ks) = (w.k(), w.k_steps());
+    let blocks = Blocks::of(w);
+    let nb = blocks.count(w.n_groups());
+    let row_bytes = HEADER_BYTES + ks * STEP_BYTES;
+    if dst.len() < m * row_bytes {
+        dst.resize(m * row_bytes, 0);
+    }
+    sums.clear();
+    sums.resize(m * nb, 0.0);
+    for ((row, out), row_sums) in x
+        .chunks_exact(k)
+        .zip(dst.chunks_exact_mut(row_bytes))
+        .zip(sums.chunks_exact_mut(nb.max(1)))
+        .take(m)
+    {
+        let rs = RowScale::of_amax(amax(row));
+        let (head, steps) = out.split_at_mut(HEADER_BYTES);
+        head.fill(0);
+        head[..4].copy_from_slice(&rs.scale.to_le_bytes());
+        head[4..8].copy_from_slice(&rs.post.to_le_bytes());
+        let (mut block, mut sum) = (0, _mm256_setzero_si256());
+        for (s, step) in steps.chunks_exact_mut(STEP_BYTES).enumerate() {
+            let kk = 8 * s;
+            let q = quantize8(row, kk, &rs);
+            step.copy_from_slice(&interleave(q));
+            // A block holds whole steps, so a step's eight integers share one.
+            let b = blocks.of_k(kk);
+            if b != block {
+                row_sums[block] = sum_lanes(sum) as f32;
+                (block, sum) = (b, _mm256_setzero_si256());
+            }
+            sum = _mm256_add_epi32(sum, q);
+        }
+        if nb > 0 {
+            row_sums[block] = sum_lanes(sum) as f32;
+        }
+    }
+    Int4DotLayout {
+        len: m * row_bytes,
+        row_bytes,
+    }
+}
+
+/// Values `lo..lo + 8` of `row`, zeros past its end.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn load8_padded(row: &[f32], lo: usize) -> __m256 {
+    match row.get(lo..lo + 8) {
+        Some(v) => load8(v.try_into().expect("8 values")),
+        None => {
+            let mut buf = [0f32; 8];
+            let tail = &row[lo.min(row.len())..];
+            buf[..tail.len()].copy_from_slice(tail);
+            load8(&buf)
+        }
+    }
+}
+
+/// The largest magnitude of `row`, NaN when it holds a NaN or an infinity.
+#[target_feature(enable = "avx2")]
+fn amax(row: &[f32]) -> f32 {
+    let abs_mask = _mm256_set1_epi32(0x7FFF_FFFF);
+    let finite_top = _mm256_set1_epi32(0x7F7F_FFFF);
+    let (mut top, mut bad) = (_mm256_setzero_ps(), _mm256_setzero_si256());
+    for lo in (0..row.len()).step_by(8) {
+        let a = _mm256_and_si256(_mm256_castps_si256(load8_padded(row, lo)), abs_mask);
+        // `a` is not finite exactly when its bits pass those of the largest finite f32.
+        bad = _mm256_or_si256(bad, _mm256_cmpgt_epi32(a, finite_top));
+        top = _mm256_max_ps(top, _mm256_castsi256_ps(a));
+    }
+    if _mm256_movemask_epi8(bad) != 0 {
+        return f32::NAN;
+    }
+    let mut lanes = [0f32; 8];
+    // SAFETY: `lanes` is 8 writable f32; the store is unaligned.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), top) };
+    lanes.iter().fold(0f32, |m, &v| m.max(v))
+}
+
+/// The integers of values `lo..lo + 8` of `row` (zeros past its end), as
+/// [`RowScale::quantize`] makes them: `x · lift · inv` rounded half to even, clamped.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn quantize8(row: &[f32], lo: usize, rs: &RowScale) -> __m256i {
+    let v = _mm256_mul_ps(load8_padded(row, lo), _mm256_set1_ps(rs.lift));
+    let v = _mm256_mul_ps(v, _mm256_set1_ps(rs.inv));
+    let v = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+    _mm256_max_epi32(
+        _mm256_min_epi32(_mm256_cvttps_epi32(v), _mm256_set1_epi32(MAX_Q)),
+        _mm256_set1_epi32(-MAX_Q),
+    )
+}
+
+/// The 16 bytes of one step's eight integers (see [`fill`]).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn interleave(q: __m256i) -> [u8; STEP_BYTES] {
+    // The integers fit 16 bits, so the saturating pack is exact: 16-bit values 0..8 in order.
+    let packed = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q));
+    let order = _mm_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+    let ordered = _mm_shuffle_epi8(packed, order);
+    let mut bytes = [0u8; STEP_BYTES];
+    // SAFETY: `bytes` is 16 writable bytes; the store is unaligned.
+    unsafe { _mm_storeu_si128(bytes.as_mut_ptr().cast(), ordered) };
+    bytes
+}
+
+/// The sum of the eight lanes.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn sum_lanes(v: __m256i) -> i32 {
+    let mut lanes = [0i32; 8];
+    // SAFETY: `lanes` is 8 writable i32; the store is unaligned.
+    unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), v) };
+    lanes.iter().sum()
+}
+
+/// Broadcasts word `j` of a step's activations to all 8 lanes.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn broadcast_word(step: &[u8; STEP_BYTES], j: usize) -> __m256i {
+    let word: &[u8; 4] = step[4 * j..4 * j + 4].try_into().expect("4 bytes");
+    _mm256_set1_epi32(i32::from_le_bytes(*word))
+}
+
+/// Loads channels `8h..8h + 8` of a step.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn load_half(step: &[u32; PANEL], h: usize) -> __m256i {
+    let half: &[u32; 8] = step[8 * h..8 * h + 8].try_into().expect("8 words");
+    // SAFETY: the reference covers 32 readable bytes; the load is unaligned.
+    unsafe { _mm256_loadu_si256(half.as_ptr().cast()) }
+}
+
+/// A group's 16 zero points, as f32.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn load_zeros(z: &[u8; PANEL]) -> [__m256; 2] {
+    // SAFETY: the reference covers 16 readable bytes; the load is unaligned.
+    let bytes = unsafe { _mm_loadu_si128(z.as_ptr().cast()) };
+    [
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)),
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(bytes, bytes))),
+    ]
+}
+
+/// The f32 at byte `at` of a row's header.
+fn header_f32(row: &[u8], at: usize) -> f32 {
+    f32::from_le_bytes(row[at..at + 4].try_into().expect("4 bytes"))
+}
+
+/// Rows `m0..m0 + R` of panel `p` (see the module docs).
+///
+/// # Safety
+/// - The CPU has AVX2, FMA and F16C; the job satisfies [`crate::wna16::Int4DotPanelsFn`]'s
+///   contract for panel `p` with this module's [`fill`], and `m0 + R ≤ job.m`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile<const R: usize, const ASYM: bool>(job: &Int4DotJob<'_>, p: usize, m0: usize) {
+    let w = job.w;
+    let (ks, ng) = (w.k_steps(), w.n_groups());
+    let blocks = Blocks::of(w);
+    let nb = blocks.count(ng);
+    let (codes, _) = w.codes()[p * ks * PANEL..][..ks * PANEL].as_chunks::<PANEL>();
+    let rows: [&[u8]; R] =
+        std::array::from_fn(|r| &job.pairs[(m0 + r) * job.row_bytes..][..job.row_bytes]);
+    let acts: [&[[u8; STEP_BYTES]]; R] =
+        std::array::from_fn(|r| rows[r][HEADER_BYTES..].as_chunks().0);
+    let pair_mask = _mm256_set1_epi32(0x000F_000F);
+    let zeros = w
+        .zeros()
+        .map(|z| z[p * ng * PANEL..][..ng * PANEL].as_chunks::<PANEL>().0);
+    let symmetric = [_mm256_set1_ps(f32::from(w.symmetric_zero())); 2];
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    for g in 0..ng {
+        let scale = load_scales(w, p, g, 0);
+        let zero = match zeros {
+            Some(z) if ASYM => load_zeros(&z[g]),
+            _ => symmetric,
+        };
+        for i in 0..blocks.per_group {
+            let steps = blocks.steps(g, i);
+            if steps.is_empty() {
+                continue;
+            }
+            let mut sum = [[_mm256_setzero_si256(); 2]; R];
+            for s in steps {
+                prefetch_ahead(&codes[s]);
+                for h in 0..2 {
+                    let v = load_half(&codes[s], h);
+                    let c = [
+                        _mm256_and_si256(v, pair_mask),
+                        _mm256_and_si256(_mm256_srli_epi32::<4>(v), pair_mask),
+                        _mm256_and_si256(_mm256_srli_epi32::<8>(v), pair_mask),
+                        _mm256_and_si256(_mm256_srli_epi32::<12>(v), pair_mask),
+                    ];
+                    for r in 0..R {
+                        let a = &acts[r][s];
+                        let d01 = _mm256_add_epi32(
+                            _mm256_madd_epi16(c[0], broadcast_word(a, 0)),
+                            _mm256_madd_epi16(c[1], broadcast_word(a, 1)),
+                        );
+                        let d23 = _mm256_add_epi32(
+                            _mm256_madd_epi16(c[2], broadcast_word(a, 2)),
+                            _mm256_madd_epi16(c[3], broadcast_word(a, 3)),
+                        );
+                        sum[r][h] = _mm256_add_epi32(sum[r][h], _mm256_add_epi32(d01, d23));
+                    }
+                }
+            }
+            let b = g * blocks.per_group + i;
+            for r in 0..R {
+                let xsum = _mm256_set1_ps(job.group_sums[(m0 + r) * nb + b]);
+                for h in 0..2 {
+                    let t = _mm256_fnmadd_ps(zero[h], xsum, _mm256_cvtepi32_ps(sum[r][h]));
+                    acc[r][h] = _mm256_fmadd_ps(t, scale[h], acc[r][h]);
+                }
+            }
+        }
+    }
+    let mut out = [[0f32; PANEL]; R];
+    for r in 0..R {
+        let (s, post) = (header_f32(rows[r], 0), header_f32(rows[r], 4));
+        for h in 0..2 {
+            let scaled = _mm256_mul_ps(acc[r][h], _mm256_set1_ps(s));
+            let v = _mm256_mul_ps(scaled, _mm256_set1_ps(post));
+            // SAFETY: `out[r]` holds 16 f32, of which this writes 8 from `8h` (h < 2).
+            unsafe { _mm256_storeu_ps(out[r][8 * h..].as_mut_ptr(), v) };
+        }
+    }
+    // SAFETY: rows `m0..m0 + R` of panel `p` are ours to write (our contract).
+    unsafe { crate::wna16_tile::store_rows(w, job.out, p, m0, 0, &mut out) };
+}
+
+/// One row-count instance of [`tile`].
+type TileFn = unsafe fn(&Int4DotJob<'_>, usize, usize);
+
+/// The instance of [`tile`] for `rows` rows (1 to [`MR`]).
+fn tile_fn<const ASYM: bool>(rows: usize) -> TileFn {
+    match rows {
+        1 => tile::<1, ASYM>,
+        2 => tile::<2, ASYM>,
+        3 => tile::<3, ASYM>,
+        _ => tile::<MR, ASYM>,
+    }
+}
+
+/// The entry (see [`crate::wna16::Int4DotPanelsFn`]): rows in blocks of [`ROW_BLOCK`], each
+/// block over `panels` in row tiles of up to [`MR`].
+///
+/// # Safety
+/// - As [`crate::wna16::Int4DotPanelsFn`], on a CPU with AVX2, FMA and F16C, `job.pairs` and
+///   `job.group_sums` made by this module's [`fill`].
+pub(crate) unsafe fn entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
+    let asym = job.w.zeros().is_some();
+    walk_row_blocks(job.m, panels, ROW_BLOCK, MR, |p, m0, rows| {
+        let f = if asym {
+            tile_fn::<true>(rows)
+        } else {
+            tile_fn::<false>(rows)
+        };
+        // SAFETY: rows `m0..m0 + rows` lie within `0..m` (the walk), panel `p` is the caller's,
+        // and the caller's CPU has the features the tile needs.
+        unsafe { f(job, p, m0) };
+    });
+}
+
+/// This body as a kernel set's int4 dot-product body, for GEMMs of `min_m` rows up to
+/// `max_m` (exclusive) on int4 integer codes.
+pub(crate) fn body(min_m: usize, max_m: usize) -> Int4Dot {
+    Int4Dot {
+        unit: "avx2 16-bit dot products on codes decoded in registers",
+        activations: "15-bit integer activations",
+        codes: " for integer codes",
+        min_m,
+        max_m,
+        serves: |w, _| crate::wna16_i15::serves(w),
+        fill,
+        entry,
+    }
+}
+
+/// The AVX2 set with this body at every row count, where the CPU has AVX2, FMA and F16C
+/// (tests).
+#[cfg(test)]
+pub(crate) fn kernel_set() -> Option<crate::KernelSet> {
+    if !(std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c")) {
+        return None;
+    }
+    let ks = super::kernel_set(crate::Isa::Avx2)?.without_wna16_int4_dot();
+    // SAFETY: the set exists, so the CPU has AVX2; FMA and F16C were detected just above.
+    Some(unsafe { ks.with_wna16_int4_dot(body(1, usize::MAX)) })
+}
+
+#[cfg(test)]
+mod tests {
+    use moe_testutil::SplitMix64;
+
+    use super::{HEADER_BYTES, STEP_BYTES, byte_offset, kernel_set};
+    use crate::PackedWna16;
+    use crate::packed::wna16::K_STEP;
+    use crate::wna16_i15::{Blocks, RowScale};
+
+    /// The layout holds each value's quantized integer at its place, the row's scale and post
+    /// factor in the header, zeros past K, and each block's exact sum of the integers.
+    #[test]
+    fn fill_lays_out_16_bit_pairs_and_block_sums() {
+        if kernel_set().is_none() {
+            eprintln!("note: skipping the AVX2 integer WNA16 layout: no AVX2, FMA or F16C");
+            return;
+        }
+        let mut rng = SplitMix64::new(0x15e);
+        for (m, k, group) in [
+            (1usize, 8usize, 8usize),
+            (3, 37, 37),
+            (2, 72, 16),
+            (4, 45, 40),
+            (2, 2500, 2500),
+            (3, 2100, 2048),
+        ] {
+            let mut x = rng.vec_uniform(m * k, -3.0, 3.0);
+            if m > 2 {
+                // A tiny row, lifted before it is quantized.
+                for v in &mut x[2 * k..3 * k] {
+                    *v *= 1e-33;
+                }
+            }
+            let w = PackedWna16::int4_for_layout(k, group, false);
+            let blocks = Blocks::of(&w);
+            let nb = blocks.count(w.n_groups());
+            let (mut dst, mut sums) = (vec![0xAA; 7], vec![5.0; 3]);
+            // SAFETY: the set exists, so the CPU has AVX2; `x` holds `m·k`.
+            let layout = unsafe { super::fill(&x, m, &w, &mut sums, &mut dst) };
+            let row_bytes = layout.row_bytes;
+            assert_eq!(row_bytes, HEADER_BYTES + k.div_ceil(K_STEP) * STEP_BYTES);
+            assert_eq!(layout.len, m * row_bytes);
+            assert_eq!(sums.len(), m * nb);
+            for r in 0..m {
+                let row = &x[r * k..][..k];
+                let rs = RowScale::of_row(row);
+                let bytes = &dst[r * row_bytes..][..row_bytes];
+                let header = |at: usize| f32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+                assert_eq!(header(0).to_bits(), rs.scale.to_bits());
+                assert_eq!(header(4).to_bits(), rs.post.to_bits());
+                assert!(bytes[8..HEADER_BYTES].iter().all(|&b| b == 0));
+                let steps = &bytes[HEADER_BYTES..];
+                let mut want_sums = vec![0i64; nb];
+                for kk in 0..k.next_multiple_of(K_STEP) {
+                    let at = byte_offset(kk);
+                    let got = i16::from_le_bytes([steps[at], steps[at + 1]]);
+                    let q = if kk < k { rs.quantize(row[kk]) } else { 0 };
+                    assert_eq!(i32::from(got), q, "m={m} k={k} row {r} K value {kk}");
+                    if kk < k {
+                        want_sums[blocks.of_k(kk)] += i64::from(q);
+                    }
+                }
+                for (b, &want) in want_sums.iter().enumerate() {
+                    assert_eq!(
+                        sums[r * nb + b],
+                        want as f32,
+                        "m={m} k={k} row {r} block {b}"
+                    );
+                }
+            }
+        }
+    }
+}
