@@ -1183,35 +1183,39 @@ fn steps_from_tile(tile: &[u8], bits: u32, k: usize, perm: Option<&[u32]>, codes
 /// The packed int4 steps of AWQ words in K order: the eight words holding a step's eight K
 /// values of eight channels are an 8 × 8 matrix of nibbles (row = K value, field = channel in
 /// AWQ's order); transposed, field `f` becomes the step word of the channel stored in field
-/// `f`. No byte per code is made.
+/// `f`. No byte per code is made. AWQ's words are row-major `[K, N/8]`, so the steps of
+/// [`PANELS_PER_PASS`] panels are made together, K step by K step: each stored row is read a
+/// run of channels at a time rather than one word per row and panel.
 fn gather_awq(at: &[ChannelWords<'_>], k: usize) -> Vec<u32> {
     let k_steps = k.div_ceil(K_STEP);
-    let n_panels = at.len().div_ceil(PANEL);
-    let mut codes = Vec::with_capacity(n_panels * k_steps * PANEL);
-    for panel in at.chunks(PANEL) {
+    let panels: Vec<&[ChannelWords<'_>]> = at.chunks(PANEL).collect();
+    // Channels past N stay 0 in the last panel.
+    let mut codes = vec![0u32; panels.len() * k_steps * PANEL];
+    for (pass, group) in panels.chunks(PANELS_PER_PASS).enumerate() {
         for s in 0..k_steps {
-            // Channels past N stay 0 in the last panel.
-            let mut step = [0u32; PANEL];
-            // Every run holds whole words of eight channels and panels start at multiples of
-            // 16, so each half panel is one stored word column of one run.
-            for (half, chans) in panel.chunks(AWQ_PACK).enumerate() {
-                let ch = chans[0];
-                let mut m = [0u32; AWQ_PACK];
-                for (r, v) in m.iter_mut().enumerate() {
-                    let kk = s * K_STEP + r;
-                    if kk < k {
-                        *v = u32::from_le_bytes(ch.words[ch.first + kk * ch.stride]);
+            for (i, panel) in group.iter().enumerate() {
+                let p = pass * PANELS_PER_PASS + i;
+                let step = &mut codes[(p * k_steps + s) * PANEL..][..PANEL];
+                // Every run holds whole words of eight channels and panels start at multiples
+                // of 16, so each half panel is one stored word column of one run.
+                for (half, chans) in panel.chunks(AWQ_PACK).enumerate() {
+                    let ch = chans[0];
+                    let mut m = [0u32; AWQ_PACK];
+                    for (r, v) in m.iter_mut().enumerate() {
+                        let kk = s * K_STEP + r;
+                        if kk < k {
+                            *v = u32::from_le_bytes(ch.words[ch.first + kk * ch.stride]);
+                        }
+                    }
+                    transpose_nibbles(&mut m);
+                    for (c, out) in step[half * AWQ_PACK..][..chans.len()]
+                        .iter_mut()
+                        .enumerate()
+                    {
+                        *out = m[AWQ_FIELD_OF_CHANNEL[c]];
                     }
                 }
-                transpose_nibbles(&mut m);
-                for (c, out) in step[half * AWQ_PACK..][..chans.len()]
-                    .iter_mut()
-                    .enumerate()
-                {
-                    *out = m[AWQ_FIELD_OF_CHANNEL[c]];
-                }
             }
-            codes.extend_from_slice(&step);
         }
     }
     codes
