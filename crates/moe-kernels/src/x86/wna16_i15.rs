@@ -62,8 +62,9 @@ const ROW_BLOCK: usize = 64;
 /// Bytes of one step of a row's activations: four words of four bytes.
 const STEP_BYTES: usize = 16;
 
-/// Bytes before a row's first step: its scale and post factor (f32 each), then zeros.
-const HEADER_BYTES: usize = 16;
+/// Bytes before a row's first step: its scale and post factor (f32 each), then zeros (the
+/// AVX2 body's rows start the same way).
+pub(super) const HEADER_BYTES: usize = 16;
 
 /// Where K value `kk` of a row's steps lies, in bytes from the first step, for its high byte
 /// (`low` false) or its low byte.
@@ -466,7 +467,7 @@ pub(crate) fn kernel_set() -> Option<crate::KernelSet> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(in crate::x86) mod tests {
     use half::{bf16, f16};
     use moe_testutil::SplitMix64;
 
@@ -544,6 +545,23 @@ mod tests {
         if set().is_none() {
             return;
         }
+        check_fill_layout(super::fill, 16, |steps, kk| {
+            let hi = steps[byte_offset(kk, false)] as i8;
+            let lo = steps[byte_offset(kk, true)];
+            assert!(lo < 128, "K value {kk}: low byte {lo}");
+            128 * i32::from(hi) + i32::from(lo)
+        });
+    }
+
+    /// Checks an integer body's `fill` on ragged shapes (a tiny row among them): per row the
+    /// header holds its scale and post factor then zeros, `value_at(steps, kk)` reads back
+    /// K value `kk` from the row's steps (`step_bytes` each) as the row's quantized integer
+    /// (0 past K), and `sums` holds each block's exact sum of them.
+    pub(in crate::x86) fn check_fill_layout(
+        fill: crate::wna16::Int4DotFillFn,
+        step_bytes: usize,
+        value_at: impl Fn(&[u8], usize) -> i32,
+    ) {
         let mut rng = SplitMix64::new(0x15a);
         for (m, k, group) in [
             (1usize, 8usize, 8usize),
@@ -564,37 +582,26 @@ mod tests {
             let blocks = Blocks::of(&w);
             let nb = blocks.count(w.n_groups());
             let (mut dst, mut sums) = (vec![0xAA; 7], vec![5.0; 3]);
-            // SAFETY: the set exists, so the CPU has AVX-512 F/BW/VL/VNNI; `x` holds `m·k`.
-            let layout = unsafe { super::fill(&x, m, &w, &mut sums, &mut dst) };
+            // SAFETY: the callers hold the body's kernel set, so the CPU has its features;
+            // `x` holds `m·k`.
+            let layout = unsafe { fill(&x, m, &w, &mut sums, &mut dst) };
             let row_bytes = layout.row_bytes;
-            assert_eq!(row_bytes, HEADER_BYTES + k.div_ceil(K_STEP) * 16);
+            assert_eq!(row_bytes, HEADER_BYTES + k.div_ceil(K_STEP) * step_bytes);
             assert_eq!(layout.len, m * row_bytes);
             assert_eq!(sums.len(), m * nb);
             for r in 0..m {
                 let row = &x[r * k..][..k];
                 let rs = RowScale::of_row(row);
                 let bytes = &dst[r * row_bytes..][..row_bytes];
-                assert_eq!(
-                    f32::from_le_bytes(bytes[..4].try_into().unwrap()).to_bits(),
-                    rs.scale.to_bits()
-                );
-                assert_eq!(
-                    f32::from_le_bytes(bytes[4..8].try_into().unwrap()).to_bits(),
-                    rs.post.to_bits()
-                );
+                let header = |at: usize| f32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+                assert_eq!(header(0).to_bits(), rs.scale.to_bits());
+                assert_eq!(header(4).to_bits(), rs.post.to_bits());
                 assert!(bytes[8..HEADER_BYTES].iter().all(|&b| b == 0));
                 let steps = &bytes[HEADER_BYTES..];
                 let mut want_sums = vec![0i64; nb];
                 for kk in 0..k.next_multiple_of(K_STEP) {
-                    let hi = steps[byte_offset(kk, false)] as i8;
-                    let lo = steps[byte_offset(kk, true)];
                     let q = if kk < k { rs.quantize(row[kk]) } else { 0 };
-                    assert_eq!(
-                        128 * i32::from(hi) + i32::from(lo),
-                        q,
-                        "m={m} k={k} row {r} K value {kk}"
-                    );
-                    assert!(lo < 128);
+                    assert_eq!(value_at(steps, kk), q, "m={m} k={k} row {r} K value {kk}");
                     if kk < k {
                         want_sums[blocks.of_k(kk)] += i64::from(q);
                     }

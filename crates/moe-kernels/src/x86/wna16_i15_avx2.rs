@@ -24,6 +24,7 @@ use std::ops::Range;
 use super::actquant::load8;
 use super::wna16::prefetch_ahead;
 use super::wna16::ymm::load_scales;
+use super::wna16_i15::HEADER_BYTES;
 use crate::dispatch::Int4Dot;
 use crate::packed::{PANEL, PackedWna16};
 use crate::wna16::{Int4DotJob, Int4DotLayout, walk_row_blocks};
@@ -38,9 +39,6 @@ const ROW_BLOCK: usize = 64;
 
 /// Bytes of one step of a row's activations: four words of two 16-bit integers.
 const STEP_BYTES: usize = 16;
-
-/// Bytes before a row's first step: its scale and post factor (f32 each), then zeros.
-const HEADER_BYTES: usize = 16;
 
 /// Where K value `kk` of a row's steps lies, in bytes from the first step.
 #[cfg(test)]
@@ -359,74 +357,21 @@ pub(crate) fn kernel_set() -> Option<crate::KernelSet> {
 
 #[cfg(test)]
 mod tests {
-    use moe_testutil::SplitMix64;
+    use super::{STEP_BYTES, byte_offset, kernel_set};
+    use crate::x86::wna16_i15::tests::check_fill_layout;
 
-    use super::{HEADER_BYTES, STEP_BYTES, byte_offset, kernel_set};
-    use crate::PackedWna16;
-    use crate::packed::wna16::K_STEP;
-    use crate::wna16_i15::{Blocks, RowScale};
-
-    /// The layout holds each value's quantized integer at its place, the row's scale and post
-    /// factor in the header, zeros past K, and each block's exact sum of the integers.
+    /// The layout holds each value's quantized integer as a 16-bit pair half at its place,
+    /// the row's scale and post factor in the header, zeros past K, and each block's exact
+    /// sum of the integers.
     #[test]
     fn fill_lays_out_16_bit_pairs_and_block_sums() {
         if kernel_set().is_none() {
             eprintln!("note: skipping the AVX2 integer WNA16 layout: no AVX2, FMA or F16C");
             return;
         }
-        let mut rng = SplitMix64::new(0x15e);
-        for (m, k, group) in [
-            (1usize, 8usize, 8usize),
-            (3, 37, 37),
-            (2, 72, 16),
-            (4, 45, 40),
-            (2, 2500, 2500),
-            (3, 2100, 2048),
-        ] {
-            let mut x = rng.vec_uniform(m * k, -3.0, 3.0);
-            if m > 2 {
-                // A tiny row, lifted before it is quantized.
-                for v in &mut x[2 * k..3 * k] {
-                    *v *= 1e-33;
-                }
-            }
-            let w = PackedWna16::int4_for_layout(k, group, false);
-            let blocks = Blocks::of(&w);
-            let nb = blocks.count(w.n_groups());
-            let (mut dst, mut sums) = (vec![0xAA; 7], vec![5.0; 3]);
-            // SAFETY: the set exists, so the CPU has AVX2; `x` holds `m·k`.
-            let layout = unsafe { super::fill(&x, m, &w, &mut sums, &mut dst) };
-            let row_bytes = layout.row_bytes;
-            assert_eq!(row_bytes, HEADER_BYTES + k.div_ceil(K_STEP) * STEP_BYTES);
-            assert_eq!(layout.len, m * row_bytes);
-            assert_eq!(sums.len(), m * nb);
-            for r in 0..m {
-                let row = &x[r * k..][..k];
-                let rs = RowScale::of_row(row);
-                let bytes = &dst[r * row_bytes..][..row_bytes];
-                let header = |at: usize| f32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
-                assert_eq!(header(0).to_bits(), rs.scale.to_bits());
-                assert_eq!(header(4).to_bits(), rs.post.to_bits());
-                assert!(bytes[8..HEADER_BYTES].iter().all(|&b| b == 0));
-                let steps = &bytes[HEADER_BYTES..];
-                let mut want_sums = vec![0i64; nb];
-                for kk in 0..k.next_multiple_of(K_STEP) {
-                    let at = byte_offset(kk);
-                    let got = i16::from_le_bytes([steps[at], steps[at + 1]]);
-                    let q = if kk < k { rs.quantize(row[kk]) } else { 0 };
-                    assert_eq!(i32::from(got), q, "m={m} k={k} row {r} K value {kk}");
-                    if kk < k {
-                        want_sums[blocks.of_k(kk)] += i64::from(q);
-                    }
-                }
-                for (b, &want) in want_sums.iter().enumerate() {
-                    assert_eq!(
-                        sums[r * nb + b],
-                        want as f32,
-                        "m={m} k={k} row {r} block {b}"
-                    );
-                }
-            }
-        }
+        check_fill_layout(super::fill, STEP_BYTES, |steps, kk| {
+            let at = byte_offset(kk);
+            i32::from(i16::from_le_bytes([steps[at], steps[at + 1]]))
+        });
     }
 }
