@@ -114,9 +114,7 @@ pub(crate) unsafe fn fill(
     {
         let rs = RowScale::of_amax(amax(row));
         let (head, steps) = out.split_at_mut(HEADER_BYTES);
-        head.fill(0);
-        head[..4].copy_from_slice(&rs.scale.to_le_bytes());
-        head[4..8].copy_from_slice(&rs.post.to_le_bytes());
+        write_header(head, &rs);
         let (mut block, mut sum) = (0, _mm512_setzero_si512());
         // Sixteen K values (two steps, 32 bytes) at a time; the last may be one step.
         for (c, chunk) in steps.chunks_mut(2 * STEP_BYTES).enumerate() {
@@ -218,9 +216,18 @@ fn broadcast_word(step: &[u8; STEP_BYTES], j: usize) -> __m512i {
     _mm512_set1_epi32(i32::from_le_bytes(*word))
 }
 
-/// The f32 at byte `at` of a row's header.
-fn header_f32(row: &[u8], at: usize) -> f32 {
-    f32::from_le_bytes(row[at..at + 4].try_into().expect("4 bytes"))
+/// Writes a row's header: its scale and post factor (f32 each), then zeros. The AVX2 body's
+/// rows start the same way.
+pub(super) fn write_header(head: &mut [u8], rs: &RowScale) {
+    head.fill(0);
+    head[..4].copy_from_slice(&rs.scale.to_le_bytes());
+    head[4..8].copy_from_slice(&rs.post.to_le_bytes());
+}
+
+/// A row's scale and post factor, from its header.
+pub(super) fn read_header(row: &[u8]) -> (f32, f32) {
+    let at = |i: usize| f32::from_le_bytes(row[i..i + 4].try_into().expect("4 bytes"));
+    (at(0), at(4))
 }
 
 /// Rows `m0..m0 + R` of panel `p` (see the module docs), `C` chains per integer sum.
@@ -289,8 +296,9 @@ unsafe fn tile<const R: usize, const C: usize, const ASYM: bool>(
         }
     }
     for r in 0..R {
-        let scaled = _mm512_mul_ps(acc[r], _mm512_set1_ps(header_f32(rows[r], 0)));
-        acc[r] = _mm512_mul_ps(scaled, _mm512_set1_ps(header_f32(rows[r], 4)));
+        let (scale, post) = read_header(rows[r]);
+        let scaled = _mm512_mul_ps(acc[r], _mm512_set1_ps(scale));
+        acc[r] = _mm512_mul_ps(scaled, _mm512_set1_ps(post));
     }
     // SAFETY: rows `m0..m0 + R` of panel `p` are ours to write (our contract).
     unsafe { store_panel_rows(w, job.out, p, m0, acc) };
@@ -367,8 +375,9 @@ unsafe fn tile2<const R: usize, const ASYM: bool>(job: &Int4DotJob<'_>, p: usize
     }
     for j in 0..2 {
         for r in 0..R {
-            let scaled = _mm512_mul_ps(acc[j][r], _mm512_set1_ps(header_f32(rows[r], 0)));
-            acc[j][r] = _mm512_mul_ps(scaled, _mm512_set1_ps(header_f32(rows[r], 4)));
+            let (scale, post) = read_header(rows[r]);
+            let scaled = _mm512_mul_ps(acc[j][r], _mm512_set1_ps(scale));
+            acc[j][r] = _mm512_mul_ps(scaled, _mm512_set1_ps(post));
         }
         // SAFETY: rows `m0..m0 + R` of panel `p + j` are ours to write (our contract).
         unsafe { store_panel_rows(w, job.out, p + j, m0, acc[j]) };

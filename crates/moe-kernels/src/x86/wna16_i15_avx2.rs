@@ -24,7 +24,7 @@ use std::ops::Range;
 use super::actquant::load8;
 use super::wna16::prefetch_ahead;
 use super::wna16::ymm::load_scales;
-use super::wna16_i15::HEADER_BYTES;
+use super::wna16_i15::{HEADER_BYTES, read_header, write_header};
 use crate::dispatch::Int4Dot;
 use crate::packed::{PANEL, PackedWna16};
 use crate::wna16::{Int4DotJob, Int4DotLayout, walk_row_blocks};
@@ -79,9 +79,7 @@ pub(crate) unsafe fn fill(
     {
         let rs = RowScale::of_amax(amax(row));
         let (head, steps) = out.split_at_mut(HEADER_BYTES);
-        head.fill(0);
-        head[..4].copy_from_slice(&rs.scale.to_le_bytes());
-        head[4..8].copy_from_slice(&rs.post.to_le_bytes());
+        write_header(head, &rs);
         let (mut block, mut sum) = (0, _mm256_setzero_si256());
         for (s, step) in steps.chunks_exact_mut(STEP_BYTES).enumerate() {
             let kk = 8 * s;
@@ -208,11 +206,6 @@ fn load_zeros(z: &[u8; PANEL]) -> [__m256; 2] {
     ]
 }
 
-/// The f32 at byte `at` of a row's header.
-fn header_f32(row: &[u8], at: usize) -> f32 {
-    f32::from_le_bytes(row[at..at + 4].try_into().expect("4 bytes"))
-}
-
 /// Rows `m0..m0 + R` of panel `p` (see the module docs).
 ///
 /// # Safety
@@ -283,7 +276,7 @@ unsafe fn tile<const R: usize, const ASYM: bool>(job: &Int4DotJob<'_>, p: usize,
     }
     let mut out = [[0f32; PANEL]; R];
     for r in 0..R {
-        let (s, post) = (header_f32(rows[r], 0), header_f32(rows[r], 4));
+        let (s, post) = read_header(rows[r]);
         for h in 0..2 {
             let scaled = _mm256_mul_ps(acc[r][h], _mm256_set1_ps(s));
             let v = _mm256_mul_ps(scaled, _mm256_set1_ps(post));
