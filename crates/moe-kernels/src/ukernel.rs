@@ -29,8 +29,8 @@ pub(crate) enum ActEncoding {
     // aarch64 uses `I8`, `I8BlockCorrected`
     U8Offset128,
     /// The codes as they are, plus a correction per row and scale block: for W4A8 kernels
-    /// that make the weight codes `c = w + 8` the unsigned operand of `vpdpbusd` (no per-step
-    /// `− 8` on the weights). Such a kernel forms
+    /// that make the weight codes `c = w + 8` the unsigned operand of `vpdpbusd` or
+    /// `vpmaddubsw` (no per-step `− 8` on the weights). Such a kernel forms
     /// `Σ q·c`, and `Σ (q − zp)·w = Σ q·c − zp·Σc − κ` with the per-(row, block) constant
     /// `κ = 8·(Σ_{k∈b} q_k − zp·B)` (B the block length, padding included), which the driver
     /// computes into [`W4A8Job::block_corr`]. The row correction is `zp`. The aarch64 rungs
@@ -417,7 +417,8 @@ pub(crate) const fn assert_rows_one_to(rows: &[usize], mr: usize) {
 /// [`W4A8Microkernel::tile`]) and names its token, a description of its CPU features for the
 /// entries' docs, its tile height `MR`, optionally the alignment of its tiles' first rows
 /// (`row_align`, [`W4A8Microkernel::ROW_ALIGN`]), and the row counts `1..=MR` (checked at
-/// compile time) its tiles are instantiated for.
+/// compile time) its tiles are instantiated for; a rung whose W4A8 tile is taller than its
+/// W8A8 one gives that height and its row counts as `w4a8_mr` and `w4a8_rows`.
 macro_rules! impl_microkernels {
     (
         token: $token:ty,
@@ -429,12 +430,38 @@ macro_rules! impl_microkernels {
         w8a8_tile: $w8a8_tile:ident
         $(, w8a8_pair_tile: $w8a8_pair:ident)? $(,)?
     ) => {
+        $crate::ukernel::impl_microkernels! {
+            token: $token,
+            features: $features,
+            mr: $mr,
+            $(row_align: $align,)?
+            rows: [$($n)+],
+            w4a8_mr: $mr,
+            w4a8_rows: [$($n)+],
+            w4a8_tile: $w4a8_tile,
+            w8a8_tile: $w8a8_tile
+            $(, w8a8_pair_tile: $w8a8_pair)?
+        }
+    };
+    (
+        token: $token:ty,
+        features: $features:literal,
+        mr: $mr:expr,
+        $(row_align: $align:expr,)?
+        rows: [$($n:literal)+],
+        w4a8_mr: $w4_mr:expr,
+        w4a8_rows: [$($w4_n:literal)+],
+        w4a8_tile: $w4a8_tile:ident,
+        w8a8_tile: $w8a8_tile:ident
+        $(, w8a8_pair_tile: $w8a8_pair:ident)? $(,)?
+    ) => {
         // Every row count `1..=MR` has a tile instantiation, so `tile` never reaches the
         // `unreachable!` arm for a valid `mr`.
         const _: () = $crate::ukernel::assert_rows_one_to(&[$($n),+], $mr);
+        const _: () = $crate::ukernel::assert_rows_one_to(&[$($w4_n),+], $w4_mr);
 
         impl $crate::ukernel::W4A8Microkernel for $token {
-            const MR: usize = $mr;
+            const MR: usize = $w4_mr;
             $(const ROW_ALIGN: usize = $align;)?
 
             #[inline(always)]
@@ -451,9 +478,9 @@ macro_rules! impl_microkernels {
                         // SAFETY: `self` is this rung's token, so the CPU has the features the
                         // tile body is compiled for; the output contract is forwarded from our
                         // caller, and `mr` is the tile's row count.
-                        ($n, true) => unsafe { $w4a8_tile::<$n, true>(job, p, m0) },
+                        ($w4_n, true) => unsafe { $w4a8_tile::<$w4_n, true>(job, p, m0) },
                         // SAFETY: as above.
-                        ($n, false) => unsafe { $w4a8_tile::<$n, false>(job, p, m0) },
+                        ($w4_n, false) => unsafe { $w4a8_tile::<$w4_n, false>(job, p, m0) },
                     )+
                     _ => unreachable!("tile rows out of range"),
                 }

@@ -1,28 +1,29 @@
-//! The AVX2 rung: the shared 256-bit bodies (`ymm.rs`) with `vpmaddubsw` + `vpmaddwd` dots.
+//! The AVX2 rung: the shared 256-bit W8A8 body (`ymm.rs`) with `vpmaddubsw` + `vpmaddwd` dots,
+//! and a W4A8 body of its own that sums its products in 16-bit lanes.
 //!
-//! W4A8 takes the activations as `u8 = q + 128` and the weights as s8 in `[-8, 7]`, so each
-//! `vpmaddubsw` pair sum is at most `2·255·8 = 4080` and the two groups of a step add up to
-//! 8160: no i16 saturation. W8A8 weights reach ±128, where that path would saturate, so it keeps
-//! the activations signed and uses `vpmaddubsw(|w|, sign(q, w))`: pair sums are at most
-//! `2·128·127 = 32512` (activation codes are in `[-127, 127]`, which the driver checks).
+//! W4A8 takes the weight codes `c = w + 8` (`0..=15`, the stored nibbles) as `vpmaddubsw`'s
+//! unsigned operand and the raw activation codes as its signed one
+//! ([`crate::ukernel::ActEncoding::I8BlockCorrected`]). A pair sum is then at most
+//! `2·15·128 = 3840` in magnitude, and the sums of [`WIDEN_STEPS`] steps of one 16-bit lane
+//! (16 products) at most 30720: they stay in 16 bits, exact, and one `vpmaddwd` with ones per
+//! four steps widens them to 32 bits. Against multiplying `q + 128` by `w` (one widening per
+//! step, and the block's weight sums from a virtual row of ones), that is half the multiplier
+//! instructions per product, and the step unpacks with two ANDs and a shift.
+//!
+//! W8A8 weights reach ±128, where `vpmaddubsw` would saturate, so it keeps the activations
+//! signed and uses `vpmaddubsw(|w|, sign(q, w))`: pair sums are at most `2·128·127 = 32512`
+//! (activation codes are in `[-127, 127]`, which the driver checks).
+
+// Register arrays are indexed by row in lockstep; index loops read clearer than zips here.
+#![allow(clippy::needless_range_loop)]
 
 use super::Avx2;
+use super::wna16::prefetch_ahead;
 
 super::ymm::ymm_kernels!("avx2", Avx2, crate::Isa::Avx2);
 
 /// W8A8 activations stay signed here, so no compensation.
 const W8_OFFSET: i32 = 0;
-
-/// `acc` plus the per-lane sums of two 4-byte `u8 × s8` groups (saturation-free, see above).
-#[target_feature(enable = "avx2")]
-#[inline]
-fn w4_dot(acc: __m256i, a_lo: __m256i, w_lo: __m256i, a_hi: __m256i, w_hi: __m256i) -> __m256i {
-    let pairs = _mm256_add_epi16(
-        _mm256_maddubs_epi16(a_lo, w_lo),
-        _mm256_maddubs_epi16(a_hi, w_hi),
-    );
-    _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
-}
 
 /// `acc` plus the per-lane `Σ q·w` of one 4-byte group of signed codes.
 #[target_feature(enable = "avx2")]
@@ -32,10 +33,248 @@ fn w8_dot(acc: __m256i, a: __m256i, w: __m256i) -> __m256i {
     _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
 }
 
+/// Rows per W4A8 tile. A tile this tall covers the panel as two 8-channel halves, one pass
+/// each, so that its 16-bit sums, the half's two unpacked code vectors and one row's two
+/// activation broadcasts fit the sixteen registers.
+const W4A8_MR: usize = 8;
+
+/// Tiles of at most this many rows cover both halves in one pass, where the weights stream
+/// through once and each activation broadcast serves both halves.
+const ONE_PASS_MAX_ROWS: usize = 3;
+
+/// Steps (of 8 K values) in the runs of blocks over which the two halves of a tall tile take
+/// turns: 4 KiB of weights and 4 KiB of activations for 8 rows, which stay in L1 for the
+/// second half. Blocks longer than this (channelwise scales) make one run each.
+const PASS_RUN_STEPS: usize = 64;
+
+/// Steps whose products one 16-bit lane sums before they are widened: each step adds four
+/// products of at most `15·128` in magnitude, so four steps stay below `2^15`.
+const WIDEN_STEPS: usize = 4;
+
+/// The 16-bit sums of one group of at most [`WIDEN_STEPS`] steps in `H` halves of the panel.
+struct NarrowSums<const R: usize, const H: usize> {
+    /// Per row and half: the 16-bit lanes of `Σ q·c`, two per channel.
+    products: [[__m256i; H]; R],
+    /// Per half: the bytes of `Σ c` over the group, four per channel (at most `4·30 = 120`).
+    codes: [__m256i; H],
+}
+
+/// Sums the products of the steps `group` (at most [`WIDEN_STEPS`]) with the halves
+/// `h0..h0 + H` of their channels in 16-bit lanes, with `rows[r][i]` the activations of step
+/// `first + i` of row `r`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn narrow_sums<const R: usize, const H: usize>(
+    group: &[[u8; 64]],
+    h0: usize,
+    rows: &[&[[u8; 8]]; R],
+    first: usize,
+) -> NarrowSums<R, H> {
+    debug_assert!(group.len() <= WIDEN_STEPS && h0 + H <= 2);
+    let mask = _mm256_set1_epi8(0x0F);
+    let mut sums = NarrowSums {
+        products: [[_mm256_setzero_si256(); H]; R],
+        codes: [_mm256_setzero_si256(); H],
+    };
+    for (i, step) in group.iter().enumerate() {
+        if h0 == 0 {
+            // A second pass reads the lines the first one brought in.
+            prefetch_ahead(step);
+        }
+        let halves = step.as_chunks::<32>().0;
+        let mut lo = [_mm256_setzero_si256(); H];
+        let mut hi = [_mm256_setzero_si256(); H];
+        for j in 0..H {
+            let v = load_bytes(&halves[h0 + j]);
+            lo[j] = _mm256_and_si256(v, mask);
+            hi[j] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
+            sums.codes[j] = _mm256_add_epi8(sums.codes[j], _mm256_add_epi8(lo[j], hi[j]));
+        }
+        for r in 0..R {
+            let a = &rows[r][first + i];
+            let a_lo = _mm256_set1_epi32(i32::from_le_bytes([a[0], a[1], a[2], a[3]]));
+            let a_hi = _mm256_set1_epi32(i32::from_le_bytes([a[4], a[5], a[6], a[7]]));
+            for j in 0..H {
+                let pairs = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(lo[j], a_lo),
+                    _mm256_maddubs_epi16(hi[j], a_hi),
+                );
+                sums.products[r][j] = _mm256_add_epi16(sums.products[r][j], pairs);
+            }
+        }
+    }
+    sums
+}
+
+/// The W4A8 tile body for `R` rows; `ACC` selects block-accumulator output.
+///
+/// Per block, `acc_i = Σ q·c − zp·Σc − κ` with `κ = 8·Σ_{k∈b}(q_k − zp)` from the driver. How
+/// the corrections come off depends on the block length `B`, as in the AVX-512 VNNI body:
+/// - `255·B < 2^15` (groups up to 128): one `vpmaddwd` per row and half, of the code sums
+///   held as the i16 pairs `(Σc, 8)` with the row's pair `(−zp, −κ/8)`;
+/// - `15·B < 2^15`: `κ` by a subtraction, `zp·Σc` by a `vpmaddwd` of `(Σc, 0)` with `(−zp, 0)`;
+/// - longer blocks (channelwise scales): a subtraction and a 32-bit multiply.
+///
+/// # Safety
+/// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`
+///   (see [`crate::ukernel::W4A8PanelsFn`]); `job.block_corr` holds `m·n_blocks` values.
+#[target_feature(enable = "avx2")]
+unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize, m0: usize) {
+    let mut acc_f = [[_mm256_setzero_ps(); R]; 2];
+    let n_blocks = job.w.n_blocks();
+    if R <= ONE_PASS_MAX_ROWS {
+        // SAFETY: our contract.
+        unsafe { w4a8_pass::<R, 2, ACC>(job, p, m0, 0, 0..n_blocks, &mut acc_f) };
+    } else {
+        // The halves take turns over runs of blocks short enough that the second finds the
+        // weights and activations the first brought into L1.
+        let run = (PASS_RUN_STEPS / (job.w.block_len() / 8)).max(1);
+        for first in (0..n_blocks).step_by(run) {
+            for h in 0..2 {
+                let blocks = first..(first + run).min(n_blocks);
+                // SAFETY: our contract.
+                unsafe { w4a8_pass::<R, 1, ACC>(job, p, m0, h, blocks, &mut acc_f) };
+            }
+        }
+    }
+    if let W4A8Out::Values { ptr, ld } = job.out {
+        let w = job.w;
+        let valid = PANEL.min(w.n() - p * PANEL);
+        let bias = w.panel_bias(p).map(|b| {
+            [
+                load_f32(b[..8].try_into().unwrap()),
+                load_f32(b[8..].try_into().unwrap()),
+            ]
+        });
+        for r in 0..R {
+            let recip = _mm256_set1_ps(job.row_recip[m0 + r]);
+            let mut y = [
+                _mm256_mul_ps(acc_f[0][r], recip),
+                _mm256_mul_ps(acc_f[1][r], recip),
+            ];
+            if let Some(bias) = bias {
+                y = [_mm256_add_ps(y[0], bias[0]), _mm256_add_ps(y[1], bias[1])];
+            }
+            let dst = ptr.wrapping_add((m0 + r) * ld + p * PANEL);
+            // SAFETY: row `m0 + r < m`, channels `16p..16p + valid < N`, inside the
+            // validated output and owned by this call.
+            unsafe { store16(dst, y[0], y[1], valid) };
+        }
+    }
+}
+
+/// One pass of [`w4a8_tile`] over the halves `h0..h0 + H` of the panel and the scale blocks
+/// `blocks`: their sums added to `acc_f[h]` (or, with `ACC`, the block accumulators written to
+/// the job's buffer).
+///
+/// # Safety
+/// - As [`w4a8_tile`].
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn w4a8_pass<const R: usize, const H: usize, const ACC: bool>(
+    job: &W4A8Job<'_>,
+    p: usize,
+    m0: usize,
+    h0: usize,
+    blocks: std::ops::Range<usize>,
+    acc_f: &mut [[__m256; R]; 2],
+) {
+    let w = job.w;
+    let (k_pad, steps_per_block, n_blocks) = (w.k_pad(), w.block_len() / 8, w.n_blocks());
+    let nibbles = w.panel_nibbles(p);
+    let (weight_steps, _) = nibbles.as_chunks::<64>();
+    let mut row_steps: [&[[u8; 8]]; R] = [&[]; R];
+    let mut row_kappa: [&[i32]; R] = [&[]; R];
+    let mut zp = [0i32; R];
+    for r in 0..R {
+        row_steps[r] = job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<8>().0;
+        row_kappa[r] = &job.block_corr[(m0 + r) * n_blocks..][..n_blocks];
+        zp[r] = job.row_corr[m0 + r];
+    }
+    let short_blocks = w.block_len() * 15 < 1 << 15;
+    let paired = w.block_len() * 255 < 1 << 15;
+    let ones16 = _mm256_set1_epi16(1);
+    let ones8 = _mm256_set1_epi8(1);
+    // Read once: the stores below could otherwise alias the job for the compiler.
+    let block_acc = match job.out {
+        W4A8Out::BlockAcc { ptr } if ACC => Some(ptr),
+        _ => None,
+    };
+    for b in blocks {
+        let steps = b * steps_per_block..(b + 1) * steps_per_block;
+        let w_block = &weight_steps[steps.clone()];
+        let mut a_block: [&[[u8; 8]]; R] = [&[]; R];
+        for r in 0..R {
+            a_block[r] = &row_steps[r][steps.clone()];
+            assert_eq!(a_block[r].len(), w_block.len());
+        }
+        let mut acc = [[_mm256_setzero_si256(); H]; R];
+        // In the paired form each 32-bit lane holds `(Σc, 8)`: `Σc < 2^15` stays in the low
+        // half.
+        let mut code_sum = [_mm256_set1_epi32(if paired { 8 << 16 } else { 0 }); H];
+        let (groups, rest) = w_block.as_chunks::<WIDEN_STEPS>();
+        let tail = (!rest.is_empty()).then_some(rest);
+        for (g, group) in groups.iter().map(|g| &g[..]).chain(tail).enumerate() {
+            let sums = narrow_sums::<R, H>(group, h0, &a_block, g * WIDEN_STEPS);
+            for j in 0..H {
+                let codes = _mm256_maddubs_epi16(sums.codes[j], ones8);
+                code_sum[j] = _mm256_add_epi32(code_sum[j], _mm256_madd_epi16(codes, ones16));
+                for r in 0..R {
+                    let wide = _mm256_madd_epi16(sums.products[r][j], ones16);
+                    acc[r][j] = _mm256_add_epi32(acc[r][j], wide);
+                }
+            }
+        }
+        let scales = w.block_scales(p, b);
+        for r in 0..R {
+            let kappa = row_kappa[r][b];
+            let neg_zp_lo = zp[r].wrapping_neg() & 0xFFFF;
+            for j in 0..H {
+                let h = h0 + j;
+                let acc_i = if paired {
+                    // `κ` is a multiple of 8: `−κ << 13` is `−κ/8` in the high i16.
+                    let word = (kappa.wrapping_neg() << 13) | neg_zp_lo;
+                    let corr = _mm256_madd_epi16(code_sum[j], _mm256_set1_epi32(word));
+                    _mm256_add_epi32(acc[r][j], corr)
+                } else if short_blocks {
+                    let corr = _mm256_madd_epi16(code_sum[j], _mm256_set1_epi32(neg_zp_lo));
+                    let acc = _mm256_sub_epi32(acc[r][j], _mm256_set1_epi32(kappa));
+                    _mm256_add_epi32(acc, corr)
+                } else {
+                    let acc = _mm256_sub_epi32(acc[r][j], _mm256_set1_epi32(kappa));
+                    let zp_sum = _mm256_mullo_epi32(_mm256_set1_epi32(zp[r]), code_sum[j]);
+                    _mm256_sub_epi32(acc, zp_sum)
+                };
+                if let Some(ptr) = block_acc {
+                    let at = ((m0 + r) * n_blocks + b) * PANEL * w.n_panels() + p * PANEL + 8 * h;
+                    // SAFETY: the driver sized the accumulator buffer `[m][n_blocks][n_pad]`;
+                    // these 8 channels of row `m0 + r` belong to this call alone.
+                    unsafe { _mm256_storeu_si256(ptr.wrapping_add(at).cast(), acc_i) };
+                } else {
+                    let sc = load_f32(scales[8 * h..][..8].try_into().unwrap());
+                    let term = _mm256_mul_ps(_mm256_cvtepi32_ps(acc_i), sc);
+                    acc_f[h][r] = _mm256_add_ps(acc_f[h][r], term);
+                }
+            }
+        }
+    }
+}
+
+crate::ukernel::impl_microkernels! {
+    token: Avx2,
+    features: "avx2",
+    mr: MR,
+    rows: [1 2 3 4],
+    w4a8_mr: W4A8_MR,
+    w4a8_rows: [1 2 3 4 5 6 7 8],
+    w4a8_tile: w4a8_tile,
+    w8a8_tile: w8a8_tile,
+}
+
 crate::ukernel::rung_kernel_set! {
     doc: "The kernels of the AVX2 rung.",
     token: Avx2,
     isa: crate::Isa::Avx2,
-    w4a8: U8Offset128,
+    w4a8: I8BlockCorrected,
     w8a8: I8,
 }

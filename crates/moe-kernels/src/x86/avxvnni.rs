@@ -7,6 +7,16 @@
 use super::AvxVnni;
 
 super::ymm::ymm_kernels!("avx2,avxvnni", AvxVnni, crate::Isa::AvxVnni);
+super::ymm::ymm_w4a8_offset_tile!("avx2,avxvnni");
+
+crate::ukernel::impl_microkernels! {
+    token: AvxVnni,
+    features: "avx2,avxvnni",
+    mr: MR,
+    rows: [1 2 3 4],
+    w4a8_tile: w4a8_tile,
+    w8a8_tile: w8a8_tile,
+}
 
 /// W8A8 activations are `q + 128`: compensate with `128·Σw`.
 const W8_OFFSET: i32 = 128;
@@ -50,6 +60,16 @@ pub(crate) mod evex_twin {
     }
 
     super::super::ymm::ymm_kernels!("avx2,avx512vl,avx512vnni", EvexYmm, crate::Isa::AvxVnni);
+    super::super::ymm::ymm_w4a8_offset_tile!("avx2,avx512vl,avx512vnni");
+
+    crate::ukernel::impl_microkernels! {
+        token: EvexYmm,
+        features: "avx2,avx512vl,avx512vnni",
+        mr: MR,
+        rows: [1 2 3 4],
+        w4a8_tile: w4a8_tile,
+        w8a8_tile: w8a8_tile,
+    }
 
     const W8_OFFSET: i32 = 128;
 

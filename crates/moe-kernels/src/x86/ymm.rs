@@ -1,17 +1,21 @@
-//! The 256-bit microkernel bodies shared by the AVX2 and AVX-VNNI rungs, written once as a
-//! macro and instantiated in each rung's file with that rung's `#[target_feature]` list and
-//! dot-product helpers (a macro rather than a generic, so that every helper is compiled with the
+//! The 256-bit microkernel bodies shared by the AVX2 and AVX-VNNI rungs, written once as
+//! macros and instantiated in each rung's file with that rung's `#[target_feature]` list and
+//! dot-product helpers (macros rather than generics, so that every helper is compiled with the
 //! same features as the body and inlines into it).
 //!
 //! Tiles are 4 rows × 16 channels, each row holding two 8-lane i32 accumulators (channels 0..8
-//! and 8..16 of the panel: bytes 0..32 and 32..64 of every packed step). The invoking module
-//! provides:
+//! and 8..16 of the panel: bytes 0..32 and 32..64 of every packed step).
 //!
-//! - `w4_dot(acc, a_lo, w_lo, a_hi, w_hi) -> __m256i`: `acc` plus the per-lane sums of
-//!   `u8 a × s8 w` over both 4-byte groups (W4A8, activations encoded `q + 128`);
-//! - `w8_dot(acc, a, w) -> __m256i`: `acc` plus the per-lane `Σ a·w` of one 4-byte group in the
-//!   rung's W8A8 encoding, and `W8_OFFSET`: 128 when that encoding is `q + 128` (compensated
-//!   with `128·Σw`), 0 when the activations stay signed.
+//! - [`ymm_kernels!`]: the load and store helpers and the W8A8 tile body, for both rungs. The
+//!   invoking module provides `w8_dot(acc, a, w) -> __m256i`: `acc` plus the per-lane `Σ a·w`
+//!   of one 4-byte group in the rung's W8A8 encoding, and `W8_OFFSET`: 128 when that encoding
+//!   is `q + 128` (compensated with `128·Σw`), 0 when the activations stay signed.
+//! - [`ymm_w4a8_offset_tile!`]: the W4A8 tile body of the AVX-VNNI rung (activations encoded
+//!   `q + 128`), with `w4_dot(acc, a_lo, w_lo, a_hi, w_hi) -> __m256i` from the invoking module:
+//!   `acc` plus the per-lane sums of `u8 a × s8 w` over both 4-byte groups. The AVX2 rung has
+//!   its own W4A8 body (`avx2.rs`), which sums its products in 16-bit lanes first.
+//!
+//! The invoking module then joins its tiles with `impl_microkernels!`.
 
 macro_rules! ymm_kernels {
     ($features:literal, $token:ty, $isa:expr) => {
@@ -63,6 +67,77 @@ macro_rules! ymm_kernels {
             unsafe { std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, valid) };
         }
 
+        /// The W8A8 tile body for `R` rows.
+        ///
+        /// # Safety
+        /// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of
+        ///   panel `p`.
+        #[target_feature(enable = $features)]
+        unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
+            let w = job.w;
+            let k_pad = w.k_pad();
+            let bytes = w.panel_bytes(p);
+            let (weight_steps, _) = bytes.as_chunks::<64>();
+            let mut row_steps: [&[[u8; 4]]; R] = [&[]; R];
+            for r in 0..R {
+                row_steps[r] = job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<4>().0;
+            }
+            for a in &row_steps {
+                assert_eq!(a.len(), weight_steps.len());
+            }
+            let mut acc = [[_mm256_setzero_si256(); 2]; R];
+            for (i, step) in weight_steps.iter().enumerate() {
+                // SAFETY: `[i8; 64]` and `[u8; 64]` have the same size, alignment and validity.
+                let step = unsafe { &*(step as *const [i8; 64]).cast::<[u8; 64]>() };
+                let halves = step.as_chunks::<32>().0;
+                for h in 0..2 {
+                    let v = load_bytes(&halves[h]);
+                    for r in 0..R {
+                        let a = _mm256_set1_epi32(i32::from_le_bytes(row_steps[r][i]));
+                        acc[r][h] = w8_dot(acc[r][h], a, v);
+                    }
+                }
+            }
+            let valid = PANEL.min(w.n() - p * PANEL);
+            let (wsum, scales) = (w.panel_wsum(p), w.panel_scales(p));
+            let comp = [
+                _mm256_mullo_epi32(
+                    load_i32(wsum[..8].try_into().unwrap()),
+                    _mm256_set1_epi32(W8_OFFSET),
+                ),
+                _mm256_mullo_epi32(
+                    load_i32(wsum[8..].try_into().unwrap()),
+                    _mm256_set1_epi32(W8_OFFSET),
+                ),
+            ];
+            let sc = [
+                load_f32(scales[..8].try_into().unwrap()),
+                load_f32(scales[8..].try_into().unwrap()),
+            ];
+            for r in 0..R {
+                let xs = _mm256_set1_ps(job.row_scale[m0 + r]);
+                let mut y = [_mm256_setzero_ps(); 2];
+                for h in 0..2 {
+                    let exact = _mm256_sub_epi32(acc[r][h], comp[h]);
+                    y[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(exact), _mm256_mul_ps(xs, sc[h]));
+                }
+                let dst = job.out.wrapping_add((m0 + r) * job.ld + p * PANEL);
+                // SAFETY: row `m0 + r < m`, channels `16p..16p + valid < N`, inside the
+                // validated output and owned by this call.
+                unsafe { store16(dst, y[0], y[1], valid) };
+            }
+        }
+    };
+}
+
+pub(super) use ymm_kernels;
+
+/// The W4A8 tile body of the rungs whose dot product accumulates `u8 × s8` in 32-bit lanes
+/// (`vpdpbusd`): activations encoded `q + 128`, weights `w = c − 8` as signed bytes, and the
+/// block's weight sums from a virtual row of ones. Invoked after [`ymm_kernels!`] in the same
+/// module, which provides the helpers; the module provides `w4_dot`.
+macro_rules! ymm_w4a8_offset_tile {
+    ($features:literal) => {
         /// The W4A8 tile body for `R` rows; `ACC` selects block-accumulator output.
         ///
         /// # Safety
@@ -171,77 +246,7 @@ macro_rules! ymm_kernels {
                 }
             }
         }
-
-        /// The W8A8 tile body for `R` rows.
-        ///
-        /// # Safety
-        /// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of
-        ///   panel `p`.
-        #[target_feature(enable = $features)]
-        unsafe fn w8a8_tile<const R: usize>(job: &W8A8Job<'_>, p: usize, m0: usize) {
-            let w = job.w;
-            let k_pad = w.k_pad();
-            let bytes = w.panel_bytes(p);
-            let (weight_steps, _) = bytes.as_chunks::<64>();
-            let mut row_steps: [&[[u8; 4]]; R] = [&[]; R];
-            for r in 0..R {
-                row_steps[r] = job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<4>().0;
-            }
-            for a in &row_steps {
-                assert_eq!(a.len(), weight_steps.len());
-            }
-            let mut acc = [[_mm256_setzero_si256(); 2]; R];
-            for (i, step) in weight_steps.iter().enumerate() {
-                // SAFETY: `[i8; 64]` and `[u8; 64]` have the same size, alignment and validity.
-                let step = unsafe { &*(step as *const [i8; 64]).cast::<[u8; 64]>() };
-                let halves = step.as_chunks::<32>().0;
-                for h in 0..2 {
-                    let v = load_bytes(&halves[h]);
-                    for r in 0..R {
-                        let a = _mm256_set1_epi32(i32::from_le_bytes(row_steps[r][i]));
-                        acc[r][h] = w8_dot(acc[r][h], a, v);
-                    }
-                }
-            }
-            let valid = PANEL.min(w.n() - p * PANEL);
-            let (wsum, scales) = (w.panel_wsum(p), w.panel_scales(p));
-            let comp = [
-                _mm256_mullo_epi32(
-                    load_i32(wsum[..8].try_into().unwrap()),
-                    _mm256_set1_epi32(W8_OFFSET),
-                ),
-                _mm256_mullo_epi32(
-                    load_i32(wsum[8..].try_into().unwrap()),
-                    _mm256_set1_epi32(W8_OFFSET),
-                ),
-            ];
-            let sc = [
-                load_f32(scales[..8].try_into().unwrap()),
-                load_f32(scales[8..].try_into().unwrap()),
-            ];
-            for r in 0..R {
-                let xs = _mm256_set1_ps(job.row_scale[m0 + r]);
-                let mut y = [_mm256_setzero_ps(); 2];
-                for h in 0..2 {
-                    let exact = _mm256_sub_epi32(acc[r][h], comp[h]);
-                    y[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(exact), _mm256_mul_ps(xs, sc[h]));
-                }
-                let dst = job.out.wrapping_add((m0 + r) * job.ld + p * PANEL);
-                // SAFETY: row `m0 + r < m`, channels `16p..16p + valid < N`, inside the
-                // validated output and owned by this call.
-                unsafe { store16(dst, y[0], y[1], valid) };
-            }
-        }
-
-        crate::ukernel::impl_microkernels! {
-            token: $token,
-            features: $features,
-            mr: MR,
-            rows: [1 2 3 4],
-            w4a8_tile: w4a8_tile,
-            w8a8_tile: w8a8_tile,
-        }
     };
 }
 
-pub(super) use ymm_kernels;
+pub(super) use ymm_w4a8_offset_tile;
