@@ -417,8 +417,7 @@ pub(crate) const fn assert_rows_one_to(rows: &[usize], mr: usize) {
 /// [`W4A8Microkernel::tile`]) and names its token, a description of its CPU features for the
 /// entries' docs, its tile height `MR`, optionally the alignment of its tiles' first rows
 /// (`row_align`, [`W4A8Microkernel::ROW_ALIGN`]), and the row counts `1..=MR` (checked at
-/// compile time) its tiles are instantiated for; a rung whose W4A8 tile is taller than its
-/// W8A8 one gives that height and its row counts as `w4a8_mr` and `w4a8_rows`.
+/// compile time) its tiles are instantiated for.
 macro_rules! impl_microkernels {
     (
         token: $token:ty,
@@ -430,38 +429,12 @@ macro_rules! impl_microkernels {
         w8a8_tile: $w8a8_tile:ident
         $(, w8a8_pair_tile: $w8a8_pair:ident)? $(,)?
     ) => {
-        $crate::ukernel::impl_microkernels! {
-            token: $token,
-            features: $features,
-            mr: $mr,
-            $(row_align: $align,)?
-            rows: [$($n)+],
-            w4a8_mr: $mr,
-            w4a8_rows: [$($n)+],
-            w4a8_tile: $w4a8_tile,
-            w8a8_tile: $w8a8_tile
-            $(, w8a8_pair_tile: $w8a8_pair)?
-        }
-    };
-    (
-        token: $token:ty,
-        features: $features:literal,
-        mr: $mr:expr,
-        $(row_align: $align:expr,)?
-        rows: [$($n:literal)+],
-        w4a8_mr: $w4_mr:expr,
-        w4a8_rows: [$($w4_n:literal)+],
-        w4a8_tile: $w4a8_tile:ident,
-        w8a8_tile: $w8a8_tile:ident
-        $(, w8a8_pair_tile: $w8a8_pair:ident)? $(,)?
-    ) => {
         // Every row count `1..=MR` has a tile instantiation, so `tile` never reaches the
         // `unreachable!` arm for a valid `mr`.
         const _: () = $crate::ukernel::assert_rows_one_to(&[$($n),+], $mr);
-        const _: () = $crate::ukernel::assert_rows_one_to(&[$($w4_n),+], $w4_mr);
 
         impl $crate::ukernel::W4A8Microkernel for $token {
-            const MR: usize = $w4_mr;
+            const MR: usize = $mr;
             $(const ROW_ALIGN: usize = $align;)?
 
             #[inline(always)]
@@ -478,9 +451,9 @@ macro_rules! impl_microkernels {
                         // SAFETY: `self` is this rung's token, so the CPU has the features the
                         // tile body is compiled for; the output contract is forwarded from our
                         // caller, and `mr` is the tile's row count.
-                        ($w4_n, true) => unsafe { $w4a8_tile::<$w4_n, true>(job, p, m0) },
+                        ($n, true) => unsafe { $w4a8_tile::<$n, true>(job, p, m0) },
                         // SAFETY: as above.
-                        ($w4_n, false) => unsafe { $w4a8_tile::<$w4_n, false>(job, p, m0) },
+                        ($n, false) => unsafe { $w4a8_tile::<$n, false>(job, p, m0) },
                     )+
                     _ => unreachable!("tile rows out of range"),
                 }

@@ -6,9 +6,10 @@
 //! ([`crate::ukernel::ActEncoding::I8BlockCorrected`]). A pair sum is then at most
 //! `2·15·128 = 3840` in magnitude, and the sums of [`WIDEN_STEPS`] steps of one 16-bit lane
 //! (16 products) at most 30720: they stay in 16 bits, exact, and one `vpmaddwd` with ones per
-//! four steps widens them to 32 bits. Against multiplying `q + 128` by `w` (one widening per
-//! step, and the block's weight sums from a virtual row of ones), that is half the multiplier
-//! instructions per product, and the step unpacks with two ANDs and a shift.
+//! four steps widens them to 32 bits. Against multiplying `q + 128` by `w` (a widening
+//! `vpmaddwd` per step, and the block's weight sums from a virtual row of ones), that is 2.25
+//! multiplier instructions per 64 products instead of 3, the weight sums are byte adds, and
+//! the step unpacks with two ANDs and a shift.
 //!
 //! W8A8 weights reach ±128, where `vpmaddubsw` would saturate, so it keeps the activations
 //! signed and uses `vpmaddubsw(|w|, sign(q, w))`: pair sums are at most `2·128·127 = 32512`
@@ -33,59 +34,41 @@ fn w8_dot(acc: __m256i, a: __m256i, w: __m256i) -> __m256i {
     _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
 }
 
-/// Rows per W4A8 tile. A tile this tall covers the panel as two 8-channel halves, one pass
-/// each, so that its 16-bit sums, the half's two unpacked code vectors and one row's two
-/// activation broadcasts fit the sixteen registers.
-const W4A8_MR: usize = 8;
-
-/// Tiles of at most this many rows cover both halves in one pass, where the weights stream
-/// through once and each activation broadcast serves both halves.
-const ONE_PASS_MAX_ROWS: usize = 3;
-
-/// Steps (of 8 K values) in the runs of blocks over which the two halves of a tall tile take
-/// turns: 4 KiB of weights and 4 KiB of activations for 8 rows, which stay in L1 for the
-/// second half. Blocks longer than this (channelwise scales) make one run each.
-const PASS_RUN_STEPS: usize = 64;
-
 /// Steps whose products one 16-bit lane sums before they are widened: each step adds four
 /// products of at most `15·128` in magnitude, so four steps stay below `2^15`.
 const WIDEN_STEPS: usize = 4;
 
-/// The 16-bit sums of one group of at most [`WIDEN_STEPS`] steps in `H` halves of the panel.
-struct NarrowSums<const R: usize, const H: usize> {
-    /// Per row and half: the 16-bit lanes of `Σ q·c`, two per channel.
-    products: [[__m256i; H]; R],
+/// The 16-bit sums of one group of at most [`WIDEN_STEPS`] steps.
+struct NarrowSums<const R: usize> {
+    /// Per row and half of the panel (8 channels): the 16-bit lanes of `Σ q·c`, two per
+    /// channel.
+    products: [[__m256i; 2]; R],
     /// Per half: the bytes of `Σ c` over the group, four per channel (at most `4·30 = 120`).
-    codes: [__m256i; H],
+    codes: [__m256i; 2],
 }
 
-/// Sums the products of the steps `group` (at most [`WIDEN_STEPS`]) with the halves
-/// `h0..h0 + H` of their channels in 16-bit lanes, with `rows[r][i]` the activations of step
-/// `first + i` of row `r`.
+/// Sums the products of the steps `group` (at most [`WIDEN_STEPS`]) in 16-bit lanes, with
+/// `rows[r][i]` the activations of step `first + i` of row `r`.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn narrow_sums<const R: usize, const H: usize>(
+fn narrow_sums<const R: usize>(
     group: &[[u8; 64]],
-    h0: usize,
     rows: &[&[[u8; 8]]; R],
     first: usize,
-) -> NarrowSums<R, H> {
-    debug_assert!(group.len() <= WIDEN_STEPS && h0 + H <= 2);
+) -> NarrowSums<R> {
+    debug_assert!(group.len() <= WIDEN_STEPS);
     let mask = _mm256_set1_epi8(0x0F);
     let mut sums = NarrowSums {
-        products: [[_mm256_setzero_si256(); H]; R],
-        codes: [_mm256_setzero_si256(); H],
+        products: [[_mm256_setzero_si256(); 2]; R],
+        codes: [_mm256_setzero_si256(); 2],
     };
     for (i, step) in group.iter().enumerate() {
-        if h0 == 0 {
-            // A second pass reads the lines the first one brought in.
-            prefetch_ahead(step);
-        }
+        prefetch_ahead(step);
         let halves = step.as_chunks::<32>().0;
-        let mut lo = [_mm256_setzero_si256(); H];
-        let mut hi = [_mm256_setzero_si256(); H];
-        for j in 0..H {
-            let v = load_bytes(&halves[h0 + j]);
+        let mut lo = [_mm256_setzero_si256(); 2];
+        let mut hi = [_mm256_setzero_si256(); 2];
+        for j in 0..2 {
+            let v = load_bytes(&halves[j]);
             lo[j] = _mm256_and_si256(v, mask);
             hi[j] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
             sums.codes[j] = _mm256_add_epi8(sums.codes[j], _mm256_add_epi8(lo[j], hi[j]));
@@ -94,7 +77,7 @@ fn narrow_sums<const R: usize, const H: usize>(
             let a = &rows[r][first + i];
             let a_lo = _mm256_set1_epi32(i32::from_le_bytes([a[0], a[1], a[2], a[3]]));
             let a_hi = _mm256_set1_epi32(i32::from_le_bytes([a[4], a[5], a[6], a[7]]));
-            for j in 0..H {
+            for j in 0..2 {
                 let pairs = _mm256_add_epi16(
                     _mm256_maddubs_epi16(lo[j], a_lo),
                     _mm256_maddubs_epi16(hi[j], a_hi),
@@ -121,22 +104,8 @@ fn narrow_sums<const R: usize, const H: usize>(
 #[target_feature(enable = "avx2")]
 unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize, m0: usize) {
     let mut acc_f = [[_mm256_setzero_ps(); R]; 2];
-    let n_blocks = job.w.n_blocks();
-    if R <= ONE_PASS_MAX_ROWS {
-        // SAFETY: our contract.
-        unsafe { w4a8_pass::<R, 2, ACC>(job, p, m0, 0, 0..n_blocks, &mut acc_f) };
-    } else {
-        // The halves take turns over runs of blocks short enough that the second finds the
-        // weights and activations the first brought into L1.
-        let run = (PASS_RUN_STEPS / (job.w.block_len() / 8)).max(1);
-        for first in (0..n_blocks).step_by(run) {
-            for h in 0..2 {
-                let blocks = first..(first + run).min(n_blocks);
-                // SAFETY: our contract.
-                unsafe { w4a8_pass::<R, 1, ACC>(job, p, m0, h, blocks, &mut acc_f) };
-            }
-        }
-    }
+    // SAFETY: our contract.
+    unsafe { w4a8_blocks::<R, ACC>(job, p, m0, &mut acc_f) };
     if let W4A8Out::Values { ptr, ld } = job.out {
         let w = job.w;
         let valid = PANEL.min(w.n() - p * PANEL);
@@ -163,20 +132,17 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
     }
 }
 
-/// One pass of [`w4a8_tile`] over the halves `h0..h0 + H` of the panel and the scale blocks
-/// `blocks`: their sums added to `acc_f[h]` (or, with `ACC`, the block accumulators written to
-/// the job's buffer).
+/// The scale blocks of [`w4a8_tile`]: their sums added to `acc_f[h]` for the panel's halves
+/// `h` (or, with `ACC`, the block accumulators written to the job's buffer).
 ///
 /// # Safety
 /// - As [`w4a8_tile`].
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn w4a8_pass<const R: usize, const H: usize, const ACC: bool>(
+unsafe fn w4a8_blocks<const R: usize, const ACC: bool>(
     job: &W4A8Job<'_>,
     p: usize,
     m0: usize,
-    h0: usize,
-    blocks: std::ops::Range<usize>,
     acc_f: &mut [[__m256; R]; 2],
 ) {
     let w = job.w;
@@ -200,7 +166,7 @@ unsafe fn w4a8_pass<const R: usize, const H: usize, const ACC: bool>(
         W4A8Out::BlockAcc { ptr } if ACC => Some(ptr),
         _ => None,
     };
-    for b in blocks {
+    for b in 0..n_blocks {
         let steps = b * steps_per_block..(b + 1) * steps_per_block;
         let w_block = &weight_steps[steps.clone()];
         let mut a_block: [&[[u8; 8]]; R] = [&[]; R];
@@ -208,15 +174,15 @@ unsafe fn w4a8_pass<const R: usize, const H: usize, const ACC: bool>(
             a_block[r] = &row_steps[r][steps.clone()];
             assert_eq!(a_block[r].len(), w_block.len());
         }
-        let mut acc = [[_mm256_setzero_si256(); H]; R];
+        let mut acc = [[_mm256_setzero_si256(); 2]; R];
         // In the paired form each 32-bit lane holds `(Σc, 8)`: `Σc < 2^15` stays in the low
         // half.
-        let mut code_sum = [_mm256_set1_epi32(if paired { 8 << 16 } else { 0 }); H];
+        let mut code_sum = [_mm256_set1_epi32(if paired { 8 << 16 } else { 0 }); 2];
         let (groups, rest) = w_block.as_chunks::<WIDEN_STEPS>();
         let tail = (!rest.is_empty()).then_some(rest);
         for (g, group) in groups.iter().map(|g| &g[..]).chain(tail).enumerate() {
-            let sums = narrow_sums::<R, H>(group, h0, &a_block, g * WIDEN_STEPS);
-            for j in 0..H {
+            let sums = narrow_sums::<R>(group, &a_block, g * WIDEN_STEPS);
+            for j in 0..2 {
                 let codes = _mm256_maddubs_epi16(sums.codes[j], ones8);
                 code_sum[j] = _mm256_add_epi32(code_sum[j], _mm256_madd_epi16(codes, ones16));
                 for r in 0..R {
@@ -229,20 +195,19 @@ unsafe fn w4a8_pass<const R: usize, const H: usize, const ACC: bool>(
         for r in 0..R {
             let kappa = row_kappa[r][b];
             let neg_zp_lo = zp[r].wrapping_neg() & 0xFFFF;
-            for j in 0..H {
-                let h = h0 + j;
+            for h in 0..2 {
                 let acc_i = if paired {
                     // `κ` is a multiple of 8: `−κ << 13` is `−κ/8` in the high i16.
                     let word = (kappa.wrapping_neg() << 13) | neg_zp_lo;
-                    let corr = _mm256_madd_epi16(code_sum[j], _mm256_set1_epi32(word));
-                    _mm256_add_epi32(acc[r][j], corr)
+                    let corr = _mm256_madd_epi16(code_sum[h], _mm256_set1_epi32(word));
+                    _mm256_add_epi32(acc[r][h], corr)
                 } else if short_blocks {
-                    let corr = _mm256_madd_epi16(code_sum[j], _mm256_set1_epi32(neg_zp_lo));
-                    let acc = _mm256_sub_epi32(acc[r][j], _mm256_set1_epi32(kappa));
+                    let corr = _mm256_madd_epi16(code_sum[h], _mm256_set1_epi32(neg_zp_lo));
+                    let acc = _mm256_sub_epi32(acc[r][h], _mm256_set1_epi32(kappa));
                     _mm256_add_epi32(acc, corr)
                 } else {
-                    let acc = _mm256_sub_epi32(acc[r][j], _mm256_set1_epi32(kappa));
-                    let zp_sum = _mm256_mullo_epi32(_mm256_set1_epi32(zp[r]), code_sum[j]);
+                    let acc = _mm256_sub_epi32(acc[r][h], _mm256_set1_epi32(kappa));
+                    let zp_sum = _mm256_mullo_epi32(_mm256_set1_epi32(zp[r]), code_sum[h]);
                     _mm256_sub_epi32(acc, zp_sum)
                 };
                 if let Some(ptr) = block_acc {
@@ -265,8 +230,6 @@ crate::ukernel::impl_microkernels! {
     features: "avx2",
     mr: MR,
     rows: [1 2 3 4],
-    w4a8_mr: W4A8_MR,
-    w4a8_rows: [1 2 3 4 5 6 7 8],
     w4a8_tile: w4a8_tile,
     w8a8_tile: w8a8_tile,
 }
