@@ -586,6 +586,9 @@ impl PackedWna16 {
                 gather_words(&at, k)
             }
             (4, WordOrder::Awq, None) => gather_awq(&at, k),
+            (4, WordOrder::ChannelMajor | WordOrder::StepMajor, Some(perm)) => {
+                gather_permuted_int4(&at, k, perm)
+            }
             _ => gather_codes(&at, d.bits, d.order, k, d.perm),
         };
         let (scales, zeros, bias) = side.pack(n, n_panels, dims.n_groups);
@@ -1077,15 +1080,15 @@ struct ChannelWords<'a> {
 /// and pass (a line per page, which no hardware prefetcher follows).
 const PANELS_PER_PASS: usize = 16;
 
-/// The packed steps of the channels `at` locates, for every case [`gather_words`] does not
-/// take (int8, AWQ, a K permutation). Each panel's codes are first spread into a K-major tile of
-/// one byte per code and 16 channels per K value (`K·16` bytes, cache-resident), then each
-/// packed step is read from the tile's rows in packed K order: for int8 the step's four byte
-/// rows are four tile rows as they are, for int4 eight tile rows shifted into nibbles. Where the
-/// stored words run along the channels (GPTQ's and AWQ's `[K, ·]` matrices), one pass fills the
-/// tiles of [`PANELS_PER_PASS`] panels, reading each stored row in order; channel-major words
-/// (`pack-quantized`) fill one tile per pass. The tiles are reused, so nothing the size of the
-/// matrix is unpacked.
+/// The packed steps of the channels `at` locates, for every case [`gather_words`],
+/// [`gather_awq`] and [`gather_permuted_int4`] do not take (int8, a permuted AWQ matrix). Each
+/// panel's codes are first spread into a K-major tile of one byte per code and 16 channels per
+/// K value (`K·16` bytes, cache-resident), then each packed step is read from the tile's rows
+/// in packed K order: for int8 the step's four byte rows are four tile rows as they are, for
+/// int4 eight tile rows shifted into nibbles. Where the stored words run along the channels
+/// (GPTQ's and AWQ's `[K, ·]` matrices), one pass fills the tiles of [`PANELS_PER_PASS`]
+/// panels, reading each stored row in order; channel-major words (`pack-quantized`) fill one
+/// tile per pass. The tiles are reused, so nothing the size of the matrix is unpacked.
 fn gather_codes(
     at: &[ChannelWords<'_>],
     bits: u32,
@@ -1185,34 +1188,53 @@ fn steps_from_tile(tile: &[u8], bits: u32, k: usize, perm: Option<&[u32]>, codes
 /// AWQ's order); transposed, field `f` becomes the step word of the channel stored in field
 /// `f`. No byte per code is made. AWQ's words are row-major `[K, N/8]`, so the steps of
 /// [`PANELS_PER_PASS`] panels are made together, K step by K step: each stored row is read a
-/// run of channels at a time rather than one word per row and panel.
+/// run of channels at a time rather than one word per row and panel. Eight word columns that
+/// sit side by side in one run (four panels) are transposed together, one column per lane
+/// (which vectorises); the others one column at a time.
 fn gather_awq(at: &[ChannelWords<'_>], k: usize) -> Vec<u32> {
     let k_steps = k.div_ceil(K_STEP);
-    let panels: Vec<&[ChannelWords<'_>]> = at.chunks(PANEL).collect();
+    // Every run holds whole words of eight channels and panels start at multiples of 16, so
+    // each half panel is one stored word column of one run: its first channel locates it.
+    let columns: Vec<ChannelWords<'_>> = at.chunks(AWQ_PACK).map(|half| half[0]).collect();
     // Channels past N stay 0 in the last panel.
-    let mut codes = vec![0u32; panels.len() * k_steps * PANEL];
-    for (pass, group) in panels.chunks(PANELS_PER_PASS).enumerate() {
+    let mut codes = vec![0u32; at.len().div_ceil(PANEL) * k_steps * PANEL];
+    // Where half panel `h`'s eight words of step `s` go.
+    let out_at = |h: usize, s: usize| ((h / 2) * k_steps + s) * PANEL + (h % 2) * AWQ_PACK;
+    for (pass, group) in columns.chunks(2 * PANELS_PER_PASS).enumerate() {
+        let first_half = pass * 2 * PANELS_PER_PASS;
         for s in 0..k_steps {
-            for (i, panel) in group.iter().enumerate() {
-                let p = pass * PANELS_PER_PASS + i;
-                let step = &mut codes[(p * k_steps + s) * PANEL..][..PANEL];
-                // Every run holds whole words of eight channels and panels start at multiples
-                // of 16, so each half panel is one stored word column of one run.
-                for (half, chans) in panel.chunks(AWQ_PACK).enumerate() {
-                    let ch = chans[0];
-                    let mut m = [0u32; AWQ_PACK];
-                    for (r, v) in m.iter_mut().enumerate() {
-                        let kk = s * K_STEP + r;
-                        if kk < k {
-                            *v = u32::from_le_bytes(ch.words[ch.first + kk * ch.stride]);
-                        }
+            let rows = K_STEP.min(k - s * K_STEP);
+            for (b, block) in group.chunks(AWQ_PACK).enumerate() {
+                let block_half = first_half + b * AWQ_PACK;
+                if let Some((words, first, stride)) = side_by_side(block) {
+                    let mut m = [[0u32; AWQ_PACK]; K_STEP];
+                    for (r, lanes) in m.iter_mut().enumerate().take(rows) {
+                        let row: &[[u8; 4]; AWQ_PACK] = words[first + (s * K_STEP + r) * stride..]
+                            [..AWQ_PACK]
+                            .try_into()
+                            .unwrap();
+                        *lanes = row.map(u32::from_le_bytes);
                     }
                     transpose_nibbles(&mut m);
-                    for (c, out) in step[half * AWQ_PACK..][..chans.len()]
-                        .iter_mut()
-                        .enumerate()
-                    {
-                        *out = m[AWQ_FIELD_OF_CHANNEL[c]];
+                    for g in 0..AWQ_PACK {
+                        let out = &mut codes[out_at(block_half + g, s)..][..AWQ_PACK];
+                        for (o, &f) in out.iter_mut().zip(&AWQ_FIELD_OF_CHANNEL) {
+                            *o = m[f][g];
+                        }
+                    }
+                    continue;
+                }
+                for (g, col) in block.iter().enumerate() {
+                    let mut m = [[0u32; 1]; K_STEP];
+                    for (r, v) in m.iter_mut().enumerate().take(rows) {
+                        v[0] = u32::from_le_bytes(
+                            col.words[col.first + (s * K_STEP + r) * col.stride],
+                        );
+                    }
+                    transpose_nibbles(&mut m);
+                    let out = &mut codes[out_at(block_half + g, s)..][..AWQ_PACK];
+                    for (o, &f) in out.iter_mut().zip(&AWQ_FIELD_OF_CHANNEL) {
+                        *o = m[f][0];
                     }
                 }
             }
@@ -1221,25 +1243,97 @@ fn gather_awq(at: &[ChannelWords<'_>], k: usize) -> Vec<u32> {
     codes
 }
 
-/// Transposes an 8 × 8 matrix of nibbles held as eight words (row `r` = word `r`, column `f`
-/// = bits `4f..4f+4`) in three rounds of block swaps: 4 × 4 blocks, then 2 × 2, then single
-/// nibbles.
-fn transpose_nibbles(m: &mut [u32; 8]) {
+/// The words, first word and stride shared by `columns` when they are [`AWQ_PACK`] word
+/// columns side by side in one run (consecutive first words, one stride); `None` otherwise.
+fn side_by_side<'a>(columns: &[ChannelWords<'a>]) -> Option<(&'a [[u8; 4]], usize, usize)> {
+    let c0 = columns.first()?;
+    let together = columns.len() == AWQ_PACK
+        && columns.iter().enumerate().all(|(g, c)| {
+            std::ptr::eq(c.words, c0.words) && c.stride == c0.stride && c.first == c0.first + g
+        });
+    together.then_some((c0.words, c0.first, c0.stride))
+}
+
+/// Transposes `L` independent 8 × 8 matrices of nibbles, lane by lane (matrix `l`: row `r` =
+/// `m[r][l]`, column `f` = bits `4f..4f+4`), in three rounds of block swaps: 4 × 4 blocks,
+/// then 2 × 2, then single nibbles.
+fn transpose_nibbles<const L: usize>(m: &mut [[u32; L]; 8]) {
+    #[inline(always)]
+    fn swap<const L: usize>(m: &mut [[u32; L]; 8], a: usize, b: usize, bits: u32, mask: u32) {
+        let (upper, lower) = m.split_at_mut(b);
+        for (x, y) in upper[a].iter_mut().zip(&mut lower[0]) {
+            let t = ((*x >> bits) ^ *y) & mask;
+            *x ^= t << bits;
+            *y ^= t;
+        }
+    }
     for r in 0..4 {
-        let t = ((m[r] >> 16) ^ m[r + 4]) & 0x0000_FFFF;
-        m[r] ^= t << 16;
-        m[r + 4] ^= t;
+        swap(m, r, r + 4, 16, 0x0000_FFFF);
     }
     for r in [0, 1, 4, 5] {
-        let t = ((m[r] >> 8) ^ m[r + 2]) & 0x00FF_00FF;
-        m[r] ^= t << 8;
-        m[r + 2] ^= t;
+        swap(m, r, r + 2, 8, 0x00FF_00FF);
     }
     for r in [0, 2, 4, 6] {
-        let t = ((m[r] >> 4) ^ m[r + 1]) & 0x0F0F_0F0F;
-        m[r] ^= t << 4;
-        m[r + 1] ^= t;
+        swap(m, r, r + 1, 4, 0x0F0F_0F0F);
     }
+}
+
+/// The packed int4 steps of channels whose K order `perm` reorders (act-order GPTQ): packed K
+/// value `j` is stored K value `perm[j]`, nibble `perm[j] % 8` of the channel's word
+/// `perm[j] / 8`, so each packed step takes its eight nibbles straight from the stored words
+/// (no byte per code is made). Where a panel's sixteen channels are sixteen consecutive words
+/// of one run's rows (GPTQ's `[K/8, N]` `qweight`), one run of 16 stored words serves the
+/// whole panel at once (which vectorises); other panels read each channel's word. The steps of
+/// [`PANELS_PER_PASS`] panels are made together, step by step, so the stored rows a step
+/// reads are read in runs of up to 256 channels and stay cached for the later steps that read
+/// their other nibbles.
+fn gather_permuted_int4(at: &[ChannelWords<'_>], k: usize, perm: &[u32]) -> Vec<u32> {
+    let k_steps = k.div_ceil(K_STEP);
+    let panels: Vec<&[ChannelWords<'_>]> = at.chunks(PANEL).collect();
+    // Channels past N stay 0 in the last panel, as do K values past K in the last step.
+    let mut codes = vec![0u32; panels.len() * k_steps * PANEL];
+    for (pass, group) in panels.chunks(PANELS_PER_PASS).enumerate() {
+        let runs: Vec<_> = group.iter().map(|panel| consecutive_words(panel)).collect();
+        for s in 0..k_steps {
+            let sources = &perm[s * K_STEP..k.min((s + 1) * K_STEP)];
+            for (i, (panel, run)) in group.iter().zip(&runs).enumerate() {
+                let p = pass * PANELS_PER_PASS + i;
+                let mut step = [0u32; PANEL];
+                for (j, &src) in sources.iter().enumerate() {
+                    let (word, shift) = (src as usize / K_STEP, 4 * (src as usize % K_STEP));
+                    let nibble = |w: [u8; 4]| ((u32::from_le_bytes(w) >> shift) & 0xF) << (4 * j);
+                    match *run {
+                        Some((words, first, stride)) => {
+                            let row: &[[u8; 4]; PANEL] =
+                                words[first + word * stride..][..PANEL].try_into().unwrap();
+                            for c in 0..PANEL {
+                                step[c] |= nibble(row[c]);
+                            }
+                        }
+                        None => {
+                            for (out, ch) in step.iter_mut().zip(*panel) {
+                                *out |= nibble(ch.words[ch.first + word * ch.stride]);
+                            }
+                        }
+                    }
+                }
+                codes[(p * k_steps + s) * PANEL..][..PANEL].copy_from_slice(&step);
+            }
+        }
+    }
+    codes
+}
+
+/// The words, first word and stride shared by a panel's channels when they are [`PANEL`]
+/// consecutive words of one run's rows; `None` otherwise (a short last panel, a panel across
+/// two runs, channel-major words of more than one word per channel).
+fn consecutive_words<'a>(panel: &[ChannelWords<'a>]) -> Option<(&'a [[u8; 4]], usize, usize)> {
+    let c0 = panel.first()?;
+    let together = panel.len() == PANEL
+        && panel.iter().enumerate().all(|(c, ch)| {
+            std::ptr::eq(ch.words, c0.words) && ch.stride == c0.stride && ch.first == c0.first + c
+        });
+    together.then_some((c0.words, c0.first, c0.stride))
 }
 
 /// Writes row `row`'s int8 codes (`K` bytes) into the packed int8 steps.
