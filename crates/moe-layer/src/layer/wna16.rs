@@ -18,6 +18,7 @@
 //! GEMM gathers each activation row into that order. The sorted groups must each hold exactly
 //! `group_size` rows (the last one the remainder), as GPTQ's act-order produces.
 
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use moe_kernels::{Mxfp4Desc, PackedWna16, Par, Wna16Desc, Wna16Scales};
 use moe_quant::{DType, WeightGroups};
@@ -178,14 +179,11 @@ fn pack_expert(
     let (s16, sb16);
     let scales = match dtype {
         DType::F16 => {
-            s16 = scales.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>();
+            s16 = narrowed::<f16>(&[scales]);
             Wna16Scales::F16(&s16)
         }
         DType::BF16 => {
-            sb16 = scales
-                .iter()
-                .map(|&v| bf16::from_f32(v))
-                .collect::<Vec<_>>();
+            sb16 = narrowed::<bf16>(&[scales]);
             Wna16Scales::Bf16(&sb16)
         }
         _ => Wna16Scales::F32(scales),
@@ -305,20 +303,20 @@ fn pack_words(
             bytes: p.bytes,
         })
         .collect();
-    let values = || parts.iter().flat_map(|p| p.scales.values.iter().copied());
+    let values: Vec<&[f32]> = parts.iter().map(|p| &p.scales.values[..]).collect();
     // The scales were read from `dtype`, so narrowing them back is exact.
     let (s16, sb16, s32);
     let scales = match dtype {
         DType::F16 => {
-            s16 = values().map(f16::from_f32).collect::<Vec<_>>();
+            s16 = narrowed::<f16>(&values);
             Wna16Scales::F16(&s16)
         }
         DType::BF16 => {
-            sb16 = values().map(bf16::from_f32).collect::<Vec<_>>();
+            sb16 = narrowed::<bf16>(&values);
             Wna16Scales::Bf16(&sb16)
         }
         DType::F32 => {
-            s32 = values().collect::<Vec<_>>();
+            s32 = values.concat();
             Wna16Scales::F32(&s32)
         }
         other => {
@@ -451,4 +449,20 @@ pub(crate) fn pack_mxfp4_layer(
         .into_iter()
         .collect::<Result<Vec<_>, _>>()
         .map(|v| v.into_iter().unzip())
+}
+
+/// The f32 values of `runs`, one after the other, narrowed to `H` eight at a time where the CPU
+/// converts halves in vectors (round to nearest even, exact for values read from `H`).
+fn narrowed<H: Copy + Default>(runs: &[&[f32]]) -> Vec<H>
+where
+    [H]: HalfFloatSliceExt,
+{
+    let mut out = vec![H::default(); runs.iter().map(|r| r.len()).sum()];
+    let mut rest = &mut out[..];
+    for run in runs {
+        let (head, tail) = rest.split_at_mut(run.len());
+        head.convert_from_f32_slice(run);
+        rest = tail;
+    }
+    out
 }
