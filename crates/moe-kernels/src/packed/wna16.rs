@@ -2218,6 +2218,20 @@ mod tests {
                 ..
             })
         ));
+        // Every stored precision, the non-finite value anywhere in the scales.
+        let (f16s, f32s) = ([f16::ONE, f16::INFINITY], [1.0, f32::NEG_INFINITY]);
+        for scales in [Wna16Scales::F16(&f16s), Wna16Scales::F32(&f32s)] {
+            let mut d = desc(2, 8, &c, None, &s[..2]);
+            d.scales = scales;
+            assert!(matches!(
+                PackedWna16::pack(d),
+                Err(KernelError::NonFiniteWeight {
+                    tensor: "scales",
+                    index: 1,
+                    ..
+                })
+            ));
+        }
         let zeros = [3u8, 99];
         let mut d = desc(2, 8, &c, None, &s[..2]);
         d.zeros = Some(&zeros);
