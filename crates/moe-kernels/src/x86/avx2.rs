@@ -107,28 +107,12 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
     // SAFETY: our contract.
     unsafe { w4a8_blocks::<R, ACC>(job, p, m0, &mut acc_f) };
     if let W4A8Out::Values { ptr, ld } = job.out {
-        let w = job.w;
-        let valid = PANEL.min(w.n() - p * PANEL);
-        let bias = w.panel_bias(p).map(|b| {
-            [
-                load_f32(b[..8].try_into().unwrap()),
-                load_f32(b[8..].try_into().unwrap()),
-            ]
-        });
+        let mut sums = [[_mm256_setzero_ps(); 2]; R];
         for r in 0..R {
-            let recip = _mm256_set1_ps(job.row_recip[m0 + r]);
-            let mut y = [
-                _mm256_mul_ps(acc_f[0][r], recip),
-                _mm256_mul_ps(acc_f[1][r], recip),
-            ];
-            if let Some(bias) = bias {
-                y = [_mm256_add_ps(y[0], bias[0]), _mm256_add_ps(y[1], bias[1])];
-            }
-            let dst = ptr.wrapping_add((m0 + r) * ld + p * PANEL);
-            // SAFETY: row `m0 + r < m`, channels `16p..16p + valid < N`, inside the
-            // validated output and owned by this call.
-            unsafe { store16(dst, y[0], y[1], valid) };
+            sums[r] = [acc_f[0][r], acc_f[1][r]];
         }
+        // SAFETY: our contract.
+        unsafe { store_w4a8_rows::<R>(job, p, m0, &sums, ptr, ld) };
     }
 }
 

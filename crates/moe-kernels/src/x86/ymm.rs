@@ -67,6 +67,47 @@ macro_rules! ymm_kernels {
             unsafe { std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, valid) };
         }
 
+        /// Writes rows `m0..m0 + R` of a W4A8 tile's panel `p`: each row's f32 sums (channels
+        /// 0..8 and 8..16) times the row's reciprocal activation scale, plus the panel's bias,
+        /// in the contract's epilogue order.
+        ///
+        /// # Safety
+        /// - `ptr` and `ld` are the job's [`W4A8Out::Values`], valid and exclusively ours for
+        ///   rows `m0..m0+R` of panel `p`.
+        #[target_feature(enable = $features)]
+        #[inline]
+        unsafe fn store_w4a8_rows<const R: usize>(
+            job: &W4A8Job<'_>,
+            p: usize,
+            m0: usize,
+            sums: &[[__m256; 2]; R],
+            ptr: *mut f32,
+            ld: usize,
+        ) {
+            let w = job.w;
+            let valid = PANEL.min(w.n() - p * PANEL);
+            let bias = w.panel_bias(p).map(|b| {
+                [
+                    load_f32(b[..8].try_into().unwrap()),
+                    load_f32(b[8..].try_into().unwrap()),
+                ]
+            });
+            for r in 0..R {
+                let recip = _mm256_set1_ps(job.row_recip[m0 + r]);
+                let mut y = [
+                    _mm256_mul_ps(sums[r][0], recip),
+                    _mm256_mul_ps(sums[r][1], recip),
+                ];
+                if let Some(bias) = bias {
+                    y = [_mm256_add_ps(y[0], bias[0]), _mm256_add_ps(y[1], bias[1])];
+                }
+                let dst = ptr.wrapping_add((m0 + r) * ld + p * PANEL);
+                // SAFETY: row `m0 + r < m`, channels `16p..16p + valid < N`, inside the
+                // validated output and owned by this call.
+                unsafe { store16(dst, y[0], y[1], valid) };
+            }
+        }
+
         /// The W8A8 tile body for `R` rows.
         ///
         /// # Safety
@@ -223,27 +264,8 @@ macro_rules! ymm_w4a8_offset_tile {
                 }
             }
             if let W4A8Out::Values { ptr, ld } = job.out {
-                let valid = PANEL.min(w.n() - p * PANEL);
-                let bias = w.panel_bias(p).map(|b| {
-                    [
-                        load_f32(b[..8].try_into().unwrap()),
-                        load_f32(b[8..].try_into().unwrap()),
-                    ]
-                });
-                for r in 0..R {
-                    let recip = _mm256_set1_ps(job.row_recip[m0 + r]);
-                    let mut y = [
-                        _mm256_mul_ps(acc_f[r][0], recip),
-                        _mm256_mul_ps(acc_f[r][1], recip),
-                    ];
-                    if let Some(bias) = bias {
-                        y = [_mm256_add_ps(y[0], bias[0]), _mm256_add_ps(y[1], bias[1])];
-                    }
-                    let dst = ptr.wrapping_add((m0 + r) * ld + p * PANEL);
-                    // SAFETY: row `m0 + r < m`, channels `16p..16p + valid < N`, inside the
-                    // validated output and owned by this call.
-                    unsafe { store16(dst, y[0], y[1], valid) };
-                }
+                // SAFETY: our contract.
+                unsafe { store_w4a8_rows::<R>(job, p, m0, &acc_f, ptr, ld) };
             }
         }
     };
