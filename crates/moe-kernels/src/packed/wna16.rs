@@ -1219,7 +1219,7 @@ fn gather_awq(at: &[ChannelWords<'_>], k: usize) -> Vec<u32> {
             let rows = K_STEP.min(k - s * K_STEP);
             for (b, block) in group.chunks(AWQ_PACK).enumerate() {
                 let block_half = first_half + b * AWQ_PACK;
-                if let Some((words, first, stride)) = side_by_side(block) {
+                if let Some((words, first, stride)) = consecutive_words(block, AWQ_PACK) {
                     let mut m = [[0u32; AWQ_PACK]; K_STEP];
                     for (r, lanes) in m.iter_mut().enumerate().take(rows) {
                         let row: &[[u8; 4]; AWQ_PACK] = words[first + (s * K_STEP + r) * stride..]
@@ -1254,17 +1254,6 @@ fn gather_awq(at: &[ChannelWords<'_>], k: usize) -> Vec<u32> {
         }
     }
     codes
-}
-
-/// The words, first word and stride shared by `columns` when they are [`AWQ_PACK`] word
-/// columns side by side in one run (consecutive first words, one stride); `None` otherwise.
-fn side_by_side<'a>(columns: &[ChannelWords<'a>]) -> Option<(&'a [[u8; 4]], usize, usize)> {
-    let c0 = columns.first()?;
-    let together = columns.len() == AWQ_PACK
-        && columns.iter().enumerate().all(|(g, c)| {
-            std::ptr::eq(c.words, c0.words) && c.stride == c0.stride && c.first == c0.first + g
-        });
-    together.then_some((c0.words, c0.first, c0.stride))
 }
 
 /// Transposes `L` independent 8 × 8 matrices of nibbles, lane by lane (matrix `l`: row `r` =
@@ -1306,7 +1295,10 @@ fn gather_permuted_int4(at: &[ChannelWords<'_>], k: usize, perm: &[u32]) -> Vec<
     // Channels past N stay 0 in the last panel, as do K values past K in the last step.
     let mut codes = vec![0u32; panels.len() * k_steps * PANEL];
     for (pass, group) in panels.chunks(PANELS_PER_PASS).enumerate() {
-        let runs: Vec<_> = group.iter().map(|panel| consecutive_words(panel)).collect();
+        let runs: Vec<_> = group
+            .iter()
+            .map(|panel| consecutive_words(panel, PANEL))
+            .collect();
         for s in 0..k_steps {
             let sources = &perm[s * K_STEP..k.min((s + 1) * K_STEP)];
             for (i, (panel, run)) in group.iter().zip(&runs).enumerate() {
@@ -1337,13 +1329,17 @@ fn gather_permuted_int4(at: &[ChannelWords<'_>], k: usize, perm: &[u32]) -> Vec<
     codes
 }
 
-/// The words, first word and stride shared by a panel's channels when they are [`PANEL`]
-/// consecutive words of one run's rows; `None` otherwise (a short last panel, a panel across
-/// two runs, channel-major words of more than one word per channel).
-fn consecutive_words<'a>(panel: &[ChannelWords<'a>]) -> Option<(&'a [[u8; 4]], usize, usize)> {
-    let c0 = panel.first()?;
-    let together = panel.len() == PANEL
-        && panel.iter().enumerate().all(|(c, ch)| {
+/// The words, first word and stride shared by `count` locations when they are `count`
+/// consecutive words of one run's rows (a panel's channels in GPTQ's `[K/8, N]`, eight AWQ
+/// word columns side by side); `None` otherwise (fewer locations, a span across two runs,
+/// channel-major words of more than one word per channel).
+fn consecutive_words<'a>(
+    at: &[ChannelWords<'a>],
+    count: usize,
+) -> Option<(&'a [[u8; 4]], usize, usize)> {
+    let c0 = at.first()?;
+    let together = at.len() == count
+        && at.iter().enumerate().all(|(c, ch)| {
             std::ptr::eq(ch.words, c0.words) && ch.stride == c0.stride && ch.first == c0.first + c
         });
     together.then_some((c0.words, c0.first, c0.stride))
