@@ -14,7 +14,7 @@ use super::MoeLayer;
 use super::config::{
     LayerQuant, MoeLayerConfig, SharedExperts, Wna16Activations, router_from_spec,
 };
-use super::params::{Params, check_scale};
+use super::params::{Params, check_scales};
 use crate::LayerError;
 use crate::checkpoint::{
     Checkpoint, ExpertTensors, FloatData, ModelFamily, MoeLayerTensors, MoeModelSpec, QuantScheme,
@@ -883,9 +883,7 @@ fn copy_experts(
         ("w13_weight_scale", &q.w13_scales),
         ("w2_weight_scale", &q.w2_scales),
     ] {
-        for (index, &v) in s.iter().enumerate() {
-            check_scale(name, index, v, cfg.quant)?;
-        }
+        check_scales(name, 0, s, cfg.quant)?;
     }
     match tensors {
         Cow::Owned(ExpertTensors {

@@ -499,12 +499,10 @@ impl Params {
                     TensorData::F16(_) => moe_quant::DType::F16,
                     _ => moe_quant::DType::F32,
                 });
-                let mut src = Vec::with_capacity(view.data.len());
-                for index in 0..view.data.len() {
-                    let v = view.data.float_at(index).unwrap_or(f32::NAN);
-                    check_scale(view.name, index, v, d.quant)?;
-                    src.push(v);
-                }
+                let src: Vec<f32> = (0..view.data.len())
+                    .map(|index| view.data.float_at(index).unwrap_or(f32::NAN))
+                    .collect();
+                check_scales(view.name, 0, &src, d.quant)?;
                 let (dst, dst_rows) = match shard {
                     ExpertShard::W2 => {
                         let n = d.h * d.quant.scale_cols(d.i);
@@ -637,10 +635,42 @@ fn copy_window<T: Copy>(
     }
 }
 
-/// A scale must be finite and non-negative. W4A8 group scales run as bf16, the kernels'
-/// format: an f32 checkpoint scale is rounded to bf16 (nearest, ties to even) when packed, as
-/// vLLM's W4A8 method rounds it when copying it into its bf16 parameter, so it must stay
-/// finite after that rounding.
+/// Checks the scale values `values` of `tensor`, the first at flat index `first`. A scale must
+/// be finite and non-negative. W4A8 group scales run as bf16, the kernels' format: an f32
+/// checkpoint scale is rounded to bf16 (nearest, ties to even) when packed, as vLLM's W4A8
+/// method rounds it when copying it into its bf16 parameter, so it must stay finite after that
+/// rounding. Blocks are first tested branch-free (which vectorises) by a condition that
+/// implies all of this; only a block that fails it is checked value by value, so the first
+/// bad value is the one reported.
+pub(crate) fn check_scales(
+    tensor: &str,
+    first: usize,
+    values: &[f32],
+    quant: LayerQuant,
+) -> Result<(), LayerError> {
+    const BLOCK: usize = 4096;
+    let wna16 = matches!(quant, LayerQuant::Wna16 { .. });
+    // Values up to bf16's largest stay finite when rounded to bf16; values whose low 16 bits
+    // are zero are exact in bf16.
+    let max = match quant {
+        LayerQuant::W4A8 {
+            group_size: WeightGroups::Groups(_),
+        } => bf16::MAX.to_f32(),
+        _ => f32::MAX,
+    };
+    let surely_fine = |v: f32| (v >= 0.0) & (v <= max) & (!wna16 | (v.to_bits() & 0xFFFF == 0));
+    for (b, block) in values.chunks(BLOCK).enumerate() {
+        if !block.iter().fold(true, |ok, &v| ok & surely_fine(v)) {
+            for (i, &v) in block.iter().enumerate() {
+                check_scale(tensor, first + b * BLOCK + i, v, quant)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Refuses one scale value `v` (flat index `index` of `tensor`) that the packed format cannot
+/// hold (see [`check_scales`]).
 pub(crate) fn check_scale(
     tensor: &str,
     index: usize,
@@ -673,5 +703,66 @@ pub(crate) fn check_scale(
             reason,
         }),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroUsize;
+
+    use super::*;
+
+    /// The bad value's index as [`check_scales`] reports it, or `None` when all pass.
+    fn refused(first: usize, values: &[f32], quant: LayerQuant) -> Option<usize> {
+        match check_scales("s", first, values, quant) {
+            Ok(()) => None,
+            Err(LayerError::ParamValue { index, .. }) => Some(index),
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+
+    /// The block test lets through only what the value-by-value check would, and the first
+    /// bad value, in whichever block, is the one named.
+    #[test]
+    fn scale_checks_name_the_first_bad_value() {
+        let grouped = LayerQuant::W4A8 {
+            group_size: WeightGroups::Groups(NonZeroUsize::new(32).unwrap()),
+        };
+        let channelwise = LayerQuant::W4A8 {
+            group_size: WeightGroups::Channelwise,
+        };
+        let wna16 = LayerQuant::Wna16 {
+            bits: 4,
+            group_size: WeightGroups::Channelwise,
+            act_order: false,
+            zero_points: false,
+        };
+        let mut values = vec![0.5f32; 10_000];
+        values[3] = 0.0;
+        values[4] = -0.0;
+        for quant in [grouped, channelwise, wna16] {
+            assert_eq!(refused(7, &values, quant), None);
+        }
+        // Beyond bf16's range once rounded: only group scales run as bf16.
+        let mut wide = values.clone();
+        wide[9_000] = f32::MAX;
+        assert_eq!(refused(7, &wide, grouped), Some(9_007));
+        assert_eq!(refused(7, &wide, channelwise), None);
+        // Not exact in bf16 nor f16: only weight-only scales must be.
+        let mut inexact = values.clone();
+        inexact[5_000] = 0.1;
+        assert_eq!(refused(0, &inexact, wna16), Some(5_000));
+        assert_eq!(refused(0, &inexact, grouped), None);
+        // Exact in f16 but not in bf16: the block test fails it, the value check passes it.
+        inexact[5_000] = 1.0 + 2f32.powi(-10);
+        assert_eq!(refused(0, &inexact, wna16), None);
+        for bad in [f32::NAN, f32::INFINITY, -1e-30] {
+            let mut v = values.clone();
+            v[6_000] = bad;
+            v[8_000] = bad;
+            for quant in [grouped, channelwise, wna16] {
+                assert_eq!(refused(1, &v, quant), Some(6_001), "{bad} under {quant:?}");
+            }
+        }
     }
 }

@@ -230,9 +230,10 @@ pub(crate) fn pack_expert_words(
             ("w13_weight_scale", &[w1, w3][..]),
             ("w2_weight_scale", &[&ex.w2][..]),
         ] {
-            let values = parts.iter().flat_map(|p| &p.scales.values);
-            for (index, &v) in values.enumerate() {
-                super::params::check_scale(name, index, v, quant)?;
+            let mut first = 0;
+            for part in parts {
+                super::params::check_scales(name, first, &part.scales.values, quant)?;
+                first += part.scales.values.len();
             }
         }
     }
