@@ -593,16 +593,16 @@ impl PackedWna16 {
             }
         }
         let n_panels = n.div_ceil(PANEL);
+        // AWQ words hold int4 codes only (refused above otherwise).
         let codes = match (d.bits, d.order, d.perm) {
-            (4, WordOrder::ChannelMajor | WordOrder::StepMajor, None) => {
+            (8, _, perm) => gather_int8(&at, k, perm),
+            (_, WordOrder::Awq, None) => gather_awq(&at, k),
+            (_, WordOrder::Awq, Some(perm)) => gather_awq_permuted(&at, k, perm),
+            (_, _, None) => {
                 let at: Vec<_> = at.iter().map(|a| (a.words, a.first, a.stride)).collect();
                 gather_words(&at, k)
             }
-            (4, WordOrder::Awq, None) => gather_awq(&at, k),
-            (4, WordOrder::ChannelMajor | WordOrder::StepMajor, Some(perm)) => {
-                gather_permuted_int4(&at, k, perm)
-            }
-            _ => gather_codes(&at, d.bits, d.order, k, d.perm),
+            (_, _, Some(perm)) => gather_permuted_int4(&at, k, perm),
         };
         let (scales, zeros, bias) = side.pack(n, n_panels, dims.n_groups);
         Ok(Self {
@@ -1093,107 +1093,50 @@ struct ChannelWords<'a> {
 /// and pass (a line per page, which no hardware prefetcher follows).
 const PANELS_PER_PASS: usize = 16;
 
-/// The packed steps of the channels `at` locates, for every case [`gather_words`],
-/// [`gather_awq`] and [`gather_permuted_int4`] do not take (int8, a permuted AWQ matrix). Each
-/// panel's codes are first spread into a K-major tile of one byte per code and 16 channels per
-/// K value (`K·16` bytes, cache-resident), then each packed step is read from the tile's rows
-/// in packed K order: for int8 the step's four byte rows are four tile rows as they are, for
-/// int4 eight tile rows shifted into nibbles. Where the stored words run along the channels
-/// (GPTQ's and AWQ's `[K, ·]` matrices), one pass fills the tiles of [`PANELS_PER_PASS`]
-/// panels, reading each stored row in order; channel-major words (`pack-quantized`) fill one
-/// tile per pass. The tiles are reused, so nothing the size of the matrix is unpacked.
-fn gather_codes(
-    at: &[ChannelWords<'_>],
-    bits: u32,
-    order: WordOrder,
-    k: usize,
-    perm: Option<&[u32]>,
-) -> Vec<u32> {
-    let k_step = if bits == 4 { K_STEP } else { K_STEP8 };
-    let k_steps = k.div_ceil(k_step);
-    let per_word = (32 / bits) as usize;
-    let mask = (1u32 << bits) - 1;
+/// The packed int4 steps of AWQ words whose K values `perm` reorders (no checkpoint format
+/// stores that, but the desc allows it): each panel's codes are first spread into a K-major
+/// tile of one byte per code and 16 channels per K value (`K·16` bytes), filled K value by K
+/// value for [`PANELS_PER_PASS`] panels per pass (each stored row read in order), then each
+/// packed step is read from eight tile rows in packed K order and shifted into nibbles. The
+/// tiles are reused, so nothing the size of the matrix is unpacked.
+fn gather_awq_permuted(at: &[ChannelWords<'_>], k: usize, perm: &[u32]) -> Vec<u32> {
+    let k_steps = k.div_ceil(K_STEP);
     let n_panels = at.len().div_ceil(PANEL);
-    let row_major = at.first().is_some_and(|ch| ch.stride > 1);
-    let group = if row_major { PANELS_PER_PASS } else { 1 };
-    let tile_len = k_steps * k_step * PANEL;
+    let tile_len = k_steps * K_STEP * PANEL;
     let mut codes = Vec::with_capacity(n_panels * k_steps * PANEL);
     // Rows past K stay 0 (the packed format's padding), as do channels past N.
-    let mut tiles = vec![0u8; tile_len * group.min(n_panels)];
-    for pass in at.chunks(PANEL * group) {
-        if pass.len() < PANEL * group {
+    let mut tiles = vec![0u8; tile_len * PANELS_PER_PASS.min(n_panels)];
+    for pass in at.chunks(PANEL * PANELS_PER_PASS) {
+        if pass.len() < PANEL * PANELS_PER_PASS {
             tiles.fill(0);
         }
-        match order {
-            WordOrder::Awq => {
-                // K value by K value, the pass's channels in stored order along each row.
-                for kk in 0..k {
-                    for (i, ch) in pass.iter().enumerate() {
-                        let w = ch.words[ch.first + kk * ch.stride];
-                        let code = ((u32::from_le_bytes(w) >> ch.shift) & mask) as u8;
-                        tiles[(i / PANEL) * tile_len + kk * PANEL + i % PANEL] = code;
-                    }
-                }
-            }
-            _ => {
-                // One stored word of each of a panel's channels at a time, then its fields
-                // spread over the tile rows 16 channels wide (which vectorises).
-                for s in 0..k.div_ceil(per_word) {
-                    for (panel, tile) in pass.chunks(PANEL).zip(tiles.chunks_exact_mut(tile_len)) {
-                        let mut words = [0u32; PANEL];
-                        for (w, ch) in words.iter_mut().zip(panel) {
-                            *w = u32::from_le_bytes(ch.words[ch.first + s * ch.stride]);
-                        }
-                        for j in 0..per_word.min(k - s * per_word) {
-                            let row = &mut tile[(s * per_word + j) * PANEL..][..PANEL];
-                            for (t, &w) in row.iter_mut().zip(&words) {
-                                *t = ((w >> (bits as usize * j)) & mask) as u8;
-                            }
-                        }
-                    }
-                }
+        for kk in 0..k {
+            for (i, ch) in pass.iter().enumerate() {
+                let w = ch.words[ch.first + kk * ch.stride];
+                let code = ((u32::from_le_bytes(w) >> ch.shift) & 0xF) as u8;
+                tiles[(i / PANEL) * tile_len + kk * PANEL + i % PANEL] = code;
             }
         }
         for tile in tiles
             .chunks_exact(tile_len)
             .take(pass.len().div_ceil(PANEL))
         {
-            steps_from_tile(tile, bits, k, perm, &mut codes);
+            for s in 0..k_steps {
+                let mut step = [0u32; PANEL];
+                for j in 0..K_STEP {
+                    // Packed K values past K read a padding row.
+                    let row = perm
+                        .get(s * K_STEP + j)
+                        .map_or(s * K_STEP + j, |&r| r as usize);
+                    for (w, &q) in step.iter_mut().zip(&tile[row * PANEL..][..PANEL]) {
+                        *w |= u32::from(q) << (4 * j);
+                    }
+                }
+                codes.extend_from_slice(&step);
+            }
         }
     }
     codes
-}
-
-/// Appends the packed steps of one panel's K-major tile (see [`gather_codes`]), reading K
-/// value `j` of the packed order from tile row `perm[j]` (or `j`).
-fn steps_from_tile(tile: &[u8], bits: u32, k: usize, perm: Option<&[u32]>, codes: &mut Vec<u32>) {
-    let k_step = if bits == 4 { K_STEP } else { K_STEP8 };
-    let k_steps = k.div_ceil(k_step);
-    // The tile row of packed K value `j`.
-    let row = |j: usize| -> &[u8] {
-        let src = match perm {
-            Some(p) if j < k => p[j] as usize,
-            _ => j,
-        };
-        &tile[src * PANEL..][..PANEL]
-    };
-    for s in 0..k_steps {
-        if bits == 8 {
-            for j in 0..K_STEP8 {
-                let r = row(s * K_STEP8 + j);
-                codes.extend(r.as_chunks::<4>().0.iter().map(|b| u32::from_le_bytes(*b)));
-            }
-        } else {
-            let mut step = [0u32; PANEL];
-            for j in 0..K_STEP {
-                let r = row(s * K_STEP + j);
-                for (w, &q) in step.iter_mut().zip(r) {
-                    *w |= u32::from(q) << (4 * j);
-                }
-            }
-            codes.extend_from_slice(&step);
-        }
-    }
 }
 
 /// The packed int4 steps of AWQ words in K order: the eight words holding a step's eight K
@@ -1260,23 +1203,44 @@ fn gather_awq(at: &[ChannelWords<'_>], k: usize) -> Vec<u32> {
 /// `m[r][l]`, column `f` = bits `4f..4f+4`), in three rounds of block swaps: 4 × 4 blocks,
 /// then 2 × 2, then single nibbles.
 fn transpose_nibbles<const L: usize>(m: &mut [[u32; L]; 8]) {
-    #[inline(always)]
-    fn swap<const L: usize>(m: &mut [[u32; L]; 8], a: usize, b: usize, bits: u32, mask: u32) {
-        let (upper, lower) = m.split_at_mut(b);
-        for (x, y) in upper[a].iter_mut().zip(&mut lower[0]) {
-            let t = ((*x >> bits) ^ *y) & mask;
-            *x ^= t << bits;
-            *y ^= t;
-        }
-    }
     for r in 0..4 {
-        swap(m, r, r + 4, 16, 0x0000_FFFF);
+        swap_fields(m, r, r + 4, 16, 0x0000_FFFF);
     }
     for r in [0, 1, 4, 5] {
-        swap(m, r, r + 2, 8, 0x00FF_00FF);
+        swap_fields(m, r, r + 2, 8, 0x00FF_00FF);
     }
     for r in [0, 2, 4, 6] {
-        swap(m, r, r + 1, 4, 0x0F0F_0F0F);
+        swap_fields(m, r, r + 1, 4, 0x0F0F_0F0F);
+    }
+}
+
+/// Swaps, lane by lane, the fields of rows `a` and `b` that a transpose exchanges: bits
+/// `bits..` of the upper row's fields under `mask << bits` with the lower row's under `mask`.
+#[inline(always)]
+fn swap_fields<const L: usize, const R: usize>(
+    m: &mut [[u32; L]; R],
+    a: usize,
+    b: usize,
+    bits: u32,
+    mask: u32,
+) {
+    let (upper, lower) = m.split_at_mut(b);
+    for (x, y) in upper[a].iter_mut().zip(&mut lower[0]) {
+        let t = ((*x >> bits) ^ *y) & mask;
+        *x ^= t << bits;
+        *y ^= t;
+    }
+}
+
+/// Transposes `L` independent 4 × 4 matrices of bytes, lane by lane (matrix `l`: row `r` =
+/// `m[r][l]`, column `f` = bits `8f..8f+8`), in two rounds of block swaps: 2 × 2 blocks, then
+/// single bytes.
+fn transpose_bytes<const L: usize>(m: &mut [[u32; L]; 4]) {
+    for r in 0..2 {
+        swap_fields(m, r, r + 2, 16, 0x0000_FFFF);
+    }
+    for r in [0, 2] {
+        swap_fields(m, r, r + 1, 8, 0x00FF_00FF);
     }
 }
 
@@ -1286,15 +1250,16 @@ fn transpose_nibbles<const L: usize>(m: &mut [[u32; L]; 8]) {
 /// (no byte per code is made). Where a panel's sixteen channels are sixteen consecutive words
 /// of one run's rows (GPTQ's `[K/8, N]` `qweight`), one run of 16 stored words serves the
 /// whole panel at once (which vectorises); other panels read each channel's word. The steps of
-/// [`PANELS_PER_PASS`] panels are made together, step by step, so the stored rows a step
-/// reads are read in runs of up to 256 channels and stay cached for the later steps that read
-/// their other nibbles.
+/// [`panels_per_pass`] panels are made together, step by step, so that GPTQ's stored rows are
+/// read in runs of up to 256 channels and stay cached for the later steps that read their
+/// other nibbles.
 fn gather_permuted_int4(at: &[ChannelWords<'_>], k: usize, perm: &[u32]) -> Vec<u32> {
     let k_steps = k.div_ceil(K_STEP);
     let panels: Vec<&[ChannelWords<'_>]> = at.chunks(PANEL).collect();
     // Channels past N stay 0 in the last panel, as do K values past K in the last step.
     let mut codes = vec![0u32; panels.len() * k_steps * PANEL];
-    for (pass, group) in panels.chunks(PANELS_PER_PASS).enumerate() {
+    let per_pass = panels_per_pass(at);
+    for (pass, group) in panels.chunks(per_pass).enumerate() {
         let runs: Vec<_> = group
             .iter()
             .map(|panel| consecutive_words(panel, PANEL))
@@ -1302,7 +1267,7 @@ fn gather_permuted_int4(at: &[ChannelWords<'_>], k: usize, perm: &[u32]) -> Vec<
         for s in 0..k_steps {
             let sources = &perm[s * K_STEP..k.min((s + 1) * K_STEP)];
             for (i, (panel, run)) in group.iter().zip(&runs).enumerate() {
-                let p = pass * PANELS_PER_PASS + i;
+                let p = pass * per_pass + i;
                 let mut step = [0u32; PANEL];
                 for (j, &src) in sources.iter().enumerate() {
                     let (word, shift) = (src as usize / K_STEP, 4 * (src as usize % K_STEP));
@@ -1327,6 +1292,101 @@ fn gather_permuted_int4(at: &[ChannelWords<'_>], k: usize, perm: &[u32]) -> Vec<
         }
     }
     codes
+}
+
+/// The packed int8 steps of channels stored as words of four K values (GPTQ's `[K/4, N]`,
+/// compressed-tensors' `[N, K/4]`), K values reordered by `perm` if given. In K order a
+/// channel's stored word `s` is its step `s`, so a step's four byte rows are the 16 words'
+/// bytes transposed; with `perm`, byte `j` of a channel's step is byte `src % 4` of its word
+/// `src / 4`, `src` the stored K value of packed K value `4s + j`. Where a panel's channels are
+/// consecutive words (GPTQ), one run of 16 stored words is read at once, else channel by
+/// channel; the steps of [`panels_per_pass`] panels are made together, as in
+/// [`gather_permuted_int4`].
+fn gather_int8(at: &[ChannelWords<'_>], k: usize, perm: Option<&[u32]>) -> Vec<u32> {
+    let k_steps = k.div_ceil(K_STEP8);
+    let panels: Vec<&[ChannelWords<'_>]> = at.chunks(PANEL).collect();
+    // Channels past N stay 0 in the last panel, as do K values past K in the last step.
+    let mut codes = vec![0u32; panels.len() * k_steps * PANEL];
+    let per_pass = panels_per_pass(at);
+    for (pass, group) in panels.chunks(per_pass).enumerate() {
+        let runs: Vec<_> = group
+            .iter()
+            .map(|panel| consecutive_words(panel, PANEL))
+            .collect();
+        for s in 0..k_steps {
+            for (i, (panel, run)) in group.iter().zip(&runs).enumerate() {
+                let p = pass * per_pass + i;
+                let rows = K_STEP8.min(k - s * K_STEP8);
+                let out = &mut codes[(p * k_steps + s) * PANEL..][..PANEL];
+                match perm {
+                    // Each stored word is one channel's step: the words of four channels,
+                    // transposed as a 4 × 4 byte matrix, are the step's four words of those
+                    // channels (one per K value).
+                    None => {
+                        // `m[r][g]`: the word of channel `4g + r`.
+                        let mut m = [[0u32; 4]; K_STEP8];
+                        let mut word =
+                            |c: usize, w: [u8; 4]| m[c % 4][c / 4] = u32::from_le_bytes(w);
+                        match *run {
+                            Some((words, first, stride)) => {
+                                for (c, &w) in
+                                    words[first + s * stride..][..PANEL].iter().enumerate()
+                                {
+                                    word(c, w);
+                                }
+                            }
+                            None => {
+                                for (c, ch) in panel.iter().enumerate() {
+                                    word(c, ch.words[ch.first + s * ch.stride]);
+                                }
+                            }
+                        }
+                        transpose_bytes(&mut m);
+                        for (j, row) in m.iter().enumerate().take(rows) {
+                            out[j * 4..][..4].copy_from_slice(row);
+                        }
+                    }
+                    Some(perm) => {
+                        let mut step = [[0u8; PANEL]; K_STEP8];
+                        for (j, row) in step.iter_mut().enumerate().take(rows) {
+                            let src = perm[s * K_STEP8 + j] as usize;
+                            let (word, byte) = (src / K_STEP8, src % K_STEP8);
+                            match *run {
+                                Some((words, first, stride)) => {
+                                    let stored: &[[u8; 4]; PANEL] =
+                                        words[first + word * stride..][..PANEL].try_into().unwrap();
+                                    for (b, w) in row.iter_mut().zip(stored) {
+                                        *b = w[byte];
+                                    }
+                                }
+                                None => {
+                                    for (b, ch) in row.iter_mut().zip(*panel) {
+                                        *b = ch.words[ch.first + word * ch.stride][byte];
+                                    }
+                                }
+                            }
+                        }
+                        for (o, b) in out.iter_mut().zip(step.as_flattened().as_chunks::<4>().0) {
+                            *o = u32::from_le_bytes(*b);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    codes
+}
+
+/// Panels whose steps one pass makes together: [`PANELS_PER_PASS`] where the stored words run
+/// along the channels (each stored row then read a run of channels at a time), one where they
+/// run along K (channel-major: a panel's 16 channels are then 16 sequential streams, and more
+/// panels at once would be more streams than the hardware prefetchers follow).
+fn panels_per_pass(at: &[ChannelWords<'_>]) -> usize {
+    if at.first().is_some_and(|ch| ch.stride > 1) {
+        PANELS_PER_PASS
+    } else {
+        1
+    }
 }
 
 /// The words, first word and stride shared by `count` locations when they are `count`
