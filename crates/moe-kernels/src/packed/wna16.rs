@@ -1254,44 +1254,30 @@ fn transpose_bytes<const L: usize>(m: &mut [[u32; L]; 4]) {
 /// read in runs of up to 256 channels and stay cached for the later steps that read their
 /// other nibbles.
 fn gather_permuted_int4(at: &[ChannelWords<'_>], k: usize, perm: &[u32]) -> Vec<u32> {
-    let k_steps = k.div_ceil(K_STEP);
-    let panels: Vec<&[ChannelWords<'_>]> = at.chunks(PANEL).collect();
-    // Channels past N stay 0 in the last panel, as do K values past K in the last step.
-    let mut codes = vec![0u32; panels.len() * k_steps * PANEL];
-    let per_pass = panels_per_pass(at);
-    for (pass, group) in panels.chunks(per_pass).enumerate() {
-        let runs: Vec<_> = group
-            .iter()
-            .map(|panel| consecutive_words(panel, PANEL))
-            .collect();
-        for s in 0..k_steps {
-            let sources = &perm[s * K_STEP..k.min((s + 1) * K_STEP)];
-            for (i, (panel, run)) in group.iter().zip(&runs).enumerate() {
-                let p = pass * per_pass + i;
-                let mut step = [0u32; PANEL];
-                for (j, &src) in sources.iter().enumerate() {
-                    let (word, shift) = (src as usize / K_STEP, 4 * (src as usize % K_STEP));
-                    let nibble = |w: [u8; 4]| ((u32::from_le_bytes(w) >> shift) & 0xF) << (4 * j);
-                    match *run {
-                        Some((words, first, stride)) => {
-                            let row: &[[u8; 4]; PANEL] =
-                                words[first + word * stride..][..PANEL].try_into().unwrap();
-                            for c in 0..PANEL {
-                                step[c] |= nibble(row[c]);
-                            }
-                        }
-                        None => {
-                            for (out, ch) in step.iter_mut().zip(*panel) {
-                                *out |= nibble(ch.words[ch.first + word * ch.stride]);
-                            }
-                        }
+    // K values past K stay 0 in the last step.
+    steps_by_pass(at, k.div_ceil(K_STEP), |panel, s, out| {
+        let sources = &perm[s * K_STEP..k.min((s + 1) * K_STEP)];
+        let mut step = [0u32; PANEL];
+        for (j, &src) in sources.iter().enumerate() {
+            let (word, shift) = (src as usize / K_STEP, 4 * (src as usize % K_STEP));
+            let nibble = |w: [u8; 4]| ((u32::from_le_bytes(w) >> shift) & 0xF) << (4 * j);
+            match panel.run {
+                Some((words, first, stride)) => {
+                    let row: &[[u8; 4]; PANEL] =
+                        words[first + word * stride..][..PANEL].try_into().unwrap();
+                    for c in 0..PANEL {
+                        step[c] |= nibble(row[c]);
                     }
                 }
-                codes[(p * k_steps + s) * PANEL..][..PANEL].copy_from_slice(&step);
+                None => {
+                    for (out, ch) in step.iter_mut().zip(panel.channels) {
+                        *out |= nibble(ch.words[ch.first + word * ch.stride]);
+                    }
+                }
             }
         }
-    }
-    codes
+        out.copy_from_slice(&step);
+    })
 }
 
 /// The packed int8 steps of channels stored as words of four K values (GPTQ's `[K/4, N]`,
@@ -1303,74 +1289,93 @@ fn gather_permuted_int4(at: &[ChannelWords<'_>], k: usize, perm: &[u32]) -> Vec<
 /// channel; the steps of [`panels_per_pass`] panels are made together, as in
 /// [`gather_permuted_int4`].
 fn gather_int8(at: &[ChannelWords<'_>], k: usize, perm: Option<&[u32]>) -> Vec<u32> {
-    let k_steps = k.div_ceil(K_STEP8);
-    let panels: Vec<&[ChannelWords<'_>]> = at.chunks(PANEL).collect();
-    // Channels past N stay 0 in the last panel, as do K values past K in the last step.
-    let mut codes = vec![0u32; panels.len() * k_steps * PANEL];
-    let per_pass = panels_per_pass(at);
-    for (pass, group) in panels.chunks(per_pass).enumerate() {
-        let runs: Vec<_> = group
-            .iter()
-            .map(|panel| consecutive_words(panel, PANEL))
-            .collect();
-        for s in 0..k_steps {
-            for (i, (panel, run)) in group.iter().zip(&runs).enumerate() {
-                let p = pass * per_pass + i;
-                let rows = K_STEP8.min(k - s * K_STEP8);
-                let out = &mut codes[(p * k_steps + s) * PANEL..][..PANEL];
-                match perm {
-                    // Each stored word is one channel's step: the words of four channels,
-                    // transposed as a 4 × 4 byte matrix, are the step's four words of those
-                    // channels (one per K value).
-                    None => {
-                        // `m[r][g]`: the word of channel `4g + r`.
-                        let mut m = [[0u32; 4]; K_STEP8];
-                        let mut word =
-                            |c: usize, w: [u8; 4]| m[c % 4][c / 4] = u32::from_le_bytes(w);
-                        match *run {
-                            Some((words, first, stride)) => {
-                                for (c, &w) in
-                                    words[first + s * stride..][..PANEL].iter().enumerate()
-                                {
-                                    word(c, w);
-                                }
-                            }
-                            None => {
-                                for (c, ch) in panel.iter().enumerate() {
-                                    word(c, ch.words[ch.first + s * ch.stride]);
-                                }
-                            }
-                        }
-                        transpose_bytes(&mut m);
-                        for (j, row) in m.iter().enumerate().take(rows) {
-                            out[j * 4..][..4].copy_from_slice(row);
+    // K values past K stay 0 in the last step.
+    steps_by_pass(at, k.div_ceil(K_STEP8), |panel, s, out| {
+        let rows = K_STEP8.min(k - s * K_STEP8);
+        match perm {
+            // Each stored word is one channel's step: the words of four channels,
+            // transposed as a 4 × 4 byte matrix, are the step's four words of those
+            // channels (one per K value).
+            None => {
+                // `m[r][g]`: the word of channel `4g + r`.
+                let mut m = [[0u32; 4]; K_STEP8];
+                let mut word = |c: usize, w: [u8; 4]| m[c % 4][c / 4] = u32::from_le_bytes(w);
+                match panel.run {
+                    Some((words, first, stride)) => {
+                        for (c, &w) in words[first + s * stride..][..PANEL].iter().enumerate() {
+                            word(c, w);
                         }
                     }
-                    Some(perm) => {
-                        let mut step = [[0u8; PANEL]; K_STEP8];
-                        for (j, row) in step.iter_mut().enumerate().take(rows) {
-                            let src = perm[s * K_STEP8 + j] as usize;
-                            let (word, byte) = (src / K_STEP8, src % K_STEP8);
-                            match *run {
-                                Some((words, first, stride)) => {
-                                    let stored: &[[u8; 4]; PANEL] =
-                                        words[first + word * stride..][..PANEL].try_into().unwrap();
-                                    for (b, w) in row.iter_mut().zip(stored) {
-                                        *b = w[byte];
-                                    }
-                                }
-                                None => {
-                                    for (b, ch) in row.iter_mut().zip(*panel) {
-                                        *b = ch.words[ch.first + word * ch.stride][byte];
-                                    }
-                                }
-                            }
-                        }
-                        for (o, b) in out.iter_mut().zip(step.as_flattened().as_chunks::<4>().0) {
-                            *o = u32::from_le_bytes(*b);
+                    None => {
+                        for (c, ch) in panel.channels.iter().enumerate() {
+                            word(c, ch.words[ch.first + s * ch.stride]);
                         }
                     }
                 }
+                transpose_bytes(&mut m);
+                for (j, row) in m.iter().enumerate().take(rows) {
+                    out[j * 4..][..4].copy_from_slice(row);
+                }
+            }
+            Some(perm) => {
+                let mut step = [[0u8; PANEL]; K_STEP8];
+                for (j, row) in step.iter_mut().enumerate().take(rows) {
+                    let src = perm[s * K_STEP8 + j] as usize;
+                    let (word, byte) = (src / K_STEP8, src % K_STEP8);
+                    match panel.run {
+                        Some((words, first, stride)) => {
+                            let stored: &[[u8; 4]; PANEL] =
+                                words[first + word * stride..][..PANEL].try_into().unwrap();
+                            for (b, w) in row.iter_mut().zip(stored) {
+                                *b = w[byte];
+                            }
+                        }
+                        None => {
+                            for (b, ch) in row.iter_mut().zip(panel.channels) {
+                                *b = ch.words[ch.first + word * ch.stride][byte];
+                            }
+                        }
+                    }
+                }
+                for (o, b) in out.iter_mut().zip(step.as_flattened().as_chunks::<4>().0) {
+                    *o = u32::from_le_bytes(*b);
+                }
+            }
+        }
+    })
+}
+
+/// A panel's channel locations and, where they are consecutive stored words, their run (see
+/// [`consecutive_words`]).
+#[derive(Clone, Copy)]
+struct PanelWords<'p, 'a> {
+    channels: &'p [ChannelWords<'a>],
+    run: Option<(&'a [[u8; 4]], usize, usize)>,
+}
+
+/// The packed steps of the panels of `at`, `k_steps` each, every one written by
+/// `make(panel, s, out)` into its 16 zeroed words: [`panels_per_pass`] panels at a time, step
+/// by step within a pass. Channels past N stay 0 in the last panel.
+fn steps_by_pass(
+    at: &[ChannelWords<'_>],
+    k_steps: usize,
+    mut make: impl FnMut(PanelWords<'_, '_>, usize, &mut [u32]),
+) -> Vec<u32> {
+    let panels: Vec<&[ChannelWords<'_>]> = at.chunks(PANEL).collect();
+    let mut codes = vec![0u32; panels.len() * k_steps * PANEL];
+    let per_pass = panels_per_pass(at);
+    for (pass, group) in panels.chunks(per_pass).enumerate() {
+        let words: Vec<PanelWords<'_, '_>> = group
+            .iter()
+            .map(|&channels| PanelWords {
+                channels,
+                run: consecutive_words(channels, PANEL),
+            })
+            .collect();
+        for s in 0..k_steps {
+            for (i, &panel) in words.iter().enumerate() {
+                let p = pass * per_pass + i;
+                make(panel, s, &mut codes[(p * k_steps + s) * PANEL..][..PANEL]);
             }
         }
     }
