@@ -63,6 +63,14 @@ pub(crate) const fn round_up(x: usize, to: usize) -> usize {
     x.div_ceil(to) * to
 }
 
+/// Whether `ok` holds for every value: a branch-free pass over blocks (which vectorises), so
+/// that checking input that is valid, the common case, does not pay for finding the first bad
+/// index; callers look for it only when this says no.
+pub(crate) fn all_branch_free<T: Copy>(v: &[T], ok: impl Fn(T) -> bool) -> bool {
+    v.chunks(4096)
+        .all(|b| b.iter().fold(true, |all, &x| all & ok(x)))
+}
+
 /// Checks `got == expected` for the slice named `tensor`.
 pub(crate) fn check_len(
     tensor: &'static str,

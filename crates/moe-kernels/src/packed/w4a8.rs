@@ -38,13 +38,6 @@ pub(crate) const K_STEP: usize = 8;
 /// Largest supported K: int32 block sums stay exact while `K·255·8 < 2^31` (spec §4.6).
 pub const MAX_K: usize = (1 << 20) - 1;
 
-/// Whether every value lies in `[-8, 7]`: a branch-free pass over blocks (which vectorises),
-/// so the common all-valid case does not pay for finding the first bad index.
-fn all_int4(w: &[i8]) -> bool {
-    w.chunks(4096)
-        .all(|c| c.iter().fold(true, |ok, &v| ok & (-8..=7).contains(&v)))
-}
-
 /// Looks up the scale of (row, block) in the caller's scales while packing.
 type BlockScale<'a> = Box<dyn Fn(usize, usize) -> Scale + 'a>;
 
@@ -125,7 +118,7 @@ impl PackedW4A8 {
             reason: "N·K overflows usize",
         })?;
         check_len("w_int4", expected_len, w.len())?;
-        if !all_int4(w)
+        if !super::all_branch_free(w, |v| (-8..=7).contains(&v))
             && let Some(index) = w.iter().position(|v| !(-8..=7).contains(v))
         {
             return Err(KernelError::ValueOutOfRange {

@@ -35,7 +35,7 @@ use std::num::NonZeroUsize;
 use half::{bf16, f16};
 use moe_quant::WeightGroups;
 
-use super::{PANEL, check_len};
+use super::{PANEL, all_branch_free, check_len};
 use crate::KernelError;
 
 /// K values per packed int4 step: eight nibbles in each channel's 32-bit lane.
@@ -418,14 +418,10 @@ impl Side<'_> {
     /// reported in): a branch-free pass over the stored values first (which vectorises), the
     /// index only on failure.
     fn check_scales(&self) -> Result<(), KernelError> {
-        fn all<T: Copy>(v: &[T], finite: impl Fn(T) -> bool) -> bool {
-            v.chunks(4096)
-                .all(|b| b.iter().fold(true, |ok, &x| ok & finite(x)))
-        }
         let finite = match self.scales {
-            Wna16Scales::F16(s) => all(s, f16::is_finite),
-            Wna16Scales::Bf16(s) => all(s, bf16::is_finite),
-            Wna16Scales::F32(s) => all(s, f32::is_finite),
+            Wna16Scales::F16(s) => all_branch_free(s, f16::is_finite),
+            Wna16Scales::Bf16(s) => all_branch_free(s, bf16::is_finite),
+            Wna16Scales::F32(s) => all_branch_free(s, f32::is_finite),
         };
         if finite {
             return Ok(());
@@ -1449,10 +1445,7 @@ fn scatter<T: Copy + Default>(
 
 /// Refuses codes above `max`.
 fn check_codes(tensor: &'static str, v: &[u8], max: u8) -> Result<(), KernelError> {
-    // A branch-free pass over blocks (which vectorises) first; the index only on failure.
-    if v.chunks(4096)
-        .all(|b| b.iter().fold(0, |m, &c| m.max(c)) <= max)
-    {
+    if all_branch_free(v, |c| c <= max) {
         return Ok(());
     }
     match v.iter().position(|&c| c > max) {
