@@ -1632,6 +1632,35 @@ fn word_cases(c: &mut Cases) {
             stored(ck, &t(3, 2, "scales")).bytes[..2].copy_from_slice(&b);
         },
     );
+    // f32 scales: kept as stored by the WNA16 kernels, so values 16 bits cannot hold load and
+    // run; values beyond bf16's range are refused, since int8 activations would round them
+    // to bf16 on the W4A8 kernels.
+    fn scales_f32(ck: &mut Ckpt, value: f32) {
+        for t in ck.tensors.values_mut().filter(|t| t.dtype == Dtype::F16) {
+            let n = t.bytes.len() / 2;
+            (t.dtype, t.bytes) = (Dtype::F32, f32_bytes(&vec![value; n]));
+        }
+    }
+    for (name, base) in [
+        ("awq", awq as fn() -> Ckpt),
+        ("gptq act-order", gptq_act_order),
+        ("gptq int8", gptq_int8),
+    ] {
+        c.model(
+            &format!("{name} f32 scales that 16 bits cannot hold load and run"),
+            base,
+            layer,
+            Expect::Ok,
+            |ck| scales_f32(ck, 0.0123457),
+        );
+        c.model(
+            &format!("{name} f32 scales beyond bf16's range"),
+            base,
+            layer,
+            err!(LayerError::ParamValue { .. }),
+            |ck| scales_f32(ck, f32::MAX),
+        );
+    }
     c.model(
         "gptq act-order g_idx entry past the groups",
         gptq_act_order,

@@ -9,7 +9,10 @@ mod checkpoint_support;
 
 use checkpoint_support::{Ckpt, E, Fmt, G, H, I, Proj, temp_dir, wna16_tolerance};
 use moe_layer::checkpoint::{Checkpoint, ShardAccess};
-use moe_layer::{LayerError, LayerQuant, LoadOptions, MoeLayer, MoeLayerConfig, Wna16Activations};
+use moe_layer::{
+    DisabledKernels, ExpertShard, LayerError, LayerQuant, LoadOptions, MoeLayer, MoeLayerConfig,
+    TensorData, TensorKind, TensorView, Wna16Activations,
+};
 use moe_quant::WeightGroups;
 use moe_router::Logits;
 use moe_testutil::SplitMix64;
@@ -74,6 +77,16 @@ fn check(ck: &Ckpt, experts: &[[Proj; 3]], tag: &str, gate_up_group: &dyn Fn(usi
     ck.write(&dir);
     let ckpt = Checkpoint::open(&dir, ShardAccess::Read).unwrap();
     let layer = MoeLayer::from_checkpoint(&ckpt, 0, 16).unwrap();
+    check_layer(&layer, experts, tag, gate_up_group);
+}
+
+/// Checks the kernel label of `layer` and compares a few token counts with the reference.
+fn check_layer(
+    layer: &MoeLayer,
+    experts: &[[Proj; 3]],
+    tag: &str,
+    gate_up_group: &dyn Fn(usize) -> usize,
+) {
     let info = layer.backend().unwrap();
     assert!(info.kernel.starts_with("cpu-wna16/"), "{tag}: {info:?}");
     let tol = wna16_tolerance(&info.ops);
@@ -83,7 +96,7 @@ fn check(ck: &Ckpt, experts: &[[Proj; 3]], tag: &str, gate_up_group: &dyn Fn(usi
         let logits = rng.vec_uniform(t * E, -1.0, 1.0);
         let mut out = vec![0f32; t * H];
         layer.apply(&x, Logits::F32(&logits), &mut out).unwrap();
-        let want = reference(&layer, experts, &x, &logits, t, gate_up_group);
+        let want = reference(layer, experts, &x, &logits, t, gate_up_group);
         let (mut num, mut den) = (0f64, 0f64);
         for (g, w) in out.iter().zip(&want) {
             num += (f64::from(*g) - w).powi(2);
@@ -102,6 +115,155 @@ fn gptq_and_pack_quantized_run_on_the_native_kernels() {
     ] {
         let (ck, experts) = Ckpt::build("qwen3_moe", fmt, 21);
         check(&ck, &experts, tag, &|k| k / G);
+    }
+}
+
+/// Every stored scale tensor of `ck` (`scales`, `weight_scale`) rewritten as f32 values times
+/// `factor`, and the same product (rounded the same way, in f32) in `experts`.
+fn scales_to_f32(ck: &mut Ckpt, experts: &mut [[Proj; 3]], factor: f32) {
+    for (name, t) in ck.tensors.iter_mut() {
+        if !(name.ends_with(".scales") || name.ends_with(".weight_scale")) {
+            continue;
+        }
+        let values: Vec<f32> = t
+            .bytes
+            .chunks_exact(2)
+            .map(|b| match t.dtype {
+                safetensors::Dtype::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
+                safetensors::Dtype::BF16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+                other => panic!("{name}: scales stored as {other:?}"),
+            })
+            .collect();
+        let scaled: Vec<f32> = values.iter().map(|&v| v * factor).collect();
+        t.dtype = safetensors::Dtype::F32;
+        t.bytes = checkpoint_support::f32_bytes(&scaled);
+    }
+    for p in experts.iter_mut().flatten() {
+        for s in &mut p.scales {
+            *s *= factor;
+        }
+    }
+}
+
+/// f32 scales that neither bf16 nor f16 holds exactly load on both roads (expert by expert
+/// from the stored words, and the whole layer at once) and are used as stored: each lies a
+/// quarter to a half of a bf16 step above a bf16 value, so rounding them to bf16 would shrink
+/// all of them (by about 2^-9) and move the outputs by about 6e-3 relative, beyond every
+/// tolerance of `check_layer`. The
+/// Marlin fallback, which keeps 16-bit scales, refuses them by name.
+#[test]
+fn f32_scales_are_used_as_stored() {
+    let factor = 1.0 + 31.0 * 2f32.powi(-14);
+    for (fmt, seed, tag) in [
+        (Fmt::Gptq, 24, "wna16-gptq-f32-scales"),
+        (Fmt::PackQuantized, 25, "wna16-pack-f32-scales"),
+    ] {
+        let (mut ck, mut experts) = Ckpt::build("qwen3_moe", fmt, seed);
+        scales_to_f32(&mut ck, &mut experts, factor);
+        let inexact = experts.iter().flatten().flat_map(|p| &p.scales).any(|&s| {
+            half::bf16::from_f32(s).to_f32() != s && half::f16::from_f32(s).to_f32() != s
+        });
+        assert!(
+            inexact,
+            "{tag}: the scales must not all be exact in 16 bits"
+        );
+        let dir = temp_dir(tag);
+        ck.write(&dir);
+        let ckpt = Checkpoint::open(&dir, ShardAccess::Read).unwrap();
+        let streamed = MoeLayer::from_checkpoint(&ckpt, 0, 16).unwrap();
+        check_layer(&streamed, &experts, tag, &|k| k / G);
+        let whole =
+            MoeLayer::from_checkpoint_ranked_with(&ckpt, 0, 16, (0, 1), None, &LoadOptions::new())
+                .unwrap();
+        check_layer(&whole, &experts, &format!("{tag} (whole layer)"), &|k| {
+            k / G
+        });
+        // The Marlin fallback keeps 16-bit scales: it refuses these, naming them.
+        let disabled = DisabledKernels::parse("cpu-wna16");
+        let opts = LoadOptions::new().with_disabled_kernels(&disabled);
+        match MoeLayer::from_checkpoint_with(&ckpt, 0, 16, &opts) {
+            Err(LayerError::ParamDtype { tensor, actual, .. }) => {
+                assert_eq!((tensor.as_str(), actual.as_str()), ("weight_scale", "F32"));
+            }
+            other => panic!("{tag} on Marlin: {:?}", other.map(|l| l.backend())),
+        }
+    }
+}
+
+/// Scales loaded tensor by tensor in several dtypes (gate and up in bf16, down in f32 values
+/// that 16 bits cannot hold, the bf16 ones last) are all kept exactly: none is narrowed to the
+/// dtype of the last one loaded. The layer computes what the reference does, and bit for bit
+/// what the same layer with every scale given in f32 computes.
+#[test]
+fn per_tensor_scales_in_several_dtypes_are_kept_exactly() {
+    let (_, mut experts) = Ckpt::build("qwen3_moe", Fmt::Gptq, 26);
+    let factor = 1.0 + 31.0 * 2f32.powi(-14);
+    for [_, _, down] in &mut experts {
+        for s in &mut down.scales {
+            *s *= factor;
+        }
+    }
+    let quant = LayerQuant::Wna16 {
+        bits: 4,
+        group_size: WeightGroups::groups(G).unwrap(),
+        act_order: false,
+        zero_points: false,
+    };
+    let load = |mixed: bool| {
+        let mut moe = MoeLayer::create(MoeLayerConfig::new(E, TOP_K, H, I, quant)).unwrap();
+        for (e, projs) in experts.iter().enumerate() {
+            // Down first, so the bf16 scales of gate and up come last.
+            for (p, shard) in [
+                (2, ExpertShard::W2),
+                (0, ExpertShard::W1),
+                (1, ExpertShard::W3),
+            ] {
+                let proj = &projs[p];
+                let shape = [proj.n, proj.k];
+                let codes = TensorView {
+                    name: "weight",
+                    shape: &shape,
+                    data: TensorData::I8(&proj.codes),
+                };
+                moe.load_expert_tensor(e, shard, TensorKind::Weight, &codes)
+                    .unwrap();
+                let scale_shape = [proj.n, proj.k / G];
+                let bf16s: Vec<half::bf16> = proj
+                    .scales
+                    .iter()
+                    .map(|&v| half::bf16::from_f32(v))
+                    .collect();
+                let data = match shard {
+                    ExpertShard::W1 | ExpertShard::W3 if mixed => TensorData::Bf16(&bf16s),
+                    _ => TensorData::F32(&proj.scales),
+                };
+                let scales = TensorView {
+                    name: "weight_scale",
+                    shape: &scale_shape,
+                    data,
+                };
+                moe.load_expert_tensor(e, shard, TensorKind::Scale, &scales)
+                    .unwrap();
+            }
+        }
+        moe.load_router_weight(&vec![0.01; E * H]).unwrap();
+        moe.process().unwrap();
+        moe
+    };
+    let (mixed, f32_only) = (load(true), load(false));
+    check_layer(&mixed, &experts, "wna16-per-tensor-mixed-scales", &|k| {
+        k / G
+    });
+    let mut rng = SplitMix64::new(8);
+    for t in [1, 5, 16] {
+        let x = rng.vec_uniform(t * H, -2.0, 2.0);
+        let logits = rng.vec_uniform(t * E, -1.0, 1.0);
+        let run = |layer: &MoeLayer| {
+            let mut out = vec![0f32; t * H];
+            layer.apply(&x, Logits::F32(&logits), &mut out).unwrap();
+            out
+        };
+        assert_eq!(run(&mixed), run(&f32_only), "t={t}");
     }
 }
 

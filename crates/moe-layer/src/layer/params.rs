@@ -129,8 +129,9 @@ pub(crate) struct Params {
     pub(crate) w2_f: Vec<f32>,
     pub(crate) float_dtype: Option<moe_quant::DType>,
     pub(crate) w2_amax: Vec<f32>,
-    /// WNA16 only: the dtype the scales were stored in (Marlin keeps 16-bit scales), and the
-    /// act-order group of every input row, `[E_local, H]` / `[E_local, I]` (empty without).
+    /// WNA16 only: the dtype the scales were stored in (f32 when given in several; Marlin keeps
+    /// 16-bit scales, the native kernels take any of the three), and the act-order group of
+    /// every input row, `[E_local, H]` / `[E_local, I]` (empty without).
     pub(crate) scale_dtype: Option<moe_quant::DType>,
     pub(crate) w13_g_idx: Vec<i32>,
     pub(crate) w2_g_idx: Vec<i32>,
@@ -494,10 +495,16 @@ impl Params {
                         actual: "i8".into(),
                     });
                 }
-                self.scale_dtype = Some(match view.data {
+                let dtype = match view.data {
                     TensorData::Bf16(_) => moe_quant::DType::BF16,
                     TensorData::F16(_) => moe_quant::DType::F16,
                     _ => moe_quant::DType::F32,
+                };
+                // Scales given in different dtypes are kept in f32, which holds them all
+                // exactly; narrowing them to the last one's dtype would round the others.
+                self.scale_dtype = Some(match self.scale_dtype {
+                    Some(before) if before != dtype => moe_quant::DType::F32,
+                    _ => dtype,
                 });
                 let src: Vec<f32> = (0..view.data.len())
                     .map(|index| view.data.float_at(index).unwrap_or(f32::NAN))
@@ -639,9 +646,11 @@ fn copy_window<T: Copy>(
 /// be finite and non-negative. W4A8 group scales run as bf16, the kernels' format: an f32
 /// checkpoint scale is rounded to bf16 (nearest, ties to even) when packed, as vLLM's W4A8
 /// method rounds it when copying it into its bf16 parameter, so it must stay finite after that
-/// rounding. Blocks are first tested branch-free (which vectorises) by a condition that
-/// implies all of this; only a block that fails it is checked value by value, so the first
-/// bad value is the one reported.
+/// rounding. WNA16 group scales may take that road too (int8 activations on the W4A8
+/// kernels), so the same bound holds for them; the WNA16 kernels themselves keep f32 scales as
+/// stored. Blocks are first tested branch-free (which vectorises) by a condition that implies
+/// all of this; only a block that fails it is checked value by value, so the first bad value
+/// is the one reported.
 pub(crate) fn check_scales(
     tensor: &str,
     first: usize,
@@ -649,16 +658,13 @@ pub(crate) fn check_scales(
     quant: LayerQuant,
 ) -> Result<(), LayerError> {
     const BLOCK: usize = 4096;
-    let wna16 = matches!(quant, LayerQuant::Wna16 { .. });
-    // Values up to bf16's largest stay finite when rounded to bf16; values whose low 16 bits
-    // are zero are exact in bf16.
-    let max = match quant {
-        LayerQuant::W4A8 {
-            group_size: WeightGroups::Groups(_),
-        } => bf16::MAX.to_f32(),
-        _ => f32::MAX,
+    // Values up to bf16's largest stay finite when rounded to bf16.
+    let max = if rounded_to_bf16(quant) {
+        bf16::MAX.to_f32()
+    } else {
+        f32::MAX
     };
-    let surely_fine = |v: f32| (v >= 0.0) & (v <= max) & (!wna16 | (v.to_bits() & 0xFFFF == 0));
+    let surely_fine = |v: f32| (v >= 0.0) & (v <= max);
     for (b, block) in values.chunks(BLOCK).enumerate() {
         if !block.iter().fold(true, |ok, &v| ok & surely_fine(v)) {
             for (i, &v) in block.iter().enumerate() {
@@ -667,6 +673,20 @@ pub(crate) fn check_scales(
         }
     }
     Ok(())
+}
+
+/// Whether the scales of `quant` may be rounded to bf16 when packed: W4A8 group scales always,
+/// WNA16 group scales when the layer runs them on the W4A8 kernels.
+fn rounded_to_bf16(quant: LayerQuant) -> bool {
+    matches!(
+        quant,
+        LayerQuant::W4A8 {
+            group_size: WeightGroups::Groups(_)
+        } | LayerQuant::Wna16 {
+            group_size: WeightGroups::Groups(_),
+            ..
+        }
+    )
 }
 
 /// Refuses one scale value `v` (flat index `index` of `tensor`) that the packed format cannot
@@ -679,19 +699,8 @@ pub(crate) fn check_scale(
 ) -> Result<(), LayerError> {
     let reason = if !v.is_finite() || v < 0.0 {
         Some("scales must be finite and non-negative")
-    } else if matches!(
-        quant,
-        LayerQuant::W4A8 {
-            group_size: WeightGroups::Groups(_)
-        }
-    ) && !bf16::from_f32(v).to_f32().is_finite()
-    {
+    } else if rounded_to_bf16(quant) && !bf16::from_f32(v).to_f32().is_finite() {
         Some("group scales must stay finite when rounded to bf16")
-    } else if matches!(quant, LayerQuant::Wna16 { .. })
-        && bf16::from_f32(v).to_f32() != v
-        && half::f16::from_f32(v).to_f32() != v
-    {
-        Some("Marlin scales must be exact in bf16 or f16")
     } else {
         None
     };
@@ -737,30 +746,39 @@ mod tests {
             act_order: false,
             zero_points: false,
         };
+        let wna16_grouped = LayerQuant::Wna16 {
+            bits: 4,
+            group_size: WeightGroups::Groups(NonZeroUsize::new(128).unwrap()),
+            act_order: false,
+            zero_points: false,
+        };
+        let all = [grouped, channelwise, wna16, wna16_grouped];
         let mut values = vec![0.5f32; 10_000];
         values[3] = 0.0;
         values[4] = -0.0;
-        for quant in [grouped, channelwise, wna16] {
+        // Not exact in bf16 nor in f16: f32 scales are kept or rounded, never refused for it.
+        values[5_000] = 0.1;
+        for quant in all {
             assert_eq!(refused(7, &values, quant), None);
         }
-        // Beyond bf16's range once rounded: only group scales run as bf16.
+        // Beyond bf16's range once rounded: only group scales may run as bf16.
         let mut wide = values.clone();
         wide[9_000] = f32::MAX;
         assert_eq!(refused(7, &wide, grouped), Some(9_007));
+        assert_eq!(refused(7, &wide, wna16_grouped), Some(9_007));
         assert_eq!(refused(7, &wide, channelwise), None);
-        // Not exact in bf16 nor f16: only weight-only scales must be.
-        let mut inexact = values.clone();
-        inexact[5_000] = 0.1;
-        assert_eq!(refused(0, &inexact, wna16), Some(5_000));
-        assert_eq!(refused(0, &inexact, grouped), None);
-        // Exact in f16 but not in bf16: the block test fails it, the value check passes it.
-        inexact[5_000] = 1.0 + 2f32.powi(-10);
-        assert_eq!(refused(0, &inexact, wna16), None);
+        assert_eq!(refused(7, &wide, wna16), None);
+        // The largest finite bf16 passes both tests; the next f32 rounds down to it, so the
+        // block test fails it and the value check passes it.
+        wide[9_000] = bf16::MAX.to_f32();
+        assert_eq!(refused(7, &wide, grouped), None);
+        wide[9_000] = f32::from_bits(bf16::MAX.to_f32().to_bits() + 1);
+        assert_eq!(refused(7, &wide, wna16_grouped), None);
         for bad in [f32::NAN, f32::INFINITY, -1e-30] {
             let mut v = values.clone();
             v[6_000] = bad;
             v[8_000] = bad;
-            for quant in [grouped, channelwise, wna16] {
+            for quant in all {
                 assert_eq!(refused(1, &v, quant), Some(6_001), "{bad} under {quant:?}");
             }
         }

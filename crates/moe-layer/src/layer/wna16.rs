@@ -223,8 +223,8 @@ pub(crate) fn pack_expert_words(
         });
     };
     let [w1, w3] = &ex.w13;
-    // Scales read from f16 or bf16 are finite and non-negative (the reader checked) and exact
-    // in their own dtype, so `check_scale` can only refuse f32 ones.
+    // Scales read from f16 or bf16 are finite and non-negative (the reader checked) and stay
+    // finite in bf16, so `check_scales` can only refuse f32 ones.
     if ex.scale_dtype == DType::F32 {
         for (name, parts) in [
             ("w13_weight_scale", &[w1, w3][..]),
