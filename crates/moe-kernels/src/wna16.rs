@@ -90,22 +90,35 @@ pub(crate) struct Int4DotJob<'a> {
 // SAFETY: as for `Wna16Job`: bodies write through `out` only in disjoint panel ranges.
 unsafe impl Sync for Int4DotJob<'_> {}
 
-/// Walks a dot-product body's GEMM of `m` rows over `panels`: rows in blocks of `row_block`,
-/// each block over all of `panels` (so its activations stay in cache while the panels stream),
-/// each panel in row tiles of up to `mr`; calls `tile(p, m0, rows)` for each tile.
+/// One row-count instance of a dot-product body's tile: `(job, p, m0)` computes the rows
+/// `m0..` of panel `p` (or of panels `p` and `p + 1`, for a body that tiles pairs of panels).
+pub(crate) type Int4DotTileFn = unsafe fn(&Int4DotJob<'_>, usize, usize);
+
+/// Runs a dot-product body's GEMM over `panels`: rows in blocks of `row_block`, each block
+/// over all of `panels` (so its activations stay in cache while the panels stream), each panel
+/// in row tiles of up to `mr`, each tile by the instance `tiles[asym](rows)`, where `asym` says
+/// whether the weights have zero points.
+///
+/// # Safety
+/// - The CPU supports every instance that `tiles` gives for 1 to `mr` rows, and each may be
+///   called with `job`, any panel of `panels` and rows within `0..job.m`: as
+///   [`Int4DotPanelsFn`] for `job` and the panels the instances write.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 has such a body today
-pub(crate) fn walk_row_blocks(
-    m: usize,
-    panels: Range<usize>,
+pub(crate) unsafe fn run_row_blocks(
+    job: &Int4DotJob<'_>,
+    panels: impl Iterator<Item = usize> + Clone,
     row_block: usize,
     mr: usize,
-    mut tile: impl FnMut(usize, usize, usize),
+    tiles: [fn(usize) -> Int4DotTileFn; 2],
 ) {
-    for b0 in (0..m).step_by(row_block) {
-        let block = b0..m.min(b0 + row_block);
+    let tile_for = tiles[usize::from(job.w.zeros().is_some())];
+    for b0 in (0..job.m).step_by(row_block) {
+        let block = b0..job.m.min(b0 + row_block);
         for p in panels.clone() {
             for rows in crate::ukernel::row_tiles(block.len(), mr) {
-                tile(p, b0 + rows.start, rows.len());
+                // SAFETY: rows `b0 + rows` lie within `0..m` (the block), `p` is one of
+                // `panels`, and the instance is one the caller vouches for.
+                unsafe { tile_for(rows.len())(job, p, b0 + rows.start) };
             }
         }
     }

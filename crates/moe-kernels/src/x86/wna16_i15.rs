@@ -34,7 +34,7 @@ use crate::dispatch::Int4Dot;
 #[cfg(test)]
 use crate::packed::wna16::K_STEP;
 use crate::packed::{PANEL, PackedWna16};
-use crate::wna16::{Int4DotJob, Int4DotLayout, walk_row_blocks};
+use crate::wna16::{Int4DotJob, Int4DotLayout, Int4DotTileFn, run_row_blocks};
 use crate::wna16_i15::{Blocks, MAX_Q, RowScale};
 
 /// Rows per tile: 8 rows × 2 integer sums and an f32 accumulator each leave room for the
@@ -384,11 +384,8 @@ unsafe fn tile2<const R: usize, const ASYM: bool>(job: &Int4DotJob<'_>, p: usize
     }
 }
 
-/// One row-count instance of [`tile`] or [`tile2`].
-type TileFn = unsafe fn(&Int4DotJob<'_>, usize, usize);
-
 /// The instance of [`tile2`] for `rows` rows (1 to [`MR2`]).
-fn tile2_fn<const ASYM: bool>(rows: usize) -> TileFn {
+fn tile2_fn<const ASYM: bool>(rows: usize) -> Int4DotTileFn {
     match rows {
         1 => tile2::<1, ASYM>,
         2 => tile2::<2, ASYM>,
@@ -398,7 +395,7 @@ fn tile2_fn<const ASYM: bool>(rows: usize) -> TileFn {
 }
 
 /// The instance of [`tile`] for `rows` rows (1 to [`MR`]).
-fn tile_fn<const ASYM: bool>(rows: usize) -> TileFn {
+fn tile_fn<const ASYM: bool>(rows: usize) -> Int4DotTileFn {
     match rows {
         1 => tile::<1, 2, ASYM>,
         2 => tile::<2, 2, ASYM>,
@@ -420,41 +417,41 @@ fn tile_fn<const ASYM: bool>(rows: usize) -> TileFn {
 /// - As [`crate::wna16::Int4DotPanelsFn`], on a CPU with AVX-512 F/BW/VNNI, `job.pairs` and
 ///   `job.group_sums` made by this module's [`fill`].
 pub(crate) unsafe fn entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
-    let asym = job.w.zeros().is_some();
     let pairs = if job.m >= PAIR_MIN_ROWS && job.w.k() >= PAIR_MIN_K {
         panels.len() / 2
     } else {
         0
     };
-    walk_row_blocks(job.m, 0..pairs, ROW_BLOCK, MR2, |pair, m0, rows| {
-        let f = if asym {
-            tile2_fn::<true>(rows)
-        } else {
-            tile2_fn::<false>(rows)
-        };
-        // SAFETY: rows `m0..m0 + rows` lie within `0..m` (the walk), panels `p` and `p + 1`
-        // are the caller's (`2·pairs ≤` their count), and the caller's CPU has the features
-        // the tile needs.
-        unsafe { f(job, panels.start + 2 * pair, m0) };
-    });
+    let paired = (panels.start..panels.start + 2 * pairs).step_by(2);
+    let tiles = [tile2_fn::<false>, tile2_fn::<true>];
+    // SAFETY: every instance is a pair tile of this module, which needs the features and the
+    // layout the caller vouches for; each walked `p` starts a pair of the caller's panels
+    // (`2·pairs ≤` their count).
+    unsafe { run_row_blocks(job, paired, ROW_BLOCK, MR2, tiles) };
     let singles = panels.start + 2 * pairs..panels.end;
-    walk_row_blocks(job.m, singles, ROW_BLOCK, MR, |p, m0, rows| {
-        let f = if asym {
-            tile_fn::<true>(rows)
-        } else {
-            tile_fn::<false>(rows)
-        };
-        // SAFETY: rows `m0..m0 + rows` lie within `0..m` (the walk), panel `p` is the caller's,
-        // and the caller's CPU has the features the tile needs.
-        unsafe { f(job, p, m0) };
-    });
+    let tiles = [tile_fn::<false>, tile_fn::<true>];
+    // SAFETY: as above, one panel of the caller's per tile.
+    unsafe { run_row_blocks(job, singles, ROW_BLOCK, MR, tiles) };
 }
 
 /// This body as a kernel set's int4 dot-product body, for GEMMs of `min_m` rows up to
 /// `max_m` (exclusive) on int4 integer codes.
 pub(crate) fn body(min_m: usize, max_m: usize) -> Int4Dot {
+    let unit = "avx512-vnni dot products on codes decoded in registers";
+    integer_body(unit, fill, entry, min_m, max_m)
+}
+
+/// A rung's integer body (its `fill` and `entry`, doing `unit`) as a kernel set's int4
+/// dot-product body, for GEMMs of `min_m` rows up to `max_m` (exclusive) on int4 integer codes.
+pub(super) fn integer_body(
+    unit: &'static str,
+    fill: crate::wna16::Int4DotFillFn,
+    entry: crate::wna16::Int4DotPanelsFn,
+    min_m: usize,
+    max_m: usize,
+) -> Int4Dot {
     Int4Dot {
-        unit: "avx512-vnni dot products on codes decoded in registers",
+        unit,
         activations: "15-bit integer activations",
         codes: " for integer codes",
         min_m,

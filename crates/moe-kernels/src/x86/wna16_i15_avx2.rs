@@ -24,10 +24,10 @@ use std::ops::Range;
 use super::actquant::load8;
 use super::wna16::prefetch_ahead;
 use super::wna16::ymm::load_scales;
-use super::wna16_i15::{HEADER_BYTES, read_header, write_header};
+use super::wna16_i15::{HEADER_BYTES, integer_body, read_header, write_header};
 use crate::dispatch::Int4Dot;
 use crate::packed::{PANEL, PackedWna16};
-use crate::wna16::{Int4DotJob, Int4DotLayout, walk_row_blocks};
+use crate::wna16::{Int4DotJob, Int4DotLayout, Int4DotTileFn, run_row_blocks};
 use crate::wna16_i15::{Blocks, MAX_Q, RowScale};
 
 /// Rows per tile: 4 rows × 2 integer sums, a half step's 4 decoded code vectors and the
@@ -288,11 +288,8 @@ unsafe fn tile<const R: usize, const ASYM: bool>(job: &Int4DotJob<'_>, p: usize,
     unsafe { crate::wna16_tile::store_rows(w, job.out, p, m0, 0, &mut out) };
 }
 
-/// One row-count instance of [`tile`].
-type TileFn = unsafe fn(&Int4DotJob<'_>, usize, usize);
-
 /// The instance of [`tile`] for `rows` rows (1 to [`MR`]).
-fn tile_fn<const ASYM: bool>(rows: usize) -> TileFn {
+fn tile_fn<const ASYM: bool>(rows: usize) -> Int4DotTileFn {
     match rows {
         1 => tile::<1, ASYM>,
         2 => tile::<2, ASYM>,
@@ -308,32 +305,17 @@ fn tile_fn<const ASYM: bool>(rows: usize) -> TileFn {
 /// - As [`crate::wna16::Int4DotPanelsFn`], on a CPU with AVX2, FMA and F16C, `job.pairs` and
 ///   `job.group_sums` made by this module's [`fill`].
 pub(crate) unsafe fn entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
-    let asym = job.w.zeros().is_some();
-    walk_row_blocks(job.m, panels, ROW_BLOCK, MR, |p, m0, rows| {
-        let f = if asym {
-            tile_fn::<true>(rows)
-        } else {
-            tile_fn::<false>(rows)
-        };
-        // SAFETY: rows `m0..m0 + rows` lie within `0..m` (the walk), panel `p` is the caller's,
-        // and the caller's CPU has the features the tile needs.
-        unsafe { f(job, p, m0) };
-    });
+    let tiles = [tile_fn::<false>, tile_fn::<true>];
+    // SAFETY: every instance is a tile of this module, which needs the features and the
+    // layout the caller vouches for, on rows and panels of the caller's.
+    unsafe { run_row_blocks(job, panels, ROW_BLOCK, MR, tiles) };
 }
 
 /// This body as a kernel set's int4 dot-product body, for GEMMs of `min_m` rows up to
 /// `max_m` (exclusive) on int4 integer codes.
 pub(crate) fn body(min_m: usize, max_m: usize) -> Int4Dot {
-    Int4Dot {
-        unit: "avx2 16-bit dot products on codes decoded in registers",
-        activations: "15-bit integer activations",
-        codes: " for integer codes",
-        min_m,
-        max_m,
-        serves: |w, _| crate::wna16_i15::serves(w),
-        fill,
-        entry,
-    }
+    let unit = "avx2 16-bit dot products on codes decoded in registers";
+    integer_body(unit, fill, entry, min_m, max_m)
 }
 
 /// The AVX2 set with this body at every row count, where the CPU has AVX2, FMA and F16C

@@ -40,7 +40,7 @@ use super::wna16::{
 use crate::dispatch::Int4Dot;
 use crate::packed::wna16::{E2M1_VALUES, Int4Values, K_STEP};
 use crate::packed::{PANEL, PackedWna16};
-use crate::wna16::{Int4DotJob, Int4DotLayout, walk_row_blocks};
+use crate::wna16::{Int4DotJob, Int4DotLayout, Int4DotTileFn, run_row_blocks};
 
 /// Rows per tile: 8 rows × 2 chains of partial sums and 8 accumulators leave room for the
 /// table, the step and the decoded pair.
@@ -287,11 +287,8 @@ pub(crate) fn body(min_m: usize) -> Int4Dot {
     }
 }
 
-/// One row-count instance of [`tile`].
-type TileFn = unsafe fn(&Int4DotJob<'_>, usize, usize);
-
 /// The instance of [`tile`] for `rows` rows (1 to [`MR`]).
-fn tile_fn<const ASYM: bool>(rows: usize) -> TileFn {
+fn tile_fn<const ASYM: bool>(rows: usize) -> Int4DotTileFn {
     match rows {
         1 => tile::<1, 4, ASYM>,
         2 => tile::<2, 4, ASYM>,
@@ -310,17 +307,10 @@ fn tile_fn<const ASYM: bool>(rows: usize) -> TileFn {
 /// # Safety
 /// - As [`crate::wna16::Int4DotPanelsFn`], on a CPU with AVX-512 F/BW/BF16.
 pub(crate) unsafe fn entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
-    let asym = job.w.zeros().is_some();
-    walk_row_blocks(job.m, panels, ROW_BLOCK, MR, |p, m0, rows| {
-        let f = if asym {
-            tile_fn::<true>(rows)
-        } else {
-            tile_fn::<false>(rows)
-        };
-        // SAFETY: rows `m0..m0 + rows` lie within `0..m` (the walk), panel `p` is the caller's,
-        // and the caller's CPU has the features the tile needs.
-        unsafe { f(job, p, m0) };
-    });
+    let tiles = [tile_fn::<false>, tile_fn::<true>];
+    // SAFETY: every instance is a tile of this module, which needs the features the caller
+    // vouches for, on rows and panels of the caller's.
+    unsafe { run_row_blocks(job, panels, ROW_BLOCK, MR, tiles) };
 }
 
 #[cfg(test)]
