@@ -392,6 +392,22 @@ fn check_dims(
     })
 }
 
+/// Checks an optional bias of `n` channels: its length and finiteness.
+fn check_bias(n: usize, bias: Option<&[f32]>) -> Result<(), KernelError> {
+    if let Some(b) = bias {
+        check_len("bias", n, b.len())?;
+        check_finite("bias", b.len(), |i| b[i])?;
+    }
+    Ok(())
+}
+
+/// A checked bias padded with zeros to whole panels.
+fn padded_bias(b: &[f32], n_panels: usize) -> Vec<f32> {
+    let mut v = vec![0f32; n_panels * PANEL];
+    v[..b.len()].copy_from_slice(b);
+    v
+}
+
 /// The per-channel tensors every matrix carries besides its codes.
 struct Side<'a> {
     scales: Wna16Scales<'a>,
@@ -407,11 +423,7 @@ impl Side<'_> {
             check_len("zeros", n * dims.n_groups, z.len())?;
             check_codes("zeros", z, dims.max_code)?;
         }
-        if let Some(b) = self.bias {
-            check_len("bias", n, b.len())?;
-            check_finite("bias", b.len(), |i| b[i])?;
-        }
-        Ok(())
+        check_bias(n, self.bias)
     }
 
     /// Checks the scales are finite (after the codes, which keeps the order errors are
@@ -444,11 +456,7 @@ impl Side<'_> {
             Wna16Scales::F32(s) => Wna16ScaleValues::F32(scatter(n, n_groups, sg, s, at)),
         };
         let zeros = self.zeros.map(|z| scatter(n, n_groups, sg, z, at));
-        let bias = self.bias.map(|b| {
-            let mut v = vec![0f32; n_panels * PANEL];
-            v[..n].copy_from_slice(b);
-            v
-        });
+        let bias = self.bias.map(|b| padded_bias(b, n_panels));
         (scales, zeros, bias)
     }
 }
@@ -641,20 +649,13 @@ impl PackedWna16 {
                 max: 254,
             });
         }
-        if let Some(b) = d.bias {
-            check_len("bias", n, b.len())?;
-            check_finite("bias", b.len(), |i| b[i])?;
-        }
+        check_bias(n, d.bias)?;
         let n_panels = n.div_ceil(PANEL);
         let groups = dims.n_groups;
         let at = |row: usize, g: usize| ((row / PANEL) * groups + g) * PANEL + row % PANEL;
         let scales =
             Wna16ScaleValues::E8m0(scatter(n, groups, n_panels * groups * PANEL, d.scales, at));
-        let bias = d.bias.map(|b| {
-            let mut v = vec![0f32; n_panels * PANEL];
-            v[..n].copy_from_slice(b);
-            v
-        });
+        let bias = d.bias.map(|b| padded_bias(b, n_panels));
 
         let words = d.blocks.as_chunks::<4>().0;
         let row_words = blocks * 4;
@@ -706,10 +707,7 @@ impl PackedWna16 {
                 r.scales.len(),
             )?;
         }
-        if let Some(b) = d.bias {
-            check_len("bias", n, b.len())?;
-            check_finite("bias", b.len(), |i| b[i])?;
-        }
+        check_bias(n, d.bias)?;
         let mut first = 0;
         for r in d.rows {
             if let Some(at) = r.codes.iter().position(|&c| e4m3_is_nan(c)) {
@@ -739,11 +737,7 @@ impl PackedWna16 {
                 row += 1;
             }
         }
-        let bias = d.bias.map(|b| {
-            let mut v = vec![0f32; n_panels * PANEL];
-            v[..n].copy_from_slice(b);
-            v
-        });
+        let bias = d.bias.map(|b| padded_bias(b, n_panels));
         Ok(Self {
             n,
             k,
