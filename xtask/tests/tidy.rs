@@ -10,7 +10,8 @@
 //!
 //! Each rule is a plain function with its own test, so a rule that stops matching is caught
 //! here rather than silently passing the tree. The layering of moe-oracle's files has a test
-//! of its own, `oracle_layers.rs`.
+//! of its own, `oracle_layers.rs`, and where `unsafe` code, CPU feature detection and the C
+//! boundary may be is checked by `boundaries.rs`.
 
 use std::fs;
 use std::path::{Path, PathBuf};

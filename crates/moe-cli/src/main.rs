@@ -8,6 +8,8 @@
 //! `tracing` (`RUST_LOG=debug` shows the oracle's refusals and the kernel choice). Exit codes:
 //! 0 success, 1 the command failed (message on stderr), 2 bad command-line usage.
 
+#![forbid(unsafe_code)]
+
 mod cmd;
 
 use clap::{Parser, Subcommand};

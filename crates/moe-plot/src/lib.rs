@@ -7,6 +7,8 @@
 //! title); the axes, ticks, line styles and legend are drawn here only, so the two charts read
 //! alike.
 
+#![forbid(unsafe_code)]
+
 mod chart;
 mod error;
 mod render;

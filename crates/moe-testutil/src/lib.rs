@@ -6,6 +6,8 @@
 //! `../shared/goldens` relative to the workspace root. Nothing here is part of a public API: it
 //! panics freely, because a failing test should.
 
+#![forbid(unsafe_code)]
+
 mod golden;
 pub mod gpt_oss;
 mod rng;
