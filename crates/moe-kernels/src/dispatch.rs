@@ -143,31 +143,39 @@ impl Int4Dot {
     }
 }
 
-/// One W4A8 implementation: its rung, activation encoding and entry point.
+/// One int8-activation GEMM implementation: its rung, activation encoding and entry point
+/// (`E`), and the activation layout (`T`) it may make once per GEMM.
 #[derive(Clone, Copy)]
-pub(crate) struct W4A8Kernel {
+pub(crate) struct GemmKernel<E, T> {
     pub(crate) isa: Isa,
     pub(crate) encoding: ActEncoding,
-    pub(crate) entry: W4A8PanelsFn,
+    pub(crate) entry: E,
     /// The kernel's own activation layout, made once per GEMM, if it reads one.
-    pub(crate) tile_a: Option<W4A8TileAFn>,
+    pub(crate) tile_a: Option<T>,
     /// Whether the entry reads [`PanelOrder::Pairs`] panels too (every entry reads the lane
     /// order); the GEMMs hand other orders to the portable body.
     pub(crate) pairs: bool,
 }
 
-/// One W8A8 implementation: its rung, activation encoding and entry point.
-#[derive(Clone, Copy)]
-pub(crate) struct W8A8Kernel {
-    pub(crate) isa: Isa,
-    pub(crate) encoding: ActEncoding,
-    pub(crate) entry: W8A8PanelsFn,
-    /// The kernel's own activation layout, made once per GEMM, if it reads one.
-    pub(crate) tile_a: Option<W8A8TileAFn>,
-    /// Whether the entry reads [`PanelOrder::Pairs`] panels too (every entry reads the lane
-    /// order); the GEMMs hand other orders to the portable body.
-    pub(crate) pairs: bool,
+impl<E, T> GemmKernel<E, T> {
+    /// A kernel of `(rung, activation encoding, entry point)` that reads the activations as
+    /// quantised and the lane order only.
+    fn plain((isa, encoding, entry): (Isa, ActEncoding, E)) -> Self {
+        Self {
+            isa,
+            encoding,
+            entry,
+            tile_a: None,
+            pairs: false,
+        }
+    }
 }
+
+/// One W4A8 implementation.
+pub(crate) type W4A8Kernel = GemmKernel<W4A8PanelsFn, W4A8TileAFn>;
+
+/// One W8A8 implementation.
+pub(crate) type W8A8Kernel = GemmKernel<W8A8PanelsFn, W8A8TileAFn>;
 
 /// The kernels of one rung, ready to call; cheap to copy.
 ///
@@ -297,22 +305,7 @@ impl KernelSet {
         w4a8: (Isa, ActEncoding, W4A8PanelsFn),
         w8a8: (Isa, ActEncoding, W8A8PanelsFn),
     ) -> Self {
-        let (isa, encoding, entry) = w4a8;
-        let w4a8 = W4A8Kernel {
-            isa,
-            encoding,
-            entry,
-            tile_a: None,
-            pairs: false,
-        };
-        let (isa, encoding, entry) = w8a8;
-        let w8a8 = W8A8Kernel {
-            isa,
-            encoding,
-            entry,
-            tile_a: None,
-            pairs: false,
-        };
+        let (w4a8, w8a8) = (W4A8Kernel::plain(w4a8), W8A8Kernel::plain(w8a8));
         Self {
             rung,
             w4a8,
@@ -386,22 +379,7 @@ impl KernelSet {
         w4a8: (Isa, ActEncoding, W4A8PanelsFn),
         w8a8: (Isa, ActEncoding, W8A8PanelsFn),
     ) -> Self {
-        let (isa, encoding, entry) = w4a8;
-        let w4a8 = W4A8Kernel {
-            isa,
-            encoding,
-            entry,
-            tile_a: None,
-            pairs: false,
-        };
-        let (isa, encoding, entry) = w8a8;
-        let w8a8 = W8A8Kernel {
-            isa,
-            encoding,
-            entry,
-            tile_a: None,
-            pairs: false,
-        };
+        let (w4a8, w8a8) = (W4A8Kernel::plain(w4a8), W8A8Kernel::plain(w8a8));
         self.large_m = Some(LargeM {
             min_m: min_m.0,
             min_m_w8a8: min_m.1,
