@@ -190,29 +190,47 @@ fn only_moe_kernels_detects_cpu_features() {
 /// What moe-oracle may name from moe-kernels: the ISA vocabulary and what the CPU has.
 const ORACLE_MAY_NAME: [&str; 4] = ["Isa", "IsaArch", "isa_cap", "available_isas"];
 
-/// The items of moe-kernels that `text` names outside that vocabulary, as `(line, item)`.
+/// The items of moe-kernels that `text` names outside that vocabulary, as `(line, item)`:
+/// paths `moe_kernels::item…` and the first segment of each entry of a `use moe_kernels::{…}`
+/// list, over several lines too.
 fn kernel_items_named(text: &str) -> Vec<(usize, String)> {
+    let code: String = text.lines().map(|l| format!("{}\n", code_of(l))).collect();
+    let line_of = |at: usize| code[..at].matches('\n').count() + 1;
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
     let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let code = code_of(line);
-        for (at, _) in code.match_indices("moe_kernels") {
-            let rest = &code[at + "moe_kernels".len()..];
-            let names: Vec<String> = if let Some(list) = rest.strip_prefix("::{") {
-                let list = list.split('}').next().unwrap_or("");
-                list.split(',').map(|s| s.trim().to_string()).collect()
-            } else if let Some(path) = rest.strip_prefix("::") {
-                let end = path
-                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                    .unwrap_or(path.len());
-                vec![path[..end].to_string()]
-            } else {
-                // The crate itself named (`use moe_kernels;`, `moe_kernels as k`).
-                vec![String::from("moe_kernels")]
-            };
-            for name in names.into_iter().filter(|n| !n.is_empty()) {
-                if !ORACLE_MAY_NAME.contains(&name.as_str()) {
-                    out.push((i + 1, name));
+    for (at, _) in code.match_indices("moe_kernels") {
+        let rest = &code[at + "moe_kernels".len()..];
+        let names: Vec<String> = if let Some(list) = rest.strip_prefix("::{") {
+            // The list up to its closing brace; entries split at top-level commas.
+            let (mut depth, mut entries, mut entry) = (0usize, Vec::new(), String::new());
+            for c in list.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        entries.push(std::mem::take(&mut entry));
+                        continue;
+                    }
+                    _ => {}
                 }
+                entry.push(c);
+            }
+            entries.push(entry);
+            entries.iter().map(|e| ident(e.trim())).collect()
+        } else if let Some(path) = rest.strip_prefix("::") {
+            vec![ident(path)]
+        } else {
+            // The crate itself named (`use moe_kernels;`, `moe_kernels as k`).
+            vec![String::from("moe_kernels")]
+        };
+        for name in names.into_iter().filter(|n| !n.is_empty()) {
+            if !ORACLE_MAY_NAME.contains(&name.as_str()) {
+                out.push((line_of(at), name));
             }
         }
     }
@@ -347,6 +365,10 @@ fn the_rules_catch_what_they_forbid() {
     assert_eq!(
         kernel_items_named("pub use moe_kernels::Isa;\nmoe_kernels::available_isas()\n"),
         vec![]
+    );
+    assert_eq!(
+        kernel_items_named("use moe_kernels::{\n    Isa,\n    packed::{PackedW4A8, PANEL},\n};\n"),
+        vec![(1, "packed".to_string())]
     );
 
     let exports = "\
