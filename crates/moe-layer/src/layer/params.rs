@@ -676,7 +676,9 @@ pub(crate) fn check_scales(
 }
 
 /// Whether the scales of `quant` may be rounded to bf16 when packed: W4A8 group scales always,
-/// WNA16 group scales when the layer runs them on the W4A8 kernels.
+/// and WNA16 group scales too, since a layer with int8 activations runs them on the W4A8
+/// kernels (the native WNA16 kernels keep them as stored, where such values would overflow the
+/// products anyway).
 fn rounded_to_bf16(quant: LayerQuant) -> bool {
     matches!(
         quant,
