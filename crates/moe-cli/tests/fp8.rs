@@ -1,8 +1,9 @@
-//! An FP8 block-quantized checkpoint written by the test (Qwen3-MoE shaped, `quant_method:
-//! fp8` with `[128, 128]` blocks, H = 160 and I = 72 so that every block column and row of the
-//! intermediate side is short) through `moe inspect` and `moe run`: inspect names the scheme and
-//! the native WNA16 kernel, and run's f32 output matches an f64 evaluation of the dequantized
-//! weights on the routing given in the input file (relative L2 below 1e-5).
+//! FP8 checkpoints written by the test (Qwen3-MoE shaped, `quant_method: fp8` with `[128, 128]`
+//! blocks, and compressed-tensors `float-quantized` with bf16 channel scales; H = 160 and I = 72
+//! so that every block column and row of the intermediate side is short) through `moe inspect`
+//! and `moe run`: inspect names the scheme, the scales and the native WNA16 kernel, and run's
+//! f32 output matches an f64 evaluation of the dequantized weights on the routing given in the
+//! input file (relative L2 below 1e-5).
 
 mod support;
 
@@ -35,28 +36,38 @@ fn e4m3(b: u8) -> f64 {
     if b & 0x80 != 0 { -mag } else { mag }
 }
 
-/// One projection: e4m3 codes `[n, k]`, block scales, and its dequantized weights.
+/// One projection: e4m3 codes `[n, k]`, block or channel scales, and its dequantized weights.
 struct Proj {
     n: usize,
     k: usize,
     codes: Vec<u8>,
     scales: Vec<f32>,
+    channel_scales: bool,
 }
 
 impl Proj {
-    fn random(rng: &mut SplitMix64, n: usize, k: usize) -> Self {
+    /// Random codes, and scales per block, or per channel rounded to bf16 (as they are stored).
+    fn random(rng: &mut SplitMix64, n: usize, k: usize, channel_scales: bool) -> Self {
         let codes = (0..n * k)
             .map(|_| match rng.below(256) as u8 {
                 b if b & 0x7F == 0x7F => 0x80,
                 b => b,
             })
             .collect();
-        let scales = rng.vec_uniform(n.div_ceil(128) * k.div_ceil(128), 2e-5, 4e-4);
+        let scales = if channel_scales {
+            rng.vec_uniform(n, 2e-5, 4e-4)
+                .into_iter()
+                .map(|v| half::bf16::from_f32(v).to_f32())
+                .collect()
+        } else {
+            rng.vec_uniform(n.div_ceil(128) * k.div_ceil(128), 2e-5, 4e-4)
+        };
         Self {
             n,
             k,
             codes,
             scales,
+            channel_scales,
         }
     }
 
@@ -66,7 +77,11 @@ impl Proj {
             .map(|r| {
                 (0..self.k)
                     .map(|c| {
-                        let s = f64::from(self.scales[(r / 128) * kb + c / 128]);
+                        let s = f64::from(if self.channel_scales {
+                            self.scales[r]
+                        } else {
+                            self.scales[(r / 128) * kb + c / 128]
+                        });
                         x[c] * e4m3(self.codes[r * self.k + c]) * s
                     })
                     .sum()
@@ -75,12 +90,23 @@ impl Proj {
     }
 }
 
-/// Writes the FP8 checkpoint into `dir`, a gate and E experts drawn from `rng`, and returns the
-/// experts' `[gate, up, down]` projections.
-fn write_fp8_model(dir: &Path, rng: &mut SplitMix64) -> Vec<[Proj; 3]> {
+/// Writes an FP8 checkpoint into `dir`, a gate and E experts drawn from `rng`, and returns the
+/// experts' `[gate, up, down]` projections: `quant_method: fp8` with block scales, or with
+/// `channel_scales` compressed-tensors `FP8_DYNAMIC` (bf16 `weight_scale` `[n, 1]`).
+fn write_fp8_model(dir: &Path, rng: &mut SplitMix64, channel_scales: bool) -> Vec<[Proj; 3]> {
     let mut config = qwen3_moe_config(H, E, TOP_K, I);
-    config["quantization_config"] = json!({"quant_method": "fp8", "fmt": "e4m3",
-        "activation_scheme": "dynamic", "weight_block_size": [128, 128]});
+    config["quantization_config"] = if channel_scales {
+        json!({"quant_method": "compressed-tensors", "format": "float-quantized",
+            "config_groups": {"group_0": {"targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float", "symmetric": true,
+                            "strategy": "channel", "dynamic": false},
+                "input_activations": {"num_bits": 8, "type": "float", "symmetric": true,
+                                      "strategy": "token", "dynamic": true}}},
+            "ignore": ["lm_head"]})
+    } else {
+        json!({"quant_method": "fp8", "fmt": "e4m3",
+            "activation_scheme": "dynamic", "weight_block_size": [128, 128]})
+    };
     write_json(&dir.join("config.json"), &config);
     let mut tensors = BTreeMap::new();
     let gate = rng.vec_uniform(E * H, -0.5, 0.5);
@@ -91,9 +117,9 @@ fn write_fp8_model(dir: &Path, rng: &mut SplitMix64) -> Vec<[Proj; 3]> {
     let mut experts = Vec::new();
     for e in 0..E {
         let ps = [
-            Proj::random(rng, I, H),
-            Proj::random(rng, I, H),
-            Proj::random(rng, H, I),
+            Proj::random(rng, I, H, channel_scales),
+            Proj::random(rng, I, H, channel_scales),
+            Proj::random(rng, H, I, channel_scales),
         ];
         for (p, name) in ps.iter().zip(["gate_proj", "up_proj", "down_proj"]) {
             let prefix = format!("model.layers.0.mlp.experts.{e}.{name}");
@@ -101,14 +127,21 @@ fn write_fp8_model(dir: &Path, rng: &mut SplitMix64) -> Vec<[Proj; 3]> {
                 format!("{prefix}.weight"),
                 (Dtype::F8_E4M3, vec![p.n, p.k], p.codes.clone()),
             );
-            tensors.insert(
-                format!("{prefix}.weight_scale_inv"),
+            let scales = if channel_scales {
+                let bytes = p
+                    .scales
+                    .iter()
+                    .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+                    .collect();
+                ("weight_scale", (Dtype::BF16, vec![p.n, 1], bytes))
+            } else {
+                let blocks = vec![p.n.div_ceil(128), p.k.div_ceil(128)];
                 (
-                    Dtype::F32,
-                    vec![p.n.div_ceil(128), p.k.div_ceil(128)],
-                    f32_bytes(&p.scales),
-                ),
-            );
+                    "weight_scale_inv",
+                    (Dtype::F32, blocks, f32_bytes(&p.scales)),
+                )
+            };
+            tensors.insert(format!("{prefix}.{}", scales.0), scales.1);
         }
         experts.push(ps);
     }
@@ -118,10 +151,25 @@ fn write_fp8_model(dir: &Path, rng: &mut SplitMix64) -> Vec<[Proj; 3]> {
 
 #[test]
 fn fp8_block_checkpoint_through_inspect_and_run() {
+    through_inspect_and_run(false, "fp8", "per 128 x 128 block");
+}
+
+#[test]
+fn fp8_channel_checkpoint_through_inspect_and_run() {
+    through_inspect_and_run(
+        true,
+        "compressed-tensors/float-quantized",
+        "per output channel",
+    );
+}
+
+/// Writes a checkpoint, checks what `moe inspect` says of it (`scheme`, and `scales` in the
+/// weights' description) and runs it with `moe run` against the f64 reference.
+fn through_inspect_and_run(channel_scales: bool, scheme: &str, scales: &str) {
     let tmp = ScratchDir::new("fp8");
     let dir = tmp.path();
     let mut rng = SplitMix64::new(0xf8);
-    let experts = write_fp8_model(dir, &mut rng);
+    let experts = write_fp8_model(dir, &mut rng, channel_scales);
 
     let v = moe_json(&[
         "inspect",
@@ -131,13 +179,14 @@ fn fp8_block_checkpoint_through_inspect_and_run() {
         "--layer",
         "0",
     ]);
-    assert_eq!(v["quant_scheme"], "fp8", "{v}");
+    assert_eq!(v["quant_scheme"], scheme, "{v}");
     let kernel = v["backend"]["kernel"].as_str().expect("a backend");
     assert!(kernel.starts_with("cpu-wna16/"), "{v}");
     assert_eq!(v["layer"]["experts"], E, "{v}");
     assert_eq!(v["layer"]["intermediate"], I, "{v}");
+    let weights = v["layer"]["weights"].as_str().unwrap();
     assert!(
-        v["layer"]["weights"].as_str().unwrap().starts_with("fp8"),
+        weights.starts_with("fp8") && weights.contains(scales),
         "{v}"
     );
 

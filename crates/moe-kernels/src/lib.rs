@@ -97,7 +97,7 @@ pub use moe::{
     MoeScratchDims, PackedExperts, StageTimes,
 };
 pub use packed::{
-    AWQ_FIELD_OF_CHANNEL, E2M1_VALUES, FP8_BLOCK, Fp8BlockDesc, Fp8BlockRows, Int4Values,
+    AWQ_FIELD_OF_CHANNEL, E2M1_VALUES, FP8_BLOCK, Fp8Desc, Fp8Rows, Fp8Scales, Int4Values,
     Int8Values, Mxfp4Desc, PackedDense, PackedW4A8, PackedW8A8, PackedWna16, PanelOrder,
     W4A8Scales, Wna16Desc, Wna16Scales, Wna16WordsDesc, WordOrder, WordRows, e4m3_value,
 };

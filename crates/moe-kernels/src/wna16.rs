@@ -461,7 +461,7 @@ pub fn wna16_reference(m: usize, x: &[f32], w: &PackedWna16) -> Vec<f32> {
 mod tests {
     use super::*;
     use crate::packed::wna16::{
-        FP8_BLOCK, Fp8BlockDesc, Fp8BlockRows, Mxfp4Desc, Wna16Desc, Wna16Scales,
+        FP8_BLOCK, Fp8Desc, Fp8Rows, Fp8Scales, Mxfp4Desc, Wna16Desc, Wna16Scales,
     };
     use moe_testutil::SplitMix64;
 
@@ -487,6 +487,8 @@ mod tests {
         fp8: Vec<u8>,
         fp8_scales: Vec<f32>,
         fp8_split: [Vec<f32>; 2],
+        /// One FP8 scale per channel.
+        fp8_channels: Vec<f32>,
     }
 
     /// Random e4m3 bytes: any non-NaN byte, and often a subnormal or a signed zero.
@@ -532,10 +534,12 @@ mod tests {
                 rng.vec_uniform(h.div_ceil(FP8_BLOCK) * kb, 1e-4, 1e-2),
                 rng.vec_uniform((n - h).div_ceil(FP8_BLOCK) * kb, 1e-4, 1e-2),
             ];
+            let fp8_channels = rng.vec_uniform(n, 1e-4, 1e-2);
             Self {
                 fp8,
                 fp8_scales,
                 fp8_split,
+                fp8_channels,
                 blocks,
                 e8m0,
                 codes8,
@@ -589,8 +593,9 @@ mod tests {
             all
         }
 
-        /// MXFP4 without and with bias, then FP8 as one run without bias and as two runs with
-        /// bias.
+        /// MXFP4 without and with bias, then FP8: block scales as one run without bias and as
+        /// two runs with bias, channel scales as one run, and a channel-scaled run beside a
+        /// tensor-scaled one with bias (the channelwise packings).
         fn fp_variants(&self) -> Vec<PackedWna16> {
             let mut all = Vec::new();
             for bias in [None, Some(&self.bias[..])] {
@@ -606,25 +611,47 @@ mod tests {
                 );
             }
             let (n, k, h) = (self.n, self.k, self.n / 2);
-            let one = [Fp8BlockRows {
+            let one = [Fp8Rows {
                 channels: n,
                 codes: &self.fp8,
-                scales: &self.fp8_scales,
+                scales: Fp8Scales::Blocks(&self.fp8_scales),
             }];
             let two = [
-                Fp8BlockRows {
+                Fp8Rows {
                     channels: h,
                     codes: &self.fp8[..h * k],
-                    scales: &self.fp8_split[0],
+                    scales: Fp8Scales::Blocks(&self.fp8_split[0]),
                 },
-                Fp8BlockRows {
+                Fp8Rows {
                     channels: n - h,
                     codes: &self.fp8[h * k..],
-                    scales: &self.fp8_split[1],
+                    scales: Fp8Scales::Blocks(&self.fp8_split[1]),
                 },
             ];
-            for (rows, bias) in [(&one[..], None), (&two[..], Some(&self.bias[..]))] {
-                all.push(PackedWna16::pack_fp8_block(Fp8BlockDesc { n, k, rows, bias }).unwrap());
+            let channels = [Fp8Rows {
+                channels: n,
+                codes: &self.fp8,
+                scales: Fp8Scales::Channels(&self.fp8_channels),
+            }];
+            let mixed = [
+                Fp8Rows {
+                    channels: h,
+                    codes: &self.fp8[..h * k],
+                    scales: Fp8Scales::Channels(&self.fp8_channels[..h]),
+                },
+                Fp8Rows {
+                    channels: n - h,
+                    codes: &self.fp8[h * k..],
+                    scales: Fp8Scales::Tensor(self.fp8_channels[h]),
+                },
+            ];
+            for (rows, bias) in [
+                (&one[..], None),
+                (&two[..], Some(&self.bias[..])),
+                (&channels[..], None),
+                (&mixed[..], Some(&self.bias[..])),
+            ] {
+                all.push(PackedWna16::pack_fp8(Fp8Desc { n, k, rows, bias }).unwrap());
             }
             all
         }
@@ -790,13 +817,13 @@ mod tests {
             .map(|i| ((i % k8 + 17 * (i / k8)) % 256) as u8)
             .map(|b| if b & 0x7F == 0x7F { 0x80 } else { b })
             .collect();
-        let fp8 = PackedWna16::pack_fp8_block(Fp8BlockDesc {
+        let fp8 = PackedWna16::pack_fp8(Fp8Desc {
             n,
             k: k8,
-            rows: &[Fp8BlockRows {
+            rows: &[Fp8Rows {
                 channels: n,
                 codes: &codes,
-                scales: &[0.5, 4.0],
+                scales: Fp8Scales::Blocks(&[0.5, 4.0]),
             }],
             bias: None,
         })

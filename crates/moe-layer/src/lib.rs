@@ -59,8 +59,8 @@ pub mod layer;
 
 pub use error::LayerError;
 pub use layer::{
-    BackendInfo, ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, SharedExperts, TensorData,
-    TensorKind, TensorView, Wna16Activations,
+    BackendInfo, ExpertShard, Fp8Scaling, LayerQuant, MoeLayer, MoeLayerConfig, SharedExperts,
+    TensorData, TensorKind, TensorView, Wna16Activations,
 };
 #[cfg(feature = "checkpoint")]
 pub use layer::{LoadOptions, LoadProgress};

@@ -19,7 +19,9 @@ use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 
-use checkpoint_support::{Ckpt, Fmt, Stored, Wna16Spec, Wna16Store, f32_bytes, i32_bytes};
+use checkpoint_support::{
+    Ckpt, Fmt, Fp8Store, Stored, Wna16Spec, Wna16Store, f32_bytes, i32_bytes,
+};
 use moe_layer::checkpoint::{Checkpoint, ReadOptions, ShardAccess};
 use moe_layer::{LayerError, MoeLayer};
 use moe_router::Logits;
@@ -2133,5 +2135,97 @@ fn fp8_cases(c: &mut Cases) {
         Via::Reader(ShardAccess::Read),
         err!(LayerError::UnsupportedScheme { .. }),
         |_| {},
+    );
+    fp8_scale_cases(c);
+}
+
+/// A compressed-tensors FP8 checkpoint with bf16 channel scales `[n, 1]`.
+fn fp8_channels() -> Ckpt {
+    checkpoint_support::fp8("qwen3_moe", [E, 2, H, I], 0xf9, Fp8Store::CtChannels).0
+}
+
+/// An AutoFP8 Mixtral checkpoint with per-tensor scales `[]` and static `input_scale`s.
+fn fp8_tensor() -> Ckpt {
+    checkpoint_support::fp8("mixtral", [E, 2, H, I], 0xfa, Fp8Store::TensorStatic).0
+}
+
+/// FP8 channel and tensor scales: wrong dtypes and shapes, bad values, missing tensors, a
+/// block layout named by a config without blocks, each named.
+fn fp8_scale_cases(c: &mut Cases) {
+    let layer = Via::Layer;
+    let cs = "model.layers.0.mlp.experts.1.gate_proj.weight_scale";
+    let ts = "model.layers.0.block_sparse_moe.experts.3.w2.weight_scale";
+    c.model(
+        "fp8 channel control",
+        fp8_channels,
+        layer,
+        Expect::Ok,
+        |_| {},
+    );
+    c.model("fp8 tensor control", fp8_tensor, layer, Expect::Ok, |_| {});
+    c.model(
+        "fp8 channel scales stored as i32",
+        fp8_channels,
+        layer,
+        err!(LayerError::WrongDtype { .. }),
+        move |ck| retype(ck, cs, Dtype::I32, &[I, 1]),
+    );
+    c.model(
+        "fp8 channel scales of another width",
+        fp8_channels,
+        layer,
+        err!(LayerError::WrongShape { .. }),
+        move |ck| retype(ck, cs, Dtype::BF16, &[I, 2]),
+    );
+    c.model(
+        "fp8 channel scales for another channel count",
+        fp8_channels,
+        layer,
+        err!(LayerError::WrongShape { .. }),
+        move |ck| retype(ck, cs, Dtype::BF16, &[I + 1]),
+    );
+    c.model(
+        "fp8 negative channel scale",
+        fp8_channels,
+        layer,
+        err!(LayerError::BadScale { index: 5, .. }),
+        move |ck| set_bf16(ck, cs, 5, -1.0),
+    );
+    c.model(
+        "fp8 tensor scale of two values",
+        fp8_tensor,
+        layer,
+        err!(LayerError::WrongShape { .. }),
+        move |ck| retype(ck, ts, Dtype::F32, &[2]),
+    );
+    c.model(
+        "fp8 NaN tensor scale",
+        fp8_tensor,
+        layer,
+        err!(LayerError::BadScale { index: 0, .. }),
+        move |ck| {
+            stored(ck, ts)
+                .bytes
+                .copy_from_slice(&f32::NAN.to_le_bytes())
+        },
+    );
+    c.model(
+        "fp8 tensor scale missing",
+        fp8_tensor,
+        layer,
+        err!(LayerError::MissingTensor { .. }),
+        move |ck| {
+            ck.tensors.remove(ts);
+        },
+    );
+    c.model(
+        "fp8 per-tensor config over block scales",
+        fp8,
+        layer,
+        err!(LayerError::MissingTensor { .. }),
+        |ck| {
+            let qc = ck.config["quantization_config"].as_object_mut().unwrap();
+            qc.remove("weight_block_size");
+        },
     );
 }

@@ -1,21 +1,23 @@
-//! FP8 block-quantized checkpoints written by the test (`quant_method: fp8`, `[128, 128]`
-//! blocks, e4m3 weights with subnormals and signed zeros, H and I not multiples of 128) load
-//! onto the native WNA16 kernels and compute the MoE block of their exactly dequantized weights:
-//! the layer's f32 output is compared with an f64 evaluation of the same routing, gated SiLU
-//! MLPs, shared expert and weighted sum (relative L2 below 1e-5; 1e-2 where the CPU's bf16
-//! path takes the GEMMs with many rows per expert, which round activations and scaled weights
-//! to bf16). Tensor- and expert-parallel
-//! ranks sum to the whole layer; the config's block size, activation scheme and format are
-//! checked, and the name-based road refuses FP8 layers.
+//! FP8 checkpoints written by the test load onto the native WNA16 kernels and compute the MoE
+//! block of their exactly dequantized weights: `quant_method: fp8` with `[128, 128]` blocks
+//! (DeepSeek-V3, Qwen3 `-FP8`) or per-tensor scales and static activations (AutoFP8's Mixtral),
+//! and compressed-tensors `float-quantized` with channel (bf16 `[n, 1]`), tensor and block
+//! scales; e4m3 weights with subnormals and signed zeros, H and I not multiples of 128. The
+//! layer's f32 output is compared with an f64 evaluation of the same routing, gated SiLU MLPs,
+//! shared expert and weighted sum (relative L2 below 1e-5; 1e-2 where the CPU's bf16 path takes
+//! the GEMMs with many rows per expert, which round activations and scaled weights to bf16).
+//! Tensor- and expert-parallel ranks sum to the whole layer; the configs' block size,
+//! activation scheme, strategy and format are checked, and the name-based road refuses FP8
+//! layers.
 #![cfg(feature = "checkpoint")]
 
 mod checkpoint_support;
 
-use checkpoint_support::{Fp8Proj, fp8_block, temp_dir};
-use moe_layer::checkpoint::{Checkpoint, QuantScheme, ShardAccess};
+use checkpoint_support::{Fp8Proj, Fp8Store, fp8, fp8_block, temp_dir};
+use moe_layer::checkpoint::{Checkpoint, Fp8Source, QuantScheme, ShardAccess};
 use moe_layer::{
-    ExpertShard, LayerError, LayerQuant, MoeLayer, MoeLayerConfig, TensorData, TensorKind,
-    TensorView,
+    ExpertShard, Fp8Scaling, LayerError, LayerQuant, MoeLayer, MoeLayerConfig, TensorData,
+    TensorKind, TensorView,
 };
 use moe_router::Logits;
 use moe_testutil::SplitMix64;
@@ -85,22 +87,44 @@ fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
     (num / den).sqrt()
 }
 
-/// Writes, loads and runs one checkpoint at 1, 5 and 16 tokens against the f64 reference.
-fn check(model_type: &str, dims: [usize; 4], seed: u64) {
+/// Writes, loads and runs one checkpoint at 1, 5, 16 and 64 tokens against the f64 reference.
+fn check(model_type: &str, dims: [usize; 4], seed: u64, store: Fp8Store) {
     let [e, top_k, h, _] = dims;
-    let (ck, experts) = fp8_block(model_type, dims, seed);
+    let (ck, experts) = fp8(model_type, dims, seed, store);
     // The written codes hold subnormals and both zeros, which the decoders must get right.
     let codes = &experts[0][0].codes;
     assert!(codes.iter().any(|&b| b & 0x78 == 0 && b & 7 != 0));
     assert!(codes.contains(&0x80) && codes.contains(&0));
-    let dir = temp_dir(&format!("fp8-{model_type}"));
+    let dir = temp_dir(&format!("fp8-{model_type}-{store:?}"));
     ck.write(&dir);
     let ckpt = Checkpoint::open(&dir, ShardAccess::Mmap).unwrap();
-    assert!(
-        matches!(ckpt.spec().quant, QuantScheme::Fp8Block { ref ignored } if ignored == &["lm_head"])
+    let scaling = match store.scaling() {
+        checkpoint_support::Fp8Scaling::Blocks => Fp8Scaling::Blocks,
+        checkpoint_support::Fp8Scaling::Channels => Fp8Scaling::Channels,
+        checkpoint_support::Fp8Scaling::Tensor => Fp8Scaling::Tensor,
+    };
+    let QuantScheme::Fp8 {
+        scaling: read,
+        source,
+        static_activations,
+        ref ignored,
+    } = ckpt.spec().quant
+    else {
+        panic!("{store:?}: {:?}", ckpt.spec().quant);
+    };
+    assert_eq!(read, scaling);
+    let ct = matches!(
+        store,
+        Fp8Store::CtBlocks | Fp8Store::CtChannels | Fp8Store::CtTensor
     );
-    let layer = MoeLayer::from_checkpoint(&ckpt, 0, 16).unwrap();
-    assert_eq!(layer.config().quant, LayerQuant::Fp8Block);
+    assert_eq!(source == Fp8Source::CompressedTensors, ct, "{store:?}");
+    assert_eq!(
+        static_activations,
+        matches!(store, Fp8Store::TensorStatic | Fp8Store::CtTensor)
+    );
+    assert_eq!(ignored[0], "lm_head");
+    let layer = MoeLayer::from_checkpoint(&ckpt, 0, 64).unwrap();
+    assert_eq!(layer.config().quant, LayerQuant::Fp8 { scaling });
     let info = layer.backend().unwrap();
     assert!(info.kernel.starts_with("cpu-wna16/"), "{info:?}");
     // From the bf16 path's row threshold on (where the CPU has one), an expert's GEMMs round
@@ -124,7 +148,7 @@ fn check(model_type: &str, dims: [usize; 4], seed: u64) {
         let tol = if bf16_path { 1e-2 } else { 1e-5 };
         assert!(
             rel < tol,
-            "{model_type} t={t}: rel L2 {rel} (tolerance {tol:e})"
+            "{model_type} {store:?} t={t}: rel L2 {rel} (tolerance {tol:e})"
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -133,22 +157,50 @@ fn check(model_type: &str, dims: [usize; 4], seed: u64) {
 /// Qwen3-shaped: H = 160 (a whole block and a short one), I = 72 (one short block).
 #[test]
 fn qwen3_fp8_blocks_match_the_dequantized_reference() {
-    check("qwen3_moe", [4, 2, 160, 72], 31);
+    check("qwen3_moe", [4, 2, 160, 72], 31, Fp8Store::Blocks);
 }
 
 /// DeepSeek-V3-shaped, with its shared expert and grouped, biased routing.
 #[test]
 fn deepseek_v3_fp8_blocks_with_a_shared_expert_match_the_reference() {
-    check("deepseek_v3", [4, 2, 136, 200], 37);
+    check("deepseek_v3", [4, 2, 136, 200], 37, Fp8Store::Blocks);
 }
 
-/// Tensor-parallel ranks (I split on a block boundary) and expert-parallel ranks each compute
-/// their part; the parts sum to the single-rank layer.
+/// AutoFP8's Mixtral: one scale per projection (gate and up keep their own), static
+/// activation scales that are not applied.
+#[test]
+fn mixtral_fp8_tensor_scales_with_static_activations_match_the_reference() {
+    check("mixtral", [4, 2, 136, 72], 61, Fp8Store::TensorStatic);
+}
+
+/// compressed-tensors `float-quantized`: bf16 channel scales `[n, 1]` (`FP8_DYNAMIC`), tensor
+/// scales `[1]` with static activations (`FP8`), and blocks (`FP8_BLOCK`, with DeepSeek-V3's
+/// shared expert).
+#[test]
+fn compressed_tensors_fp8_channel_tensor_and_block_scales_match_the_reference() {
+    check("qwen3_moe", [4, 2, 160, 72], 67, Fp8Store::CtChannels);
+    check("qwen3_moe", [4, 2, 136, 200], 71, Fp8Store::CtTensor);
+    check("deepseek_v3", [4, 2, 136, 200], 73, Fp8Store::CtBlocks);
+}
+
+/// Tensor-parallel ranks (I split on a block boundary for block scales, anywhere for channel
+/// and tensor scales) and expert-parallel ranks each compute their part; the parts sum to the
+/// single-rank layer.
 #[test]
 fn parallel_ranks_sum_to_the_whole_layer() {
+    for (store, i) in [
+        (Fp8Store::Blocks, 256),
+        (Fp8Store::CtChannels, 72),
+        (Fp8Store::TensorStatic, 72),
+    ] {
+        ranks_sum_to_the_whole(store, i);
+    }
+}
+
+fn ranks_sum_to_the_whole(store: Fp8Store, i: usize) {
     let (e, h) = (4, 136);
-    let (ck, _) = fp8_block("qwen3_moe", [e, 2, h, 256], 41);
-    let dir = temp_dir("fp8-ranks");
+    let (ck, _) = fp8("qwen3_moe", [e, 2, h, i], 41, store);
+    let dir = temp_dir(&format!("fp8-ranks-{store:?}"));
     ck.write(&dir);
     let ckpt = Checkpoint::open(&dir, ShardAccess::Read).unwrap();
     let whole = MoeLayer::from_checkpoint(&ckpt, 0, 8).unwrap();
@@ -185,7 +237,7 @@ fn parallel_ranks_sum_to_the_whole_layer() {
             }
         }
         let rel = rel_l2(&sum, &want);
-        assert!(rel < 1e-5, "{what}: rel L2 {rel}");
+        assert!(rel < 1e-5, "{store:?} {what}: rel L2 {rel}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -247,50 +299,91 @@ fn unaligned_slices_and_name_based_loads_are_refused() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The fp8 `quantization_config` is read as vLLM and Hugging Face write it, and anything but
-/// dynamic e4m3 activations with `[128, 128]` blocks is refused with the reason.
+/// Parses `store`'s config after `edit` changes its `quantization_config`.
+fn parse_edited(
+    store: Fp8Store,
+    edit: &dyn Fn(&mut serde_json::Value),
+) -> Result<moe_layer::checkpoint::MoeModelSpec, LayerError> {
+    let (ck, _) = fp8("qwen3_moe", [2, 1, 16, 8], 53, store);
+    let mut config = ck.config.clone();
+    edit(&mut config["quantization_config"]);
+    moe_layer::checkpoint::MoeModelSpec::from_json_str(
+        std::path::Path::new("config.json"),
+        &config.to_string(),
+    )
+}
+
+/// An edit of a `quantization_config`.
+type ConfigEdit = fn(&mut serde_json::Value);
+
+/// Asserts that `store`'s config edited by each `edit` is refused as an unsupported scheme
+/// whose reason contains the paired text.
+fn assert_refused(store: Fp8Store, cases: &[(ConfigEdit, &str)]) {
+    for (edit, needle) in cases {
+        match parse_edited(store, edit) {
+            Err(LayerError::UnsupportedScheme { reason, .. }) => {
+                assert!(reason.contains(needle), "{store:?} {needle}: {reason}");
+            }
+            other => panic!("{store:?} {needle}: {other:?}"),
+        }
+    }
+}
+
+/// The fp8 `quantization_config` is read as vLLM and Hugging Face write it: `[128, 128]` blocks
+/// with dynamic activations, or no blocks (per-tensor scales) with dynamic or static ones;
+/// other blocks, static activations with blocks, and other formats are refused with the
+/// reason.
 #[test]
 fn fp8_configs_are_checked() {
-    let (ck, _) = fp8_block("qwen3_moe", [2, 1, 16, 8], 53);
-    let parse = |edit: &dyn Fn(&mut serde_json::Value)| {
-        let mut config = ck.config.clone();
-        edit(&mut config["quantization_config"]);
-        moe_layer::checkpoint::MoeModelSpec::from_json_str(
-            std::path::Path::new("config.json"),
-            &config.to_string(),
-        )
-    };
-    let spec = parse(&|qc| qc["ignored_layers"] = json!(["model.layers.0.self_attn"])).unwrap();
+    let spec = parse_edited(Fp8Store::Blocks, &|qc| {
+        qc["ignored_layers"] = json!(["model.layers.0.self_attn"]);
+    })
+    .unwrap();
     assert_eq!(
         spec.quant,
-        QuantScheme::Fp8Block {
+        QuantScheme::Fp8 {
+            scaling: Fp8Scaling::Blocks,
+            source: Fp8Source::QuantMethodFp8,
+            static_activations: false,
             ignored: vec!["model.layers.0.self_attn".into(), "lm_head".into()]
         }
     );
-    for (edit, needle) in [
-        (
-            (|qc: &mut serde_json::Value| qc["weight_block_size"] = json!([64, 64]))
-                as fn(&mut serde_json::Value),
-            "[64,64]",
-        ),
-        (
-            |qc| {
-                qc.as_object_mut().unwrap().remove("weight_block_size");
-            },
-            "weight_block_size",
-        ),
-        (|qc| qc["activation_scheme"] = json!("static"), "static"),
-        (|qc| qc["fmt"] = json!("e5m2"), "e5m2"),
-    ] {
-        match parse(&edit) {
-            Err(LayerError::UnsupportedScheme { reason, .. }) => {
-                assert!(reason.contains(needle), "{reason}");
-            }
-            other => panic!("{needle}: {other:?}"),
-        }
+    assert_eq!(spec.quant.name(), "fp8");
+    let tensor = |qc: &mut serde_json::Value| {
+        qc.as_object_mut().unwrap().remove("weight_block_size");
+    };
+    for (scheme, static_activations) in [("dynamic", false), ("static", true)] {
+        let spec = parse_edited(Fp8Store::Blocks, &|qc| {
+            tensor(qc);
+            qc["activation_scheme"] = json!(scheme);
+        })
+        .unwrap();
+        assert!(
+            matches!(
+                spec.quant,
+                QuantScheme::Fp8 { scaling: Fp8Scaling::Tensor, static_activations: s, .. }
+                    if s == static_activations
+            ),
+            "{:?}",
+            spec.quant
+        );
     }
+    assert_refused(
+        Fp8Store::Blocks,
+        &[
+            (|qc| qc["weight_block_size"] = json!([64, 64]), "[64,64]"),
+            (|qc| qc["activation_scheme"] = json!("static"), "static"),
+            (
+                |qc| {
+                    qc.as_object_mut().unwrap().remove("activation_scheme");
+                },
+                "absent",
+            ),
+            (|qc| qc["fmt"] = json!("e5m2"), "e5m2"),
+        ],
+    );
     assert!(matches!(
-        parse(&|qc| qc["ignored_layers"] = json!([1])),
+        parse_edited(Fp8Store::Blocks, &|qc| qc["ignored_layers"] = json!([1])),
         Err(LayerError::ConfigField {
             field: "ignored_layers",
             ..
@@ -298,13 +391,87 @@ fn fp8_configs_are_checked() {
     ));
 }
 
+/// compressed-tensors `float-quantized` groups are read per strategy (tensor, channel, `[128,
+/// 128]` block) with float activations absent, dynamic or static; other bit widths, block
+/// shapes and strategies, asymmetric or dynamic weight scales, and integer activations are
+/// refused with the reason.
+#[test]
+fn compressed_tensors_fp8_configs_are_checked() {
+    for (store, scaling) in [
+        (Fp8Store::CtChannels, Fp8Scaling::Channels),
+        (Fp8Store::CtTensor, Fp8Scaling::Tensor),
+        (Fp8Store::CtBlocks, Fp8Scaling::Blocks),
+    ] {
+        let spec = parse_edited(store, &|_| {}).unwrap();
+        assert!(
+            matches!(spec.quant, QuantScheme::Fp8 { scaling: s, .. } if s == scaling),
+            "{store:?}: {:?}",
+            spec.quant
+        );
+        assert_eq!(spec.quant.name(), "compressed-tensors/float-quantized");
+    }
+    // Weight-only fp8: no input activations.
+    let spec = parse_edited(Fp8Store::CtChannels, &|qc| {
+        qc["config_groups"]["group_0"]
+            .as_object_mut()
+            .unwrap()
+            .remove("input_activations");
+    })
+    .unwrap();
+    assert!(matches!(
+        spec.quant,
+        QuantScheme::Fp8 {
+            scaling: Fp8Scaling::Channels,
+            static_activations: false,
+            ..
+        }
+    ));
+    assert_refused(
+        Fp8Store::CtChannels,
+        &[
+            (
+                |qc| qc["config_groups"]["group_0"]["weights"]["num_bits"] = json!(4),
+                "4-bit",
+            ),
+            (
+                |qc| qc["config_groups"]["group_0"]["weights"]["symmetric"] = json!(false),
+                "asymmetric",
+            ),
+            (
+                |qc| {
+                    let w = &mut qc["config_groups"]["group_0"]["weights"];
+                    w["strategy"] = json!("group");
+                    w["group_size"] = json!(128);
+                },
+                "Group",
+            ),
+            (
+                |qc| {
+                    let a = &mut qc["config_groups"]["group_0"]["input_activations"];
+                    a["type"] = json!("int");
+                },
+                "Int",
+            ),
+        ],
+    );
+    assert_refused(
+        Fp8Store::CtBlocks,
+        &[(
+            |qc| {
+                qc["config_groups"]["group_0"]["weights"]["block_structure"] = json!([64, 128]);
+            },
+            "[64, 128]",
+        )],
+    );
+}
+
 /// A layer created from the checkpoint's config and readied around experts the caller packed
 /// (`load_packed_fp8_experts`) computes the checkpoint layer's outputs bit for bit; a wrong
-/// expert count, shape or code kind, or a layer of another scheme, is a typed error naming the
-/// matrix, and the layer is unusable afterwards.
+/// expert count, shape, code kind or scale grouping, or a layer of another scheme, is a typed
+/// error naming the matrix, and the layer is unusable afterwards.
 #[test]
 fn packed_fp8_experts_equal_the_checkpoint_layer_bit_for_bit() {
-    use moe_kernels::{Fp8BlockDesc, Fp8BlockRows, Mxfp4Desc, PackedWna16};
+    use moe_kernels::{Fp8Desc, Fp8Rows, Fp8Scales, Mxfp4Desc, PackedWna16};
     let (e, top_k, h, i) = (4, 2, 160, 72);
     let (ck, experts) = fp8_block("qwen3_moe", [e, top_k, h, i], 53);
     let dir = temp_dir("fp8-packed");
@@ -313,15 +480,15 @@ fn packed_fp8_experts_equal_the_checkpoint_layer_bit_for_bit() {
     let whole = MoeLayer::from_checkpoint(&ckpt, 0, 32).unwrap();
     let cfg = whole.config().clone();
     let pack = |ps: &[&Fp8Proj]| {
-        let rows: Vec<Fp8BlockRows<'_>> = ps
+        let rows: Vec<Fp8Rows<'_>> = ps
             .iter()
-            .map(|p| Fp8BlockRows {
+            .map(|p| Fp8Rows {
                 channels: p.n,
                 codes: &p.codes,
-                scales: &p.scales,
+                scales: Fp8Scales::Blocks(&p.scales),
             })
             .collect();
-        PackedWna16::pack_fp8_block(Fp8BlockDesc {
+        PackedWna16::pack_fp8(Fp8Desc {
             n: ps.iter().map(|p| p.n).sum(),
             k: ps[0].k,
             rows: &rows,
@@ -396,6 +563,35 @@ fn packed_fp8_experts_equal_the_checkpoint_layer_bit_for_bit() {
         .unwrap_err();
     assert!(
         matches!(&err, LayerError::ParamDtype { tensor, .. } if tensor == "w13[0]"),
+        "{err}"
+    );
+    // Channel-scaled experts are channelwise, which a block-scaled layer does not take.
+    let channelwise = || -> Vec<PackedWna16> {
+        experts
+            .iter()
+            .map(|x| {
+                let ones = vec![1f32; x[0].n];
+                let rows = [&x[0], &x[1]].map(|p| Fp8Rows {
+                    channels: p.n,
+                    codes: &p.codes,
+                    scales: Fp8Scales::Channels(&ones),
+                });
+                PackedWna16::pack_fp8(Fp8Desc {
+                    n: 2 * i,
+                    k: h,
+                    rows: &rows,
+                    bias: None,
+                })
+                .unwrap()
+            })
+            .collect()
+    };
+    let err = fresh()
+        .load_packed_fp8_experts(channelwise(), w2())
+        .unwrap_err();
+    assert!(
+        matches!(&err, LayerError::ParamDtype { tensor, actual, .. }
+            if tensor == "w13[0]" && actual.contains("channel")),
         "{err}"
     );
     let mut other = cfg.clone();

@@ -261,13 +261,18 @@ impl KernelId {
                 Some(WeightKey::Scalar(k)) => our_wna16_key(k),
                 _ => false,
             },
-            // MXFP4 and FP8 blocks run on the WNA16 kernels (e2m1 and e4m3 codes through their
-            // value decoders); the Marlin executor decodes integers only.
+            // MXFP4 and FP8 run on the WNA16 kernels (e2m1 and e4m3 codes through their value
+            // decoders); the Marlin executor decodes integers only.
             KernelId::CpuWna16 => match w {
                 Some(WeightKey::Scalar(k)) => {
                     our_wna16_key(k) || *k == ScalarQuantKey::MXFP4_STATIC
                 }
-                Some(WeightKey::Quant(k)) => *k == QuantKey::FP8_STATIC_128_BLOCK_SYM,
+                Some(WeightKey::Quant(k)) => [
+                    QuantKey::FP8_STATIC_128_BLOCK_SYM,
+                    QuantKey::FP8_STATIC_CHANNEL_SYM,
+                    QuantKey::FP8_STATIC_TENSOR_SYM,
+                ]
+                .contains(k),
                 None => false,
             },
             KernelId::CpuUnquantized => w.is_none() && a.is_none(),

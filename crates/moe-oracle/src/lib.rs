@@ -68,7 +68,7 @@ pub use query::{ActivationFormat, SupportQuery};
 pub use routing::{MOE_ROUTER_METHODS, RoutingMethodType, ScoringFunc, VLLM_CPU_METHODS};
 pub use select::{
     SelectOptions, Selection, check_w4a8_experts_monolithic, select_backend,
-    select_fp8_block_moe_backend, select_int8_moe_backend, select_unquantized_moe_backend,
+    select_fp8_moe_backend, select_int8_moe_backend, select_unquantized_moe_backend,
     select_w4a8_int8_moe_backend, select_wna16_moe_backend,
 };
 pub use support::is_supported_config;

@@ -281,16 +281,19 @@ pub fn select_wna16_moe_backend(
     select_backend(Family::Wna16, config, Some(&w), None, platform, opts)
 }
 
-/// Selection for FP8 block-quantized experts (e4m3 weights, f32 scales per `128 × 128` block,
-/// `QuantKey::FP8_STATIC_128_BLOCK_SYM`) with float activations: the WNA16 family, whose
-/// native kernel decodes the e4m3 codes (moe-rs only; the checkpoint's dynamic fp8
-/// activations are not quantized).
-pub fn select_fp8_block_moe_backend(
+/// Selection for FP8 experts (e4m3 weights with f32 scales) with float activations: the WNA16
+/// family, whose native kernel decodes the e4m3 codes (moe-rs only; the checkpoint's fp8
+/// activation quantization, dynamic or static, is not applied). `weight_key` says how the
+/// weights are scaled: `QuantKey::FP8_STATIC_128_BLOCK_SYM` (a scale per `128 × 128` block),
+/// `QuantKey::FP8_STATIC_CHANNEL_SYM` (per output channel) or `QuantKey::FP8_STATIC_TENSOR_SYM`
+/// (per tensor); any other key is refused by every kernel.
+pub fn select_fp8_moe_backend(
+    weight_key: &QuantKey,
     config: &MoeConfig,
     platform: &Platform,
     opts: &SelectOptions,
 ) -> Result<Selection, OracleError> {
-    let w = WeightKey::Quant(QuantKey::FP8_STATIC_128_BLOCK_SYM);
+    let w = WeightKey::Quant(*weight_key);
     select_backend(Family::Wna16, config, Some(&w), None, platform, opts)
 }
 

@@ -1098,18 +1098,32 @@ fn mxfp4_selects_cpu_wna16_and_nothing_else() {
     assert!(text.contains("float4_e2m1f"), "{text}");
 }
 
-/// FP8 block-quantized weights (e4m3, f32 scales per 128 × 128 block) run on the native WNA16
-/// kernel only: the Marlin executor refuses the key, so disabling `cpu-wna16` leaves no kernel,
-/// and every refusal is named.
+/// FP8 weights (e4m3, f32 scales per 128 × 128 block, per channel or per tensor) run on the
+/// native WNA16 kernel only: the Marlin executor refuses the keys, so disabling `cpu-wna16`
+/// leaves no kernel, and every refusal is named. A key no FP8 checkpoint here has (dynamic
+/// weight scales) is refused by every kernel.
 #[test]
-fn fp8_block_selects_cpu_wna16_and_nothing_else() {
+fn fp8_selects_cpu_wna16_and_nothing_else() {
     let c = cfg(A::Silu, R::Renormalize);
-    let s = select_fp8_block_moe_backend(&c, &vnni(), &SelectOptions::native()).unwrap();
-    assert_eq!(s.kernel.to_string(), "cpu-wna16/avx512-vnni");
-    let opts = SelectOptions::native().with_disabled(DisabledKernels::parse("cpu-wna16"));
-    let e = select_fp8_block_moe_backend(&c, &vnni(), &opts).unwrap_err();
+    for (key, shape) in [
+        (
+            QuantKey::FP8_STATIC_128_BLOCK_SYM,
+            "GroupShape(row=128, col=128)",
+        ),
+        (QuantKey::FP8_STATIC_CHANNEL_SYM, "per_channel"),
+        (QuantKey::FP8_STATIC_TENSOR_SYM, "per_tensor"),
+    ] {
+        let s = select_fp8_moe_backend(&key, &c, &vnni(), &SelectOptions::native()).unwrap();
+        assert_eq!(s.kernel.to_string(), "cpu-wna16/avx512-vnni");
+        let opts = SelectOptions::native().with_disabled(DisabledKernels::parse("cpu-wna16"));
+        let e = select_fp8_moe_backend(&key, &c, &vnni(), &opts).unwrap_err();
+        let text = e.detailed();
+        assert!(text.contains("cpu-wna16"), "{text}");
+        assert!(text.contains("cpu-marlin"), "{text}");
+        assert!(text.contains(shape), "{text}");
+    }
+    let key = QuantKey::FP8_DYNAMIC_TENSOR_SYM;
+    let e = select_fp8_moe_backend(&key, &c, &vnni(), &SelectOptions::native()).unwrap_err();
     let text = e.detailed();
     assert!(text.contains("cpu-wna16"), "{text}");
-    assert!(text.contains("cpu-marlin"), "{text}");
-    assert!(text.contains("GroupShape(row=128, col=128)"), "{text}");
 }

@@ -11,7 +11,7 @@
 //! have no per-tensor loader; so are MXFP4 layers, in the checkpoint's bytes (e2m1 blocks and
 //! e8m0 scales, gpt-oss's SwiGLU-OAI on interleaved gate/up rows), which have none either. FP8
 //! block-quantized experts have no loader by name at all: each copy packs its experts with
-//! `PackedWna16::pack_fp8_block` and hands them to `load_packed_fp8_experts`, as a runtime
+//! `PackedWna16::pack_fp8` and hands them to `load_packed_fp8_experts`, as a runtime
 //! holding them in memory would.
 //!
 //! Every copy is drawn from the same seeded streams, a few experts at a time, so the copies
@@ -29,7 +29,8 @@ use moe_layer::checkpoint::{
     StoredExperts, ZeroPoints,
 };
 use moe_layer::{
-    ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, TensorData, TensorKind, TensorView,
+    ExpertShard, Fp8Scaling, LayerQuant, MoeLayer, MoeLayerConfig, TensorData, TensorKind,
+    TensorView,
 };
 use moe_quant::{DType, WeightGroups};
 use moe_router::Logits;
@@ -107,7 +108,9 @@ fn layer_quant(args: &BenchArgs) -> Result<LayerQuant, CliError> {
         },
         BenchFormat::Bf16 | BenchFormat::F32 => LayerQuant::Unquantized,
         BenchFormat::Mxfp4 => LayerQuant::Mxfp4,
-        BenchFormat::Fp8 => LayerQuant::Fp8Block,
+        BenchFormat::Fp8 => LayerQuant::Fp8 {
+            scaling: Fp8Scaling::Blocks,
+        },
     })
 }
 

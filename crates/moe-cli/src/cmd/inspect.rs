@@ -9,7 +9,7 @@ use clap::Args;
 use moe_layer::checkpoint::{
     Checkpoint, MoeModelSpec, QuantScheme, ReadOptions, ShardAccess, StoredExperts,
 };
-use moe_layer::{LayerError, MoeLayerConfig};
+use moe_layer::{Fp8Scaling, LayerError, MoeLayerConfig};
 use moe_oracle::Selection;
 use serde::Serialize;
 
@@ -219,7 +219,12 @@ fn select(spec: &MoeModelSpec, args: &InspectArgs) -> Result<Selection, LayerErr
 
 /// Reads one MoE layer and summarizes it.
 fn read_layer(ckpt: &Checkpoint, n: usize) -> Result<LayerReport, CliError> {
-    if matches!(ckpt.spec().quant, QuantScheme::Fp8Block { .. }) {
+    if let QuantScheme::Fp8 {
+        scaling,
+        static_activations,
+        ..
+    } = ckpt.spec().quant
+    {
         // FP8 experts are packed as they are read, never held whole: checked expert by expert.
         let info = ckpt
             .check_fp8_layer(n, &ReadOptions::single_rank())
@@ -229,7 +234,19 @@ fn read_layer(ckpt: &Checkpoint, n: usize) -> Result<LayerReport, CliError> {
             experts: info.local_experts.len(),
             hidden: info.hidden,
             intermediate: info.intermediate,
-            weights: "fp8 e4m3 codes, f32 scales per 128 x 128 block".into(),
+            weights: format!(
+                "fp8 e4m3 codes, f32 scales {}{}",
+                match scaling {
+                    Fp8Scaling::Blocks => "per 128 x 128 block",
+                    Fp8Scaling::Channels => "per output channel",
+                    _ => "per tensor",
+                },
+                if static_activations {
+                    "; static activation scales not applied (activations run in float)"
+                } else {
+                    ""
+                }
+            ),
             router_values: info.router_values,
             router_bias: false,
             shared_experts: info.shared_experts,

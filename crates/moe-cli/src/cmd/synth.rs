@@ -14,7 +14,7 @@ use half::bf16;
 use indicatif::ProgressBar;
 use moe_kernels::moe::ExpertMatrix;
 use moe_kernels::{
-    Activation, FP8_BLOCK, Fp8BlockDesc, Fp8BlockRows, FusedMoe, FusedMoeConfig, GateUpLayout,
+    Activation, FP8_BLOCK, Fp8Desc, Fp8Rows, Fp8Scales, FusedMoe, FusedMoeConfig, GateUpLayout,
     Mxfp4Desc, PackedDense, PackedExperts, PackedW4A8, PackedW8A8, PackedWna16, W4A8Scales,
     Wna16Desc, Wna16Scales, kernels,
 };
@@ -528,13 +528,13 @@ pub fn random_fp8_packed(rng: &mut Rng, n: usize, k: usize) -> Result<PackedWna1
     let scales: Vec<f32> = (0..blocks)
         .map(|_| 1e-4 + (rng.next_u64() % 1000) as f32 * 1e-7)
         .collect();
-    PackedWna16::pack_fp8_block(Fp8BlockDesc {
+    PackedWna16::pack_fp8(Fp8Desc {
         n,
         k,
-        rows: &[Fp8BlockRows {
+        rows: &[Fp8Rows {
             channels: n,
             codes: &codes,
-            scales: &scales,
+            scales: Fp8Scales::Blocks(&scales),
         }],
         bias: None,
     })

@@ -16,7 +16,7 @@ pub use dense::PackedDense;
 pub use w4a8::{PackedW4A8, W4A8Scales};
 pub use w8a8::PackedW8A8;
 pub use wna16::{
-    AWQ_FIELD_OF_CHANNEL, E2M1_VALUES, FP8_BLOCK, Fp8BlockDesc, Fp8BlockRows, Int4Values,
+    AWQ_FIELD_OF_CHANNEL, E2M1_VALUES, FP8_BLOCK, Fp8Desc, Fp8Rows, Fp8Scales, Int4Values,
     Int8Values, Mxfp4Desc, PackedWna16, Wna16Desc, Wna16Scales, Wna16WordsDesc, WordOrder,
     WordRows, e4m3_value,
 };

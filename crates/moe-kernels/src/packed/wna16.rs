@@ -307,30 +307,80 @@ pub struct Mxfp4Desc<'a> {
     pub bias: Option<&'a [f32]>,
 }
 
-/// A run of consecutive output channels of an [`Fp8BlockDesc`], as one checkpoint tensor (or a
-/// block-aligned slice of one) stores them: its e4m3 codes and its `[128, 128]` block scales,
-/// whose block rows start at the run's first channel.
+/// How a run of FP8 channels stores its f32 scales. Checkpoints scale e4m3 codes per
+/// `128 × 128` block (DeepSeek-V3, Qwen3 `-FP8`), per output channel (compressed-tensors
+/// `FP8_DYNAMIC`) or with one scale for the whole tensor (AutoFP8, compressed-tensors `FP8`).
 #[derive(Debug, Clone, Copy)]
-pub struct Fp8BlockRows<'a> {
+pub enum Fp8Scales<'a> {
+    /// `[ceil(channels/128), ceil(K/128)]` block scales: the weight at `[n, k]` is
+    /// `e4m3(code)·scales[n/128][k/128]` (block-quantized checkpoints call them
+    /// `weight_scale_inv`).
+    Blocks(&'a [f32]),
+    /// One scale per channel, `[channels]`: the weight at `[n, k]` is `e4m3(code)·scales[n]`.
+    Channels(&'a [f32]),
+    /// One scale for every weight of the run.
+    Tensor(f32),
+}
+
+impl Fp8Scales<'_> {
+    /// Whether the scales vary along K (block scales), which makes the packed matrix grouped
+    /// rather than channelwise.
+    fn is_blocks(&self) -> bool {
+        matches!(self, Self::Blocks(_))
+    }
+
+    /// The scale values as a slice (one value for a tensor scale).
+    fn values(&self) -> &[f32] {
+        match self {
+            Self::Blocks(s) | Self::Channels(s) => s,
+            Self::Tensor(s) => std::slice::from_ref(s),
+        }
+    }
+
+    /// How many values a run of `channels` channels over `kb` K blocks needs.
+    fn expected_len(&self, channels: usize, kb: usize) -> usize {
+        match self {
+            Self::Blocks(_) => channels.div_ceil(FP8_BLOCK) * kb,
+            Self::Channels(_) => channels,
+            Self::Tensor(_) => 1,
+        }
+    }
+
+    /// The scales of local channel `c` of the run: its block row, its own scale or the
+    /// tensor's (`kb` values for block scales, one otherwise).
+    fn of_channel(&self, c: usize, kb: usize) -> &[f32] {
+        match self {
+            Self::Blocks(s) => &s[(c / FP8_BLOCK) * kb..][..kb],
+            Self::Channels(s) => std::slice::from_ref(&s[c]),
+            Self::Tensor(s) => std::slice::from_ref(s),
+        }
+    }
+}
+
+/// A run of consecutive output channels of an [`Fp8Desc`], as one checkpoint tensor (or a
+/// slice of one) stores them: its e4m3 codes and its scales.
+#[derive(Debug, Clone, Copy)]
+pub struct Fp8Rows<'a> {
     /// Output channels in this run.
     pub channels: usize,
     /// e4m3fn codes `[channels, K]` row-major; `0x7F` and `0xFF` (NaN) are refused.
     pub codes: &'a [u8],
-    /// f32 block scales `[ceil(channels/128), ceil(K/128)]`: the weight at `[n, k]` is
-    /// `e4m3(code)·scales[n/128][k/128]` (checkpoints call them `weight_scale_inv`).
-    pub scales: &'a [f32],
+    /// The run's scales; block scales start their block rows at the run's first channel.
+    pub scales: Fp8Scales<'a>,
 }
 
-/// What [`PackedWna16::pack_fp8_block`] takes: one FP8 block-quantized matrix `[N, K]` as runs
-/// of channels (so a fused matrix can be packed from its projections' separate tensors).
+/// What [`PackedWna16::pack_fp8`] takes: one FP8 matrix `[N, K]` as runs of channels (so a
+/// fused matrix can be packed from its projections' separate tensors, each with its own
+/// scales).
 #[derive(Debug, Clone, Copy)]
-pub struct Fp8BlockDesc<'a> {
+pub struct Fp8Desc<'a> {
     /// Output channels N.
     pub n: usize,
     /// Reduction dimension K.
     pub k: usize,
-    /// The channels' codes and scales, runs in channel order, `N` channels in all.
-    pub rows: &'a [Fp8BlockRows<'a>],
+    /// The channels' codes and scales, runs in channel order, `N` channels in all. Either
+    /// every run has block scales or none has.
+    pub rows: &'a [Fp8Rows<'a>],
     /// f32 bias `[N]`, added to every output row.
     pub bias: Option<&'a [f32]>,
 }
@@ -680,18 +730,31 @@ impl PackedWna16 {
         })
     }
 
-    /// Validates and packs one FP8 block-quantized matrix (e4m3fn codes, f32 scales per
-    /// `128 × 128` block).
+    /// Validates and packs one FP8 matrix (e4m3fn codes, f32 scales per `128 × 128` block, per
+    /// channel or per tensor).
     ///
     /// A block scale is, for each of the block's channels, the scale of a group of 128 K
-    /// values, so the matrix becomes an int8 WNA16 matrix with groups of 128, f32 scales (each
-    /// channel's row is its block row, repeated for the block's 128 channels), no zero point
-    /// and codes decoded through [`e4m3_value`]: weights are exactly `e4m3(code)·scale`. Any K
-    /// and N are accepted (the last block row and column may be short); NaN codes are refused
-    /// as non-finite weights, naming their index in `[N, K]`.
-    pub fn pack_fp8_block(d: Fp8BlockDesc<'_>) -> Result<Self, KernelError> {
+    /// values, so block-scaled runs make an int8 WNA16 matrix with groups of 128 (each
+    /// channel's row is its block row, repeated for the block's 128 channels); channel and
+    /// tensor scales make a channelwise one (a tensor scale repeated for each channel). Either
+    /// has f32 scales, no zero point and codes decoded through [`e4m3_value`]: weights are
+    /// exactly `e4m3(code)·scale`. Any K and N are accepted (the last block row and column may
+    /// be short); runs mixing block and other scales are refused, as the packed matrix has one
+    /// grouping; NaN codes are refused as non-finite weights, naming their index in `[N, K]`.
+    pub fn pack_fp8(d: Fp8Desc<'_>) -> Result<Self, KernelError> {
         let (n, k) = (d.n, d.k);
-        let dims = check_dims(n, k, 8, FP8_GROUPS)?;
+        let blocks = d.rows.first().is_some_and(|r| r.scales.is_blocks());
+        if d.rows.iter().any(|r| r.scales.is_blocks() != blocks) {
+            return Err(KernelError::Unsupported {
+                reason: "FP8 runs of one matrix must all have block scales or none may",
+            });
+        }
+        let groups = if blocks {
+            FP8_GROUPS
+        } else {
+            WeightGroups::Channelwise
+        };
+        let dims = check_dims(n, k, 8, groups)?;
         let kb = dims.n_groups;
         let channels = d
             .rows
@@ -702,9 +765,9 @@ impl PackedWna16 {
         for r in d.rows {
             check_len("w_fp8", r.channels * k, r.codes.len())?;
             check_len(
-                "weight_scale_inv",
-                r.channels.div_ceil(FP8_BLOCK) * kb,
-                r.scales.len(),
+                "weight_scale",
+                r.scales.expected_len(r.channels, kb),
+                r.scales.values().len(),
             )?;
         }
         check_bias(n, d.bias)?;
@@ -717,7 +780,8 @@ impl PackedWna16 {
                     value: format!("NaN (e4m3 byte {:#04x})", r.codes[at]),
                 });
             }
-            check_finite("weight_scale_inv", r.scales.len(), |i| r.scales[i])?;
+            let values = r.scales.values();
+            check_finite("weight_scale", values.len(), |i| values[i])?;
             first += r.channels;
         }
 
@@ -729,9 +793,8 @@ impl PackedWna16 {
         for r in d.rows {
             for local in 0..r.channels {
                 put_bytes(&mut codes, k_steps, row, &r.codes[local * k..][..k]);
-                let block_row = &r.scales[(local / FP8_BLOCK) * kb..][..kb];
                 let (p, c) = (row / PANEL, row % PANEL);
-                for (g, &s) in block_row.iter().enumerate() {
+                for (g, &s) in r.scales.of_channel(local, kb).iter().enumerate() {
                     scales[(p * kb + g) * PANEL + c] = s;
                 }
                 row += 1;
@@ -745,8 +808,8 @@ impl PackedWna16 {
             values: CodeValues::E4m3,
             n_panels,
             k_steps,
-            group_size: FP8_BLOCK,
-            channelwise: false,
+            group_size: dims.group_size,
+            channelwise: !blocks,
             n_groups: kb,
             codes,
             scales: Wna16ScaleValues::F32(scales),
@@ -1825,7 +1888,7 @@ mod tests {
     /// block row (runs start their own block rows), weights dequantize to `e4m3·scale`; ragged
     /// N and K, N past one block row.
     #[test]
-    fn pack_fp8_block_repeats_block_scales_per_channel() {
+    fn pack_fp8_repeats_block_scales_per_channel() {
         let mut rng = SplitMix64::new(0xf8);
         for (n, k, split) in [
             (1usize, 1usize, 0usize),
@@ -1850,16 +1913,16 @@ mod tests {
                         .collect()
                 })
                 .collect();
-            let rows: Vec<Fp8BlockRows<'_>> = runs
+            let rows: Vec<Fp8Rows<'_>> = runs
                 .iter()
                 .zip(&scales)
-                .map(|(&(a, b), s)| Fp8BlockRows {
+                .map(|(&(a, b), s)| Fp8Rows {
                     channels: b - a,
                     codes: &codes[a * k..b * k],
-                    scales: s,
+                    scales: Fp8Scales::Blocks(s),
                 })
                 .collect();
-            let p = PackedWna16::pack_fp8_block(Fp8BlockDesc {
+            let p = PackedWna16::pack_fp8(Fp8Desc {
                 n,
                 k,
                 rows: &rows,
@@ -1889,18 +1952,74 @@ mod tests {
         }
     }
 
+    /// Channel and tensor scales make a channelwise matrix: one group of K per channel, whose
+    /// scale is the channel's own or its run's tensor scale, on K inside one step, past one
+    /// block and odd N; runs may mix the two kinds.
+    #[test]
+    fn pack_fp8_keeps_channel_and_tensor_scales_per_channel() {
+        let mut rng = SplitMix64::new(0xf9);
+        for (n, k, split) in [
+            (1usize, 1usize, 0usize),
+            (3, 5, 1),
+            (17, 130, 16),
+            (33, 300, 32),
+        ] {
+            let codes: Vec<u8> = (0..n * k)
+                .map(|_| match rng.next_u64() as u8 {
+                    b if b & 0x7F == 0x7F => 0x80,
+                    b => b,
+                })
+                .collect();
+            let channel: Vec<f32> = (0..split).map(|c| 0.25 + c as f32 / 8.0).collect();
+            let tensor = 3.5f32;
+            let rows = [
+                Fp8Rows {
+                    channels: split,
+                    codes: &codes[..split * k],
+                    scales: Fp8Scales::Channels(&channel),
+                },
+                Fp8Rows {
+                    channels: n - split,
+                    codes: &codes[split * k..],
+                    scales: Fp8Scales::Tensor(tensor),
+                },
+            ];
+            let p = PackedWna16::pack_fp8(Fp8Desc {
+                n,
+                k,
+                rows: &rows,
+                bias: None,
+            })
+            .unwrap();
+            assert_eq!(p.int8_values(), Int8Values::E4m3);
+            assert_eq!((p.bits(), p.group_size(), p.n_groups()), (8, k, 1));
+            assert!(p.is_channelwise() && !p.is_asymmetric());
+            let (got_codes, got_scales, _) = p.unpack();
+            assert_eq!(got_codes, codes, "n {n} k {k}");
+            let dq = p.dequantize_f64();
+            for row in 0..n {
+                let s = if row < split { channel[row] } else { tensor };
+                assert_eq!(got_scales[row], s, "n {n} k {k} channel {row}");
+                for col in 0..k {
+                    let want = f64::from(e4m3_value(codes[row * k + col])) * f64::from(s);
+                    assert_eq!(dq[row * k + col], want);
+                }
+            }
+        }
+    }
+
     #[test]
     fn bad_fp8_inputs_are_typed_errors() {
         let codes = [0x38u8; 6];
         let scales = [1f32; 2];
         let pack = |codes: &[u8], scales: &[f32], channels: usize| {
-            PackedWna16::pack_fp8_block(Fp8BlockDesc {
+            PackedWna16::pack_fp8(Fp8Desc {
                 n: 2,
                 k: 3,
-                rows: &[Fp8BlockRows {
+                rows: &[Fp8Rows {
                     channels,
                     codes,
-                    scales,
+                    scales: Fp8Scales::Blocks(scales),
                 }],
                 bias: None,
             })
@@ -1925,7 +2044,7 @@ mod tests {
         assert!(matches!(
             pack(&codes, &scales, 2),
             Err(KernelError::LengthMismatch {
-                tensor: "weight_scale_inv",
+                tensor: "weight_scale",
                 expected: 1,
                 got: 2
             })
@@ -1945,26 +2064,26 @@ mod tests {
         assert!(matches!(
             pack(&codes, &[f32::INFINITY], 2),
             Err(KernelError::NonFiniteWeight {
-                tensor: "weight_scale_inv",
+                tensor: "weight_scale",
                 index: 0,
                 ..
             })
         ));
         // The index of a NaN code counts the channels of the runs before it.
         let rows = [
-            Fp8BlockRows {
+            Fp8Rows {
                 channels: 1,
                 codes: &codes[..3],
-                scales: &scales[..1],
+                scales: Fp8Scales::Blocks(&scales[..1]),
             },
-            Fp8BlockRows {
+            Fp8Rows {
                 channels: 1,
                 codes: &[0, 0xFF, 0],
-                scales: &scales[..1],
+                scales: Fp8Scales::Blocks(&scales[..1]),
             },
         ];
         let two = |bias| {
-            PackedWna16::pack_fp8_block(Fp8BlockDesc {
+            PackedWna16::pack_fp8(Fp8Desc {
                 n: 2,
                 k: 3,
                 rows: &rows,
@@ -1984,13 +2103,72 @@ mod tests {
             Err(KernelError::LengthMismatch { tensor: "bias", .. })
         ));
         assert!(matches!(
-            PackedWna16::pack_fp8_block(Fp8BlockDesc {
+            PackedWna16::pack_fp8(Fp8Desc {
                 n: 0,
                 k: 0,
                 rows: &[],
                 bias: None
             }),
             Err(KernelError::UnsupportedDim { dim: "K", .. })
+        ));
+        // Block scales beside channel scales: one matrix has one grouping.
+        let mixed = [
+            Fp8Rows {
+                channels: 1,
+                codes: &codes[..3],
+                scales: Fp8Scales::Blocks(&scales[..1]),
+            },
+            Fp8Rows {
+                channels: 1,
+                codes: &codes[3..],
+                scales: Fp8Scales::Channels(&scales[..1]),
+            },
+        ];
+        assert!(matches!(
+            PackedWna16::pack_fp8(Fp8Desc {
+                n: 2,
+                k: 3,
+                rows: &mixed,
+                bias: None
+            }),
+            Err(KernelError::Unsupported { .. })
+        ));
+        // A channel scale per channel, and finite.
+        let channels = |scales| {
+            PackedWna16::pack_fp8(Fp8Desc {
+                n: 2,
+                k: 3,
+                rows: &[Fp8Rows {
+                    channels: 2,
+                    codes: &codes,
+                    scales,
+                }],
+                bias: None,
+            })
+        };
+        assert!(channels(Fp8Scales::Channels(&scales)).is_ok());
+        assert!(matches!(
+            channels(Fp8Scales::Channels(&scales[..1])),
+            Err(KernelError::LengthMismatch {
+                tensor: "weight_scale",
+                expected: 2,
+                got: 1
+            })
+        ));
+        assert!(matches!(
+            channels(Fp8Scales::Channels(&[1.0, f32::NAN])),
+            Err(KernelError::NonFiniteWeight {
+                tensor: "weight_scale",
+                index: 1,
+                ..
+            })
+        ));
+        assert!(matches!(
+            channels(Fp8Scales::Tensor(f32::INFINITY)),
+            Err(KernelError::NonFiniteWeight {
+                tensor: "weight_scale",
+                ..
+            })
         ));
     }
 

@@ -169,15 +169,47 @@ pub enum QuantScheme {
     /// MXFP4 (`quant_method: mxfp4`, gpt-oss): e2m1 codes in `*_blocks` `[E, N, K/32, 16]`,
     /// e8m0 scales in `*_scales` `[E, N, K/32]`, one per 32 input columns.
     Mxfp4,
-    /// FP8 block quantization (`quant_method: fp8`, `weight_block_size: [128, 128]`, dynamic
-    /// activations: DeepSeek-V3/R1, Qwen3 `-FP8`): e4m3 `weight` `[n, k]` and f32
-    /// `weight_scale_inv` `[ceil(n/128), ceil(k/128)]` per projection, a weight being
-    /// `e4m3·scale_inv` of its block. The activations run in float here (see `checkpoint::fp8`).
-    Fp8Block {
-        /// Modules the recipe left unquantized (`ignored_layers` or `modules_to_not_convert`),
-        /// as written; an expert projection found unquantized is refused by its dtype.
+    /// FP8 weights: e4m3 `weight` `[n, k]` per projection with scales that multiply (the
+    /// weight at `[r, c]` is `e4m3·scale` of its block, channel or tensor). Read from
+    /// `quant_method: fp8` (`weight_block_size: [128, 128]`: DeepSeek-V3/R1, Qwen3 `-FP8`, f32
+    /// `weight_scale_inv` `[ceil(n/128), ceil(k/128)]`; none: AutoFP8's per-tensor
+    /// `weight_scale`) and from compressed-tensors `float-quantized` (strategy `block`,
+    /// `channel` or `tensor`, `weight_scale` `[ceil(n/128), ceil(k/128)]`, `[n, 1]` or one
+    /// value). The activations run in float here (see `checkpoint::fp8`).
+    Fp8 {
+        /// How the scales are laid out.
+        scaling: crate::Fp8Scaling,
+        /// The config that declared the weights, which also names the scale tensors.
+        source: Fp8Source,
+        /// Whether the checkpoint quantizes activations with static scales (`input_scale`
+        /// tensors), which are not read: the activations run in float.
+        static_activations: bool,
+        /// Modules the recipe left unquantized (`ignored_layers`, `modules_to_not_convert` or
+        /// compressed-tensors `ignore`), as written; an expert projection found unquantized is
+        /// refused by its dtype.
         ignored: Vec<String>,
     },
+}
+
+/// The config an FP8 checkpoint declares its weights in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fp8Source {
+    /// `quant_method: fp8` (vLLM's `Fp8Config`: DeepSeek-V3, Qwen3 `-FP8`, AutoFP8): block
+    /// scales in `weight_scale_inv`, tensor scales in `weight_scale`.
+    QuantMethodFp8,
+    /// compressed-tensors `float-quantized`: every kind of scale in `weight_scale`.
+    CompressedTensors,
+}
+
+impl Fp8Source {
+    /// The scale tensor's name after a projection's prefix.
+    pub fn scale_tensor(self, scaling: crate::Fp8Scaling) -> &'static str {
+        match (self, scaling) {
+            (Self::QuantMethodFp8, crate::Fp8Scaling::Blocks) => "weight_scale_inv",
+            _ => "weight_scale",
+        }
+    }
 }
 
 impl QuantScheme {
@@ -190,7 +222,14 @@ impl QuantScheme {
             Self::Gptq { .. } => "gptq",
             Self::Awq { .. } => "awq",
             Self::Mxfp4 => "mxfp4",
-            Self::Fp8Block { .. } => "fp8",
+            Self::Fp8 {
+                source: Fp8Source::QuantMethodFp8,
+                ..
+            } => "fp8",
+            Self::Fp8 {
+                source: Fp8Source::CompressedTensors,
+                ..
+            } => "compressed-tensors/float-quantized",
         }
     }
 
@@ -678,7 +717,8 @@ fn quant_scheme(file: &Path, qc: &serde_json::Value) -> Result<QuantScheme, Laye
         )),
         other => Err(unsupported(
             other.to_string(),
-            "moe-rs loads compressed-tensors (int-quantized, pack-quantized), gptq, awq, mxfp4 and fp8"
+            "moe-rs loads compressed-tensors (int-quantized, pack-quantized, float-quantized), \
+             gptq, awq, mxfp4 and fp8"
                 .into(),
         )),
     }
@@ -815,10 +855,16 @@ fn compressed_tensors_scheme(
         .unwrap_or("")
         .to_string();
     let scheme_name = format!("compressed-tensors/{format}");
+    if format == "float-quantized" {
+        return super::fp8::compressed_tensors_fp8(file, group_name, group, &cfg.ignore);
+    }
     if weights.kind != QuantizationType::Int {
         return Err(unsupported(
             scheme_name,
-            format!("{group_name}: float weights are not supported"),
+            format!(
+                "{group_name}: float weights are read from the float-quantized format (8-bit \
+                 e4m3) only"
+            ),
         ));
     }
     // Zero points are read for pack-quantized weights only (W4A8's kernels are symmetric).
@@ -901,7 +947,9 @@ fn compressed_tensors_scheme(
         }
         _ => Err(unsupported(
             scheme_name,
-            "supported formats are int-quantized (W4A8) and pack-quantized (WNA16)".into(),
+            "supported formats are int-quantized (W4A8), pack-quantized (WNA16) and \
+             float-quantized (FP8)"
+                .into(),
         )),
     }
 }

@@ -67,8 +67,8 @@ pub(crate) enum Format {
     Awq { group_size: WeightGroups },
     /// MXFP4 (gpt-oss): fused per layer, read by the reader's own path, never per projection.
     Mxfp4,
-    /// FP8 blocks: read by `checkpoint::fp8`, not through the logical layout.
-    Fp8Block,
+    /// FP8 (any scaling): read by `checkpoint::fp8`, not through the logical layout.
+    Fp8,
 }
 
 /// How an asymmetric GPTQ checkpoint stores its zero points.
@@ -123,16 +123,14 @@ impl Format {
             },
             QuantScheme::Awq { group_size } => Self::Awq { group_size },
             QuantScheme::Mxfp4 => Self::Mxfp4,
-            QuantScheme::Fp8Block { .. } => Self::Fp8Block,
+            QuantScheme::Fp8 { .. } => Self::Fp8,
         }
     }
 
     /// The tensor whose presence identifies a projection in this format.
     pub(crate) fn primary(self) -> ParamKind {
         match self {
-            Self::Float | Self::IntQuantized { .. } | Self::Mxfp4 | Self::Fp8Block => {
-                ParamKind::Weight
-            }
+            Self::Float | Self::IntQuantized { .. } | Self::Mxfp4 | Self::Fp8 => ParamKind::Weight,
             Self::PackQuantized { .. } => ParamKind::WeightPacked,
             Self::Gptq { .. } | Self::Awq { .. } => ParamKind::QWeight,
         }
@@ -143,7 +141,7 @@ impl Format {
         match self {
             Self::Float => None,
             Self::IntQuantized { .. } | Self::Awq { .. } | Self::Mxfp4 => Some(4),
-            Self::Fp8Block => Some(8),
+            Self::Fp8 => Some(8),
             Self::PackQuantized { bits, .. } | Self::Gptq { bits, .. } => Some(bits),
         }
     }
@@ -151,7 +149,7 @@ impl Format {
     /// Columns per scale group (`None` for float weights or channelwise scales).
     pub(crate) fn group_size(self) -> Option<usize> {
         match self {
-            Self::Float | Self::Fp8Block => None,
+            Self::Float | Self::Fp8 => None,
             Self::IntQuantized { group_size, .. }
             | Self::PackQuantized { group_size, .. }
             | Self::Gptq { group_size, .. }
@@ -168,7 +166,7 @@ impl Format {
             | Self::Gptq { group_size, .. }
             | Self::Awq { group_size } => group_size,
             Self::Mxfp4 => moe_kernels::packed::wna16::MXFP4_GROUPS,
-            Self::Float | Self::Fp8Block => WeightGroups::Channelwise,
+            Self::Float | Self::Fp8 => WeightGroups::Channelwise,
         }
     }
 
@@ -413,11 +411,11 @@ pub(crate) fn read_projection<'a>(
                 req.prefix
             ),
         }),
-        Format::Fp8Block => Err(LayerError::UnsupportedScheme {
+        Format::Fp8 => Err(LayerError::UnsupportedScheme {
             file: req.config.to_path_buf(),
             scheme: "fp8".into(),
             reason: format!(
-                "{}: FP8 block-quantized experts are loaded by MoeLayer::from_checkpoint, not \
+                "{}: FP8 experts are loaded by MoeLayer::from_checkpoint, not \
                  read into the fused integer layout",
                 req.prefix
             ),

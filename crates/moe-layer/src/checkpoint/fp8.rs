@@ -1,40 +1,52 @@
-//! FP8 block-quantized checkpoints (`quant_method: fp8` with `weight_block_size: [128, 128]`):
-//! the `quantization_config` and one expert's projections.
+//! FP8 checkpoints: the `quantization_config` (vLLM's `quant_method: fp8`, or compressed-tensors
+//! `float-quantized`) and one expert's projections.
 //!
-//! Each projection stores `weight` as e4m3fn bytes `[n, k]` (safetensors `F8_E4M3`) and
-//! `weight_scale_inv` as f32 `[ceil(n/128), ceil(k/128)]`; despite its name the scale
-//! multiplies: the weight at `[r, c]` is `e4m3(weight[r, c])·weight_scale_inv[r/128][c/128]`
-//! (the quantizer stored `amax/448` per block). The last block row and column may be short.
+//! Each projection stores `weight` as e4m3fn bytes `[n, k]` (safetensors `F8_E4M3`) and scales
+//! that multiply: the weight at `[r, c]` is `e4m3(weight[r, c])` times the scale of its
+//! `128 × 128` block, of its channel or of the whole tensor (the quantizer stored `amax/448` of
+//! each). Block scales are `weight_scale_inv` `[ceil(n/128), ceil(k/128)]` under
+//! `quant_method: fp8` (despite the name) and `weight_scale` under compressed-tensors; the last
+//! block row and column may be short. Channel scales are `weight_scale` `[n, 1]`, tensor scales
+//! `weight_scale` of one value.
 //!
 //! The codes are handed to the packer as they are stored (borrowed from the shard when nothing
-//! is sliced), with their block scales, so the layer never widens a weight. The checkpoint's
-//! `activation_scheme: dynamic` quantizes activations to fp8 per token and block on GPUs; here
-//! activations stay in float (f32 compute), which is the dequantized model's arithmetic with
-//! one rounding less.
+//! is sliced), with their scales, so the layer never widens a weight. Per-tensor scales stay
+//! per projection: vLLM's GPU kernels need one scale for gate and up together and requantize
+//! both to the larger one at load, which moves their weights by up to half an e4m3 step; here
+//! each weight keeps its checkpoint value. The checkpoint's fp8 activation quantization
+//! (dynamic per token or block, or static with an `input_scale` per projection) is what GPUs
+//! do; here activations stay in float (f32 compute), which is the dequantized model's
+//! arithmetic without the activations' rounding, and static `input_scale`s are not read.
 //!
 //! Tensor parallelism slices the intermediate dimension: rows of the gate and up projections,
-//! columns of the down projection. A slice must start and end on block boundaries (the per-rank
-//! intermediate size a multiple of 128), so that its scales are whole block rows or columns;
-//! anything else is a [`LayerError::TensorParallel`].
+//! columns of the down projection. With block scales a slice must start and end on block
+//! boundaries (the per-rank intermediate size a multiple of 128), so that its scales are whole
+//! block rows or columns; anything else is a [`LayerError::TensorParallel`]. Channel and tensor
+//! scales slice anywhere.
 
 use std::borrow::Cow;
 use std::path::Path;
 
-use moe_kernels::FP8_BLOCK;
+use moe_kernels::{FP8_BLOCK, Fp8Scales};
+use moe_quant::QuantizationScheme;
+use moe_quant::ct_args::{QuantizationStrategy, QuantizationType};
 
+use super::config::Fp8Source;
 use super::decode::{check_scales, f32_values};
 use super::formats::{Dim, check_config_shape};
 use super::names::ShardId;
 use super::read::Checkpoint;
 use super::shards::{Dtype, TensorRef};
+use crate::Fp8Scaling;
 use crate::error::LayerError;
 
 /// The block shape every FP8 checkpoint here must declare.
 const BLOCK: [u64; 2] = [FP8_BLOCK as u64, FP8_BLOCK as u64];
 
-/// Normalizes an fp8 `quantization_config`: `weight_block_size` must be `[128, 128]` (per-tensor
-/// and per-channel fp8 are other formats), `activation_scheme` `dynamic` (static activation
-/// scales are not read), `fmt` absent or `e4m3`.
+/// Normalizes an fp8 `quantization_config` (vLLM's `Fp8Config`): `weight_block_size`
+/// `[128, 128]` (block scales, `activation_scheme: dynamic`) or absent (AutoFP8's per-tensor
+/// scales, activations `dynamic` or `static`; static `input_scale`s are not read, as the
+/// activations run in float), `fmt` absent or `e4m3`. Other block shapes are refused.
 pub(super) fn fp8_scheme(
     file: &Path,
     qc: &serde_json::Value,
@@ -44,12 +56,8 @@ pub(super) fn fp8_scheme(
         scheme: "fp8".into(),
         reason,
     };
-    match qc.get("weight_block_size") {
-        None | Some(serde_json::Value::Null) => {
-            return Err(refuse(
-                "no weight_block_size: only block-quantized fp8 ([128, 128]) is supported".into(),
-            ));
-        }
+    let scaling = match qc.get("weight_block_size") {
+        None | Some(serde_json::Value::Null) => Fp8Scaling::Tensor,
         Some(v) => {
             let block: Option<Vec<u64>> = v
                 .as_array()
@@ -57,21 +65,29 @@ pub(super) fn fp8_scheme(
                 .and_then(|b: Option<Vec<u64>>| b);
             if block.as_deref() != Some(&BLOCK[..]) {
                 return Err(refuse(format!(
-                    "weight_block_size {v}: only [128, 128] is supported"
+                    "weight_block_size {v}: only [128, 128] blocks (or per-tensor scales, \
+                     without weight_block_size) are supported"
                 )));
             }
+            Fp8Scaling::Blocks
         }
-    }
-    let scheme = qc
+    };
+    let activations = qc
         .get("activation_scheme")
         .and_then(serde_json::Value::as_str);
-    if scheme != Some("dynamic") {
-        return Err(refuse(format!(
-            "activation_scheme {}: only dynamic is supported (activations run in float)",
-            qc.get("activation_scheme")
-                .map_or_else(|| "absent".to_string(), ToString::to_string)
-        )));
-    }
+    let static_activations = match (activations, scaling) {
+        (Some("dynamic"), _) => false,
+        (Some("static"), Fp8Scaling::Tensor) => true,
+        _ => {
+            return Err(refuse(format!(
+                "activation_scheme {} with {} scales: dynamic is supported, and static with \
+                 per-tensor scales (activations run in float)",
+                qc.get("activation_scheme")
+                    .map_or_else(|| "absent".to_string(), ToString::to_string),
+                scaling.name()
+            )));
+        }
+    };
     if let Some(fmt) = qc.get("fmt")
         && fmt.as_str() != Some("e4m3")
     {
@@ -104,7 +120,82 @@ pub(super) fn fp8_scheme(
             }
         }
     }
-    Ok(super::QuantScheme::Fp8Block { ignored })
+    Ok(super::QuantScheme::Fp8 {
+        scaling,
+        source: Fp8Source::QuantMethodFp8,
+        static_activations,
+        ignored,
+    })
+}
+
+/// Normalizes the config group of a compressed-tensors `float-quantized` checkpoint (the
+/// `FP8`, `FP8_DYNAMIC` and `FP8_BLOCK` presets, and weight-only fp8): 8-bit symmetric float
+/// weights with static scales per tensor, channel or `[128, 128]` block; input activations
+/// absent, or 8-bit floats (dynamic per token or group, or static per tensor, whose
+/// `input_scale`s are not read: the activations run in float).
+pub(super) fn compressed_tensors_fp8(
+    file: &Path,
+    group_name: &str,
+    group: &QuantizationScheme,
+    ignore: &[String],
+) -> Result<super::QuantScheme, LayerError> {
+    let refuse = |reason: String| LayerError::UnsupportedScheme {
+        file: file.to_path_buf(),
+        scheme: "compressed-tensors/float-quantized".into(),
+        reason: format!("{group_name}: {reason}"),
+    };
+    let Some(w) = group.weights.as_ref() else {
+        return Err(refuse("the group quantizes no weights".into()));
+    };
+    if w.kind != QuantizationType::Float || w.num_bits != 8 {
+        return Err(refuse(format!(
+            "weights are {}-bit {:?}; float-quantized experts are read as 8-bit floats (e4m3)",
+            w.num_bits, w.kind
+        )));
+    }
+    if !w.symmetric {
+        return Err(refuse("asymmetric fp8 weights are not supported".into()));
+    }
+    if w.dynamic.is_truthy() {
+        return Err(refuse("dynamic weight scales are not supported".into()));
+    }
+    let scaling = match w.effective_strategy() {
+        QuantizationStrategy::Tensor => Fp8Scaling::Tensor,
+        QuantizationStrategy::Channel => Fp8Scaling::Channels,
+        QuantizationStrategy::Block
+            if w.block_structure.as_deref() == Some(&[BLOCK[0] as i64, BLOCK[1] as i64][..]) =>
+        {
+            Fp8Scaling::Blocks
+        }
+        QuantizationStrategy::Block => {
+            return Err(refuse(format!(
+                "block_structure {:?}: only [128, 128] blocks are supported",
+                w.block_structure.as_deref().unwrap_or_default()
+            )));
+        }
+        other => {
+            return Err(refuse(format!(
+                "weight strategy {other:?}: fp8 weights are read per tensor, channel or block"
+            )));
+        }
+    };
+    let static_activations = match group.input_activations.as_ref() {
+        None => false,
+        Some(a) if a.kind != QuantizationType::Float || a.num_bits != 8 => {
+            return Err(refuse(format!(
+                "input activations are {}-bit {:?}; with fp8 weights they must be 8-bit floats \
+                 or absent",
+                a.num_bits, a.kind
+            )));
+        }
+        Some(a) => !a.dynamic.is_truthy(),
+    };
+    Ok(super::QuantScheme::Fp8 {
+        scaling,
+        source: Fp8Source::CompressedTensors,
+        static_activations,
+        ignored: ignore.to_vec(),
+    })
 }
 
 /// One projection of one expert, sliced for this rank: `n` output channels, `k` input columns.
@@ -115,8 +206,22 @@ pub(crate) struct Fp8Proj<'a> {
     pub(crate) k: usize,
     /// e4m3fn codes `[n, k]`, borrowed from the shard unless columns were sliced.
     pub(crate) codes: Cow<'a, [u8]>,
-    /// Block scales `[ceil(n/128), ceil(k/128)]`, widened to f32.
+    /// The scales, widened to f32, as `scaling` lays them out: `[ceil(n/128), ceil(k/128)]`
+    /// blocks, `[n]` channels, or one value.
     pub(crate) scales: Vec<f32>,
+    /// How the scales are laid out.
+    pub(crate) scaling: Fp8Scaling,
+}
+
+impl Fp8Proj<'_> {
+    /// The scales as the packer takes them.
+    pub(crate) fn kernel_scales(&self) -> Fp8Scales<'_> {
+        match self.scaling {
+            Fp8Scaling::Blocks => Fp8Scales::Blocks(&self.scales),
+            Fp8Scaling::Channels => Fp8Scales::Channels(&self.scales),
+            Fp8Scaling::Tensor => Fp8Scales::Tensor(self.scales[0]),
+        }
+    }
 }
 
 /// One expert's projections: gate and up (the rows `0..I` and `I..2I` of `w13`), and down.
@@ -184,7 +289,14 @@ impl Checkpoint {
             )));
         }
         let local = full / tp_size;
-        if tp_size > 1 && !local.is_multiple_of(FP8_BLOCK) {
+        let blocks = matches!(
+            spec.quant,
+            super::QuantScheme::Fp8 {
+                scaling: Fp8Scaling::Blocks,
+                ..
+            }
+        );
+        if blocks && tp_size > 1 && !local.is_multiple_of(FP8_BLOCK) {
             return Err(tp_err(format!(
                 "the per-rank {} {local} is not a multiple of the fp8 block size {FP8_BLOCK}, so \
                  the slice would split scale blocks",
@@ -238,27 +350,47 @@ impl Checkpoint {
             })
     }
 
-    /// Reads and checks one whole projection `[n, k]`.
+    /// Reads and checks one whole projection `[n, k]`: the e4m3 `weight` and its scale tensor,
+    /// whose name and shape the scheme gives (`[ceil(n/128), ceil(k/128)]` blocks, `[n, 1]` or
+    /// `[n]` channels, `[]` or `[1]` for a tensor), f32, bf16 or f16.
     fn read_fp8_proj(&self, prefix: &str, n: Dim, k: Dim) -> Result<Fp8Proj<'_>, LayerError> {
         let src = self.source();
-        let config = &self.spec().config_path;
+        let spec = self.spec();
+        let config = &spec.config_path;
+        let super::QuantScheme::Fp8 {
+            scaling, source, ..
+        } = spec.quant
+        else {
+            return Err(LayerError::UnsupportedScheme {
+                file: config.clone(),
+                scheme: spec.quant.name().into(),
+                reason: "the fp8 reader reads fp8 checkpoints only".into(),
+            });
+        };
         let bias = format!("{prefix}.bias");
         if src.contains(&bias) {
             let t = src.get(&bias)?;
             return Err(LayerError::UnsupportedScheme {
                 file: t.file.to_path_buf(),
-                scheme: "fp8".into(),
+                scheme: spec.quant.name().into(),
                 reason: format!("{bias}: expert biases are not read with fp8 weights"),
             });
         }
         let w = src.get_as(&format!("{prefix}.weight"), &[Dtype::F8_E4M3])?;
         check_config_shape(&w, n, k, config)?;
         let s = src.get_as(
-            &format!("{prefix}.weight_scale_inv"),
-            &[Dtype::F32, Dtype::BF16],
+            &format!("{prefix}.{}", source.scale_tensor(scaling)),
+            &[Dtype::F32, Dtype::BF16, Dtype::F16],
         )?;
-        let (nb, kb) = (n.size.div_ceil(FP8_BLOCK), k.size.div_ceil(FP8_BLOCK));
-        s.expect_shape(&[nb, kb])?;
+        match scaling {
+            Fp8Scaling::Blocks => {
+                s.expect_shape(&[n.size.div_ceil(FP8_BLOCK), k.size.div_ceil(FP8_BLOCK)])?;
+            }
+            Fp8Scaling::Channels if s.shape.len() == 1 => s.expect_shape(&[n.size])?,
+            Fp8Scaling::Channels => s.expect_shape(&[n.size, 1])?,
+            Fp8Scaling::Tensor if s.shape.is_empty() => {}
+            Fp8Scaling::Tensor => s.expect_shape(&[1])?,
+        }
         let scales = f32_values(&s)?;
         check_scales(&s, &scales)?;
         check_codes(&w)?;
@@ -267,6 +399,7 @@ impl Checkpoint {
             k: k.size,
             codes: Cow::Borrowed(w.bytes),
             scales,
+            scaling,
         })
     }
 }
@@ -284,13 +417,20 @@ fn check_codes(t: &TensorRef<'_>) -> Result<(), LayerError> {
     }
 }
 
-/// Keeps output rows `rows` (block-aligned, or all of them).
+/// Keeps output rows `rows` (block-aligned for block scales, or all of them) and their scales.
 fn slice_rows(p: Fp8Proj<'_>, rows: std::ops::Range<usize>) -> Fp8Proj<'_> {
     if rows == (0..p.n) {
         return p;
     }
-    let kb = p.k.div_ceil(FP8_BLOCK);
-    let blocks = rows.start / FP8_BLOCK..rows.end.div_ceil(FP8_BLOCK);
+    let scales = match p.scaling {
+        Fp8Scaling::Blocks => {
+            let kb = p.k.div_ceil(FP8_BLOCK);
+            let blocks = rows.start / FP8_BLOCK..rows.end.div_ceil(FP8_BLOCK);
+            p.scales[blocks.start * kb..blocks.end * kb].to_vec()
+        }
+        Fp8Scaling::Channels => p.scales[rows.clone()].to_vec(),
+        Fp8Scaling::Tensor => p.scales,
+    };
     let codes = match p.codes {
         Cow::Borrowed(b) => Cow::Borrowed(&b[rows.start * p.k..rows.end * p.k]),
         Cow::Owned(v) => Cow::Owned(v[rows.start * p.k..rows.end * p.k].to_vec()),
@@ -299,31 +439,38 @@ fn slice_rows(p: Fp8Proj<'_>, rows: std::ops::Range<usize>) -> Fp8Proj<'_> {
         n: rows.len(),
         k: p.k,
         codes,
-        scales: p.scales[blocks.start * kb..blocks.end * kb].to_vec(),
+        scales,
+        scaling: p.scaling,
     }
 }
 
-/// Keeps input columns `cols` (block-aligned, or all of them).
+/// Keeps input columns `cols` (block-aligned for block scales, or all of them); channel and
+/// tensor scales do not depend on the column.
 fn slice_cols(p: Fp8Proj<'_>, cols: std::ops::Range<usize>) -> Fp8Proj<'_> {
     if cols == (0..p.k) {
         return p;
     }
-    let kb = p.k.div_ceil(FP8_BLOCK);
-    let blocks = cols.start / FP8_BLOCK..cols.end.div_ceil(FP8_BLOCK);
     let mut codes = Vec::with_capacity(p.n * cols.len());
     for row in p.codes.chunks_exact(p.k) {
         codes.extend_from_slice(&row[cols.clone()]);
     }
-    let scales = p
-        .scales
-        .chunks_exact(kb)
-        .flat_map(|r| r[blocks.clone()].iter().copied())
-        .collect();
+    let scales = match p.scaling {
+        Fp8Scaling::Blocks => {
+            let kb = p.k.div_ceil(FP8_BLOCK);
+            let blocks = cols.start / FP8_BLOCK..cols.end.div_ceil(FP8_BLOCK);
+            p.scales
+                .chunks_exact(kb)
+                .flat_map(|r| r[blocks.clone()].iter().copied())
+                .collect()
+        }
+        Fp8Scaling::Channels | Fp8Scaling::Tensor => p.scales,
+    };
     Fp8Proj {
         n: p.n,
         k: cols.len(),
         codes: Cow::Owned(codes),
         scales,
+        scaling: p.scaling,
     }
 }
 
@@ -356,7 +503,7 @@ impl Checkpoint {
         opts: &super::ReadOptions<'_>,
     ) -> Result<Fp8LayerInfo, LayerError> {
         let spec = self.spec();
-        if !matches!(spec.quant, super::QuantScheme::Fp8Block { .. }) {
+        if !matches!(spec.quant, super::QuantScheme::Fp8 { .. }) {
             return Err(LayerError::UnsupportedScheme {
                 file: spec.config_path.clone(),
                 scheme: spec.quant.name().into(),

@@ -36,7 +36,9 @@ pub mod names;
 pub mod read;
 pub mod shards;
 
-pub use config::{ModelFamily, MoeModelSpec, QuantScheme, RoutingSpec, SharedExpertSpec};
+pub use config::{
+    Fp8Source, ModelFamily, MoeModelSpec, QuantScheme, RoutingSpec, SharedExpertSpec,
+};
 pub use decode::FloatData;
 pub use fp8::Fp8LayerInfo;
 pub use names::{ExpertParam, MoeNames, ParamKind, ShardId};

@@ -5,9 +5,9 @@
 use moe_kernels::KernelSet;
 use moe_oracle::{
     DisabledKernels, MoEActivation, MoeConfig, MoeShape, ParallelConfig, ParallelRequest, Platform,
-    SelectOptions, Selection, mxfp4_weight_key, select_fp8_block_moe_backend,
-    select_int8_moe_backend, select_unquantized_moe_backend, select_w4a8_int8_moe_backend,
-    select_wna16_moe_backend, w4a8_weight_key, wna16_weight_key,
+    SelectOptions, Selection, mxfp4_weight_key, select_fp8_moe_backend, select_int8_moe_backend,
+    select_unquantized_moe_backend, select_w4a8_int8_moe_backend, select_wna16_moe_backend,
+    w4a8_weight_key, wna16_weight_key,
 };
 use moe_router::Router;
 
@@ -76,7 +76,9 @@ pub(crate) fn select(
         LayerQuant::Mxfp4 => {
             select_wna16_moe_backend(&config, &mxfp4_weight_key(), &platform, &opts)?
         }
-        LayerQuant::Fp8Block => select_fp8_block_moe_backend(&config, &platform, &opts)?,
+        LayerQuant::Fp8 { scaling } => {
+            select_fp8_moe_backend(&scaling.weight_key(), &config, &platform, &opts)?
+        }
     };
     let kernels = selection
         .kernel

@@ -4,7 +4,7 @@
 
 use moe_kernels::{Activation, GateUpLayout, W4A8Prefill};
 use moe_oracle::DisabledKernels;
-use moe_quant::{DType, WeightGroups};
+use moe_quant::{DType, QuantKey, WeightGroups};
 #[cfg(feature = "checkpoint")]
 use moe_router::{Grouping, ScalingPlacement, ScoringFunc};
 use moe_router::{RoundingProfile, RouterConfig};
@@ -54,15 +54,53 @@ pub enum LayerQuant {
     /// ([`crate::MoeLayer::load_from_checkpoint`], or `load_layer_tensors` with the reader's
     /// MXFP4 experts), not tensor by tensor.
     Mxfp4,
-    /// FP8 block quantization (DeepSeek-V3/R1, Qwen3 `-FP8`): e4m3 weights with an f32 scale
-    /// per `128 × 128` block, run on the native WNA16 kernels (each block row's scales are
-    /// its channels' group scales of 128) with float activations and f32 accumulation; the
-    /// checkpoint's dynamic fp8 activations are not emulated. Loaded from a checkpoint
-    /// (`MoeLayer::from_checkpoint` and its variants, with the `checkpoint` feature), which
-    /// packs each expert straight from the stored bytes, or from experts the caller packed
-    /// ([`crate::MoeLayer::load_packed_fp8_experts`]), never tensor by tensor; H and I need not
-    /// be multiples of 128, but a tensor-parallel slice of I must be.
-    Fp8Block,
+    /// FP8 weights: e4m3 codes with f32 scales per `128 × 128` block (DeepSeek-V3/R1, Qwen3
+    /// `-FP8`), per output channel (compressed-tensors `FP8_DYNAMIC`) or per tensor (AutoFP8,
+    /// compressed-tensors `FP8`), run on the native WNA16 kernels (a block row's scales are
+    /// its channels' group scales of 128; channel and tensor scales make channelwise weights)
+    /// with float activations and f32 accumulation; the checkpoint's fp8 activation
+    /// quantization (dynamic, or static `input_scale`s) is not emulated. Loaded from a
+    /// checkpoint (`MoeLayer::from_checkpoint` and its variants, with the `checkpoint`
+    /// feature), which packs each expert straight from the stored bytes, or from experts the
+    /// caller packed ([`crate::MoeLayer::load_packed_fp8_experts`]), never tensor by tensor; H
+    /// and I need not be multiples of 128, but a tensor-parallel slice of I of block-scaled
+    /// weights must be.
+    Fp8 {
+        /// How the weights are scaled.
+        scaling: Fp8Scaling,
+    },
+}
+
+/// How the f32 scales of FP8 weights are laid out (each projection has its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fp8Scaling {
+    /// One scale per `128 × 128` block of `[N, K]`.
+    Blocks,
+    /// One scale per output channel.
+    Channels,
+    /// One scale for the whole projection (gate, up and down each have their own).
+    Tensor,
+}
+
+impl Fp8Scaling {
+    /// A short name for reports: `block`, `channel`, `tensor`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Blocks => "block",
+            Self::Channels => "channel",
+            Self::Tensor => "tensor",
+        }
+    }
+
+    /// The oracle's weight key for these scales.
+    pub(crate) fn weight_key(self) -> QuantKey {
+        match self {
+            Self::Blocks => QuantKey::FP8_STATIC_128_BLOCK_SYM,
+            Self::Channels => QuantKey::FP8_STATIC_CHANNEL_SYM,
+            Self::Tensor => QuantKey::FP8_STATIC_TENSOR_SYM,
+        }
+    }
 }
 
 impl LayerQuant {
@@ -70,17 +108,17 @@ impl LayerQuant {
     pub(crate) fn scale_cols(self, k: usize) -> usize {
         match self {
             Self::W4A8 { group_size } | Self::Wna16 { group_size, .. } => group_size.scale_cols(k),
-            Self::Int8Online | Self::Unquantized | Self::Mxfp4 | Self::Fp8Block => 1,
+            Self::Int8Online | Self::Unquantized | Self::Mxfp4 | Self::Fp8 { .. } => 1,
         }
     }
 
-    /// The scale grouping of the integer and MXFP4 schemes (`None` for float weights and FP8
-    /// blocks, whose scales are not grouped along K alone).
+    /// The scale grouping of the integer and MXFP4 schemes (`None` for float weights and FP8,
+    /// whose block scales are not grouped along K alone).
     pub(crate) fn groups(self) -> Option<WeightGroups> {
         match self {
             Self::W4A8 { group_size } | Self::Wna16 { group_size, .. } => Some(group_size),
             Self::Mxfp4 => Some(moe_kernels::packed::wna16::MXFP4_GROUPS),
-            Self::Int8Online | Self::Unquantized | Self::Fp8Block => None,
+            Self::Int8Online | Self::Unquantized | Self::Fp8 { .. } => None,
         }
     }
 
@@ -110,7 +148,15 @@ impl LayerQuant {
             Self::Unquantized => "unquantized",
             Self::Wna16 { .. } => "wna16",
             Self::Mxfp4 => "mxfp4",
-            Self::Fp8Block => "fp8-block",
+            Self::Fp8 {
+                scaling: Fp8Scaling::Blocks,
+            } => "fp8-block",
+            Self::Fp8 {
+                scaling: Fp8Scaling::Channels,
+            } => "fp8-channel",
+            Self::Fp8 {
+                scaling: Fp8Scaling::Tensor,
+            } => "fp8-tensor",
         }
     }
 }
@@ -584,7 +630,7 @@ impl MoeLayerConfig {
                 reason,
             })
         };
-        if self.quant == LayerQuant::Fp8Block {
+        if matches!(self.quant, LayerQuant::Fp8 { .. }) {
             return refuse(
                 "int8 activations run on the W4A8 kernels, which hold 4-bit integer codes, not \
                  e4m3 ones"

@@ -1,9 +1,10 @@
-//! FP8 block-quantized layers ([`crate::LayerQuant::Fp8Block`]): each expert is read from the
-//! checkpoint and packed straight into [`moe_kernels::PackedWna16`] with e4m3 codes
-//! ([`moe_kernels::PackedWna16::pack_fp8_block`]), so the unpacked layer never exists; the
-//! experts then run on the native WNA16 kernels like any other weight-only layer.
+//! FP8 layers ([`crate::LayerQuant::Fp8`]): each expert is read from the checkpoint and packed
+//! straight into [`moe_kernels::PackedWna16`] with e4m3 codes
+//! ([`moe_kernels::PackedWna16::pack_fp8`]), so the unpacked layer never exists; the experts
+//! then run on the native WNA16 kernels like any other weight-only layer.
 //!
-//! Such a layer has no tensor-by-tensor road: its weights are e4m3 bytes with block scales,
+//! Such a layer has no tensor-by-tensor road: its weights are e4m3 bytes with block, channel or
+//! tensor scales,
 //! which the name-based loader (i8 codes, per-group scales) does not describe, so
 //! [`crate::MoeLayer::load_expert_tensor`] and [`crate::MoeLayer::process`] refuse it with
 //! [`not_by_name`]. A caller holding the experts in memory packs them itself and hands them
@@ -13,14 +14,14 @@ use crate::LayerError;
 
 #[cfg(feature = "checkpoint")]
 use super::MoeLayerConfig;
-use super::config::LayerQuant;
+use super::config::{Fp8Scaling, LayerQuant};
 #[cfg(feature = "checkpoint")]
 use super::from_checkpoint::{LoadOptions, LoadProgress};
 use super::{Experts, MoeLayer, State};
 #[cfg(feature = "checkpoint")]
 use crate::checkpoint::{Checkpoint, Fp8Expert, Fp8Group, ReadOptions};
 #[cfg(feature = "checkpoint")]
-use moe_kernels::{Fp8BlockDesc, Fp8BlockRows, Par};
+use moe_kernels::{Fp8Desc, Fp8Rows, Par};
 use moe_kernels::{Int8Values, PackedWna16};
 
 /// The refusal of every road but the checkpoint's for FP8 weights (`what` names the tensor).
@@ -28,35 +29,35 @@ pub(super) fn not_by_name(what: &str) -> LayerError {
     LayerError::InvalidArgument {
         field: "quant",
         reason: format!(
-            "{what}: FP8 block-quantized experts are loaded from a checkpoint \
+            "{what}: FP8 experts are loaded from a checkpoint \
              (MoeLayer::from_checkpoint and its variants, or load_from_checkpoint) or packed by \
              the caller (load_packed_fp8_experts), not tensor by tensor"
         ),
     }
 }
 
-/// Packs one expert's `w13` (gate rows, then up rows, each with its own block rows) and `w2`.
+/// Packs one expert's `w13` (gate rows, then up rows, each with its own scales) and `w2`.
 #[cfg(feature = "checkpoint")]
 fn pack_expert(ex: &Fp8Expert<'_>) -> Result<(PackedWna16, PackedWna16), LayerError> {
     let [gate, up] = &ex.w13;
-    let rows = [gate, up].map(|p| Fp8BlockRows {
+    let rows = [gate, up].map(|p| Fp8Rows {
         channels: p.n,
         codes: &p.codes,
-        scales: &p.scales,
+        scales: p.kernel_scales(),
     });
-    let w13 = PackedWna16::pack_fp8_block(Fp8BlockDesc {
+    let w13 = PackedWna16::pack_fp8(Fp8Desc {
         n: gate.n + up.n,
         k: gate.k,
         rows: &rows,
         bias: None,
     })?;
-    let w2 = PackedWna16::pack_fp8_block(Fp8BlockDesc {
+    let w2 = PackedWna16::pack_fp8(Fp8Desc {
         n: ex.w2.n,
         k: ex.w2.k,
-        rows: &[Fp8BlockRows {
+        rows: &[Fp8Rows {
             channels: ex.w2.n,
             codes: &ex.w2.codes,
-            scales: &ex.w2.scales,
+            scales: ex.w2.kernel_scales(),
         }],
         bias: None,
     })?;
@@ -65,7 +66,7 @@ fn pack_expert(ex: &Fp8Expert<'_>) -> Result<(PackedWna16, PackedWna16), LayerEr
 
 #[cfg(feature = "checkpoint")]
 impl MoeLayer {
-    /// Builds, loads and readies an FP8 block-quantized layer from `ckpt` for the rank and
+    /// Builds, loads and readies an FP8 layer from `ckpt` for the rank and
     /// experts `cfg` names: router (and correction bias), every local expert packed as it is
     /// read (over `opts.par`), the shared experts as a layer of their own.
     pub(super) fn fp8_from_checkpoint(
@@ -74,7 +75,7 @@ impl MoeLayer {
         cfg: MoeLayerConfig,
         opts: &LoadOptions<'_>,
     ) -> Result<Self, LayerError> {
-        debug_assert_eq!(cfg.quant, LayerQuant::Fp8Block);
+        debug_assert!(matches!(cfg.quant, LayerQuant::Fp8 { .. }));
         cfg.validate()?;
         let tp = (cfg.tp_rank, cfg.tp_size);
         let read = ReadOptions::single_rank()
@@ -143,15 +144,16 @@ impl MoeLayer {
 }
 
 impl MoeLayer {
-    /// Readies a created FP8 block-quantized layer ([`crate::LayerQuant::Fp8Block`]) around
-    /// experts the caller packed with [`PackedWna16::pack_fp8_block`]: `w13[x]` `[2I, H]` (gate
-    /// rows, then up rows) and `w2[x]` `[H, I]` for the x-th local expert, `I` this rank's
-    /// share. This is the road for runtimes and benchmarks that hold FP8 experts in memory
-    /// rather than in a checkpoint (the name-based loader does not describe e4m3 bytes with
-    /// block scales). The router weight (and correction bias, if the routing has one) must be
-    /// loaded first; layers with shared experts load from a checkpoint only. The layer comes
-    /// back processed. A wrong count, shape or code kind is a typed error naming the matrix,
-    /// and leaves the layer unusable.
+    /// Readies a created FP8 layer ([`crate::LayerQuant::Fp8`]) around experts the caller
+    /// packed with [`PackedWna16::pack_fp8`]: `w13[x]` `[2I, H]` (gate rows, then up rows) and
+    /// `w2[x]` `[H, I]` for the x-th local expert, `I` this rank's share, with block scales
+    /// for [`crate::Fp8Scaling::Blocks`] layers and channel or tensor scales for the others.
+    /// This is the road for runtimes and benchmarks that hold FP8 experts in memory rather
+    /// than in a checkpoint (the name-based loader does not describe e4m3 bytes with their
+    /// scales). The router weight (and correction bias, if the routing has one) must be loaded
+    /// first; layers with shared experts load from a checkpoint only. The layer comes back
+    /// processed. A wrong count, shape, code kind or scale grouping is a typed error naming
+    /// the matrix, and leaves the layer unusable.
     pub fn load_packed_fp8_experts(
         &mut self,
         w13: Vec<PackedWna16>,
@@ -165,15 +167,16 @@ impl MoeLayer {
 
     /// The checks of [`Self::load_packed_fp8_experts`].
     fn check_packed_fp8(&self, w13: &[PackedWna16], w2: &[PackedWna16]) -> Result<(), LayerError> {
-        if self.cfg.quant != LayerQuant::Fp8Block {
+        let LayerQuant::Fp8 { scaling } = self.cfg.quant else {
             return Err(LayerError::InvalidArgument {
                 field: "quant",
                 reason: format!(
-                    "packed FP8 experts need an fp8-block layer, this one is {}",
+                    "packed FP8 experts need an fp8 layer, this one is {}",
                     self.cfg.quant.name()
                 ),
             });
-        }
+        };
+        let blocks = scaling == Fp8Scaling::Blocks;
         if self.shared.is_some() {
             return Err(LayerError::InvalidArgument {
                 field: "shared_experts",
@@ -201,8 +204,26 @@ impl MoeLayer {
                 if w.bits() != 8 || w.int8_values() != Int8Values::E4m3 {
                     return Err(LayerError::ParamDtype {
                         tensor: format!("{name}[{x}]"),
-                        expected: "e4m3 codes (PackedWna16::pack_fp8_block)".into(),
+                        expected: "e4m3 codes (PackedWna16::pack_fp8)".into(),
                         actual: format!("{}-bit codes", w.bits()),
+                    });
+                }
+                if w.is_channelwise() == blocks {
+                    let grouping = |channelwise| {
+                        if channelwise {
+                            "channel or tensor scales".to_string()
+                        } else {
+                            format!("block scales (groups of {})", moe_kernels::FP8_BLOCK)
+                        }
+                    };
+                    return Err(LayerError::ParamDtype {
+                        tensor: format!("{name}[{x}]"),
+                        expected: format!(
+                            "{} for an {} layer",
+                            grouping(!blocks),
+                            self.cfg.quant.name()
+                        ),
+                        actual: grouping(w.is_channelwise()),
                     });
                 }
             }
@@ -222,7 +243,7 @@ impl MoeLayer {
             return Err(LayerError::InvalidArgument {
                 field: "quant",
                 reason: format!(
-                    "FP8 block-quantized experts run on the cpu-wna16 kernel only, and {} was \
+                    "FP8 experts run on the cpu-wna16 kernel only, and {} was \
                      selected",
                     selection.kernel.id.name()
                 ),

@@ -68,7 +68,7 @@ impl MoeLayerConfig {
                 zero_points: true,
             },
             QuantScheme::Mxfp4 => LayerQuant::Mxfp4,
-            QuantScheme::Fp8Block { .. } => LayerQuant::Fp8Block,
+            QuantScheme::Fp8 { scaling, .. } => LayerQuant::Fp8 { scaling: *scaling },
         };
         let gpt_oss = spec.family == ModelFamily::GptOss;
         let activation = match spec.activation.as_str() {
@@ -276,7 +276,7 @@ impl MoeLayer {
     ) -> Result<Self, LayerError> {
         let cfg = MoeLayerConfig::from_spec(ckpt.spec(), 0, 1, None, max_tokens)?;
         let cfg = opts.configure(cfg);
-        if cfg.quant == LayerQuant::Fp8Block {
+        if matches!(cfg.quant, LayerQuant::Fp8 { .. }) {
             return Self::fp8_from_checkpoint(ckpt, layer, cfg, opts);
         }
         if let Some(moe) = Self::streamed(ckpt, layer, &cfg, opts) {
@@ -340,7 +340,7 @@ impl MoeLayer {
         // The oracle judges the rank before anything is read, as `moe inspect` does, so a
         // configuration it refuses is refused for its reason whatever the tensors hold.
         cfg.select_backend()?;
-        if cfg.quant == LayerQuant::Fp8Block {
+        if matches!(cfg.quant, LayerQuant::Fp8 { .. }) {
             return Self::fp8_from_checkpoint(ckpt, layer, cfg, load);
         }
         cfg.validate()?;
@@ -625,7 +625,7 @@ impl MoeLayer {
     ) -> Result<(), LayerError> {
         self.params_ref()?;
         let cfg = self.cfg.clone();
-        if cfg.quant == LayerQuant::Fp8Block {
+        if matches!(cfg.quant, LayerQuant::Fp8 { .. }) {
             // Packed as read, so the layer comes back processed (`process` then does nothing).
             let par = self.par;
             let loaded =

@@ -61,7 +61,7 @@ impl MoeLayer {
         view: &TensorView<'_>,
     ) -> Result<(), LayerError> {
         self.guarded(|cfg, p| {
-            if cfg.quant == LayerQuant::Fp8Block {
+            if matches!(cfg.quant, LayerQuant::Fp8 { .. }) {
                 return Err(fp8::not_by_name(view.name));
             }
             p.load_expert_tensor(cfg, expert, shard, kind, view)

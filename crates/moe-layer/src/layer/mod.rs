@@ -51,7 +51,7 @@ use moe_router::Router;
 #[cfg(feature = "checkpoint")]
 pub use config::router_from_spec;
 pub use config::{
-    LayerQuant, MoeLayerConfig, SharedExperts, Wna16Activations, linear_expert_map,
+    Fp8Scaling, LayerQuant, MoeLayerConfig, SharedExperts, Wna16Activations, linear_expert_map,
     vllm_cpu_softmax_router,
 };
 #[cfg(feature = "checkpoint")]

@@ -182,7 +182,7 @@ impl Params {
         let e = local_experts.len();
         let (h, i) = (cfg.hidden, cfg.intermediate_per_rank());
         let mut loaded = vec![false; e * ExpertShard::ALL.len() * TensorKind::REQUIRED.len()];
-        if cfg.quant == LayerQuant::Fp8Block {
+        if matches!(cfg.quant, LayerQuant::Fp8 { .. }) {
             // FP8 experts are packed straight from a checkpoint; nothing is loaded by name (and
             // `process` says so rather than listing every tensor as missing).
             loaded.fill(true);

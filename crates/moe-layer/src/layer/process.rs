@@ -149,7 +149,7 @@ impl MoeLayer {
                     ),
                 });
             }
-            LayerQuant::Fp8Block => return Err(fp8::not_by_name("the expert weights")),
+            LayerQuant::Fp8 { .. } => return Err(fp8::not_by_name("the expert weights")),
             LayerQuant::Unquantized => {
                 let (w13, w2) = pack_dense(params, h, i)?;
                 Experts::Dense(fused_pipeline((w13, w2), (b13, b2), &moe_cfg, kernels)?)

@@ -449,13 +449,14 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     dir
 }
 
-/// One FP8 block-quantized projection as written: e4m3fn bytes `[n, k]` and f32 block scales
-/// `[ceil(n/128), ceil(k/128)]`.
+/// One FP8 projection as written: e4m3fn bytes `[n, k]` and its scales as `scaling` lays
+/// them out (`[ceil(n/128), ceil(k/128)]` blocks, `[n]` channels, or one value).
 pub struct Fp8Proj {
     pub n: usize,
     pub k: usize,
     pub codes: Vec<u8>,
     pub scales: Vec<f32>,
+    pub scaling: Fp8Scaling,
 }
 
 impl Fp8Proj {
@@ -471,20 +472,30 @@ impl Fp8Proj {
         if b & 0x80 != 0 { -mag } else { mag }
     }
 
-    /// The dequantized weights `[n, k]` in f64: `e4m3(code)·scale` of the code's block.
+    /// The scale of the weight at `[r, c]`.
+    pub fn scale_at(&self, r: usize, c: usize) -> f32 {
+        match self.scaling {
+            Fp8Scaling::Blocks => self.scales[(r / 128) * self.k.div_ceil(128) + c / 128],
+            Fp8Scaling::Channels => self.scales[r],
+            Fp8Scaling::Tensor => self.scales[0],
+        }
+    }
+
+    /// The dequantized weights `[n, k]` in f64: `e4m3(code)·scale` of the code's block,
+    /// channel or tensor.
     pub fn dequantized(&self) -> Vec<f64> {
-        let kb = self.k.div_ceil(128);
         (0..self.n * self.k)
             .map(|i| {
                 let (r, c) = (i / self.k, i % self.k);
-                Self::e4m3(self.codes[i]) * f64::from(self.scales[(r / 128) * kb + c / 128])
+                Self::e4m3(self.codes[i]) * f64::from(self.scale_at(r, c))
             })
             .collect()
     }
 }
 
-/// A random FP8 projection: any non-NaN byte, with subnormals and both zeros common.
-pub fn fp8_proj(rng: &mut SplitMix64, n: usize, k: usize) -> Fp8Proj {
+/// A random FP8 projection: any non-NaN byte, with subnormals and both zeros common, and
+/// `scaling`'s scales (exact in bf16, as some checkpoints store them).
+pub fn fp8_proj(rng: &mut SplitMix64, n: usize, k: usize, scaling: Fp8Scaling) -> Fp8Proj {
     let codes = (0..n * k)
         .map(|_| {
             let b = rng.below(256) as u8;
@@ -492,23 +503,128 @@ pub fn fp8_proj(rng: &mut SplitMix64, n: usize, k: usize) -> Fp8Proj {
             if b & 0x7F == 0x7F { b ^ 0x08 } else { b }
         })
         .collect();
-    let scales = rng.vec_uniform(n.div_ceil(128) * k.div_ceil(128), 2e-5, 4e-4);
+    let count = match scaling {
+        Fp8Scaling::Blocks => n.div_ceil(128) * k.div_ceil(128),
+        Fp8Scaling::Channels => n,
+        Fp8Scaling::Tensor => 1,
+    };
+    let scales = rng
+        .vec_uniform(count, 2e-5, 4e-4)
+        .into_iter()
+        .map(|v| bf16::from_f32(v).to_f32())
+        .collect();
     Fp8Proj {
         n,
         k,
         codes,
         scales,
+        scaling,
+    }
+}
+
+/// How FP8 scales are laid out (the layer's `Fp8Scaling`, which the crate's own unit tests,
+/// which include this module, cannot name as `moe_layer`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fp8Scaling {
+    /// One scale per `128 × 128` block.
+    Blocks,
+    /// One scale per output channel.
+    Channels,
+    /// One scale per projection.
+    Tensor,
+}
+
+/// How an FP8 checkpoint written by [`fp8`] declares and stores its scales.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fp8Store {
+    /// `quant_method: fp8` with `[128, 128]` blocks (DeepSeek-V3, Qwen3 `-FP8`): f32
+    /// `weight_scale_inv`, dynamic activations.
+    Blocks,
+    /// `quant_method: fp8` without blocks (AutoFP8): f32 `weight_scale` of shape `[]` per
+    /// projection, static activations with an `input_scale` each.
+    TensorStatic,
+    /// compressed-tensors `float-quantized`, strategy channel (`FP8_DYNAMIC`): bf16
+    /// `weight_scale` `[n, 1]`, dynamic per-token activations.
+    CtChannels,
+    /// compressed-tensors, strategy tensor (`FP8`): f32 `weight_scale` `[1]`, static
+    /// per-tensor activations with an `input_scale` `[1]` each.
+    CtTensor,
+    /// compressed-tensors, strategy block (`FP8_BLOCK`): f32 `weight_scale` blocks, dynamic
+    /// activations in groups of 128.
+    CtBlocks,
+}
+
+impl Fp8Store {
+    /// The scaling of the weights.
+    pub fn scaling(self) -> Fp8Scaling {
+        match self {
+            Self::Blocks | Self::CtBlocks => Fp8Scaling::Blocks,
+            Self::CtChannels => Fp8Scaling::Channels,
+            Self::TensorStatic | Self::CtTensor => Fp8Scaling::Tensor,
+        }
+    }
+
+    /// The `quantization_config`.
+    fn config(self) -> Value {
+        let ct = |weights: Value, activations: Value| {
+            json!({"quant_method": "compressed-tensors", "format": "float-quantized",
+                   "quantization_status": "compressed",
+                   "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
+                                     "input_activations": activations,
+                                     "format": "float-quantized"}},
+                   "ignore": ["lm_head", "re:.*mlp.gate$"]})
+        };
+        let weights = |strategy: &str| {
+            json!({"num_bits": 8, "type": "float", "symmetric": true, "strategy": strategy,
+                   "dynamic": false})
+        };
+        match self {
+            Self::Blocks => json!({
+                "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head"],
+            }),
+            Self::TensorStatic => json!({
+                "quant_method": "fp8", "activation_scheme": "static",
+                "ignored_layers": ["lm_head"],
+            }),
+            Self::CtChannels => ct(
+                weights("channel"),
+                json!({"num_bits": 8, "type": "float", "symmetric": true, "strategy": "token",
+                       "dynamic": true}),
+            ),
+            Self::CtTensor => ct(
+                weights("tensor"),
+                json!({"num_bits": 8, "type": "float", "symmetric": true, "strategy": "tensor",
+                       "dynamic": false}),
+            ),
+            Self::CtBlocks => {
+                let mut w = weights("block");
+                w["block_structure"] = json!([128, 128]);
+                ct(
+                    w,
+                    json!({"num_bits": 8, "type": "float", "symmetric": true,
+                           "strategy": "group", "group_size": 128, "dynamic": true}),
+                )
+            }
+        }
     }
 }
 
 /// A one-layer FP8 block-quantized checkpoint (`quant_method: fp8`, `[128, 128]` blocks,
-/// dynamic activations) of `model_type` (`qwen3_moe` or `deepseek_v3`, the latter with one
-/// shared expert and a correction bias), shaped `[experts, top_k, hidden, intermediate]`;
-/// returns it with the projections `[expert][gate, up, down]` (then the shared MLP's, if any).
-pub fn fp8_block(
+/// dynamic activations); see [`fp8`].
+pub fn fp8_block(model_type: &str, dims: [usize; 4], seed: u64) -> (Ckpt, Vec<[Fp8Proj; 3]>) {
+    fp8(model_type, dims, seed, Fp8Store::Blocks)
+}
+
+/// A one-layer FP8 checkpoint stored as `store` says, of `model_type` (`qwen3_moe`,
+/// `mixtral`, or `deepseek_v3` with one shared expert and a correction bias), shaped
+/// `[experts, top_k, hidden, intermediate]`; returns it with the projections
+/// `[expert][gate, up, down]` (then the shared MLP's, if any).
+pub fn fp8(
     model_type: &str,
     [e, top_k, h, i]: [usize; 4],
     seed: u64,
+    store: Fp8Store,
 ) -> (Ckpt, Vec<[Fp8Proj; 3]>) {
     let mut rng = SplitMix64::new(seed);
     let mut config = json!({
@@ -519,30 +635,33 @@ pub fn fp8_block(
         "hidden_size": h,
         "num_hidden_layers": 1,
         "num_experts_per_tok": top_k,
-        "moe_intermediate_size": i,
-        "quantization_config": {
-            "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-            "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head"],
-        },
+        "quantization_config": store.config(),
     });
     let c = config.as_object_mut().unwrap();
     let deepseek = model_type == "deepseek_v3";
+    let mixtral = model_type == "mixtral";
     if deepseek {
         c.insert("n_routed_experts".into(), json!(e));
         c.insert("n_group".into(), json!(2));
         c.insert("topk_group".into(), json!(1));
         c.insert("n_shared_experts".into(), json!(1));
         c.insert("first_k_dense_replace".into(), json!(0));
+        c.insert("moe_intermediate_size".into(), json!(i));
+    } else if mixtral {
+        c.insert("num_local_experts".into(), json!(e));
+        c.insert("intermediate_size".into(), json!(i));
     } else {
         c.insert("num_experts".into(), json!(e));
         c.insert("norm_topk_prob".into(), json!(true));
+        c.insert("moe_intermediate_size".into(), json!(i));
     }
     let mut ck = Ckpt {
         config,
         tensors: BTreeMap::new(),
     };
+    let block = if mixtral { "block_sparse_moe" } else { "mlp" };
     ck.put(
-        "model.layers.0.mlp.gate.weight",
+        &format!("model.layers.0.{block}.gate.weight"),
         Dtype::BF16,
         &[e, h],
         bf16_bytes(&rng.vec_uniform(e * h, -0.5, 0.5)),
@@ -557,20 +676,27 @@ pub fn fp8_block(
         );
     }
     let mut prefixes: Vec<String> = (0..e)
-        .map(|x| format!("model.layers.0.mlp.experts.{x}"))
+        .map(|x| format!("model.layers.0.{block}.experts.{x}"))
         .collect();
     if deepseek {
         prefixes.push("model.layers.0.mlp.shared_experts".into());
     }
+    let names = if mixtral {
+        ["w1", "w3", "w2"]
+    } else {
+        ["gate_proj", "up_proj", "down_proj"]
+    };
+    let scaling = store.scaling();
     let mut experts = Vec::new();
     for prefix in prefixes {
         let ps = [
-            fp8_proj(&mut rng, i, h),
-            fp8_proj(&mut rng, i, h),
-            fp8_proj(&mut rng, h, i),
+            fp8_proj(&mut rng, i, h, scaling),
+            fp8_proj(&mut rng, i, h, scaling),
+            fp8_proj(&mut rng, h, i, scaling),
         ];
-        for (p, name) in ps.iter().zip(["gate_proj", "up_proj", "down_proj"]) {
-            ck.put_fp8(&format!("{prefix}.{name}"), p);
+        for (p, name) in ps.iter().zip(names) {
+            let input_scale = rng.vec_uniform(1, 1e-3, 1e-2);
+            ck.put_fp8(&format!("{prefix}.{name}"), p, store, &input_scale);
         }
         experts.push(ps);
     }
@@ -578,20 +704,54 @@ pub fn fp8_block(
 }
 
 impl Ckpt {
-    /// Writes one FP8 projection: `weight` (F8_E4M3) and `weight_scale_inv` (f32).
-    pub fn put_fp8(&mut self, prefix: &str, p: &Fp8Proj) {
+    /// Writes one FP8 projection as `store` says: `weight` (F8_E4M3), its scale tensor and,
+    /// for static activations, `input_scale`.
+    pub fn put_fp8(&mut self, prefix: &str, p: &Fp8Proj, store: Fp8Store, input_scale: &[f32]) {
         self.put(
             &format!("{prefix}.weight"),
             Dtype::F8_E4M3,
             &[p.n, p.k],
             p.codes.clone(),
         );
-        self.put(
-            &format!("{prefix}.weight_scale_inv"),
-            Dtype::F32,
-            &[p.n.div_ceil(128), p.k.div_ceil(128)],
-            f32_bytes(&p.scales),
-        );
+        let blocks = [p.n.div_ceil(128), p.k.div_ceil(128)];
+        let (name, dtype, shape, bytes) = match store {
+            Fp8Store::Blocks => (
+                "weight_scale_inv",
+                Dtype::F32,
+                &blocks[..],
+                f32_bytes(&p.scales),
+            ),
+            Fp8Store::CtBlocks => (
+                "weight_scale",
+                Dtype::F32,
+                &blocks[..],
+                f32_bytes(&p.scales),
+            ),
+            Fp8Store::CtChannels => (
+                "weight_scale",
+                Dtype::BF16,
+                &[p.n, 1][..],
+                bf16_bytes(&p.scales),
+            ),
+            Fp8Store::TensorStatic => ("weight_scale", Dtype::F32, &[][..], f32_bytes(&p.scales)),
+            Fp8Store::CtTensor => ("weight_scale", Dtype::F32, &[1][..], f32_bytes(&p.scales)),
+        };
+        self.put(&format!("{prefix}.{name}"), dtype, shape, bytes);
+        match store {
+            Fp8Store::TensorStatic => self.put(
+                &format!("{prefix}.input_scale"),
+                Dtype::F32,
+                &[],
+                f32_bytes(input_scale),
+            ),
+            Fp8Store::CtTensor => self.put(
+                &format!("{prefix}.input_scale"),
+                Dtype::F32,
+                &[1],
+                f32_bytes(input_scale),
+            ),
+            _ => {}
+        }
     }
 }
 

@@ -722,18 +722,19 @@ mod tests {
         }
     }
 
-    /// FP8 block-quantized weights (e4m3 codes, f32 scales per 128 × 128 block) on every bf16
-    /// path: each weight is `bf16(f32(e4m3(c)·s))` (the e4m3 value exact, the scaled value
+    /// FP8 weights (e4m3 codes, f32 scales per 128 × 128 block, per channel or per tensor) on every
+    /// bf16 path: each weight is `bf16(f32(e4m3(c)·s))` (the e4m3 value exact, the scaled value
     /// rounded in f32 and then to bf16, as int4 weights are), activations rounded to bf16, f32
-    /// sums. Checked against that model in f64 within `1e-5·Σ|x·w|`, and against the exact
-    /// product of the dequantized weights within the two bf16 roundings (each at most half a
-    /// unit in the last of bf16's 8 significant bits, a relative 2^-8: `2^-7·Σ|x·w|`), on
-    /// ragged shapes: K not a multiple of the block (and below one step), odd N, N past one
-    /// block row, M = 0 and 1, codes with frequent subnormals and signed zeros, channels in
-    /// one run or two (each with its own block rows), with and without bias.
+    /// sums. Checked against that model in f64 within `1e-5·Σ|x·w|`, and against the exact product
+    /// of the dequantized weights within the two bf16 roundings (each at most half a unit in the
+    /// last of bf16's 8 significant bits, a relative 2^-8: `2^-7·Σ|x·w|`), on ragged shapes: K not
+    /// a multiple of the block (and below one step), odd N, N past one block row, M = 0 and 1,
+    /// codes with frequent subnormals and signed zeros, channels in one run or two (each with its
+    /// own block rows), and channelwise as a run of channel scales beside a tensor-scaled run, with
+    /// and without bias.
     #[test]
     fn wna16_fp8_on_the_bf16_path_matches_the_bf16_reference() {
-        use crate::packed::wna16::{FP8_BLOCK, Fp8BlockDesc, Fp8BlockRows};
+        use crate::packed::wna16::{FP8_BLOCK, Fp8Desc, Fp8Rows, Fp8Scales};
         use crate::{Int8Values, PackedWna16};
         let sets = bf16_sets();
         let round = |v: f64| f64::from(bf16::from_f32(v as f32).to_f32());
@@ -769,26 +770,43 @@ mod tests {
                 rng.vec_uniform((n - h).div_ceil(FP8_BLOCK) * kb, 1e-4, 1e-2),
             ];
             let bias = rng.vec_uniform(n, -1.0, 1.0);
-            let one = [Fp8BlockRows {
+            let one = [Fp8Rows {
                 channels: n,
                 codes: &fp8,
-                scales: &whole,
+                scales: Fp8Scales::Blocks(&whole),
             }];
             let two = [
-                Fp8BlockRows {
+                Fp8Rows {
                     channels: h,
                     codes: &fp8[..h * k],
-                    scales: &split[0],
+                    scales: Fp8Scales::Blocks(&split[0]),
                 },
-                Fp8BlockRows {
+                Fp8Rows {
                     channels: n - h,
                     codes: &fp8[h * k..],
-                    scales: &split[1],
+                    scales: Fp8Scales::Blocks(&split[1]),
                 },
             ];
-            for (rows, with_bias) in [(&one[..], false), (&two[..], true)] {
+            let per_channel = rng.vec_uniform(n, 1e-4, 1e-2);
+            let channelwise = [
+                Fp8Rows {
+                    channels: h,
+                    codes: &fp8[..h * k],
+                    scales: Fp8Scales::Channels(&per_channel[..h]),
+                },
+                Fp8Rows {
+                    channels: n - h,
+                    codes: &fp8[h * k..],
+                    scales: Fp8Scales::Tensor(per_channel[h]),
+                },
+            ];
+            for (rows, with_bias) in [
+                (&one[..], false),
+                (&two[..], true),
+                (&channelwise[..], true),
+            ] {
                 let bias = with_bias.then_some(&bias[..]);
-                let w = PackedWna16::pack_fp8_block(Fp8BlockDesc { n, k, rows, bias }).unwrap();
+                let w = PackedWna16::pack_fp8(Fp8Desc { n, k, rows, bias }).unwrap();
                 assert_eq!(w.int8_values(), Int8Values::E4m3);
                 let dq = w.dequantize_f64();
                 for &m in &[0usize, 1, 5, 17, 33, 70] {
