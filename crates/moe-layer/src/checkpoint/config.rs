@@ -27,7 +27,8 @@
 use std::path::{Path, PathBuf};
 
 use moe_quant::ct_args::{
-    ActivationOrdering, QuantizationType, check_w4a8_int_moe, is_dynamic_token_w4a8_int,
+    ActivationOrdering, QuantizationStrategy, QuantizationType, check_w4a8_int_moe,
+    is_dynamic_token_w4a8_int,
 };
 use moe_quant::{DType, QuantError, QuantizationConfig, WeightGroups};
 use moe_router::ScoringFunc;
@@ -134,6 +135,16 @@ pub enum QuantScheme {
         /// W4A8 kernel quantizes activations itself).
         activations_symmetric: bool,
     },
+    /// compressed-tensors `int-quantized` W8A8 (the `INT8_W8A8` preset): int8 codes with
+    /// static symmetric per-channel scales, dynamic per-token int8 activations, which vLLM
+    /// runs on its CPU int8 experts.
+    CompressedTensorsW8A8 {
+        /// Scale dtype declared in the config (`None` = the model dtype; the tensors decide).
+        scale_dtype: Option<DType>,
+        /// Whether the declared activation quantization is symmetric (informational: the
+        /// W8A8 kernel quantizes activations itself, symmetrically per token).
+        activations_symmetric: bool,
+    },
     /// compressed-tensors `pack-quantized` weight-only int (WNA16): codes packed into int32.
     CompressedTensorsWna16 {
         /// Bits per code (4 or 8).
@@ -217,7 +228,9 @@ impl QuantScheme {
     pub fn name(&self) -> &'static str {
         match self {
             Self::Unquantized(_) => "unquantized",
-            Self::CompressedTensorsW4A8 { .. } => "compressed-tensors/int-quantized",
+            Self::CompressedTensorsW4A8 { .. } | Self::CompressedTensorsW8A8 { .. } => {
+                "compressed-tensors/int-quantized"
+            }
             Self::CompressedTensorsWna16 { .. } => "compressed-tensors/pack-quantized",
             Self::Gptq { .. } => "gptq",
             Self::Awq { .. } => "awq",
@@ -900,6 +913,10 @@ fn compressed_tensors_scheme(
             source,
         })?;
     match format.as_str() {
+        "int-quantized" if weights.num_bits == 8 => {
+            w8a8_int_scheme(weights, group.input_activations.as_ref(), scale_dtype)
+                .map_err(|reason| unsupported(scheme_name, format!("{group_name}: {reason}")))
+        }
         "int-quantized" => {
             let input = group.input_activations.as_ref();
             if !is_dynamic_token_w4a8_int(weights, input) {
@@ -952,6 +969,50 @@ fn compressed_tensors_scheme(
                 .into(),
         )),
     }
+}
+
+/// The W8A8 int8 scheme of an `int-quantized` group with 8-bit weights, under vLLM's int8 MoE
+/// method's conditions: channelwise static weights, dynamic per-token activations (and, as
+/// its kernels are symmetric, symmetric 8-bit integer weights and activations).
+fn w8a8_int_scheme(
+    weights: &moe_quant::QuantizationArgs,
+    input: Option<&moe_quant::QuantizationArgs>,
+    scale_dtype: Option<DType>,
+) -> Result<QuantScheme, String> {
+    if weights.effective_strategy() != QuantizationStrategy::Channel {
+        return Err(format!(
+            "8-bit int weights need channelwise scales, got strategy {:?}",
+            weights.effective_strategy()
+        ));
+    }
+    let Some(a) = input else {
+        return Err(
+            "8-bit int weights without input activations (W8A16) are read from the \
+             pack-quantized format only"
+                .into(),
+        );
+    };
+    let dynamic_token_int8 = a.kind == QuantizationType::Int
+        && a.num_bits == 8
+        && a.effective_strategy() == QuantizationStrategy::Token
+        && a.dynamic.is_truthy();
+    if !dynamic_token_int8 {
+        return Err(format!(
+            "W8A8 needs dynamic per-token 8-bit int activations, got {}-bit {:?} per {:?}{}",
+            a.num_bits,
+            a.kind,
+            a.effective_strategy(),
+            if a.dynamic.is_truthy() {
+                ""
+            } else {
+                " (static)"
+            }
+        ));
+    }
+    Ok(QuantScheme::CompressedTensorsW8A8 {
+        scale_dtype,
+        activations_symmetric: a.symmetric,
+    })
 }
 
 /// Parses the `group_size` of a GPTQ or AWQ config (`-1` channelwise, `g > 0` groups of `g`).

@@ -43,8 +43,9 @@ use crate::error::LayerError;
 pub(crate) enum Format {
     /// Float weights.
     Float,
-    /// compressed-tensors `int-quantized`, 4-bit codes stored as int8.
+    /// compressed-tensors `int-quantized`: 4-bit (W4A8) or 8-bit (W8A8) codes stored as int8.
     IntQuantized {
+        bits: u32,
         group_size: WeightGroups,
         scale_dtype: Option<DType>,
     },
@@ -90,7 +91,13 @@ impl Format {
                 scale_dtype,
                 ..
             } => Self::IntQuantized {
+                bits: 4,
                 group_size,
+                scale_dtype,
+            },
+            QuantScheme::CompressedTensorsW8A8 { scale_dtype, .. } => Self::IntQuantized {
+                bits: 8,
+                group_size: WeightGroups::Channelwise,
                 scale_dtype,
             },
             QuantScheme::CompressedTensorsWna16 {
@@ -140,7 +147,8 @@ impl Format {
     pub(crate) fn bits(self) -> Option<u32> {
         match self {
             Self::Float => None,
-            Self::IntQuantized { .. } | Self::Awq { .. } | Self::Mxfp4 => Some(4),
+            Self::Awq { .. } | Self::Mxfp4 => Some(4),
+            Self::IntQuantized { bits, .. } => Some(bits),
             Self::Fp8 => Some(8),
             Self::PackQuantized { bits, .. } | Self::Gptq { bits, .. } => Some(bits),
         }
@@ -439,11 +447,13 @@ pub(crate) fn read_projection<'a>(
                 g_idx_tensor: None,
             })
         }
-        Format::IntQuantized { group_size, .. } => {
+        Format::IntQuantized {
+            bits, group_size, ..
+        } => {
             let t = src.get_as(&name(req.prefix, ParamKind::Weight), &[Dtype::I8])?;
             check_config_shape(&t, req.n, req.k, req.config)?;
             let codes: Vec<i8> = t.bytes.iter().map(|&b| b as i8).collect();
-            check_code_range(&t, &codes, 4)?;
+            check_code_range(&t, &codes, bits)?;
             let (groups, _) = groups_of(group_size, k, &t.name)?;
             let st = src.get(&name(req.prefix, ParamKind::WeightScale))?;
             let scales = read_scales(&st, n, groups, false, format.declared_scale_dtype())?;

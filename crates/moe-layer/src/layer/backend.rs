@@ -61,7 +61,9 @@ pub(crate) fn select(
             let key = w4a8_weight_key(group_size);
             select_w4a8_int8_moe_backend(&config, Some(&key), None, &platform, &opts)?
         }
-        LayerQuant::Int8Online => select_int8_moe_backend(&config, &platform, &opts)?,
+        LayerQuant::Int8Online | LayerQuant::W8A8 => {
+            select_int8_moe_backend(&config, &platform, &opts)?
+        }
         LayerQuant::Unquantized => select_unquantized_moe_backend(&config, &platform, &opts)?,
         // The caller traded the checkpoint's float activations for the int8 kernels: the W4A8
         // method's rules decide, as for a W4A8 checkpoint of the same grouping.

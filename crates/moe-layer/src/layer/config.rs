@@ -28,6 +28,11 @@ pub enum LayerQuant {
     /// run on the W8A8 kernels with dynamic per-token int8 activations. The `w2` rows' scale
     /// uses the amax of the whole (unsharded) row, as the newest vLLM all-reduces it.
     Int8Online,
+    /// compressed-tensors `int-quantized` W8A8 (`INT8_W8A8`): int8 codes (any of `−128..=127`)
+    /// with static symmetric per-output-channel scales, run on the W8A8 kernels with dynamic
+    /// per-token int8 activations: the online int8 method's compute on the checkpoint's own
+    /// codes. Scales are widened to f32 (exact), as vLLM's int8 MoE method keeps them.
+    W8A8,
     /// Unquantized experts: bf16/f16/f32 weights kept in their precision (bf16 stays bf16,
     /// f16 is widened to f32 exactly) and run with f32 compute, no activation quantization.
     Unquantized,
@@ -108,7 +113,7 @@ impl LayerQuant {
     pub(crate) fn scale_cols(self, k: usize) -> usize {
         match self {
             Self::W4A8 { group_size } | Self::Wna16 { group_size, .. } => group_size.scale_cols(k),
-            Self::Int8Online | Self::Unquantized | Self::Mxfp4 | Self::Fp8 { .. } => 1,
+            Self::Int8Online | Self::W8A8 | Self::Unquantized | Self::Mxfp4 | Self::Fp8 { .. } => 1,
         }
     }
 
@@ -118,6 +123,7 @@ impl LayerQuant {
         match self {
             Self::W4A8 { group_size } | Self::Wna16 { group_size, .. } => Some(group_size),
             Self::Mxfp4 => Some(moe_kernels::packed::wna16::MXFP4_GROUPS),
+            Self::W8A8 => Some(WeightGroups::Channelwise),
             Self::Int8Online | Self::Unquantized | Self::Fp8 { .. } => None,
         }
     }
@@ -130,7 +136,7 @@ impl LayerQuant {
     /// The range of the signed integer codes the layer loads.
     pub(crate) fn code_range(self) -> (i8, i8) {
         match self {
-            Self::Wna16 { bits: 8, .. } => (i8::MIN, i8::MAX),
+            Self::Wna16 { bits: 8, .. } | Self::W8A8 => (i8::MIN, i8::MAX),
             _ => (-8, 7),
         }
     }
@@ -145,6 +151,7 @@ impl LayerQuant {
         match self {
             Self::W4A8 { .. } => "w4a8-int8",
             Self::Int8Online => "int8-online",
+            Self::W8A8 => "w8a8-int8",
             Self::Unquantized => "unquantized",
             Self::Wna16 { .. } => "wna16",
             Self::Mxfp4 => "mxfp4",

@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 
 use moe_kernels::{Activation, GateUpLayout};
-use moe_quant::DType;
+use moe_quant::{DType, WeightGroups};
 
 use moe_kernels::{PackedW4A8, PackedWna16, Par, W4A8Prefill};
 use moe_oracle::DisabledKernels;
@@ -38,6 +38,7 @@ impl MoeLayerConfig {
                 group_size: *group_size,
             },
             QuantScheme::Unquantized(_) => LayerQuant::Unquantized,
+            QuantScheme::CompressedTensorsW8A8 { .. } => LayerQuant::W8A8,
             QuantScheme::CompressedTensorsWna16 {
                 bits,
                 group_size,
@@ -788,6 +789,7 @@ fn copy_experts(
     };
     let (bits, group_size, act_order, zero_points) = match cfg.quant {
         LayerQuant::W4A8 { group_size } => (4, group_size, false, false),
+        LayerQuant::W8A8 => (8, WeightGroups::Channelwise, false, false),
         LayerQuant::Wna16 {
             bits,
             group_size,

@@ -3,8 +3,8 @@
 
 use half::bf16;
 use moe_kernels::{
-    FusedMoe, FusedMoeConfig, PackedDense, PackedExperts, PackedW4A8, PanelOrder, Par, W4A8Scales,
-    par,
+    FusedMoe, FusedMoeConfig, PackedDense, PackedExperts, PackedW4A8, PackedW8A8, PanelOrder, Par,
+    W4A8Scales, par,
 };
 use moe_oracle::Selection;
 use moe_quant::{DType, WeightGroups};
@@ -89,6 +89,10 @@ impl MoeLayer {
             }
             LayerQuant::Int8Online => {
                 let (w13, w2) = online::quantize_and_pack(params, h, i, kernels.panel_order())?;
+                Experts::W8A8(fused_pipeline((w13, w2), (b13, b2), &moe_cfg, kernels)?)
+            }
+            LayerQuant::W8A8 => {
+                let (w13, w2) = pack_w8a8(params, h, i, self.par, kernels.panel_order())?;
                 Experts::W8A8(fused_pipeline((w13, w2), (b13, b2), &moe_cfg, kernels)?)
             }
             LayerQuant::Wna16 { group_size, .. } if cfg.wna16_on_w4a8() => {
@@ -262,6 +266,40 @@ pub(super) fn pack_w4a8(
         let w2 = pack(
             &params.w2[x * h * i..][..h * i],
             &params.w2_scale[x * h * s2..][..h * s2],
+            h,
+            i,
+        )?;
+        Ok((w13, w2))
+    });
+    experts
+        .into_iter()
+        .collect::<Result<Vec<_>, LayerError>>()
+        .map(|v| v.into_iter().unzip())
+}
+
+/// Packs the int8 codes and per-channel scales of a W8A8 layer for the W8A8 kernels, experts
+/// over `par`.
+fn pack_w8a8(
+    params: &Params,
+    h: usize,
+    i: usize,
+    par: Par,
+    order: PanelOrder,
+) -> Result<Stacks<PackedW8A8>, LayerError> {
+    let e = params.w2.len() / (h * i);
+    let pack = |w: &[i8], s: &[f32], n: usize, k: usize| -> Result<PackedW8A8, LayerError> {
+        Ok(PackedW8A8::pack(n, k, w, s)?.with_order(order))
+    };
+    let experts = par::map_indexed(e, par, |x| {
+        let w13 = pack(
+            &params.w13[x * 2 * i * h..][..2 * i * h],
+            &params.w13_scale[x * 2 * i..][..2 * i],
+            2 * i,
+            h,
+        )?;
+        let w2 = pack(
+            &params.w2[x * h * i..][..h * i],
+            &params.w2_scale[x * h..][..h],
             h,
             i,
         )?;
