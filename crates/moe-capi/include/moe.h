@@ -85,9 +85,8 @@ typedef enum {
 
 /*
  Expert weight schemes a layer can be created with (`MoeLayerDesc::quant`). MXFP4 (gpt-oss)
- and FP8 block-quantized experts have no value here: their weights are not tensors the
- name-based loader describes (e2m1 blocks with e8m0 scales, e4m3 codes with 128 x 128 block
- scales), so such layers are opened from their checkpoints with `moe_layer_open_checkpoint`
+ and FP8 experts have no value here: their weights are not tensors the name-based loader
+ describes (e2m1 blocks with e8m0 scales, e4m3 codes with block, channel or tensor scales), so such layers are opened from their checkpoints with `moe_layer_open_checkpoint`
  (and its `_ranked`/`_with` forms), and `moe_layer_create` refuses any other value.
  */
 typedef enum {
@@ -105,6 +104,11 @@ typedef enum {
    f32) and run in f32, bf16 experts on the CPU's bf16 path from its row threshold on.
    */
   MOE_QUANT_UNQUANTIZED = 2,
+  /*
+   compressed-tensors W8A8 int8: int8 codes with f32/bf16/f16 per-output-channel scales
+   (`[n, 1]`), dynamic per-token int8 activations, on the online int8 method's kernels.
+   */
+  MOE_QUANT_W8A8 = 3,
 } MoeQuant;
 
 /*
@@ -251,8 +255,9 @@ typedef struct {
    */
   float activation_alpha;
   /*
-   Clamp limit of `MOE_ACTIVATION_SWIGLU_OAI` (default 7), or of `MOE_ACTIVATION_SILU`
-   when positive (default 0: none).
+   Clamp limit of `MOE_ACTIVATION_SWIGLU_OAI`, or of `MOE_ACTIVATION_SILU` when positive.
+   The default, 0, means each activation's own: none for SiLU, gpt-oss's 7 for
+   SwiGLU-OAI.
    */
   float activation_limit;
   /*

@@ -60,10 +60,11 @@ impl MoeLayerDesc {
             },
             1 => LayerQuant::Int8Online,
             2 => LayerQuant::Unquantized,
+            3 => LayerQuant::W8A8,
             other => {
                 return Err(CapiError::invalid(format!(
                     "desc.quant: {other} is not a MoeQuant (0 = W4A8, 1 = int8 online, \
-                     2 = unquantized); MXFP4 and FP8 block-quantized layers have no \
+                     2 = unquantized, 3 = W8A8); MXFP4 and FP8 layers have no \
                      tensor-by-tensor road: open their checkpoints with \
                      moe_layer_open_checkpoint"
                 )));

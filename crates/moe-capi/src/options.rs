@@ -14,6 +14,9 @@ use moe_router::ScoringFunc;
 
 use crate::status::CapiError;
 
+/// gpt-oss's clamp limit, what SwiGLU-OAI takes when `activation_limit` is 0.
+const SWIGLU_OAI_LIMIT: f32 = 7.0;
+
 /// The gated activation of the experts (`MoeLayerOptions::activation`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,8 +93,9 @@ pub struct MoeLayerOptions {
     pub activation: u32,
     /// Sigmoid slope α of `MOE_ACTIVATION_SWIGLU_OAI` (default 1.702).
     pub activation_alpha: f32,
-    /// Clamp limit of `MOE_ACTIVATION_SWIGLU_OAI` (default 7), or of `MOE_ACTIVATION_SILU`
-    /// when positive (default 0: none).
+    /// Clamp limit of `MOE_ACTIVATION_SWIGLU_OAI`, or of `MOE_ACTIVATION_SILU` when positive.
+    /// The default, 0, means each activation's own: none for SiLU, gpt-oss's 7 for
+    /// SwiGLU-OAI.
     pub activation_limit: f32,
     /// A `MoeRouting` value (default `MOE_ROUTING_SOFTMAX`).
     pub routing: u32,
@@ -125,7 +129,7 @@ impl Default for MoeLayerOptions {
             struct_size: size_of::<Self>(),
             activation: MoeActivation::Silu as u32,
             activation_alpha: 1.702,
-            activation_limit: 7.0,
+            activation_limit: 0.0,
             routing: MoeRouting::Softmax as u32,
             num_groups: 0,
             topk_group: 0,
@@ -193,6 +197,11 @@ impl MoeLayerOptions {
             1 => Activation::Gelu,
             2 => Activation::GeluTanh,
             3 => {
+                let limit = if limit == 0.0 {
+                    SWIGLU_OAI_LIMIT
+                } else {
+                    limit
+                };
                 if !(self.activation_alpha.is_finite() && limit.is_finite() && limit > 0.0) {
                     return Err(CapiError::invalid(format!(
                         "options: SwiGLU-OAI needs a finite alpha and a positive limit, got \

@@ -69,9 +69,8 @@ impl MoeDtype {
 }
 
 /// Expert weight schemes a layer can be created with (`MoeLayerDesc::quant`). MXFP4 (gpt-oss)
-/// and FP8 block-quantized experts have no value here: their weights are not tensors the
-/// name-based loader describes (e2m1 blocks with e8m0 scales, e4m3 codes with 128 x 128 block
-/// scales), so such layers are opened from their checkpoints with `moe_layer_open_checkpoint`
+/// and FP8 experts have no value here: their weights are not tensors the name-based loader
+/// describes (e2m1 blocks with e8m0 scales, e4m3 codes with block, channel or tensor scales), so such layers are opened from their checkpoints with `moe_layer_open_checkpoint`
 /// (and its `_ranked`/`_with` forms), and `moe_layer_create` refuses any other value.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +83,9 @@ pub enum MoeQuant {
     /// Unquantized experts: f32/bf16/f16 weights kept in their precision (f16 widened to
     /// f32) and run in f32, bf16 experts on the CPU's bf16 path from its row threshold on.
     Unquantized = 2,
+    /// compressed-tensors W8A8 int8: int8 codes with f32/bf16/f16 per-output-channel scales
+    /// (`[n, 1]`), dynamic per-token int8 activations, on the online int8 method's kernels.
+    W8a8 = 3,
 }
 
 /// An error on its way to C: the status to return and the message to keep.

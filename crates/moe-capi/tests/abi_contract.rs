@@ -746,10 +746,10 @@ fn bad_layer_options_are_refused() {
         assert!(last_error().contains(field), "{field}: {}", last_error());
         assert!(layer.is_null());
     }
-    // SwiGLU-OAI needs a usable limit.
+    // SwiGLU-OAI needs a usable limit (0 is its default, 7).
     let opts = options(|o| {
         o.activation = MoeActivation::SwigluOai as u32;
-        o.activation_limit = 0.0;
+        o.activation_limit = -1.0;
     });
     let mut layer = null_mut();
     // SAFETY: valid desc, options and out-pointer.
@@ -936,6 +936,127 @@ fn an_unquantized_layer_built_tensor_by_tensor_matches_the_rust_layer() {
     expect(moe_layer_process(layer), MoeStatus::Ok);
     reference.process().unwrap();
     let x: Vec<f32> = (0..12 * h).map(|_| next() * 10.0).collect();
+    let mut got = vec![0f32; x.len()];
+    expect(apply_f32(layer, &x, &mut got), MoeStatus::Ok);
+    let mut want = vec![0f32; x.len()];
+    reference.apply_with_gate(&x, &mut want).unwrap();
+    assert_eq!(got, want);
+    assert!(got.iter().any(|v| *v != 0.0));
+    expect(moe_layer_free(layer), MoeStatus::Ok);
+}
+
+/// A W8A8 layer built through the ABI from int8 codes (`−128` included) and bf16 channel
+/// scales `[n, 1]` computes exactly what the Rust layer built from the same tensors computes.
+/// Its gate and up products reach well past 7, so this also shows that the default options
+/// leave SiLU unclamped.
+#[test]
+fn a_w8a8_layer_built_tensor_by_tensor_matches_the_rust_layer() {
+    use moe_layer::{ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, TensorData, TensorKind};
+    let (e, k, h, i) = (4usize, 2usize, 64usize, 32usize);
+    let desc = MoeLayerDesc {
+        num_experts: e,
+        top_k: k,
+        hidden: h,
+        intermediate: i,
+        quant: MoeQuant::W8a8 as u32,
+        group_size: 0,
+        renormalize: 1,
+        dtype: MoeDtype::Bf16 as u32,
+        max_tokens: 16,
+    };
+    let mut layer = null_mut();
+    // SAFETY: a valid desc and out-pointer.
+    expect(
+        unsafe { moe_layer_create(&desc, &mut layer) },
+        MoeStatus::Ok,
+    );
+    // The model dtype rounds the W8A8 pipeline's intermediate activations, as vLLM's does.
+    let cfg = MoeLayerConfig::new(e, k, h, i, LayerQuant::W8A8)
+        .with_in_dtype(moe_quant::DType::BF16)
+        .with_max_tokens(16);
+    let mut reference = MoeLayer::create(cfg).unwrap();
+    let mut seed = 0x8a8u64;
+    let mut next = move || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        seed >> 33
+    };
+    for x in 0..e {
+        for (proj, shard, shape) in [
+            ("gate_proj", ExpertShard::W1, [i, h]),
+            ("up_proj", ExpertShard::W3, [i, h]),
+            ("down_proj", ExpertShard::W2, [h, i]),
+        ] {
+            let mut codes: Vec<i8> = (0..h * i).map(|_| next() as u8 as i8).collect();
+            codes[x] = i8::MIN;
+            let name = format!("experts.{x}.{proj}.weight");
+            expect(
+                load(
+                    layer,
+                    &name,
+                    MoeDtype::I8,
+                    &shape,
+                    codes.as_ptr().cast(),
+                    codes.len(),
+                ),
+                MoeStatus::Ok,
+            );
+            let view = moe_layer::TensorView {
+                name: &name,
+                shape: &shape,
+                data: TensorData::I8(&codes),
+            };
+            reference
+                .load_expert_tensor(x, shard, TensorKind::Weight, &view)
+                .unwrap();
+            let scales: Vec<bf16> = (0..shape[0])
+                .map(|_| bf16::from_f32(1e-3 + (next() % 1000) as f32 * 1e-5))
+                .collect();
+            let name = format!("experts.{x}.{proj}.weight_scale");
+            let bits: Vec<u16> = scales.iter().map(|v| v.to_bits()).collect();
+            let scale_shape = [shape[0], 1];
+            expect(
+                load(
+                    layer,
+                    &name,
+                    MoeDtype::Bf16,
+                    &scale_shape,
+                    bits.as_ptr().cast(),
+                    bits.len(),
+                ),
+                MoeStatus::Ok,
+            );
+            let view = moe_layer::TensorView {
+                name: &name,
+                shape: &scale_shape,
+                data: TensorData::Bf16(&scales),
+            };
+            reference
+                .load_expert_tensor(x, shard, TensorKind::Scale, &view)
+                .unwrap();
+        }
+    }
+    let gate: Vec<f32> = (0..e * h)
+        .map(|_| (next() % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
+    expect(
+        load(
+            layer,
+            "gate.weight",
+            MoeDtype::F32,
+            &[e, h],
+            gate.as_ptr().cast(),
+            gate.len(),
+        ),
+        MoeStatus::Ok,
+    );
+    reference.load_router_weight(&gate).unwrap();
+    expect(moe_layer_process(layer), MoeStatus::Ok);
+    reference.process().unwrap();
+    let x: Vec<f32> = (0..12 * h)
+        .map(|_| (next() % 2000) as f32 / 500.0 - 2.0)
+        .collect();
     let mut got = vec![0f32; x.len()];
     expect(apply_f32(layer, &x, &mut got), MoeStatus::Ok);
     let mut want = vec![0f32; x.len()];

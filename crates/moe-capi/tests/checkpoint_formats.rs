@@ -195,7 +195,7 @@ fn mxfp4_checkpoint_opens_through_the_abi_and_equals_the_rust_layer() {
 /// at the checkpoint road.
 #[test]
 fn create_refuses_other_schemes_and_points_at_the_checkpoint_road() {
-    for quant in [3u32, 4] {
+    for quant in [4u32, 5] {
         let desc = MoeLayerDesc {
             num_experts: 4,
             top_k: 2,

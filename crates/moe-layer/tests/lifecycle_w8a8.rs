@@ -8,9 +8,7 @@
 
 mod checkpoint_support;
 
-use std::collections::BTreeMap;
-
-use checkpoint_support::{Ckpt, bf16_bytes, i8_bytes, temp_dir};
+use checkpoint_support::{Int8Proj, temp_dir, w8a8_int};
 use half::{bf16, f16};
 use moe_kernels::Activation;
 use moe_layer::checkpoint::{Checkpoint, MoeModelSpec, QuantScheme, ShardAccess};
@@ -81,14 +79,6 @@ fn quantized(w: &[f32], rows: usize, cols: usize, dtype: DType) -> (Vec<i8>, Vec
     }
     .unwrap();
     (q.codes, q.scales)
-}
-
-/// One expert projection as a checkpoint stores it: codes `[n, k]` and scales `[n]`.
-struct Int8Proj {
-    n: usize,
-    k: usize,
-    codes: Vec<i8>,
-    scales: Vec<f32>,
 }
 
 /// Loads `experts[x] = [gate, up, down]` into `layer` tensor by tensor (codes as I8, scales as
@@ -218,77 +208,6 @@ fn online_int8_codes_as_w8a8_run_bit_for_bit_as_the_online_layer() {
     });
 }
 
-/// A one-layer Qwen3-MoE compressed-tensors W8A8 checkpoint: codes spanning `−128..=127`,
-/// bf16 scales `[n, 1]`; returns it with the router weight (exact in bf16) and the
-/// projections `[expert][gate, up, down]`.
-fn w8a8_checkpoint(
-    [e, top_k, h, i]: [usize; 4],
-    seed: u64,
-) -> (Ckpt, Vec<f32>, Vec<[Int8Proj; 3]>) {
-    let mut rng = SplitMix64::new(seed);
-    let config = json!({
-        "model_type": "qwen3_moe", "architectures": [], "torch_dtype": "bfloat16",
-        "hidden_act": "silu", "hidden_size": h, "num_hidden_layers": 1,
-        "num_experts_per_tok": top_k, "num_experts": e, "norm_topk_prob": true,
-        "moe_intermediate_size": i,
-        "quantization_config": {
-            "quant_method": "compressed-tensors", "format": "int-quantized",
-            "quantization_status": "compressed",
-            "config_groups": {"group_0": {"targets": ["Linear"],
-                "weights": {"num_bits": 8, "type": "int", "symmetric": true,
-                            "strategy": "channel", "dynamic": false},
-                "input_activations": {"num_bits": 8, "type": "int", "symmetric": true,
-                                      "strategy": "token", "dynamic": true},
-                "format": "int-quantized"}},
-            "ignore": ["lm_head", "re:.*mlp.gate$"]},
-    });
-    let mut ck = Ckpt {
-        config,
-        tensors: BTreeMap::new(),
-    };
-    let router: Vec<f32> = rng
-        .vec_uniform(e * h, -0.5, 0.5)
-        .into_iter()
-        .map(|v| bf16::from_f32(v).to_f32())
-        .collect();
-    ck.put(
-        "model.layers.0.mlp.gate.weight",
-        Dtype::BF16,
-        &[e, h],
-        bf16_bytes(&router),
-    );
-    let mut experts = Vec::new();
-    for x in 0..e {
-        let ps = [(i, h), (i, h), (h, i)].map(|(n, k)| Int8Proj {
-            n,
-            k,
-            codes: (0..n * k).map(|_| rng.below(256) as u8 as i8).collect(),
-            scales: rng
-                .vec_uniform(n, 1e-3, 1e-2)
-                .into_iter()
-                .map(|v| bf16::from_f32(v).to_f32())
-                .collect(),
-        });
-        for (p, name) in ps.iter().zip(["gate_proj", "up_proj", "down_proj"]) {
-            let prefix = format!("model.layers.0.mlp.experts.{x}.{name}");
-            ck.put(
-                &format!("{prefix}.weight"),
-                Dtype::I8,
-                &[p.n, p.k],
-                i8_bytes(&p.codes),
-            );
-            ck.put(
-                &format!("{prefix}.weight_scale"),
-                Dtype::BF16,
-                &[p.n, 1],
-                bf16_bytes(&p.scales),
-            );
-        }
-        experts.push(ps);
-    }
-    (ck, router, experts)
-}
-
 /// A W8A8 checkpoint loads (one rank, and two tensor-parallel ranks) to the layer the
 /// tensor-by-tensor road builds from the same codes and scales: outputs bit for bit; the two
 /// ranks' outputs sum to the whole within the int8 re-quantization of each rank's share of
@@ -296,7 +215,7 @@ fn w8a8_checkpoint(
 #[test]
 fn w8a8_checkpoint_loads_as_the_tensor_by_tensor_layer() {
     let (e, top_k, h, i) = (4, 2, 96, 64);
-    let (ck, router, experts) = w8a8_checkpoint([e, top_k, h, i], 0x88);
+    let (ck, router, experts) = w8a8_int([e, top_k, h, i], 0x88);
     assert!(experts[0][0].codes.contains(&i8::MIN) && experts[0][0].codes.contains(&i8::MAX));
     let dir = temp_dir("w8a8");
     ck.write(&dir);
@@ -357,7 +276,7 @@ fn w8a8_checkpoint_loads_as_the_tensor_by_tensor_layer() {
 /// are refused with the reason.
 #[test]
 fn w8a8_configs_are_checked() {
-    let (ck, _, _) = w8a8_checkpoint([2, 1, 16, 8], 1);
+    let (ck, _, _) = w8a8_int([2, 1, 16, 8], 1);
     let parse = |edit: &dyn Fn(&mut serde_json::Value)| {
         let mut config = ck.config.clone();
         edit(&mut config["quantization_config"]["config_groups"]["group_0"]);

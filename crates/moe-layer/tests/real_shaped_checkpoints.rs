@@ -8,7 +8,10 @@
 //! intermediate 768) with the same random codes; the other WNA16 storages at group size 128,
 //! with their own random codes: `awq-g128/` (AWQ `gemm`, zero points), `gptq-actorder-g128/`
 //! (GPTQ int4 with `desc_act`), `gptq-w8a16-g128/` (GPTQ int8) and `w8a16-g128/`
-//! (`pack-quantized` int8); and `x-{1,16,256}.safetensors` inputs (`hidden_states`, bf16).
+//! (`pack-quantized` int8); FP8 `fp8-block/` (`quant_method: fp8`, `[128, 128]` blocks),
+//! `fp8-channel/` (compressed-tensors `FP8_DYNAMIC`) and `fp8-tensor/` (AutoFP8, static
+//! activations); `w8a8-int8/` (compressed-tensors `INT8_W8A8`); and `x-{1,16,256}.safetensors`
+//! inputs (`hidden_states`, bf16).
 #![cfg(feature = "checkpoint")]
 
 mod checkpoint_support;
@@ -16,7 +19,9 @@ mod checkpoint_support;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use checkpoint_support::{Ckpt, Fmt, Stored, Wna16Spec, Wna16Store, bf16_bytes, runnable, wna16};
+use checkpoint_support::{
+    Ckpt, Fmt, Fp8Store, Stored, Wna16Spec, Wna16Store, bf16_bytes, fp8, runnable, w8a8_int, wna16,
+};
 use moe_testutil::SplitMix64;
 use safetensors::Dtype;
 
@@ -54,6 +59,18 @@ fn write_real_shaped_checkpoints() {
         };
         wna16(&spec, 0x5ea2).write(&out);
     }
+    for (name, store) in [
+        ("fp8-block", Fp8Store::Blocks),
+        ("fp8-channel", Fp8Store::CtChannels),
+        ("fp8-tensor", Fp8Store::TensorStatic),
+    ] {
+        let out = dir.join(name);
+        std::fs::create_dir_all(&out).unwrap();
+        fp8("qwen3_moe", SHAPE, 0x5ea3, store).0.write(&out);
+    }
+    let out = dir.join("w8a8-int8");
+    std::fs::create_dir_all(&out).unwrap();
+    w8a8_int(SHAPE, 0x5ea4).0.write(&out);
     let mut rng = SplitMix64::new(0x1f);
     for tokens in [1usize, 16, 256] {
         let x = rng.vec_uniform(tokens * SHAPE[2], -1.0, 1.0);

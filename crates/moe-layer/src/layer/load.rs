@@ -51,8 +51,8 @@ impl MoeLayer {
     /// spec 6.3): experts of other ranks are skipped; `w1`/`w3` keep rows
     /// `[r·I, (r+1)·I)` and land in rows `0..I` / `I..2I` of `w13`; `w2` keeps columns
     /// `[r·I, (r+1)·I)` (group scales `[r·I/g, (r+1)·I/g)`, channelwise scales whole).
-    /// Weights are i8 int4 codes; scales f32, bf16 or f16. A wrong shape, dtype or value is
-    /// a typed error naming the tensor, and leaves the layer unusable.
+    /// Weights are i8 codes (int4 values for W4A8); scales f32, bf16 or f16. A wrong shape,
+    /// dtype or value is a typed error naming the tensor, and leaves the layer unusable.
     pub fn load_expert_tensor(
         &mut self,
         expert: usize,

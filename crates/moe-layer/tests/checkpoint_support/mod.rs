@@ -755,6 +755,82 @@ impl Ckpt {
     }
 }
 
+/// One expert projection as a checkpoint stores it: codes `[n, k]` and scales `[n]`.
+pub struct Int8Proj {
+    pub n: usize,
+    pub k: usize,
+    pub codes: Vec<i8>,
+    pub scales: Vec<f32>,
+}
+
+/// A one-layer Qwen3-MoE compressed-tensors W8A8 checkpoint: codes spanning `−128..=127`,
+/// bf16 scales `[n, 1]`; returns it with the router weight (exact in bf16) and the
+/// projections `[expert][gate, up, down]`.
+pub fn w8a8_int([e, top_k, h, i]: [usize; 4], seed: u64) -> (Ckpt, Vec<f32>, Vec<[Int8Proj; 3]>) {
+    let mut rng = SplitMix64::new(seed);
+    let config = json!({
+        "model_type": "qwen3_moe", "architectures": [], "torch_dtype": "bfloat16",
+        "hidden_act": "silu", "hidden_size": h, "num_hidden_layers": 1,
+        "num_experts_per_tok": top_k, "num_experts": e, "norm_topk_prob": true,
+        "moe_intermediate_size": i,
+        "quantization_config": {
+            "quant_method": "compressed-tensors", "format": "int-quantized",
+            "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "int", "symmetric": true,
+                            "strategy": "channel", "dynamic": false},
+                "input_activations": {"num_bits": 8, "type": "int", "symmetric": true,
+                                      "strategy": "token", "dynamic": true},
+                "format": "int-quantized"}},
+            "ignore": ["lm_head", "re:.*mlp.gate$"]},
+    });
+    let mut ck = Ckpt {
+        config,
+        tensors: BTreeMap::new(),
+    };
+    let router: Vec<f32> = rng
+        .vec_uniform(e * h, -0.5, 0.5)
+        .into_iter()
+        .map(|v| bf16::from_f32(v).to_f32())
+        .collect();
+    ck.put(
+        "model.layers.0.mlp.gate.weight",
+        Dtype::BF16,
+        &[e, h],
+        bf16_bytes(&router),
+    );
+    let mut experts = Vec::new();
+    for x in 0..e {
+        let ps = [(i, h), (i, h), (h, i)].map(|(n, k)| Int8Proj {
+            n,
+            k,
+            codes: (0..n * k).map(|_| rng.below(256) as u8 as i8).collect(),
+            scales: rng
+                .vec_uniform(n, 1e-3, 1e-2)
+                .into_iter()
+                .map(|v| bf16::from_f32(v).to_f32())
+                .collect(),
+        });
+        for (p, name) in ps.iter().zip(["gate_proj", "up_proj", "down_proj"]) {
+            let prefix = format!("model.layers.0.mlp.experts.{x}.{name}");
+            ck.put(
+                &format!("{prefix}.weight"),
+                Dtype::I8,
+                &[p.n, p.k],
+                i8_bytes(&p.codes),
+            );
+            ck.put(
+                &format!("{prefix}.weight_scale"),
+                Dtype::BF16,
+                &[p.n, 1],
+                bf16_bytes(&p.scales),
+            );
+        }
+        experts.push(ps);
+    }
+    (ck, router, experts)
+}
+
 /// How [`wna16`] stores a checkpoint's codes.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Wna16Store {
