@@ -58,19 +58,20 @@ impl PackedW8A8 {
         let k_pad = round_up(k, K_STEP);
         let n_panels = n.div_ceil(PANEL);
         let steps = k_pad / K_STEP;
-        let weight = |row: usize, col: usize| {
-            if row < n && col < k {
-                w[row * k + col]
-            } else {
-                0
-            }
-        };
+        // Byte `j` of a step is `w[16p + j/4][4s + j%4]`: each row of the panel gives the
+        // step its next 4 values, so rows are read in order and written 4 bytes at a time
+        // (rows past N and values past K stay 0).
         let mut bytes = vec![0i8; n_panels * steps * STEP_BYTES];
-        for p in 0..n_panels {
-            for s in 0..steps {
-                let chunk = &mut bytes[(p * steps + s) * STEP_BYTES..][..STEP_BYTES];
-                for (j, byte) in chunk.iter_mut().enumerate() {
-                    *byte = weight(p * PANEL + j / 4, K_STEP * s + j % 4);
+        for (p, panel) in bytes.chunks_exact_mut(steps * STEP_BYTES).enumerate() {
+            for r in 0..PANEL.min(n - p * PANEL) {
+                let row = &w[(p * PANEL + r) * k..][..k];
+                let (quads, tail) = row.as_chunks::<K_STEP>();
+                for (s, quad) in quads.iter().enumerate() {
+                    panel[s * STEP_BYTES + r * K_STEP..][..K_STEP].copy_from_slice(quad);
+                }
+                if !tail.is_empty() {
+                    let at = quads.len() * STEP_BYTES + r * K_STEP;
+                    panel[at..][..tail.len()].copy_from_slice(tail);
                 }
             }
         }
