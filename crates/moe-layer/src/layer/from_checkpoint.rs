@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use moe_kernels::{Activation, GateUpLayout};
 use moe_quant::{DType, WeightGroups};
 
-use moe_kernels::{PackedW4A8, PackedWna16, Par, W4A8Prefill};
+use moe_kernels::{PackedW4A8, PackedW8A8, PackedWna16, Par, W4A8Prefill};
 use moe_oracle::DisabledKernels;
 
 use super::MoeLayer;
@@ -399,7 +399,7 @@ impl MoeLayer {
             || cfg.tp_size != 1
             || !matches!(
                 cfg.quant,
-                LayerQuant::W4A8 { .. } | LayerQuant::Wna16 { .. }
+                LayerQuant::W4A8 { .. } | LayerQuant::W8A8 | LayerQuant::Wna16 { .. }
             )
         {
             return None;
@@ -466,6 +466,10 @@ impl MoeLayer {
                         super::process::pack_w4a8(&p, group_size, h, i, Par::Seq, order)?;
                     Packed::W4A8(w13, w2)
                 }
+                LayerQuant::W8A8 => {
+                    let (w13, w2) = super::process::pack_w8a8(&p, h, i, Par::Seq, order)?;
+                    Packed::W8A8(w13, w2)
+                }
                 LayerQuant::Wna16 {
                     bits,
                     group_size,
@@ -523,23 +527,34 @@ impl MoeLayer {
             super::process::fused_pipeline((w13, w2), (None, None), &moe_cfg, kernels).ok()
         }
         let on_w4a8 = matches!(cfg.quant, LayerQuant::W4A8 { .. }) || cfg.wna16_on_w4a8();
-        let fused = match on_w4a8 {
-            true => super::Experts::W4A8(one_format(
-                experts.into_iter().map(|(p, _)| match p {
+        let packed = experts.into_iter().map(|(p, _)| p);
+        let fused = if on_w4a8 {
+            super::Experts::W4A8(one_format(
+                packed.map(|p| match p {
                     Packed::W4A8(a, b) => Some((a, b)),
-                    Packed::Wna16(..) => None,
+                    _ => None,
                 }),
                 moe_cfg,
                 kernels,
-            )?),
-            false => super::Experts::Wna16Native(one_format(
-                experts.into_iter().map(|(p, _)| match p {
+            )?)
+        } else if cfg.quant == LayerQuant::W8A8 {
+            super::Experts::W8A8(one_format(
+                packed.map(|p| match p {
+                    Packed::W8A8(a, b) => Some((a, b)),
+                    _ => None,
+                }),
+                moe_cfg,
+                kernels,
+            )?)
+        } else {
+            super::Experts::Wna16Native(one_format(
+                packed.map(|p| match p {
                     Packed::Wna16(a, b) => Some((a, b)),
-                    Packed::W4A8(..) => None,
+                    _ => None,
                 }),
                 moe_cfg,
                 kernels,
-            )?),
+            )?)
         };
         let ready = moe.ready_with(fused, selection).ok()?;
         moe.state = super::State::Ready(Box::new(ready));
@@ -684,6 +699,7 @@ impl MoeLayer {
 /// One expert packed on the streamed road: its `w13` and `w2` (one matrix each).
 enum Packed {
     W4A8(Vec<PackedW4A8>, Vec<PackedW4A8>),
+    W8A8(Vec<PackedW8A8>, Vec<PackedW8A8>),
     Wna16(Vec<PackedWna16>, Vec<PackedWna16>),
 }
 

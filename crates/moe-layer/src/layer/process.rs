@@ -279,7 +279,7 @@ pub(super) fn pack_w4a8(
 
 /// Packs the int8 codes and per-channel scales of a W8A8 layer for the W8A8 kernels, experts
 /// over `par`.
-fn pack_w8a8(
+pub(super) fn pack_w8a8(
     params: &Params,
     h: usize,
     i: usize,
