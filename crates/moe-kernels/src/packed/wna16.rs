@@ -773,7 +773,9 @@ impl PackedWna16 {
         check_bias(n, d.bias)?;
         let mut first = 0;
         for r in d.rows {
-            if let Some(at) = r.codes.iter().position(|&c| e4m3_is_nan(c)) {
+            if !all_branch_free(r.codes, |c| !e4m3_is_nan(c))
+                && let Some(at) = r.codes.iter().position(|&c| e4m3_is_nan(c))
+            {
                 return Err(KernelError::NonFiniteWeight {
                     tensor: "w_fp8",
                     index: first * k + at,
@@ -787,12 +789,38 @@ impl PackedWna16 {
 
         let n_panels = n.div_ceil(PANEL);
         let k_steps = k.div_ceil(K_STEP8);
-        let mut codes = vec![0u32; n_panels * k_steps * PANEL];
+        let codes = if k.is_multiple_of(K_STEP8) {
+            // Every channel's K values are whole words of four: the channel-major int8
+            // gather's input.
+            let at: Vec<ChannelWords<'_>> = d
+                .rows
+                .iter()
+                .flat_map(|r| {
+                    let words = r.codes.as_chunks::<4>().0;
+                    (0..r.channels).map(move |local| ChannelWords {
+                        words,
+                        first: local * (k / K_STEP8),
+                        stride: 1,
+                        shift: 0,
+                    })
+                })
+                .collect();
+            gather_int8(&at, k, None)
+        } else {
+            let mut codes = vec![0u32; n_panels * k_steps * PANEL];
+            let mut row = 0;
+            for r in d.rows {
+                for local in 0..r.channels {
+                    put_bytes(&mut codes, k_steps, row, &r.codes[local * k..][..k]);
+                    row += 1;
+                }
+            }
+            codes
+        };
         let mut scales = vec![0f32; n_panels * kb * PANEL];
         let mut row = 0;
         for r in d.rows {
             for local in 0..r.channels {
-                put_bytes(&mut codes, k_steps, row, &r.codes[local * k..][..k]);
                 let (p, c) = (row / PANEL, row % PANEL);
                 for (g, &s) in r.scales.of_channel(local, kb).iter().enumerate() {
                     scales[(p * kb + g) * PANEL + c] = s;

@@ -406,7 +406,15 @@ impl Checkpoint {
 
 /// Refuses the NaN codes of e4m3fn (`0x7F`, `0xFF`; the format has no infinities).
 fn check_codes(t: &TensorRef<'_>) -> Result<(), LayerError> {
-    match t.bytes.iter().position(|&b| b & 0x7F == 0x7F) {
+    let nan = |b: u8| b & 0x7F == 0x7F;
+    // A branch-free pass over blocks first (which vectorises); the index only on failure.
+    if t.bytes
+        .chunks(4096)
+        .all(|block| block.iter().fold(true, |ok, &b| ok & !nan(b)))
+    {
+        return Ok(());
+    }
+    match t.bytes.iter().position(|&b| nan(b)) {
         Some(index) => Err(LayerError::NonFinite {
             tensor: t.name.clone(),
             file: t.file.to_path_buf(),
