@@ -858,22 +858,45 @@ fn w4a8_prefill_option_reaches_the_layer() {
     assert!(rel < 3e-2, "requantised prefill {rel:e} from the exact one");
 }
 
-/// An unquantized layer built through the ABI from bf16 tensors computes exactly what the Rust
-/// layer built from the same tensors computes.
-#[test]
-fn an_unquantized_layer_built_tensor_by_tensor_matches_the_rust_layer() {
-    use moe_layer::{ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, TensorData, TensorKind};
-    let (e, k, h, i) = (4usize, 2usize, 64usize, 32usize);
+/// The data of one expert tensor, as both roads are handed it.
+enum TensorValues {
+    Bf16(Vec<bf16>),
+    I8(Vec<i8>),
+}
+
+/// One expert tensor: global expert, shard, kind, checkpoint name, shape and values.
+struct ExpertTensor {
+    expert: usize,
+    shard: moe_layer::ExpertShard,
+    kind: moe_layer::TensorKind,
+    name: String,
+    shape: Vec<usize>,
+    values: TensorValues,
+}
+
+/// Builds a layer of `quant` through the ABI (`moe_layer_create`, `moe_layer_load_tensor`,
+/// `moe_layer_process`) and the Rust layer `cfg` from the same `tensors` and router `gate`,
+/// and checks that they compute the same outputs on `x` (f32, routed by the gate), bit for
+/// bit, and not all zero.
+fn abi_layer_equals_rust(
+    quant: MoeQuant,
+    cfg: moe_layer::MoeLayerConfig,
+    tensors: &[ExpertTensor],
+    gate: &[f32],
+    x: &[f32],
+) {
+    use moe_layer::{MoeLayer, TensorData, TensorView};
+    let (e, h) = (cfg.num_experts, cfg.hidden);
     let desc = MoeLayerDesc {
         num_experts: e,
-        top_k: k,
+        top_k: cfg.top_k,
         hidden: h,
-        intermediate: i,
-        quant: MoeQuant::Unquantized as u32,
+        intermediate: cfg.intermediate,
+        quant: quant as u32,
         group_size: 0,
         renormalize: 1,
         dtype: MoeDtype::Bf16 as u32,
-        max_tokens: 16,
+        max_tokens: cfg.max_tokens,
     };
     let mut layer = null_mut();
     // SAFETY: a valid desc and out-pointer.
@@ -881,46 +904,35 @@ fn an_unquantized_layer_built_tensor_by_tensor_matches_the_rust_layer() {
         unsafe { moe_layer_create(&desc, &mut layer) },
         MoeStatus::Ok,
     );
-    let cfg = MoeLayerConfig::new(e, k, h, i, LayerQuant::Unquantized).with_max_tokens(16);
     let mut reference = MoeLayer::create(cfg).unwrap();
-    let mut seed = 0x5eedu64;
-    let mut next = move || {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2
-    };
-    for x in 0..e {
-        for (proj, shard, shape) in [
-            ("gate_proj", ExpertShard::W1, [i, h]),
-            ("up_proj", ExpertShard::W3, [i, h]),
-            ("down_proj", ExpertShard::W2, [h, i]),
-        ] {
-            let w: Vec<bf16> = (0..h * i).map(|_| bf16::from_f32(next())).collect();
-            let name = format!("experts.{x}.{proj}.weight");
-            let bits: Vec<u16> = w.iter().map(|v| v.to_bits()).collect();
-            expect(
-                load(
-                    layer,
-                    &name,
-                    MoeDtype::Bf16,
-                    &shape,
-                    bits.as_ptr().cast(),
-                    bits.len(),
-                ),
-                MoeStatus::Ok,
-            );
-            let view = moe_layer::TensorView {
-                name: &name,
-                shape: &shape,
-                data: TensorData::Bf16(&w),
-            };
-            reference
-                .load_expert_tensor(x, shard, TensorKind::Weight, &view)
-                .unwrap();
-        }
+    for t in tensors {
+        let (dtype, ptr, len, data) = match &t.values {
+            TensorValues::Bf16(v) => (
+                MoeDtype::Bf16,
+                v.as_ptr().cast::<c_void>(),
+                v.len(),
+                TensorData::Bf16(v),
+            ),
+            TensorValues::I8(v) => (
+                MoeDtype::I8,
+                v.as_ptr().cast::<c_void>(),
+                v.len(),
+                TensorData::I8(v),
+            ),
+        };
+        expect(
+            load(layer, &t.name, dtype, &t.shape, ptr, len),
+            MoeStatus::Ok,
+        );
+        let view = TensorView {
+            name: &t.name,
+            shape: &t.shape,
+            data,
+        };
+        reference
+            .load_expert_tensor(t.expert, t.shard, t.kind, &view)
+            .unwrap();
     }
-    let gate: Vec<f32> = (0..e * h).map(|_| next()).collect();
     expect(
         load(
             layer,
@@ -932,17 +944,72 @@ fn an_unquantized_layer_built_tensor_by_tensor_matches_the_rust_layer() {
         ),
         MoeStatus::Ok,
     );
-    reference.load_router_weight(&gate).unwrap();
+    reference.load_router_weight(gate).unwrap();
     expect(moe_layer_process(layer), MoeStatus::Ok);
     reference.process().unwrap();
-    let x: Vec<f32> = (0..12 * h).map(|_| next() * 10.0).collect();
     let mut got = vec![0f32; x.len()];
-    expect(apply_f32(layer, &x, &mut got), MoeStatus::Ok);
+    expect(apply_f32(layer, x, &mut got), MoeStatus::Ok);
     let mut want = vec![0f32; x.len()];
-    reference.apply_with_gate(&x, &mut want).unwrap();
+    reference.apply_with_gate(x, &mut want).unwrap();
     assert_eq!(got, want);
     assert!(got.iter().any(|v| *v != 0.0));
     expect(moe_layer_free(layer), MoeStatus::Ok);
+}
+
+/// A small deterministic generator of the two tests below.
+fn lcg(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        seed >> 33
+    }
+}
+
+/// The projections of `e` experts: `(expert, shard, name, shape)`.
+fn projections(
+    e: usize,
+    h: usize,
+    i: usize,
+) -> Vec<(usize, moe_layer::ExpertShard, String, [usize; 2])> {
+    use moe_layer::ExpertShard;
+    (0..e)
+        .flat_map(|x| {
+            [
+                ("gate_proj", ExpertShard::W1, [i, h]),
+                ("up_proj", ExpertShard::W3, [i, h]),
+                ("down_proj", ExpertShard::W2, [h, i]),
+            ]
+            .map(|(proj, shard, shape)| (x, shard, format!("experts.{x}.{proj}"), shape))
+        })
+        .collect()
+}
+
+/// An unquantized layer built through the ABI from bf16 tensors computes exactly what the Rust
+/// layer built from the same tensors computes.
+#[test]
+fn an_unquantized_layer_built_tensor_by_tensor_matches_the_rust_layer() {
+    use moe_layer::{LayerQuant, MoeLayerConfig, TensorKind};
+    let (e, k, h, i) = (4usize, 2usize, 64usize, 32usize);
+    let mut next = lcg(0x5eed);
+    let mut unit = move || (next() % 20_000) as f32 / 100_000.0 - 0.1;
+    let tensors: Vec<ExpertTensor> = projections(e, h, i)
+        .into_iter()
+        .map(|(expert, shard, name, shape)| ExpertTensor {
+            expert,
+            shard,
+            kind: TensorKind::Weight,
+            name: format!("{name}.weight"),
+            shape: shape.to_vec(),
+            values: TensorValues::Bf16((0..h * i).map(|_| bf16::from_f32(unit())).collect()),
+        })
+        .collect();
+    let gate: Vec<f32> = (0..e * h).map(|_| unit()).collect();
+    let x: Vec<f32> = (0..12 * h).map(|_| unit() * 10.0).collect();
+    let cfg = MoeLayerConfig::new(e, k, h, i, LayerQuant::Unquantized)
+        .with_in_dtype(moe_quant::DType::BF16)
+        .with_max_tokens(16);
+    abi_layer_equals_rust(MoeQuant::Unquantized, cfg, &tensors, &gate, &x);
 }
 
 /// A W8A8 layer built through the ABI from int8 codes (`−128` included) and bf16 channel
@@ -951,117 +1018,49 @@ fn an_unquantized_layer_built_tensor_by_tensor_matches_the_rust_layer() {
 /// leave SiLU unclamped.
 #[test]
 fn a_w8a8_layer_built_tensor_by_tensor_matches_the_rust_layer() {
-    use moe_layer::{ExpertShard, LayerQuant, MoeLayer, MoeLayerConfig, TensorData, TensorKind};
+    use moe_layer::{LayerQuant, MoeLayerConfig, TensorKind};
     let (e, k, h, i) = (4usize, 2usize, 64usize, 32usize);
-    let desc = MoeLayerDesc {
-        num_experts: e,
-        top_k: k,
-        hidden: h,
-        intermediate: i,
-        quant: MoeQuant::W8a8 as u32,
-        group_size: 0,
-        renormalize: 1,
-        dtype: MoeDtype::Bf16 as u32,
-        max_tokens: 16,
-    };
-    let mut layer = null_mut();
-    // SAFETY: a valid desc and out-pointer.
-    expect(
-        unsafe { moe_layer_create(&desc, &mut layer) },
-        MoeStatus::Ok,
-    );
-    // The model dtype rounds the W8A8 pipeline's intermediate activations, as vLLM's does.
-    let cfg = MoeLayerConfig::new(e, k, h, i, LayerQuant::W8A8)
-        .with_in_dtype(moe_quant::DType::BF16)
-        .with_max_tokens(16);
-    let mut reference = MoeLayer::create(cfg).unwrap();
-    let mut seed = 0x8a8u64;
-    let mut next = move || {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        seed >> 33
-    };
-    for x in 0..e {
-        for (proj, shard, shape) in [
-            ("gate_proj", ExpertShard::W1, [i, h]),
-            ("up_proj", ExpertShard::W3, [i, h]),
-            ("down_proj", ExpertShard::W2, [h, i]),
+    let mut next = lcg(0x8a8);
+    let mut tensors = Vec::new();
+    for (expert, shard, name, [n, kk]) in projections(e, h, i) {
+        let mut codes: Vec<i8> = (0..n * kk).map(|_| next() as u8 as i8).collect();
+        codes[expert] = i8::MIN;
+        let scales = (0..n)
+            .map(|_| bf16::from_f32(1e-3 + (next() % 1000) as f32 * 1e-5))
+            .collect();
+        for (kind, suffix, shape, values) in [
+            (
+                TensorKind::Weight,
+                "weight",
+                vec![n, kk],
+                TensorValues::I8(codes),
+            ),
+            (
+                TensorKind::Scale,
+                "weight_scale",
+                vec![n, 1],
+                TensorValues::Bf16(scales),
+            ),
         ] {
-            let mut codes: Vec<i8> = (0..h * i).map(|_| next() as u8 as i8).collect();
-            codes[x] = i8::MIN;
-            let name = format!("experts.{x}.{proj}.weight");
-            expect(
-                load(
-                    layer,
-                    &name,
-                    MoeDtype::I8,
-                    &shape,
-                    codes.as_ptr().cast(),
-                    codes.len(),
-                ),
-                MoeStatus::Ok,
-            );
-            let view = moe_layer::TensorView {
-                name: &name,
-                shape: &shape,
-                data: TensorData::I8(&codes),
-            };
-            reference
-                .load_expert_tensor(x, shard, TensorKind::Weight, &view)
-                .unwrap();
-            let scales: Vec<bf16> = (0..shape[0])
-                .map(|_| bf16::from_f32(1e-3 + (next() % 1000) as f32 * 1e-5))
-                .collect();
-            let name = format!("experts.{x}.{proj}.weight_scale");
-            let bits: Vec<u16> = scales.iter().map(|v| v.to_bits()).collect();
-            let scale_shape = [shape[0], 1];
-            expect(
-                load(
-                    layer,
-                    &name,
-                    MoeDtype::Bf16,
-                    &scale_shape,
-                    bits.as_ptr().cast(),
-                    bits.len(),
-                ),
-                MoeStatus::Ok,
-            );
-            let view = moe_layer::TensorView {
-                name: &name,
-                shape: &scale_shape,
-                data: TensorData::Bf16(&scales),
-            };
-            reference
-                .load_expert_tensor(x, shard, TensorKind::Scale, &view)
-                .unwrap();
+            tensors.push(ExpertTensor {
+                expert,
+                shard,
+                kind,
+                name: format!("{name}.{suffix}"),
+                shape,
+                values,
+            });
         }
     }
     let gate: Vec<f32> = (0..e * h)
         .map(|_| (next() % 1000) as f32 / 1000.0 - 0.5)
         .collect();
-    expect(
-        load(
-            layer,
-            "gate.weight",
-            MoeDtype::F32,
-            &[e, h],
-            gate.as_ptr().cast(),
-            gate.len(),
-        ),
-        MoeStatus::Ok,
-    );
-    reference.load_router_weight(&gate).unwrap();
-    expect(moe_layer_process(layer), MoeStatus::Ok);
-    reference.process().unwrap();
     let x: Vec<f32> = (0..12 * h)
         .map(|_| (next() % 2000) as f32 / 500.0 - 2.0)
         .collect();
-    let mut got = vec![0f32; x.len()];
-    expect(apply_f32(layer, &x, &mut got), MoeStatus::Ok);
-    let mut want = vec![0f32; x.len()];
-    reference.apply_with_gate(&x, &mut want).unwrap();
-    assert_eq!(got, want);
-    assert!(got.iter().any(|v| *v != 0.0));
-    expect(moe_layer_free(layer), MoeStatus::Ok);
+    // The model dtype rounds the W8A8 pipeline's intermediate activations, as vLLM's does.
+    let cfg = MoeLayerConfig::new(e, k, h, i, LayerQuant::W8A8)
+        .with_in_dtype(moe_quant::DType::BF16)
+        .with_max_tokens(16);
+    abi_layer_equals_rust(MoeQuant::W8a8, cfg, &tensors, &gate, &x);
 }

@@ -1912,6 +1912,16 @@ mod tests {
         assert_eq!(e4m3_value(0x01), 2f32.powi(-9));
     }
 
+    /// Random e4m3 bytes, NaN codes made −0.
+    fn random_fp8_codes(rng: &mut SplitMix64, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|_| match rng.next_u64() as u8 {
+                b if b & 0x7F == 0x7F => 0x80,
+                b => b,
+            })
+            .collect()
+    }
+
     /// FP8 blocks: codes land where the int8 layout puts them, each channel's scale row is its
     /// block row (runs start their own block rows), weights dequantize to `e4m3·scale`; ragged
     /// N and K, N past one block row.
@@ -1926,12 +1936,7 @@ mod tests {
             (257, 128, 129),
         ] {
             let kb = k.div_ceil(FP8_BLOCK);
-            let codes: Vec<u8> = (0..n * k)
-                .map(|_| match rng.next_u64() as u8 {
-                    b if b & 0x7F == 0x7F => 0x80,
-                    b => b,
-                })
-                .collect();
+            let codes = random_fp8_codes(&mut rng, n * k);
             let runs = [(0, split), (split, n)];
             let scales: Vec<Vec<f32>> = runs
                 .iter()
@@ -1992,12 +1997,7 @@ mod tests {
             (17, 130, 16),
             (33, 300, 32),
         ] {
-            let codes: Vec<u8> = (0..n * k)
-                .map(|_| match rng.next_u64() as u8 {
-                    b if b & 0x7F == 0x7F => 0x80,
-                    b => b,
-                })
-                .collect();
+            let codes = random_fp8_codes(&mut rng, n * k);
             let channel: Vec<f32> = (0..split).map(|c| 0.25 + c as f32 / 8.0).collect();
             let tensor = 3.5f32;
             let rows = [
