@@ -345,12 +345,21 @@ fn unsupported_schemes_are_named() {
         LayerError::UnsupportedScheme { scheme, .. } if scheme == "compressed-tensors/int-quantized"
     ));
     let mut ck = w4a8();
+    ck.config["quantization_config"]["config_groups"]["group_0"]["format"] = json!("marlin-24");
+    assert!(matches!(
+        error_of("scheme-marlin-24", &ck).0,
+        LayerError::UnsupportedScheme { scheme, .. } if scheme == "compressed-tensors/marlin-24"
+    ));
+    // `naive-quantized` stores the same int8 tensors as `int-quantized`, and is read so.
+    let mut ck = w4a8();
     ck.config["quantization_config"]["config_groups"]["group_0"]["format"] =
         json!("naive-quantized");
-    assert!(matches!(
-        error_of("scheme-naive", &ck).0,
-        LayerError::UnsupportedScheme { scheme, .. } if scheme == "compressed-tensors/naive-quantized"
-    ));
+    let spec = moe_layer::checkpoint::MoeModelSpec::from_json_str(
+        std::path::Path::new("config.json"),
+        &ck.config.to_string(),
+    )
+    .unwrap();
+    assert_eq!(spec.quant.name(), "compressed-tensors/int-quantized");
     let mut ck = w4a8();
     ck.config["quantization_config"]["config_groups"]["group_0"]["input_activations"]["dynamic"] =
         json!(false);

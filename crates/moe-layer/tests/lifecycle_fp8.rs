@@ -391,8 +391,9 @@ fn fp8_configs_are_checked() {
     ));
 }
 
-/// compressed-tensors `float-quantized` groups are read per strategy (tensor, channel, `[128,
-/// 128]` block) with float activations absent, dynamic or static; other bit widths, block
+/// compressed-tensors `float-quantized` groups (and `naive-quantized` ones of float weights)
+/// are read per strategy (tensor, channel, `[128, 128]` block) with float activations absent,
+/// dynamic or static; other bit widths, block
 /// shapes and strategies, asymmetric or dynamic weight scales, and integer activations are
 /// refused with the reason.
 #[test]
@@ -410,6 +411,20 @@ fn compressed_tensors_fp8_configs_are_checked() {
         );
         assert_eq!(spec.quant.name(), "compressed-tensors/float-quantized");
     }
+    // `naive-quantized` stores the same tensors; the weight type makes it fp8.
+    let spec = parse_edited(Fp8Store::CtChannels, &|qc| {
+        qc["format"] = json!("naive-quantized");
+        qc["config_groups"]["group_0"]["format"] = json!("naive-quantized");
+    })
+    .unwrap();
+    assert!(matches!(
+        spec.quant,
+        QuantScheme::Fp8 {
+            scaling: Fp8Scaling::Channels,
+            source: Fp8Source::CompressedTensors,
+            ..
+        }
+    ));
     // Weight-only fp8: no input activations.
     let spec = parse_edited(Fp8Store::CtChannels, &|qc| {
         qc["config_groups"]["group_0"]

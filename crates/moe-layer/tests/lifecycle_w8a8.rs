@@ -271,8 +271,9 @@ fn w8a8_checkpoint_loads_as_the_tensor_by_tensor_layer() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Only what vLLM's int8 MoE method runs is read as W8A8: channelwise static weights with
-/// dynamic per-token int8 activations; group scales, static or float or absent activations
+/// Only what vLLM's int8 MoE method runs is read as W8A8 (from `int-quantized` or
+/// `naive-quantized` groups): channelwise static weights with dynamic per-token int8
+/// activations; group scales, static or float or absent activations
 /// are refused with the reason.
 #[test]
 fn w8a8_configs_are_checked() {
@@ -291,6 +292,12 @@ fn w8a8_configs_are_checked() {
         }
     ));
     assert_eq!(spec.quant.name(), "compressed-tensors/int-quantized");
+    // `naive-quantized` stores the same int8 tensors.
+    let spec = parse(&|g| g["format"] = json!("naive-quantized")).unwrap();
+    assert!(matches!(
+        spec.quant,
+        QuantScheme::CompressedTensorsW8A8 { .. }
+    ));
     type Edit = fn(&mut serde_json::Value);
     let cases: [(Edit, &str); 5] = [
         (

@@ -868,7 +868,10 @@ fn compressed_tensors_scheme(
         .unwrap_or("")
         .to_string();
     let scheme_name = format!("compressed-tensors/{format}");
-    if format == "float-quantized" {
+    // `naive-quantized` stores weights in their quantized dtype as they are, as the
+    // `int-quantized` and `float-quantized` compressors do: the weight type tells them apart.
+    let naive = format == "naive-quantized";
+    if format == "float-quantized" || (naive && weights.kind == QuantizationType::Float) {
         return super::fp8::compressed_tensors_fp8(file, group_name, group, &cfg.ignore);
     }
     if weights.kind != QuantizationType::Int {
@@ -913,11 +916,11 @@ fn compressed_tensors_scheme(
             source,
         })?;
     match format.as_str() {
-        "int-quantized" if weights.num_bits == 8 => {
+        "int-quantized" | "naive-quantized" if weights.num_bits == 8 => {
             w8a8_int_scheme(weights, group.input_activations.as_ref(), scale_dtype)
                 .map_err(|reason| unsupported(scheme_name, format!("{group_name}: {reason}")))
         }
-        "int-quantized" => {
+        "int-quantized" | "naive-quantized" => {
             let input = group.input_activations.as_ref();
             if !is_dynamic_token_w4a8_int(weights, input) {
                 check_w4a8_int_moe(weights, input)
@@ -964,8 +967,9 @@ fn compressed_tensors_scheme(
         }
         _ => Err(unsupported(
             scheme_name,
-            "supported formats are int-quantized (W4A8), pack-quantized (WNA16) and \
-             float-quantized (FP8)"
+            "supported formats are int-quantized (W4A8, W8A8), pack-quantized (WNA16), \
+             float-quantized (FP8) and naive-quantized (any of int-quantized's or \
+             float-quantized's)"
                 .into(),
         )),
     }
