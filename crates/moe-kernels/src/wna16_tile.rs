@@ -91,7 +91,9 @@ pub(crate) unsafe fn store_rows<const R: usize, const L: usize>(
 ///   step, `SHIFT = 4J` bringing its nibble to the bottom of the lane and `TOP = 28 − 4J` to
 ///   the top; `decode4_at::<KIND, ASYM>(&Step, j, &GroupConsts)` for a `j` known at run time;
 /// - `decode8::<KIND, ASYM>(&[u32; 16], j, first, &GroupConsts) -> Ch`: K value `j` of an
-///   8-bit step;
+///   8-bit step, and `e4m3_sum(Ch) -> Ch`: a group's sum of e4m3 products as the value's
+///   sum (a rung whose decode yields e4m3 values times a power of two restores it here, once
+///   per group, instead of once per K value);
 /// - `load_scales(w, p, g, first) -> Ch`: the window's scales of group `g` of panel `p`, and
 ///   `scale_into(&mut [f32; lanes], sum: Ch, scales: Ch)`: the accumulator row plus
 ///   `sum · scales`.
@@ -217,6 +219,9 @@ macro_rules! wna16_f32_tiles {
                     let mut sum = part[0][r];
                     for chain in &part[1..] {
                         sum = add(sum, chain[r]);
+                    }
+                    if KIND == $crate::wna16_tile::E4M3 {
+                        sum = e4m3_sum(sum);
                     }
                     scale_into(&mut acc[r], sum, scales);
                 }

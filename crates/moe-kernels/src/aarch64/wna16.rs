@@ -504,6 +504,13 @@ fn load_u16x4<T>(v: &[T]) -> int16x4_t {
     unsafe { vld1_s16(v.as_ptr().cast()) }
 }
 
+/// A group's sum of e4m3 products: [`decode_e4m3`] yields the values themselves.
+#[target_feature(enable = "neon")]
+#[inline]
+fn e4m3_sum(sum: Ch) -> Ch {
+    sum
+}
+
 /// `acc + sum · scales`.
 #[target_feature(enable = "neon")]
 #[inline]

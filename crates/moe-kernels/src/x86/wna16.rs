@@ -322,6 +322,13 @@ pub(crate) mod zmm {
         group_scales(w.scales(), (p * w.n_groups() + g) * PANEL)
     }
 
+    /// A group's sum of e4m3 products: [`super::decode_e4m3`] yields the values themselves.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn e4m3_sum(sum: Ch) -> Ch {
+        sum
+    }
+
     /// `acc + sum · scales`.
     #[target_feature(enable = "avx512f")]
     #[inline]
@@ -494,9 +501,10 @@ pub(crate) mod ymm {
     }
 
     /// Decodes K value `j` of an 8-bit step (16 consecutive channel bytes): an integer less
-    /// its offset, or an e4m3 value through f16 as [`super::decode_e4m3`] does with 512-bit
-    /// registers (sign-extended to 16 bits and shifted left by 7, bit 14 cleared: the e4m3
-    /// value times `2^-8`, which `vcvtph2ps` widens exactly and one multiply restores).
+    /// its offset, or an e4m3 value times `2^-8` through f16 as [`super::decode_e4m3`] does
+    /// with 512-bit registers (sign-extended to 16 bits and shifted left by 7, bit 14 cleared:
+    /// an f16 that `vcvtph2ps` widens exactly). The `2^8` is restored once per group sum
+    /// ([`e4m3_sum`]), not per value: two multiplies of the decode's nine operations.
     #[target_feature(enable = "avx2,f16c")]
     #[inline]
     fn decode8<const KIND: u8, const ASYM: bool>(
@@ -511,10 +519,9 @@ pub(crate) mod ymm {
             let b = unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) };
             let shifted = _mm256_slli_epi16::<7>(_mm256_cvtepi8_epi16(b));
             let half = _mm256_and_si256(shifted, _mm256_set1_epi16(!0x4000));
-            let scale = _mm256_set1_ps(256.0);
             [
-                _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(half)), scale),
-                _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256::<1>(half)), scale),
+                _mm256_cvtph_ps(_mm256_castsi256_si128(half)),
+                _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(half)),
             ]
         } else {
             let codes = std::array::from_fn(|h| {
@@ -571,6 +578,16 @@ pub(crate) mod ymm {
                 })
             }
         }
+    }
+
+    /// A group's sum of e4m3 products from [`decode8`]'s values times `2^-8`, times `2^8`:
+    /// exact (a power of two), so the sum is the one of the values themselves up to the
+    /// products' roundings.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn e4m3_sum(sum: Ch) -> Ch {
+        let restore = _mm256_set1_ps(256.0);
+        sum.map(|h| _mm256_mul_ps(h, restore))
     }
 
     /// `acc + sum · scales`.
