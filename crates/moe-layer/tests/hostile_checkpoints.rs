@@ -2137,6 +2137,62 @@ fn fp8_cases(c: &mut Cases) {
         |_| {},
     );
     fp8_scale_cases(c);
+    w8a8_cases(c);
+}
+
+/// A compressed-tensors int8 W8A8 checkpoint (channel scales `[n, 1]` in bf16).
+fn w8a8() -> Ckpt {
+    checkpoint_support::w8a8_int([E, 2, H, I], 0x88).0
+}
+
+/// Int8 W8A8: wrong dtypes and shapes, bad scales, missing tensors, configs vLLM's int8 MoE
+/// method refuses, each named.
+fn w8a8_cases(c: &mut Cases) {
+    let layer = Via::Layer;
+    let w = "model.layers.0.mlp.experts.1.down_proj.weight";
+    let s = "model.layers.0.mlp.experts.2.gate_proj.weight_scale";
+    c.model("w8a8 control", w8a8, layer, Expect::Ok, |_| {});
+    c.model(
+        "w8a8 weight stored as i32",
+        w8a8,
+        layer,
+        err!(LayerError::WrongDtype { .. }),
+        move |ck| retype(ck, w, Dtype::I32, &[H, I]),
+    );
+    c.model(
+        "w8a8 scales of two columns",
+        w8a8,
+        layer,
+        err!(LayerError::WrongShape { .. }),
+        move |ck| retype(ck, s, Dtype::BF16, &[I, 2]),
+    );
+    c.model(
+        "w8a8 negative scale",
+        w8a8,
+        layer,
+        err!(LayerError::BadScale { index: 3, .. }),
+        move |ck| set_bf16(ck, s, 3, -1.0),
+    );
+    c.model(
+        "w8a8 scale missing",
+        w8a8,
+        layer,
+        err!(LayerError::MissingTensor { .. }),
+        move |ck| {
+            ck.tensors.remove(s);
+        },
+    );
+    c.model(
+        "w8a8 group scales",
+        w8a8,
+        layer,
+        err!(LayerError::UnsupportedScheme { .. }),
+        |ck| {
+            let wq = &mut ck.config["quantization_config"]["config_groups"]["group_0"]["weights"];
+            wq["strategy"] = json!("group");
+            wq["group_size"] = json!(16);
+        },
+    );
 }
 
 /// A compressed-tensors FP8 checkpoint with bf16 channel scales `[n, 1]`.
