@@ -160,6 +160,14 @@ pub fn check_scales(t: &TensorRef<'_>, scales: &[f32]) -> Result<(), LayerError>
     }
 }
 
+/// Whether `ok` holds for every value: a branch-free pass over blocks (which vectorises), so
+/// that checking valid tensors, the common case, does not pay for finding the first bad index;
+/// callers look for it only when this says no.
+pub(crate) fn all_branch_free<T: Copy>(v: &[T], ok: impl Fn(T) -> bool) -> bool {
+    v.chunks(4096)
+        .all(|block| block.iter().fold(true, |all, &x| all & ok(x)))
+}
+
 /// Rejects the first value that is NaN or infinite, naming the tensor and its flat index.
 pub fn check_finite(t: &TensorRef<'_>, values: &[f32]) -> Result<(), LayerError> {
     match values.iter().position(|v| !v.is_finite()) {

@@ -906,12 +906,8 @@ fn unpack_rows_int32(words: &[i32], n: usize, groups: usize, bits: u32) -> Vec<u
 /// Rejects the first code outside the signed range of `bits`.
 fn check_code_range(t: &TensorRef<'_>, codes: &[i8], bits: u32) -> Result<(), LayerError> {
     let (min, max) = (-(1i64 << (bits - 1)), (1i64 << (bits - 1)) - 1);
-    // A branch-free pass over blocks first (which vectorises); the index only on failure.
     let (lo, hi) = (min.max(-128) as i8, max.min(127) as i8);
-    if codes
-        .chunks(4096)
-        .all(|b| b.iter().fold(true, |ok, &c| ok & (c >= lo) & (c <= hi)))
-    {
+    if super::decode::all_branch_free(codes, |c| (c >= lo) & (c <= hi)) {
         return Ok(());
     }
     match codes

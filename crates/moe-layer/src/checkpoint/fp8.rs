@@ -32,7 +32,7 @@ use moe_quant::QuantizationScheme;
 use moe_quant::ct_args::{QuantizationStrategy, QuantizationType};
 
 use super::config::Fp8Source;
-use super::decode::{check_scales, f32_values};
+use super::decode::{all_branch_free, check_scales, f32_values};
 use super::formats::{Dim, check_config_shape};
 use super::names::ShardId;
 use super::read::Checkpoint;
@@ -407,11 +407,7 @@ impl Checkpoint {
 /// Refuses the NaN codes of e4m3fn (`0x7F`, `0xFF`; the format has no infinities).
 fn check_codes(t: &TensorRef<'_>) -> Result<(), LayerError> {
     let nan = |b: u8| b & 0x7F == 0x7F;
-    // A branch-free pass over blocks first (which vectorises); the index only on failure.
-    if t.bytes
-        .chunks(4096)
-        .all(|block| block.iter().fold(true, |ok, &b| ok & !nan(b)))
-    {
+    if all_branch_free(t.bytes, |b| !nan(b)) {
         return Ok(());
     }
     match t.bytes.iter().position(|&b| nan(b)) {
