@@ -233,7 +233,6 @@ pub(super) fn pack_w4a8(
     order: PanelOrder,
 ) -> Result<Stacks<PackedW4A8>, LayerError> {
     let quant = LayerQuant::W4A8 { group_size };
-    let e = params.w2.len() / (h * i);
     let pack = |w: &[i8], s: &[f32], n: usize, k: usize| -> Result<PackedW4A8, LayerError> {
         Ok(match group_size {
             WeightGroups::Channelwise => {
@@ -255,26 +254,14 @@ pub(super) fn pack_w4a8(
         }
         .with_order(order))
     };
-    let (s13, s2) = (quant.scale_cols(h), quant.scale_cols(i));
-    let experts = par::map_indexed(e, par, |x| {
-        let w13 = pack(
-            &params.w13[x * 2 * i * h..][..2 * i * h],
-            &params.w13_scale[x * 2 * i * s13..][..2 * i * s13],
-            2 * i,
-            h,
-        )?;
-        let w2 = pack(
-            &params.w2[x * h * i..][..h * i],
-            &params.w2_scale[x * h * s2..][..h * s2],
-            h,
-            i,
-        )?;
-        Ok((w13, w2))
-    });
-    experts
-        .into_iter()
-        .collect::<Result<Vec<_>, LayerError>>()
-        .map(|v| v.into_iter().unzip())
+    pack_int8_stacks(
+        params,
+        (quant.scale_cols(h), quant.scale_cols(i)),
+        h,
+        i,
+        par,
+        pack,
+    )
 }
 
 /// Packs the int8 codes and per-channel scales of a W8A8 layer for the W8A8 kernels, experts
@@ -286,20 +273,42 @@ pub(super) fn pack_w8a8(
     par: Par,
     order: PanelOrder,
 ) -> Result<Stacks<PackedW8A8>, LayerError> {
-    let e = params.w2.len() / (h * i);
     let pack = |w: &[i8], s: &[f32], n: usize, k: usize| -> Result<PackedW8A8, LayerError> {
         Ok(PackedW8A8::pack(n, k, w, s)?.with_order(order))
     };
+    let quant = LayerQuant::W8A8;
+    pack_int8_stacks(
+        params,
+        (quant.scale_cols(h), quant.scale_cols(i)),
+        h,
+        i,
+        par,
+        pack,
+    )
+}
+
+/// Packs every expert's `w13` `[2I, H]` and `w2` `[H, I]` from the loaded i8 codes and f32
+/// scales (`s13` and `s2` scale columns per row) with `pack(codes, scales, n, k)`, experts over
+/// `par`.
+fn pack_int8_stacks<W: Send>(
+    params: &Params,
+    (s13, s2): (usize, usize),
+    h: usize,
+    i: usize,
+    par: Par,
+    pack: impl Fn(&[i8], &[f32], usize, usize) -> Result<W, LayerError> + Sync,
+) -> Result<Stacks<W>, LayerError> {
+    let e = params.w2.len() / (h * i);
     let experts = par::map_indexed(e, par, |x| {
         let w13 = pack(
             &params.w13[x * 2 * i * h..][..2 * i * h],
-            &params.w13_scale[x * 2 * i..][..2 * i],
+            &params.w13_scale[x * 2 * i * s13..][..2 * i * s13],
             2 * i,
             h,
         )?;
         let w2 = pack(
             &params.w2[x * h * i..][..h * i],
-            &params.w2_scale[x * h..][..h],
+            &params.w2_scale[x * h * s2..][..h * s2],
             h,
             i,
         )?;
