@@ -166,6 +166,15 @@ fn deepseek_v3_fp8_blocks_with_a_shared_expert_match_the_reference() {
     check("deepseek_v3", [4, 2, 136, 200], 37, Fp8Store::Blocks);
 }
 
+/// GLM-4.5-Air-FP8 and MiniMax-M2 ship block-scaled FP8 experts: GLM with its shared expert
+/// and a correction bias under the gate, MiniMax-M2 with `w1`/`w3`/`w2` experts and its bias
+/// on the block.
+#[test]
+fn glm4_moe_and_minimax_m2_fp8_blocks_match_the_reference() {
+    check("glm4_moe", [4, 2, 136, 200], 79, Fp8Store::Blocks);
+    check("minimax_m2", [4, 2, 160, 72], 83, Fp8Store::Blocks);
+}
+
 /// AutoFP8's Mixtral: one scale per projection (gate and up keep their own), static
 /// activation scales that are not applied.
 #[test]

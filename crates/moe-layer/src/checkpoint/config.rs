@@ -58,20 +58,35 @@ pub enum ModelFamily {
     /// gpt-oss (`gpt_oss`): experts fused per layer as 3-D MXFP4 tensors with biases, gate and
     /// up rows interleaved, SwiGLU-OAI, a router linear with a bias.
     GptOss,
+    /// GLM-4.5/4.6 MoE (`glm4_moe`): DeepSeek-V3's tensor names and routing (sigmoid scores, a
+    /// correction bias for selection, `n_group`/`topk_group` as configured, the routed
+    /// scaling factor), shared experts, dense layers below `first_k_dense_replace`.
+    Glm4Moe,
+    /// Qwen3-Next (`qwen3_next`): Qwen2-MoE's block (softmax routing, one sigmoid-gated shared
+    /// expert) with renormalized top-k weights unless the config says otherwise.
+    Qwen3Next,
+    /// MiniMax-M2 (`minimax_m2`): a `block_sparse_moe` module with `w1`/`w3`/`w2` experts and
+    /// sigmoid scores with a correction bias for selection
+    /// (`block_sparse_moe.e_score_correction_bias`), renormalized, without groups or shared
+    /// experts.
+    MiniMaxM2,
 }
 
 impl ModelFamily {
     /// Recognises a family from `model_type`, then from `architectures`.
     fn detect(model_type: Option<&str>, architectures: &[String]) -> Option<Self> {
-        let by_type = match model_type? {
+        let by_type = model_type.and_then(|t| match t {
             "qwen2_moe" => Some(Self::Qwen2Moe),
             "qwen3_moe" => Some(Self::Qwen3Moe),
             "mixtral" => Some(Self::Mixtral),
             "deepseek_v2" => Some(Self::DeepseekV2),
             "deepseek_v3" | "kimi_k2" => Some(Self::DeepseekV3),
             "gpt_oss" => Some(Self::GptOss),
+            "glm4_moe" => Some(Self::Glm4Moe),
+            "qwen3_next" => Some(Self::Qwen3Next),
+            "minimax_m2" => Some(Self::MiniMaxM2),
             _ => None,
-        };
+        });
         by_type.or_else(|| {
             architectures.iter().find_map(|a| match a.as_str() {
                 "Qwen2MoeForCausalLM" => Some(Self::Qwen2Moe),
@@ -80,6 +95,9 @@ impl ModelFamily {
                 "DeepseekV2ForCausalLM" => Some(Self::DeepseekV2),
                 "DeepseekV3ForCausalLM" => Some(Self::DeepseekV3),
                 "GptOssForCausalLM" => Some(Self::GptOss),
+                "Glm4MoeForCausalLM" => Some(Self::Glm4Moe),
+                "Qwen3NextForCausalLM" => Some(Self::Qwen3Next),
+                "MiniMaxM2ForCausalLM" => Some(Self::MiniMaxM2),
                 _ => None,
             })
         })
@@ -87,6 +105,37 @@ impl ModelFamily {
 
     fn is_deepseek(self) -> bool {
         matches!(self, Self::DeepseekV2 | Self::DeepseekV3)
+    }
+
+    /// Whether the block is Qwen2-MoE's: one shared expert behind a sigmoid gate.
+    fn has_gated_shared_expert(self) -> bool {
+        matches!(self, Self::Qwen2Moe | Self::Qwen3Next)
+    }
+
+    /// The config field that counts the routed experts.
+    pub(crate) fn experts_field(self) -> &'static str {
+        match self {
+            Self::Qwen2Moe | Self::Qwen3Moe | Self::Qwen3Next => "num_experts",
+            Self::Mixtral | Self::GptOss | Self::MiniMaxM2 => "num_local_experts",
+            Self::DeepseekV2 | Self::DeepseekV3 | Self::Glm4Moe => "n_routed_experts",
+        }
+    }
+
+    /// The config field that sizes one routed expert.
+    pub(crate) fn intermediate_field(self) -> &'static str {
+        match self {
+            Self::Mixtral | Self::GptOss | Self::MiniMaxM2 => "intermediate_size",
+            _ => "moe_intermediate_size",
+        }
+    }
+
+    /// The config field that sizes the shared experts.
+    pub(crate) fn shared_intermediate_field(self) -> &'static str {
+        if self.has_gated_shared_expert() {
+            "shared_expert_intermediate_size"
+        } else {
+            "n_shared_experts"
+        }
     }
 }
 
@@ -103,7 +152,8 @@ pub struct RoutingSpec {
     pub topk_group: Option<usize>,
     /// Factor applied to the routed experts' output (`routed_scaling_factor`, 1 when absent).
     pub routed_scaling_factor: f32,
-    /// Whether the router has an `e_score_correction_bias` (DeepSeek `topk_method: noaux_tc`).
+    /// Whether the router has an `e_score_correction_bias` (DeepSeek `topk_method: noaux_tc`,
+    /// GLM-4 MoE always, MiniMax-M2 with `use_routing_bias`).
     pub has_correction_bias: bool,
     /// DeepSeek's `topk_method` as written (`greedy`, `group_limited_greedy`, `noaux_tc`).
     pub topk_method: Option<String>,
@@ -328,6 +378,8 @@ struct RawConfig {
     n_shared_experts: Option<usize>,
     /// gpt-oss's spelling of the top-k.
     experts_per_token: Option<usize>,
+    /// MiniMax-M2: whether the router has a correction bias.
+    use_routing_bias: Option<bool>,
     swiglu_limit: Option<f64>,
     quantization_config: Option<serde_json::Value>,
     /// Older compressed-tensors spelling of `quantization_config`.
@@ -449,41 +501,35 @@ impl MoeModelSpec {
             (ModelFamily::GptOss, None) => required(raw.experts_per_token, "experts_per_token")?,
             (_, top_k) => required(top_k, "num_experts_per_tok")?,
         };
-        let (num_experts, experts_field) = match family {
-            ModelFamily::Qwen2Moe | ModelFamily::Qwen3Moe => match raw.num_experts {
-                Some(n) => (n, "num_experts"),
-                None => (
-                    required(raw.num_local_experts, "num_experts")?,
-                    "num_local_experts",
-                ),
-            },
-            ModelFamily::Mixtral | ModelFamily::GptOss => (
-                required(raw.num_local_experts, "num_local_experts")?,
-                "num_local_experts",
-            ),
-            ModelFamily::DeepseekV2 | ModelFamily::DeepseekV3 => (
-                required(raw.n_routed_experts, "n_routed_experts")?,
-                "n_routed_experts",
-            ),
+        let experts_field = family.experts_field();
+        let num_experts = match (family, raw.num_experts) {
+            // Qwen-MoE configs have been seen with Mixtral's spelling too.
+            (ModelFamily::Qwen2Moe | ModelFamily::Qwen3Moe | ModelFamily::Qwen3Next, None) => {
+                required(raw.num_local_experts, "num_experts")?
+            }
+            (ModelFamily::Qwen2Moe | ModelFamily::Qwen3Moe | ModelFamily::Qwen3Next, n) => {
+                required(n, "num_experts")?
+            }
+            (ModelFamily::Mixtral | ModelFamily::GptOss | ModelFamily::MiniMaxM2, _) => {
+                required(raw.num_local_experts, "num_local_experts")?
+            }
+            (ModelFamily::DeepseekV2 | ModelFamily::DeepseekV3 | ModelFamily::Glm4Moe, _) => {
+                required(raw.n_routed_experts, "n_routed_experts")?
+            }
         };
-        if num_experts == 0 {
-            return Err(field(experts_field, "must be positive".into()));
-        }
         if top_k > num_experts {
             return Err(field(
                 "num_experts_per_tok",
-                format!("{top_k} exceeds the {num_experts} experts"),
+                format!("{top_k} exceeds the {num_experts} experts ({experts_field})"),
             ));
         }
-        let intermediate = match family {
-            ModelFamily::Mixtral | ModelFamily::GptOss => {
-                required(raw.intermediate_size, "intermediate_size")?
-            }
+        let intermediate = match family.intermediate_field() {
+            "intermediate_size" => required(raw.intermediate_size, "intermediate_size")?,
             _ => required(raw.moe_intermediate_size, "moe_intermediate_size")?,
         };
 
         let moe_layers: Vec<usize> = match family {
-            ModelFamily::Qwen2Moe | ModelFamily::Qwen3Moe => {
+            ModelFamily::Qwen2Moe | ModelFamily::Qwen3Moe | ModelFamily::Qwen3Next => {
                 let step = raw.decoder_sparse_step.unwrap_or(1);
                 if step == 0 {
                     return Err(field("decoder_sparse_step", "must be positive".into()));
@@ -493,7 +539,9 @@ impl MoeModelSpec {
                     .filter(|l| !dense.contains(l) && (l + 1) % step == 0)
                     .collect()
             }
-            ModelFamily::Mixtral | ModelFamily::GptOss => (0..num_layers).collect(),
+            ModelFamily::Mixtral | ModelFamily::GptOss | ModelFamily::MiniMaxM2 => {
+                (0..num_layers).collect()
+            }
             ModelFamily::DeepseekV2 | ModelFamily::DeepseekV3 => {
                 let freq = raw.moe_layer_freq.unwrap_or(1);
                 if freq == 0 {
@@ -502,20 +550,30 @@ impl MoeModelSpec {
                 let first = raw.first_k_dense_replace.unwrap_or(0);
                 (first..num_layers).filter(|l| l % freq == 0).collect()
             }
+            // Every layer from `first_k_dense_replace` (1 when unstated, as transformers has
+            // it); GLM has no `moe_layer_freq`. Multi-token-prediction layers sit at
+            // `num_hidden_layers` and above, outside this range.
+            ModelFamily::Glm4Moe => (raw.first_k_dense_replace.unwrap_or(1)..num_layers).collect(),
         };
 
         let routing = routing_spec(family, &raw, num_experts, &field)?;
         let shared_experts = match family {
-            ModelFamily::Qwen2Moe => {
-                raw.shared_expert_intermediate_size
-                    .filter(|&s| s > 0)
-                    .map(|intermediate| SharedExpertSpec {
-                        intermediate,
-                        gated: true,
-                    })
-            }
+            ModelFamily::Qwen2Moe | ModelFamily::Qwen3Next => raw
+                .shared_expert_intermediate_size
+                .filter(|&s| s > 0)
+                .map(|intermediate| SharedExpertSpec {
+                    intermediate,
+                    gated: true,
+                }),
             ModelFamily::DeepseekV2 | ModelFamily::DeepseekV3 => raw
                 .n_shared_experts
+                .filter(|&n| n > 0)
+                .map(|n| SharedExpertSpec {
+                    intermediate: n * intermediate,
+                    gated: false,
+                }),
+            // transformers' default is one shared expert, and vLLM builds what it says.
+            ModelFamily::Glm4Moe => Some(raw.n_shared_experts.unwrap_or(1))
                 .filter(|&n| n > 0)
                 .map(|n| SharedExpertSpec {
                     intermediate: n * intermediate,
@@ -603,39 +661,59 @@ fn routing_spec(
     num_experts: usize,
     field: &dyn Fn(&'static str, String) -> LayerError,
 ) -> Result<RoutingSpec, LayerError> {
-    let v3 = family == ModelFamily::DeepseekV3;
-    let scoring = match raw.scoring_func.as_deref() {
-        Some(s) if family.is_deepseek() => s
-            .parse::<ScoringFunc>()
-            .map_err(|_| field("scoring_func", format!("unknown scoring function {s:?}")))?,
-        _ if v3 => ScoringFunc::Sigmoid,
+    let parse_scoring = |s: &str| {
+        s.parse::<ScoringFunc>()
+            .map_err(|_| field("scoring_func", format!("unknown scoring function {s:?}")))
+    };
+    let scoring = match (family, raw.scoring_func.as_deref()) {
+        // GLM's model code fixes sigmoid scores; its configs name none.
+        (ModelFamily::Glm4Moe, _) => ScoringFunc::Sigmoid,
+        (f, Some(s)) if f.is_deepseek() || f == ModelFamily::MiniMaxM2 => parse_scoring(s)?,
+        (ModelFamily::DeepseekV3 | ModelFamily::MiniMaxM2, _) => ScoringFunc::Sigmoid,
         _ => ScoringFunc::Softmax,
     };
     let renormalize = match family {
         // gpt-oss: softmax over the top-k logits, which is the renormalized full softmax.
-        ModelFamily::Mixtral | ModelFamily::GptOss => true,
-        ModelFamily::DeepseekV3 => raw.norm_topk_prob.unwrap_or(true),
+        // MiniMax-M2's block always renormalizes.
+        ModelFamily::Mixtral | ModelFamily::GptOss | ModelFamily::MiniMaxM2 => true,
+        ModelFamily::DeepseekV3 | ModelFamily::Glm4Moe | ModelFamily::Qwen3Next => {
+            raw.norm_topk_prob.unwrap_or(true)
+        }
         _ => raw.norm_topk_prob.unwrap_or(false),
     };
-    if !family.is_deepseek() {
-        return Ok(RoutingSpec {
-            scoring,
-            renormalize,
-            num_expert_group: None,
-            topk_group: None,
-            routed_scaling_factor: 1.0,
-            has_correction_bias: false,
-            topk_method: None,
-        });
-    }
-    let topk_method = raw
-        .topk_method
-        .clone()
-        .or_else(|| Some(if v3 { "noaux_tc" } else { "greedy" }.to_string()));
-    let (n_group, topk_group) = if v3 {
-        (raw.n_group.or(Some(8)), raw.topk_group.or(Some(4)))
-    } else {
-        (raw.n_group, raw.topk_group)
+    let ungrouped = |has_correction_bias| RoutingSpec {
+        scoring,
+        renormalize,
+        num_expert_group: None,
+        topk_group: None,
+        routed_scaling_factor: 1.0,
+        has_correction_bias,
+        topk_method: None,
+    };
+    let (n_group, topk_group, default_scale, topk_method) = match family {
+        ModelFamily::DeepseekV3 => (
+            raw.n_group.or(Some(8)),
+            raw.topk_group.or(Some(4)),
+            2.5,
+            Some(raw.topk_method.clone().unwrap_or_else(|| "noaux_tc".into())),
+        ),
+        ModelFamily::DeepseekV2 => (
+            raw.n_group,
+            raw.topk_group,
+            1.0,
+            Some(raw.topk_method.clone().unwrap_or_else(|| "greedy".into())),
+        ),
+        // transformers' defaults: one group, kept; no scaling.
+        ModelFamily::Glm4Moe => (
+            raw.n_group.or(Some(1)),
+            raw.topk_group.or(Some(1)),
+            1.0,
+            None,
+        ),
+        // The bias is there when the config asks for it (`use_routing_bias`); the routed
+        // scaling factor is not applied, as vLLM's block passes none.
+        ModelFamily::MiniMaxM2 => return Ok(ungrouped(raw.use_routing_bias.unwrap_or(false))),
+        _ => return Ok(ungrouped(false)),
     };
     if let Some(g) = n_group {
         if g == 0 || !num_experts.is_multiple_of(g) {
@@ -653,9 +731,7 @@ fn routing_spec(
             ));
         }
     }
-    let scale = raw
-        .routed_scaling_factor
-        .unwrap_or(if v3 { 2.5 } else { 1.0 });
+    let scale = raw.routed_scaling_factor.unwrap_or(default_scale);
     if !scale.is_finite() || scale <= 0.0 {
         return Err(field(
             "routed_scaling_factor",
@@ -668,7 +744,9 @@ fn routing_spec(
         num_expert_group: n_group,
         topk_group,
         routed_scaling_factor: scale as f32,
-        has_correction_bias: topk_method.as_deref() == Some("noaux_tc"),
+        // GLM's block always has the bias; DeepSeek's with `noaux_tc`.
+        has_correction_bias: family == ModelFamily::Glm4Moe
+            || topk_method.as_deref() == Some("noaux_tc"),
         topk_method,
     })
 }

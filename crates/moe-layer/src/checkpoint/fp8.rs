@@ -256,17 +256,11 @@ impl Checkpoint {
         let intermediate = match group {
             Fp8Group::Routed => Dim {
                 size: spec.intermediate,
-                field: match spec.family {
-                    super::ModelFamily::Mixtral => "intermediate_size",
-                    _ => "moe_intermediate_size",
-                },
+                field: spec.family.intermediate_field(),
             },
             Fp8Group::Shared => Dim {
                 size: spec.shared_experts.map_or(0, |s| s.intermediate),
-                field: match spec.family {
-                    super::ModelFamily::Qwen2Moe => "shared_expert_intermediate_size",
-                    _ => "n_shared_experts",
-                },
+                field: spec.family.shared_intermediate_field(),
             },
         };
         let hidden = Dim {

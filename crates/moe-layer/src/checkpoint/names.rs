@@ -7,6 +7,9 @@
 //! | Qwen2/3-MoE | `model.layers.{l}.mlp.experts.{e}.{gate_proj,up_proj,down_proj}.{suffix}` | `mlp.gate.weight` | Qwen2: `mlp.shared_expert.*`, `mlp.shared_expert_gate.weight` |
 //! | Mixtral | `model.layers.{l}.block_sparse_moe.experts.{e}.{w1,w3,w2}.{suffix}` or `…{gate_proj,up_proj,down_proj}…` | `block_sparse_moe.gate.weight` | |
 //! | DeepSeek-V2/V3 | `model.layers.{l}.mlp.experts.{e}.{gate_proj,up_proj,down_proj}.{suffix}` | `mlp.gate.weight` | `mlp.gate.e_score_correction_bias`, `mlp.shared_experts.*` |
+//! | GLM-4 MoE | as DeepSeek | `mlp.gate.weight` | `mlp.gate.e_score_correction_bias`, `mlp.shared_experts.*` |
+//! | Qwen3-Next | as Qwen2-MoE | `mlp.gate.weight` | `mlp.shared_expert.*`, `mlp.shared_expert_gate.weight` |
+//! | MiniMax-M2 | `model.layers.{l}.block_sparse_moe.experts.{e}.{w1,w3,w2}.{suffix}` | `block_sparse_moe.gate.weight` | `block_sparse_moe.e_score_correction_bias` |
 //! | gpt-oss | all experts fused: `model.layers.{l}.mlp.experts.{gate_up_proj,down_proj}_{blocks,scales,bias}` | `mlp.router.weight` | `mlp.router.bias` |
 //!
 //! `gate_proj`/`w1` is shard `w1` (rows `0..I` of `w13`), `up_proj`/`w3` is `w3` (rows
@@ -178,7 +181,7 @@ impl MoeNames {
 
     fn block_module(&self) -> &'static str {
         match self.family {
-            ModelFamily::Mixtral => "block_sparse_moe",
+            ModelFamily::Mixtral | ModelFamily::MiniMaxM2 => "block_sparse_moe",
             _ => "mlp",
         }
     }
@@ -190,6 +193,9 @@ impl MoeNames {
             (ModelFamily::Mixtral, ShardId::W1) => &["w1", "gate_proj"],
             (ModelFamily::Mixtral, ShardId::W3) => &["w3", "up_proj"],
             (ModelFamily::Mixtral, ShardId::W2) => &["w2", "down_proj"],
+            (ModelFamily::MiniMaxM2, ShardId::W1) => &["w1"],
+            (ModelFamily::MiniMaxM2, ShardId::W3) => &["w3"],
+            (ModelFamily::MiniMaxM2, ShardId::W2) => &["w2"],
             (_, ShardId::W1) => &["gate_proj"],
             (_, ShardId::W3) => &["up_proj"],
             (_, ShardId::W2) => &["down_proj"],
@@ -234,16 +240,24 @@ impl MoeNames {
         format!("{}.experts.{tensor}", self.block_prefix(layer))
     }
 
-    /// The router's score correction bias `[E]` (DeepSeek-V3 `noaux_tc`).
+    /// The router's score correction bias `[E]` (DeepSeek-V3 `noaux_tc`, GLM-4 MoE: under the
+    /// gate; MiniMax-M2: on the block).
     pub fn correction_bias(&self, layer: usize) -> String {
-        format!("{}.gate.e_score_correction_bias", self.block_prefix(layer))
+        match self.family {
+            ModelFamily::MiniMaxM2 => {
+                format!("{}.e_score_correction_bias", self.block_prefix(layer))
+            }
+            _ => format!("{}.gate.e_score_correction_bias", self.block_prefix(layer)),
+        }
     }
 
     /// The module prefix of a shared-expert projection, if the family has shared experts.
     pub fn shared_projection(&self, layer: usize, shard: ShardId) -> Option<String> {
         let module = match self.family {
-            ModelFamily::Qwen2Moe => "shared_expert",
-            ModelFamily::DeepseekV2 | ModelFamily::DeepseekV3 => "shared_experts",
+            ModelFamily::Qwen2Moe | ModelFamily::Qwen3Next => "shared_expert",
+            ModelFamily::DeepseekV2 | ModelFamily::DeepseekV3 | ModelFamily::Glm4Moe => {
+                "shared_experts"
+            }
             _ => return None,
         };
         Some(format!(
@@ -253,9 +267,9 @@ impl MoeNames {
         ))
     }
 
-    /// The sigmoid gate of the shared expert `[1, H]` (Qwen2-MoE).
+    /// The sigmoid gate of the shared expert `[1, H]` (Qwen2-MoE, Qwen3-Next).
     pub fn shared_expert_gate(&self, layer: usize) -> Option<String> {
-        (self.family == ModelFamily::Qwen2Moe)
+        matches!(self.family, ModelFamily::Qwen2Moe | ModelFamily::Qwen3Next)
             .then(|| format!("{}.shared_expert_gate.weight", self.block_prefix(layer)))
     }
 

@@ -297,10 +297,7 @@ impl Checkpoint {
 
         let shared = match spec.shared_experts {
             Some(shared) if opts.shared_experts => {
-                let field = match spec.family {
-                    ModelFamily::Qwen2Moe => "shared_expert_intermediate_size",
-                    _ => "n_shared_experts",
-                };
+                let field = spec.family.shared_intermediate_field();
                 let prefix = |shard| self.names.shared_projection(layer, shard);
                 // Shared experts are often left unquantized by the quantization recipe.
                 let format = match prefix(ShardId::W1) {
@@ -456,10 +453,7 @@ impl Checkpoint {
     }
 
     fn routed_group(&self) -> Group {
-        let field = match self.spec.family {
-            ModelFamily::Mixtral | ModelFamily::GptOss => "intermediate_size",
-            _ => "moe_intermediate_size",
-        };
+        let field = self.spec.family.intermediate_field();
         Group {
             intermediate: Dim {
                 size: self.spec.intermediate,
@@ -479,11 +473,7 @@ impl Checkpoint {
     fn experts_dim(&self) -> Dim {
         Dim {
             size: self.spec.num_experts,
-            field: match self.spec.family {
-                ModelFamily::Mixtral | ModelFamily::GptOss => "num_local_experts",
-                ModelFamily::DeepseekV2 | ModelFamily::DeepseekV3 => "n_routed_experts",
-                _ => "num_experts",
-            },
+            field: self.spec.family.experts_field(),
         }
     }
 

@@ -733,7 +733,12 @@ pub fn router_from_spec(
     top_k: usize,
 ) -> Result<RouterConfig, String> {
     let r = routing;
-    let grouped = r.num_expert_group.filter(|&g| g > 1);
+    // One group is no grouping, except in the label vLLM gives a biased router: with
+    // `num_expert_group` set it is DeepSeekV3 (GLM-4 MoE, Kimi-K2), which kernels accept with
+    // any scaling factor, where the ungrouped biased router is MiniMax2 only at a factor of 1.
+    let grouped = r
+        .num_expert_group
+        .filter(|&g| g > 1 || r.has_correction_bias);
     let plain_softmax = r.scoring == ScoringFunc::Softmax && !r.has_correction_bias;
     let cfg = match grouped {
         Some(groups) => {

@@ -83,9 +83,12 @@ pub enum Fmt {
 }
 
 impl Ckpt {
-    /// A one-layer model of `family` (`qwen3_moe`, `qwen2_moe`, `mixtral`, `deepseek_v3`) with
-    /// every routed expert written in `fmt`; returns it with the logical projections
-    /// `[expert][w1, w3, w2]`.
+    /// A one-layer model of `family` (`qwen3_moe`, `qwen2_moe`, `mixtral`, `deepseek_v3`,
+    /// `glm4_moe`, `qwen3_next`, `minimax_m2`) with every routed expert written in `fmt`;
+    /// returns it with the logical projections `[expert][w1, w3, w2]`. DeepSeek-V3 and GLM
+    /// get a shared expert and a correction bias (DeepSeek two groups, one kept; GLM no
+    /// groups and a routed scaling factor of 2.5), Qwen3-Next a gated shared expert,
+    /// MiniMax-M2 a correction bias on the block.
     pub fn build(model_type: &str, fmt: Fmt, seed: u64) -> (Self, Vec<[Proj; 3]>) {
         let mut rng = SplitMix64::new(seed);
         let mut config = json!({
@@ -112,6 +115,28 @@ impl Ckpt {
                 c.insert("n_shared_experts".into(), json!(1));
                 c.insert("first_k_dense_replace".into(), json!(0));
                 ("mlp", ["gate_proj", "up_proj", "down_proj"])
+            }
+            "glm4_moe" => {
+                c.insert("n_routed_experts".into(), json!(E));
+                c.insert("moe_intermediate_size".into(), json!(I));
+                c.insert("n_shared_experts".into(), json!(1));
+                c.insert("first_k_dense_replace".into(), json!(0));
+                c.insert("routed_scaling_factor".into(), json!(2.5));
+                c.insert("norm_topk_prob".into(), json!(true));
+                ("mlp", ["gate_proj", "up_proj", "down_proj"])
+            }
+            "qwen3_next" => {
+                c.insert("num_experts".into(), json!(E));
+                c.insert("moe_intermediate_size".into(), json!(I));
+                c.insert("shared_expert_intermediate_size".into(), json!(I));
+                ("mlp", ["gate_proj", "up_proj", "down_proj"])
+            }
+            "minimax_m2" => {
+                c.insert("num_local_experts".into(), json!(E));
+                c.insert("intermediate_size".into(), json!(I));
+                c.insert("scoring_func".into(), json!("sigmoid"));
+                c.insert("use_routing_bias".into(), json!(true));
+                ("block_sparse_moe", ["w1", "w3", "w2"])
             }
             _ => {
                 c.insert("num_experts".into(), json!(E));
@@ -153,14 +178,14 @@ impl Ckpt {
             &[E, H],
             bf16_bytes(&gate),
         );
-        if model_type == "deepseek_v3" {
+        let bias_name = match model_type {
+            "deepseek_v3" | "glm4_moe" => Some("model.layers.0.mlp.gate.e_score_correction_bias"),
+            "minimax_m2" => Some("model.layers.0.block_sparse_moe.e_score_correction_bias"),
+            _ => None,
+        };
+        if let Some(name) = bias_name {
             let bias: Vec<f32> = rng.vec_uniform(E, -0.1, 0.1);
-            ck.put(
-                "model.layers.0.mlp.gate.e_score_correction_bias",
-                Dtype::F32,
-                &[E],
-                f32_bytes(&bias),
-            );
+            ck.put(name, Dtype::F32, &[E], f32_bytes(&bias));
         }
         let mut experts = Vec::new();
         for e in 0..E {
@@ -178,15 +203,29 @@ impl Ckpt {
             }
             experts.push(ps);
         }
-        if model_type == "deepseek_v3" {
+        let shared_module = match model_type {
+            "deepseek_v3" | "glm4_moe" => Some("shared_experts"),
+            "qwen3_next" => Some("shared_expert"),
+            _ => None,
+        };
+        if let Some(module) = shared_module {
             let ps = [
                 proj(&mut rng, I, H),
                 proj(&mut rng, I, H),
                 proj(&mut rng, H, I),
             ];
             for (p, name) in ps.iter().zip(["gate_proj", "up_proj", "down_proj"]) {
-                ck.put_proj(&format!("model.layers.0.mlp.shared_experts.{name}"), p, fmt);
+                ck.put_proj(&format!("model.layers.0.mlp.{module}.{name}"), p, fmt);
             }
+        }
+        if model_type == "qwen3_next" {
+            let gate: Vec<f32> = rng.vec_uniform(H, -0.5, 0.5);
+            ck.put(
+                "model.layers.0.mlp.shared_expert_gate.weight",
+                Dtype::BF16,
+                &[1, H],
+                bf16_bytes(&gate),
+            );
         }
         (ck, experts)
     }
@@ -617,7 +656,8 @@ pub fn fp8_block(model_type: &str, dims: [usize; 4], seed: u64) -> (Ckpt, Vec<[F
 }
 
 /// A one-layer FP8 checkpoint stored as `store` says, of `model_type` (`qwen3_moe`,
-/// `mixtral`, or `deepseek_v3` with one shared expert and a correction bias), shaped
+/// `mixtral`, `minimax_m2` with a correction bias, or `deepseek_v3` and `glm4_moe` with one
+/// shared expert and a correction bias), shaped
 /// `[experts, top_k, hidden, intermediate]`; returns it with the projections
 /// `[expert][gate, up, down]` (then the shared MLP's, if any).
 pub fn fp8(
@@ -638,50 +678,69 @@ pub fn fp8(
         "quantization_config": store.config(),
     });
     let c = config.as_object_mut().unwrap();
-    let deepseek = model_type == "deepseek_v3";
-    let mixtral = model_type == "mixtral";
-    if deepseek {
-        c.insert("n_routed_experts".into(), json!(e));
-        c.insert("n_group".into(), json!(2));
-        c.insert("topk_group".into(), json!(1));
-        c.insert("n_shared_experts".into(), json!(1));
-        c.insert("first_k_dense_replace".into(), json!(0));
-        c.insert("moe_intermediate_size".into(), json!(i));
-    } else if mixtral {
-        c.insert("num_local_experts".into(), json!(e));
-        c.insert("intermediate_size".into(), json!(i));
-    } else {
-        c.insert("num_experts".into(), json!(e));
-        c.insert("norm_topk_prob".into(), json!(true));
-        c.insert("moe_intermediate_size".into(), json!(i));
+    // DeepSeek-V3 and GLM-4 MoE: a shared expert and a correction bias under the gate;
+    // Mixtral and MiniMax-M2: `block_sparse_moe` with `w1`/`w3`/`w2` (MiniMax-M2 with a
+    // correction bias on the block).
+    let shared = matches!(model_type, "deepseek_v3" | "glm4_moe");
+    let block_sparse = matches!(model_type, "mixtral" | "minimax_m2");
+    match model_type {
+        "deepseek_v3" | "glm4_moe" => {
+            c.insert("n_routed_experts".into(), json!(e));
+            c.insert("n_shared_experts".into(), json!(1));
+            c.insert("first_k_dense_replace".into(), json!(0));
+            c.insert("moe_intermediate_size".into(), json!(i));
+            if model_type == "deepseek_v3" {
+                c.insert("n_group".into(), json!(2));
+                c.insert("topk_group".into(), json!(1));
+            } else {
+                c.insert("routed_scaling_factor".into(), json!(2.5));
+            }
+        }
+        "mixtral" | "minimax_m2" => {
+            c.insert("num_local_experts".into(), json!(e));
+            c.insert("intermediate_size".into(), json!(i));
+            if model_type == "minimax_m2" {
+                c.insert("scoring_func".into(), json!("sigmoid"));
+                c.insert("use_routing_bias".into(), json!(true));
+            }
+        }
+        _ => {
+            c.insert("num_experts".into(), json!(e));
+            c.insert("norm_topk_prob".into(), json!(true));
+            c.insert("moe_intermediate_size".into(), json!(i));
+        }
     }
     let mut ck = Ckpt {
         config,
         tensors: BTreeMap::new(),
     };
-    let block = if mixtral { "block_sparse_moe" } else { "mlp" };
+    let block = if block_sparse {
+        "block_sparse_moe"
+    } else {
+        "mlp"
+    };
     ck.put(
         &format!("model.layers.0.{block}.gate.weight"),
         Dtype::BF16,
         &[e, h],
         bf16_bytes(&rng.vec_uniform(e * h, -0.5, 0.5)),
     );
-    if deepseek {
+    let bias_name = match model_type {
+        "deepseek_v3" | "glm4_moe" => Some("model.layers.0.mlp.gate.e_score_correction_bias"),
+        "minimax_m2" => Some("model.layers.0.block_sparse_moe.e_score_correction_bias"),
+        _ => None,
+    };
+    if let Some(name) = bias_name {
         let bias = rng.vec_uniform(e, -0.1, 0.1);
-        ck.put(
-            "model.layers.0.mlp.gate.e_score_correction_bias",
-            Dtype::F32,
-            &[e],
-            f32_bytes(&bias),
-        );
+        ck.put(name, Dtype::F32, &[e], f32_bytes(&bias));
     }
     let mut prefixes: Vec<String> = (0..e)
         .map(|x| format!("model.layers.0.{block}.experts.{x}"))
         .collect();
-    if deepseek {
+    if shared {
         prefixes.push("model.layers.0.mlp.shared_experts".into());
     }
-    let names = if mixtral {
+    let names = if block_sparse {
         ["w1", "w3", "w2"]
     } else {
         ["gate_proj", "up_proj", "down_proj"]

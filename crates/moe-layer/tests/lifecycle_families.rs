@@ -1,0 +1,376 @@
+//! GLM-4 MoE, Qwen3-Next and MiniMax-M2 checkpoints through the whole lifecycle: the config
+//! is read into the family's routing and shared experts, the tensors are found under the
+//! family's names, and the layer's output through its own router equals a float64 MoE block
+//! whose routing is recomputed here from each model's definition.
+#![cfg(feature = "checkpoint")]
+
+mod checkpoint_support;
+
+use checkpoint_support::{Ckpt, E, Fmt, G, H, I, Proj, temp_dir};
+use half::bf16;
+use moe_layer::MoeLayer;
+use moe_layer::checkpoint::{
+    Checkpoint, FloatData, ModelFamily, MoeLayerTensors, ReadOptions, ShardAccess, StoredExperts,
+};
+use moe_router::{Logits, ScoringFunc};
+use moe_testutil::SplitMix64;
+
+const K: usize = 2;
+
+/// The bf16 weights the float checkpoint stores for a projection, widened.
+fn weights(p: &Proj) -> Vec<f64> {
+    (0..p.n * p.k)
+        .map(|i| f64::from(bf16::from_f32(f32::from(p.codes[i]) * p.scales[i / G]).to_f32()))
+        .collect()
+}
+
+fn matvec(w: &[f64], n: usize, k: usize, x: &[f64]) -> Vec<f64> {
+    (0..n)
+        .map(|r| (0..k).map(|c| w[r * k + c] * x[c]).sum())
+        .collect()
+}
+
+/// `down(silu(gate(x)) · up(x))` in f64, for weights `w13` `[2n, H]` and `w2` `[H, n]`.
+fn mlp(w13: &[f64], w2: &[f64], n: usize, x: &[f64]) -> Vec<f64> {
+    let gu = matvec(w13, 2 * n, H, x);
+    let a: Vec<f64> = (0..n)
+        .map(|j| gu[j] / (1.0 + (-gu[j]).exp()) * gu[n + j])
+        .collect();
+    matvec(w2, H, n, &a)
+}
+
+fn sigmoid(v: f64) -> f64 {
+    1.0 / (1.0 + (-v).exp())
+}
+
+/// The experts with the `K` largest `select` values (ties to the lower index).
+fn top_k(select: &[f64]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..select.len()).collect();
+    order.sort_by(|&a, &b| select[b].total_cmp(&select[a]).then(a.cmp(&b)));
+    order.truncate(K);
+    order
+}
+
+/// How a family routes one token, from its model definition.
+enum Routing<'a> {
+    /// Sigmoid scores, the correction bias added for selection only, the chosen unbiased
+    /// scores renormalized and multiplied by `scale` (GLM-4 MoE without groups, MiniMax-M2).
+    BiasedSigmoid { bias: &'a [f32], scale: f64 },
+    /// Softmax over all experts, top-k, renormalized (Qwen3-Next).
+    RenormalizedSoftmax,
+}
+
+impl Routing<'_> {
+    fn route(&self, logits: &[f32]) -> Vec<(usize, f64)> {
+        let l: Vec<f64> = logits.iter().map(|&v| f64::from(v)).collect();
+        let (scores, select): (Vec<f64>, Vec<f64>) = match self {
+            Self::BiasedSigmoid { bias, .. } => {
+                let s: Vec<f64> = l.iter().map(|&v| sigmoid(v)).collect();
+                let b = s
+                    .iter()
+                    .zip(*bias)
+                    .map(|(s, b)| s + f64::from(*b))
+                    .collect();
+                (s, b)
+            }
+            Self::RenormalizedSoftmax => {
+                let max = l.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = l.iter().map(|v| (v - max).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                let p: Vec<f64> = e.iter().map(|v| v / sum).collect();
+                (p.clone(), p)
+            }
+        };
+        let chosen = top_k(&select);
+        let sum: f64 = chosen.iter().map(|&e| scores[e]).sum();
+        let scale = match self {
+            Self::BiasedSigmoid { scale, .. } => *scale,
+            Self::RenormalizedSoftmax => 1.0,
+        };
+        chosen
+            .into_iter()
+            .map(|e| (e, scores[e] / sum * scale))
+            .collect()
+    }
+}
+
+fn float_vec(d: &FloatData) -> Vec<f64> {
+    d.to_f32_vec().into_iter().map(f64::from).collect()
+}
+
+/// The block's output in f64: routed experts by `routing`, plus the shared expert (behind its
+/// sigmoid gate when the checkpoint has one).
+fn reference(
+    experts: &[[Proj; 3]],
+    t: &MoeLayerTensors,
+    routing: &Routing<'_>,
+    x: &[f32],
+    logits: &[f32],
+) -> Vec<f64> {
+    let tokens = x.len() / H;
+    let mut out = vec![0f64; tokens * H];
+    for tok in 0..tokens {
+        let xt: Vec<f64> = x[tok * H..][..H].iter().map(|&v| f64::from(v)).collect();
+        let o = &mut out[tok * H..][..H];
+        for (e, w) in routing.route(&logits[tok * E..][..E]) {
+            let [gate, up, down] = &experts[e];
+            let mut w13 = weights(gate);
+            w13.extend(weights(up));
+            for (o, v) in o.iter_mut().zip(mlp(&w13, &weights(down), I, &xt)) {
+                *o += w * v;
+            }
+        }
+        if let Some(shared) = &t.shared {
+            let StoredExperts::Float { w13, w2 } = &shared.mlp.weights else {
+                panic!("float shared expert")
+            };
+            let y = mlp(
+                &float_vec(w13),
+                &float_vec(w2),
+                shared.mlp.intermediate,
+                &xt,
+            );
+            let g = shared.gate.as_ref().map_or(1.0, |g| {
+                sigmoid(float_vec(g).iter().zip(&xt).map(|(g, x)| g * x).sum())
+            });
+            for (o, v) in o.iter_mut().zip(y) {
+                *o += g * v;
+            }
+        }
+    }
+    out
+}
+
+fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
+    let num: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (f64::from(*g) - w).powi(2))
+        .sum();
+    let den: f64 = want.iter().map(|w| w * w).sum();
+    (num / den).sqrt()
+}
+
+fn open(ck: &Ckpt, tag: &str) -> (Checkpoint, MoeLayerTensors) {
+    let dir = temp_dir(tag);
+    ck.write(&dir);
+    let ckpt = Checkpoint::open(&dir, ShardAccess::Read).unwrap();
+    let t = ckpt.read_layer(0, &ReadOptions::single_rank()).unwrap();
+    (ckpt, t)
+}
+
+/// Runs layer 0 of `ckpt` through its own router on random tokens and compares it with the
+/// f64 block.
+fn assert_block_matches(
+    ckpt: &Checkpoint,
+    t: &MoeLayerTensors,
+    experts: &[[Proj; 3]],
+    routing: &Routing<'_>,
+    seed: u64,
+) {
+    let layer = MoeLayer::from_checkpoint(ckpt, 0, 16).unwrap();
+    let mut rng = SplitMix64::new(seed);
+    for tokens in [1, 7] {
+        let x = rng.vec_uniform(tokens * H, -1.0, 1.0);
+        let logits = rng.vec_uniform(tokens * E, -3.0, 3.0);
+        let want = reference(experts, t, routing, &x, &logits);
+        let mut out = vec![0f32; tokens * H];
+        layer.apply(&x, Logits::F32(&logits), &mut out).unwrap();
+        let err = rel_l2(&out, &want);
+        assert!(err < 1e-5, "{tokens} tokens: relative L2 {err:e}");
+    }
+}
+
+#[test]
+fn glm4_moe_routes_like_deepseek_v3_without_groups_and_adds_its_shared_expert() {
+    let (ck, experts) = Ckpt::build("glm4_moe", Fmt::Float, 61);
+    let (ckpt, t) = open(&ck, "family-glm4");
+    let spec = ckpt.spec();
+    assert_eq!(spec.family, ModelFamily::Glm4Moe);
+    assert_eq!(spec.routing.scoring, ScoringFunc::Sigmoid);
+    assert!(spec.routing.renormalize);
+    assert!(spec.routing.has_correction_bias);
+    assert_eq!(spec.routing.num_expert_group, Some(1));
+    assert_eq!(spec.routing.routed_scaling_factor, 2.5);
+    assert_eq!(spec.moe_layers, [0]);
+    let shared = spec.shared_experts.unwrap();
+    assert_eq!((shared.intermediate, shared.gated), (I, false));
+    let bias = t.router.correction_bias.clone().unwrap();
+    let routing = Routing::BiasedSigmoid {
+        bias: &bias,
+        scale: 2.5,
+    };
+    assert_block_matches(&ckpt, &t, &experts, &routing, 62);
+}
+
+#[test]
+fn qwen3_next_renormalizes_and_gates_its_shared_expert() {
+    let (ck, experts) = Ckpt::build("qwen3_next", Fmt::Float, 63);
+    let (ckpt, t) = open(&ck, "family-qwen3-next");
+    let spec = ckpt.spec();
+    assert_eq!(spec.family, ModelFamily::Qwen3Next);
+    assert_eq!(spec.routing.scoring, ScoringFunc::Softmax);
+    assert!(spec.routing.renormalize, "norm_topk_prob defaults to true");
+    assert!(!spec.routing.has_correction_bias);
+    let shared = spec.shared_experts.unwrap();
+    assert_eq!((shared.intermediate, shared.gated), (I, true));
+    assert!(t.shared.as_ref().unwrap().gate.is_some());
+    assert_block_matches(&ckpt, &t, &experts, &Routing::RenormalizedSoftmax, 64);
+}
+
+#[test]
+fn minimax_m2_reads_its_block_bias_and_w1_w3_w2_experts() {
+    let (ck, experts) = Ckpt::build("minimax_m2", Fmt::Float, 65);
+    let (ckpt, t) = open(&ck, "family-minimax");
+    let spec = ckpt.spec();
+    assert_eq!(spec.family, ModelFamily::MiniMaxM2);
+    assert_eq!(spec.routing.scoring, ScoringFunc::Sigmoid);
+    assert!(spec.routing.renormalize);
+    assert!(spec.routing.has_correction_bias);
+    assert_eq!(spec.routing.num_expert_group, None);
+    assert_eq!(spec.routing.routed_scaling_factor, 1.0);
+    assert!(spec.shared_experts.is_none());
+    let bias = t.router.correction_bias.clone().unwrap();
+    let routing = Routing::BiasedSigmoid {
+        bias: &bias,
+        scale: 1.0,
+    };
+    assert_block_matches(&ckpt, &t, &experts, &routing, 66);
+
+    // Without `use_routing_bias` the block routes on the plain scores and reads no bias.
+    let mut plain = ck.clone();
+    plain.config["use_routing_bias"] = serde_json::json!(false);
+    plain
+        .tensors
+        .remove("model.layers.0.block_sparse_moe.e_score_correction_bias");
+    let (ckpt, t) = open(&plain, "family-minimax-plain");
+    assert!(!ckpt.spec().routing.has_correction_bias);
+    assert!(t.router.correction_bias.is_none());
+    let zeros = [0f32; E];
+    let routing = Routing::BiasedSigmoid {
+        bias: &zeros,
+        scale: 1.0,
+    };
+    assert_block_matches(&ckpt, &t, &experts, &routing, 67);
+}
+
+/// Kimi-K2 is DeepSeek-V3 with one expert group and a scaling factor of 2.827: the biased
+/// router runs as vLLM labels it (DeepSeekV3, one group kept), not as an ungrouped router
+/// that no kernel accepts at a factor other than 1.
+#[test]
+fn kimi_k2_routes_with_one_group_and_its_scaling_factor() {
+    let (mut ck, experts) = Ckpt::build("deepseek_v3", Fmt::Float, 68);
+    ck.config["model_type"] = serde_json::json!("kimi_k2");
+    ck.config["n_group"] = serde_json::json!(1);
+    ck.config["topk_group"] = serde_json::json!(1);
+    ck.config["routed_scaling_factor"] = serde_json::json!(2.827);
+    let (ckpt, t) = open(&ck, "family-kimi");
+    assert_eq!(ckpt.spec().family, ModelFamily::DeepseekV3);
+    let bias = t.router.correction_bias.clone().unwrap();
+    let routing = Routing::BiasedSigmoid {
+        bias: &bias,
+        scale: f64::from(2.827f32),
+    };
+    assert_block_matches(&ckpt, &t, &experts, &routing, 69);
+}
+
+/// Every family's names hold quantized experts too: GPTQ and pack-quantized codes and scales
+/// read back as written, the shared expert included; a missing correction bias is named.
+#[test]
+fn quantized_experts_and_biases_are_found_under_each_family_s_names() {
+    for model_type in ["glm4_moe", "qwen3_next", "minimax_m2"] {
+        for fmt in [Fmt::Gptq, Fmt::PackQuantized] {
+            let (ck, experts) = Ckpt::build(model_type, fmt, 70);
+            let (_, t) = open(&ck, &format!("family-{model_type}-{fmt:?}"));
+            let StoredExperts::Int(q) = &t.experts.weights else {
+                panic!("{model_type} {fmt:?}: {:?}", t.experts.weights)
+            };
+            let w13: Vec<i8> = experts
+                .iter()
+                .flat_map(|[g, u, _]| g.codes.iter().chain(&u.codes).copied())
+                .collect();
+            let w2: Vec<i8> = experts
+                .iter()
+                .flat_map(|[_, _, d]| d.codes.clone())
+                .collect();
+            assert_eq!(q.w13, w13, "{model_type} {fmt:?}");
+            assert_eq!(q.w2, w2, "{model_type} {fmt:?}");
+            let want_shared = model_type != "minimax_m2";
+            assert_eq!(t.shared.is_some(), want_shared, "{model_type} {fmt:?}");
+        }
+    }
+    for (model_type, bias) in [
+        (
+            "glm4_moe",
+            "model.layers.0.mlp.gate.e_score_correction_bias",
+        ),
+        (
+            "minimax_m2",
+            "model.layers.0.block_sparse_moe.e_score_correction_bias",
+        ),
+    ] {
+        let (mut ck, _) = Ckpt::build(model_type, Fmt::Float, 71);
+        ck.tensors.remove(bias);
+        let dir = temp_dir(&format!("family-{model_type}-nobias"));
+        ck.write(&dir);
+        let err = Checkpoint::open(&dir, ShardAccess::Read)
+            .unwrap()
+            .read_layer(0, &ReadOptions::single_rank())
+            .unwrap_err();
+        assert!(
+            matches!(&err, moe_layer::LayerError::MissingTensor { tensor, .. } if tensor == bias),
+            "{model_type}: {err:?}"
+        );
+    }
+}
+
+/// The configs' defaults and spellings: GLM's dense layers below `first_k_dense_replace` (1
+/// when unstated) and its one shared expert when `n_shared_experts` is unstated; Qwen3-Next's
+/// `mlp_only_layers`; families found by `architectures` alone.
+#[test]
+fn new_family_configs_are_normalized() {
+    let path = std::path::Path::new("config.json");
+    let spec = |v: serde_json::Value| {
+        moe_layer::checkpoint::MoeModelSpec::from_json_str(path, &v.to_string()).unwrap()
+    };
+    let glm = spec(
+        serde_json::json!({"model_type": "glm4_moe", "hidden_size": 64,
+        "num_hidden_layers": 4, "n_routed_experts": 8, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32}),
+    );
+    assert_eq!(glm.moe_layers, [1, 2, 3]);
+    assert_eq!(glm.shared_experts.unwrap().intermediate, 32);
+    assert_eq!(glm.routing.routed_scaling_factor, 1.0);
+    assert_eq!(
+        (glm.routing.num_expert_group, glm.routing.topk_group),
+        (Some(1), Some(1))
+    );
+    let next = spec(
+        serde_json::json!({"architectures": ["Qwen3NextForCausalLM"],
+        "hidden_size": 64, "num_hidden_layers": 3, "num_experts": 8, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32, "mlp_only_layers": [1], "norm_topk_prob": false}),
+    );
+    assert_eq!(next.family, ModelFamily::Qwen3Next);
+    assert_eq!(next.moe_layers, [0, 2]);
+    assert!(!next.routing.renormalize);
+    assert!(next.shared_experts.is_none());
+    let minimax = spec(
+        serde_json::json!({"architectures": ["MiniMaxM2ForCausalLM"],
+        "hidden_size": 64, "num_hidden_layers": 2, "num_local_experts": 8,
+        "num_experts_per_tok": 2, "intermediate_size": 32, "routed_scaling_factor": 3.0}),
+    );
+    assert_eq!(minimax.family, ModelFamily::MiniMaxM2);
+    assert_eq!(minimax.routing.scoring, ScoringFunc::Sigmoid);
+    assert!(!minimax.routing.has_correction_bias);
+    assert_eq!(minimax.routing.routed_scaling_factor, 1.0);
+    let missing = serde_json::json!({"model_type": "minimax_m2", "hidden_size": 64,
+        "num_hidden_layers": 2, "num_experts": 8, "num_experts_per_tok": 2,
+        "intermediate_size": 32});
+    assert!(matches!(
+        moe_layer::checkpoint::MoeModelSpec::from_json_str(path, &missing.to_string()),
+        Err(moe_layer::LayerError::ConfigField {
+            field: "num_local_experts",
+            ..
+        })
+    ));
+}
