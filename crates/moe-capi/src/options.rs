@@ -258,6 +258,7 @@ impl MoeLayerOptions {
             routed_scaling_factor: self.routed_scaling_factor,
             has_correction_bias: self.correction_bias != 0,
             topk_method: None,
+            llama4: false,
         })
     }
 

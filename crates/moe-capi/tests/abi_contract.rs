@@ -550,6 +550,7 @@ fn layer_options_reach_the_layer() {
         routed_scaling_factor: 2.5,
         has_correction_bias: true,
         topk_method: None,
+        llama4: false,
     };
     let mut cfg = moe_layer::MoeLayerConfig::from_spec(spec, 0, 1, None, 16)
         .unwrap()

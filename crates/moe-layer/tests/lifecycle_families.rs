@@ -58,6 +58,9 @@ enum Routing<'a> {
     BiasedSigmoid { bias: &'a [f32], scale: f64 },
     /// Softmax over all experts, top-k, renormalized (Qwen3-Next).
     RenormalizedSoftmax,
+    /// The largest logit, weighted by its sigmoid, the weight multiplying the token before the
+    /// expert (Llama 4).
+    SigmoidOnInput,
 }
 
 impl Routing<'_> {
@@ -73,6 +76,10 @@ impl Routing<'_> {
                     .collect();
                 (s, b)
             }
+            Self::SigmoidOnInput => {
+                let e = top_k(&l)[0];
+                return vec![(e, sigmoid(l[e]))];
+            }
             Self::RenormalizedSoftmax => {
                 let max = l.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = l.iter().map(|v| (v - max).exp()).collect();
@@ -85,7 +92,7 @@ impl Routing<'_> {
         let sum: f64 = chosen.iter().map(|&e| scores[e]).sum();
         let scale = match self {
             Self::BiasedSigmoid { scale, .. } => *scale,
-            Self::RenormalizedSoftmax => 1.0,
+            Self::RenormalizedSoftmax | Self::SigmoidOnInput => 1.0,
         };
         chosen
             .into_iter()
@@ -116,8 +123,16 @@ fn reference(
             let [gate, up, down] = &experts[e];
             let mut w13 = weights(gate);
             w13.extend(weights(up));
-            for (o, v) in o.iter_mut().zip(mlp(&w13, &weights(down), I, &xt)) {
-                *o += w * v;
+            if matches!(routing, Routing::SigmoidOnInput) {
+                // The weight scales the token (rounded to the f32 the layer computes in).
+                let xw: Vec<f64> = xt.iter().map(|&v| f64::from((v * w) as f32)).collect();
+                for (o, v) in o.iter_mut().zip(mlp(&w13, &weights(down), I, &xw)) {
+                    *o += v;
+                }
+            } else {
+                for (o, v) in o.iter_mut().zip(mlp(&w13, &weights(down), I, &xt)) {
+                    *o += w * v;
+                }
             }
         }
         if let Some(shared) = &t.shared {
@@ -278,7 +293,7 @@ fn kimi_k2_routes_with_one_group_and_its_scaling_factor() {
 /// read back as written, the shared expert included; a missing correction bias is named.
 #[test]
 fn quantized_experts_and_biases_are_found_under_each_family_s_names() {
-    for model_type in ["glm4_moe", "qwen3_next", "minimax_m2"] {
+    for model_type in ["glm4_moe", "qwen3_next", "minimax_m2", "llama4_text"] {
         for fmt in [Fmt::Gptq, Fmt::PackQuantized] {
             let (ck, experts) = Ckpt::build(model_type, fmt, 70);
             let (_, t) = open(&ck, &format!("family-{model_type}-{fmt:?}"));
@@ -373,4 +388,145 @@ fn new_family_configs_are_normalized() {
             ..
         })
     ));
+}
+
+/// Llama 4's bf16 layout from the per-expert one: every expert of the layer fused into
+/// `experts.gate_up_proj` `[E, H, 2I]` (gate columns, then up) and `experts.down_proj`
+/// `[E, I, H]`, transposed as the checkpoints store them.
+fn fuse_llama4_experts(ck: &Ckpt) -> Ckpt {
+    let mut fused = ck.clone();
+    let block = "model.layers.0.feed_forward.experts";
+    let weight = |e: usize, p: &str| {
+        let t = &ck.tensors[&format!("{block}.{e}.{p}.weight")];
+        assert_eq!(t.dtype, safetensors::Dtype::BF16);
+        t.bytes
+            .chunks_exact(2)
+            .map(|b| [b[0], b[1]])
+            .collect::<Vec<[u8; 2]>>()
+    };
+    let (mut gate_up, mut down) = (Vec::new(), Vec::new());
+    for e in 0..E {
+        let (g, u, d) = (
+            weight(e, "gate_proj"),
+            weight(e, "up_proj"),
+            weight(e, "down_proj"),
+        );
+        for k in 0..H {
+            for c in 0..2 * I {
+                let src = if c < I { &g } else { &u };
+                gate_up.extend(src[(c % I) * H + k]);
+            }
+        }
+        for k in 0..I {
+            for n in 0..H {
+                down.extend(d[n * I + k]);
+            }
+        }
+    }
+    fused
+        .tensors
+        .retain(|name, _| !name.starts_with(&format!("{block}.")));
+    let dtype = safetensors::Dtype::BF16;
+    fused.put(
+        &format!("{block}.gate_up_proj"),
+        dtype,
+        &[E, H, 2 * I],
+        gate_up,
+    );
+    fused.put(&format!("{block}.down_proj"), dtype, &[E, I, H], down);
+    fused
+}
+
+/// `ck` as the multimodal checkpoint ships it: the config under `text_config` inside a
+/// `llama4` wrapper, every tensor under `language_model.`.
+fn wrap_multimodal(ck: &Ckpt) -> Ckpt {
+    let mut wrapped = ck.clone();
+    let mut text = ck.config.clone();
+    let dtype = text.as_object_mut().unwrap().remove("torch_dtype").unwrap();
+    wrapped.config = serde_json::json!({
+        "model_type": "llama4",
+        "architectures": ["Llama4ForConditionalGeneration"],
+        "torch_dtype": dtype,
+        "text_config": text,
+        "vision_config": {"hidden_size": 88},
+    });
+    wrapped.tensors = ck
+        .tensors
+        .iter()
+        .map(|(name, t)| (format!("language_model.{name}"), t.clone()))
+        .collect();
+    wrapped
+}
+
+/// Llama 4: the top logit's sigmoid scales the token before its expert, the shared expert is
+/// added ungated; the per-expert layout of quantized checkpoints, the fused and transposed
+/// bf16 layout, and the multimodal wrapper's config and `language_model.` names all load into
+/// the same layer, and tensor-parallel ranks of the fused layout sum to it.
+#[test]
+fn llama4_routes_on_the_token_and_reads_fused_transposed_experts() {
+    let (ck, experts) = Ckpt::build("llama4_text", Fmt::Float, 72);
+    let (ckpt, t) = open(&ck, "family-llama4");
+    let spec = ckpt.spec();
+    assert_eq!(spec.family, ModelFamily::Llama4);
+    assert!(spec.routing.llama4);
+    assert!(!spec.routing.renormalize);
+    assert_eq!(spec.top_k, 1);
+    let shared = spec.shared_experts.unwrap();
+    assert_eq!((shared.intermediate, shared.gated), (I, false));
+    assert_block_matches(&ckpt, &t, &experts, &Routing::SigmoidOnInput, 73);
+
+    let fused = fuse_llama4_experts(&ck);
+    let multimodal = wrap_multimodal(&fused);
+    let mut rng = SplitMix64::new(74);
+    let tokens = 9;
+    let x = rng.vec_uniform(tokens * H, -1.0, 1.0);
+    let logits = rng.vec_uniform(tokens * E, -3.0, 3.0);
+    let run = |layer: &MoeLayer| {
+        let mut out = vec![0f32; tokens * H];
+        layer.apply(&x, Logits::F32(&logits), &mut out).unwrap();
+        out
+    };
+    let want = run(&MoeLayer::from_checkpoint(&ckpt, 0, 16).unwrap());
+    for (tag, variant) in [("fused", &fused), ("multimodal", &multimodal)] {
+        let (ckpt_v, t_v) = open(variant, &format!("family-llama4-{tag}"));
+        assert_eq!(t_v.experts, t.experts, "{tag}");
+        assert_eq!(ckpt_v.spec().moe_layers, [0], "{tag}");
+        let layer = MoeLayer::from_checkpoint(&ckpt_v, 0, 16).unwrap();
+        assert_eq!(run(&layer), want, "{tag}");
+    }
+    let (ckpt_m, _) = open(&multimodal, "family-llama4-ranks");
+    let mut sum = vec![0f32; tokens * H];
+    for rank in 0..2 {
+        let layer = MoeLayer::from_checkpoint_ranked(&ckpt_m, 0, 16, (rank, 2), None).unwrap();
+        for (s, v) in sum.iter_mut().zip(run(&layer)) {
+            *s += v;
+        }
+    }
+    let want64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+    let err = rel_l2(&sum, &want64);
+    assert!(err < 1e-6, "tensor-parallel ranks: relative L2 {err:e}");
+
+    // A fused tensor that disagrees with the config is named, with the field it contradicts.
+    let mut bad = fused.clone();
+    let t = bad
+        .tensors
+        .remove("model.layers.0.feed_forward.experts.down_proj")
+        .unwrap();
+    bad.put(
+        "model.layers.0.feed_forward.experts.down_proj",
+        t.dtype,
+        &[E, I + 1, H],
+        vec![0; E * (I + 1) * H * 2],
+    );
+    let dir = temp_dir("family-llama4-bad");
+    bad.write(&dir);
+    let err = Checkpoint::open(&dir, ShardAccess::Read)
+        .unwrap()
+        .read_layer(0, &ReadOptions::single_rank())
+        .unwrap_err();
+    assert!(
+        matches!(&err, moe_layer::LayerError::ConfigMismatch { tensor, field, .. }
+            if tensor.ends_with("experts.down_proj") && *field == "intermediate_size"),
+        "{err:?}"
+    );
 }

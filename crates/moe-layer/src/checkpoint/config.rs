@@ -70,6 +70,14 @@ pub enum ModelFamily {
     /// (`block_sparse_moe.e_score_correction_bias`), renormalized, without groups or shared
     /// experts.
     MiniMaxM2,
+    /// Llama 4 (`llama4`, its language model `llama4_text`): a `feed_forward` module with a
+    /// `router`, top-1 routing weighted by the sigmoid of the logit and applied to the token
+    /// before the expert, one ungated shared expert of the experts' width, MoE layers every
+    /// `interleave_moe_layer_step`. bf16 checkpoints fuse the experts per layer, transposed
+    /// (`experts.gate_up_proj` `[E, H, 2I]`, `experts.down_proj` `[E, I, H]`); quantized ones
+    /// store them one by one. Multimodal checkpoints keep the language model under
+    /// `language_model.` and its config under `text_config`.
+    Llama4,
 }
 
 impl ModelFamily {
@@ -85,6 +93,7 @@ impl ModelFamily {
             "glm4_moe" => Some(Self::Glm4Moe),
             "qwen3_next" => Some(Self::Qwen3Next),
             "minimax_m2" => Some(Self::MiniMaxM2),
+            "llama4" | "llama4_text" => Some(Self::Llama4),
             _ => None,
         });
         by_type.or_else(|| {
@@ -98,6 +107,7 @@ impl ModelFamily {
                 "Glm4MoeForCausalLM" => Some(Self::Glm4Moe),
                 "Qwen3NextForCausalLM" => Some(Self::Qwen3Next),
                 "MiniMaxM2ForCausalLM" => Some(Self::MiniMaxM2),
+                "Llama4ForConditionalGeneration" | "Llama4ForCausalLM" => Some(Self::Llama4),
                 _ => None,
             })
         })
@@ -116,7 +126,7 @@ impl ModelFamily {
     pub(crate) fn experts_field(self) -> &'static str {
         match self {
             Self::Qwen2Moe | Self::Qwen3Moe | Self::Qwen3Next => "num_experts",
-            Self::Mixtral | Self::GptOss | Self::MiniMaxM2 => "num_local_experts",
+            Self::Mixtral | Self::GptOss | Self::MiniMaxM2 | Self::Llama4 => "num_local_experts",
             Self::DeepseekV2 | Self::DeepseekV3 | Self::Glm4Moe => "n_routed_experts",
         }
     }
@@ -124,17 +134,18 @@ impl ModelFamily {
     /// The config field that sizes one routed expert.
     pub(crate) fn intermediate_field(self) -> &'static str {
         match self {
-            Self::Mixtral | Self::GptOss | Self::MiniMaxM2 => "intermediate_size",
+            Self::Mixtral | Self::GptOss | Self::MiniMaxM2 | Self::Llama4 => "intermediate_size",
             _ => "moe_intermediate_size",
         }
     }
 
     /// The config field that sizes the shared experts.
     pub(crate) fn shared_intermediate_field(self) -> &'static str {
-        if self.has_gated_shared_expert() {
-            "shared_expert_intermediate_size"
-        } else {
-            "n_shared_experts"
+        match self {
+            _ if self.has_gated_shared_expert() => "shared_expert_intermediate_size",
+            // Llama 4's shared expert is as wide as a routed one.
+            Self::Llama4 => "intermediate_size",
+            _ => "n_shared_experts",
         }
     }
 }
@@ -157,6 +168,10 @@ pub struct RoutingSpec {
     pub has_correction_bias: bool,
     /// DeepSeek's `topk_method` as written (`greedy`, `group_limited_greedy`, `noaux_tc`).
     pub topk_method: Option<String>,
+    /// Llama 4's routing (spec section 2.6): the top-k raw logits, each weighted by its
+    /// sigmoid, the weight multiplying the token before the expert rather than the expert's
+    /// output. `scoring` is then sigmoid and `renormalize` false.
+    pub llama4: bool,
 }
 
 /// The shared (always active) experts of a MoE block, loaded as one MLP of this width.
@@ -380,10 +395,48 @@ struct RawConfig {
     experts_per_token: Option<usize>,
     /// MiniMax-M2: whether the router has a correction bias.
     use_routing_bias: Option<bool>,
+    /// Llama 4: every how many layers one is MoE (0: none).
+    interleave_moe_layer_step: Option<usize>,
+    /// Llama 4: the MoE layers, listed.
+    moe_layers: Option<Vec<usize>>,
     swiglu_limit: Option<f64>,
     quantization_config: Option<serde_json::Value>,
     /// Older compressed-tensors spelling of `quantization_config`.
     compression_config: Option<serde_json::Value>,
+}
+
+impl RawConfig {
+    /// Parses `config.json`. A multimodal wrapper (Llama 4's `Llama4ForConditionalGeneration`)
+    /// keeps its language model's fields under `text_config`: those are read, with the
+    /// wrapper's `model_type`, `architectures`, dtype and quantization config, which describe
+    /// the checkpoint as a whole.
+    fn parse(file: &Path, json: &str) -> Result<Self, LayerError> {
+        let parse_error = |e: serde_json::Error| LayerError::JsonParse {
+            file: file.to_path_buf(),
+            message: e.to_string(),
+        };
+        let mut value: serde_json::Value = serde_json::from_str(json).map_err(parse_error)?;
+        if let Some(outer) = value.as_object_mut()
+            && !outer.contains_key("hidden_size")
+            && let Some(serde_json::Value::Object(mut text)) = outer.remove("text_config")
+        {
+            const WHOLE_MODEL: [&str; 6] = [
+                "model_type",
+                "architectures",
+                "torch_dtype",
+                "dtype",
+                "quantization_config",
+                "compression_config",
+            ];
+            for (key, v) in std::mem::take(outer) {
+                if WHOLE_MODEL.contains(&key.as_str()) || !text.contains_key(&key) {
+                    text.insert(key, v);
+                }
+            }
+            value = serde_json::Value::Object(text);
+        }
+        serde_json::from_value(value).map_err(parse_error)
+    }
 }
 
 /// GPTQ's `quantization_config` / `quantize_config.json` keys.
@@ -425,10 +478,7 @@ impl MoeModelSpec {
     pub fn from_dir(dir: &Path) -> Result<Self, LayerError> {
         let config_path = dir.join("config.json");
         let text = read_text(&config_path)?;
-        let raw: RawConfig = serde_json::from_str(&text).map_err(|e| LayerError::JsonParse {
-            file: config_path.clone(),
-            message: e.to_string(),
-        })?;
+        let raw = RawConfig::parse(&config_path, &text)?;
         let side_file = dir.join("quantize_config.json");
         let side = if raw.quantization_config.is_none()
             && raw.compression_config.is_none()
@@ -449,10 +499,7 @@ impl MoeModelSpec {
 
     /// Parses a `config.json` given as text; `config_path` is only used in error messages.
     pub fn from_json_str(config_path: &Path, json: &str) -> Result<Self, LayerError> {
-        let raw: RawConfig = serde_json::from_str(json).map_err(|e| LayerError::JsonParse {
-            file: config_path.to_path_buf(),
-            message: e.to_string(),
-        })?;
+        let raw = RawConfig::parse(config_path, json)?;
         Self::from_raw(config_path.to_path_buf(), raw, None)
     }
 
@@ -510,9 +557,13 @@ impl MoeModelSpec {
             (ModelFamily::Qwen2Moe | ModelFamily::Qwen3Moe | ModelFamily::Qwen3Next, n) => {
                 required(n, "num_experts")?
             }
-            (ModelFamily::Mixtral | ModelFamily::GptOss | ModelFamily::MiniMaxM2, _) => {
-                required(raw.num_local_experts, "num_local_experts")?
-            }
+            (
+                ModelFamily::Mixtral
+                | ModelFamily::GptOss
+                | ModelFamily::MiniMaxM2
+                | ModelFamily::Llama4,
+                _,
+            ) => required(raw.num_local_experts, "num_local_experts")?,
             (ModelFamily::DeepseekV2 | ModelFamily::DeepseekV3 | ModelFamily::Glm4Moe, _) => {
                 required(raw.n_routed_experts, "n_routed_experts")?
             }
@@ -554,6 +605,26 @@ impl MoeModelSpec {
             // it); GLM has no `moe_layer_freq`. Multi-token-prediction layers sit at
             // `num_hidden_layers` and above, outside this range.
             ModelFamily::Glm4Moe => (raw.first_k_dense_replace.unwrap_or(1)..num_layers).collect(),
+            // transformers states the list in `moe_layers`; older configs give the step, 0
+            // meaning none.
+            ModelFamily::Llama4 => match &raw.moe_layers {
+                Some(layers) => {
+                    if let Some(&l) = layers.iter().find(|&&l| l >= num_layers) {
+                        return Err(field(
+                            "moe_layers",
+                            format!("layer {l} is outside the {num_layers} layers"),
+                        ));
+                    }
+                    let mut layers = layers.clone();
+                    layers.sort_unstable();
+                    layers.dedup();
+                    layers
+                }
+                None => match raw.interleave_moe_layer_step.unwrap_or(1) {
+                    0 => Vec::new(),
+                    step => (0..num_layers).filter(|l| (l + 1) % step == 0).collect(),
+                },
+            },
         };
 
         let routing = routing_spec(family, &raw, num_experts, &field)?;
@@ -572,6 +643,10 @@ impl MoeModelSpec {
                     intermediate: n * intermediate,
                     gated: false,
                 }),
+            ModelFamily::Llama4 => Some(SharedExpertSpec {
+                intermediate,
+                gated: false,
+            }),
             // transformers' default is one shared expert, and vLLM builds what it says.
             ModelFamily::Glm4Moe => Some(raw.n_shared_experts.unwrap_or(1))
                 .filter(|&n| n > 0)
@@ -669,13 +744,16 @@ fn routing_spec(
         // GLM's model code fixes sigmoid scores; its configs name none.
         (ModelFamily::Glm4Moe, _) => ScoringFunc::Sigmoid,
         (f, Some(s)) if f.is_deepseek() || f == ModelFamily::MiniMaxM2 => parse_scoring(s)?,
-        (ModelFamily::DeepseekV3 | ModelFamily::MiniMaxM2, _) => ScoringFunc::Sigmoid,
+        (ModelFamily::DeepseekV3 | ModelFamily::MiniMaxM2 | ModelFamily::Llama4, _) => {
+            ScoringFunc::Sigmoid
+        }
         _ => ScoringFunc::Softmax,
     };
     let renormalize = match family {
         // gpt-oss: softmax over the top-k logits, which is the renormalized full softmax.
         // MiniMax-M2's block always renormalizes.
         ModelFamily::Mixtral | ModelFamily::GptOss | ModelFamily::MiniMaxM2 => true,
+        ModelFamily::Llama4 => false,
         ModelFamily::DeepseekV3 | ModelFamily::Glm4Moe | ModelFamily::Qwen3Next => {
             raw.norm_topk_prob.unwrap_or(true)
         }
@@ -689,6 +767,7 @@ fn routing_spec(
         routed_scaling_factor: 1.0,
         has_correction_bias,
         topk_method: None,
+        llama4: family == ModelFamily::Llama4,
     };
     let (n_group, topk_group, default_scale, topk_method) = match family {
         ModelFamily::DeepseekV3 => (
@@ -748,6 +827,7 @@ fn routing_spec(
         has_correction_bias: family == ModelFamily::Glm4Moe
             || topk_method.as_deref() == Some("noaux_tc"),
         topk_method,
+        llama4: false,
     })
 }
 

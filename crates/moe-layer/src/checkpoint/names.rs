@@ -10,6 +10,7 @@
 //! | GLM-4 MoE | as DeepSeek | `mlp.gate.weight` | `mlp.gate.e_score_correction_bias`, `mlp.shared_experts.*` |
 //! | Qwen3-Next | as Qwen2-MoE | `mlp.gate.weight` | `mlp.shared_expert.*`, `mlp.shared_expert_gate.weight` |
 //! | MiniMax-M2 | `model.layers.{l}.block_sparse_moe.experts.{e}.{w1,w3,w2}.{suffix}` | `block_sparse_moe.gate.weight` | `block_sparse_moe.e_score_correction_bias` |
+//! | Llama 4 | bf16: all experts fused, transposed: `model.layers.{l}.feed_forward.experts.{gate_up_proj,down_proj}`; quantized: `….feed_forward.experts.{e}.{gate_proj,up_proj,down_proj}.{suffix}` | `feed_forward.router.weight` | `feed_forward.shared_expert.*`; multimodal checkpoints prefix every name with `language_model.` |
 //! | gpt-oss | all experts fused: `model.layers.{l}.mlp.experts.{gate_up_proj,down_proj}_{blocks,scales,bias}` | `mlp.router.weight` | `mlp.router.bias` |
 //!
 //! `gate_proj`/`w1` is shard `w1` (rows `0..I` of `w13`), `up_proj`/`w3` is `w3` (rows
@@ -165,23 +166,44 @@ impl ExpertParam {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MoeNames {
     family: ModelFamily,
+    /// The decoder layers' prefix, before the layer index.
+    layers: &'static str,
 }
 
 impl MoeNames {
     /// The names of `family`.
     pub fn new(family: ModelFamily) -> Self {
-        Self { family }
+        Self {
+            family,
+            layers: "model.layers",
+        }
     }
 
-    /// The MoE block prefix of a layer: `model.layers.{l}.mlp` or
-    /// `model.layers.{l}.block_sparse_moe`.
+    /// The same names under a multimodal checkpoint's language model (`language_model.`, as
+    /// Llama 4's `Llama4ForConditionalGeneration` stores it).
+    pub fn in_language_model(self) -> Self {
+        Self {
+            layers: "language_model.model.layers",
+            ..self
+        }
+    }
+
+    /// Whether a tensor name lies under a language model's layers, for
+    /// [`Self::in_language_model`].
+    pub fn is_language_model_tensor(name: &str) -> bool {
+        name.starts_with("language_model.model.layers.")
+    }
+
+    /// The MoE block prefix of a layer: `model.layers.{l}.mlp`,
+    /// `model.layers.{l}.block_sparse_moe` or `model.layers.{l}.feed_forward`.
     pub fn block_prefix(&self, layer: usize) -> String {
-        format!("model.layers.{layer}.{}", self.block_module())
+        format!("{}.{layer}.{}", self.layers, self.block_module())
     }
 
     fn block_module(&self) -> &'static str {
         match self.family {
             ModelFamily::Mixtral | ModelFamily::MiniMaxM2 => "block_sparse_moe",
+            ModelFamily::Llama4 => "feed_forward",
             _ => "mlp",
         }
     }
@@ -229,13 +251,13 @@ impl MoeNames {
 
     fn router_module(&self) -> &'static str {
         match self.family {
-            ModelFamily::GptOss => "router",
+            ModelFamily::GptOss | ModelFamily::Llama4 => "router",
             _ => "gate",
         }
     }
 
-    /// A tensor of the experts a family stores fused per layer (gpt-oss): `tensor` is
-    /// `gate_up_proj_blocks`, `down_proj_scales`, ...
+    /// A tensor of the experts a family stores fused per layer (gpt-oss, Llama 4 in bf16):
+    /// `tensor` is `gate_up_proj_blocks`, `down_proj_scales`, `gate_up_proj`, ...
     pub fn fused_experts(&self, layer: usize, tensor: &str) -> String {
         format!("{}.experts.{tensor}", self.block_prefix(layer))
     }
@@ -254,7 +276,7 @@ impl MoeNames {
     /// The module prefix of a shared-expert projection, if the family has shared experts.
     pub fn shared_projection(&self, layer: usize, shard: ShardId) -> Option<String> {
         let module = match self.family {
-            ModelFamily::Qwen2Moe | ModelFamily::Qwen3Next => "shared_expert",
+            ModelFamily::Qwen2Moe | ModelFamily::Qwen3Next | ModelFamily::Llama4 => "shared_expert",
             ModelFamily::DeepseekV2 | ModelFamily::DeepseekV3 | ModelFamily::Glm4Moe => {
                 "shared_experts"
             }
@@ -276,7 +298,7 @@ impl MoeNames {
     /// Decodes a routed-expert tensor name of this family; `None` for any other name (router,
     /// shared experts, attention, names with an unknown projection or suffix).
     pub fn parse_expert_param(&self, name: &str) -> Option<ExpertParam> {
-        let rest = name.strip_prefix("model.layers.")?;
+        let rest = name.strip_prefix(self.layers)?.strip_prefix('.')?;
         let (layer, rest) = rest.split_once('.')?;
         let layer = parse_index(layer)?;
         let rest = rest.strip_prefix(self.block_module())?;

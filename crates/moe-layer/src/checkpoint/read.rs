@@ -244,8 +244,17 @@ impl Checkpoint {
         let spec = MoeModelSpec::from_dir(dir)?;
         let format = Format::from_scheme(&spec.quant);
         let source = TensorSource::open(dir, access)?;
+        let names = MoeNames::new(spec.family);
+        let names = if source
+            .names()
+            .any(|(name, _)| MoeNames::is_language_model_tensor(name))
+        {
+            names.in_language_model()
+        } else {
+            names
+        };
         Ok(Self {
-            names: MoeNames::new(spec.family),
+            names,
             spec,
             source,
             format,
@@ -289,6 +298,8 @@ impl Checkpoint {
         let (router, local_experts) = self.read_layer_head(layer, opts)?;
         let experts = if spec.family == ModelFamily::GptOss {
             self.read_mxfp4_experts(layer, &local_experts, opts)?
+        } else if self.has_fused_float_experts(layer) {
+            self.read_fused_float_experts(layer, &local_experts, opts)?
         } else {
             self.assemble(&self.routed_group(), &local_experts, opts, |e, shard| {
                 self.names.expert_projection(layer, e, shard)
@@ -604,6 +615,91 @@ impl Checkpoint {
             }
         }
         acc.finish(experts.len(), hidden.size, tp.local)
+    }
+
+    /// Whether `layer` stores its experts as Llama 4's bf16 checkpoints do: fused per layer
+    /// and transposed (see [`Self::read_fused_float_experts`]).
+    fn has_fused_float_experts(&self, layer: usize) -> bool {
+        self.spec.family == ModelFamily::Llama4
+            && matches!(self.format, Format::Float)
+            && self
+                .source
+                .contains(&self.names.fused_experts(layer, "gate_up_proj"))
+    }
+
+    /// Llama 4's float experts, stored fused per layer with K leading: `experts.gate_up_proj`
+    /// `[E, H, 2I]` (gate columns `0..I`, up columns `I..2I`) and `experts.down_proj`
+    /// `[E, I, H]`. They become the `w13` `[E, 2I, H]` and `w2` `[E, H, I]` of the per-expert
+    /// formats, local experts only, sliced for tensor parallelism, in the stored dtype.
+    fn read_fused_float_experts(
+        &self,
+        layer: usize,
+        local: &[usize],
+        opts: &ReadOptions<'_>,
+    ) -> Result<ExpertTensors, LayerError> {
+        let group = self.routed_group();
+        let tp = TpSlice::new(opts, group.intermediate, group.format)?;
+        let (e, h, i) = (self.experts_dim(), self.hidden_dim(), group.intermediate);
+        let two_i = Dim {
+            size: 2 * i.size,
+            field: i.field,
+        };
+        let read = |tensor: &str, dims: [Dim; 3]| -> Result<TensorRef<'_>, LayerError> {
+            let t = self
+                .source
+                .get_as(&self.names.fused_experts(layer, tensor), FLOAT_DTYPES)?;
+            if t.shape.len() == 3 {
+                for (dim, actual) in dims.into_iter().zip(t.shape.iter().copied()) {
+                    if dim.size != actual {
+                        return Err(self.mismatch(&t, dim, actual));
+                    }
+                }
+            }
+            t.expect_shape(&dims.map(|d| d.size))?;
+            Ok(t)
+        };
+        let gate_up = read("gate_up_proj", [e, h, two_i])?;
+        let down = read("down_proj", [e, i, h])?;
+        down.expect_dtype(&[gate_up.dtype])?;
+        let size = dtype_bytes(gate_up.dtype);
+        let (h, i) = (h.size, i.size);
+        let rows = tp.rows();
+        let mut w13 = Vec::with_capacity(local.len() * 2 * rows.len() * h * size);
+        let mut w2 = Vec::with_capacity(local.len() * h * rows.len() * size);
+        // The byte range of element `[r][c]` of expert `x`'s `[k, n]` matrix in a fused tensor.
+        let at = |x: usize, (k, n): (usize, usize), (r, c): (usize, usize)| {
+            let start = ((x * k + r) * n + c) * size;
+            start..start + size
+        };
+        for &x in local {
+            for first in [0, i] {
+                for j in rows.clone() {
+                    for k in 0..h {
+                        let range = at(x, (h, 2 * i), (k, first + j));
+                        w13.extend_from_slice(&gate_up.bytes[range]);
+                    }
+                }
+            }
+            for n in 0..h {
+                for j in rows.clone() {
+                    w2.extend_from_slice(&down.bytes[at(x, (i, h), (j, n))]);
+                }
+            }
+        }
+        let float = |bytes: &[u8]| {
+            FloatData::from_le_bytes(gate_up.dtype, bytes).unwrap_or(FloatData::F32(Vec::new()))
+        };
+        Ok(ExpertTensors {
+            num_experts: local.len(),
+            hidden: h,
+            intermediate: rows.len(),
+            weights: StoredExperts::Float {
+                w13: float(&w13),
+                w2: float(&w2),
+            },
+            w13_bias: None,
+            w2_bias: None,
+        })
     }
 
     /// The fused MXFP4 tensors of a gpt-oss layer, every expert, checked: dtypes and shapes

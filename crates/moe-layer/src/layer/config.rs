@@ -721,8 +721,8 @@ pub fn linear_expert_map(
     Ok(Some(map.as_slice().to_vec()))
 }
 
-/// The router a checkpoint's routing calls for (spec section 2): vLLM's CPU softmax top-k for
-/// plain softmax models; otherwise scored top-k (softmax, sigmoid, ...) or grouped top-k
+/// The router a checkpoint's routing calls for (spec section 2): Llama 4's top-k sigmoid on the
+/// token; vLLM's CPU softmax top-k for plain softmax models; otherwise scored top-k (softmax, sigmoid, ...) or grouped top-k
 /// (DeepSeek's `n_group`/`topk_group`, top-2 group sums when the model has a correction
 /// bias), with the routed scaling factor applied to the weights as vLLM's grouped and biased
 /// routers do. The correction bias itself is a tensor, loaded later.
@@ -733,6 +733,9 @@ pub fn router_from_spec(
     top_k: usize,
 ) -> Result<RouterConfig, String> {
     let r = routing;
+    if r.llama4 {
+        return Ok(RouterConfig::llama4(num_experts, top_k));
+    }
     // One group is no grouping, except in the label vLLM gives a biased router: with
     // `num_expert_group` set it is DeepSeekV3 (GLM-4 MoE, Kimi-K2), which kernels accept with
     // any scaling factor, where the ungrouped biased router is MiniMax2 only at a factor of 1.

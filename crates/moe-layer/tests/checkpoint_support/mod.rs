@@ -84,7 +84,8 @@ pub enum Fmt {
 
 impl Ckpt {
     /// A one-layer model of `family` (`qwen3_moe`, `qwen2_moe`, `mixtral`, `deepseek_v3`,
-    /// `glm4_moe`, `qwen3_next`, `minimax_m2`) with every routed expert written in `fmt`;
+    /// `glm4_moe`, `qwen3_next`, `minimax_m2`, `llama4_text`: top-1, experts one by one as
+    /// quantized Llama 4 checkpoints store them) with every routed expert written in `fmt`;
     /// returns it with the logical projections `[expert][w1, w3, w2]`. DeepSeek-V3 and GLM
     /// get a shared expert and a correction bias (DeepSeek two groups, one kept; GLM no
     /// groups and a routed scaling factor of 2.5), Qwen3-Next a gated shared expert,
@@ -138,6 +139,13 @@ impl Ckpt {
                 c.insert("use_routing_bias".into(), json!(true));
                 ("block_sparse_moe", ["w1", "w3", "w2"])
             }
+            "llama4_text" => {
+                c.insert("num_local_experts".into(), json!(E));
+                c.insert("intermediate_size".into(), json!(I));
+                c.insert("num_experts_per_tok".into(), json!(1));
+                c.insert("interleave_moe_layer_step".into(), json!(1));
+                ("feed_forward", ["gate_proj", "up_proj", "down_proj"])
+            }
             _ => {
                 c.insert("num_experts".into(), json!(E));
                 c.insert("moe_intermediate_size".into(), json!(I));
@@ -172,8 +180,13 @@ impl Ckpt {
             tensors: BTreeMap::new(),
         };
         let gate: Vec<f32> = rng.vec_uniform(E * H, -0.1, 0.1);
+        let router = if model_type == "llama4_text" {
+            "router"
+        } else {
+            "gate"
+        };
         ck.put(
-            &format!("model.layers.0.{block}.gate.weight"),
+            &format!("model.layers.0.{block}.{router}.weight"),
             Dtype::BF16,
             &[E, H],
             bf16_bytes(&gate),
@@ -204,8 +217,9 @@ impl Ckpt {
             experts.push(ps);
         }
         let shared_module = match model_type {
-            "deepseek_v3" | "glm4_moe" => Some("shared_experts"),
-            "qwen3_next" => Some("shared_expert"),
+            "deepseek_v3" | "glm4_moe" => Some("mlp.shared_experts"),
+            "qwen3_next" => Some("mlp.shared_expert"),
+            "llama4_text" => Some("feed_forward.shared_expert"),
             _ => None,
         };
         if let Some(module) = shared_module {
@@ -215,7 +229,7 @@ impl Ckpt {
                 proj(&mut rng, H, I),
             ];
             for (p, name) in ps.iter().zip(["gate_proj", "up_proj", "down_proj"]) {
-                ck.put_proj(&format!("model.layers.0.mlp.{module}.{name}"), p, fmt);
+                ck.put_proj(&format!("model.layers.0.{module}.{name}"), p, fmt);
             }
         }
         if model_type == "qwen3_next" {
