@@ -60,6 +60,104 @@ impl PackedDense {
         })
     }
 
+    /// Packs f32 weights given K-major, `w_kn[col·N + row] = w[row][col]` (the layout of
+    /// checkpoints that store the matrix `x` is multiplied by, Llama 4's fused experts): each
+    /// panel takes its 16 channels of a K value as one contiguous run.
+    pub fn pack_f32_k_major(n: usize, k: usize, w_kn: &[f32]) -> Result<Self, KernelError> {
+        let (n_panels, len) = Self::check_k_major(n, k, w_kn, |v| v.is_finite(), |v| v)?;
+        let mut values = vec![0f32; len];
+        Self::scatter_k_major(n, k, &mut values, w_kn);
+        Ok(Self {
+            n,
+            k,
+            n_panels,
+            values: DenseValues::F32(values),
+        })
+    }
+
+    /// Packs bf16 weights given K-major (see [`Self::pack_f32_k_major`]), keeping them in bf16.
+    pub fn pack_bf16_k_major(n: usize, k: usize, w_kn: &[bf16]) -> Result<Self, KernelError> {
+        let (n_panels, len) = Self::check_k_major(n, k, w_kn, |v| v.is_finite(), |v| v.to_f32())?;
+        let mut values = vec![bf16::ZERO; len];
+        Self::scatter_k_major(n, k, &mut values, w_kn);
+        Ok(Self {
+            n,
+            k,
+            n_panels,
+            values: DenseValues::Bf16(values),
+        })
+    }
+
+    /// [`Self::pack_bf16_k_major`] from the little-endian bytes a checkpoint stores, without
+    /// an intermediate copy of the matrix.
+    pub fn pack_bf16_k_major_le(n: usize, k: usize, bytes: &[u8]) -> Result<Self, KernelError> {
+        let (w_kn, rest) = bytes.as_chunks::<2>();
+        if !rest.is_empty() {
+            return Err(KernelError::LengthMismatch {
+                tensor: "w_dense",
+                expected: n.saturating_mul(k).saturating_mul(2),
+                got: bytes.len(),
+            });
+        }
+        let value = |b: [u8; 2]| bf16::from_le_bytes(b);
+        let (n_panels, len) =
+            Self::check_k_major(n, k, w_kn, |b| value(b).is_finite(), |b| value(b).to_f32())?;
+        // Written in order rather than into a zeroed buffer: the packed layer is as large as
+        // the checkpoint's, and zeroing it first would cost a pass over all of it.
+        let mut values = Vec::with_capacity(len);
+        for p in 0..n_panels {
+            let rows = p * PANEL..n.min((p + 1) * PANEL);
+            for col in 0..k {
+                let run = &w_kn[col * n..][rows.clone()];
+                if let Ok(full) = <&[[u8; 2]; PANEL]>::try_from(run) {
+                    // A whole panel: a fixed-size move rather than a call per run.
+                    values.extend(full.map(value));
+                } else {
+                    values.extend(run.iter().map(|&b| value(b)));
+                    values.extend(std::iter::repeat_n(bf16::ZERO, PANEL - run.len()));
+                }
+            }
+        }
+        debug_assert_eq!(values.len(), len);
+        Ok(Self {
+            n,
+            k,
+            n_panels,
+            values: DenseValues::Bf16(values),
+        })
+    }
+
+    /// [`Self::check`] for K-major weights: a non-finite weight is named by its row-major
+    /// index `row·K + col`, as the row-major packers name it.
+    fn check_k_major<T: Copy>(
+        n: usize,
+        k: usize,
+        w_kn: &[T],
+        finite: impl Fn(T) -> bool,
+        value: impl Fn(T) -> f32,
+    ) -> Result<(usize, usize), KernelError> {
+        let checked = Self::check(n, k, w_kn.len(), |_| true, |_| 0.0)?;
+        if let Some(at) = w_kn.iter().position(|&v| !finite(v)) {
+            return Err(KernelError::NonFiniteWeight {
+                tensor: "w_dense",
+                index: (at % n) * k + at / n,
+                value: value(w_kn[at]).to_string(),
+            });
+        }
+        Ok(checked)
+    }
+
+    /// Copies K-major weights into the panel layout, one run of up to 16 channels per K value.
+    fn scatter_k_major<T: Copy>(n: usize, k: usize, dst: &mut [T], w_kn: &[T]) {
+        for (p, panel) in dst.chunks_exact_mut(PANEL * k).enumerate() {
+            let rows = p * PANEL..n.min((p + 1) * PANEL);
+            for (col, step) in panel.chunks_exact_mut(PANEL).enumerate() {
+                let src = &w_kn[col * n..][rows.clone()];
+                step[..src.len()].copy_from_slice(src);
+            }
+        }
+    }
+
     /// Validates the shape and values; returns `(panels, packed length)`.
     fn check(
         n: usize,
@@ -179,6 +277,53 @@ mod tests {
         let p = PackedDense::pack_bf16(n, k, &wb).unwrap();
         assert!(p.is_bf16());
         assert_eq!(p.unpack_f32(), w);
+    }
+
+    /// K-major weights pack into the panels their row-major transpose packs into, ragged N
+    /// included, and a non-finite weight is named by the same row-major index.
+    #[test]
+    fn k_major_packing_equals_packing_the_transpose() {
+        for (n, k) in [(19, 5), (16, 3), (1, 7), (40, 1)] {
+            let w: Vec<f32> = (0..n * k).map(|i| i as f32 * 0.375 - 7.0).collect();
+            let w_kn: Vec<f32> = (0..n * k).map(|i| w[(i % n) * k + i / n]).collect();
+            let a = PackedDense::pack_f32(n, k, &w).unwrap();
+            let b = PackedDense::pack_f32_k_major(n, k, &w_kn).unwrap();
+            assert_eq!(b.unpack_f32(), w, "{n}x{k}");
+            assert_eq!(a.packed_bytes(), b.packed_bytes());
+            let wb: Vec<bf16> = w_kn.iter().map(|&v| bf16::from_f32(v)).collect();
+            let c = PackedDense::pack_bf16_k_major(n, k, &wb).unwrap();
+            assert!(c.is_bf16());
+            assert_eq!(c.unpack_f32(), w, "{n}x{k} bf16");
+            let bytes: Vec<u8> = wb.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let d = PackedDense::pack_bf16_k_major_le(n, k, &bytes).unwrap();
+            assert_eq!(d.unpack_f32(), w, "{n}x{k} bf16 bytes");
+        }
+        let (n, k) = (3, 2);
+        let mut w_kn = vec![1f32; n * k];
+        w_kn[4] = f32::INFINITY; // K value 1, channel 1: row-major index 1·2 + 1
+        assert!(matches!(
+            PackedDense::pack_f32_k_major(n, k, &w_kn),
+            Err(KernelError::NonFiniteWeight { index: 3, .. })
+        ));
+        assert!(matches!(
+            PackedDense::pack_bf16_k_major(n, k, &[bf16::ONE; 5]),
+            Err(KernelError::LengthMismatch {
+                expected: 6,
+                got: 5,
+                ..
+            })
+        ));
+        let mut bytes = vec![0u8; 12];
+        bytes[9] = 0x7F; // K value 1, channel 1 (value 4): the bits 0x7F80, an infinity
+        bytes[8] = 0x80;
+        assert!(matches!(
+            PackedDense::pack_bf16_k_major_le(n, k, &bytes),
+            Err(KernelError::NonFiniteWeight { index: 3, .. })
+        ));
+        assert!(matches!(
+            PackedDense::pack_bf16_k_major_le(n, k, &bytes[..11]),
+            Err(KernelError::LengthMismatch { .. })
+        ));
     }
 
     #[test]
