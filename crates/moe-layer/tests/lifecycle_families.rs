@@ -390,53 +390,6 @@ fn new_family_configs_are_normalized() {
     ));
 }
 
-/// Llama 4's bf16 layout from the per-expert one: every expert of the layer fused into
-/// `experts.gate_up_proj` `[E, H, 2I]` (gate columns, then up) and `experts.down_proj`
-/// `[E, I, H]`, transposed as the checkpoints store them.
-fn fuse_llama4_experts(ck: &Ckpt) -> Ckpt {
-    let mut fused = ck.clone();
-    let block = "model.layers.0.feed_forward.experts";
-    let weight = |e: usize, p: &str| {
-        let t = &ck.tensors[&format!("{block}.{e}.{p}.weight")];
-        assert_eq!(t.dtype, safetensors::Dtype::BF16);
-        t.bytes
-            .chunks_exact(2)
-            .map(|b| [b[0], b[1]])
-            .collect::<Vec<[u8; 2]>>()
-    };
-    let (mut gate_up, mut down) = (Vec::new(), Vec::new());
-    for e in 0..E {
-        let (g, u, d) = (
-            weight(e, "gate_proj"),
-            weight(e, "up_proj"),
-            weight(e, "down_proj"),
-        );
-        for k in 0..H {
-            for c in 0..2 * I {
-                let src = if c < I { &g } else { &u };
-                gate_up.extend(src[(c % I) * H + k]);
-            }
-        }
-        for k in 0..I {
-            for n in 0..H {
-                down.extend(d[n * I + k]);
-            }
-        }
-    }
-    fused
-        .tensors
-        .retain(|name, _| !name.starts_with(&format!("{block}.")));
-    let dtype = safetensors::Dtype::BF16;
-    fused.put(
-        &format!("{block}.gate_up_proj"),
-        dtype,
-        &[E, H, 2 * I],
-        gate_up,
-    );
-    fused.put(&format!("{block}.down_proj"), dtype, &[E, I, H], down);
-    fused
-}
-
 /// `ck` as the multimodal checkpoint ships it: the config under `text_config` inside a
 /// `llama4` wrapper, every tensor under `language_model.`.
 fn wrap_multimodal(ck: &Ckpt) -> Ckpt {
@@ -475,7 +428,7 @@ fn llama4_routes_on_the_token_and_reads_fused_transposed_experts() {
     assert_eq!((shared.intermediate, shared.gated), (I, false));
     assert_block_matches(&ckpt, &t, &experts, &Routing::SigmoidOnInput, 73);
 
-    let fused = fuse_llama4_experts(&ck);
+    let fused = ck.fused_llama4_experts();
     let multimodal = wrap_multimodal(&fused);
     let mut rng = SplitMix64::new(74);
     let tokens = 9;

@@ -193,6 +193,16 @@ pub struct ExpertTensors {
     pub w2_bias: Option<FloatData>,
 }
 
+/// One routed expert's float weights as Llama 4 stores them, K-major, borrowed from the shard.
+pub(crate) struct KMajorExpert<'a> {
+    /// The stored dtype.
+    pub dtype: safetensors::Dtype,
+    /// `[H, 2I]`: row `k` holds the gate's `I` values, then the up projection's.
+    pub w13: &'a [u8],
+    /// `[I, H]`.
+    pub w2: &'a [u8],
+}
+
 /// The router of a MoE layer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RouterTensors {
@@ -306,48 +316,10 @@ impl Checkpoint {
             })?
         };
 
-        let shared = match spec.shared_experts {
-            Some(shared) if opts.shared_experts => {
-                let field = spec.family.shared_intermediate_field();
-                let prefix = |shard| self.names.shared_projection(layer, shard);
-                // Shared experts are often left unquantized by the quantization recipe.
-                let format = match prefix(ShardId::W1) {
-                    Some(p)
-                        if !self
-                            .source
-                            .contains(&format!("{p}.{}", self.format.primary().suffix()))
-                            && self.source.contains(&format!("{p}.weight")) =>
-                    {
-                        Format::Float
-                    }
-                    _ => self.format,
-                };
-                let group = Group {
-                    intermediate: Dim {
-                        size: shared.intermediate,
-                        field,
-                    },
-                    format,
-                };
-                let mlp = self.assemble(&group, &[0], opts, |_, shard| {
-                    prefix(shard).into_iter().collect()
-                })?;
-                let gate = match self.names.shared_expert_gate(layer) {
-                    Some(name) if shared.gated => {
-                        let t = self.source.get_as(&name, FLOAT_DTYPES)?;
-                        let h = self.hidden_dim();
-                        if t.shape.len() == 2 && t.shape[1] != h.size {
-                            return Err(self.mismatch(&t, h, t.shape[1]));
-                        }
-                        t.expect_shape(&[1, h.size])?;
-                        check_finite(&t, &f32_values(&t)?)?;
-                        FloatData::from_le_bytes(t.dtype, t.bytes)
-                    }
-                    _ => None,
-                };
-                Some(SharedExpertTensors { mlp, gate })
-            }
-            _ => None,
+        let shared = if opts.shared_experts {
+            self.read_shared_experts(layer, opts)?
+        } else {
+            None
         };
 
         Ok(MoeLayerTensors {
@@ -357,6 +329,56 @@ impl Checkpoint {
             router,
             shared,
         })
+    }
+
+    /// The shared experts of `layer` as [`Self::read_layer`] reads them (sliced for tensor
+    /// parallelism, never filtered by the expert map), or `None` when the model has none.
+    pub(crate) fn read_shared_experts(
+        &self,
+        layer: usize,
+        opts: &ReadOptions<'_>,
+    ) -> Result<Option<SharedExpertTensors>, LayerError> {
+        let Some(shared) = self.spec.shared_experts else {
+            return Ok(None);
+        };
+        let field = self.spec.family.shared_intermediate_field();
+        let prefix = |shard| self.names.shared_projection(layer, shard);
+        // Shared experts are often left unquantized by the quantization recipe.
+        let format = match prefix(ShardId::W1) {
+            Some(p)
+                if !self
+                    .source
+                    .contains(&format!("{p}.{}", self.format.primary().suffix()))
+                    && self.source.contains(&format!("{p}.weight")) =>
+            {
+                Format::Float
+            }
+            _ => self.format,
+        };
+        let group = Group {
+            intermediate: Dim {
+                size: shared.intermediate,
+                field,
+            },
+            format,
+        };
+        let mlp = self.assemble(&group, &[0], opts, |_, shard| {
+            prefix(shard).into_iter().collect()
+        })?;
+        let gate = match self.names.shared_expert_gate(layer) {
+            Some(name) if shared.gated => {
+                let t = self.source.get_as(&name, FLOAT_DTYPES)?;
+                let h = self.hidden_dim();
+                if t.shape.len() == 2 && t.shape[1] != h.size {
+                    return Err(self.mismatch(&t, h, t.shape[1]));
+                }
+                t.expect_shape(&[1, h.size])?;
+                check_finite(&t, &f32_values(&t)?)?;
+                FloatData::from_le_bytes(t.dtype, t.bytes)
+            }
+            _ => None,
+        };
+        Ok(Some(SharedExpertTensors { mlp, gate }))
     }
 
     /// The checks of [`Self::read_layer`] that come before the experts, and the router and
@@ -391,6 +413,9 @@ impl Checkpoint {
         expert: usize,
         opts: &ReadOptions<'_>,
     ) -> Result<ExpertTensors, LayerError> {
+        if self.has_fused_float_experts(layer) {
+            return self.read_fused_float_experts(layer, &[expert], opts);
+        }
         self.assemble(&self.routed_group(), &[expert], opts, |e, shard| {
             self.names.expert_projection(layer, e, shard)
         })
@@ -639,7 +664,51 @@ impl Checkpoint {
     ) -> Result<ExpertTensors, LayerError> {
         let group = self.routed_group();
         let tp = TpSlice::new(opts, group.intermediate, group.format)?;
-        let (e, h, i) = (self.experts_dim(), self.hidden_dim(), group.intermediate);
+        let (gate_up, down) = self.fused_float_refs(layer)?;
+        let (h, i) = (self.spec.hidden, self.spec.intermediate);
+        let size = dtype_bytes(gate_up.dtype);
+        let rows = tp.rows();
+        let il = rows.len();
+        let mut w13 = vec![0u8; local.len() * 2 * il * h * size];
+        let mut w2 = vec![0u8; local.len() * h * il * size];
+        for (x, (w13, w2)) in local.iter().zip(
+            w13.chunks_exact_mut(2 * il * h * size)
+                .zip(w2.chunks_exact_mut(h * il * size)),
+        ) {
+            let gate_up = &gate_up.bytes[x * h * 2 * i * size..][..h * 2 * i * size];
+            let down = &down.bytes[x * i * h * size..][..i * h * size];
+            let (gate, up) = w13.split_at_mut(il * h * size);
+            let gate_cols = rows.clone();
+            let up_cols = i + rows.start..i + rows.end;
+            for (dst, cols) in [(gate, gate_cols), (up, up_cols)] {
+                transpose(size, gate_up, 2 * i, 0..h, cols, dst);
+            }
+            transpose(size, down, h, rows.clone(), 0..h, w2);
+        }
+        let float = |bytes: &[u8]| {
+            FloatData::from_le_bytes(gate_up.dtype, bytes).unwrap_or(FloatData::F32(Vec::new()))
+        };
+        Ok(ExpertTensors {
+            num_experts: local.len(),
+            hidden: h,
+            intermediate: rows.len(),
+            weights: StoredExperts::Float {
+                w13: float(&w13),
+                w2: float(&w2),
+            },
+            w13_bias: None,
+            w2_bias: None,
+        })
+    }
+
+    /// Llama 4's fused float tensors of `layer`, checked against the config: `gate_up_proj`
+    /// `[E, H, 2I]` and `down_proj` `[E, I, H]`, of one float dtype.
+    fn fused_float_refs(&self, layer: usize) -> Result<(TensorRef<'_>, TensorRef<'_>), LayerError> {
+        let (e, h, i) = (
+            self.experts_dim(),
+            self.hidden_dim(),
+            self.routed_group().intermediate,
+        );
         let two_i = Dim {
             size: 2 * i.size,
             field: i.field,
@@ -661,45 +730,28 @@ impl Checkpoint {
         let gate_up = read("gate_up_proj", [e, h, two_i])?;
         let down = read("down_proj", [e, i, h])?;
         down.expect_dtype(&[gate_up.dtype])?;
-        let size = dtype_bytes(gate_up.dtype);
-        let (h, i) = (h.size, i.size);
-        let rows = tp.rows();
-        let mut w13 = Vec::with_capacity(local.len() * 2 * rows.len() * h * size);
-        let mut w2 = Vec::with_capacity(local.len() * h * rows.len() * size);
-        // The byte range of element `[r][c]` of expert `x`'s `[k, n]` matrix in a fused tensor.
-        let at = |x: usize, (k, n): (usize, usize), (r, c): (usize, usize)| {
-            let start = ((x * k + r) * n + c) * size;
-            start..start + size
-        };
-        for &x in local {
-            for first in [0, i] {
-                for j in rows.clone() {
-                    for k in 0..h {
-                        let range = at(x, (h, 2 * i), (k, first + j));
-                        w13.extend_from_slice(&gate_up.bytes[range]);
-                    }
-                }
-            }
-            for n in 0..h {
-                for j in rows.clone() {
-                    w2.extend_from_slice(&down.bytes[at(x, (i, h), (j, n))]);
-                }
-            }
+        Ok((gate_up, down))
+    }
+
+    /// One expert of a layer stored as Llama 4's bf16 checkpoints store it, on a single rank,
+    /// left K-major as stored and borrowed from the shard. `None` for other layouts.
+    pub(crate) fn fused_float_expert_k_major(
+        &self,
+        layer: usize,
+        expert: usize,
+    ) -> Result<Option<KMajorExpert<'_>>, LayerError> {
+        if !self.has_fused_float_experts(layer) {
+            return Ok(None);
         }
-        let float = |bytes: &[u8]| {
-            FloatData::from_le_bytes(gate_up.dtype, bytes).unwrap_or(FloatData::F32(Vec::new()))
-        };
-        Ok(ExpertTensors {
-            num_experts: local.len(),
-            hidden: h,
-            intermediate: rows.len(),
-            weights: StoredExperts::Float {
-                w13: float(&w13),
-                w2: float(&w2),
-            },
-            w13_bias: None,
-            w2_bias: None,
-        })
+        let (gate_up, down) = self.fused_float_refs(layer)?;
+        let size = dtype_bytes(gate_up.dtype);
+        let (h, i) = (self.spec.hidden, self.spec.intermediate);
+        let (w13, w2) = (h * 2 * i * size, i * h * size);
+        Ok(Some(KMajorExpert {
+            dtype: gate_up.dtype,
+            w13: &gate_up.bytes[expert * w13..][..w13],
+            w2: &down.bytes[expert * w2..][..w2],
+        }))
     }
 
     /// The fused MXFP4 tensors of a gpt-oss layer, every expert, checked: dtypes and shapes
@@ -1193,6 +1245,47 @@ impl Accumulator {
             w13_bias: decode(&self.w13_bias),
             w2_bias: decode(&self.w2_bias),
         })
+    }
+}
+
+/// Writes the transpose of the block `rows × cols` of the row-major matrix `src` (`src_cols`
+/// columns of `size`-byte elements) into `dst`, `[cols.len()][rows.len()]`, tile by tile so
+/// both sides stay in cache.
+fn transpose(
+    size: usize,
+    src: &[u8],
+    src_cols: usize,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    dst: &mut [u8],
+) {
+    match size {
+        2 => transpose_elements::<2>(src, src_cols, rows, cols, dst),
+        4 => transpose_elements::<4>(src, src_cols, rows, cols, dst),
+        _ => transpose_elements::<1>(src, src_cols, rows, cols, dst),
+    }
+}
+
+fn transpose_elements<const S: usize>(
+    src: &[u8],
+    src_cols: usize,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    dst: &mut [u8],
+) {
+    const TILE: usize = 64;
+    let (n_rows, n_cols) = (rows.len(), cols.len());
+    for r0 in (0..n_rows).step_by(TILE) {
+        for c0 in (0..n_cols).step_by(TILE) {
+            for r in r0..n_rows.min(r0 + TILE) {
+                let line = &src[((rows.start + r) * src_cols + cols.start) * S..][..n_cols * S];
+                let line = line.as_chunks::<S>().0;
+                for (c, element) in line.iter().enumerate().skip(c0).take(TILE) {
+                    let at = (c * n_rows + r) * S;
+                    dst[at..at + S].copy_from_slice(element);
+                }
+            }
+        }
     }
 }
 

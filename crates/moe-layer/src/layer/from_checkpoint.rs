@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use moe_kernels::{Activation, GateUpLayout};
 use moe_quant::{DType, WeightGroups};
 
-use moe_kernels::{PackedW4A8, PackedW8A8, PackedWna16, Par, W4A8Prefill};
+use moe_kernels::{PackedDense, PackedW4A8, PackedW8A8, PackedWna16, Par, W4A8Prefill};
 use moe_oracle::DisabledKernels;
 
 use super::MoeLayer;
@@ -263,10 +263,11 @@ impl MoeLayer {
 
     /// [`Self::from_checkpoint`] with a choice of threads and a progress callback.
     ///
-    /// W4A8 and native WNA16 layers without shared experts are read and packed one expert at
-    /// a time, experts in parallel: each expert goes from the (memory-mapped) shard through
-    /// the same checks and the same packing as the whole-layer path, so the packed weights are
-    /// identical, but the unpacked codes of the whole layer never exist at once. Any failure
+    /// W4A8, W8A8, native WNA16 and unquantized layers on one tensor-parallel rank are read and
+    /// packed one expert at a time, experts in parallel: each expert goes from the
+    /// (memory-mapped) shard through the same checks and the same packing as the whole-layer
+    /// path, so the packed weights are identical, but the unpacked weights of the whole layer
+    /// never exist at once (the shared experts, one MLP, are read whole). Any failure
     /// on that road, and every other layer, takes the whole-layer road (read, load, process),
     /// which reports the error exactly as it always has.
     pub fn from_checkpoint_with(
@@ -395,11 +396,13 @@ impl MoeLayer {
         if cfg.quant == LayerQuant::Mxfp4 {
             return Self::streamed_mxfp4(ckpt, layer, cfg, opts);
         }
-        if cfg.shared_experts.is_some()
-            || cfg.tp_size != 1
+        if cfg.tp_size != 1
             || !matches!(
                 cfg.quant,
-                LayerQuant::W4A8 { .. } | LayerQuant::W8A8 | LayerQuant::Wna16 { .. }
+                LayerQuant::W4A8 { .. }
+                    | LayerQuant::W8A8
+                    | LayerQuant::Wna16 { .. }
+                    | LayerQuant::Unquantized
             )
         {
             return None;
@@ -421,6 +424,20 @@ impl MoeLayer {
         if moe.cfg.router_bias_pending || local != moe.cfg.local_experts() {
             return None;
         }
+        if moe.cfg.shared_experts.is_some() {
+            let shared = ckpt
+                .read_shared_experts(layer, &ReadOptions::single_rank())
+                .ok()??;
+            let loaded = moe
+                .shared
+                .as_mut()?
+                .guarded(|c, p| copy_experts(c, p, Cow::Owned(shared.mlp), layer, &[0]));
+            loaded.ok()?;
+            if let Some(gate) = &shared.gate {
+                moe.load_shared_expert_gate(&gate.to_f32_vec()).ok()?;
+            }
+            moe.process_shared().ok()?;
+        }
         let (selection, kernels) = super::backend::select(&moe.cfg, &moe.router).ok()?;
         let native_wna16 = selection.kernel.id == moe_oracle::KernelId::CpuWna16;
         let order = kernels.panel_order();
@@ -434,6 +451,15 @@ impl MoeLayer {
         let done = std::sync::atomic::AtomicUsize::new(0);
         let total = local.len();
         let experts = moe_kernels::par::map_indexed(total, opts.par, |x| {
+            if one.quant == LayerQuant::Unquantized {
+                let (w13, w2, dtype) = pack_float_expert(ckpt, layer, local[x], &one)?;
+                let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                if let Some(report) = opts.progress {
+                    report(LoadProgress { done: n, total });
+                }
+                // Every expert must share the layer's float dtype, as on the other road.
+                return Ok((Packed::Dense(vec![w13], vec![w2]), Some(dtype)));
+            }
             if matches!(one.quant, LayerQuant::Wna16 { .. })
                 && native_wna16
                 && let Some(words) = ckpt.read_routed_expert_words(layer, local[x])?
@@ -504,7 +530,7 @@ impl MoeLayer {
             .into_iter()
             .collect::<Result<_, LayerError>>()
             .ok()?;
-        // The whole-layer read requires one scale dtype for the layer.
+        // The whole-layer read requires one scale dtype (one float dtype) for the layer.
         if experts.windows(2).any(|w| w[0].1 != w[1].1) {
             return None;
         }
@@ -532,6 +558,15 @@ impl MoeLayer {
             super::Experts::W4A8(one_format(
                 packed.map(|p| match p {
                     Packed::W4A8(a, b) => Some((a, b)),
+                    _ => None,
+                }),
+                moe_cfg,
+                kernels,
+            )?)
+        } else if cfg.quant == LayerQuant::Unquantized {
+            super::Experts::Dense(one_format(
+                packed.map(|p| match p {
+                    Packed::Dense(a, b) => Some((a, b)),
                     _ => None,
                 }),
                 moe_cfg,
@@ -696,11 +731,78 @@ impl MoeLayer {
     }
 }
 
+/// One unquantized expert packed for the dense kernels straight from the checkpoint, as
+/// `process` packs it (bf16 kept, other float dtypes widened to f32), without the layer's f32
+/// parameters in between; Llama 4's K-major tensors are packed as stored. Returns the weights'
+/// dtype, which must be the layer's.
+fn pack_float_expert(
+    ckpt: &Checkpoint,
+    layer: usize,
+    expert: usize,
+    one: &MoeLayerConfig,
+) -> Result<(PackedDense, PackedDense, DType), LayerError> {
+    let (h, i) = (one.hidden, one.intermediate_per_rank());
+    let pack = |w: &FloatData, n: usize, k: usize, k_major: bool| {
+        Ok::<_, LayerError>(match (w, k_major) {
+            (FloatData::BF16(v), false) => PackedDense::pack_bf16(n, k, v)?,
+            (FloatData::BF16(v), true) => PackedDense::pack_bf16_k_major(n, k, v)?,
+            (other, false) => PackedDense::pack_f32(n, k, &other.to_f32_vec())?,
+            (other, true) => PackedDense::pack_f32_k_major(n, k, &other.to_f32_vec())?,
+        })
+    };
+    if let Some(crate::checkpoint::read::KMajorExpert { dtype, w13, w2 }) =
+        ckpt.fused_float_expert_k_major(layer, expert)?
+    {
+        if dtype == safetensors::Dtype::BF16 {
+            let (w13, w2) = (
+                PackedDense::pack_bf16_k_major_le(2 * i, h, w13)?,
+                PackedDense::pack_bf16_k_major_le(h, i, w2)?,
+            );
+            return Ok((w13, w2, DType::BF16));
+        }
+        let float =
+            |bytes| FloatData::from_le_bytes(dtype, bytes).unwrap_or(FloatData::F32(vec![]));
+        let (w13, w2) = (float(w13), float(w2));
+        return Ok((
+            pack(&w13, 2 * i, h, true)?,
+            pack(&w2, h, i, true)?,
+            w13.dtype(),
+        ));
+    }
+    let read = ReadOptions {
+        shared_experts: false,
+        ..ReadOptions::single_rank()
+    };
+    let ex = ckpt.read_routed_expert(layer, expert, &read)?;
+    let StoredExperts::Float { w13, w2 } = &ex.weights else {
+        return Err(LayerError::InvalidArgument {
+            field: "quant",
+            reason: "unquantized layers take float weights".into(),
+        });
+    };
+    if ex.w13_bias.is_some() || ex.w2_bias.is_some() {
+        return Err(LayerError::InvalidArgument {
+            field: "bias",
+            reason: "expert biases are loaded by the whole-layer road".into(),
+        });
+    }
+    if w13.dtype() != w2.dtype() {
+        return Err(LayerError::ParamDtype {
+            tensor: "w2".into(),
+            expected: format!("{:?} (the dtype of w13)", w13.dtype()),
+            actual: format!("{:?}", w2.dtype()),
+        });
+    }
+    let dtype = w13.dtype();
+    Ok((pack(w13, 2 * i, h, false)?, pack(w2, h, i, false)?, dtype))
+}
+
 /// One expert packed on the streamed road: its `w13` and `w2` (one matrix each).
 enum Packed {
     W4A8(Vec<PackedW4A8>, Vec<PackedW4A8>),
     W8A8(Vec<PackedW8A8>, Vec<PackedW8A8>),
     Wna16(Vec<PackedWna16>, Vec<PackedWna16>),
+    Dense(Vec<PackedDense>, Vec<PackedDense>),
 }
 
 /// Checks the reader's tensors of one expert group (the routed experts, or the shared MLP as
@@ -1153,6 +1255,64 @@ mod tests {
             assert_eq!(run(&streamed), run(&whole), "{par:?}");
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Unquantized layers (per-expert bf16 names, Llama 4's fused transposed tensors) and
+    /// layers with shared experts (plain, gated, quantized) take the streamed road and compute
+    /// bit for bit what the whole-layer road computes, on every thread count.
+    #[test]
+    fn streamed_float_and_shared_expert_layers_run_as_the_whole_layer() {
+        use test_support::{Ckpt, H};
+        let cases = [
+            ("stream-bf16", Ckpt::build("qwen3_moe", Fmt::Float, 0x5f0).0),
+            (
+                "stream-bf16-shared",
+                Ckpt::build("deepseek_v3", Fmt::Float, 0x5f1).0,
+            ),
+            (
+                "stream-bf16-gated",
+                Ckpt::build("qwen3_next", Fmt::Float, 0x5f2).0,
+            ),
+            (
+                "stream-llama4",
+                Ckpt::build("llama4_text", Fmt::Float, 0x5f3).0,
+            ),
+            (
+                "stream-llama4-fused",
+                Ckpt::build("llama4_text", Fmt::Float, 0x5f4)
+                    .0
+                    .fused_llama4_experts(),
+            ),
+            (
+                "stream-wna16-shared",
+                Ckpt::build("glm4_moe", Fmt::Gptq, 0x5f5).0,
+            ),
+        ];
+        let x = moe_testutil::SplitMix64::new(10).vec_uniform(5 * H, -1.0, 1.0);
+        for (tag, ck) in cases {
+            let dir = temp_dir(tag);
+            ck.write(&dir);
+            let ckpt = Checkpoint::open(&dir, ShardAccess::Mmap).unwrap();
+            let cfg = MoeLayerConfig::from_spec(ckpt.spec(), 0, 1, None, 8).unwrap();
+            let k = cfg.top_k;
+            let run = |layer: &MoeLayer| {
+                let (mut ids, mut w) = (vec![0i32; 5 * k], vec![0f32; 5 * k]);
+                layer.route_hidden(&x, &mut ids, &mut w).unwrap();
+                let mut out = vec![0f32; x.len()];
+                layer.apply_with_topk(&x, &ids, &w, &mut out).unwrap();
+                out
+            };
+            let mut whole = MoeLayer::whole_layer(&ckpt, 0, cfg.clone()).unwrap();
+            whole.process().unwrap();
+            let want = run(&whole);
+            for par in [Par::Seq, Par::Rayon] {
+                let opts = LoadOptions::new().with_par(par);
+                let streamed = MoeLayer::streamed(&ckpt, 0, &cfg, &opts)
+                    .unwrap_or_else(|| panic!("{tag}: the streamed road was not taken"));
+                assert_eq!(run(&streamed), want, "{tag} {par:?}");
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 
     #[test]

@@ -43,7 +43,7 @@ impl MoeLayer {
 
     /// Processes the shared experts' layer; their missing tensors are named under
     /// `shared_experts.`.
-    fn process_shared(&mut self) -> Result<(), LayerError> {
+    pub(super) fn process_shared(&mut self) -> Result<(), LayerError> {
         let Some(shared) = self.shared.as_mut() else {
             return Ok(());
         };

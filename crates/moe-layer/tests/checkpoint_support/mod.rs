@@ -364,6 +364,52 @@ impl Ckpt {
         safetensors::serialize(views, None).unwrap()
     }
 
+    /// Llama 4's bf16 layout of a `llama4_text` checkpoint from [`Self::build`]: every expert
+    /// of layer 0 fused into `experts.gate_up_proj` `[E, H, 2I]` (gate columns, then up) and
+    /// `experts.down_proj` `[E, I, H]`, transposed as the checkpoints store them.
+    pub fn fused_llama4_experts(&self) -> Ckpt {
+        let mut fused = self.clone();
+        let block = "model.layers.0.feed_forward.experts";
+        let weight = |e: usize, p: &str| {
+            let t = &self.tensors[&format!("{block}.{e}.{p}.weight")];
+            assert_eq!(t.dtype, Dtype::BF16);
+            t.bytes
+                .chunks_exact(2)
+                .map(|b| [b[0], b[1]])
+                .collect::<Vec<[u8; 2]>>()
+        };
+        let (mut gate_up, mut down) = (Vec::new(), Vec::new());
+        for e in 0..E {
+            let (g, u, d) = (
+                weight(e, "gate_proj"),
+                weight(e, "up_proj"),
+                weight(e, "down_proj"),
+            );
+            for k in 0..H {
+                for c in 0..2 * I {
+                    let src = if c < I { &g } else { &u };
+                    gate_up.extend(src[(c % I) * H + k]);
+                }
+            }
+            for k in 0..I {
+                for n in 0..H {
+                    down.extend(d[n * I + k]);
+                }
+            }
+        }
+        fused
+            .tensors
+            .retain(|name, _| !name.starts_with(&format!("{block}.")));
+        fused.put(
+            &format!("{block}.gate_up_proj"),
+            Dtype::BF16,
+            &[E, H, 2 * I],
+            gate_up,
+        );
+        fused.put(&format!("{block}.down_proj"), Dtype::BF16, &[E, I, H], down);
+        fused
+    }
+
     /// Writes `config.json` and `model.safetensors` into `dir`.
     pub fn write(&self, dir: &Path) {
         std::fs::write(dir.join("config.json"), self.config.to_string()).unwrap();
