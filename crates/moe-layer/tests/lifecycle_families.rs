@@ -1,7 +1,8 @@
-//! GLM-4 MoE, Qwen3-Next and MiniMax-M2 checkpoints through the whole lifecycle: the config
-//! is read into the family's routing and shared experts, the tensors are found under the
-//! family's names, and the layer's output through its own router equals a float64 MoE block
-//! whose routing is recomputed here from each model's definition.
+//! GLM-4 MoE, Qwen3-Next, MiniMax-M2, Llama 4 and Qwen3-VL-MoE checkpoints through the whole
+//! lifecycle: the config is read into the family's routing and shared experts, the tensors
+//! are found under the family's names, and the layer's output through its own router equals a
+//! float64 MoE block whose routing is recomputed here from each model's definition (or, for
+//! Qwen3-VL-MoE, the output of the plain Qwen3-MoE checkpoint of the same weights).
 #![cfg(feature = "checkpoint")]
 
 mod checkpoint_support;
@@ -482,4 +483,47 @@ fn llama4_routes_on_the_token_and_reads_fused_transposed_experts() {
             if tensor.ends_with("experts.down_proj") && *field == "intermediate_size"),
         "{err:?}"
     );
+}
+
+/// Qwen3-VL-MoE's language model is Qwen3-MoE's: the multimodal wrapper's `text_config`, the
+/// `model.language_model.` names and the fused bf16 experts load into the layer a plain
+/// Qwen3-MoE checkpoint of the same weights loads into, bit for bit.
+#[test]
+fn qwen3_vl_moe_reads_its_wrapped_config_and_fused_experts() {
+    let (ck, _) = Ckpt::build("qwen3_moe", Fmt::Float, 75);
+    let mut vl = ck.fused_experts("model.layers.0.mlp.experts");
+    let mut text = ck.config.clone();
+    text["model_type"] = serde_json::json!("qwen3_vl_moe_text");
+    vl.config = serde_json::json!({
+        "model_type": "qwen3_vl_moe",
+        "architectures": ["Qwen3VLMoeForConditionalGeneration"],
+        "text_config": text,
+        "vision_config": {"depth": 2},
+    });
+    vl.tensors = vl
+        .tensors
+        .into_iter()
+        .map(|(name, t)| {
+            (
+                name.replace("model.layers.", "model.language_model.layers."),
+                t,
+            )
+        })
+        .collect();
+    let (plain, t_plain) = open(&ck, "family-qwen3");
+    let (ckpt, t) = open(&vl, "family-qwen3-vl");
+    assert_eq!(ckpt.spec().family, ModelFamily::Qwen3VlMoe);
+    assert!(ckpt.spec().routing.renormalize);
+    assert_eq!(t.experts, t_plain.experts);
+    let mut rng = SplitMix64::new(76);
+    let tokens = 6;
+    let x = rng.vec_uniform(tokens * H, -1.0, 1.0);
+    let logits = rng.vec_uniform(tokens * E, -3.0, 3.0);
+    let run = |ckpt: &Checkpoint| {
+        let layer = MoeLayer::from_checkpoint(ckpt, 0, 16).unwrap();
+        let mut out = vec![0f32; tokens * H];
+        layer.apply(&x, Logits::F32(&logits), &mut out).unwrap();
+        out
+    };
+    assert_eq!(run(&ckpt), run(&plain));
 }

@@ -78,6 +78,11 @@ pub enum ModelFamily {
     /// store them one by one. Multimodal checkpoints keep the language model under
     /// `language_model.` and its config under `text_config`.
     Llama4,
+    /// Qwen3-VL-MoE (`qwen3_vl_moe`): Qwen3-MoE's language model (softmax routing,
+    /// renormalized) inside a multimodal wrapper: config under `text_config`, names under
+    /// `model.language_model.`; bf16 checkpoints fuse each layer's experts as Llama 4 does
+    /// (`experts.gate_up_proj` `[E, H, 2I]`, `experts.down_proj` `[E, I, H]`).
+    Qwen3VlMoe,
 }
 
 impl ModelFamily {
@@ -94,6 +99,7 @@ impl ModelFamily {
             "qwen3_next" => Some(Self::Qwen3Next),
             "minimax_m2" => Some(Self::MiniMaxM2),
             "llama4" | "llama4_text" => Some(Self::Llama4),
+            "qwen3_vl_moe" | "qwen3_vl_moe_text" => Some(Self::Qwen3VlMoe),
             _ => None,
         });
         by_type.or_else(|| {
@@ -108,6 +114,7 @@ impl ModelFamily {
                 "Qwen3NextForCausalLM" => Some(Self::Qwen3Next),
                 "MiniMaxM2ForCausalLM" => Some(Self::MiniMaxM2),
                 "Llama4ForConditionalGeneration" | "Llama4ForCausalLM" => Some(Self::Llama4),
+                "Qwen3VLMoeForConditionalGeneration" => Some(Self::Qwen3VlMoe),
                 _ => None,
             })
         })
@@ -125,7 +132,7 @@ impl ModelFamily {
     /// The config field that counts the routed experts.
     pub(crate) fn experts_field(self) -> &'static str {
         match self {
-            Self::Qwen2Moe | Self::Qwen3Moe | Self::Qwen3Next => "num_experts",
+            Self::Qwen2Moe | Self::Qwen3Moe | Self::Qwen3Next | Self::Qwen3VlMoe => "num_experts",
             Self::Mixtral | Self::GptOss | Self::MiniMaxM2 | Self::Llama4 => "num_local_experts",
             Self::DeepseekV2 | Self::DeepseekV3 | Self::Glm4Moe => "n_routed_experts",
         }
@@ -551,12 +558,20 @@ impl MoeModelSpec {
         let experts_field = family.experts_field();
         let num_experts = match (family, raw.num_experts) {
             // Qwen-MoE configs have been seen with Mixtral's spelling too.
-            (ModelFamily::Qwen2Moe | ModelFamily::Qwen3Moe | ModelFamily::Qwen3Next, None) => {
-                required(raw.num_local_experts, "num_experts")?
-            }
-            (ModelFamily::Qwen2Moe | ModelFamily::Qwen3Moe | ModelFamily::Qwen3Next, n) => {
-                required(n, "num_experts")?
-            }
+            (
+                ModelFamily::Qwen2Moe
+                | ModelFamily::Qwen3Moe
+                | ModelFamily::Qwen3Next
+                | ModelFamily::Qwen3VlMoe,
+                None,
+            ) => required(raw.num_local_experts, "num_experts")?,
+            (
+                ModelFamily::Qwen2Moe
+                | ModelFamily::Qwen3Moe
+                | ModelFamily::Qwen3Next
+                | ModelFamily::Qwen3VlMoe,
+                n,
+            ) => required(n, "num_experts")?,
             (
                 ModelFamily::Mixtral
                 | ModelFamily::GptOss
@@ -580,7 +595,10 @@ impl MoeModelSpec {
         };
 
         let moe_layers: Vec<usize> = match family {
-            ModelFamily::Qwen2Moe | ModelFamily::Qwen3Moe | ModelFamily::Qwen3Next => {
+            ModelFamily::Qwen2Moe
+            | ModelFamily::Qwen3Moe
+            | ModelFamily::Qwen3Next
+            | ModelFamily::Qwen3VlMoe => {
                 let step = raw.decoder_sparse_step.unwrap_or(1);
                 if step == 0 {
                     return Err(field("decoder_sparse_step", "must be positive".into()));
@@ -754,9 +772,10 @@ fn routing_spec(
         // MiniMax-M2's block always renormalizes.
         ModelFamily::Mixtral | ModelFamily::GptOss | ModelFamily::MiniMaxM2 => true,
         ModelFamily::Llama4 => false,
-        ModelFamily::DeepseekV3 | ModelFamily::Glm4Moe | ModelFamily::Qwen3Next => {
-            raw.norm_topk_prob.unwrap_or(true)
-        }
+        ModelFamily::DeepseekV3
+        | ModelFamily::Glm4Moe
+        | ModelFamily::Qwen3Next
+        | ModelFamily::Qwen3VlMoe => raw.norm_topk_prob.unwrap_or(true),
         _ => raw.norm_topk_prob.unwrap_or(false),
     };
     let ungrouped = |has_correction_bias| RoutingSpec {

@@ -179,19 +179,17 @@ impl MoeNames {
         }
     }
 
-    /// The same names under a multimodal checkpoint's language model (`language_model.`, as
-    /// Llama 4's `Llama4ForConditionalGeneration` stores it).
-    pub fn in_language_model(self) -> Self {
-        Self {
-            layers: "language_model.model.layers",
-            ..self
-        }
-    }
-
-    /// Whether a tensor name lies under a language model's layers, for
-    /// [`Self::in_language_model`].
-    pub fn is_language_model_tensor(name: &str) -> bool {
-        name.starts_with("language_model.model.layers.")
+    /// The same names under the language model of a multimodal checkpoint whose tensors
+    /// include `name` (`language_model.model.layers.…` as Llama 4 stores them,
+    /// `model.language_model.layers.…` as Qwen3-VL does); `None` when `name` lies under
+    /// neither.
+    pub fn in_language_model_of(self, name: &str) -> Option<Self> {
+        const ROOTS: [&str; 2] = ["language_model.model.layers", "model.language_model.layers"];
+        let layers = ROOTS.into_iter().find(|root| {
+            name.strip_prefix(root)
+                .is_some_and(|rest| rest.starts_with('.'))
+        })?;
+        Some(Self { layers, ..self })
     }
 
     /// The MoE block prefix of a layer: `model.layers.{l}.mlp`,

@@ -255,14 +255,10 @@ impl Checkpoint {
         let format = Format::from_scheme(&spec.quant);
         let source = TensorSource::open(dir, access)?;
         let names = MoeNames::new(spec.family);
-        let names = if source
+        let names = source
             .names()
-            .any(|(name, _)| MoeNames::is_language_model_tensor(name))
-        {
-            names.in_language_model()
-        } else {
-            names
-        };
+            .find_map(|(name, _)| names.in_language_model_of(name))
+            .unwrap_or(names);
         Ok(Self {
             names,
             spec,
@@ -642,17 +638,18 @@ impl Checkpoint {
         acc.finish(experts.len(), hidden.size, tp.local)
     }
 
-    /// Whether `layer` stores its experts as Llama 4's bf16 checkpoints do: fused per layer
-    /// and transposed (see [`Self::read_fused_float_experts`]).
+    /// Whether `layer` stores its experts as Llama 4's and Qwen3-VL's bf16 checkpoints do:
+    /// fused per layer and transposed (see [`Self::read_fused_float_experts`]). gpt-oss's
+    /// fused tensors interleave gate and up rows and are refused unquantized by the config.
     fn has_fused_float_experts(&self, layer: usize) -> bool {
-        self.spec.family == ModelFamily::Llama4
+        self.spec.family != ModelFamily::GptOss
             && matches!(self.format, Format::Float)
             && self
                 .source
                 .contains(&self.names.fused_experts(layer, "gate_up_proj"))
     }
 
-    /// Llama 4's float experts, stored fused per layer with K leading: `experts.gate_up_proj`
+    /// Llama 4's and Qwen3-VL's float experts, stored fused per layer with K leading: `experts.gate_up_proj`
     /// `[E, H, 2I]` (gate columns `0..I`, up columns `I..2I`) and `experts.down_proj`
     /// `[E, I, H]`. They become the `w13` `[E, 2I, H]` and `w2` `[E, H, I]` of the per-expert
     /// formats, local experts only, sliced for tensor parallelism, in the stored dtype.
@@ -701,7 +698,7 @@ impl Checkpoint {
         })
     }
 
-    /// Llama 4's fused float tensors of `layer`, checked against the config: `gate_up_proj`
+    /// The fused float tensors of `layer` (Llama 4, Qwen3-VL), checked against the config: `gate_up_proj`
     /// `[E, H, 2I]` and `down_proj` `[E, I, H]`, of one float dtype.
     fn fused_float_refs(&self, layer: usize) -> Result<(TensorRef<'_>, TensorRef<'_>), LayerError> {
         let (e, h, i) = (
@@ -733,8 +730,9 @@ impl Checkpoint {
         Ok((gate_up, down))
     }
 
-    /// One expert of a layer stored as Llama 4's bf16 checkpoints store it, on a single rank,
-    /// left K-major as stored and borrowed from the shard. `None` for other layouts.
+    /// One expert of a layer stored as Llama 4's and Qwen3-VL's bf16 checkpoints store it, on
+    /// a single rank, left K-major as stored and borrowed from the shard. `None` for other
+    /// layouts.
     pub(crate) fn fused_float_expert_k_major(
         &self,
         layer: usize,

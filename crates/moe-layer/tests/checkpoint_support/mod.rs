@@ -364,12 +364,18 @@ impl Ckpt {
         safetensors::serialize(views, None).unwrap()
     }
 
-    /// Llama 4's bf16 layout of a `llama4_text` checkpoint from [`Self::build`]: every expert
-    /// of layer 0 fused into `experts.gate_up_proj` `[E, H, 2I]` (gate columns, then up) and
-    /// `experts.down_proj` `[E, I, H]`, transposed as the checkpoints store them.
+    /// Llama 4's bf16 layout of a `llama4_text` checkpoint from [`Self::build`]; see
+    /// [`Self::fused_experts`].
     pub fn fused_llama4_experts(&self) -> Ckpt {
+        self.fused_experts("model.layers.0.feed_forward.experts")
+    }
+
+    /// The bf16 layout of Llama 4 and Qwen3-VL-MoE for a float checkpoint from
+    /// [`Self::build`]: every expert under `block` (`….experts`) fused into
+    /// `{block}.gate_up_proj` `[E, H, 2I]` (gate columns, then up) and `{block}.down_proj`
+    /// `[E, I, H]`, transposed as the checkpoints store them.
+    pub fn fused_experts(&self, block: &str) -> Ckpt {
         let mut fused = self.clone();
-        let block = "model.layers.0.feed_forward.experts";
         let weight = |e: usize, p: &str| {
             let t = &self.tensors[&format!("{block}.{e}.{p}.weight")];
             assert_eq!(t.dtype, Dtype::BF16);
