@@ -159,6 +159,12 @@ typedef enum {
    Grouped top-k on sigmoid scores (DeepSeek-V3), usually with a correction bias.
    */
   MOE_ROUTING_GROUPED_SIGMOID = 3,
+  /*
+   Llama 4: the top-k raw logits, each weighted by its sigmoid, the weight multiplying
+   the token before its expert rather than the expert's output. Not renormalized (the
+   layer's `renormalize` must be 0), without groups or correction bias.
+   */
+  MOE_ROUTING_LLAMA4 = 4,
 } MoeRouting;
 
 /*

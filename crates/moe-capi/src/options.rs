@@ -47,6 +47,10 @@ pub enum MoeRouting {
     GroupedSoftmax = 2,
     /// Grouped top-k on sigmoid scores (DeepSeek-V3), usually with a correction bias.
     GroupedSigmoid = 3,
+    /// Llama 4: the top-k raw logits, each weighted by its sigmoid, the weight multiplying
+    /// the token before its expert rather than the expert's output. Not renormalized (the
+    /// layer's `renormalize` must be 0), without groups or correction bias.
+    Llama4 = 4,
 }
 
 /// What WNA16 weights are multiplied with (`MoeLayerOptions::wna16_activations`).
@@ -231,10 +235,11 @@ impl MoeLayerOptions {
             1 => (ScoringFunc::Sigmoid, false),
             2 => (ScoringFunc::Softmax, true),
             3 => (ScoringFunc::Sigmoid, true),
+            4 => return self.llama4_routing(renormalize),
             other => {
                 return Err(CapiError::invalid(format!(
                     "options.routing: {other} is not a MoeRouting (0 = softmax, 1 = sigmoid, \
-                     2 = grouped_softmax, 3 = grouped_sigmoid)"
+                     2 = grouped_softmax, 3 = grouped_sigmoid, 4 = llama4)"
                 )));
             }
         };
@@ -259,6 +264,37 @@ impl MoeLayerOptions {
             has_correction_bias: self.correction_bias != 0,
             topk_method: None,
             llama4: false,
+        })
+    }
+
+    /// Llama 4's routing, which has none of the other routings' options.
+    fn llama4_routing(&self, renormalize: bool) -> Result<RoutingSpec, CapiError> {
+        if renormalize {
+            return Err(CapiError::invalid(
+                "desc.renormalize: llama4 routing weighs each expert by the sigmoid of its \
+                 logit and does not renormalize; set renormalize to 0",
+            ));
+        }
+        if self.correction_bias != 0 {
+            return Err(CapiError::invalid(
+                "options.correction_bias: llama4 routing has no correction bias",
+            ));
+        }
+        if self.routed_scaling_factor != 1.0 {
+            return Err(CapiError::invalid(format!(
+                "options.routed_scaling_factor: llama4 routing takes no scaling factor, got {}",
+                self.routed_scaling_factor
+            )));
+        }
+        Ok(RoutingSpec {
+            scoring: ScoringFunc::Sigmoid,
+            renormalize: false,
+            num_expert_group: None,
+            topk_group: None,
+            routed_scaling_factor: 1.0,
+            has_correction_bias: false,
+            topk_method: None,
+            llama4: true,
         })
     }
 

@@ -585,6 +585,84 @@ fn layer_options_reach_the_layer() {
     expect(moe_layer_free(default), MoeStatus::Ok);
 }
 
+/// `MOE_ROUTING_LLAMA4` builds Llama 4's router: the layer computes exactly what the Rust layer
+/// with that router computes (the sigmoid of each chosen logit scaling the token before its
+/// expert), not what the default layer computes; renormalization, a correction bias or a
+/// scaling factor with it are refused, naming the field.
+#[test]
+fn llama4_routing_reaches_the_layer() {
+    let ckpt = Checkpoint::open(&fixture(), ShardAccess::Read).unwrap();
+    let spec = ckpt.spec();
+    let desc = MoeLayerDesc {
+        renormalize: 0,
+        ..fixture_desc(&ckpt)
+    };
+    let create = |desc: &MoeLayerDesc, o: &MoeLayerOptions| {
+        let mut layer = null_mut();
+        // SAFETY: valid desc, options and out-pointer.
+        let status = unsafe { moe_layer_create_with(desc, o, &mut layer) };
+        (status, layer)
+    };
+    let llama4 = options(|o| o.routing = MoeRouting::Llama4 as u32);
+    let (status, layer) = create(&desc, &llama4);
+    expect(status, MoeStatus::Ok);
+    load_fixture_tensors(layer, &ckpt);
+    expect(moe_layer_process(layer), MoeStatus::Ok);
+
+    let cfg = moe_layer::MoeLayerConfig::from_spec(spec, 0, 1, None, 16)
+        .unwrap()
+        .with_router(moe_router::RouterConfig::llama4(spec.num_experts, spec.top_k));
+    let mut reference = moe_layer::MoeLayer::create(cfg).unwrap();
+    let tensors = ckpt
+        .read_layer(
+            spec.moe_layers[0],
+            &moe_layer::checkpoint::ReadOptions::single_rank(),
+        )
+        .unwrap();
+    reference.load_layer_tensors(&tensors).unwrap();
+    reference.process().unwrap();
+    let x = fixture_x();
+    let mut got = vec![0f32; x.len()];
+    expect(apply_f32(layer, &x, &mut got), MoeStatus::Ok);
+    let logits = reference.router_logits(&x).unwrap();
+    let mut want = vec![0f32; x.len()];
+    reference
+        .apply(&x, moe_router::Logits::F32(&logits), &mut want)
+        .unwrap();
+    assert_eq!(got, want);
+    let default = open_fixture();
+    let mut plain = vec![0f32; x.len()];
+    expect(apply_f32(default, &x, &mut plain), MoeStatus::Ok);
+    assert_ne!(got, plain);
+    expect(moe_layer_free(layer), MoeStatus::Ok);
+    expect(moe_layer_free(default), MoeStatus::Ok);
+
+    for (desc, o, field) in [
+        (fixture_desc(&ckpt), llama4, "renormalize"),
+        (
+            desc,
+            options(|o| {
+                o.routing = MoeRouting::Llama4 as u32;
+                o.correction_bias = 1;
+            }),
+            "correction_bias",
+        ),
+        (
+            desc,
+            options(|o| {
+                o.routing = MoeRouting::Llama4 as u32;
+                o.routed_scaling_factor = 2.0;
+            }),
+            "routed_scaling_factor",
+        ),
+    ] {
+        let (status, layer) = create(&desc, &o);
+        expect(status, MoeStatus::InvalidArgument);
+        assert!(layer.is_null());
+        assert!(last_error().contains(field), "{field}: {}", last_error());
+    }
+}
+
 /// `moe_layer_open_checkpoint_with` passes the WNA16 activations: the int4 WNA16 fixture with
 /// int8 activations runs on the W4A8 kernels and computes exactly what the W4A8 fixture (the
 /// same codes and scales) computes; with float activations it runs on the WNA16 kernels.
