@@ -611,7 +611,10 @@ fn llama4_routing_reaches_the_layer() {
 
     let cfg = moe_layer::MoeLayerConfig::from_spec(spec, 0, 1, None, 16)
         .unwrap()
-        .with_router(moe_router::RouterConfig::llama4(spec.num_experts, spec.top_k));
+        .with_router(moe_router::RouterConfig::llama4(
+            spec.num_experts,
+            spec.top_k,
+        ));
     let mut reference = moe_layer::MoeLayer::create(cfg).unwrap();
     let tensors = ckpt
         .read_layer(

@@ -1547,8 +1547,186 @@ fn all_cases() -> Vec<Case> {
     mxfp4_cases(&mut c);
     fp8_cases(&mut c);
     word_cases(&mut c);
+    family_cases(&mut c);
     call_cases(&mut c);
     c.0
+}
+
+/// Llama 4 Scout's multimodal bf16 checkpoint at the suite's sizes: the wrapper's config, the
+/// names under `language_model.`, each layer's experts fused and K-major.
+fn llama4() -> Ckpt {
+    Ckpt::build("llama4_text", Fmt::Float, 0x1a4)
+        .0
+        .fused_llama4_experts()
+        .llama4_multimodal()
+}
+
+const FUSED: &str = "language_model.model.layers.0.feed_forward.experts";
+
+/// The model families whose configs nest, whose experts are fused, or whose routing reads a
+/// bias from its own place.
+fn family_cases(c: &mut Cases) {
+    // The sizes of `Ckpt::build`, not this suite's W4A8 ones.
+    use checkpoint_support::{H, I};
+    let layer = Via::Layer;
+    c.model("llama4: control", llama4, layer, Expect::Ok, |_| {});
+    c.model(
+        "llama4: fused gate_up_proj wider than 2·intermediate_size",
+        llama4,
+        layer,
+        err!(LayerError::ConfigMismatch {
+            field: "intermediate_size",
+            ..
+        }),
+        |ck| {
+            retype(
+                ck,
+                &format!("{FUSED}.gate_up_proj"),
+                Dtype::BF16,
+                &[E, H, 2 * I + 2],
+            )
+        },
+    );
+    c.model(
+        "llama4: fused down_proj for one expert more",
+        llama4,
+        layer,
+        err!(LayerError::ConfigMismatch {
+            field: "num_local_experts",
+            ..
+        }),
+        |ck| {
+            retype(
+                ck,
+                &format!("{FUSED}.down_proj"),
+                Dtype::BF16,
+                &[E + 1, I, H],
+            )
+        },
+    );
+    c.model(
+        "llama4: fused down_proj of rank 2",
+        llama4,
+        layer,
+        err!(LayerError::WrongShape { .. }),
+        |ck| retype(ck, &format!("{FUSED}.down_proj"), Dtype::BF16, &[E * I, H]),
+    );
+    c.model(
+        "llama4: fused down_proj in f32 beside a bf16 gate_up_proj",
+        llama4,
+        layer,
+        err!(LayerError::WrongDtype { .. }),
+        |ck| retype(ck, &format!("{FUSED}.down_proj"), Dtype::F32, &[E, I, H]),
+    );
+    c.model(
+        "llama4: fused down_proj missing",
+        llama4,
+        layer,
+        err!(LayerError::MissingTensor { .. }),
+        |ck| {
+            ck.tensors.remove(&format!("{FUSED}.down_proj"));
+        },
+    );
+    c.model(
+        "llama4: a NaN in the fused gate_up_proj",
+        llama4,
+        layer,
+        err!(LayerError::ParamValue { .. }),
+        |ck| set_bf16(ck, &format!("{FUSED}.gate_up_proj"), 37, f32::NAN),
+    );
+    c.model(
+        "llama4: text_config not an object (its fields are missing)",
+        llama4,
+        layer,
+        err!(LayerError::ConfigField { .. }),
+        |ck| ck.config["text_config"] = "llama4_text".into(),
+    );
+    c.model(
+        "llama4: interleave_moe_layer_step 0 (no MoE layer)",
+        llama4,
+        layer,
+        err!(LayerError::NotMoeLayer { .. }),
+        |ck| ck.config["text_config"]["interleave_moe_layer_step"] = 0.into(),
+    );
+    c.model(
+        "llama4: moe_layers beyond num_hidden_layers",
+        llama4,
+        layer,
+        err!(LayerError::ConfigField {
+            field: "moe_layers",
+            ..
+        }),
+        |ck| ck.config["text_config"]["moe_layers"] = serde_json::json!([0, 4]),
+    );
+    c.model(
+        "llama4: a config of 2^40 experts over a router of 4",
+        llama4,
+        layer,
+        err!(LayerError::ConfigMismatch { .. }),
+        |ck| ck.config["text_config"]["num_local_experts"] = (1u64 << 40).into(),
+    );
+    fn glm4() -> Ckpt {
+        Ckpt::build("glm4_moe", Fmt::Float, 0x614).0
+    }
+    c.model("glm4_moe: control", glm4, layer, Expect::Ok, |_| {});
+    c.model(
+        "glm4_moe: n_group that does not divide the experts",
+        glm4,
+        layer,
+        err!(LayerError::ConfigField {
+            field: "n_group",
+            ..
+        }),
+        |ck| ck.config["n_group"] = 3.into(),
+    );
+    c.model(
+        "glm4_moe: a NaN correction bias",
+        glm4,
+        layer,
+        err!(LayerError::NonFinite { .. }),
+        |ck| {
+            let name = "model.layers.0.mlp.gate.e_score_correction_bias";
+            stored(ck, name).bytes[4..8].copy_from_slice(&f32::NAN.to_le_bytes());
+        },
+    );
+    fn minimax() -> Ckpt {
+        Ckpt::build("minimax_m2", Fmt::Float, 0x3a3).0
+    }
+    c.model("minimax_m2: control", minimax, layer, Expect::Ok, |_| {});
+    c.model(
+        "minimax_m2: a correction bias of E + 1 values",
+        minimax,
+        layer,
+        err!(LayerError::ConfigMismatch { .. }),
+        |ck| {
+            let name = "model.layers.0.block_sparse_moe.e_score_correction_bias";
+            retype(ck, name, Dtype::F32, &[E + 1]);
+        },
+    );
+    c.model(
+        "minimax_m2: an unknown scoring_func",
+        minimax,
+        layer,
+        err!(LayerError::ConfigField {
+            field: "scoring_func",
+            ..
+        }),
+        |ck| ck.config["scoring_func"] = "sqrt".into(),
+    );
+    fn qwen3_next() -> Ckpt {
+        Ckpt::build("qwen3_next", Fmt::Float, 0x3e7).0
+    }
+    c.model("qwen3_next: control", qwen3_next, layer, Expect::Ok, |_| {});
+    c.model(
+        "qwen3_next: the shared expert gate missing",
+        qwen3_next,
+        layer,
+        err!(LayerError::MissingTensor { .. }),
+        |ck| {
+            ck.tensors
+                .remove("model.layers.0.mlp.shared_expert_gate.weight");
+        },
+    );
 }
 
 fn wna16_base(store: Wna16Store, bits: u32, act_order: bool) -> Ckpt {

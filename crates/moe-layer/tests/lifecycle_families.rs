@@ -391,27 +391,6 @@ fn new_family_configs_are_normalized() {
     ));
 }
 
-/// `ck` as the multimodal checkpoint ships it: the config under `text_config` inside a
-/// `llama4` wrapper, every tensor under `language_model.`.
-fn wrap_multimodal(ck: &Ckpt) -> Ckpt {
-    let mut wrapped = ck.clone();
-    let mut text = ck.config.clone();
-    let dtype = text.as_object_mut().unwrap().remove("torch_dtype").unwrap();
-    wrapped.config = serde_json::json!({
-        "model_type": "llama4",
-        "architectures": ["Llama4ForConditionalGeneration"],
-        "torch_dtype": dtype,
-        "text_config": text,
-        "vision_config": {"hidden_size": 88},
-    });
-    wrapped.tensors = ck
-        .tensors
-        .iter()
-        .map(|(name, t)| (format!("language_model.{name}"), t.clone()))
-        .collect();
-    wrapped
-}
-
 /// Llama 4: the top logit's sigmoid scales the token before its expert, the shared expert is
 /// added ungated; the per-expert layout of quantized checkpoints, the fused and transposed
 /// bf16 layout, and the multimodal wrapper's config and `language_model.` names all load into
@@ -430,7 +409,7 @@ fn llama4_routes_on_the_token_and_reads_fused_transposed_experts() {
     assert_block_matches(&ckpt, &t, &experts, &Routing::SigmoidOnInput, 73);
 
     let fused = ck.fused_llama4_experts();
-    let multimodal = wrap_multimodal(&fused);
+    let multimodal = fused.llama4_multimodal();
     let mut rng = SplitMix64::new(74);
     let tokens = 9;
     let x = rng.vec_uniform(tokens * H, -1.0, 1.0);

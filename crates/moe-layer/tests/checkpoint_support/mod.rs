@@ -370,6 +370,27 @@ impl Ckpt {
         self.fused_experts("model.layers.0.feed_forward.experts")
     }
 
+    /// `self` (a `llama4_text` checkpoint) as the multimodal checkpoint ships it: the config
+    /// under `text_config` inside a `llama4` wrapper, every tensor under `language_model.`.
+    pub fn llama4_multimodal(&self) -> Ckpt {
+        let mut wrapped = self.clone();
+        let mut text = self.config.clone();
+        let dtype = text.as_object_mut().unwrap().remove("torch_dtype").unwrap();
+        wrapped.config = json!({
+            "model_type": "llama4",
+            "architectures": ["Llama4ForConditionalGeneration"],
+            "torch_dtype": dtype,
+            "text_config": text,
+            "vision_config": {"hidden_size": 88},
+        });
+        wrapped.tensors = self
+            .tensors
+            .iter()
+            .map(|(name, t)| (format!("language_model.{name}"), t.clone()))
+            .collect();
+        wrapped
+    }
+
     /// The bf16 layout of Llama 4 and Qwen3-VL-MoE for a float checkpoint from
     /// [`Self::build`]: every expert under `block` (`….experts`) fused into
     /// `{block}.gate_up_proj` `[E, H, 2I]` (gate columns, then up) and `{block}.down_proj`
