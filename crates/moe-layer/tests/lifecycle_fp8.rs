@@ -43,8 +43,9 @@ fn mlp(p: &[Fp8Proj; 3], x: &[f64]) -> Vec<f64> {
     matvec(&down.dequantized(), down.n, down.k, &a)
 }
 
-/// The MoE block in f64 on the layer's own routing; `experts[E]`, when present, is the shared
-/// MLP, added to every token.
+/// The MoE block in f64 on the layer's own routing (the weight scaling the token before its
+/// expert when the router says so, as Llama 4's does); `experts[E]`, when present, is the
+/// shared MLP, added to every token.
 fn reference(
     layer: &MoeLayer,
     experts: &[[Fp8Proj; 3]],
@@ -63,8 +64,19 @@ fn reference(
         let xt: Vec<f64> = x[tok * h..][..h].iter().map(|&v| f64::from(v)).collect();
         let o = &mut out[tok * h..][..h];
         for j in 0..top_k {
-            let y = mlp(&experts[ids[tok * top_k + j] as usize], &xt);
-            let w = f64::from(weights[tok * top_k + j]);
+            let w = weights[tok * top_k + j];
+            let expert = &experts[ids[tok * top_k + j] as usize];
+            let on_input = layer.config().router.routing_method_type()
+                == moe_router::RoutingMethodType::Llama4;
+            let (y, w) = if on_input {
+                let xw: Vec<f64> = x[tok * h..][..h]
+                    .iter()
+                    .map(|&v| f64::from(v * w))
+                    .collect();
+                (mlp(expert, &xw), 1.0)
+            } else {
+                (mlp(expert, &xt), f64::from(w))
+            };
             for (o, v) in o.iter_mut().zip(&y) {
                 *o += w * v;
             }
@@ -173,6 +185,13 @@ fn deepseek_v3_fp8_blocks_with_a_shared_expert_match_the_reference() {
 fn glm4_moe_and_minimax_m2_fp8_blocks_match_the_reference() {
     check("glm4_moe", [4, 2, 136, 200], 79, Fp8Store::Blocks);
     check("minimax_m2", [4, 2, 160, 72], 83, Fp8Store::Blocks);
+}
+
+/// Llama 4's FP8 checkpoints (compressed-tensors channel scales, experts one by one, the
+/// shared expert quantized too) route top-1 with the sigmoid weight on the token.
+#[test]
+fn llama4_fp8_channel_scales_match_the_reference() {
+    check("llama4_text", [4, 1, 160, 72], 89, Fp8Store::CtChannels);
 }
 
 /// AutoFP8's Mixtral: one scale per projection (gate and up keep their own), static

@@ -743,8 +743,8 @@ pub fn fp8_block(model_type: &str, dims: [usize; 4], seed: u64) -> (Ckpt, Vec<[F
 }
 
 /// A one-layer FP8 checkpoint stored as `store` says, of `model_type` (`qwen3_moe`,
-/// `mixtral`, `minimax_m2` with a correction bias, or `deepseek_v3` and `glm4_moe` with one
-/// shared expert and a correction bias), shaped
+/// `mixtral`, `minimax_m2` with a correction bias, `deepseek_v3` and `glm4_moe` with one
+/// shared expert and a correction bias, or `llama4_text` with its shared expert), shaped
 /// `[experts, top_k, hidden, intermediate]`; returns it with the projections
 /// `[expert][gate, up, down]` (then the shared MLP's, if any).
 pub fn fp8(
@@ -767,10 +767,19 @@ pub fn fp8(
     let c = config.as_object_mut().unwrap();
     // DeepSeek-V3 and GLM-4 MoE: a shared expert and a correction bias under the gate;
     // Mixtral and MiniMax-M2: `block_sparse_moe` with `w1`/`w3`/`w2` (MiniMax-M2 with a
-    // correction bias on the block).
-    let shared = matches!(model_type, "deepseek_v3" | "glm4_moe");
+    // correction bias on the block); Llama 4: `feed_forward` with a `router` and a shared
+    // expert, experts one by one as its FP8 checkpoints store them.
+    let shared = match model_type {
+        "deepseek_v3" | "glm4_moe" => Some("model.layers.0.mlp.shared_experts"),
+        "llama4_text" => Some("model.layers.0.feed_forward.shared_expert"),
+        _ => None,
+    };
     let block_sparse = matches!(model_type, "mixtral" | "minimax_m2");
     match model_type {
+        "llama4_text" => {
+            c.insert("num_local_experts".into(), json!(e));
+            c.insert("intermediate_size".into(), json!(i));
+        }
         "deepseek_v3" | "glm4_moe" => {
             c.insert("n_routed_experts".into(), json!(e));
             c.insert("n_shared_experts".into(), json!(1));
@@ -801,13 +810,13 @@ pub fn fp8(
         config,
         tensors: BTreeMap::new(),
     };
-    let block = if block_sparse {
-        "block_sparse_moe"
-    } else {
-        "mlp"
+    let (block, router) = match model_type {
+        _ if block_sparse => ("block_sparse_moe", "gate"),
+        "llama4_text" => ("feed_forward", "router"),
+        _ => ("mlp", "gate"),
     };
     ck.put(
-        &format!("model.layers.0.{block}.gate.weight"),
+        &format!("model.layers.0.{block}.{router}.weight"),
         Dtype::BF16,
         &[e, h],
         bf16_bytes(&rng.vec_uniform(e * h, -0.5, 0.5)),
@@ -824,9 +833,7 @@ pub fn fp8(
     let mut prefixes: Vec<String> = (0..e)
         .map(|x| format!("model.layers.0.{block}.experts.{x}"))
         .collect();
-    if shared {
-        prefixes.push("model.layers.0.mlp.shared_experts".into());
-    }
+    prefixes.extend(shared.map(String::from));
     let names = if block_sparse {
         ["w1", "w3", "w2"]
     } else {
