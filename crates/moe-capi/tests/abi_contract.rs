@@ -557,17 +557,30 @@ fn layer_options_reach_the_layer() {
         .with_activation(moe_kernels::Activation::Gelu)
         .with_router(moe_layer::layer::router_from_spec(&routing, e, spec.top_k).unwrap());
     cfg.router_bias_pending = true;
+    assert_layer_computes_as_rust(layer, &ckpt, cfg, Some(&bias));
+}
+
+/// Frees `layer` (made from the fixture's tensors through the ABI) after checking that it
+/// computes exactly what the Rust layer of `cfg` on the same tensors (and correction bias)
+/// computes, and something else than the default layer.
+fn assert_layer_computes_as_rust(
+    layer: *mut MoeLayerHandle,
+    ckpt: &Checkpoint,
+    cfg: moe_layer::MoeLayerConfig,
+    correction_bias: Option<&[f32]>,
+) {
     let mut reference = moe_layer::MoeLayer::create(cfg).unwrap();
     let tensors = ckpt
         .read_layer(
-            spec.moe_layers[0],
+            ckpt.spec().moe_layers[0],
             &moe_layer::checkpoint::ReadOptions::single_rank(),
         )
         .unwrap();
     reference.load_layer_tensors(&tensors).unwrap();
-    reference.load_router_correction_bias(&bias).unwrap();
+    if let Some(bias) = correction_bias {
+        reference.load_router_correction_bias(bias).unwrap();
+    }
     reference.process().unwrap();
-
     let x = fixture_x();
     let mut got = vec![0f32; x.len()];
     expect(apply_f32(layer, &x, &mut got), MoeStatus::Ok);
@@ -615,30 +628,7 @@ fn llama4_routing_reaches_the_layer() {
             spec.num_experts,
             spec.top_k,
         ));
-    let mut reference = moe_layer::MoeLayer::create(cfg).unwrap();
-    let tensors = ckpt
-        .read_layer(
-            spec.moe_layers[0],
-            &moe_layer::checkpoint::ReadOptions::single_rank(),
-        )
-        .unwrap();
-    reference.load_layer_tensors(&tensors).unwrap();
-    reference.process().unwrap();
-    let x = fixture_x();
-    let mut got = vec![0f32; x.len()];
-    expect(apply_f32(layer, &x, &mut got), MoeStatus::Ok);
-    let logits = reference.router_logits(&x).unwrap();
-    let mut want = vec![0f32; x.len()];
-    reference
-        .apply(&x, moe_router::Logits::F32(&logits), &mut want)
-        .unwrap();
-    assert_eq!(got, want);
-    let default = open_fixture();
-    let mut plain = vec![0f32; x.len()];
-    expect(apply_f32(default, &x, &mut plain), MoeStatus::Ok);
-    assert_ne!(got, plain);
-    expect(moe_layer_free(layer), MoeStatus::Ok);
-    expect(moe_layer_free(default), MoeStatus::Ok);
+    assert_layer_computes_as_rust(layer, &ckpt, cfg, None);
 
     for (desc, o, field) in [
         (fixture_desc(&ckpt), llama4, "renormalize"),

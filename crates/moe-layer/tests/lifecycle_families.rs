@@ -7,8 +7,7 @@
 
 mod checkpoint_support;
 
-use checkpoint_support::{Ckpt, E, Fmt, G, H, I, Proj, temp_dir};
-use half::bf16;
+use checkpoint_support::{Ckpt, E, Fmt, H, I, Proj, bf16_weights, matvec, rel_l2, temp_dir};
 use moe_layer::MoeLayer;
 use moe_layer::checkpoint::{
     Checkpoint, FloatData, ModelFamily, MoeLayerTensors, ReadOptions, ShardAccess, StoredExperts,
@@ -17,19 +16,6 @@ use moe_router::{Logits, ScoringFunc};
 use moe_testutil::SplitMix64;
 
 const K: usize = 2;
-
-/// The bf16 weights the float checkpoint stores for a projection, widened.
-fn weights(p: &Proj) -> Vec<f64> {
-    (0..p.n * p.k)
-        .map(|i| f64::from(bf16::from_f32(f32::from(p.codes[i]) * p.scales[i / G]).to_f32()))
-        .collect()
-}
-
-fn matvec(w: &[f64], n: usize, k: usize, x: &[f64]) -> Vec<f64> {
-    (0..n)
-        .map(|r| (0..k).map(|c| w[r * k + c] * x[c]).sum())
-        .collect()
-}
 
 /// `down(silu(gate(x)) · up(x))` in f64, for weights `w13` `[2n, H]` and `w2` `[H, n]`.
 fn mlp(w13: &[f64], w2: &[f64], n: usize, x: &[f64]) -> Vec<f64> {
@@ -122,16 +108,16 @@ fn reference(
         let o = &mut out[tok * H..][..H];
         for (e, w) in routing.route(&logits[tok * E..][..E]) {
             let [gate, up, down] = &experts[e];
-            let mut w13 = weights(gate);
-            w13.extend(weights(up));
+            let mut w13 = bf16_weights(gate);
+            w13.extend(bf16_weights(up));
             if matches!(routing, Routing::SigmoidOnInput) {
                 // The weight scales the token (rounded to the f32 the layer computes in).
                 let xw: Vec<f64> = xt.iter().map(|&v| f64::from((v * w) as f32)).collect();
-                for (o, v) in o.iter_mut().zip(mlp(&w13, &weights(down), I, &xw)) {
+                for (o, v) in o.iter_mut().zip(mlp(&w13, &bf16_weights(down), I, &xw)) {
                     *o += v;
                 }
             } else {
-                for (o, v) in o.iter_mut().zip(mlp(&w13, &weights(down), I, &xt)) {
+                for (o, v) in o.iter_mut().zip(mlp(&w13, &bf16_weights(down), I, &xt)) {
                     *o += w * v;
                 }
             }
@@ -155,16 +141,6 @@ fn reference(
         }
     }
     out
-}
-
-fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
-    let num: f64 = got
-        .iter()
-        .zip(want)
-        .map(|(g, w)| (f64::from(*g) - w).powi(2))
-        .sum();
-    let den: f64 = want.iter().map(|w| w * w).sum();
-    (num / den).sqrt()
 }
 
 fn open(ck: &Ckpt, tag: &str) -> (Checkpoint, MoeLayerTensors) {

@@ -13,7 +13,7 @@
 
 mod checkpoint_support;
 
-use checkpoint_support::{Fp8Proj, Fp8Store, fp8, fp8_block, temp_dir};
+use checkpoint_support::{Fp8Proj, Fp8Store, fp8, fp8_block, matvec, rel_l2, temp_dir};
 use moe_layer::checkpoint::{Checkpoint, Fp8Source, QuantScheme, ShardAccess};
 use moe_layer::{
     ExpertShard, Fp8Scaling, LayerError, LayerQuant, MoeLayer, MoeLayerConfig, TensorData,
@@ -22,13 +22,6 @@ use moe_layer::{
 use moe_router::Logits;
 use moe_testutil::SplitMix64;
 use serde_json::json;
-
-/// `x · Wᵀ` in f64 for dequantized weights `w` `[n, k]`.
-fn matvec(w: &[f64], n: usize, k: usize, x: &[f64]) -> Vec<f64> {
-    (0..n)
-        .map(|c| (0..k).map(|j| x[j] * w[c * k + j]).sum())
-        .collect()
-}
 
 /// One gated SiLU MLP in f64.
 fn mlp(p: &[Fp8Proj; 3], x: &[f64]) -> Vec<f64> {
@@ -88,15 +81,6 @@ fn reference(
         }
     }
     out
-}
-
-fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
-    let (mut num, mut den) = (0f64, 0f64);
-    for (g, w) in got.iter().zip(want) {
-        num += (f64::from(*g) - w).powi(2);
-        den += w.powi(2);
-    }
-    (num / den).sqrt()
 }
 
 /// Writes, loads and runs one checkpoint at 1, 5, 16 and 64 tokens against the f64 reference.

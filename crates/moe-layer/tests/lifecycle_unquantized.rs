@@ -6,25 +6,12 @@
 
 mod checkpoint_support;
 
-use checkpoint_support::{Ckpt, E, Fmt, G, H, I, Proj, temp_dir};
+use checkpoint_support::{Ckpt, E, Fmt, H, I, Proj, bf16_weights, matvec, rel_l2, temp_dir};
 use half::bf16;
 use moe_layer::MoeLayer;
 use moe_layer::checkpoint::{Checkpoint, ShardAccess};
 use moe_router::Logits;
 use moe_testutil::SplitMix64;
-
-/// The bf16 weights the float checkpoint stores for a projection, widened.
-fn weights(p: &Proj) -> Vec<f64> {
-    (0..p.n * p.k)
-        .map(|i| f64::from(bf16::from_f32(f32::from(p.codes[i]) * p.scales[i / G]).to_f32()))
-        .collect()
-}
-
-fn matvec(w: &[f64], n: usize, k: usize, x: &[f64]) -> Vec<f64> {
-    (0..n)
-        .map(|r| (0..k).map(|c| w[r * k + c] * x[c]).sum())
-        .collect()
-}
 
 /// `Σ_j weight_j · down(silu(gate(x)) · up(x))` over the token's experts, in f64.
 fn reference(experts: &[[Proj; 3]], x: &[f32], ids: &[i32], gates: &[f32], k: usize) -> Vec<f64> {
@@ -34,30 +21,20 @@ fn reference(experts: &[[Proj; 3]], x: &[f32], ids: &[i32], gates: &[f32], k: us
         let xt: Vec<f64> = x[t * H..][..H].iter().map(|&v| f64::from(v)).collect();
         for j in 0..k {
             let [gate, up, down] = &experts[ids[t * k + j] as usize];
-            let g = matvec(&weights(gate), I, H, &xt);
-            let u = matvec(&weights(up), I, H, &xt);
+            let g = matvec(&bf16_weights(gate), I, H, &xt);
+            let u = matvec(&bf16_weights(up), I, H, &xt);
             let a: Vec<f64> = g
                 .iter()
                 .zip(&u)
                 .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
                 .collect();
-            let y = matvec(&weights(down), H, I, &a);
+            let y = matvec(&bf16_weights(down), H, I, &a);
             for (o, v) in out[t * H..][..H].iter_mut().zip(y) {
                 *o += f64::from(gates[t * k + j]) * v;
             }
         }
     }
     out
-}
-
-fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
-    let num: f64 = got
-        .iter()
-        .zip(want)
-        .map(|(g, w)| (f64::from(*g) - w).powi(2))
-        .sum();
-    let den: f64 = want.iter().map(|w| w * w).sum();
-    (num / den).sqrt()
 }
 
 #[test]
@@ -367,15 +344,15 @@ fn expert_biases_are_added_inside_each_expert() {
             let e = ids[t * k + j] as usize;
             let [gate, up, down] = &experts[e];
             let b = &biases[e];
-            let g = matvec(&weights(gate), I, H, &xt);
-            let u = matvec(&weights(up), I, H, &xt);
+            let g = matvec(&bf16_weights(gate), I, H, &xt);
+            let u = matvec(&bf16_weights(up), I, H, &xt);
             let a: Vec<f64> = (0..I)
                 .map(|r| {
                     let (g, u) = (g[r] + b[0][r], u[r] + b[1][r]);
                     g / (1.0 + (-g).exp()) * u
                 })
                 .collect();
-            let y = matvec(&weights(down), H, I, &a);
+            let y = matvec(&bf16_weights(down), H, I, &a);
             for (c, o) in want[t * H..][..H].iter_mut().enumerate() {
                 *o += f64::from(gates[t * k + j]) * (y[c] + b[2][c]);
             }

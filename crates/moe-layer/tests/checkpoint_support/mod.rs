@@ -73,6 +73,31 @@ pub fn proj(rng: &mut SplitMix64, n: usize, k: usize) -> Proj {
     }
 }
 
+/// The relative L2 distance of `got` from `want`.
+pub fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
+    let num: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (f64::from(*g) - w).powi(2))
+        .sum();
+    let den: f64 = want.iter().map(|w| w * w).sum();
+    (num / den).sqrt()
+}
+
+/// `W·x` in f64 for row-major weights `w` `[n, k]`.
+pub fn matvec(w: &[f64], n: usize, k: usize, x: &[f64]) -> Vec<f64> {
+    (0..n)
+        .map(|r| (0..k).map(|c| w[r * k + c] * x[c]).sum())
+        .collect()
+}
+
+/// The bf16 weights the float checkpoint of [`Ckpt::build`] stores for a projection, widened.
+pub fn bf16_weights(p: &Proj) -> Vec<f64> {
+    (0..p.n * p.k)
+        .map(|i| f64::from(bf16::from_f32(f32::from(p.codes[i]) * p.scales[i / G]).to_f32()))
+        .collect()
+}
+
 /// Storage formats the builder writes.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Fmt {
