@@ -1563,8 +1563,8 @@ fn llama4() -> Ckpt {
 
 const FUSED: &str = "language_model.model.layers.0.feed_forward.experts";
 
-/// The model families whose configs nest, whose experts are fused, or whose routing reads a
-/// bias from its own place.
+/// The model families whose configs nest, whose experts are fused (Llama 4, gpt-oss in bf16),
+/// or whose routing reads a bias from its own place.
 fn family_cases(c: &mut Cases) {
     // The sizes of `Ckpt::build`, not this suite's W4A8 ones.
     use checkpoint_support::{H, I};
@@ -1712,6 +1712,65 @@ fn family_cases(c: &mut Cases) {
             ..
         }),
         |ck| ck.config["scoring_func"] = "sqrt".into(),
+    );
+    fn gpt_oss_bf16() -> Ckpt {
+        let m = moe_testutil::gpt_oss::GptOss::random(0x6b9, [4, 2, 64, 32], 7.0);
+        let tensors = m
+            .bf16_tensors()
+            .into_iter()
+            .map(|(name, (dtype, shape, bytes))| {
+                (
+                    name,
+                    Stored {
+                        dtype,
+                        shape,
+                        bytes,
+                    },
+                )
+            })
+            .collect();
+        Ckpt {
+            config: m.bf16_config(),
+            tensors,
+        }
+    }
+    const GPT_OSS: &str = "model.layers.0.mlp.experts";
+    c.model(
+        "gpt-oss bf16: control",
+        gpt_oss_bf16,
+        layer,
+        Expect::Ok,
+        |_| {},
+    );
+    c.model(
+        "gpt-oss bf16: gate_up_proj_bias missing",
+        gpt_oss_bf16,
+        layer,
+        err!(LayerError::MissingTensor { .. }),
+        |ck| {
+            ck.tensors.remove(&format!("{GPT_OSS}.gate_up_proj_bias"));
+        },
+    );
+    c.model(
+        "gpt-oss bf16: a NaN down_proj_bias",
+        gpt_oss_bf16,
+        layer,
+        err!(LayerError::NonFinite { .. }),
+        |ck| set_bf16(ck, &format!("{GPT_OSS}.down_proj_bias"), 5, f32::NAN),
+    );
+    c.model(
+        "gpt-oss bf16: gate_up_proj_bias one column short",
+        gpt_oss_bf16,
+        layer,
+        err!(LayerError::ConfigMismatch { .. }),
+        |ck| {
+            retype(
+                ck,
+                &format!("{GPT_OSS}.gate_up_proj_bias"),
+                Dtype::BF16,
+                &[4, 63],
+            )
+        },
     );
     fn qwen3_next() -> Ckpt {
         Ckpt::build("qwen3_next", Fmt::Float, 0x3e7).0
@@ -2065,10 +2124,10 @@ fn mxfp4_cases(c: &mut Cases) {
         },
     );
     c.model(
-        "gpt-oss without a quantization_config",
+        "gpt-oss without a quantization_config (MXFP4 tensors under a bf16 config)",
         gpt_oss,
         reader,
-        err!(LayerError::UnsupportedScheme { .. }),
+        err!(LayerError::MissingTensor { .. }),
         |ck| {
             ck.config
                 .as_object_mut()

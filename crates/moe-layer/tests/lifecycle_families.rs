@@ -482,3 +482,41 @@ fn qwen3_vl_moe_reads_its_wrapped_config_and_fused_experts() {
     };
     assert_eq!(run(&ckpt), run(&plain));
 }
+
+/// gpt-oss in bf16: the experts fused with K leading and gate/up columns interleaved, with
+/// their biases, load onto the unquantized kernel (SwiGLU-OAI on interleaved rows) and compute
+/// the MoE block of the same weights as the MXFP4 checkpoint they were dequantized from, on
+/// one rank and on two tensor-parallel ranks.
+#[test]
+fn gpt_oss_bf16_runs_the_block_of_its_mxfp4_weights() {
+    let m = moe_testutil::gpt_oss::GptOss::random(0x6b7, [4, 2, 64, 64], 7.0);
+    let dir = temp_dir("family-gpt-oss-bf16");
+    moe_testutil::gpt_oss::GptOss::write_with(&m.bf16_config(), &m.bf16_tensors(), &dir);
+    let ckpt = Checkpoint::open(&dir, ShardAccess::Read).unwrap();
+    let mut rng = SplitMix64::new(0x6b8);
+    let tokens = 5;
+    let x = rng.vec_uniform(tokens * m.h, -1.0, 1.0);
+    let (ids, weights) = m.route(&x);
+    let want = m.forward(&x, &ids, &weights);
+    let run = |layer: &MoeLayer| {
+        let logits = layer.router_logits(&x).unwrap();
+        let mut out = vec![0f32; x.len()];
+        layer.apply(&x, Logits::F32(&logits), &mut out).unwrap();
+        out
+    };
+    let whole = MoeLayer::from_checkpoint(&ckpt, 0, 8).unwrap();
+    let info = whole.backend().unwrap();
+    assert!(info.kernel.starts_with("cpu-unquantized"), "{info:?}");
+    let out = run(&whole);
+    let err = rel_l2(&out, &want);
+    assert!(err < 1e-5, "one rank: relative L2 {err:e}");
+    let mut sum = vec![0f32; x.len()];
+    for rank in 0..2 {
+        let layer = MoeLayer::from_checkpoint_ranked(&ckpt, 0, 8, (rank, 2), None).unwrap();
+        for (s, v) in sum.iter_mut().zip(run(&layer)) {
+            *s += v;
+        }
+    }
+    let err = rel_l2(&sum, &want);
+    assert!(err < 1e-5, "two tensor-parallel ranks: relative L2 {err:e}");
+}

@@ -186,6 +186,42 @@ impl GptOss {
         t
     }
 
+    /// `config.json` of the same model stored in bf16 (no `quantization_config`).
+    pub fn bf16_config(&self) -> Value {
+        let mut config = self.config();
+        config
+            .as_object_mut()
+            .expect("an object")
+            .remove("quantization_config");
+        config
+    }
+
+    /// Layer 0 as gpt-oss's bf16 checkpoints store it: the dequantized experts (exact in
+    /// bf16: two significant bits times a power of two) fused with K leading, `gate_up_proj`
+    /// `[E, H, 2I]` (gate `j` at column `2j`, up `j` at `2j + 1`) and `down_proj`
+    /// `[E, I, H]`, beside the MXFP4 layout's biases and router.
+    pub fn bf16_tensors(&self) -> BTreeMap<String, Tensor> {
+        let (e, h, i) = (self.e, self.h, self.i);
+        let mut t = self.tensors();
+        t.retain(|name, _| !name.ends_with("_blocks") && !name.ends_with("_scales"));
+        let (mut gate_up, mut down) = (Vec::new(), Vec::new());
+        for x in 0..e {
+            let w13 = Self::dequant(&self.blocks13, &self.scales13, x, 2 * i, h);
+            gate_up.extend((0..h * 2 * i).map(|s| w13[(s % (2 * i)) * h + s / (2 * i)] as f32));
+            let w2 = Self::dequant(&self.blocks2, &self.scales2, x, h, i);
+            down.extend((0..i * h).map(|s| w2[(s % h) * i + s / h] as f32));
+        }
+        let x = "model.layers.0.mlp.experts";
+        let bf16 = |name: &str, shape: Vec<usize>, v: &[f32]| {
+            (format!("{x}.{name}"), (Dtype::BF16, shape, bf16_bytes(v)))
+        };
+        t.extend([
+            bf16("gate_up_proj", vec![e, h, 2 * i], &gate_up),
+            bf16("down_proj", vec![e, i, h], &down),
+        ]);
+        t
+    }
+
     /// Writes `config.json` and `model.safetensors` with `tensors` into `dir`.
     pub fn write_with(config: &Value, tensors: &BTreeMap<String, Tensor>, dir: &Path) {
         std::fs::write(dir.join("config.json"), config.to_string()).unwrap();

@@ -56,7 +56,8 @@ pub enum ModelFamily {
     /// DeepSeek-V3 (`deepseek_v3`, also Kimi-K2): sigmoid scoring with correction bias.
     DeepseekV3,
     /// gpt-oss (`gpt_oss`): experts fused per layer as 3-D MXFP4 tensors with biases, gate and
-    /// up rows interleaved, SwiGLU-OAI, a router linear with a bias.
+    /// up rows interleaved, SwiGLU-OAI, a router linear with a bias; bf16 checkpoints store the
+    /// experts fused with K leading (`gate_up_proj` `[E, H, 2I]`, columns interleaved).
     GptOss,
     /// GLM-4.5/4.6 MoE (`glm4_moe`): DeepSeek-V3's tensor names and routing (sigmoid scores, a
     /// correction bias for selection, `n_group`/`topk_group` as configured, the routed
@@ -685,15 +686,15 @@ impl MoeModelSpec {
             (None, Some((side_file, qc))) => quant_scheme(&side_file, &qc)?,
             (None, None) => QuantScheme::Unquantized(dtype),
         };
-        // gpt-oss stores unquantized experts transposed (`gate_up_proj` `[E, H, 2I]`), a layout
-        // not read yet; MXFP4 is what it ships. Other families have no MXFP4 tensors to read.
+        // gpt-oss ships MXFP4; its bf16 checkpoints store the experts fused and transposed
+        // (`gate_up_proj` `[E, H, 2I]`). Other families have no MXFP4 tensors to read.
         match (family, &quant) {
-            (ModelFamily::GptOss, QuantScheme::Mxfp4) => {}
+            (ModelFamily::GptOss, QuantScheme::Mxfp4 | QuantScheme::Unquantized(_)) => {}
             (ModelFamily::GptOss, other) => {
                 return Err(LayerError::UnsupportedScheme {
                     file: file.clone(),
                     scheme: other.name().into(),
-                    reason: "gpt-oss experts are read as MXFP4 only".into(),
+                    reason: "gpt-oss experts are read as MXFP4 or unquantized only".into(),
                 });
             }
             (_, QuantScheme::Mxfp4) => {

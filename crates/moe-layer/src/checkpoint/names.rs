@@ -11,7 +11,7 @@
 //! | Qwen3-Next | as Qwen2-MoE | `mlp.gate.weight` | `mlp.shared_expert.*`, `mlp.shared_expert_gate.weight` |
 //! | MiniMax-M2 | `model.layers.{l}.block_sparse_moe.experts.{e}.{w1,w3,w2}.{suffix}` | `block_sparse_moe.gate.weight` | `block_sparse_moe.e_score_correction_bias` |
 //! | Llama 4 | bf16: all experts fused, transposed: `model.layers.{l}.feed_forward.experts.{gate_up_proj,down_proj}`; quantized: `….feed_forward.experts.{e}.{gate_proj,up_proj,down_proj}.{suffix}` | `feed_forward.router.weight` | `feed_forward.shared_expert.*`; multimodal checkpoints prefix every name with `language_model.` |
-//! | gpt-oss | all experts fused: `model.layers.{l}.mlp.experts.{gate_up_proj,down_proj}_{blocks,scales,bias}` | `mlp.router.weight` | `mlp.router.bias` |
+//! | gpt-oss | all experts fused: `model.layers.{l}.mlp.experts.{gate_up_proj,down_proj}_{blocks,scales,bias}` (MXFP4) or `….experts.{gate_up_proj,down_proj}{,_bias}` (bf16) | `mlp.router.weight` | `mlp.router.bias` |
 //!
 //! `gate_proj`/`w1` is shard `w1` (rows `0..I` of `w13`), `up_proj`/`w3` is `w3` (rows
 //! `I..2I`), `down_proj`/`w2` is `w2`. The suffix says which tensor of the projection it is

@@ -302,10 +302,10 @@ impl Checkpoint {
     ) -> Result<MoeLayerTensors, LayerError> {
         let spec = &self.spec;
         let (router, local_experts) = self.read_layer_head(layer, opts)?;
-        let experts = if spec.family == ModelFamily::GptOss {
-            self.read_mxfp4_experts(layer, &local_experts, opts)?
-        } else if self.has_fused_float_experts(layer) {
+        let experts = if self.has_fused_float_experts(layer) {
             self.read_fused_float_experts(layer, &local_experts, opts)?
+        } else if spec.family == ModelFamily::GptOss {
+            self.read_mxfp4_experts(layer, &local_experts, opts)?
         } else {
             self.assemble(&self.routed_group(), &local_experts, opts, |e, shard| {
                 self.names.expert_projection(layer, e, shard)
@@ -638,21 +638,23 @@ impl Checkpoint {
         acc.finish(experts.len(), hidden.size, tp.local)
     }
 
-    /// Whether `layer` stores its experts as Llama 4's and Qwen3-VL's bf16 checkpoints do:
-    /// fused per layer and transposed (see [`Self::read_fused_float_experts`]). gpt-oss's
-    /// fused tensors interleave gate and up rows and are refused unquantized by the config.
+    /// Whether `layer` stores its experts as the bf16 checkpoints of Llama 4, Qwen3-VL and
+    /// gpt-oss do: fused per layer and transposed (see [`Self::read_fused_float_experts`]).
     fn has_fused_float_experts(&self, layer: usize) -> bool {
-        self.spec.family != ModelFamily::GptOss
-            && matches!(self.format, Format::Float)
-            && self
-                .source
-                .contains(&self.names.fused_experts(layer, "gate_up_proj"))
+        // gpt-oss stores no other layout, so its missing tensors are named in this one.
+        matches!(self.format, Format::Float)
+            && (self.spec.family == ModelFamily::GptOss
+                || self
+                    .source
+                    .contains(&self.names.fused_experts(layer, "gate_up_proj")))
     }
 
-    /// Llama 4's and Qwen3-VL's float experts, stored fused per layer with K leading: `experts.gate_up_proj`
-    /// `[E, H, 2I]` (gate columns `0..I`, up columns `I..2I`) and `experts.down_proj`
-    /// `[E, I, H]`. They become the `w13` `[E, 2I, H]` and `w2` `[E, H, I]` of the per-expert
-    /// formats, local experts only, sliced for tensor parallelism, in the stored dtype.
+    /// Float experts stored fused per layer with K leading (Llama 4, Qwen3-VL, gpt-oss):
+    /// `experts.gate_up_proj` `[E, H, 2I]` (gate columns `0..I`, up columns `I..2I`; gpt-oss
+    /// interleaves them, gate `j` at column `2j`, up `j` at `2j + 1`, and adds biases) and
+    /// `experts.down_proj` `[E, I, H]`. They become the `w13` `[E, 2I, H]` and `w2`
+    /// `[E, H, I]` of the per-expert formats (gpt-oss's rows kept interleaved, as its layer
+    /// reads them), local experts only, sliced for tensor parallelism, in the stored dtype.
     fn read_fused_float_experts(
         &self,
         layer: usize,
@@ -662,6 +664,7 @@ impl Checkpoint {
         let group = self.routed_group();
         let tp = TpSlice::new(opts, group.intermediate, group.format)?;
         let (gate_up, down) = self.fused_float_refs(layer)?;
+        let interleaved = self.spec.family == ModelFamily::GptOss;
         let (h, i) = (self.spec.hidden, self.spec.intermediate);
         let size = dtype_bytes(gate_up.dtype);
         let rows = tp.rows();
@@ -674,16 +677,26 @@ impl Checkpoint {
         ) {
             let gate_up = &gate_up.bytes[x * h * 2 * i * size..][..h * 2 * i * size];
             let down = &down.bytes[x * i * h * size..][..i * h * size];
-            let (gate, up) = w13.split_at_mut(il * h * size);
-            let gate_cols = rows.clone();
-            let up_cols = i + rows.start..i + rows.end;
-            for (dst, cols) in [(gate, gate_cols), (up, up_cols)] {
-                transpose(size, gate_up, 2 * i, 0..h, cols, dst);
+            if interleaved {
+                let cols = 2 * rows.start..2 * rows.end;
+                transpose(size, gate_up, 2 * i, 0..h, cols, w13);
+            } else {
+                let (gate, up) = w13.split_at_mut(il * h * size);
+                let gate_cols = rows.clone();
+                let up_cols = i + rows.start..i + rows.end;
+                for (dst, cols) in [(gate, gate_cols), (up, up_cols)] {
+                    transpose(size, gate_up, 2 * i, 0..h, cols, dst);
+                }
             }
             transpose(size, down, h, rows.clone(), 0..h, w2);
         }
         let float = |bytes: &[u8]| {
             FloatData::from_le_bytes(gate_up.dtype, bytes).unwrap_or(FloatData::F32(Vec::new()))
+        };
+        let (w13_bias, w2_bias) = if interleaved {
+            self.fused_float_biases(layer, local, 2 * rows.start..2 * rows.end)?
+        } else {
+            (None, None)
         };
         Ok(ExpertTensors {
             num_experts: local.len(),
@@ -693,13 +706,61 @@ impl Checkpoint {
                 w13: float(&w13),
                 w2: float(&w2),
             },
-            w13_bias: None,
-            w2_bias: None,
+            w13_bias,
+            w2_bias,
         })
     }
 
-    /// The fused float tensors of `layer` (Llama 4, Qwen3-VL), checked against the config: `gate_up_proj`
-    /// `[E, H, 2I]` and `down_proj` `[E, I, H]`, of one float dtype.
+    /// gpt-oss's expert biases beside its fused float weights: `gate_up_proj_bias` `[E, 2I]`
+    /// (the columns `w13_cols` of each local expert, interleaved as the weights) and
+    /// `down_proj_bias` `[E, H]` (whole on every rank), checked against the config and for
+    /// finite values.
+    fn fused_float_biases(
+        &self,
+        layer: usize,
+        local: &[usize],
+        w13_cols: std::ops::Range<usize>,
+    ) -> Result<(Option<FloatData>, Option<FloatData>), LayerError> {
+        let (e, h, i) = (
+            self.experts_dim(),
+            self.hidden_dim(),
+            self.routed_group().intermediate,
+        );
+        let two_i = Dim {
+            size: 2 * i.size,
+            field: i.field,
+        };
+        let mut out = [None, None];
+        for (slot, (tensor, n, cols)) in out.iter_mut().zip([
+            ("gate_up_proj_bias", two_i, w13_cols),
+            ("down_proj_bias", h, 0..h.size),
+        ]) {
+            let t = self
+                .source
+                .get_as(&self.names.fused_experts(layer, tensor), FLOAT_DTYPES)?;
+            if t.shape.len() == 2 {
+                for (dim, actual) in [e, n].into_iter().zip(t.shape.iter().copied()) {
+                    if dim.size != actual {
+                        return Err(self.mismatch(&t, dim, actual));
+                    }
+                }
+            }
+            t.expect_shape(&[e.size, n.size])?;
+            check_finite(&t, &f32_values(&t)?)?;
+            let size = dtype_bytes(t.dtype);
+            let mut bytes = Vec::with_capacity(local.len() * cols.len() * size);
+            for &x in local {
+                let row = &t.bytes[x * n.size * size..][..n.size * size];
+                bytes.extend_from_slice(&row[cols.start * size..cols.end * size]);
+            }
+            *slot = FloatData::from_le_bytes(t.dtype, &bytes);
+        }
+        let [w13, w2] = out;
+        Ok((w13, w2))
+    }
+
+    /// The fused float tensors of `layer` (Llama 4, Qwen3-VL, gpt-oss), checked against the
+    /// config: `gate_up_proj` `[E, H, 2I]` and `down_proj` `[E, I, H]`, of one float dtype.
     fn fused_float_refs(&self, layer: usize) -> Result<(TensorRef<'_>, TensorRef<'_>), LayerError> {
         let (e, h, i) = (
             self.experts_dim(),
@@ -738,7 +799,8 @@ impl Checkpoint {
         layer: usize,
         expert: usize,
     ) -> Result<Option<KMajorExpert<'_>>, LayerError> {
-        if !self.has_fused_float_experts(layer) {
+        // gpt-oss's experts carry biases, which the whole-layer road loads.
+        if !self.has_fused_float_experts(layer) || self.spec.family == ModelFamily::GptOss {
             return Ok(None);
         }
         let (gate_up, down) = self.fused_float_refs(layer)?;
