@@ -1714,25 +1714,11 @@ fn family_cases(c: &mut Cases) {
         |ck| ck.config["scoring_func"] = "sqrt".into(),
     );
     fn gpt_oss_bf16() -> Ckpt {
-        let m = moe_testutil::gpt_oss::GptOss::random(0x6b9, [4, 2, 64, 32], 7.0);
-        let tensors = m
-            .bf16_tensors()
-            .into_iter()
-            .map(|(name, (dtype, shape, bytes))| {
-                (
-                    name,
-                    Stored {
-                        dtype,
-                        shape,
-                        bytes,
-                    },
-                )
-            })
-            .collect();
-        Ckpt {
-            config: m.bf16_config(),
-            tensors,
-        }
+        Ckpt::gpt_oss_bf16(&moe_testutil::gpt_oss::GptOss::random(
+            0x6b9,
+            [4, 2, 64, 32],
+            7.0,
+        ))
     }
     const GPT_OSS: &str = "model.layers.0.mlp.experts";
     c.model(

@@ -193,6 +193,9 @@ pub struct ExpertTensors {
     pub w2_bias: Option<FloatData>,
 }
 
+/// The f32 biases of a layer's local experts: `w13` `[E_local, 2I]` and `w2` `[E_local, H]`.
+pub(crate) type ExpertBiases = (Vec<f32>, Vec<f32>);
+
 /// One routed expert's float weights as Llama 4 stores them, K-major, borrowed from the shard.
 pub(crate) struct KMajorExpert<'a> {
     /// The stored dtype.
@@ -711,6 +714,20 @@ impl Checkpoint {
         })
     }
 
+    /// gpt-oss's expert biases for [`Self::fused_float_expert_k_major`] on a single rank:
+    /// `[E_local, 2I]` and `[E_local, H]` widened to f32, or `None` for layers without them.
+    pub(crate) fn fused_float_expert_biases(
+        &self,
+        layer: usize,
+        local: &[usize],
+    ) -> Result<Option<ExpertBiases>, LayerError> {
+        if !self.has_fused_float_experts(layer) || self.spec.family != ModelFamily::GptOss {
+            return Ok(None);
+        }
+        let (w13, w2) = self.fused_float_biases(layer, local, 0..2 * self.spec.intermediate)?;
+        Ok(w13.zip(w2).map(|(a, b)| (a.to_f32_vec(), b.to_f32_vec())))
+    }
+
     /// gpt-oss's expert biases beside its fused float weights: `gate_up_proj_bias` `[E, 2I]`
     /// (the columns `w13_cols` of each local expert, interleaved as the weights) and
     /// `down_proj_bias` `[E, H]` (whole on every rank), checked against the config and for
@@ -791,16 +808,16 @@ impl Checkpoint {
         Ok((gate_up, down))
     }
 
-    /// One expert of a layer stored as Llama 4's and Qwen3-VL's bf16 checkpoints store it, on
-    /// a single rank, left K-major as stored and borrowed from the shard. `None` for other
-    /// layouts.
+    /// One expert of a layer stored as the bf16 checkpoints of Llama 4, Qwen3-VL and gpt-oss
+    /// store it, on a single rank, left K-major as stored (gpt-oss's gate and up columns
+    /// interleaved) and borrowed from the shard; gpt-oss's biases are
+    /// [`Self::fused_float_expert_biases`]. `None` for other layouts.
     pub(crate) fn fused_float_expert_k_major(
         &self,
         layer: usize,
         expert: usize,
     ) -> Result<Option<KMajorExpert<'_>>, LayerError> {
-        // gpt-oss's experts carry biases, which the whole-layer road loads.
-        if !self.has_fused_float_experts(layer) || self.spec.family == ModelFamily::GptOss {
+        if !self.has_fused_float_experts(layer) {
             return Ok(None);
         }
         let (gate_up, down) = self.fused_float_refs(layer)?;

@@ -421,9 +421,20 @@ impl MoeLayer {
         if let Some(bias) = &router.correction_bias {
             moe.load_router_correction_bias(bias).ok()?;
         }
-        if moe.cfg.router_bias_pending || local != moe.cfg.local_experts() {
+        if let Some(bias) = &router.bias {
+            moe.load_router_bias(bias).ok()?;
+        }
+        if moe.cfg.router_bias_pending
+            || (moe.cfg.router_has_bias && moe.router_bias.is_none())
+            || local != moe.cfg.local_experts()
+        {
             return None;
         }
+        // gpt-oss's bf16 experts carry biases, read once for the layer.
+        let biases = match cfg.quant {
+            LayerQuant::Unquantized => ckpt.fused_float_expert_biases(layer, &local).ok()?,
+            _ => None,
+        };
         if moe.cfg.shared_experts.is_some() {
             let shared = ckpt
                 .read_shared_experts(layer, &ReadOptions::single_rank())
@@ -535,10 +546,12 @@ impl MoeLayer {
             return None;
         }
         let moe_cfg = moe.fused_config();
-        // The experts packed one by one, as one layer of a single format (no biases: layers
-        // with biases take the whole-layer road).
+        // The experts packed one by one, as one layer of a single format (biases only where
+        // read for the layer at once: other layers with biases take the whole-layer road).
+        let (b13, b2) = biases.map_or((None, None), |(a, b)| (Some(a), Some(b)));
         fn one_format<W: moe_kernels::moe::ExpertMatrix>(
             experts: impl Iterator<Item = Option<(Vec<W>, Vec<W>)>>,
+            (b13, b2): (Option<Vec<f32>>, Option<Vec<f32>>),
             moe_cfg: moe_kernels::FusedMoeConfig,
             kernels: moe_kernels::KernelSet,
         ) -> Option<moe_kernels::FusedMoe<W>> {
@@ -550,7 +563,7 @@ impl MoeLayer {
                 .collect::<Option<Vec<_>>>()?
                 .into_iter()
                 .unzip();
-            super::process::fused_pipeline((w13, w2), (None, None), &moe_cfg, kernels).ok()
+            super::process::fused_pipeline((w13, w2), (b13, b2), &moe_cfg, kernels).ok()
         }
         let on_w4a8 = matches!(cfg.quant, LayerQuant::W4A8 { .. }) || cfg.wna16_on_w4a8();
         let packed = experts.into_iter().map(|(p, _)| p);
@@ -560,6 +573,7 @@ impl MoeLayer {
                     Packed::W4A8(a, b) => Some((a, b)),
                     _ => None,
                 }),
+                (b13, b2),
                 moe_cfg,
                 kernels,
             )?)
@@ -569,6 +583,7 @@ impl MoeLayer {
                     Packed::Dense(a, b) => Some((a, b)),
                     _ => None,
                 }),
+                (b13, b2),
                 moe_cfg,
                 kernels,
             )?)
@@ -578,6 +593,7 @@ impl MoeLayer {
                     Packed::W8A8(a, b) => Some((a, b)),
                     _ => None,
                 }),
+                (b13, b2),
                 moe_cfg,
                 kernels,
             )?)
@@ -587,6 +603,7 @@ impl MoeLayer {
                     Packed::Wna16(a, b) => Some((a, b)),
                     _ => None,
                 }),
+                (b13, b2),
                 moe_cfg,
                 kernels,
             )?)
@@ -1257,9 +1274,10 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// Unquantized layers (per-expert bf16 names, Llama 4's fused transposed tensors) and
-    /// layers with shared experts (plain, gated, quantized) take the streamed road and compute
-    /// bit for bit what the whole-layer road computes, on every thread count.
+    /// Unquantized layers (per-expert bf16 names, Llama 4's fused transposed tensors, gpt-oss's
+    /// with biases and a router bias) and layers with shared experts (plain, gated,
+    /// quantized) take the streamed road and compute bit for bit what the whole-layer road
+    /// computes, on every thread count.
     #[test]
     fn streamed_float_and_shared_expert_layers_run_as_the_whole_layer() {
         use test_support::{Ckpt, H};
@@ -1286,6 +1304,14 @@ mod tests {
             (
                 "stream-wna16-shared",
                 Ckpt::build("glm4_moe", Fmt::Gptq, 0x5f5).0,
+            ),
+            (
+                "stream-gpt-oss-bf16",
+                Ckpt::gpt_oss_bf16(&moe_testutil::gpt_oss::GptOss::random(
+                    0x5f6,
+                    [4, 2, H, 32],
+                    7.0,
+                )),
             ),
         ];
         let x = moe_testutil::SplitMix64::new(10).vec_uniform(5 * H, -1.0, 1.0);

@@ -462,6 +462,26 @@ impl Ckpt {
         fused
     }
 
+    /// The bf16 checkpoint of gpt-oss model `m` ([`moe_testutil::gpt_oss::GptOss::bf16_tensors`]).
+    pub fn gpt_oss_bf16(m: &moe_testutil::gpt_oss::GptOss) -> Ckpt {
+        let tensors = m
+            .bf16_tensors()
+            .into_iter()
+            .map(|(name, (dtype, shape, bytes))| {
+                let stored = Stored {
+                    dtype,
+                    shape,
+                    bytes,
+                };
+                (name, stored)
+            })
+            .collect();
+        Ckpt {
+            config: m.bf16_config(),
+            tensors,
+        }
+    }
+
     /// Writes `config.json` and `model.safetensors` into `dir`.
     pub fn write(&self, dir: &Path) {
         std::fs::write(dir.join("config.json"), self.config.to_string()).unwrap();
