@@ -11,7 +11,9 @@
 //! (`pack-quantized` int8); FP8 `fp8-block/` (`quant_method: fp8`, `[128, 128]` blocks),
 //! `fp8-channel/` (compressed-tensors `FP8_DYNAMIC`) and `fp8-tensor/` (AutoFP8, static
 //! activations); `w8a8-int8/` (compressed-tensors `INT8_W8A8`); `bf16/` (unquantized); and
-//! `x-{1,16,256}.safetensors` inputs (`hidden_states`, bf16).
+//! `x-{1,16,256}.safetensors` inputs (`hidden_states`, bf16). The other tests write one layer of
+//! Llama 4 Scout (`llama4-scout-bf16/`) and of gpt-oss-20b (`gpt-oss-20b-bf16/`) in bf16 with
+//! their inputs.
 #![cfg(feature = "checkpoint")]
 
 mod checkpoint_support;
@@ -227,6 +229,41 @@ fn write_llama4_scout_layer() {
         );
         std::fs::write(
             dir.join(format!("x-llama4-{tokens}.safetensors")),
+            Ckpt::serialize(&tensors),
+        )
+        .unwrap();
+    }
+}
+
+/// Writes `gpt-oss-20b-bf16/`, one MoE layer of gpt-oss-20b (32 experts, top-4, hidden 2880,
+/// intermediate 2880) as its bf16 checkpoints store it (about 1.6 GB), and
+/// `x-gpt-oss-{1,16,256}.safetensors`:
+///
+///     MOE_REAL_SHAPED_DIR=<dir> cargo test --release -p moe-layer --test real_shaped_checkpoints -- --ignored gpt_oss
+#[test]
+#[ignore = "writes about 1.6 gigabytes; run by hand to time moe run"]
+fn write_gpt_oss_20b_bf16_layer() {
+    let dir = PathBuf::from(
+        std::env::var("MOE_REAL_SHAPED_DIR").expect("MOE_REAL_SHAPED_DIR names the output"),
+    );
+    let m = moe_testutil::gpt_oss::GptOss::random(0x5ea7, [32, 4, 2880, 2880], 7.0);
+    let out = dir.join("gpt-oss-20b-bf16");
+    std::fs::create_dir_all(&out).unwrap();
+    Ckpt::gpt_oss_bf16(&m).write(&out);
+    let mut rng = SplitMix64::new(0x21);
+    for tokens in [1usize, 16, 256] {
+        let x = rng.vec_uniform(tokens * m.h, -1.0, 1.0);
+        let mut tensors = BTreeMap::new();
+        tensors.insert(
+            "hidden_states".to_string(),
+            Stored {
+                dtype: Dtype::BF16,
+                shape: vec![tokens, m.h],
+                bytes: bf16_bytes(&x),
+            },
+        );
+        std::fs::write(
+            dir.join(format!("x-gpt-oss-{tokens}.safetensors")),
             Ckpt::serialize(&tensors),
         )
         .unwrap();
