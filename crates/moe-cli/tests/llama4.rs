@@ -111,6 +111,12 @@ fn multimodal_llama4_checkpoint_through_inspect_and_run() {
     ]);
     assert_eq!(v["family"], "Llama4", "{v}");
     assert_eq!(v["model_type"], "llama4", "{v}");
+    let routing = v["routing"].as_str().unwrap();
+    assert!(
+        routing.starts_with("Llama4:") && routing.contains("before its expert"),
+        "{v}"
+    );
+    assert_eq!(v["shared_experts"], "one MLP of intermediate 24", "{v}");
     assert!(
         v["backend"]["kernel"]
             .as_str()

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use moe_layer::checkpoint::{
-    Checkpoint, MoeModelSpec, QuantScheme, ReadOptions, ShardAccess, StoredExperts,
+    Checkpoint, ModelFamily, MoeModelSpec, QuantScheme, ReadOptions, ShardAccess, StoredExperts,
 };
 use moe_layer::{Fp8Scaling, LayerError, MoeLayerConfig};
 use moe_oracle::Selection;
@@ -68,6 +68,10 @@ pub struct InspectReport {
     /// The activation the layer runs when it is not what `activation` names (gpt-oss's
     /// config says `silu`; its experts are SwiGLU-OAI with the config's clamp).
     pub runs_activation: Option<String>,
+    /// How the router weighs the experts: vLLM's routing method and the config's parameters.
+    pub routing: String,
+    /// The shared (always active) experts, when the model has them.
+    pub shared_experts: Option<String>,
     /// Model dtype.
     pub dtype: Option<String>,
     /// Quantization scheme name.
@@ -190,6 +194,15 @@ pub fn run(args: &InspectArgs, out: Output) -> Result<(), CliError> {
                 )),
                 _ => None,
             }),
+        routing: describe_routing(spec),
+        shared_experts: spec.shared_experts.map(|s| {
+            let gate = if s.gated {
+                ", behind a sigmoid gate"
+            } else {
+                ""
+            };
+            format!("one MLP of intermediate {}{gate}", s.intermediate)
+        }),
         dtype: spec.dtype.map(|d| format!("{d:?}")),
         quant_scheme: spec.quant.name(),
         quant_detail: format!("{:?}", spec.quant),
@@ -290,6 +303,41 @@ fn read_layer(ckpt: &Checkpoint, n: usize) -> Result<LayerReport, CliError> {
     })
 }
 
+/// The routing of `spec` in words: the method vLLM would label it with, then what it does.
+fn describe_routing(spec: &MoeModelSpec) -> String {
+    let r = &spec.routing;
+    let method = MoeLayerConfig::from_spec(spec, 0, 1, None, 1)
+        .map(|c| c.router.routing_method_type().name())
+        .unwrap_or("refused");
+    if r.llama4 {
+        return format!(
+            "{method}: the top-{} logits, each weighted by its sigmoid, the weight scaling the \
+             token before its expert",
+            spec.top_k
+        );
+    }
+    let mut words = vec![format!("{method}: {} scores", r.scoring)];
+    if spec.family == ModelFamily::GptOss {
+        words.push("the router's bias added to the logits".into());
+    }
+    if r.has_correction_bias {
+        words.push("a correction bias for selection".into());
+    }
+    if let (Some(groups), Some(kept)) = (r.num_expert_group, r.topk_group) {
+        words.push(format!("{kept} of {groups} expert groups kept"));
+    }
+    words.push(format!("top-{}", spec.top_k));
+    words.push(if r.renormalize {
+        "renormalized".into()
+    } else {
+        "not renormalized".into()
+    });
+    if r.routed_scaling_factor != 1.0 {
+        words.push(format!("weights × {}", r.routed_scaling_factor));
+    }
+    words.join(", ")
+}
+
 /// The human report.
 fn print_report(r: &InspectReport) {
     println!("checkpoint {}", r.model);
@@ -314,6 +362,10 @@ fn print_report(r: &InspectReport) {
             .as_ref()
             .map_or_else(String::new, |a| format!(", run as {a}"))
     );
+    println!("  routing:       {}", r.routing);
+    if let Some(shared) = &r.shared_experts {
+        println!("  shared:        {shared}");
+    }
     println!(
         "  dtype:         {}",
         r.dtype.as_deref().unwrap_or("(not stated)")
