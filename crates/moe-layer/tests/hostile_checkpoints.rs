@@ -1758,6 +1758,63 @@ fn family_cases(c: &mut Cases) {
             )
         },
     );
+    fn granite() -> Ckpt {
+        let mut ck = Ckpt::build("mixtral", Fmt::Float, 0x64a).0;
+        let bf16 = Dtype::BF16;
+        let block = "model.layers.0.block_sparse_moe";
+        let mut input = Vec::new();
+        let mut output = Vec::new();
+        for e in 0..E {
+            let mut take = |w: &str| {
+                let name = format!("{block}.experts.{e}.{w}.weight");
+                ck.tensors.remove(&name).unwrap().bytes
+            };
+            input.extend(take("w1"));
+            input.extend(take("w3"));
+            output.extend(take("w2"));
+        }
+        ck.put(
+            &format!("{block}.input_linear.weight"),
+            bf16,
+            &[E, 2 * I, H],
+            input,
+        );
+        ck.put(
+            &format!("{block}.output_linear.weight"),
+            bf16,
+            &[E, H, I],
+            output,
+        );
+        let router = ck.tensors.remove(&format!("{block}.gate.weight")).unwrap();
+        ck.tensors
+            .insert(format!("{block}.router.layer.weight"), router);
+        ck.config["model_type"] = "granitemoe".into();
+        ck
+    }
+    c.model("granitemoe: control", granite, layer, Expect::Ok, |_| {});
+    c.model(
+        "granitemoe: input_linear for an intermediate size one wider",
+        granite,
+        layer,
+        err!(LayerError::ConfigMismatch {
+            field: "intermediate_size",
+            ..
+        }),
+        |ck| {
+            let name = "model.layers.0.block_sparse_moe.input_linear.weight";
+            retype(ck, name, Dtype::BF16, &[E, 2 * I + 2, H]);
+        },
+    );
+    c.model(
+        "granitemoe: quantized experts",
+        granite,
+        layer,
+        err!(LayerError::UnsupportedScheme { .. }),
+        |ck| {
+            ck.config["quantization_config"] =
+                serde_json::json!({"quant_method": "gptq", "bits": 4, "group_size": 8});
+        },
+    );
     fn qwen3_next() -> Ckpt {
         Ckpt::build("qwen3_next", Fmt::Float, 0x3e7).0
     }

@@ -520,3 +520,127 @@ fn gpt_oss_bf16_runs_the_block_of_its_mxfp4_weights() {
     let err = rel_l2(&sum, &want);
     assert!(err < 1e-5, "two tensor-parallel ranks: relative L2 {err:e}");
 }
+
+/// A Qwen3-Next float checkpoint from [`Ckpt::build`] rewritten as Granite MoE stores it: the
+/// experts fused per layer (`input_linear` `[E, 2I, H]`, gate rows then up rows;
+/// `output_linear` `[E, H, I]`), the router under `router.layer`, and the shared expert as an
+/// ungated `shared_mlp` with gate and up fused (dropped when `shared` is false).
+fn granite_from(ck: &Ckpt, shared: bool) -> Ckpt {
+    let mut g = ck.clone();
+    let take = |g: &mut Ckpt, name: &str| g.tensors.remove(name).unwrap().bytes;
+    let fuse = |g: &mut Ckpt, prefix: &str| {
+        let mut w13 = take(g, &format!("{prefix}.gate_proj.weight"));
+        w13.extend(take(g, &format!("{prefix}.up_proj.weight")));
+        (w13, take(g, &format!("{prefix}.down_proj.weight")))
+    };
+    let bf16 = safetensors::Dtype::BF16;
+    let (mut input, mut output) = (Vec::new(), Vec::new());
+    for e in 0..E {
+        let (w13, w2) = fuse(&mut g, &format!("model.layers.0.mlp.experts.{e}"));
+        input.extend(w13);
+        output.extend(w2);
+    }
+    let block = "model.layers.0.block_sparse_moe";
+    g.put(
+        &format!("{block}.input_linear.weight"),
+        bf16,
+        &[E, 2 * I, H],
+        input,
+    );
+    g.put(
+        &format!("{block}.output_linear.weight"),
+        bf16,
+        &[E, H, I],
+        output,
+    );
+    let router = take(&mut g, "model.layers.0.mlp.gate.weight");
+    g.put(
+        &format!("{block}.router.layer.weight"),
+        bf16,
+        &[E, H],
+        router,
+    );
+    let (w13, w2) = fuse(&mut g, "model.layers.0.mlp.shared_expert");
+    g.tensors
+        .remove("model.layers.0.mlp.shared_expert_gate.weight");
+    let mut config = serde_json::json!({
+        "model_type": "granitemoe", "architectures": ["GraniteMoeForCausalLM"],
+        "torch_dtype": "bfloat16", "hidden_act": "silu", "hidden_size": H,
+        "num_hidden_layers": 1, "num_local_experts": E, "num_experts_per_tok": 2,
+        "intermediate_size": I,
+    });
+    if shared {
+        config["model_type"] = "granitemoeshared".into();
+        config["shared_intermediate_size"] = I.into();
+        let mlp = "model.layers.0.shared_mlp";
+        g.put(
+            &format!("{mlp}.input_linear.weight"),
+            bf16,
+            &[2 * I, H],
+            w13,
+        );
+        g.put(&format!("{mlp}.output_linear.weight"), bf16, &[H, I], w2);
+    }
+    g.config = config;
+    g
+}
+
+/// Granite MoE (and its shared-MLP variants): the fused `input_linear`/`output_linear`
+/// experts, the router under `router.layer` and the ungated shared MLP load into the layer
+/// and compute the renormalized-softmax MoE block of their weights; without the shared MLP the
+/// layer equals Qwen3-MoE's of the same experts bit for bit, and tensor-parallel ranks sum to
+/// the whole.
+#[test]
+fn granite_moe_reads_its_fused_linears_and_shared_mlp() {
+    let (ck, experts) = Ckpt::build("qwen3_next", Fmt::Float, 77);
+    let (ckpt, t) = open(&granite_from(&ck, true), "family-granite-shared");
+    let spec = ckpt.spec();
+    assert_eq!(spec.family, ModelFamily::GraniteMoe);
+    assert!(spec.routing.renormalize);
+    let shared = spec.shared_experts.unwrap();
+    assert_eq!((shared.intermediate, shared.gated), (I, false));
+    assert!(t.shared.as_ref().unwrap().gate.is_none());
+    assert_block_matches(&ckpt, &t, &experts, &Routing::RenormalizedSoftmax, 78);
+
+    let (plain, _) = open(&granite_from(&ck, false), "family-granite");
+    assert!(plain.spec().shared_experts.is_none());
+    let mut qwen3 = ck.clone();
+    qwen3.config["model_type"] = "qwen3_moe".into();
+    qwen3.config["norm_topk_prob"] = true.into();
+    qwen3
+        .config
+        .as_object_mut()
+        .unwrap()
+        .remove("shared_expert_intermediate_size");
+    qwen3
+        .tensors
+        .retain(|name, _| !name.contains("shared_expert"));
+    let (qwen3, _) = open(&qwen3, "family-granite-qwen3");
+    let mut rng = SplitMix64::new(79);
+    let tokens = 6;
+    let x = rng.vec_uniform(tokens * H, -1.0, 1.0);
+    let logits = rng.vec_uniform(tokens * E, -3.0, 3.0);
+    let run = |layer: &MoeLayer| {
+        let mut out = vec![0f32; tokens * H];
+        layer.apply(&x, Logits::F32(&logits), &mut out).unwrap();
+        out
+    };
+    let want = run(&MoeLayer::from_checkpoint(&qwen3, 0, 16).unwrap());
+    assert_eq!(
+        run(&MoeLayer::from_checkpoint(&plain, 0, 16).unwrap()),
+        want
+    );
+    let mut sum = vec![0f32; tokens * H];
+    for rank in 0..2 {
+        let layer = MoeLayer::from_checkpoint_ranked(&ckpt, 0, 16, (rank, 2), None).unwrap();
+        for (s, v) in sum.iter_mut().zip(run(&layer)) {
+            *s += v;
+        }
+    }
+    let whole: Vec<f64> = run(&MoeLayer::from_checkpoint(&ckpt, 0, 16).unwrap())
+        .iter()
+        .map(|&v| f64::from(v))
+        .collect();
+    let err = rel_l2(&sum, &whole);
+    assert!(err < 1e-6, "tensor-parallel ranks: relative L2 {err:e}");
+}

@@ -84,6 +84,13 @@ pub enum ModelFamily {
     /// `model.language_model.`; bf16 checkpoints fuse each layer's experts as Llama 4 does
     /// (`experts.gate_up_proj` `[E, H, 2I]`, `experts.down_proj` `[E, I, H]`).
     Qwen3VlMoe,
+    /// Granite MoE (`granitemoe`, `granitemoeshared`, Granite 4.0's `granitemoehybrid`): a
+    /// `block_sparse_moe` whose experts are stored fused per layer, gate rows then up rows
+    /// (`input_linear.weight` `[E, 2I, H]`, `output_linear.weight` `[E, H, I]`), routed by
+    /// `router.layer` (softmax over the top-k logits: renormalized softmax), and a shared MLP
+    /// of `shared_intermediate_size` beside it (`shared_mlp`, gate and up fused). Read
+    /// unquantized only.
+    GraniteMoe,
 }
 
 impl ModelFamily {
@@ -101,6 +108,7 @@ impl ModelFamily {
             "minimax_m2" => Some(Self::MiniMaxM2),
             "llama4" | "llama4_text" => Some(Self::Llama4),
             "qwen3_vl_moe" | "qwen3_vl_moe_text" => Some(Self::Qwen3VlMoe),
+            "granitemoe" | "granitemoeshared" | "granitemoehybrid" => Some(Self::GraniteMoe),
             _ => None,
         });
         by_type.or_else(|| {
@@ -116,6 +124,9 @@ impl ModelFamily {
                 "MiniMaxM2ForCausalLM" => Some(Self::MiniMaxM2),
                 "Llama4ForConditionalGeneration" | "Llama4ForCausalLM" => Some(Self::Llama4),
                 "Qwen3VLMoeForConditionalGeneration" => Some(Self::Qwen3VlMoe),
+                "GraniteMoeForCausalLM"
+                | "GraniteMoeSharedForCausalLM"
+                | "GraniteMoeHybridForCausalLM" => Some(Self::GraniteMoe),
                 _ => None,
             })
         })
@@ -134,7 +145,9 @@ impl ModelFamily {
     pub(crate) fn experts_field(self) -> &'static str {
         match self {
             Self::Qwen2Moe | Self::Qwen3Moe | Self::Qwen3Next | Self::Qwen3VlMoe => "num_experts",
-            Self::Mixtral | Self::GptOss | Self::MiniMaxM2 | Self::Llama4 => "num_local_experts",
+            Self::Mixtral | Self::GptOss | Self::MiniMaxM2 | Self::Llama4 | Self::GraniteMoe => {
+                "num_local_experts"
+            }
             Self::DeepseekV2 | Self::DeepseekV3 | Self::Glm4Moe => "n_routed_experts",
         }
     }
@@ -142,7 +155,9 @@ impl ModelFamily {
     /// The config field that sizes one routed expert.
     pub(crate) fn intermediate_field(self) -> &'static str {
         match self {
-            Self::Mixtral | Self::GptOss | Self::MiniMaxM2 | Self::Llama4 => "intermediate_size",
+            Self::Mixtral | Self::GptOss | Self::MiniMaxM2 | Self::Llama4 | Self::GraniteMoe => {
+                "intermediate_size"
+            }
             _ => "moe_intermediate_size",
         }
     }
@@ -153,6 +168,7 @@ impl ModelFamily {
             _ if self.has_gated_shared_expert() => "shared_expert_intermediate_size",
             // Llama 4's shared expert is as wide as a routed one.
             Self::Llama4 => "intermediate_size",
+            Self::GraniteMoe => "shared_intermediate_size",
             _ => "n_shared_experts",
         }
     }
@@ -403,6 +419,8 @@ struct RawConfig {
     experts_per_token: Option<usize>,
     /// MiniMax-M2: whether the router has a correction bias.
     use_routing_bias: Option<bool>,
+    /// Granite MoE: the shared MLP's intermediate size (0 or absent: none).
+    shared_intermediate_size: Option<usize>,
     /// Llama 4: every how many layers one is MoE (0: none).
     interleave_moe_layer_step: Option<usize>,
     /// Llama 4: the MoE layers, listed.
@@ -577,7 +595,8 @@ impl MoeModelSpec {
                 ModelFamily::Mixtral
                 | ModelFamily::GptOss
                 | ModelFamily::MiniMaxM2
-                | ModelFamily::Llama4,
+                | ModelFamily::Llama4
+                | ModelFamily::GraniteMoe,
                 _,
             ) => required(raw.num_local_experts, "num_local_experts")?,
             (ModelFamily::DeepseekV2 | ModelFamily::DeepseekV3 | ModelFamily::Glm4Moe, _) => {
@@ -609,9 +628,10 @@ impl MoeModelSpec {
                     .filter(|l| !dense.contains(l) && (l + 1) % step == 0)
                     .collect()
             }
-            ModelFamily::Mixtral | ModelFamily::GptOss | ModelFamily::MiniMaxM2 => {
-                (0..num_layers).collect()
-            }
+            ModelFamily::Mixtral
+            | ModelFamily::GptOss
+            | ModelFamily::MiniMaxM2
+            | ModelFamily::GraniteMoe => (0..num_layers).collect(),
             ModelFamily::DeepseekV2 | ModelFamily::DeepseekV3 => {
                 let freq = raw.moe_layer_freq.unwrap_or(1);
                 if freq == 0 {
@@ -666,6 +686,14 @@ impl MoeModelSpec {
                 intermediate,
                 gated: false,
             }),
+            ModelFamily::GraniteMoe => {
+                raw.shared_intermediate_size
+                    .filter(|&n| n > 0)
+                    .map(|intermediate| SharedExpertSpec {
+                        intermediate,
+                        gated: false,
+                    })
+            }
             // transformers' default is one shared expert, and vLLM builds what it says.
             ModelFamily::Glm4Moe => Some(raw.n_shared_experts.unwrap_or(1))
                 .filter(|&n| n > 0)
@@ -695,6 +723,14 @@ impl MoeModelSpec {
                     file: file.clone(),
                     scheme: other.name().into(),
                     reason: "gpt-oss experts are read as MXFP4 or unquantized only".into(),
+                });
+            }
+            (ModelFamily::GraniteMoe, QuantScheme::Unquantized(_)) => {}
+            (ModelFamily::GraniteMoe, other) => {
+                return Err(LayerError::UnsupportedScheme {
+                    file: file.clone(),
+                    scheme: other.name().into(),
+                    reason: "Granite MoE experts are read unquantized only".into(),
                 });
             }
             (_, QuantScheme::Mxfp4) => {
@@ -770,8 +806,11 @@ fn routing_spec(
     };
     let renormalize = match family {
         // gpt-oss: softmax over the top-k logits, which is the renormalized full softmax.
-        // MiniMax-M2's block always renormalizes.
-        ModelFamily::Mixtral | ModelFamily::GptOss | ModelFamily::MiniMaxM2 => true,
+        // MiniMax-M2's block always renormalizes; Granite's softmax runs over the top-k logits.
+        ModelFamily::Mixtral
+        | ModelFamily::GptOss
+        | ModelFamily::MiniMaxM2
+        | ModelFamily::GraniteMoe => true,
         ModelFamily::Llama4 => false,
         ModelFamily::DeepseekV3
         | ModelFamily::Glm4Moe

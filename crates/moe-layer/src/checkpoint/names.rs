@@ -11,6 +11,7 @@
 //! | Qwen3-Next | as Qwen2-MoE | `mlp.gate.weight` | `mlp.shared_expert.*`, `mlp.shared_expert_gate.weight` |
 //! | MiniMax-M2 | `model.layers.{l}.block_sparse_moe.experts.{e}.{w1,w3,w2}.{suffix}` | `block_sparse_moe.gate.weight` | `block_sparse_moe.e_score_correction_bias` |
 //! | Llama 4 | bf16: all experts fused, transposed: `model.layers.{l}.feed_forward.experts.{gate_up_proj,down_proj}`; quantized: `….feed_forward.experts.{e}.{gate_proj,up_proj,down_proj}.{suffix}` | `feed_forward.router.weight` | `feed_forward.shared_expert.*`; multimodal checkpoints prefix every name with `language_model.` |
+//! | Granite MoE | all experts fused: `model.layers.{l}.block_sparse_moe.{input_linear,output_linear}.weight` `[E, 2I, H]`, `[E, H, I]` | `block_sparse_moe.router.layer.weight` | `shared_mlp.{input_linear,output_linear}.weight` |
 //! | gpt-oss | all experts fused: `model.layers.{l}.mlp.experts.{gate_up_proj,down_proj}_{blocks,scales,bias}` (MXFP4) or `….experts.{gate_up_proj,down_proj}{,_bias}` (bf16) | `mlp.router.weight` | `mlp.router.bias` |
 //!
 //! `gate_proj`/`w1` is shard `w1` (rows `0..I` of `w13`), `up_proj`/`w3` is `w3` (rows
@@ -200,7 +201,9 @@ impl MoeNames {
 
     fn block_module(&self) -> &'static str {
         match self.family {
-            ModelFamily::Mixtral | ModelFamily::MiniMaxM2 => "block_sparse_moe",
+            ModelFamily::Mixtral | ModelFamily::MiniMaxM2 | ModelFamily::GraniteMoe => {
+                "block_sparse_moe"
+            }
             ModelFamily::Llama4 => "feed_forward",
             _ => "mlp",
         }
@@ -250,6 +253,7 @@ impl MoeNames {
     fn router_module(&self) -> &'static str {
         match self.family {
             ModelFamily::GptOss | ModelFamily::Llama4 => "router",
+            ModelFamily::GraniteMoe => "router.layer",
             _ => "gate",
         }
     }
@@ -258,6 +262,18 @@ impl MoeNames {
     /// `tensor` is `gate_up_proj_blocks`, `down_proj_scales`, `gate_up_proj`, ...
     pub fn fused_experts(&self, layer: usize, tensor: &str) -> String {
         format!("{}.experts.{tensor}", self.block_prefix(layer))
+    }
+
+    /// A linear of Granite MoE's fused experts (`input_linear`, `output_linear`), every expert
+    /// in one `[E, N, K]` weight.
+    pub fn fused_linear(&self, layer: usize, linear: &str) -> String {
+        format!("{}.{linear}.weight", self.block_prefix(layer))
+    }
+
+    /// A linear of Granite MoE's shared MLP (`input_linear` `[2I, H]`, gate rows then up rows;
+    /// `output_linear` `[H, I]`), which sits beside the block rather than in it.
+    pub fn shared_mlp_linear(&self, layer: usize, linear: &str) -> String {
+        format!("{}.{layer}.shared_mlp.{linear}.weight", self.layers)
     }
 
     /// The router's score correction bias `[E]` (DeepSeek-V3 `noaux_tc`, GLM-4 MoE: under the

@@ -309,6 +309,8 @@ impl Checkpoint {
             self.read_fused_float_experts(layer, &local_experts, opts)?
         } else if spec.family == ModelFamily::GptOss {
             self.read_mxfp4_experts(layer, &local_experts, opts)?
+        } else if spec.family == ModelFamily::GraniteMoe {
+            self.read_granite_experts(layer, &local_experts, opts)?
         } else {
             self.assemble(&self.routed_group(), &local_experts, opts, |e, shard| {
                 self.names.expert_projection(layer, e, shard)
@@ -340,6 +342,21 @@ impl Checkpoint {
         let Some(shared) = self.spec.shared_experts else {
             return Ok(None);
         };
+        if self.spec.family == ModelFamily::GraniteMoe {
+            let intermediate = Dim {
+                size: shared.intermediate,
+                field: self.spec.family.shared_intermediate_field(),
+            };
+            let linear = |name: &str| self.names.shared_mlp_linear(layer, name);
+            let mlp = self.read_n_major_experts(
+                (&linear("input_linear"), &linear("output_linear")),
+                None,
+                intermediate,
+                &[0],
+                opts,
+            )?;
+            return Ok(Some(SharedExpertTensors { mlp, gate: None }));
+        }
         let field = self.spec.family.shared_intermediate_field();
         let prefix = |shard| self.names.shared_projection(layer, shard);
         // Shared experts are often left unquantized by the quantization recipe.
@@ -414,6 +431,9 @@ impl Checkpoint {
     ) -> Result<ExpertTensors, LayerError> {
         if self.has_fused_float_experts(layer) {
             return self.read_fused_float_experts(layer, &[expert], opts);
+        }
+        if self.spec.family == ModelFamily::GraniteMoe {
+            return self.read_granite_experts(layer, &[expert], opts);
         }
         self.assemble(&self.routed_group(), &[expert], opts, |e, shard| {
             self.names.expert_projection(layer, e, shard)
@@ -774,6 +794,88 @@ impl Checkpoint {
         }
         let [w13, w2] = out;
         Ok((w13, w2))
+    }
+
+    /// Granite MoE's routed experts: `input_linear` `[E, 2I, H]` (gate rows, then up rows) and
+    /// `output_linear` `[E, H, I]`, already in the per-expert layout.
+    fn read_granite_experts(
+        &self,
+        layer: usize,
+        local: &[usize],
+        opts: &ReadOptions<'_>,
+    ) -> Result<ExpertTensors, LayerError> {
+        let linear = |name: &str| self.names.fused_linear(layer, name);
+        self.read_n_major_experts(
+            (&linear("input_linear"), &linear("output_linear")),
+            Some(self.experts_dim()),
+            self.routed_group().intermediate,
+            local,
+            opts,
+        )
+    }
+
+    /// Float experts stored N-major in one tensor per linear: `w13` `[E, 2I, H]` (gate rows,
+    /// then up rows) and `w2` `[E, H, I]`, or without the leading `E` (`experts: None`, one
+    /// MLP), checked against the config; the local experts' tensor-parallel slices, copied row
+    /// by row.
+    fn read_n_major_experts(
+        &self,
+        (w13_name, w2_name): (&str, &str),
+        experts: Option<Dim>,
+        i: Dim,
+        local: &[usize],
+        opts: &ReadOptions<'_>,
+    ) -> Result<ExpertTensors, LayerError> {
+        let tp = TpSlice::new(opts, i, Format::Float)?;
+        let h = self.hidden_dim();
+        let two_i = Dim {
+            size: 2 * i.size,
+            field: i.field,
+        };
+        let read = |name: &str, dims: [Dim; 2]| -> Result<TensorRef<'_>, LayerError> {
+            let t = self.source.get_as(name, FLOAT_DTYPES)?;
+            let dims: Vec<Dim> = experts.into_iter().chain(dims).collect();
+            if t.shape.len() == dims.len() {
+                for (dim, actual) in dims.iter().zip(t.shape.iter().copied()) {
+                    if dim.size != actual {
+                        return Err(self.mismatch(&t, *dim, actual));
+                    }
+                }
+            }
+            t.expect_shape(&dims.iter().map(|d| d.size).collect::<Vec<_>>())?;
+            Ok(t)
+        };
+        let w13 = read(w13_name, [two_i, h])?;
+        let w2 = read(w2_name, [h, i])?;
+        w2.expect_dtype(&[w13.dtype])?;
+        let size = dtype_bytes(w13.dtype);
+        let (h, i) = (h.size, i.size);
+        let rows = tp.rows();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for &x in local {
+            let src13 = &w13.bytes[x * 2 * i * h * size..][..2 * i * h * size];
+            for first in [0, i] {
+                let gate_or_up = first + rows.start..first + rows.end;
+                append_block(src13, h * size, gate_or_up, 0..h * size, &mut a);
+            }
+            let src2 = &w2.bytes[x * h * i * size..][..h * i * size];
+            let cols = rows.start * size..rows.end * size;
+            append_block(src2, i * size, 0..h, cols, &mut b);
+        }
+        let float = |bytes: &[u8]| {
+            FloatData::from_le_bytes(w13.dtype, bytes).unwrap_or(FloatData::F32(Vec::new()))
+        };
+        Ok(ExpertTensors {
+            num_experts: local.len(),
+            hidden: h,
+            intermediate: rows.len(),
+            weights: StoredExperts::Float {
+                w13: float(&a),
+                w2: float(&b),
+            },
+            w13_bias: None,
+            w2_bias: None,
+        })
     }
 
     /// The fused float tensors of `layer` (Llama 4, Qwen3-VL, gpt-oss), checked against the
