@@ -143,6 +143,20 @@ fn reference(
     out
 }
 
+/// `tokens` random hidden states and router logits.
+fn random_tokens(seed: u64, tokens: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut rng = SplitMix64::new(seed);
+    let x = rng.vec_uniform(tokens * H, -1.0, 1.0);
+    (x, rng.vec_uniform(tokens * E, -3.0, 3.0))
+}
+
+/// The layer's output on `x` routed by `logits`.
+fn output(layer: &MoeLayer, x: &[f32], logits: &[f32]) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    layer.apply(x, Logits::F32(logits), &mut out).unwrap();
+    out
+}
+
 fn open(ck: &Ckpt, tag: &str) -> (Checkpoint, MoeLayerTensors) {
     let dir = temp_dir(tag);
     ck.write(&dir);
@@ -386,15 +400,8 @@ fn llama4_routes_on_the_token_and_reads_fused_transposed_experts() {
 
     let fused = ck.fused_llama4_experts();
     let multimodal = fused.llama4_multimodal();
-    let mut rng = SplitMix64::new(74);
-    let tokens = 9;
-    let x = rng.vec_uniform(tokens * H, -1.0, 1.0);
-    let logits = rng.vec_uniform(tokens * E, -3.0, 3.0);
-    let run = |layer: &MoeLayer| {
-        let mut out = vec![0f32; tokens * H];
-        layer.apply(&x, Logits::F32(&logits), &mut out).unwrap();
-        out
-    };
+    let (x, logits) = random_tokens(74, 9);
+    let run = |layer: &MoeLayer| output(layer, &x, &logits);
     let want = run(&MoeLayer::from_checkpoint(&ckpt, 0, 16).unwrap());
     for (tag, variant) in [("fused", &fused), ("multimodal", &multimodal)] {
         let (ckpt_v, t_v) = open(variant, &format!("family-llama4-{tag}"));
@@ -404,7 +411,7 @@ fn llama4_routes_on_the_token_and_reads_fused_transposed_experts() {
         assert_eq!(run(&layer), want, "{tag}");
     }
     let (ckpt_m, _) = open(&multimodal, "family-llama4-ranks");
-    let mut sum = vec![0f32; tokens * H];
+    let mut sum = vec![0f32; x.len()];
     for rank in 0..2 {
         let layer = MoeLayer::from_checkpoint_ranked(&ckpt_m, 0, 16, (rank, 2), None).unwrap();
         for (s, v) in sum.iter_mut().zip(run(&layer)) {
@@ -470,15 +477,13 @@ fn qwen3_vl_moe_reads_its_wrapped_config_and_fused_experts() {
     assert_eq!(ckpt.spec().family, ModelFamily::Qwen3VlMoe);
     assert!(ckpt.spec().routing.renormalize);
     assert_eq!(t.experts, t_plain.experts);
-    let mut rng = SplitMix64::new(76);
-    let tokens = 6;
-    let x = rng.vec_uniform(tokens * H, -1.0, 1.0);
-    let logits = rng.vec_uniform(tokens * E, -3.0, 3.0);
+    let (x, logits) = random_tokens(76, 6);
     let run = |ckpt: &Checkpoint| {
-        let layer = MoeLayer::from_checkpoint(ckpt, 0, 16).unwrap();
-        let mut out = vec![0f32; tokens * H];
-        layer.apply(&x, Logits::F32(&logits), &mut out).unwrap();
-        out
+        output(
+            &MoeLayer::from_checkpoint(ckpt, 0, 16).unwrap(),
+            &x,
+            &logits,
+        )
     };
     assert_eq!(run(&ckpt), run(&plain));
 }
@@ -616,21 +621,14 @@ fn granite_moe_reads_its_fused_linears_and_shared_mlp() {
         .tensors
         .retain(|name, _| !name.contains("shared_expert"));
     let (qwen3, _) = open(&qwen3, "family-granite-qwen3");
-    let mut rng = SplitMix64::new(79);
-    let tokens = 6;
-    let x = rng.vec_uniform(tokens * H, -1.0, 1.0);
-    let logits = rng.vec_uniform(tokens * E, -3.0, 3.0);
-    let run = |layer: &MoeLayer| {
-        let mut out = vec![0f32; tokens * H];
-        layer.apply(&x, Logits::F32(&logits), &mut out).unwrap();
-        out
-    };
+    let (x, logits) = random_tokens(79, 6);
+    let run = |layer: &MoeLayer| output(layer, &x, &logits);
     let want = run(&MoeLayer::from_checkpoint(&qwen3, 0, 16).unwrap());
     assert_eq!(
         run(&MoeLayer::from_checkpoint(&plain, 0, 16).unwrap()),
         want
     );
-    let mut sum = vec![0f32; tokens * H];
+    let mut sum = vec![0f32; x.len()];
     for rank in 0..2 {
         let layer = MoeLayer::from_checkpoint_ranked(&ckpt, 0, 16, (rank, 2), None).unwrap();
         for (s, v) in sum.iter_mut().zip(run(&layer)) {

@@ -532,6 +532,23 @@ impl Checkpoint {
         }
     }
 
+    /// The float tensor `name`, of shape `dims`: a dimension that differs from its config
+    /// value is a [`LayerError::ConfigMismatch`] naming the config field, any other shape a
+    /// [`LayerError::WrongShape`].
+    fn float_tensor_shaped(&self, name: &str, dims: &[Dim]) -> Result<TensorRef<'_>, LayerError> {
+        let t = self.source.get_as(name, FLOAT_DTYPES)?;
+        if t.shape.len() == dims.len()
+            && let Some((dim, &actual)) = dims
+                .iter()
+                .zip(t.shape)
+                .find(|(dim, actual)| dim.size != **actual)
+        {
+            return Err(self.mismatch(&t, *dim, actual));
+        }
+        t.expect_shape(&dims.iter().map(|d| d.size).collect::<Vec<_>>())?;
+        Ok(t)
+    }
+
     fn mismatch(&self, t: &TensorRef<'_>, dim: Dim, actual: usize) -> LayerError {
         LayerError::ConfigMismatch {
             config: self.spec.config_path.clone(),
@@ -567,27 +584,11 @@ impl Checkpoint {
 
     fn read_router(&self, layer: usize) -> Result<RouterTensors, LayerError> {
         let (e, h) = (self.experts_dim(), self.hidden_dim());
-        let t = self
-            .source
-            .get_as(&self.names.router_weight(layer), FLOAT_DTYPES)?;
-        if t.shape.len() == 2 {
-            for (dim, actual) in [e, h].into_iter().zip(t.shape.iter().copied()) {
-                if dim.size != actual {
-                    return Err(self.mismatch(&t, dim, actual));
-                }
-            }
-        }
-        t.expect_shape(&[e.size, h.size])?;
+        let t = self.float_tensor_shaped(&self.names.router_weight(layer), &[e, h])?;
         check_finite(&t, &f32_values(&t)?)?;
         let weight = FloatData::from_le_bytes(t.dtype, t.bytes).unwrap_or(FloatData::F32(vec![]));
         let correction_bias = if self.spec.routing.has_correction_bias {
-            let b = self
-                .source
-                .get_as(&self.names.correction_bias(layer), FLOAT_DTYPES)?;
-            if b.shape.len() == 1 && b.shape[0] != e.size {
-                return Err(self.mismatch(&b, e, b.shape[0]));
-            }
-            b.expect_shape(&[e.size])?;
+            let b = self.float_tensor_shaped(&self.names.correction_bias(layer), &[e])?;
             let values = f32_values(&b)?;
             check_finite(&b, &values)?;
             Some(values)
@@ -596,11 +597,7 @@ impl Checkpoint {
         };
         let bias = match self.names.router_bias(layer) {
             Some(name) => {
-                let b = self.source.get_as(&name, FLOAT_DTYPES)?;
-                if b.shape.len() == 1 && b.shape[0] != e.size {
-                    return Err(self.mismatch(&b, e, b.shape[0]));
-                }
-                b.expect_shape(&[e.size])?;
+                let b = self.float_tensor_shaped(&name, &[e])?;
                 let values = f32_values(&b)?;
                 check_finite(&b, &values)?;
                 Some(values)
@@ -772,17 +769,7 @@ impl Checkpoint {
             ("gate_up_proj_bias", two_i, w13_cols),
             ("down_proj_bias", h, 0..h.size),
         ]) {
-            let t = self
-                .source
-                .get_as(&self.names.fused_experts(layer, tensor), FLOAT_DTYPES)?;
-            if t.shape.len() == 2 {
-                for (dim, actual) in [e, n].into_iter().zip(t.shape.iter().copied()) {
-                    if dim.size != actual {
-                        return Err(self.mismatch(&t, dim, actual));
-                    }
-                }
-            }
-            t.expect_shape(&[e.size, n.size])?;
+            let t = self.float_tensor_shaped(&self.names.fused_experts(layer, tensor), &[e, n])?;
             check_finite(&t, &f32_values(&t)?)?;
             let size = dtype_bytes(t.dtype);
             let mut bytes = Vec::with_capacity(local.len() * cols.len() * size);
@@ -832,18 +819,9 @@ impl Checkpoint {
             size: 2 * i.size,
             field: i.field,
         };
-        let read = |name: &str, dims: [Dim; 2]| -> Result<TensorRef<'_>, LayerError> {
-            let t = self.source.get_as(name, FLOAT_DTYPES)?;
+        let read = |name: &str, dims: [Dim; 2]| {
             let dims: Vec<Dim> = experts.into_iter().chain(dims).collect();
-            if t.shape.len() == dims.len() {
-                for (dim, actual) in dims.iter().zip(t.shape.iter().copied()) {
-                    if dim.size != actual {
-                        return Err(self.mismatch(&t, *dim, actual));
-                    }
-                }
-            }
-            t.expect_shape(&dims.iter().map(|d| d.size).collect::<Vec<_>>())?;
-            Ok(t)
+            self.float_tensor_shaped(name, &dims)
         };
         let w13 = read(w13_name, [two_i, h])?;
         let w2 = read(w2_name, [h, i])?;
@@ -890,19 +868,8 @@ impl Checkpoint {
             size: 2 * i.size,
             field: i.field,
         };
-        let read = |tensor: &str, dims: [Dim; 3]| -> Result<TensorRef<'_>, LayerError> {
-            let t = self
-                .source
-                .get_as(&self.names.fused_experts(layer, tensor), FLOAT_DTYPES)?;
-            if t.shape.len() == 3 {
-                for (dim, actual) in dims.into_iter().zip(t.shape.iter().copied()) {
-                    if dim.size != actual {
-                        return Err(self.mismatch(&t, dim, actual));
-                    }
-                }
-            }
-            t.expect_shape(&dims.map(|d| d.size))?;
-            Ok(t)
+        let read = |tensor: &str, dims: [Dim; 3]| {
+            self.float_tensor_shaped(&self.names.fused_experts(layer, tensor), &dims)
         };
         let gate_up = read("gate_up_proj", [e, h, two_i])?;
         let down = read("down_proj", [e, i, h])?;
