@@ -45,6 +45,8 @@ enum Routing<'a> {
     BiasedSigmoid { bias: &'a [f32], scale: f64 },
     /// Softmax over all experts, top-k, renormalized (Qwen3-Next).
     RenormalizedSoftmax,
+    /// Softmax over all experts, top-k, the probabilities as they are (OLMoE).
+    Softmax,
     /// The largest logit, weighted by its sigmoid, the weight multiplying the token before the
     /// expert (Llama 4).
     SigmoidOnInput,
@@ -67,7 +69,7 @@ impl Routing<'_> {
                 let e = top_k(&l)[0];
                 return vec![(e, sigmoid(l[e]))];
             }
-            Self::RenormalizedSoftmax => {
+            Self::RenormalizedSoftmax | Self::Softmax => {
                 let max = l.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = l.iter().map(|v| (v - max).exp()).collect();
                 let sum: f64 = e.iter().sum();
@@ -76,10 +78,13 @@ impl Routing<'_> {
             }
         };
         let chosen = top_k(&select);
-        let sum: f64 = chosen.iter().map(|&e| scores[e]).sum();
+        let sum: f64 = match self {
+            Self::Softmax => 1.0,
+            _ => chosen.iter().map(|&e| scores[e]).sum(),
+        };
         let scale = match self {
             Self::BiasedSigmoid { scale, .. } => *scale,
-            Self::RenormalizedSoftmax | Self::SigmoidOnInput => 1.0,
+            _ => 1.0,
         };
         chosen
             .into_iter()
@@ -641,4 +646,21 @@ fn granite_moe_reads_its_fused_linears_and_shared_mlp() {
         .collect();
     let err = rel_l2(&sum, &whole);
     assert!(err < 1e-6, "tensor-parallel ranks: relative L2 {err:e}");
+}
+
+/// OLMoE reads Qwen3-MoE's names with the expert size in `intermediate_size`, and routes by the
+/// softmax probabilities of its top-k experts without renormalizing them, as vLLM's block does
+/// even when the config says `norm_topk_prob: true`.
+#[test]
+fn olmoe_routes_by_unrenormalized_softmax() {
+    let (mut ck, experts) = Ckpt::build("qwen3_moe", Fmt::Float, 80);
+    let c = ck.config.as_object_mut().unwrap();
+    c.insert("model_type".into(), "olmoe".into());
+    let i = c.remove("moe_intermediate_size").unwrap();
+    c.insert("intermediate_size".into(), i);
+    c.insert("norm_topk_prob".into(), true.into());
+    let (ckpt, t) = open(&ck, "family-olmoe");
+    assert_eq!(ckpt.spec().family, ModelFamily::Olmoe);
+    assert!(!ckpt.spec().routing.renormalize);
+    assert_block_matches(&ckpt, &t, &experts, &Routing::Softmax, 81);
 }

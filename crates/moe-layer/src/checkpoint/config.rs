@@ -91,6 +91,10 @@ pub enum ModelFamily {
     /// of `shared_intermediate_size` beside it (`shared_mlp`, gate and up fused). Read
     /// unquantized only.
     GraniteMoe,
+    /// OLMoE (`olmoe`): Qwen3-MoE's names with the expert size in `intermediate_size`, softmax
+    /// routing never renormalized (vLLM's block passes `renormalize=False` whatever
+    /// `norm_topk_prob` says), every layer MoE.
+    Olmoe,
 }
 
 impl ModelFamily {
@@ -109,6 +113,7 @@ impl ModelFamily {
             "llama4" | "llama4_text" => Some(Self::Llama4),
             "qwen3_vl_moe" | "qwen3_vl_moe_text" => Some(Self::Qwen3VlMoe),
             "granitemoe" | "granitemoeshared" | "granitemoehybrid" => Some(Self::GraniteMoe),
+            "olmoe" => Some(Self::Olmoe),
             _ => None,
         });
         by_type.or_else(|| {
@@ -127,6 +132,7 @@ impl ModelFamily {
                 "GraniteMoeForCausalLM"
                 | "GraniteMoeSharedForCausalLM"
                 | "GraniteMoeHybridForCausalLM" => Some(Self::GraniteMoe),
+                "OlmoeForCausalLM" => Some(Self::Olmoe),
                 _ => None,
             })
         })
@@ -144,7 +150,9 @@ impl ModelFamily {
     /// The config field that counts the routed experts.
     pub(crate) fn experts_field(self) -> &'static str {
         match self {
-            Self::Qwen2Moe | Self::Qwen3Moe | Self::Qwen3Next | Self::Qwen3VlMoe => "num_experts",
+            Self::Qwen2Moe | Self::Qwen3Moe | Self::Qwen3Next | Self::Qwen3VlMoe | Self::Olmoe => {
+                "num_experts"
+            }
             Self::Mixtral | Self::GptOss | Self::MiniMaxM2 | Self::Llama4 | Self::GraniteMoe => {
                 "num_local_experts"
             }
@@ -155,9 +163,12 @@ impl ModelFamily {
     /// The config field that sizes one routed expert.
     pub(crate) fn intermediate_field(self) -> &'static str {
         match self {
-            Self::Mixtral | Self::GptOss | Self::MiniMaxM2 | Self::Llama4 | Self::GraniteMoe => {
-                "intermediate_size"
-            }
+            Self::Mixtral
+            | Self::GptOss
+            | Self::MiniMaxM2
+            | Self::Llama4
+            | Self::GraniteMoe
+            | Self::Olmoe => "intermediate_size",
             _ => "moe_intermediate_size",
         }
     }
@@ -602,6 +613,7 @@ impl MoeModelSpec {
             (ModelFamily::DeepseekV2 | ModelFamily::DeepseekV3 | ModelFamily::Glm4Moe, _) => {
                 required(raw.n_routed_experts, "n_routed_experts")?
             }
+            (ModelFamily::Olmoe, _) => required(raw.num_experts, "num_experts")?,
         };
         if top_k > num_experts {
             return Err(field(
@@ -631,7 +643,8 @@ impl MoeModelSpec {
             ModelFamily::Mixtral
             | ModelFamily::GptOss
             | ModelFamily::MiniMaxM2
-            | ModelFamily::GraniteMoe => (0..num_layers).collect(),
+            | ModelFamily::GraniteMoe
+            | ModelFamily::Olmoe => (0..num_layers).collect(),
             ModelFamily::DeepseekV2 | ModelFamily::DeepseekV3 => {
                 let freq = raw.moe_layer_freq.unwrap_or(1);
                 if freq == 0 {
@@ -811,7 +824,7 @@ fn routing_spec(
         | ModelFamily::GptOss
         | ModelFamily::MiniMaxM2
         | ModelFamily::GraniteMoe => true,
-        ModelFamily::Llama4 => false,
+        ModelFamily::Llama4 | ModelFamily::Olmoe => false,
         ModelFamily::DeepseekV3
         | ModelFamily::Glm4Moe
         | ModelFamily::Qwen3Next

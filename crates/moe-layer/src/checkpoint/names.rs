@@ -8,6 +8,7 @@
 //! | Mixtral | `model.layers.{l}.block_sparse_moe.experts.{e}.{w1,w3,w2}.{suffix}` or `…{gate_proj,up_proj,down_proj}…` | `block_sparse_moe.gate.weight` | |
 //! | DeepSeek-V2/V3 | `model.layers.{l}.mlp.experts.{e}.{gate_proj,up_proj,down_proj}.{suffix}` | `mlp.gate.weight` | `mlp.gate.e_score_correction_bias`, `mlp.shared_experts.*` |
 //! | GLM-4 MoE | as DeepSeek | `mlp.gate.weight` | `mlp.gate.e_score_correction_bias`, `mlp.shared_experts.*` |
+//! | OLMoE | as Qwen3-MoE | `mlp.gate.weight` | |
 //! | Qwen3-Next | as Qwen2-MoE | `mlp.gate.weight` | `mlp.shared_expert.*`, `mlp.shared_expert_gate.weight` |
 //! | MiniMax-M2 | `model.layers.{l}.block_sparse_moe.experts.{e}.{w1,w3,w2}.{suffix}` | `block_sparse_moe.gate.weight` | `block_sparse_moe.e_score_correction_bias` |
 //! | Llama 4 | bf16: all experts fused, transposed: `model.layers.{l}.feed_forward.experts.{gate_up_proj,down_proj}`; quantized: `….feed_forward.experts.{e}.{gate_proj,up_proj,down_proj}.{suffix}` | `feed_forward.router.weight` | `feed_forward.shared_expert.*`; multimodal checkpoints prefix every name with `language_model.` |
