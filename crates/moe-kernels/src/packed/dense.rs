@@ -75,21 +75,9 @@ impl PackedDense {
         })
     }
 
-    /// Packs bf16 weights given K-major (see [`Self::pack_f32_k_major`]), keeping them in bf16.
-    pub fn pack_bf16_k_major(n: usize, k: usize, w_kn: &[bf16]) -> Result<Self, KernelError> {
-        let (n_panels, len) = Self::check_k_major(n, k, w_kn, |v| v.is_finite(), |v| v.to_f32())?;
-        let mut values = vec![bf16::ZERO; len];
-        Self::scatter_k_major(n, k, &mut values, w_kn);
-        Ok(Self {
-            n,
-            k,
-            n_panels,
-            values: DenseValues::Bf16(values),
-        })
-    }
-
-    /// [`Self::pack_bf16_k_major`] from the little-endian bytes a checkpoint stores, without
-    /// an intermediate copy of the matrix.
+    /// Packs bf16 weights given K-major (see [`Self::pack_f32_k_major`]) as the little-endian
+    /// bytes a checkpoint stores, keeping them in bf16, without an intermediate copy of the
+    /// matrix.
     pub fn pack_bf16_k_major_le(n: usize, k: usize, bytes: &[u8]) -> Result<Self, KernelError> {
         let (w_kn, rest) = bytes.as_chunks::<2>();
         if !rest.is_empty() {
@@ -290,13 +278,13 @@ mod tests {
             let b = PackedDense::pack_f32_k_major(n, k, &w_kn).unwrap();
             assert_eq!(b.unpack_f32(), w, "{n}x{k}");
             assert_eq!(a.packed_bytes(), b.packed_bytes());
-            let wb: Vec<bf16> = w_kn.iter().map(|&v| bf16::from_f32(v)).collect();
-            let c = PackedDense::pack_bf16_k_major(n, k, &wb).unwrap();
+            let bytes: Vec<u8> = w_kn
+                .iter()
+                .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+                .collect();
+            let c = PackedDense::pack_bf16_k_major_le(n, k, &bytes).unwrap();
             assert!(c.is_bf16());
             assert_eq!(c.unpack_f32(), w, "{n}x{k} bf16");
-            let bytes: Vec<u8> = wb.iter().flat_map(|v| v.to_le_bytes()).collect();
-            let d = PackedDense::pack_bf16_k_major_le(n, k, &bytes).unwrap();
-            assert_eq!(d.unpack_f32(), w, "{n}x{k} bf16 bytes");
         }
         let (n, k) = (3, 2);
         let mut w_kn = vec![1f32; n * k];
@@ -306,7 +294,7 @@ mod tests {
             Err(KernelError::NonFiniteWeight { index: 3, .. })
         ));
         assert!(matches!(
-            PackedDense::pack_bf16_k_major(n, k, &[bf16::ONE; 5]),
+            PackedDense::pack_bf16_k_major_le(n, k, &[0; 10]),
             Err(KernelError::LengthMismatch {
                 expected: 6,
                 got: 5,

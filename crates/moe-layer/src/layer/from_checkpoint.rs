@@ -759,12 +759,10 @@ fn pack_float_expert(
     one: &MoeLayerConfig,
 ) -> Result<(PackedDense, PackedDense, DType), LayerError> {
     let (h, i) = (one.hidden, one.intermediate_per_rank());
-    let pack = |w: &FloatData, n: usize, k: usize, k_major: bool| {
-        Ok::<_, LayerError>(match (w, k_major) {
-            (FloatData::BF16(v), false) => PackedDense::pack_bf16(n, k, v)?,
-            (FloatData::BF16(v), true) => PackedDense::pack_bf16_k_major(n, k, v)?,
-            (other, false) => PackedDense::pack_f32(n, k, &other.to_f32_vec())?,
-            (other, true) => PackedDense::pack_f32_k_major(n, k, &other.to_f32_vec())?,
+    let pack = |w: &FloatData, n: usize, k: usize| {
+        Ok::<_, LayerError>(match w {
+            FloatData::BF16(v) => PackedDense::pack_bf16(n, k, v)?,
+            other => PackedDense::pack_f32(n, k, &other.to_f32_vec())?,
         })
     };
     if let Some(crate::checkpoint::read::KMajorExpert { dtype, w13, w2 }) =
@@ -777,12 +775,13 @@ fn pack_float_expert(
             );
             return Ok((w13, w2, DType::BF16));
         }
+        // f16 and f32 widen to f32, as `process` packs them.
         let float =
             |bytes| FloatData::from_le_bytes(dtype, bytes).unwrap_or(FloatData::F32(vec![]));
         let (w13, w2) = (float(w13), float(w2));
         return Ok((
-            pack(&w13, 2 * i, h, true)?,
-            pack(&w2, h, i, true)?,
+            PackedDense::pack_f32_k_major(2 * i, h, &w13.to_f32_vec())?,
+            PackedDense::pack_f32_k_major(h, i, &w2.to_f32_vec())?,
             w13.dtype(),
         ));
     }
@@ -811,7 +810,7 @@ fn pack_float_expert(
         });
     }
     let dtype = w13.dtype();
-    Ok((pack(w13, 2 * i, h, false)?, pack(w2, h, i, false)?, dtype))
+    Ok((pack(w13, 2 * i, h)?, pack(w2, h, i)?, dtype))
 }
 
 /// One expert packed on the streamed road: its `w13` and `w2` (one matrix each).
@@ -1274,10 +1273,10 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// Unquantized layers (per-expert bf16 names, Llama 4's fused transposed tensors, gpt-oss's
-    /// with biases and a router bias) and layers with shared experts (plain, gated,
-    /// quantized) take the streamed road and compute bit for bit what the whole-layer road
-    /// computes, on every thread count.
+    /// Unquantized layers (per-expert bf16 names, Llama 4's fused transposed tensors in bf16
+    /// and f32, gpt-oss's with biases and a router bias) and layers with shared experts
+    /// (plain, gated, quantized) take the streamed road and compute bit for bit what the
+    /// whole-layer road computes, on every thread count.
     #[test]
     fn streamed_float_and_shared_expert_layers_run_as_the_whole_layer() {
         use test_support::{Ckpt, H};
@@ -1301,6 +1300,23 @@ mod tests {
                     .0
                     .fused_llama4_experts(),
             ),
+            ("stream-llama4-fused-f32", {
+                // The same layout in f32: packed through the widening K-major road.
+                let mut ck = Ckpt::build("llama4_text", Fmt::Float, 0x5f7)
+                    .0
+                    .fused_llama4_experts();
+                for t in ck.tensors.values_mut() {
+                    let wide = t.bytes.chunks_exact(2).flat_map(|b| {
+                        half::bf16::from_le_bytes([b[0], b[1]])
+                            .to_f32()
+                            .to_le_bytes()
+                    });
+                    t.bytes = wide.collect();
+                    t.dtype = safetensors::Dtype::F32;
+                }
+                ck.config["torch_dtype"] = "float32".into();
+                ck
+            }),
             (
                 "stream-wna16-shared",
                 Ckpt::build("glm4_moe", Fmt::Gptq, 0x5f5).0,
