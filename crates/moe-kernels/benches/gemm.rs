@@ -9,13 +9,14 @@
 //! Single-threaded (`Par::Seq`) so the figures are per core. `act_quant/scalar` times the
 //! activation quantisation alone. WNA16 runs each rung as dispatched and, where the rung has
 //! a bf16 path, again with f32 at every row count (`wna16_gemm/{isa}-f32`), with int4 codes
-//! and, as `wna16_gemm/int8/...`, int8 codes.
+//! and, as `wna16_gemm/int8/...`, int8 codes. `dense_gemm/{isa}` times unquantized bf16 weights
+//! (`dense_gemm/f32/{isa}`: f32 weights) on the body every rung shares the bits of.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use half::bf16;
 use moe_kernels::{
-    GemmScratch, Isa, KernelSet, PackedW4A8, PackedW8A8, PackedWna16, Par, W4A8Prefill, W4A8Scales,
-    Wna16Desc, Wna16Scales,
+    GemmScratch, Isa, KernelSet, PackedDense, PackedW4A8, PackedW8A8, PackedWna16, Par,
+    W4A8Prefill, W4A8Scales, Wna16Desc, Wna16Scales,
 };
 use moe_testutil::SplitMix64;
 
@@ -200,6 +201,49 @@ fn wna16_bits(c: &mut Criterion, bits: u32) {
     }
 }
 
+fn dense(c: &mut Criterion) {
+    let mut rng = SplitMix64::new(4);
+    for bf16_weights in [true, false] {
+        let packed: Vec<PackedDense> = SHAPES[..2]
+            .iter()
+            .map(|&(n, k)| {
+                let w = rng.vec_uniform(n * k, -1.0, 1.0);
+                if bf16_weights {
+                    let w: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
+                    PackedDense::pack_bf16(n, k, &w).unwrap()
+                } else {
+                    PackedDense::pack_f32(n, k, &w).unwrap()
+                }
+            })
+            .collect();
+        for isa in moe_kernels::available_isas() {
+            let ks = KernelSet::for_isa(isa).unwrap();
+            let prefix = if bf16_weights { "" } else { "f32/" };
+            let mut group = c.benchmark_group(format!("dense_gemm/{prefix}{isa}"));
+            group.sample_size(10);
+            for w in &packed {
+                let (n, k) = (w.n(), w.k());
+                for &m in MS {
+                    let macs = m * n * k;
+                    if too_slow(isa, macs) {
+                        continue;
+                    }
+                    let x = rng.vec_uniform(m * k, -1.0, 1.0);
+                    let mut out = vec![0f32; m * n];
+                    group.throughput(Throughput::Elements(macs as u64));
+                    let id = BenchmarkId::new(isa.name(), format!("{m}x{n}x{k}"));
+                    group.bench_function(id, |b| {
+                        b.iter(|| {
+                            moe_kernels::dense_gemm(&ks, m, &x, w, &mut out, Par::Seq).unwrap()
+                        })
+                    });
+                }
+            }
+            group.finish();
+        }
+    }
+}
+
 /// The activation quantisation the W4A8 driver runs per call (scalar `moe_quant::act`), to see
 /// its share of a GEMM.
 fn act_quant(c: &mut Criterion) {
@@ -221,5 +265,5 @@ fn act_quant(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, w4a8, w8a8, wna16, act_quant);
+criterion_group!(benches, w4a8, w8a8, wna16, dense, act_quant);
 criterion_main!(benches);

@@ -92,12 +92,16 @@ impl DenseBodies {
 
 /// One GEMM as the bodies see it.
 pub(crate) struct DenseJob<'a, T> {
-    w: &'a [T],
-    k: usize,
-    n: usize,
-    m: usize,
-    x: &'a [f32],
-    out: *mut f32,
+    /// The packed weights ([`PackedDense`]'s layout).
+    pub(crate) w: &'a [T],
+    pub(crate) k: usize,
+    pub(crate) n: usize,
+    /// Rows of `x` and `out`.
+    pub(crate) m: usize,
+    /// `[m, k]`, row-major.
+    pub(crate) x: &'a [f32],
+    /// `[m, n]`, row-major.
+    pub(crate) out: *mut f32,
 }
 
 // SAFETY: the raw output pointer is only written through by bodies working on disjoint panel
@@ -340,6 +344,11 @@ mod tests {
             (2, 64, 17),
             (6, 81, 40),
             (2, 100, 3),
+            // Row tiles of three to six rows, split as evenly as they divide (AVX2).
+            (7, 19, 5),
+            (12, 16, 2),
+            (13, 33, 1),
+            (17, 1, 31),
         ] {
             let x = rng.vec_uniform(m * k, -2.0, 2.0);
             let w32 = rng.vec_uniform(n * k, -1.0, 1.0);
