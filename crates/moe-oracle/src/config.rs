@@ -292,6 +292,12 @@ pub struct MoeConfig {
     pub activation: MoEActivation,
     /// Routing method.
     pub routing_method: RoutingMethodType,
+    /// Whether a validated moe-router configuration computes the routing (the layer's own
+    /// router) rather than the kernel. vLLM labels some routings it computes elsewhere
+    /// `Unspecified` (softmax scores with a correction bias, ERNIE-4.5's); our kernels then
+    /// take any label, since moe-router computes what the configuration says. vLLM's
+    /// kernels read the label alone.
+    pub routing_by_moe_router: bool,
     parallel: ParallelConfig,
     /// Activation (input and output) dtype.
     pub in_dtype: DType,
@@ -392,6 +398,7 @@ impl MoeConfig {
             expert_map,
             activation,
             routing_method,
+            routing_by_moe_router: false,
             parallel,
             in_dtype,
             router_logits_dtype: None,
@@ -400,6 +407,13 @@ impl MoeConfig {
             is_lora_enabled: false,
             swiglu_limit: None,
         })
+    }
+
+    /// The same configuration with its routing computed by a validated moe-router
+    /// configuration (see [`Self::routing_by_moe_router`]).
+    pub fn with_routing_by_moe_router(mut self) -> Self {
+        self.routing_by_moe_router = true;
+        self
     }
 
     /// The same configuration with a user-requested backend name.

@@ -320,13 +320,19 @@ impl KernelId {
         }
     }
 
-    /// Check 6: the routing method.
-    pub fn supports_routing_method(self, rm: RoutingMethodType) -> Result<(), Unsupported> {
+    /// Check 6: the routing method. `by_moe_router`: a validated moe-router configuration
+    /// computes the routing ([`crate::MoeConfig::routing_by_moe_router`]), which our kernels
+    /// take whatever its label.
+    pub fn supports_routing_method(
+        self,
+        rm: RoutingMethodType,
+        by_moe_router: bool,
+    ) -> Result<(), Unsupported> {
         let ok = match self {
             KernelId::VllmCpuExpertsInt4
             | KernelId::VllmCpuExpertsInt8
             | KernelId::VllmArmCpuExpertsInt8 => crate::routing::VLLM_CPU_METHODS.contains(&rm),
-            k if k.is_ours() => crate::routing::MOE_ROUTER_METHODS.contains(&rm),
+            k if k.is_ours() => by_moe_router || crate::routing::MOE_ROUTER_METHODS.contains(&rm),
             _ => true,
         };
         if ok {

@@ -4,7 +4,9 @@
 
 pub use moe_router::{RoutingMethodType, ScoringFunc};
 
-/// The methods moe-router implements, which our monolithic kernels therefore accept.
+/// The methods moe-router implements, which our monolithic kernels therefore accept by label
+/// alone. When the caller's own moe-router configuration computes the routing, they accept any
+/// label (vLLM leaves some of what moe-router computes `Unspecified`).
 pub const MOE_ROUTER_METHODS: [RoutingMethodType; 10] = [
     RoutingMethodType::Default,
     RoutingMethodType::Renormalize,

@@ -20,7 +20,7 @@ pub fn is_supported_config(kernel: KernelId, q: &SupportQuery<'_>) -> Result<(),
     kernel.supports_activation(c.activation)?;
     kernel.supports_quant_scheme(q.weight_key, q.activation_key)?;
     kernel.supports_parallel_config(c.parallel())?;
-    kernel.supports_routing_method(c.routing_method)?;
+    kernel.supports_routing_method(c.routing_method, c.routing_by_moe_router)?;
     kernel.supports_router_logits_dtype(c.effective_router_logits_dtype())?;
     kernel.supports_shape(c.hidden_dim())?;
     kernel.supports_activation_format(q.activation_format)?;

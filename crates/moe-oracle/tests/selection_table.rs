@@ -420,6 +420,15 @@ fn rows() -> Vec<Row> {
             cfg(A::Silu, R::Unspecified),
             Refused(NO_W4A8, &["kernel does not support routing method Unspecified"]),
         ),
+        // The layer's own router computes it (softmax scores with a correction bias,
+        // ERNIE-4.5's routing, which vLLM labels Unspecified).
+        w4a8(
+            "w4a8 native unspecified routing computed by moe-router",
+            arm(),
+            Native,
+            cfg(A::Silu, R::Unspecified).with_routing_by_moe_router(),
+            Chosen(int4, "cpu-int4-w4a8/i8mm"),
+        ),
         w4a8(
             "w4a8 native deepseekv4 routing",
             arm(),

@@ -306,8 +306,14 @@ fn read_layer(ckpt: &Checkpoint, n: usize) -> Result<LayerReport, CliError> {
 /// The routing of `spec` in words: the method vLLM would label it with, then what it does.
 fn describe_routing(spec: &MoeModelSpec) -> String {
     let r = &spec.routing;
+    // The layer's router takes the correction bias when the tensor is loaded; its label
+    // depends on the bias being there, not on its values.
     let method = MoeLayerConfig::from_spec(spec, 0, 1, None, 1)
-        .map(|c| c.router.routing_method_type().name())
+        .map(|c| match r.has_correction_bias {
+            true => c.router.with_correction_bias(vec![0.0; spec.num_experts]),
+            false => c.router,
+        })
+        .map(|router| router.routing_method_type().name())
         .unwrap_or("refused");
     if r.llama4 {
         return format!(

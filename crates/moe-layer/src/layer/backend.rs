@@ -48,7 +48,8 @@ pub(crate) fn select(
         router.routing_method_type(),
         cfg.in_dtype,
         parallel,
-    )?;
+    )?
+    .with_routing_by_moe_router();
     let platform = Platform::detect();
     // The deny-list applies to every selection, as it does to `moe inspect`'s.
     let disabled = cfg
