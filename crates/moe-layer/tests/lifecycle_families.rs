@@ -1,4 +1,5 @@
-//! GLM-4 MoE, Qwen3-Next, MiniMax-M2, Llama 4 and Qwen3-VL-MoE checkpoints through the whole
+//! GLM-4 MoE, Qwen3-Next, MiniMax-M2, Llama 4, Qwen3-VL-MoE, Granite, OLMoE and ERNIE-4.5
+//! checkpoints through the whole
 //! lifecycle: the config is read into the family's routing and shared experts, the tensors
 //! are found under the family's names, and the layer's output through its own router equals a
 //! float64 MoE block whose routing is recomputed here from each model's definition (or, for
@@ -10,7 +11,8 @@ mod checkpoint_support;
 use checkpoint_support::{Ckpt, E, Fmt, H, I, Proj, bf16_weights, matvec, rel_l2, temp_dir};
 use moe_layer::MoeLayer;
 use moe_layer::checkpoint::{
-    Checkpoint, FloatData, ModelFamily, MoeLayerTensors, ReadOptions, ShardAccess, StoredExperts,
+    Checkpoint, FloatData, ModelFamily, MoeLayerTensors, MoeModelSpec, ReadOptions, ShardAccess,
+    StoredExperts,
 };
 use moe_router::{Logits, ScoringFunc};
 use moe_testutil::SplitMix64;
@@ -43,6 +45,9 @@ enum Routing<'a> {
     /// Sigmoid scores, the correction bias added for selection only, the chosen unbiased
     /// scores renormalized and multiplied by `scale` (GLM-4 MoE without groups, MiniMax-M2).
     BiasedSigmoid { bias: &'a [f32], scale: f64 },
+    /// Softmax scores over all experts, the correction bias added for selection only, the
+    /// chosen unbiased probabilities renormalized (ERNIE-4.5).
+    BiasedSoftmax { bias: &'a [f32] },
     /// Softmax over all experts, top-k, renormalized (Qwen3-Next).
     RenormalizedSoftmax,
     /// Softmax over all experts, top-k, the probabilities as they are (OLMoE).
@@ -69,12 +74,20 @@ impl Routing<'_> {
                 let e = top_k(&l)[0];
                 return vec![(e, sigmoid(l[e]))];
             }
-            Self::RenormalizedSoftmax | Self::Softmax => {
+            Self::RenormalizedSoftmax | Self::Softmax | Self::BiasedSoftmax { .. } => {
                 let max = l.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = l.iter().map(|v| (v - max).exp()).collect();
                 let sum: f64 = e.iter().sum();
                 let p: Vec<f64> = e.iter().map(|v| v / sum).collect();
-                (p.clone(), p)
+                let select = match self {
+                    Self::BiasedSoftmax { bias } => p
+                        .iter()
+                        .zip(*bias)
+                        .map(|(p, b)| p + f64::from(*b))
+                        .collect(),
+                    _ => p.clone(),
+                };
+                (p, select)
             }
         };
         let chosen = top_k(&select);
@@ -289,7 +302,13 @@ fn kimi_k2_routes_with_one_group_and_its_scaling_factor() {
 /// read back as written, the shared expert included; a missing correction bias is named.
 #[test]
 fn quantized_experts_and_biases_are_found_under_each_family_s_names() {
-    for model_type in ["glm4_moe", "qwen3_next", "minimax_m2", "llama4_text"] {
+    for model_type in [
+        "glm4_moe",
+        "qwen3_next",
+        "minimax_m2",
+        "llama4_text",
+        "ernie4_5_moe",
+    ] {
         for fmt in [Fmt::Gptq, Fmt::PackQuantized] {
             let (ck, experts) = Ckpt::build(model_type, fmt, 70);
             let (_, t) = open(&ck, &format!("family-{model_type}-{fmt:?}"));
@@ -318,6 +337,10 @@ fn quantized_experts_and_biases_are_found_under_each_family_s_names() {
         (
             "minimax_m2",
             "model.layers.0.block_sparse_moe.e_score_correction_bias",
+        ),
+        (
+            "ernie4_5_moe",
+            "model.layers.0.mlp.moe_statics.e_score_correction_bias",
         ),
     ] {
         let (mut ck, _) = Ckpt::build(model_type, Fmt::Float, 71);
@@ -663,4 +686,118 @@ fn olmoe_routes_by_unrenormalized_softmax() {
     assert_eq!(ckpt.spec().family, ModelFamily::Olmoe);
     assert!(!ckpt.spec().routing.renormalize);
     assert_block_matches(&ckpt, &t, &experts, &Routing::Softmax, 81);
+}
+
+/// ERNIE-4.5: softmax scores, the `moe_statics` bias (stored `[1, E]`) steering selection only,
+/// the unbiased probabilities renormalized; a shared expert; its own field names. vLLM labels
+/// this routing `Unspecified`, which the layer's own router computes, so a kernel serves it.
+#[test]
+fn ernie4_5_moe_routes_by_biased_softmax_and_adds_its_shared_experts() {
+    let (ck, experts) = Ckpt::build("ernie4_5_moe", Fmt::Float, 91);
+    let (ckpt, t) = open(&ck, "family-ernie");
+    let spec = ckpt.spec();
+    assert_eq!(spec.family, ModelFamily::Ernie45Moe);
+    assert_eq!((spec.num_experts, spec.top_k, spec.intermediate), (E, K, I));
+    assert_eq!(spec.routing.scoring, ScoringFunc::Softmax);
+    assert!(spec.routing.renormalize);
+    assert!(spec.routing.has_correction_bias);
+    assert_eq!(spec.routing.num_expert_group, None);
+    assert_eq!(spec.moe_layers, [0]);
+    let shared = spec.shared_experts.unwrap();
+    assert_eq!((shared.intermediate, shared.gated), (I, false));
+    let bias = t.router.correction_bias.clone().unwrap();
+    assert_block_matches(
+        &ckpt,
+        &t,
+        &experts,
+        &Routing::BiasedSoftmax { bias: &bias },
+        92,
+    );
+
+    // The bias decides: with it negated the block routes differently.
+    let layer = MoeLayer::from_checkpoint(&ckpt, 0, 16).unwrap();
+    let (x, logits) = random_tokens(93, 9);
+    let flipped: Vec<f32> = bias.iter().map(|b| -b).collect();
+    let want = reference(
+        &experts,
+        &t,
+        &Routing::BiasedSoftmax { bias: &flipped },
+        &x,
+        &logits,
+    );
+    assert!(rel_l2(&output(&layer, &x, &logits), &want) > 1e-3);
+
+    // A bias of the wrong shape is named with the tensor.
+    let mut wrong = ck.clone();
+    let name = "model.layers.0.mlp.moe_statics.e_score_correction_bias";
+    let mut stored = wrong.tensors.remove(name).unwrap();
+    stored.shape = vec![E];
+    wrong.tensors.insert(name.into(), stored);
+    let dir = temp_dir("family-ernie-bias-shape");
+    wrong.write(&dir);
+    let err = Checkpoint::open(&dir, ShardAccess::Read)
+        .unwrap()
+        .read_layer(0, &ReadOptions::single_rank())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(name), "{err}");
+}
+
+/// ERNIE-4.5's config fields: MoE layers from `moe_layer_start_index` (transformers' default
+/// is 1) to `moe_layer_end_index` (`-1` is the last), every `moe_layer_interval`; two shared
+/// experts when unstated; `use_moe: false`; the VL models' per-modality lists refused.
+#[test]
+fn ernie4_5_moe_configs_are_normalized() {
+    let base = serde_json::json!({
+        "model_type": "ernie4_5_moe", "architectures": ["Ernie4_5_MoeForCausalLM"],
+        "hidden_size": 64, "num_hidden_layers": 8, "moe_num_experts": 16, "moe_k": 4,
+        "moe_intermediate_size": 32, "hidden_act": "silu",
+    });
+    let spec = |patch: serde_json::Value| {
+        let mut c = base.clone();
+        for (k, v) in patch.as_object().unwrap() {
+            c[k] = v.clone();
+        }
+        MoeModelSpec::from_json_str(std::path::Path::new("config.json"), &c.to_string())
+    };
+    let s = spec(serde_json::json!({})).unwrap();
+    assert_eq!(s.moe_layers, [1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(s.shared_experts.unwrap().intermediate, 64);
+    assert_eq!(s.top_k, 4);
+    let s = spec(
+        serde_json::json!({"moe_layer_start_index": 2, "moe_layer_end_index": 6,
+        "moe_layer_interval": 2, "moe_num_shared_experts": 0}),
+    )
+    .unwrap();
+    assert_eq!(s.moe_layers, [3, 5]);
+    assert!(s.shared_experts.is_none());
+    assert!(
+        spec(serde_json::json!({"use_moe": false}))
+            .unwrap()
+            .moe_layers
+            .is_empty()
+    );
+    // Only the architecture names the family.
+    let mut by_arch = base.clone();
+    by_arch.as_object_mut().unwrap().remove("model_type");
+    let s = MoeModelSpec::from_json_str(std::path::Path::new("config.json"), &by_arch.to_string());
+    assert_eq!(s.unwrap().family, ModelFamily::Ernie45Moe);
+    for (patch, field) in [
+        (
+            serde_json::json!({"moe_num_experts": [64, 64]}),
+            "moe_num_experts",
+        ),
+        (serde_json::json!({"moe_k": 17}), "moe_k"),
+        (
+            serde_json::json!({"moe_layer_interval": 0}),
+            "moe_layer_interval",
+        ),
+        (
+            serde_json::json!({"moe_layer_end_index": -2}),
+            "moe_layer_end_index",
+        ),
+    ] {
+        let err = spec(patch.clone()).unwrap_err().to_string();
+        assert!(err.contains(field), "{patch}: {err}");
+    }
 }

@@ -95,6 +95,13 @@ pub enum ModelFamily {
     /// routing never renormalized (vLLM's block passes `renormalize=False` whatever
     /// `norm_topk_prob` says), every layer MoE.
     Olmoe,
+    /// ERNIE-4.5 MoE (`ernie4_5_moe`): softmax scores with a correction bias for selection
+    /// (`mlp.moe_statics.e_score_correction_bias`, `[1, E]`), the unbiased scores of the
+    /// selected experts renormalized; `moe_num_shared_experts` shared experts fused in one MLP;
+    /// MoE layers from `moe_layer_start_index` to `moe_layer_end_index`, every
+    /// `moe_layer_interval`. The config spells the experts `moe_num_experts` and the top-k
+    /// `moe_k`.
+    Ernie45Moe,
 }
 
 impl ModelFamily {
@@ -114,6 +121,7 @@ impl ModelFamily {
             "qwen3_vl_moe" | "qwen3_vl_moe_text" => Some(Self::Qwen3VlMoe),
             "granitemoe" | "granitemoeshared" | "granitemoehybrid" => Some(Self::GraniteMoe),
             "olmoe" => Some(Self::Olmoe),
+            "ernie4_5_moe" => Some(Self::Ernie45Moe),
             _ => None,
         });
         by_type.or_else(|| {
@@ -133,6 +141,7 @@ impl ModelFamily {
                 | "GraniteMoeSharedForCausalLM"
                 | "GraniteMoeHybridForCausalLM" => Some(Self::GraniteMoe),
                 "OlmoeForCausalLM" => Some(Self::Olmoe),
+                "Ernie4_5_MoeForCausalLM" => Some(Self::Ernie45Moe),
                 _ => None,
             })
         })
@@ -157,6 +166,16 @@ impl ModelFamily {
                 "num_local_experts"
             }
             Self::DeepseekV2 | Self::DeepseekV3 | Self::Glm4Moe => "n_routed_experts",
+            Self::Ernie45Moe => "moe_num_experts",
+        }
+    }
+
+    /// The config field that counts the experts per token.
+    pub(crate) fn top_k_field(self) -> &'static str {
+        match self {
+            Self::GptOss => "experts_per_token",
+            Self::Ernie45Moe => "moe_k",
+            _ => "num_experts_per_tok",
         }
     }
 
@@ -180,6 +199,7 @@ impl ModelFamily {
             // Llama 4's shared expert is as wide as a routed one.
             Self::Llama4 => "intermediate_size",
             Self::GraniteMoe => "shared_intermediate_size",
+            Self::Ernie45Moe => "moe_num_shared_experts",
             _ => "n_shared_experts",
         }
     }
@@ -436,6 +456,15 @@ struct RawConfig {
     interleave_moe_layer_step: Option<usize>,
     /// Llama 4: the MoE layers, listed.
     moe_layers: Option<Vec<usize>>,
+    /// ERNIE-4.5's spellings (kept as JSON values: ERNIE-4.5-VL's configs list one per
+    /// modality, refused by name rather than by a parse error).
+    moe_num_experts: Option<serde_json::Value>,
+    moe_k: Option<serde_json::Value>,
+    moe_num_shared_experts: Option<serde_json::Value>,
+    moe_layer_start_index: Option<serde_json::Value>,
+    moe_layer_end_index: Option<serde_json::Value>,
+    moe_layer_interval: Option<serde_json::Value>,
+    use_moe: Option<bool>,
     swiglu_limit: Option<f64>,
     quantization_config: Option<serde_json::Value>,
     /// Older compressed-tensors spelling of `quantization_config`.
@@ -581,8 +610,28 @@ impl MoeModelSpec {
             ));
         }
         let hidden = required(raw.hidden_size, "hidden_size")?;
+        // ERNIE-4.5's integer fields, which transformers defaults where the config is silent.
+        let ernie_int = |name: &'static str, v: &Option<serde_json::Value>| {
+            match v {
+            None => Ok(None),
+            Some(v) => v.as_i64().map(Some).ok_or_else(|| {
+                field(
+                    name,
+                    format!("expected an integer, got {v} (ERNIE-4.5-VL's per-modality lists are not read)"),
+                )
+            }),
+        }
+        };
+        let ernie_count = |name: &'static str, v: &Option<serde_json::Value>| {
+            ernie_int(name, v)?
+                .map(|n| usize::try_from(n).map_err(|_| field(name, format!("{n} is negative"))))
+                .transpose()
+        };
         let top_k = match (family, raw.num_experts_per_tok) {
             (ModelFamily::GptOss, None) => required(raw.experts_per_token, "experts_per_token")?,
+            (ModelFamily::Ernie45Moe, _) => {
+                required(ernie_count("moe_k", &raw.moe_k)?, family.top_k_field())?
+            }
             (_, top_k) => required(top_k, "num_experts_per_tok")?,
         };
         let experts_field = family.experts_field();
@@ -614,10 +663,14 @@ impl MoeModelSpec {
                 required(raw.n_routed_experts, "n_routed_experts")?
             }
             (ModelFamily::Olmoe, _) => required(raw.num_experts, "num_experts")?,
+            (ModelFamily::Ernie45Moe, _) => required(
+                ernie_count("moe_num_experts", &raw.moe_num_experts)?,
+                "moe_num_experts",
+            )?,
         };
         if top_k > num_experts {
             return Err(field(
-                "num_experts_per_tok",
+                family.top_k_field(),
                 format!("{top_k} exceeds the {num_experts} experts ({experts_field})"),
             ));
         }
@@ -677,6 +730,33 @@ impl MoeModelSpec {
                     step => (0..num_layers).filter(|l| (l + 1) % step == 0).collect(),
                 },
             },
+            // As transformers' config: from layer 1, to the last (`-1`), every layer, unless
+            // the config says otherwise; `use_moe: false` makes every layer dense.
+            ModelFamily::Ernie45Moe => {
+                let start =
+                    ernie_count("moe_layer_start_index", &raw.moe_layer_start_index)?.unwrap_or(1);
+                let end = match ernie_int("moe_layer_end_index", &raw.moe_layer_end_index)? {
+                    None | Some(-1) => num_layers - 1,
+                    Some(e) => usize::try_from(e).map_err(|_| {
+                        field(
+                            "moe_layer_end_index",
+                            format!("{e} is neither -1 nor a layer"),
+                        )
+                    })?,
+                };
+                let interval =
+                    ernie_count("moe_layer_interval", &raw.moe_layer_interval)?.unwrap_or(1);
+                if interval == 0 {
+                    return Err(field("moe_layer_interval", "must be positive".into()));
+                }
+                if raw.use_moe == Some(false) {
+                    Vec::new()
+                } else {
+                    (start..num_layers)
+                        .filter(|&l| l <= end && (l + 1) % interval == 0)
+                        .collect()
+                }
+            }
         };
 
         let routing = routing_spec(family, &raw, num_experts, &field)?;
@@ -704,6 +784,16 @@ impl MoeModelSpec {
                     .filter(|&n| n > 0)
                     .map(|intermediate| SharedExpertSpec {
                         intermediate,
+                        gated: false,
+                    })
+            }
+            // transformers' default is two shared experts.
+            ModelFamily::Ernie45Moe => {
+                ernie_count("moe_num_shared_experts", &raw.moe_num_shared_experts)?
+                    .or(Some(2))
+                    .filter(|&n| n > 0)
+                    .map(|n| SharedExpertSpec {
+                        intermediate: n * intermediate,
                         gated: false,
                     })
             }
@@ -825,6 +915,8 @@ fn routing_spec(
         | ModelFamily::MiniMaxM2
         | ModelFamily::GraniteMoe => true,
         ModelFamily::Llama4 | ModelFamily::Olmoe => false,
+        // vLLM's block always renormalizes.
+        ModelFamily::Ernie45Moe => true,
         ModelFamily::DeepseekV3
         | ModelFamily::Glm4Moe
         | ModelFamily::Qwen3Next
@@ -864,6 +956,8 @@ fn routing_spec(
         // The bias is there when the config asks for it (`use_routing_bias`); the routed
         // scaling factor is not applied, as vLLM's block passes none.
         ModelFamily::MiniMaxM2 => return Ok(ungrouped(raw.use_routing_bias.unwrap_or(false))),
+        // Softmax scores, the bias steering selection only (spec section 2.3).
+        ModelFamily::Ernie45Moe => return Ok(ungrouped(true)),
         _ => return Ok(ungrouped(false)),
     };
     if let Some(g) = n_group {

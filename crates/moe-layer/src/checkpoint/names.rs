@@ -13,6 +13,7 @@
 //! | MiniMax-M2 | `model.layers.{l}.block_sparse_moe.experts.{e}.{w1,w3,w2}.{suffix}` | `block_sparse_moe.gate.weight` | `block_sparse_moe.e_score_correction_bias` |
 //! | Llama 4 | bf16: all experts fused, transposed: `model.layers.{l}.feed_forward.experts.{gate_up_proj,down_proj}`; quantized: `….feed_forward.experts.{e}.{gate_proj,up_proj,down_proj}.{suffix}` | `feed_forward.router.weight` | `feed_forward.shared_expert.*`; multimodal checkpoints prefix every name with `language_model.` |
 //! | Granite MoE | all experts fused: `model.layers.{l}.block_sparse_moe.{input_linear,output_linear}.weight` `[E, 2I, H]`, `[E, H, I]` | `block_sparse_moe.router.layer.weight` | `shared_mlp.{input_linear,output_linear}.weight` |
+//! | ERNIE-4.5 MoE | as Qwen3-MoE | `mlp.gate.weight` | `mlp.moe_statics.e_score_correction_bias` `[1, E]`, `mlp.shared_experts.*` |
 //! | gpt-oss | all experts fused: `model.layers.{l}.mlp.experts.{gate_up_proj,down_proj}_{blocks,scales,bias}` (MXFP4) or `….experts.{gate_up_proj,down_proj}{,_bias}` (bf16) | `mlp.router.weight` | `mlp.router.bias` |
 //!
 //! `gate_proj`/`w1` is shard `w1` (rows `0..I` of `w13`), `up_proj`/`w3` is `w3` (rows
@@ -278,12 +279,16 @@ impl MoeNames {
     }
 
     /// The router's score correction bias `[E]` (DeepSeek-V3 `noaux_tc`, GLM-4 MoE: under the
-    /// gate; MiniMax-M2: on the block).
+    /// gate; MiniMax-M2: on the block; ERNIE-4.5: `[1, E]` under `moe_statics`).
     pub fn correction_bias(&self, layer: usize) -> String {
         match self.family {
             ModelFamily::MiniMaxM2 => {
                 format!("{}.e_score_correction_bias", self.block_prefix(layer))
             }
+            ModelFamily::Ernie45Moe => format!(
+                "{}.moe_statics.e_score_correction_bias",
+                self.block_prefix(layer)
+            ),
             _ => format!("{}.gate.e_score_correction_bias", self.block_prefix(layer)),
         }
     }
@@ -292,9 +297,10 @@ impl MoeNames {
     pub fn shared_projection(&self, layer: usize, shard: ShardId) -> Option<String> {
         let module = match self.family {
             ModelFamily::Qwen2Moe | ModelFamily::Qwen3Next | ModelFamily::Llama4 => "shared_expert",
-            ModelFamily::DeepseekV2 | ModelFamily::DeepseekV3 | ModelFamily::Glm4Moe => {
-                "shared_experts"
-            }
+            ModelFamily::DeepseekV2
+            | ModelFamily::DeepseekV3
+            | ModelFamily::Glm4Moe
+            | ModelFamily::Ernie45Moe => "shared_experts",
             _ => return None,
         };
         Some(format!(

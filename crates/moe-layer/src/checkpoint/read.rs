@@ -588,7 +588,17 @@ impl Checkpoint {
         check_finite(&t, &f32_values(&t)?)?;
         let weight = FloatData::from_le_bytes(t.dtype, t.bytes).unwrap_or(FloatData::F32(vec![]));
         let correction_bias = if self.spec.routing.has_correction_bias {
-            let b = self.float_tensor_shaped(&self.names.correction_bias(layer), &[e])?;
+            let name = self.names.correction_bias(layer);
+            // ERNIE-4.5 stores one row per modality, a single one in its language models.
+            let b = if self.spec.family == ModelFamily::Ernie45Moe {
+                let one_row = Dim {
+                    size: 1,
+                    field: "moe_statics rows (modalities)",
+                };
+                self.float_tensor_shaped(&name, &[one_row, e])?
+            } else {
+                self.float_tensor_shaped(&name, &[e])?
+            };
             let values = f32_values(&b)?;
             check_finite(&b, &values)?;
             Some(values)

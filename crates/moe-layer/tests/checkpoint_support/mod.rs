@@ -114,7 +114,8 @@ impl Ckpt {
     /// returns it with the logical projections `[expert][w1, w3, w2]`. DeepSeek-V3 and GLM
     /// get a shared expert and a correction bias (DeepSeek two groups, one kept; GLM no
     /// groups and a routed scaling factor of 2.5), Qwen3-Next a gated shared expert,
-    /// MiniMax-M2 a correction bias on the block.
+    /// MiniMax-M2 a correction bias on the block, ERNIE-4.5 (`ernie4_5_moe`, its own field
+    /// names) a correction bias `[1, E]` under `moe_statics` and one shared expert.
     pub fn build(model_type: &str, fmt: Fmt, seed: u64) -> (Self, Vec<[Proj; 3]>) {
         let mut rng = SplitMix64::new(seed);
         let mut config = json!({
@@ -163,6 +164,16 @@ impl Ckpt {
                 c.insert("scoring_func".into(), json!("sigmoid"));
                 c.insert("use_routing_bias".into(), json!(true));
                 ("block_sparse_moe", ["w1", "w3", "w2"])
+            }
+            "ernie4_5_moe" => {
+                c.remove("num_experts_per_tok");
+                c.insert("moe_k".into(), json!(2));
+                c.insert("moe_num_experts".into(), json!(E));
+                c.insert("moe_intermediate_size".into(), json!(I));
+                c.insert("moe_num_shared_experts".into(), json!(1));
+                c.insert("moe_layer_start_index".into(), json!(0));
+                c.insert("moe_layer_end_index".into(), json!(-1));
+                ("mlp", ["gate_proj", "up_proj", "down_proj"])
             }
             "llama4_text" => {
                 c.insert("num_local_experts".into(), json!(E));
@@ -225,6 +236,11 @@ impl Ckpt {
             let bias: Vec<f32> = rng.vec_uniform(E, -0.1, 0.1);
             ck.put(name, Dtype::F32, &[E], f32_bytes(&bias));
         }
+        if model_type == "ernie4_5_moe" {
+            let bias: Vec<f32> = rng.vec_uniform(E, -0.1, 0.1);
+            let name = "model.layers.0.mlp.moe_statics.e_score_correction_bias";
+            ck.put(name, Dtype::F32, &[1, E], f32_bytes(&bias));
+        }
         let mut experts = Vec::new();
         for e in 0..E {
             let ps = [
@@ -242,7 +258,7 @@ impl Ckpt {
             experts.push(ps);
         }
         let shared_module = match model_type {
-            "deepseek_v3" | "glm4_moe" => Some("mlp.shared_experts"),
+            "deepseek_v3" | "glm4_moe" | "ernie4_5_moe" => Some("mlp.shared_experts"),
             "qwen3_next" => Some("mlp.shared_expert"),
             "llama4_text" => Some("feed_forward.shared_expert"),
             _ => None,
