@@ -264,6 +264,7 @@ impl MoeLayerOptions {
             has_correction_bias: self.correction_bias != 0,
             topk_method: None,
             llama4: false,
+            sparse_mixer_jitter: None,
         })
     }
 
@@ -295,6 +296,7 @@ impl MoeLayerOptions {
             has_correction_bias: false,
             topk_method: None,
             llama4: true,
+            sparse_mixer_jitter: None,
         })
     }
 

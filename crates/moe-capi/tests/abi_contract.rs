@@ -551,6 +551,7 @@ fn layer_options_reach_the_layer() {
         has_correction_bias: true,
         topk_method: None,
         llama4: false,
+        sparse_mixer_jitter: None,
     };
     let mut cfg = moe_layer::MoeLayerConfig::from_spec(spec, 0, 1, None, 16)
         .unwrap()

@@ -1,5 +1,5 @@
-//! GLM-4 MoE, Qwen3-Next, MiniMax-M2, Llama 4, Qwen3-VL-MoE, Granite, OLMoE and ERNIE-4.5
-//! checkpoints through the whole
+//! GLM-4 MoE, Qwen3-Next, MiniMax-M2, Llama 4, Qwen3-VL-MoE, Granite, OLMoE, ERNIE-4.5 and
+//! PhiMoE checkpoints through the whole
 //! lifecycle: the config is read into the family's routing and shared experts, the tensors
 //! are found under the family's names, and the layer's output through its own router equals a
 //! float64 MoE block whose routing is recomputed here from each model's definition (or, for
@@ -48,6 +48,8 @@ enum Routing<'a> {
     /// Softmax scores over all experts, the correction bias added for selection only, the
     /// chosen unbiased probabilities renormalized (ERNIE-4.5).
     BiasedSoftmax { bias: &'a [f32] },
+    /// PhiMoE's sparse mixer, as vLLM's `sparsemixer` writes it with masks of `-inf`.
+    SparseMixer { eps: f64 },
     /// Softmax over all experts, top-k, renormalized (Qwen3-Next).
     RenormalizedSoftmax,
     /// Softmax over all experts, top-k, the probabilities as they are (OLMoE).
@@ -74,6 +76,7 @@ impl Routing<'_> {
                 let e = top_k(&l)[0];
                 return vec![(e, sigmoid(l[e]))];
             }
+            Self::SparseMixer { eps } => return sparse_mixer(&l, *eps),
             Self::RenormalizedSoftmax | Self::Softmax | Self::BiasedSoftmax { .. } => {
                 let max = l.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = l.iter().map(|v| (v - max).exp()).collect();
@@ -104,6 +107,33 @@ impl Routing<'_> {
             .map(|e| (e, scores[e] / sum * scale))
             .collect()
     }
+}
+
+/// vLLM's `sparsemixer`: the largest logit (the first of equals), weighted by the softmax at
+/// it of the logits masked to `-inf` where `(max − s) / max(|s|, max) > 2ε`; then again with
+/// the first choice masked out.
+fn sparse_mixer(scores: &[f64], eps: f64) -> Vec<(usize, f64)> {
+    let mut masked = scores.to_vec();
+    let mut chosen = Vec::new();
+    for _ in 0..2 {
+        let best = (0..masked.len()).fold(0, |b, j| if masked[j] > masked[b] { j } else { b });
+        let max = masked[best];
+        let gates: Vec<f64> = masked
+            .iter()
+            .zip(scores)
+            .map(|(&m, &s)| {
+                if (max - s) / s.abs().max(max) > 2.0 * eps {
+                    f64::NEG_INFINITY
+                } else {
+                    m
+                }
+            })
+            .collect();
+        let sum: f64 = gates.iter().map(|g| (g - max).exp()).sum();
+        chosen.push((best, 1.0 / sum));
+        masked[best] = f64::NEG_INFINITY;
+    }
+    chosen
 }
 
 fn float_vec(d: &FloatData) -> Vec<f64> {
@@ -800,4 +830,41 @@ fn ernie4_5_moe_configs_are_normalized() {
         let err = spec(patch.clone()).unwrap_err().to_string();
         assert!(err.contains(field), "{patch}: {err}");
     }
+}
+
+/// PhiMoE (Phi-3.5-MoE): Mixtral's names and fields, routed by the sparse mixer with the
+/// config's jitter; a config asking for another top-k is refused when the layer is built.
+#[test]
+fn phimoe_routes_by_the_sparse_mixer() {
+    let (ck, experts) = Ckpt::build("phimoe", Fmt::Float, 95);
+    let (ckpt, t) = open(&ck, "family-phimoe");
+    let spec = ckpt.spec();
+    assert_eq!(spec.family, ModelFamily::PhiMoe);
+    assert_eq!(spec.routing.sparse_mixer_jitter, Some(0.3));
+    assert!(!spec.routing.renormalize);
+    assert!(spec.shared_experts.is_none());
+    let routing = Routing::SparseMixer {
+        eps: f64::from(0.3f32),
+    };
+    assert_block_matches(&ckpt, &t, &experts, &routing, 96);
+    // Some tokens share their weight with logits inside the band: the mask is exercised.
+    let (_, logits) = random_tokens(96, 64);
+    let shared = logits
+        .chunks(E)
+        .filter(|l| {
+            let l: Vec<f64> = l.iter().map(|&v| f64::from(v)).collect();
+            sparse_mixer(&l, 0.3)[0].1 < 0.999
+        })
+        .count();
+    assert!(shared > 4, "{shared} of 64 tokens");
+
+    let mut three = ck.clone();
+    three.config["num_experts_per_tok"] = serde_json::json!(3);
+    let dir = temp_dir("family-phimoe-top3");
+    three.write(&dir);
+    let ckpt = Checkpoint::open(&dir, ShardAccess::Read).unwrap();
+    let err = MoeLayer::from_checkpoint(&ckpt, 0, 16)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("two experts"), "{err}");
 }

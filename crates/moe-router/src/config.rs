@@ -36,6 +36,13 @@ pub enum Algorithm {
     Llama4,
     /// A model-supplied routing function.
     Custom(Arc<dyn CustomRouting>),
+    /// PhiMoE's sparse mixer (vLLM's `phimoe_routing_function`): two experts chosen in turn,
+    /// each weighted by a softmax over the logits within a relative `2·jitter_eps` of it, not
+    /// renormalized. vLLM passes it as a custom routing function, labelled `Custom`.
+    SparseMixer {
+        /// `ε` (`router_jitter_noise`); 0 keeps only ties.
+        jitter_eps: f32,
+    },
 }
 
 impl Algorithm {
@@ -47,6 +54,7 @@ impl Algorithm {
             Self::GroupedTopK { .. } => "grouped_topk",
             Self::Llama4 => "llama4",
             Self::Custom(_) => "custom",
+            Self::SparseMixer { .. } => "sparse_mixer",
         }
     }
 }
@@ -173,6 +181,11 @@ impl RouterConfig {
         Self::with_algorithm(num_experts, top_k, Algorithm::Custom(hook))
     }
 
+    /// PhiMoE's sparse mixer with jitter `jitter_eps` (top-2, never renormalized).
+    pub fn sparse_mixer(num_experts: usize, jitter_eps: f32) -> Self {
+        Self::with_algorithm(num_experts, 2, Algorithm::SparseMixer { jitter_eps })
+    }
+
     /// Sets renormalisation.
     pub fn with_renormalize(mut self, renormalize: bool) -> Self {
         self.renormalize = renormalize;
@@ -219,7 +232,7 @@ impl RouterConfig {
                 Some(scoring)
             }
             Algorithm::Llama4 => Some(ScoringFunc::Sigmoid),
-            Algorithm::Custom(_) => None,
+            Algorithm::Custom(_) | Algorithm::SparseMixer { .. } => None,
         }
     }
 
@@ -228,7 +241,7 @@ impl RouterConfig {
     pub fn routing_method_type(&self) -> RoutingMethodType {
         match &self.algorithm {
             Algorithm::Llama4 => RoutingMethodType::Llama4,
-            Algorithm::Custom(_) => RoutingMethodType::Custom,
+            Algorithm::Custom(_) | Algorithm::SparseMixer { .. } => RoutingMethodType::Custom,
             _ => RoutingMethodType::derive(
                 self.scoring().unwrap_or(ScoringFunc::Softmax),
                 self.top_k,
@@ -261,13 +274,26 @@ impl RouterConfig {
             option,
         };
         match &self.algorithm {
-            Algorithm::CpuSoftmax | Algorithm::Llama4 | Algorithm::Custom(_)
+            Algorithm::CpuSoftmax
+            | Algorithm::Llama4
+            | Algorithm::Custom(_)
+            | Algorithm::SparseMixer { .. }
                 if self.correction_bias.is_some() =>
             {
                 return Err(unsupported("e_score_correction_bias"));
             }
-            Algorithm::Llama4 | Algorithm::Custom(_) if self.renormalize => {
+            Algorithm::Llama4 | Algorithm::Custom(_) | Algorithm::SparseMixer { .. }
+                if self.renormalize =>
+            {
                 return Err(unsupported("renormalize"));
+            }
+            Algorithm::SparseMixer { .. } if self.top_k != 2 => {
+                return Err(unsupported("top_k other than 2"));
+            }
+            Algorithm::SparseMixer { jitter_eps }
+                if !(jitter_eps.is_finite() && *jitter_eps >= 0.0) =>
+            {
+                return Err(unsupported("a negative or non-finite jitter_eps"));
             }
             _ => {}
         }

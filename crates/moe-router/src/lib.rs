@@ -9,6 +9,7 @@
 //! | [`RouterConfig::scored_topk`] | `fused_topk`, `fused_topk_bias`, `biased_topk_cpu` | scores (+ correction bias) | unbiased scores, optionally renormalised |
 //! | [`RouterConfig::grouped_topk`] | `grouped_topk` / `cpu_router._grouped_topk` | best `topk_group` groups, then top-k inside | unbiased scores, optionally renormalised |
 //! | [`RouterConfig::llama4`] | `Llama4MoE.custom_routing_function` | raw logits | sigmoid of the logit |
+//! | [`RouterConfig::sparse_mixer`] | `phimoe_routing_function` (PhiMoE) | the largest logit, then the largest other | softmax at it over the logits within a relative `2ε` of it |
 //! | [`RouterConfig::custom`] | `custom_routing_function` | the hook's | the hook's |
 //!
 //! Scores are softmax (max-subtracted, in f32), sigmoid or sqrt-softplus. The correction bias
@@ -71,6 +72,7 @@ mod router;
 mod scored;
 mod scoring;
 mod scratch;
+mod sparse_mixer;
 mod topk;
 
 pub use config::{Algorithm, Grouping, RoutedScaling, RouterConfig, ScalingPlacement};

@@ -8,7 +8,7 @@ use crate::method::RoutingMethodType;
 use crate::precision::Rounding;
 use crate::scored::{ScoreBuffers, ScoreParams};
 use crate::scratch::RouterScratch;
-use crate::{RouterError, cpu_softmax, grouped, llama4, scored};
+use crate::{RouterError, cpu_softmax, grouped, llama4, scored, sparse_mixer};
 
 /// Routes tokens to experts: for each token, `top_k` expert ids and their f32 weights.
 ///
@@ -185,6 +185,9 @@ impl Router {
                     )
                 }
                 Algorithm::Llama4 => llama4::route(x, values, ids, weights),
+                Algorithm::SparseMixer { jitter_eps } => {
+                    sparse_mixer::route(x, *jitter_eps, ids, weights)
+                }
                 Algorithm::Custom(hook) => {
                     hook.route_token(x, weights, ids)
                         .map_err(|reason| RouterError::CustomRouting { row, reason })?;

@@ -322,6 +322,13 @@ fn describe_routing(spec: &MoeModelSpec) -> String {
             spec.top_k
         );
     }
+    if let Some(jitter) = r.sparse_mixer_jitter {
+        return format!(
+            "{method}: the sparse mixer, two experts chosen in turn, each weighted by a softmax \
+             over the logits within a relative {} of it, not renormalized",
+            2.0 * jitter
+        );
+    }
     let mut words = vec![format!("{method}: {} scores", r.scoring)];
     if spec.family == ModelFamily::GptOss {
         words.push("the router's bias added to the logits".into());

@@ -102,6 +102,9 @@ pub enum ModelFamily {
     /// `moe_layer_interval`. The config spells the experts `moe_num_experts` and the top-k
     /// `moe_k`.
     Ernie45Moe,
+    /// PhiMoE (`phimoe`, Phi-3.5-MoE): Mixtral's `block_sparse_moe` names and fields, routed by
+    /// the sparse mixer (top-2, `router_jitter_noise`).
+    PhiMoe,
 }
 
 impl ModelFamily {
@@ -122,6 +125,7 @@ impl ModelFamily {
             "granitemoe" | "granitemoeshared" | "granitemoehybrid" => Some(Self::GraniteMoe),
             "olmoe" => Some(Self::Olmoe),
             "ernie4_5_moe" => Some(Self::Ernie45Moe),
+            "phimoe" => Some(Self::PhiMoe),
             _ => None,
         });
         by_type.or_else(|| {
@@ -142,6 +146,7 @@ impl ModelFamily {
                 | "GraniteMoeHybridForCausalLM" => Some(Self::GraniteMoe),
                 "OlmoeForCausalLM" => Some(Self::Olmoe),
                 "Ernie4_5_MoeForCausalLM" => Some(Self::Ernie45Moe),
+                "PhiMoEForCausalLM" => Some(Self::PhiMoe),
                 _ => None,
             })
         })
@@ -162,9 +167,12 @@ impl ModelFamily {
             Self::Qwen2Moe | Self::Qwen3Moe | Self::Qwen3Next | Self::Qwen3VlMoe | Self::Olmoe => {
                 "num_experts"
             }
-            Self::Mixtral | Self::GptOss | Self::MiniMaxM2 | Self::Llama4 | Self::GraniteMoe => {
-                "num_local_experts"
-            }
+            Self::Mixtral
+            | Self::GptOss
+            | Self::MiniMaxM2
+            | Self::Llama4
+            | Self::GraniteMoe
+            | Self::PhiMoe => "num_local_experts",
             Self::DeepseekV2 | Self::DeepseekV3 | Self::Glm4Moe => "n_routed_experts",
             Self::Ernie45Moe => "moe_num_experts",
         }
@@ -187,7 +195,8 @@ impl ModelFamily {
             | Self::MiniMaxM2
             | Self::Llama4
             | Self::GraniteMoe
-            | Self::Olmoe => "intermediate_size",
+            | Self::Olmoe
+            | Self::PhiMoe => "intermediate_size",
             _ => "moe_intermediate_size",
         }
     }
@@ -227,6 +236,10 @@ pub struct RoutingSpec {
     /// sigmoid, the weight multiplying the token before the expert rather than the expert's
     /// output. `scoring` is then sigmoid and `renormalize` false.
     pub llama4: bool,
+    /// PhiMoE's sparse mixer with this jitter `ε` (`router_jitter_noise`): two experts chosen
+    /// in turn, each weighted by a softmax over the logits within a relative `2ε` of it, not
+    /// renormalized (vLLM's `phimoe_routing_function`). `scoring` is then softmax.
+    pub sparse_mixer_jitter: Option<f32>,
 }
 
 /// The shared (always active) experts of a MoE block, loaded as one MLP of this width.
@@ -456,6 +469,8 @@ struct RawConfig {
     interleave_moe_layer_step: Option<usize>,
     /// Llama 4: the MoE layers, listed.
     moe_layers: Option<Vec<usize>>,
+    /// PhiMoE: the sparse mixer's jitter `ε`.
+    router_jitter_noise: Option<f64>,
     /// ERNIE-4.5's spellings (kept as JSON values: ERNIE-4.5-VL's configs list one per
     /// modality, refused by name rather than by a parse error).
     moe_num_experts: Option<serde_json::Value>,
@@ -656,7 +671,8 @@ impl MoeModelSpec {
                 | ModelFamily::GptOss
                 | ModelFamily::MiniMaxM2
                 | ModelFamily::Llama4
-                | ModelFamily::GraniteMoe,
+                | ModelFamily::GraniteMoe
+                | ModelFamily::PhiMoe,
                 _,
             ) => required(raw.num_local_experts, "num_local_experts")?,
             (ModelFamily::DeepseekV2 | ModelFamily::DeepseekV3 | ModelFamily::Glm4Moe, _) => {
@@ -697,7 +713,8 @@ impl MoeModelSpec {
             | ModelFamily::GptOss
             | ModelFamily::MiniMaxM2
             | ModelFamily::GraniteMoe
-            | ModelFamily::Olmoe => (0..num_layers).collect(),
+            | ModelFamily::Olmoe
+            | ModelFamily::PhiMoe => (0..num_layers).collect(),
             ModelFamily::DeepseekV2 | ModelFamily::DeepseekV3 => {
                 let freq = raw.moe_layer_freq.unwrap_or(1);
                 if freq == 0 {
@@ -914,7 +931,7 @@ fn routing_spec(
         | ModelFamily::GptOss
         | ModelFamily::MiniMaxM2
         | ModelFamily::GraniteMoe => true,
-        ModelFamily::Llama4 | ModelFamily::Olmoe => false,
+        ModelFamily::Llama4 | ModelFamily::Olmoe | ModelFamily::PhiMoe => false,
         // vLLM's block always renormalizes.
         ModelFamily::Ernie45Moe => true,
         ModelFamily::DeepseekV3
@@ -932,6 +949,7 @@ fn routing_spec(
         has_correction_bias,
         topk_method: None,
         llama4: family == ModelFamily::Llama4,
+        sparse_mixer_jitter: None,
     };
     let (n_group, topk_group, default_scale, topk_method) = match family {
         ModelFamily::DeepseekV3 => (
@@ -958,6 +976,20 @@ fn routing_spec(
         ModelFamily::MiniMaxM2 => return Ok(ungrouped(raw.use_routing_bias.unwrap_or(false))),
         // Softmax scores, the bias steering selection only (spec section 2.3).
         ModelFamily::Ernie45Moe => return Ok(ungrouped(true)),
+        // transformers' default jitter is 0.01; the released config states it.
+        ModelFamily::PhiMoe => {
+            let eps = raw.router_jitter_noise.unwrap_or(0.01);
+            if !(eps.is_finite() && eps >= 0.0) {
+                return Err(field(
+                    "router_jitter_noise",
+                    format!("must be finite and not negative, got {eps}"),
+                ));
+            }
+            return Ok(RoutingSpec {
+                sparse_mixer_jitter: Some(eps as f32),
+                ..ungrouped(false)
+            });
+        }
         _ => return Ok(ungrouped(false)),
     };
     if let Some(g) = n_group {
@@ -994,6 +1026,7 @@ fn routing_spec(
             || topk_method.as_deref() == Some("noaux_tc"),
         topk_method,
         llama4: false,
+        sparse_mixer_jitter: None,
     })
 }
 

@@ -14,6 +14,7 @@
 //! | Llama 4 | bf16: all experts fused, transposed: `model.layers.{l}.feed_forward.experts.{gate_up_proj,down_proj}`; quantized: `….feed_forward.experts.{e}.{gate_proj,up_proj,down_proj}.{suffix}` | `feed_forward.router.weight` | `feed_forward.shared_expert.*`; multimodal checkpoints prefix every name with `language_model.` |
 //! | Granite MoE | all experts fused: `model.layers.{l}.block_sparse_moe.{input_linear,output_linear}.weight` `[E, 2I, H]`, `[E, H, I]` | `block_sparse_moe.router.layer.weight` | `shared_mlp.{input_linear,output_linear}.weight` |
 //! | ERNIE-4.5 MoE | as Qwen3-MoE | `mlp.gate.weight` | `mlp.moe_statics.e_score_correction_bias` `[1, E]`, `mlp.shared_experts.*` |
+//! | PhiMoE | as Mixtral | `block_sparse_moe.gate.weight` | |
 //! | gpt-oss | all experts fused: `model.layers.{l}.mlp.experts.{gate_up_proj,down_proj}_{blocks,scales,bias}` (MXFP4) or `….experts.{gate_up_proj,down_proj}{,_bias}` (bf16) | `mlp.router.weight` | `mlp.router.bias` |
 //!
 //! `gate_proj`/`w1` is shard `w1` (rows `0..I` of `w13`), `up_proj`/`w3` is `w3` (rows
@@ -203,9 +204,10 @@ impl MoeNames {
 
     fn block_module(&self) -> &'static str {
         match self.family {
-            ModelFamily::Mixtral | ModelFamily::MiniMaxM2 | ModelFamily::GraniteMoe => {
-                "block_sparse_moe"
-            }
+            ModelFamily::Mixtral
+            | ModelFamily::MiniMaxM2
+            | ModelFamily::GraniteMoe
+            | ModelFamily::PhiMoe => "block_sparse_moe",
             ModelFamily::Llama4 => "feed_forward",
             _ => "mlp",
         }
@@ -215,9 +217,9 @@ impl MoeNames {
     /// its historical `w1`/`w3`/`w2` and the current `gate_proj`/`up_proj`/`down_proj`.
     pub fn projection_names(&self, shard: ShardId) -> &'static [&'static str] {
         match (self.family, shard) {
-            (ModelFamily::Mixtral, ShardId::W1) => &["w1", "gate_proj"],
-            (ModelFamily::Mixtral, ShardId::W3) => &["w3", "up_proj"],
-            (ModelFamily::Mixtral, ShardId::W2) => &["w2", "down_proj"],
+            (ModelFamily::Mixtral | ModelFamily::PhiMoe, ShardId::W1) => &["w1", "gate_proj"],
+            (ModelFamily::Mixtral | ModelFamily::PhiMoe, ShardId::W3) => &["w3", "up_proj"],
+            (ModelFamily::Mixtral | ModelFamily::PhiMoe, ShardId::W2) => &["w2", "down_proj"],
             (ModelFamily::MiniMaxM2, ShardId::W1) => &["w1"],
             (ModelFamily::MiniMaxM2, ShardId::W3) => &["w3"],
             (ModelFamily::MiniMaxM2, ShardId::W2) => &["w2"],

@@ -736,6 +736,14 @@ pub fn router_from_spec(
     if r.llama4 {
         return Ok(RouterConfig::llama4(num_experts, top_k));
     }
+    if let Some(jitter) = r.sparse_mixer_jitter {
+        if top_k != 2 {
+            return Err(format!(
+                "the sparse mixer routes two experts per token, not {top_k}"
+            ));
+        }
+        return Ok(RouterConfig::sparse_mixer(num_experts, jitter));
+    }
     // One group is no grouping, except in the label vLLM gives a biased router: with
     // `num_expert_group` set it is DeepSeekV3 (GLM-4 MoE, Kimi-K2), which kernels accept with
     // any scaling factor, where the ungrouped biased router is MiniMax2 only at a factor of 1.

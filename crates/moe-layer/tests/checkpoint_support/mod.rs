@@ -115,7 +115,8 @@ impl Ckpt {
     /// get a shared expert and a correction bias (DeepSeek two groups, one kept; GLM no
     /// groups and a routed scaling factor of 2.5), Qwen3-Next a gated shared expert,
     /// MiniMax-M2 a correction bias on the block, ERNIE-4.5 (`ernie4_5_moe`, its own field
-    /// names) a correction bias `[1, E]` under `moe_statics` and one shared expert.
+    /// names) a correction bias `[1, E]` under `moe_statics` and one shared expert, PhiMoE
+    /// (`phimoe`) a sparse mixer jitter of 0.3.
     pub fn build(model_type: &str, fmt: Fmt, seed: u64) -> (Self, Vec<[Proj; 3]>) {
         let mut rng = SplitMix64::new(seed);
         let mut config = json!({
@@ -174,6 +175,13 @@ impl Ckpt {
                 c.insert("moe_layer_start_index".into(), json!(0));
                 c.insert("moe_layer_end_index".into(), json!(-1));
                 ("mlp", ["gate_proj", "up_proj", "down_proj"])
+            }
+            "phimoe" => {
+                c.insert("num_local_experts".into(), json!(E));
+                c.insert("intermediate_size".into(), json!(I));
+                // Wide enough that other logits often fall inside the mixer's band.
+                c.insert("router_jitter_noise".into(), json!(0.3));
+                ("block_sparse_moe", ["w1", "w3", "w2"])
             }
             "llama4_text" => {
                 c.insert("num_local_experts".into(), json!(E));
