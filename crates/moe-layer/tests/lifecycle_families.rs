@@ -867,4 +867,10 @@ fn phimoe_routes_by_the_sparse_mixer() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("two experts"), "{err}");
+
+    let mut config = ck.config.clone();
+    config["router_jitter_noise"] = serde_json::json!(-0.01);
+    let path = std::path::Path::new("config.json");
+    let err = MoeModelSpec::from_json_str(path, &config.to_string()).unwrap_err();
+    assert!(err.to_string().contains("router_jitter_noise"), "{err}");
 }
