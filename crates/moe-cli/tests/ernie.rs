@@ -10,13 +10,12 @@ mod support;
 
 use std::collections::BTreeMap;
 
-use half::bf16;
 use moe_testutil::SplitMix64;
 use safetensors::Dtype;
 use serde_json::json;
 use support::{
-    SafetensorsFile, ScratchDir, moe_json, moe_run_args, moe_with_env, path_arg, rel_l2,
-    write_json, write_safetensors,
+    SafetensorsFile, ScratchDir, bf16_bytes, moe_json, moe_run_args, moe_with_env, path_arg,
+    random_bf16, rel_l2, write_json, write_safetensors,
 };
 
 const E: usize = 8;
@@ -25,19 +24,6 @@ const H: usize = 64;
 const I: usize = 16;
 const SHARED: usize = 2;
 const T: usize = 24;
-
-/// Random bf16 values, widened.
-fn random(rng: &mut SplitMix64, len: usize, scale: f32) -> Vec<f32> {
-    (0..len)
-        .map(|_| bf16::from_f32(rng.uniform(-scale, scale)).to_f32())
-        .collect()
-}
-
-fn bf16_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter()
-        .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
-        .collect()
-}
 
 /// `w · x` for `w` `[n, k]`, in f64.
 fn matvec(w: &[f32], n: usize, k: usize, x: &[f64]) -> Vec<f64> {
@@ -72,14 +58,14 @@ fn ernie_checkpoint_through_inspect_and_run() {
         }),
     );
     let prefix = "model.layers.1.mlp";
-    let router = random(&mut rng, E * H, 0.5);
+    let router = random_bf16(&mut rng, E * H, 0.5);
     // Against softmax scores near 1/E, a bias this large decides most selections.
-    let bias = random(&mut rng, E, 0.3);
+    let bias = random_bf16(&mut rng, E, 0.3);
     let expert = |rng: &mut SplitMix64, n: usize| -> [Vec<f32>; 3] {
         [
-            random(rng, n * H, 0.2),
-            random(rng, n * H, 0.2),
-            random(rng, H * n, 0.2),
+            random_bf16(rng, n * H, 0.2),
+            random_bf16(rng, n * H, 0.2),
+            random_bf16(rng, H * n, 0.2),
         ]
     };
     let experts: Vec<[Vec<f32>; 3]> = (0..E).map(|_| expert(&mut rng, I)).collect();

@@ -10,32 +10,18 @@ mod support;
 
 use std::collections::BTreeMap;
 
-use half::bf16;
 use moe_testutil::SplitMix64;
 use safetensors::Dtype;
 use serde_json::json;
 use support::{
-    SafetensorsFile, ScratchDir, moe_json, moe_run_args, moe_with_env, path_arg, rel_l2,
-    write_json, write_safetensors,
+    SafetensorsFile, ScratchDir, bf16_bytes, moe_json, moe_run_args, moe_with_env, path_arg,
+    random_bf16, rel_l2, write_json, write_safetensors,
 };
 
 const E: usize = 4;
 const H: usize = 64;
 const I: usize = 24;
 const T: usize = 40;
-
-/// Random bf16 values, widened.
-fn random(rng: &mut SplitMix64, len: usize, scale: f32) -> Vec<f32> {
-    (0..len)
-        .map(|_| bf16::from_f32(rng.uniform(-scale, scale)).to_f32())
-        .collect()
-}
-
-fn bf16_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter()
-        .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
-        .collect()
-}
 
 /// `x · W` for `w` `[k, n]` (K leading, as Llama 4 stores its experts), in f64.
 fn times(x: &[f64], w: &[f32], k: usize, n: usize) -> Vec<f64> {
@@ -73,12 +59,12 @@ fn multimodal_llama4_checkpoint_through_inspect_and_run() {
         }),
     );
     let prefix = "language_model.model.layers.1.feed_forward";
-    let router = random(&mut rng, E * H, 0.5);
-    let gate_up = random(&mut rng, E * H * 2 * I, 0.2);
-    let down = random(&mut rng, E * I * H, 0.2);
+    let router = random_bf16(&mut rng, E * H, 0.5);
+    let gate_up = random_bf16(&mut rng, E * H * 2 * I, 0.2);
+    let down = random_bf16(&mut rng, E * I * H, 0.2);
     let shared: Vec<Vec<f32>> = [(I, H), (I, H), (H, I)]
         .iter()
-        .map(|&(n, k)| random(&mut rng, n * k, 0.2))
+        .map(|&(n, k)| random_bf16(&mut rng, n * k, 0.2))
         .collect();
     let mut tensors = BTreeMap::new();
     let mut put = |name: String, shape: Vec<usize>, v: &[f32]| {

@@ -236,6 +236,22 @@ pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
+/// Little-endian bytes of `values` rounded to bf16, as safetensors stores BF16.
+pub fn bf16_bytes(values: &[f32]) -> Vec<u8> {
+    values
+        .iter()
+        .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
+        .collect()
+}
+
+/// `len` uniform values in `[-scale, scale)`, each rounded to bf16 and widened back, so a
+/// checkpoint written in bf16 holds exactly them.
+pub fn random_bf16(rng: &mut moe_testutil::SplitMix64, len: usize, scale: f32) -> Vec<f32> {
+    (0..len)
+        .map(|_| bf16::from_f32(rng.uniform(-scale, scale)).to_f32())
+        .collect()
+}
+
 /// Little-endian bytes of `values`, as safetensors stores I32.
 pub fn i32_bytes(values: &[i32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
