@@ -15,7 +15,7 @@ use safetensors::Dtype;
 use serde_json::json;
 use support::{
     SafetensorsFile, ScratchDir, bf16_bytes, moe_json, moe_run_args, moe_with_env, path_arg,
-    random_bf16, rel_l2, write_json, write_safetensors,
+    random_bf16, rel_l2, write_hidden_input, write_json, write_safetensors,
 };
 
 const E: usize = 8;
@@ -120,13 +120,7 @@ fn ernie_checkpoint_through_inspect_and_run() {
     );
 
     let x = rng.vec_uniform(T * H, -1.0, 1.0);
-    let mut input = BTreeMap::new();
-    input.insert(
-        "x".to_string(),
-        (Dtype::F32, vec![T, H], support::f32_bytes(&x)),
-    );
-    let input_file = dir.join("input.safetensors");
-    write_safetensors(&input_file, &input);
+    let input_file = write_hidden_input(dir, &x, T, H);
     let out_file = dir.join("out.safetensors");
     let args = moe_run_args(dir, &input_file, &out_file);
 

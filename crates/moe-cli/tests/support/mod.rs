@@ -252,6 +252,19 @@ pub fn random_bf16(rng: &mut moe_testutil::SplitMix64, len: usize, scale: f32) -
         .collect()
 }
 
+/// Writes hidden states `x` `[tokens, hidden]` (f32) as tensor `x` of
+/// `dir/input.safetensors`, for `moe run --input … --input-tensor x`; returns the file.
+pub fn write_hidden_input(dir: &Path, x: &[f32], tokens: usize, hidden: usize) -> PathBuf {
+    let mut input = BTreeMap::new();
+    input.insert(
+        "x".to_string(),
+        (Dtype::F32, vec![tokens, hidden], f32_bytes(x)),
+    );
+    let file = dir.join("input.safetensors");
+    write_safetensors(&file, &input);
+    file
+}
+
 /// Little-endian bytes of `values`, as safetensors stores I32.
 pub fn i32_bytes(values: &[i32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
