@@ -1713,6 +1713,58 @@ fn family_cases(c: &mut Cases) {
         }),
         |ck| ck.config["scoring_func"] = "sqrt".into(),
     );
+    fn ernie() -> Ckpt {
+        Ckpt::build("ernie4_5_moe", Fmt::Float, 0xe45).0
+    }
+    const ERNIE_BIAS: &str = "model.layers.0.mlp.moe_statics.e_score_correction_bias";
+    c.model("ernie4_5_moe: control", ernie, layer, Expect::Ok, |_| {});
+    c.model(
+        "ernie4_5_moe: a correction bias of two rows (ERNIE-4.5-VL's modalities)",
+        ernie,
+        layer,
+        err!(LayerError::ConfigMismatch { .. }),
+        |ck| retype(ck, ERNIE_BIAS, Dtype::F32, &[2, E]),
+    );
+    c.model(
+        "ernie4_5_moe: the correction bias missing",
+        ernie,
+        layer,
+        err!(LayerError::MissingTensor { .. }),
+        |ck| {
+            ck.tensors.remove(ERNIE_BIAS);
+        },
+    );
+    c.model(
+        "ernie4_5_moe: moe_k a list per modality",
+        ernie,
+        layer,
+        err!(LayerError::ConfigField { field: "moe_k", .. }),
+        |ck| ck.config["moe_k"] = serde_json::json!([2, 2]),
+    );
+    fn phimoe() -> Ckpt {
+        Ckpt::build("phimoe", Fmt::Float, 0x9e).0
+    }
+    c.model("phimoe: control", phimoe, layer, Expect::Ok, |_| {});
+    c.model(
+        "phimoe: three experts per token for the two-expert sparse mixer",
+        phimoe,
+        layer,
+        err!(LayerError::ConfigField {
+            field: "num_experts_per_tok",
+            ..
+        }),
+        |ck| ck.config["num_experts_per_tok"] = 3.into(),
+    );
+    c.model(
+        "phimoe: a negative router_jitter_noise",
+        phimoe,
+        layer,
+        err!(LayerError::ConfigField {
+            field: "router_jitter_noise",
+            ..
+        }),
+        |ck| ck.config["router_jitter_noise"] = (-0.5).into(),
+    );
     fn gpt_oss_bf16() -> Ckpt {
         Ckpt::gpt_oss_bf16(&moe_testutil::gpt_oss::GptOss::random(
             0x6b9,

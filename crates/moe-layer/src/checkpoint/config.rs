@@ -684,6 +684,12 @@ impl MoeModelSpec {
                 "moe_num_experts",
             )?,
         };
+        if family == ModelFamily::PhiMoe && top_k != 2 {
+            return Err(field(
+                "num_experts_per_tok",
+                format!("the sparse mixer routes two experts per token, not {top_k}"),
+            ));
+        }
         if top_k > num_experts {
             return Err(field(
                 family.top_k_field(),
