@@ -9,14 +9,15 @@
 //! Single-threaded (`Par::Seq`) so the figures are per core. `act_quant/scalar` times the
 //! activation quantisation alone. WNA16 runs each rung as dispatched and, where the rung has
 //! a bf16 path, again with f32 at every row count (`wna16_gemm/{isa}-f32`), with int4 codes
-//! and, as `wna16_gemm/int8/...`, int8 codes. `dense_gemm/{isa}` times unquantized bf16 weights
+//! and, as `wna16_gemm/int8/...`, int8 codes (`wna16_gemm/fp8/...`: e4m3 codes with
+//! block scales). `dense_gemm/{isa}` times unquantized bf16 weights
 //! (`dense_gemm/f32/{isa}`: f32 weights) on the body every rung shares the bits of.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use half::bf16;
 use moe_kernels::{
-    GemmScratch, Isa, KernelSet, PackedDense, PackedW4A8, PackedW8A8, PackedWna16, Par,
-    W4A8Prefill, W4A8Scales, Wna16Desc, Wna16Scales,
+    Fp8Desc, Fp8Rows, Fp8Scales, GemmScratch, Isa, KernelSet, PackedDense, PackedW4A8, PackedW8A8,
+    PackedWna16, Par, W4A8Prefill, W4A8Scales, Wna16Desc, Wna16Scales,
 };
 use moe_testutil::SplitMix64;
 
@@ -130,12 +131,13 @@ fn w8a8(c: &mut Criterion) {
 /// int4 and int8 codes.
 fn wna16(c: &mut Criterion) {
     for bits in [4u32, 8] {
-        wna16_bits(c, bits);
+        wna16_integer(c, bits);
     }
+    wna16_fp8(c);
 }
 
-/// [`wna16`] for codes of `bits` bits.
-fn wna16_bits(c: &mut Criterion, bits: u32) {
+/// [`wna16`] for integer codes of `bits` bits, groups of 128 with bf16 scales.
+fn wna16_integer(c: &mut Criterion, bits: u32) {
     const GROUP: usize = 128;
     let mut rng = SplitMix64::new(4);
     let packed: Vec<PackedWna16> = SHAPES
@@ -159,6 +161,46 @@ fn wna16_bits(c: &mut Criterion, bits: u32) {
             .unwrap()
         })
         .collect();
+    let prefix = if bits == 4 {
+        String::new()
+    } else {
+        format!("int{bits}/")
+    };
+    wna16_sets(c, &prefix, &packed, &mut rng);
+}
+
+/// [`wna16`] for e4m3 codes with f32 scales per `128 × 128` block (FP8 checkpoints).
+fn wna16_fp8(c: &mut Criterion) {
+    let mut rng = SplitMix64::new(5);
+    let packed: Vec<PackedWna16> = SHAPES
+        .iter()
+        .map(|&(n, k)| {
+            // Finite e4m3 codes: 0x7F and 0xFF are NaN.
+            let codes: Vec<u8> = (0..n * k)
+                .map(|_| match rng.below(256) as u8 {
+                    0x7F | 0xFF => 0,
+                    c => c,
+                })
+                .collect();
+            let scales = rng.vec_uniform(n.div_ceil(128) * k.div_ceil(128), 1e-3, 1e-2);
+            PackedWna16::pack_fp8(Fp8Desc {
+                n,
+                k,
+                rows: &[Fp8Rows {
+                    channels: n,
+                    codes: &codes,
+                    scales: Fp8Scales::Blocks(&scales),
+                }],
+                bias: None,
+            })
+            .unwrap()
+        })
+        .collect();
+    wna16_sets(c, "fp8/", &packed, &mut rng);
+}
+
+/// Times `packed` on every rung's kernel set, groups named `wna16_gemm/{prefix}{set}`.
+fn wna16_sets(c: &mut Criterion, prefix: &str, packed: &[PackedWna16], rng: &mut SplitMix64) {
     // Each rung as dispatched, and, where it has a path with other numerics (bf16 or 15-bit
     // integer activations), also with f32 at every row count.
     let mut sets = Vec::new();
@@ -171,14 +213,9 @@ fn wna16_bits(c: &mut Criterion, bits: u32) {
     }
     for (name, ks) in sets {
         let isa = ks.isa();
-        let prefix = if bits == 4 {
-            String::new()
-        } else {
-            format!("int{bits}/")
-        };
         let mut group = c.benchmark_group(format!("wna16_gemm/{prefix}{name}"));
         group.sample_size(10);
-        for w in &packed {
+        for w in packed {
             let (n, k) = (w.n(), w.k());
             for &m in MS {
                 let macs = m * n * k;
