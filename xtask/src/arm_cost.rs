@@ -69,6 +69,9 @@ enum Format {
     Wna16E2m1,
     /// The same with e4m3 codes (FP8).
     Wna16E4m3,
+    /// Weight-only int4 (symmetric integer codes) with 15-bit integer activations, on the
+    /// dot-product rungs' integer body (`sdot` on the high and low activation bytes).
+    Wna16Int4I15,
 }
 
 impl Format {
@@ -80,6 +83,7 @@ impl Format {
             Format::Wna16Int8 => "WNA16 int8",
             Format::Wna16E2m1 => "WNA16 e2m1",
             Format::Wna16E4m3 => "WNA16 e4m3",
+            Format::Wna16Int4I15 => "WNA16 int4, 15-bit activations",
         }
     }
 
@@ -91,7 +95,7 @@ impl Format {
             Format::Wna16Int8 => Some((8, 0)),
             Format::Wna16E2m1 => Some((4, 1)),
             Format::Wna16E4m3 => Some((8, 2)),
-            Format::W4A8 | Format::W8A8 => None,
+            Format::W4A8 | Format::W8A8 | Format::Wna16Int4I15 => None,
         }
     }
 
@@ -117,6 +121,7 @@ impl Ours {
             (_, "i8mm", 9..) => 4,
             (_, "i8mm", 5..) => 8,
             (f, _, _) if f.is_float() => 8,
+            (Format::Wna16Int4I15, _, _) => 8,
             _ => 16,
         }
     }
@@ -210,7 +215,8 @@ const KAI_W8_MM_16X4: Kai = Kai {
 /// lines model its bodies on weights in the pair order, which that rung packs for (its 1-row
 /// tile among them: a row pair with a row of zeros); its 8- and 16-row lines stand for its
 /// tiles of 5 to 8 and of 9 to 16 rows. The WNA16 lines (f32 activations) have no KleidiAI
-/// counterpart, and the NEON body serves all three rungs, so they are named after neon only.
+/// counterpart, and the NEON body serves all three rungs, so they are named after neon only;
+/// the integer WNA16 body serves the dot-product and i8mm rungs and is named after dotprod.
 const PAIRINGS: &[Pairing] = &[
     pair(Format::W4A8, "neon", 1, Some(1), None),
     pair(Format::W4A8, "neon", 4, Some(4), None),
@@ -240,6 +246,8 @@ const PAIRINGS: &[Pairing] = &[
     pair(Format::Wna16E4m3, "neon", 1, Some(1), None),
     pair(Format::Wna16E4m3, "neon", 4, Some(4), None),
     pair(Format::Wna16E4m3, "neon", 8, Some(8), None),
+    pair(Format::Wna16Int4I15, "dotprod", 1, Some(1), None),
+    pair(Format::Wna16Int4I15, "dotprod", 4, Some(4), None),
 ];
 
 const fn pair(
@@ -587,9 +595,14 @@ fn kai_loop(root: &Path, k: Kai, work: &Path) -> Result<Loop> {
 ///
 /// The WNA16 body is `aarch64::wna16::tile::<BITS, R, C, KIND, false>` (symmetric codes of
 /// kind `KIND`, a `u8`, the tile scaffolding's instance for 8-channel windows), with `C` partial
-/// sums per row (4 for tiles of one row, 2 for two or three rows, else 1).
+/// sums per row (4 for tiles of one row, 2 for two or three rows, else 1). The integer WNA16
+/// body is `aarch64::wna16_i15::window::<R, C, false>` (`C` = 2 chains for one row, else 1).
 fn tile_symbol_fragment(format: Format, o: Ours) -> String {
     let (rung, n) = (o.rung, o.rows);
+    if format == Format::Wna16Int4I15 {
+        let chains = if n == 1 { 2 } else { 1 };
+        return format!("9wna16_i156windowKj{n:x}_Kj{chains:x}_Kb0_");
+    }
     if let Some((bits, kind)) = format.wna16_codes() {
         let body = "tile";
         // The 2-row tile's `C = 2` would be a back-reference to `R = 2` in v0, so 2-row tiles
@@ -625,6 +638,11 @@ fn ours_loop(asm: &str, format: Format, o: Ours) -> Result<Loop> {
     let insns = parse_llvm_asm(body);
     let mut l = inner_loop(&insns, format.is_float())
         .ok_or_else(|| format!("no loop with multiply-accumulate instructions in {fragment}"))?;
+    if format == Format::Wna16Int4I15 {
+        // Each product is two `sdot` lanes' worth: one on the high activation bytes, one on
+        // the low.
+        l.macs /= 2;
+    }
     // smmla works on row pairs: an odd last row is paired with zeros.
     l.useful_rows = o.rows;
     l.issued_rows = if o.rung == "i8mm" {

@@ -443,7 +443,10 @@ impl KernelSet {
     /// # Safety
     /// - `body.fill` and `body.entry` may be called on this CPU: the caller holds the token of
     ///   their rung and has checked the features they need.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 rungs have one
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
     pub(crate) unsafe fn with_wna16_int4_dot(mut self, body: Int4Dot) -> Self {
         let free = self
             .wna16_int4_dot

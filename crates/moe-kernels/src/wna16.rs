@@ -69,7 +69,10 @@ pub(crate) type Wna16PanelsFn = unsafe fn(&Wna16Job<'_>, Range<usize>);
 
 /// One WNA16 GEMM on a bf16 dot-product body for int4 codes: the activations already laid out
 /// by the body's fill function.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 has such a body today
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 pub(crate) struct Int4DotJob<'a> {
     /// The weights (4-bit codes).
     pub(crate) w: &'a PackedWna16,
@@ -103,7 +106,10 @@ pub(crate) type Int4DotTileFn = unsafe fn(&Int4DotJob<'_>, usize, usize);
 /// - The CPU supports every instance that `tiles` gives for 1 to `mr` rows, and each may be
 ///   called with `job`, any panel of `panels` and rows within `0..job.m`: as
 ///   [`Int4DotPanelsFn`] for `job` and the panels the instances write.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 has such a body today
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 pub(crate) unsafe fn run_row_blocks(
     job: &Int4DotJob<'_>,
     panels: impl Iterator<Item = usize> + Clone,
@@ -150,7 +156,10 @@ pub(crate) type Int4DotFillFn = unsafe fn(
 
 /// Where an [`Int4DotFillFn`] put a GEMM's activations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 rungs make one
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 pub(crate) struct Int4DotLayout {
     /// Bytes the layout takes at the start of the buffer.
     pub(crate) len: usize,

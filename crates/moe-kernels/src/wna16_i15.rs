@@ -27,8 +27,10 @@
 //! activation to its 15-bit grid (`|x − s·q| ≤ s/2`); the tests bound the difference by
 //! `2^−14 · amax · Σ|w|` per output plus the f32 sums' own rounding.
 
+use crate::dispatch::Int4Dot;
 use crate::packed::PackedWna16;
 use crate::packed::wna16::{Int4Values, K_STEP};
+use crate::wna16::{Int4DotFillFn, Int4DotLayout, Int4DotPanelsFn};
 
 /// Largest activation integer: 15 bits with the sign.
 pub(crate) const MAX_Q: i32 = (1 << 14) - 1;
@@ -140,13 +142,19 @@ impl Blocks {
     }
 
     /// Blocks per row.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 has the body
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
     pub(crate) fn count(&self, n_groups: usize) -> usize {
         n_groups * self.per_group
     }
 
     /// The block of K value `kk` (`kk < K`).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 has the body
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
     pub(crate) fn of_k(&self, kk: usize) -> usize {
         kk / self.group * self.per_group + kk % self.group / self.len
     }
@@ -163,7 +171,10 @@ impl Blocks {
     /// The packed steps that hold block `i` of group `g`: a block starts on a step (groups and
     /// [`MAX_BLOCK`] are multiples of [`K_STEP`], or the group is all of K), and only the last
     /// block of K may end inside one.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 has the body
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
     pub(crate) fn steps(&self, g: usize, i: usize) -> std::ops::Range<usize> {
         let r = self.k_range(g, i);
         r.start / K_STEP..r.end.div_ceil(K_STEP)
@@ -171,9 +182,159 @@ impl Blocks {
 }
 
 /// Whether the integer body can take `w`: int4 integer codes (not MXFP4's e2m1 values).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 has the body
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 pub(crate) fn serves(w: &PackedWna16) -> bool {
     w.bits() == 4 && w.values() == Int4Values::Integer
+}
+
+/// The environment variable that chooses the integer bodies of int4 weight-only GEMMs: `1`
+/// runs one ahead of the AVX-512 BF16 body where an x86 rung has both (by default that body
+/// runs on AMD cores), `0` never runs them (the f32 body, or the bf16 paths where they are on,
+/// take their GEMMs). The AVX2, AVX-VNNI and aarch64 dot-product rungs, which have no bf16
+/// path, run their build unless it is off.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+pub(crate) const INTEGER_WNA16_ENV: &str = "MOE_KERNELS_WNA16_I15";
+
+/// What [`INTEGER_WNA16_ENV`] asks for: `Some(true)` for `1`, `Some(false)` for `0`, else
+/// `None`.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+pub(crate) fn integer_wna16_setting() -> Option<bool> {
+    match std::env::var(INTEGER_WNA16_ENV).as_deref().map(str::trim) {
+        Ok("1") => Some(true),
+        Ok("0") => Some(false),
+        _ => None,
+    }
+}
+
+/// Bytes before a row's first step in every integer body's layout: the row's scale and post
+/// factor (f32 each, see [`RowScale`]), then zeros.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+pub(crate) const HEADER_BYTES: usize = 16;
+
+/// Bytes of one step of a row in the byte-split layout ([`fill_byte_split`]).
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+pub(crate) const SPLIT_STEP_BYTES: usize = 16;
+
+/// Writes a row's header: its scale and post factor (f32 each), then zeros.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+pub(crate) fn write_header(head: &mut [u8], rs: &RowScale) {
+    head.fill(0);
+    head[..4].copy_from_slice(&rs.scale.to_le_bytes());
+    head[4..8].copy_from_slice(&rs.post.to_le_bytes());
+}
+
+/// A row's scale and post factor, from its header.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+pub(crate) fn read_header(row: &[u8]) -> (f32, f32) {
+    let at = |i: usize| f32::from_le_bytes(row[i..i + 4].try_into().expect("4 bytes"));
+    (at(0), at(4))
+}
+
+/// Where K value `kk` of a row lies in the byte-split layout, in bytes from its first step:
+/// per step of 8 K values, the high bytes of K values `8s + 0, 2, 4, 6`, of `8s + 1, 3, 5, 7`,
+/// then the low bytes of both, four bytes each.
+#[cfg(test)]
+pub(crate) fn split_byte_offset(kk: usize, low: bool) -> usize {
+    let j = kk % K_STEP;
+    kk / K_STEP * SPLIT_STEP_BYTES + 8 * usize::from(low) + 4 * (j % 2) + j / 2
+}
+
+/// Lays out `m` rows of `x` in the byte-split layout of the bodies that multiply the codes by
+/// signed activation bytes (`vpdpbusd`, `sdot`): per row a [`HEADER_BYTES`] header, then per
+/// step of 8 K values the high bytes `hi = q >> 7` (signed) of its even K values, of its odd
+/// ones, then the low bytes `lo = q & 127` of both ([`split_byte_offset`]), K past its end as
+/// zeros, so that `q = 128·hi + lo`. Writes each row's exact integer sum per block into
+/// `sums`, row-major. Plain Rust: the layout is `O(m·K)` against the GEMM's `O(m·N·K)`.
+/// (The AVX-512 VNNI body lays out the same bytes with a vectorized fill of its own.)
+#[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
+pub(crate) fn fill_byte_split(
+    x: &[f32],
+    m: usize,
+    w: &PackedWna16,
+    sums: &mut Vec<f32>,
+    dst: &mut Vec<u8>,
+) -> Int4DotLayout {
+    let (k, ks) = (w.k(), w.k_steps());
+    let blocks = Blocks::of(w);
+    let nb = blocks.count(w.n_groups());
+    let row_bytes = HEADER_BYTES + ks * SPLIT_STEP_BYTES;
+    if dst.len() < m * row_bytes {
+        dst.resize(m * row_bytes, 0);
+    }
+    sums.clear();
+    sums.resize(m * nb, 0.0);
+    for (r, out) in dst.chunks_exact_mut(row_bytes).take(m).enumerate() {
+        let row = &x[r * k..][..k];
+        let rs = RowScale::of_row(row);
+        let (head, steps) = out.split_at_mut(HEADER_BYTES);
+        write_header(head, &rs);
+        // Summed in f32 exactly: every partial sum is an integer of magnitude at most
+        // `MAX_BLOCK · MAX_Q < 2^24`.
+        let row_sums = &mut sums[r * nb..][..nb];
+        let (steps, _) = steps.as_chunks_mut::<SPLIT_STEP_BYTES>();
+        for (s, step) in steps.iter_mut().enumerate() {
+            for j in 0..K_STEP {
+                let kk = K_STEP * s + j;
+                let q = if kk < k { rs.quantize(row[kk]) } else { 0 };
+                if kk < k {
+                    row_sums[blocks.of_k(kk)] += q as f32;
+                }
+                let at = 4 * (j % 2) + j / 2;
+                step[at] = (q >> 7) as u8;
+                step[8 + at] = (q & 127) as u8;
+            }
+        }
+    }
+    Int4DotLayout {
+        len: m * row_bytes,
+        row_bytes,
+    }
+}
+
+/// A rung's integer body (its `fill` and `entry`, doing `unit`) as a kernel set's int4
+/// dot-product body, for GEMMs of `min_m` rows up to `max_m` (exclusive) on int4 integer codes.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+pub(crate) fn integer_body(
+    unit: &'static str,
+    fill: Int4DotFillFn,
+    entry: Int4DotPanelsFn,
+    min_m: usize,
+    max_m: usize,
+) -> Int4Dot {
+    Int4Dot {
+        unit,
+        activations: "15-bit integer activations",
+        codes: " for integer codes",
+        min_m,
+        max_m,
+        serves: |w, _| serves(w),
+        fill,
+        entry,
+    }
 }
 
 /// The outputs of the integer body, computed in the order the module docs give (the tests'
@@ -217,4 +378,307 @@ pub fn wna16_i15_reference(m: usize, x: &[f32], w: &PackedWna16) -> Vec<f32> {
         }
     }
     out
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use half::{bf16, f16};
+    use moe_testutil::SplitMix64;
+
+    use super::{Blocks, HEADER_BYTES, RowScale, fill_byte_split, split_byte_offset};
+    use super::{SPLIT_STEP_BYTES, wna16_i15_reference};
+    use crate::packed::wna16::K_STEP;
+    use crate::{GemmScratch, PackedWna16, Par, Wna16Desc, Wna16Scales};
+
+    /// Every integer body this CPU runs, each alone in its rung's set: they share the
+    /// numerics, so the same tests hold for each.
+    fn bodies() -> Vec<(&'static str, crate::KernelSet)> {
+        #[cfg(target_arch = "x86_64")]
+        let sets = [
+            ("avx512-vnni", crate::x86::wna16_i15::kernel_set()),
+            ("avx2", crate::x86::wna16_i15_avx2::kernel_set()),
+        ];
+        #[cfg(target_arch = "aarch64")]
+        let sets = [("dotprod", crate::aarch64::wna16_i15::kernel_set())];
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        let sets: [(&str, Option<crate::KernelSet>); 0] = [];
+        let found: Vec<_> = sets
+            .into_iter()
+            .filter_map(|(name, ks)| Some((name, ks?)))
+            .collect();
+        if found.is_empty() {
+            eprintln!("note: no integer WNA16 body on this CPU");
+        }
+        found
+    }
+
+    /// Random int4 weights: `g` None is channelwise; scales of each 16-bit kind and f32.
+    fn weights(
+        rng: &mut SplitMix64,
+        n: usize,
+        k: usize,
+        g: Option<usize>,
+        asym: bool,
+        perm: bool,
+    ) -> PackedWna16 {
+        let groups = g.map_or(1, |g| k.div_ceil(g));
+        let codes: Vec<u8> = (0..n * k).map(|_| rng.below(16) as u8).collect();
+        let raw: Vec<f32> = (0..n * groups).map(|_| rng.uniform(0.005, 0.05)).collect();
+        let (b, h): (Vec<bf16>, Vec<f16>) = (
+            raw.iter().map(|&v| bf16::from_f32(v)).collect(),
+            raw.iter().map(|&v| f16::from_f32(v)).collect(),
+        );
+        let scales = match rng.below(3) {
+            0 => Wna16Scales::Bf16(&b),
+            1 => Wna16Scales::F16(&h),
+            _ => Wna16Scales::F32(&raw),
+        };
+        let zeros: Vec<u8> = (0..n * groups).map(|_| rng.below(16) as u8).collect();
+        let bias = rng.vec_uniform(n, -1.0, 1.0);
+        let mut order: Vec<u32> = (0..k as u32).collect();
+        for i in (1..k).rev() {
+            order.swap(i, rng.below(i + 1));
+        }
+        PackedWna16::pack(Wna16Desc {
+            n,
+            k,
+            bits: 4,
+            codes: &codes,
+            group_size: moe_quant::WeightGroups::from_group_size(g).unwrap(),
+            scales,
+            zeros: asym.then_some(&zeros[..]),
+            bias: Some(&bias),
+            perm: perm.then_some(&order[..]),
+        })
+        .unwrap()
+    }
+
+    /// The portable byte-split layout holds each value's quantized integer as `128·hi + lo`
+    /// at its place, the row's scale and post factor in the header, zeros past K, and each
+    /// block's exact sum of the integers.
+    #[test]
+    fn byte_split_fill_lays_out_integer_halves_and_block_sums() {
+        check_fill_layout(fill_byte_split, SPLIT_STEP_BYTES, |steps, kk| {
+            let hi = steps[split_byte_offset(kk, false)] as i8;
+            let lo = steps[split_byte_offset(kk, true)];
+            assert!(lo < 128, "K value {kk}: low byte {lo}");
+            128 * i32::from(hi) + i32::from(lo)
+        });
+    }
+
+    /// Checks an integer body's `fill` on ragged shapes (a tiny row among them): per row the
+    /// header holds its scale and post factor then zeros, `value_at(steps, kk)` reads back
+    /// K value `kk` from the row's steps (`step_bytes` each) as the row's quantized integer
+    /// (0 past K), and `sums` holds each block's exact sum of them.
+    pub(crate) fn check_fill_layout(
+        fill: crate::wna16::Int4DotFillFn,
+        step_bytes: usize,
+        value_at: impl Fn(&[u8], usize) -> i32,
+    ) {
+        let mut rng = SplitMix64::new(0x15a);
+        for (m, k, group) in [
+            (1usize, 8usize, 8usize),
+            (3, 37, 37),
+            (2, 72, 16),
+            (4, 45, 40),
+            (2, 2500, 2500),
+            (3, 2100, 2048),
+        ] {
+            let mut x = rng.vec_uniform(m * k, -3.0, 3.0);
+            if m > 2 {
+                // A tiny row, lifted before it is quantized.
+                for v in &mut x[2 * k..3 * k] {
+                    *v *= 1e-33;
+                }
+            }
+            let w = PackedWna16::int4_for_layout(k, group, false);
+            let blocks = Blocks::of(&w);
+            let nb = blocks.count(w.n_groups());
+            let (mut dst, mut sums) = (vec![0xAA; 7], vec![5.0; 3]);
+            // SAFETY: the callers hold the body's kernel set, so the CPU has its features;
+            // `x` holds `m·k`.
+            let layout = unsafe { fill(&x, m, &w, &mut sums, &mut dst) };
+            let row_bytes = layout.row_bytes;
+            assert_eq!(row_bytes, HEADER_BYTES + k.div_ceil(K_STEP) * step_bytes);
+            assert_eq!(layout.len, m * row_bytes);
+            assert_eq!(sums.len(), m * nb);
+            for r in 0..m {
+                let row = &x[r * k..][..k];
+                let rs = RowScale::of_row(row);
+                let bytes = &dst[r * row_bytes..][..row_bytes];
+                let header = |at: usize| f32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+                assert_eq!(header(0).to_bits(), rs.scale.to_bits());
+                assert_eq!(header(4).to_bits(), rs.post.to_bits());
+                assert!(bytes[8..HEADER_BYTES].iter().all(|&b| b == 0));
+                let steps = &bytes[HEADER_BYTES..];
+                let mut want_sums = vec![0i64; nb];
+                for kk in 0..k.next_multiple_of(K_STEP) {
+                    let q = if kk < k { rs.quantize(row[kk]) } else { 0 };
+                    assert_eq!(value_at(steps, kk), q, "m={m} k={k} row {r} K value {kk}");
+                    if kk < k {
+                        want_sums[blocks.of_k(kk)] += i64::from(q);
+                    }
+                }
+                for (b, &want) in want_sums.iter().enumerate() {
+                    assert_eq!(
+                        sums[r * nb + b],
+                        want as f32,
+                        "m={m} k={k} row {r} block {b}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Every int4 integer kind (symmetric, zero points, act-order; bf16, f16 and f32 scales)
+    /// on ragged shapes equals the scalar twin bit for bit, whatever the thread split.
+    #[test]
+    fn integer_body_equals_its_scalar_twin_on_ragged_shapes() {
+        for (body, ks) in bodies() {
+            equals_the_twin_on_ragged_shapes(body, &ks);
+        }
+    }
+
+    fn equals_the_twin_on_ragged_shapes(body: &str, ks: &crate::KernelSet) {
+        let mut rng = SplitMix64::new(0x15b);
+        // (K, group size or channelwise, zero points, act-order)
+        let cases: [(usize, Option<usize>, bool, bool); 10] = [
+            (8, None, false, false),
+            (37, None, true, false),
+            (72, Some(32), false, false),
+            (100, Some(32), true, false),
+            (256, Some(128), false, true),
+            (200, Some(64), true, false),
+            (120, Some(40), false, false),
+            (2100, None, false, false),
+            (2304, Some(2048), true, true),
+            (4100, Some(128), true, false),
+        ];
+        for &(k, g, asym, perm) in &cases {
+            for &n in &[1usize, 17, 33] {
+                let w = weights(&mut rng, n, k, g, asym, perm);
+                for &m in &[0usize, 1, 2, 3, 5, 8, 9, 16, 65, 130] {
+                    if k > 1000 && m > 16 {
+                        continue;
+                    }
+                    let x: Vec<f32> = (0..m * k).map(|_| rng.normal() * 2.0).collect();
+                    let want = wna16_i15_reference(m, &x, &w);
+                    for par in [Par::Seq, Par::Rayon] {
+                        assert!(m == 0 || ks.wna16_int4_dot_for(&w, m).is_some());
+                        let mut got = vec![f32::NAN; m * n];
+                        crate::wna16_gemm(ks, m, &x, &w, &mut got, &mut GemmScratch::new(), par)
+                            .unwrap();
+                        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                            assert_eq!(
+                                a.to_bits(),
+                                b.to_bits(),
+                                "{body}: k={k} g={g:?} asym={asym} perm={perm} n={n} m={m} \
+                                 {par:?}: out[{i}] = {a}, want {b}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Against the f32 definition: the only new error is each activation's rounding to its
+    /// 15-bit grid, at most half a step (`amax / 32766`) times the weight it meets, plus the
+    /// f32 sums' own rounding.
+    #[test]
+    fn integer_body_stays_within_the_grid_of_the_f32_definition() {
+        for (body, ks) in bodies() {
+            within_the_grid_of_the_f32_definition(body, &ks);
+        }
+    }
+
+    fn within_the_grid_of_the_f32_definition(body: &str, ks: &crate::KernelSet) {
+        let mut rng = SplitMix64::new(0x15c);
+        for &(k, g, asym) in &[
+            (256usize, Some(128usize), false),
+            (300, Some(32), true),
+            (2048, None, false),
+        ] {
+            let n = 40;
+            let w = weights(&mut rng, n, k, g, asym, false);
+            let dq = w.dequantize_f64();
+            for &m in &[1usize, 4, 9] {
+                let mut x: Vec<f32> = (0..m * k).map(|_| rng.normal()).collect();
+                // An outlier in the first row: the others' grid is finer.
+                x[3] = 40.0;
+                let mut got = vec![0f32; m * n];
+                crate::wna16_gemm(ks, m, &x, &w, &mut got, &mut GemmScratch::new(), Par::Seq)
+                    .unwrap();
+                for r in 0..m {
+                    let row = &x[r * k..][..k];
+                    let amax = row.iter().fold(0f32, |a, v| a.max(v.abs()));
+                    for c in 0..n {
+                        let b = f64::from(w.bias().unwrap()[c]);
+                        let (mut want, mut mag, mut wsum) = (b, b.abs(), 0f64);
+                        for kk in 0..k {
+                            let t = f64::from(row[kk]) * dq[c * k + kk];
+                            want += t;
+                            mag += t.abs();
+                            wsum += dq[c * k + kk].abs();
+                        }
+                        let grid = f64::from(amax) / 32766.0 * wsum;
+                        let got = f64::from(got[r * n + c]);
+                        assert!(
+                            (got - want).abs() <= grid + 1e-5 * mag,
+                            "{body}: k={k} g={g:?} m={m}: out[{r},{c}] = {got}, want {want} (grid {grid})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A row holding a NaN or an infinity gives NaN outputs in that row only; an all-zero row
+    /// gives the bias; a row of tiny values keeps its precision.
+    #[test]
+    fn integer_body_rows_of_non_finite_zero_and_tiny_values() {
+        for (body, ks) in bodies() {
+            rows_of_non_finite_zero_and_tiny_values(body, &ks);
+        }
+    }
+
+    fn rows_of_non_finite_zero_and_tiny_values(body: &str, ks: &crate::KernelSet) {
+        let mut rng = SplitMix64::new(0x15d);
+        let (n, k, m) = (20usize, 96usize, 6usize);
+        let w = weights(&mut rng, n, k, Some(32), false, false);
+        let mut x = rng.vec_uniform(m * k, -1.0, 1.0);
+        x[k + 50] = f32::NAN;
+        x[2 * k + 7] = f32::INFINITY;
+        x[3 * k..4 * k].fill(0.0);
+        for v in &mut x[4 * k..5 * k] {
+            *v *= 1e-35;
+        }
+        let mut got = vec![0f32; m * n];
+        crate::wna16_gemm(ks, m, &x, &w, &mut got, &mut GemmScratch::new(), Par::Seq).unwrap();
+        let f32_def = crate::wna16_reference(m, &x, &w);
+        for (r, row) in got.chunks_exact(n).enumerate() {
+            assert_eq!(
+                row.iter().all(|v| v.is_nan()),
+                r == 1 || r == 2,
+                "{body}: row {r}: {row:?}"
+            );
+            if r == 3 {
+                assert_eq!(
+                    row,
+                    &w.bias().unwrap()[..n],
+                    "{body}: an all-zero row gives the bias"
+                );
+            }
+            if r == 4 {
+                let bias = w.bias().unwrap();
+                for c in 0..n {
+                    let (a, b) = (row[c] - bias[c], f32_def[r * n + c] - bias[c]);
+                    assert!(
+                        (a - b).abs() <= 1e-3 * b.abs() + 1e-40,
+                        "{body}: tiny row, channel {c}: {a:e} vs {b:e}"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -1,7 +1,9 @@
 //! aarch64 CPU detection and the ISA tokens that prove it, plus one module per aarch64 rung.
 //!
 //! The rungs are NEON (`neon.rs`, widening multiplies), dot product (`dotprod.rs`, `sdot`) and
-//! int8 matrix multiply (`i8mm.rs`, `smmla`); all three run the NEON WNA16 body (`wna16.rs`). They share their loads and epilogues
+//! int8 matrix multiply (`i8mm.rs`, `smmla`); all three run the NEON WNA16 body (`wna16.rs`),
+//! and the dot-product and i8mm rungs take int4 integer codes on the integer body with 15-bit
+//! activations (`wna16_i15.rs`, `sdot`). They share their loads and epilogues
 //! (`common.rs`); `sdot` and `smmla` are emitted only by `asm.rs` until their intrinsics are
 //! stable. Every rung takes the activations as signed codes; W4A8 multiplies them by the weight
 //! codes `w + 8` as they come out of the nibbles (`ActEncoding::I8BlockCorrected`, the `+ 8` taken
@@ -13,6 +15,7 @@ pub(crate) mod dotprod;
 pub(crate) mod i8mm;
 pub(crate) mod neon;
 mod wna16;
+pub(crate) mod wna16_i15;
 
 use crate::Isa;
 
@@ -122,7 +125,13 @@ pub(crate) fn kernel_set(isa: Isa) -> Option<crate::KernelSet> {
         _ => None,
     }?;
     // SAFETY: every aarch64 rung implies NEON, all the WNA16 body needs.
-    Some(unsafe { set.with_wna16(Isa::Neon, wna16::wna16_entry) })
+    let set = unsafe { set.with_wna16(Isa::Neon, wna16::wna16_entry) };
+    if isa == Isa::Neon || crate::wna16_i15::integer_wna16_setting() == Some(false) {
+        return Some(set);
+    }
+    // SAFETY: the dot-product and int8 matrix-multiply rungs' tokens (made above) prove the
+    // dot-product extension, all the integer body needs.
+    Some(unsafe { set.with_wna16_int4_dot(wna16_i15::body()) })
 }
 
 /// What quantises activations where a rung registers no quantiser of its own (every aarch64

@@ -462,7 +462,7 @@ fn load_scales(w: &PackedWna16, p: usize, g: usize, first: usize) -> Ch {
 /// bf16 by a shift into the high half, e8m0 by placing the exponent.
 #[target_feature(enable = "neon")]
 #[inline]
-fn scale_lanes<const NQ: usize>(s: &Wna16ScaleValues, at: usize) -> Lanes<NQ> {
+pub(super) fn scale_lanes<const NQ: usize>(s: &Wna16ScaleValues, at: usize) -> Lanes<NQ> {
     match s {
         Wna16ScaleValues::F16(v) => {
             let v = &v[at..at + 4 * NQ];

@@ -1098,7 +1098,7 @@ impl PackedWna16 {
 
     /// One channel of int4 zeros with groups of `group` (K itself: channelwise) and, with
     /// `zero_points`, zero points: what the activation layouts' tests need of a matrix.
-    #[cfg(all(test, target_arch = "x86_64"))]
+    #[cfg(test)]
     pub(crate) fn int4_for_layout(k: usize, group: usize, zero_points: bool) -> Self {
         let groups = if group >= k { None } else { Some(group) };
         let n_groups = k.div_ceil(group.min(k));

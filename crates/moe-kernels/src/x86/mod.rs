@@ -24,6 +24,7 @@ mod ymm;
 use std::sync::OnceLock;
 
 use crate::Isa;
+use crate::wna16_i15::integer_wna16_setting;
 
 /// Proof that AVX2 (and FMA/BMI-era baseline SSE) can be used.
 #[derive(Debug, Clone, Copy)]
@@ -358,25 +359,9 @@ pub(crate) fn avx512vnni_kernel_set(_token: Avx512Vnni) -> crate::KernelSet {
     }
 }
 
-/// The environment variable that chooses the integer body of int4 weight-only GEMMs
-/// (`wna16_i15`, 15-bit integer activations): `1` runs it ahead of the AVX-512 BF16 body where
-/// the rung has both (by default that body runs on AMD cores), `0` never runs it (the f32 body,
-/// or the bf16 paths where they are on, take its GEMMs). The AVX2 and AVX-VNNI rungs, which
-/// have no bf16 path, run their build of it unless it is off.
-pub(crate) const INTEGER_WNA16_ENV: &str = "MOE_KERNELS_WNA16_I15";
-
-/// What [`INTEGER_WNA16_ENV`] asks for: `Some(true)` for `1`, `Some(false)` for `0`, else
-/// `None`.
-fn integer_wna16_setting() -> Option<bool> {
-    match std::env::var(INTEGER_WNA16_ENV).as_deref().map(str::trim) {
-        Ok("1") => Some(true),
-        Ok("0") => Some(false),
-        _ => None,
-    }
-}
-
 /// Whether a rung may register the integer body: neither [`BF16_DOT_ENV`] (`0`: f32 products
-/// everywhere) nor [`INTEGER_WNA16_ENV`] (`0`) turned it off.
+/// everywhere) nor [`INTEGER_WNA16_ENV`](crate::wna16_i15::INTEGER_WNA16_ENV) (`0`) turned it
+/// off.
 pub(crate) fn integer_wna16_on() -> bool {
     !bf16_paths_off() && integer_wna16_setting() != Some(false)
 }

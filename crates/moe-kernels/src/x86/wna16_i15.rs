@@ -31,11 +31,11 @@ use std::ops::Range;
 
 use super::wna16::{group_scales, load_step, load_zeros, prefetch_ahead, store_panel_rows};
 use crate::dispatch::Int4Dot;
-#[cfg(test)]
-use crate::packed::wna16::K_STEP;
 use crate::packed::{PANEL, PackedWna16};
 use crate::wna16::{Int4DotJob, Int4DotLayout, Int4DotTileFn, run_row_blocks};
-use crate::wna16_i15::{Blocks, MAX_Q, RowScale};
+use crate::wna16_i15::{
+    Blocks, HEADER_BYTES, MAX_Q, RowScale, integer_body, read_header, write_header,
+};
 
 /// Rows per tile: 8 rows × 2 integer sums and an f32 accumulator each leave room for the
 /// step, its two decoded halves and the block's constants. Tiles of up to 4 rows keep 4 sums
@@ -60,19 +60,7 @@ const MR2: usize = 4;
 const ROW_BLOCK: usize = 64;
 
 /// Bytes of one step of a row's activations: four words of four bytes.
-const STEP_BYTES: usize = 16;
-
-/// Bytes before a row's first step: its scale and post factor (f32 each), then zeros (the
-/// AVX2 body's rows start the same way).
-pub(super) const HEADER_BYTES: usize = 16;
-
-/// Where K value `kk` of a row's steps lies, in bytes from the first step, for its high byte
-/// (`low` false) or its low byte.
-#[cfg(test)]
-fn byte_offset(kk: usize, low: bool) -> usize {
-    let j = kk % K_STEP;
-    kk / K_STEP * STEP_BYTES + 8 * usize::from(low) + 4 * (j % 2) + j / 2
-}
+const STEP_BYTES: usize = crate::wna16_i15::SPLIT_STEP_BYTES;
 
 /// Byte order within 16 bytes of one half (high or low) of two steps: per step, the even K
 /// values then the odd ones.
@@ -214,20 +202,6 @@ fn split16(q: __m512i) -> [u8; 32] {
 fn broadcast_word(step: &[u8; STEP_BYTES], j: usize) -> __m512i {
     let word: &[u8; 4] = step[4 * j..4 * j + 4].try_into().expect("4 bytes");
     _mm512_set1_epi32(i32::from_le_bytes(*word))
-}
-
-/// Writes a row's header: its scale and post factor (f32 each), then zeros. The AVX2 body's
-/// rows start the same way.
-pub(super) fn write_header(head: &mut [u8], rs: &RowScale) {
-    head.fill(0);
-    head[..4].copy_from_slice(&rs.scale.to_le_bytes());
-    head[4..8].copy_from_slice(&rs.post.to_le_bytes());
-}
-
-/// A row's scale and post factor, from its header.
-pub(super) fn read_header(row: &[u8]) -> (f32, f32) {
-    let at = |i: usize| f32::from_le_bytes(row[i..i + 4].try_into().expect("4 bytes"));
-    (at(0), at(4))
 }
 
 /// Rows `m0..m0 + R` of panel `p` (see the module docs), `C` chains per integer sum.
@@ -441,27 +415,6 @@ pub(crate) fn body(min_m: usize, max_m: usize) -> Int4Dot {
     integer_body(unit, fill, entry, min_m, max_m)
 }
 
-/// A rung's integer body (its `fill` and `entry`, doing `unit`) as a kernel set's int4
-/// dot-product body, for GEMMs of `min_m` rows up to `max_m` (exclusive) on int4 integer codes.
-pub(super) fn integer_body(
-    unit: &'static str,
-    fill: crate::wna16::Int4DotFillFn,
-    entry: crate::wna16::Int4DotPanelsFn,
-    min_m: usize,
-    max_m: usize,
-) -> Int4Dot {
-    Int4Dot {
-        unit,
-        activations: "15-bit integer activations",
-        codes: " for integer codes",
-        min_m,
-        max_m,
-        serves: |w, _| crate::wna16_i15::serves(w),
-        fill,
-        entry,
-    }
-}
-
 /// The AVX-512 VNNI set with this body at every row count, where the CPU has AVX-512 VNNI
 /// (tests).
 #[cfg(test)]
@@ -473,305 +426,25 @@ pub(crate) fn kernel_set() -> Option<crate::KernelSet> {
 }
 
 #[cfg(test)]
-pub(in crate::x86) mod tests {
-    use half::{bf16, f16};
-    use moe_testutil::SplitMix64;
-
-    use super::{HEADER_BYTES, byte_offset, kernel_set};
-    use crate::packed::wna16::K_STEP;
-    use crate::wna16_i15::{Blocks, RowScale, wna16_i15_reference};
-    use crate::{GemmScratch, PackedWna16, Par, Wna16Desc, Wna16Scales};
-
-    fn set() -> Option<crate::KernelSet> {
-        let ks = kernel_set();
-        if ks.is_none() {
-            eprintln!("note: skipping the integer WNA16 body: no AVX-512 VNNI");
-        }
-        ks
-    }
-
-    /// Every integer body this CPU runs (AVX-512 VNNI, AVX2), each alone in its rung's set:
-    /// they share the numerics, so the same tests hold for each.
-    fn bodies() -> Vec<(&'static str, crate::KernelSet)> {
-        let sets = [
-            ("avx512-vnni", set()),
-            ("avx2", crate::x86::wna16_i15_avx2::kernel_set()),
-        ];
-        sets.into_iter()
-            .filter_map(|(name, ks)| Some((name, ks?)))
-            .collect()
-    }
-
-    /// Random int4 weights: `g` None is channelwise; scales of each 16-bit kind and f32.
-    fn weights(
-        rng: &mut SplitMix64,
-        n: usize,
-        k: usize,
-        g: Option<usize>,
-        asym: bool,
-        perm: bool,
-    ) -> PackedWna16 {
-        let groups = g.map_or(1, |g| k.div_ceil(g));
-        let codes: Vec<u8> = (0..n * k).map(|_| rng.below(16) as u8).collect();
-        let raw: Vec<f32> = (0..n * groups).map(|_| rng.uniform(0.005, 0.05)).collect();
-        let (b, h): (Vec<bf16>, Vec<f16>) = (
-            raw.iter().map(|&v| bf16::from_f32(v)).collect(),
-            raw.iter().map(|&v| f16::from_f32(v)).collect(),
-        );
-        let scales = match rng.below(3) {
-            0 => Wna16Scales::Bf16(&b),
-            1 => Wna16Scales::F16(&h),
-            _ => Wna16Scales::F32(&raw),
-        };
-        let zeros: Vec<u8> = (0..n * groups).map(|_| rng.below(16) as u8).collect();
-        let bias = rng.vec_uniform(n, -1.0, 1.0);
-        let mut order: Vec<u32> = (0..k as u32).collect();
-        for i in (1..k).rev() {
-            order.swap(i, rng.below(i + 1));
-        }
-        PackedWna16::pack(Wna16Desc {
-            n,
-            k,
-            bits: 4,
-            codes: &codes,
-            group_size: moe_quant::WeightGroups::from_group_size(g).unwrap(),
-            scales,
-            zeros: asym.then_some(&zeros[..]),
-            bias: Some(&bias),
-            perm: perm.then_some(&order[..]),
-        })
-        .unwrap()
-    }
+mod tests {
+    use super::{STEP_BYTES, kernel_set};
+    use crate::wna16_i15::split_byte_offset;
+    use crate::wna16_i15::tests::check_fill_layout;
 
     /// The layout holds each value's quantized integer as `128·hi + lo` at its place, the
     /// row's scale and post factor in the header, zeros past K, and each block's exact sum of
     /// the integers.
     #[test]
     fn fill_lays_out_integer_halves_and_block_sums() {
-        if set().is_none() {
+        if kernel_set().is_none() {
+            eprintln!("note: skipping the AVX-512 VNNI integer WNA16 layout: no AVX-512 VNNI");
             return;
         }
-        check_fill_layout(super::fill, 16, |steps, kk| {
-            let hi = steps[byte_offset(kk, false)] as i8;
-            let lo = steps[byte_offset(kk, true)];
+        check_fill_layout(super::fill, STEP_BYTES, |steps, kk| {
+            let hi = steps[split_byte_offset(kk, false)] as i8;
+            let lo = steps[split_byte_offset(kk, true)];
             assert!(lo < 128, "K value {kk}: low byte {lo}");
             128 * i32::from(hi) + i32::from(lo)
         });
-    }
-
-    /// Checks an integer body's `fill` on ragged shapes (a tiny row among them): per row the
-    /// header holds its scale and post factor then zeros, `value_at(steps, kk)` reads back
-    /// K value `kk` from the row's steps (`step_bytes` each) as the row's quantized integer
-    /// (0 past K), and `sums` holds each block's exact sum of them.
-    pub(in crate::x86) fn check_fill_layout(
-        fill: crate::wna16::Int4DotFillFn,
-        step_bytes: usize,
-        value_at: impl Fn(&[u8], usize) -> i32,
-    ) {
-        let mut rng = SplitMix64::new(0x15a);
-        for (m, k, group) in [
-            (1usize, 8usize, 8usize),
-            (3, 37, 37),
-            (2, 72, 16),
-            (4, 45, 40),
-            (2, 2500, 2500),
-            (3, 2100, 2048),
-        ] {
-            let mut x = rng.vec_uniform(m * k, -3.0, 3.0);
-            if m > 2 {
-                // A tiny row, lifted before it is quantized.
-                for v in &mut x[2 * k..3 * k] {
-                    *v *= 1e-33;
-                }
-            }
-            let w = PackedWna16::int4_for_layout(k, group, false);
-            let blocks = Blocks::of(&w);
-            let nb = blocks.count(w.n_groups());
-            let (mut dst, mut sums) = (vec![0xAA; 7], vec![5.0; 3]);
-            // SAFETY: the callers hold the body's kernel set, so the CPU has its features;
-            // `x` holds `m·k`.
-            let layout = unsafe { fill(&x, m, &w, &mut sums, &mut dst) };
-            let row_bytes = layout.row_bytes;
-            assert_eq!(row_bytes, HEADER_BYTES + k.div_ceil(K_STEP) * step_bytes);
-            assert_eq!(layout.len, m * row_bytes);
-            assert_eq!(sums.len(), m * nb);
-            for r in 0..m {
-                let row = &x[r * k..][..k];
-                let rs = RowScale::of_row(row);
-                let bytes = &dst[r * row_bytes..][..row_bytes];
-                let header = |at: usize| f32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
-                assert_eq!(header(0).to_bits(), rs.scale.to_bits());
-                assert_eq!(header(4).to_bits(), rs.post.to_bits());
-                assert!(bytes[8..HEADER_BYTES].iter().all(|&b| b == 0));
-                let steps = &bytes[HEADER_BYTES..];
-                let mut want_sums = vec![0i64; nb];
-                for kk in 0..k.next_multiple_of(K_STEP) {
-                    let q = if kk < k { rs.quantize(row[kk]) } else { 0 };
-                    assert_eq!(value_at(steps, kk), q, "m={m} k={k} row {r} K value {kk}");
-                    if kk < k {
-                        want_sums[blocks.of_k(kk)] += i64::from(q);
-                    }
-                }
-                for (b, &want) in want_sums.iter().enumerate() {
-                    assert_eq!(
-                        sums[r * nb + b],
-                        want as f32,
-                        "m={m} k={k} row {r} block {b}"
-                    );
-                }
-            }
-        }
-    }
-
-    /// Every int4 integer kind (symmetric, zero points, act-order; bf16, f16 and f32 scales)
-    /// on ragged shapes equals the scalar twin bit for bit, whatever the thread split.
-    #[test]
-    fn integer_body_equals_its_scalar_twin_on_ragged_shapes() {
-        for (body, ks) in bodies() {
-            equals_the_twin_on_ragged_shapes(body, &ks);
-        }
-    }
-
-    fn equals_the_twin_on_ragged_shapes(body: &str, ks: &crate::KernelSet) {
-        let mut rng = SplitMix64::new(0x15b);
-        // (K, group size or channelwise, zero points, act-order)
-        let cases: [(usize, Option<usize>, bool, bool); 10] = [
-            (8, None, false, false),
-            (37, None, true, false),
-            (72, Some(32), false, false),
-            (100, Some(32), true, false),
-            (256, Some(128), false, true),
-            (200, Some(64), true, false),
-            (120, Some(40), false, false),
-            (2100, None, false, false),
-            (2304, Some(2048), true, true),
-            (4100, Some(128), true, false),
-        ];
-        for &(k, g, asym, perm) in &cases {
-            for &n in &[1usize, 17, 33] {
-                let w = weights(&mut rng, n, k, g, asym, perm);
-                for &m in &[0usize, 1, 2, 3, 5, 8, 9, 16, 65, 130] {
-                    if k > 1000 && m > 16 {
-                        continue;
-                    }
-                    let x: Vec<f32> = (0..m * k).map(|_| rng.normal() * 2.0).collect();
-                    let want = wna16_i15_reference(m, &x, &w);
-                    for par in [Par::Seq, Par::Rayon] {
-                        assert!(m == 0 || ks.wna16_int4_dot_for(&w, m).is_some());
-                        let mut got = vec![f32::NAN; m * n];
-                        crate::wna16_gemm(ks, m, &x, &w, &mut got, &mut GemmScratch::new(), par)
-                            .unwrap();
-                        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                            assert_eq!(
-                                a.to_bits(),
-                                b.to_bits(),
-                                "{body}: k={k} g={g:?} asym={asym} perm={perm} n={n} m={m} \
-                                 {par:?}: out[{i}] = {a}, want {b}"
-                            );
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Against the f32 definition: the only new error is each activation's rounding to its
-    /// 15-bit grid, at most half a step (`amax / 32766`) times the weight it meets, plus the
-    /// f32 sums' own rounding.
-    #[test]
-    fn integer_body_stays_within_the_grid_of_the_f32_definition() {
-        for (body, ks) in bodies() {
-            within_the_grid_of_the_f32_definition(body, &ks);
-        }
-    }
-
-    fn within_the_grid_of_the_f32_definition(body: &str, ks: &crate::KernelSet) {
-        let mut rng = SplitMix64::new(0x15c);
-        for &(k, g, asym) in &[
-            (256usize, Some(128usize), false),
-            (300, Some(32), true),
-            (2048, None, false),
-        ] {
-            let n = 40;
-            let w = weights(&mut rng, n, k, g, asym, false);
-            let dq = w.dequantize_f64();
-            for &m in &[1usize, 4, 9] {
-                let mut x: Vec<f32> = (0..m * k).map(|_| rng.normal()).collect();
-                // An outlier in the first row: the others' grid is finer.
-                x[3] = 40.0;
-                let mut got = vec![0f32; m * n];
-                crate::wna16_gemm(ks, m, &x, &w, &mut got, &mut GemmScratch::new(), Par::Seq)
-                    .unwrap();
-                for r in 0..m {
-                    let row = &x[r * k..][..k];
-                    let amax = row.iter().fold(0f32, |a, v| a.max(v.abs()));
-                    for c in 0..n {
-                        let b = f64::from(w.bias().unwrap()[c]);
-                        let (mut want, mut mag, mut wsum) = (b, b.abs(), 0f64);
-                        for kk in 0..k {
-                            let t = f64::from(row[kk]) * dq[c * k + kk];
-                            want += t;
-                            mag += t.abs();
-                            wsum += dq[c * k + kk].abs();
-                        }
-                        let grid = f64::from(amax) / 32766.0 * wsum;
-                        let got = f64::from(got[r * n + c]);
-                        assert!(
-                            (got - want).abs() <= grid + 1e-5 * mag,
-                            "{body}: k={k} g={g:?} m={m}: out[{r},{c}] = {got}, want {want} (grid {grid})"
-                        );
-                    }
-                }
-            }
-        }
-    }
-
-    /// A row holding a NaN or an infinity gives NaN outputs in that row only; an all-zero row
-    /// gives the bias; a row of tiny values keeps its precision.
-    #[test]
-    fn integer_body_rows_of_non_finite_zero_and_tiny_values() {
-        for (body, ks) in bodies() {
-            rows_of_non_finite_zero_and_tiny_values(body, &ks);
-        }
-    }
-
-    fn rows_of_non_finite_zero_and_tiny_values(body: &str, ks: &crate::KernelSet) {
-        let mut rng = SplitMix64::new(0x15d);
-        let (n, k, m) = (20usize, 96usize, 6usize);
-        let w = weights(&mut rng, n, k, Some(32), false, false);
-        let mut x = rng.vec_uniform(m * k, -1.0, 1.0);
-        x[k + 50] = f32::NAN;
-        x[2 * k + 7] = f32::INFINITY;
-        x[3 * k..4 * k].fill(0.0);
-        for v in &mut x[4 * k..5 * k] {
-            *v *= 1e-35;
-        }
-        let mut got = vec![0f32; m * n];
-        crate::wna16_gemm(ks, m, &x, &w, &mut got, &mut GemmScratch::new(), Par::Seq).unwrap();
-        let f32_def = crate::wna16_reference(m, &x, &w);
-        for (r, row) in got.chunks_exact(n).enumerate() {
-            assert_eq!(
-                row.iter().all(|v| v.is_nan()),
-                r == 1 || r == 2,
-                "{body}: row {r}: {row:?}"
-            );
-            if r == 3 {
-                assert_eq!(
-                    row,
-                    &w.bias().unwrap()[..n],
-                    "{body}: an all-zero row gives the bias"
-                );
-            }
-            if r == 4 {
-                let bias = w.bias().unwrap();
-                for c in 0..n {
-                    let (a, b) = (row[c] - bias[c], f32_def[r * n + c] - bias[c]);
-                    assert!(
-                        (a - b).abs() <= 1e-3 * b.abs() + 1e-40,
-                        "{body}: tiny row, channel {c}: {a:e} vs {b:e}"
-                    );
-                }
-            }
-        }
     }
 }

@@ -24,11 +24,12 @@ use std::ops::Range;
 use super::actquant::load8;
 use super::wna16::prefetch_ahead;
 use super::wna16::ymm::load_scales;
-use super::wna16_i15::{HEADER_BYTES, integer_body, read_header, write_header};
 use crate::dispatch::Int4Dot;
 use crate::packed::{PANEL, PackedWna16};
 use crate::wna16::{Int4DotJob, Int4DotLayout, Int4DotTileFn, run_row_blocks};
-use crate::wna16_i15::{Blocks, MAX_Q, RowScale};
+use crate::wna16_i15::{
+    Blocks, HEADER_BYTES, MAX_Q, RowScale, integer_body, read_header, write_header,
+};
 
 /// Rows per tile: 4 rows × 2 integer sums, a half step's 4 decoded code vectors and the
 /// broadcast activations fit the 16 registers.
@@ -333,7 +334,7 @@ pub(crate) fn kernel_set() -> Option<crate::KernelSet> {
 #[cfg(test)]
 mod tests {
     use super::{STEP_BYTES, byte_offset, kernel_set};
-    use crate::x86::wna16_i15::tests::check_fill_layout;
+    use crate::wna16_i15::tests::check_fill_layout;
 
     /// The layout holds each value's quantized integer as a 16-bit pair half at its place,
     /// the row's scale and post factor in the header, zeros past K, and each block's exact

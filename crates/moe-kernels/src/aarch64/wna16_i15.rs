@@ -1,0 +1,220 @@
+//! The WNA16 body for int4 integer codes on the dot-product rungs (`sdot`), with each row of
+//! activations quantized to 15-bit integers once per GEMM (the numerics of
+//! [`crate::wna16_i15`], which this body equals bit for bit, as the x86 integer bodies do).
+//!
+//! The NEON f32 body spends a shift pair, a conversion and an `fmla` per four codes; here one
+//! packed int4 step (8 K values of the panel's 16 channels, one channel per 32-bit lane,
+//! nibble `j` = K value `8s + j`) becomes `sdot` operands in two instructions per 16 bytes: an
+//! AND with `0x0F` per byte leaves the even K values of each channel (`8s + 0, 2, 4, 6`) as the
+//! lane's four bytes, a shift right by 4 per byte the odd ones. The codes stay unsigned
+//! (0..=15), which `sdot` reads as non-negative signed bytes. The activations come in the
+//! byte-split layout of [`crate::wna16_i15::fill_byte_split`] (the one the AVX-512 VNNI body
+//! uses): per step the high bytes of the even K values, of the odd ones, then the low bytes of
+//! both, four bytes each, one 16-byte load per row and step, each group picked by `sdot`'s
+//! lane index, so no broadcast is needed. Four `sdot` per channel vector and row do the step's
+//! products into two exact integer sums (`Σc·hi`, `Σc·lo`).
+//!
+//! Tiles cover a window of 8 channels (two vectors) of up to [`MR`] rows: 4 rows × 2 vectors ×
+//! 2 sums, the window's 4 decoded code vectors and the rows' activation vectors fit the 32
+//! registers; a single row keeps two chains per sum so that `sdot`'s latency does not bound
+//! it. At the end of each block (a scale group, or [`crate::wna16_i15::MAX_BLOCK`] K values
+//! of a longer one) the sums become `128·Σc·hi + Σc·lo` (exact), convert to f32 (`scvtf`),
+//! lose `z · Σq` in one fused multiply-subtract and are scaled into the row's accumulator with
+//! one fused multiply-add; the row's scale, post factor and the bias come last. Rows run in
+//! blocks of [`ROW_BLOCK`] over all of the call's panels.
+
+// Register arrays are indexed by row in lockstep; index loops read clearer than zips here.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::aarch64::*;
+use std::ops::Range;
+
+use super::asm::sdot_lane;
+use super::common::load_f32x4;
+use super::wna16::scale_lanes;
+use crate::dispatch::Int4Dot;
+use crate::packed::PANEL;
+use crate::wna16::{Int4DotJob, Int4DotTileFn, run_row_blocks};
+use crate::wna16_i15::{
+    Blocks, HEADER_BYTES, SPLIT_STEP_BYTES, fill_byte_split, integer_body, read_header,
+};
+use crate::wna16_tile::store_rows;
+
+/// Channels of one window of a panel.
+const WINDOW: usize = 8;
+
+/// Vectors of four channels per window.
+const NQ: usize = WINDOW / 4;
+
+/// Rows per tile.
+const MR: usize = 4;
+
+/// Rows that run over all of a call's panels before the next rows start.
+const ROW_BLOCK: usize = 64;
+
+/// The exact integer sums of one row over a window: per vector, `Σc·hi` and `Σc·lo`.
+type Sums = [[int32x4_t; NQ]; 2];
+
+/// Loads the window at channel `first` of one int4 step and splits its nibbles: the even K
+/// values (low nibbles) and the odd ones (high nibbles) of each vector's four channels.
+#[target_feature(enable = "neon")]
+#[inline]
+fn even_odd(step: &[u32; PANEL], first: usize) -> [[int8x16_t; NQ]; 2] {
+    let words = &step[first..first + WINDOW];
+    let low = vdupq_n_u8(0x0F);
+    let v: [uint8x16_t; NQ] = std::array::from_fn(|q| {
+        // SAFETY: words `4q..4q + 4` of the window are 16 readable bytes; `ld1` has no
+        // alignment requirement.
+        unsafe { vld1q_u8(words[4 * q..].as_ptr().cast()) }
+    });
+    [
+        v.map(|v| vreinterpretq_s8_u8(vandq_u8(v, low))),
+        v.map(|v| vreinterpretq_s8_u8(vshrq_n_u8::<4>(v))),
+    ]
+}
+
+/// Loads one step of a row's activations (the four 4-byte groups of the byte-split layout).
+#[target_feature(enable = "neon")]
+#[inline]
+fn load_acts(step: &[u8; SPLIT_STEP_BYTES]) -> int8x16_t {
+    // SAFETY: the reference covers 16 readable bytes; `ld1` has no alignment requirement.
+    unsafe { vld1q_s8(step.as_ptr().cast()) }
+}
+
+/// Rows `m0..m0 + R` of the window at channel `first` of panel `p`, `C` chains per sum.
+///
+/// # Safety
+/// - The CPU has the dot-product extension; the job satisfies
+///   [`crate::wna16::Int4DotPanelsFn`]'s contract for panel `p` with
+///   [`fill_byte_split`]'s layout, and `m0 + R ≤ job.m`.
+// Kept out of line: one function per instance, which `cargo xtask arm-cost` finds by name.
+#[target_feature(enable = "neon,dotprod")]
+#[inline(never)]
+unsafe fn window<const R: usize, const C: usize, const ASYM: bool>(
+    job: &Int4DotJob<'_>,
+    p: usize,
+    m0: usize,
+    first: usize,
+) {
+    let w = job.w;
+    let (ks, ng) = (w.k_steps(), w.n_groups());
+    let blocks = Blocks::of(w);
+    let nb = blocks.count(ng);
+    let (codes, _) = w.codes()[p * ks * PANEL..][..ks * PANEL].as_chunks::<PANEL>();
+    let rows: [&[u8]; R] =
+        std::array::from_fn(|r| &job.pairs[(m0 + r) * job.row_bytes..][..job.row_bytes]);
+    let acts: [&[[u8; SPLIT_STEP_BYTES]]; R] =
+        std::array::from_fn(|r| rows[r][HEADER_BYTES..].as_chunks().0);
+    let mut acc = [[vdupq_n_f32(0.0); NQ]; R];
+    for g in 0..ng {
+        let scale: [float32x4_t; NQ] = scale_lanes(w.scales(), (p * ng + g) * PANEL + first);
+        let zero: [float32x4_t; NQ] = if ASYM {
+            let z = w.group_zeros(p, g);
+            std::array::from_fn(|q| load_f32x4(&z[first + 4 * q..]))
+        } else {
+            [vdupq_n_f32(f32::from(w.symmetric_zero())); NQ]
+        };
+        for i in 0..blocks.per_group {
+            let steps = blocks.steps(g, i);
+            if steps.is_empty() {
+                continue;
+            }
+            let mut sums: [[Sums; R]; C] = [[[[vdupq_n_s32(0); NQ]; 2]; R]; C];
+            for s in steps {
+                let [even, odd] = even_odd(&codes[s], first);
+                for r in 0..R {
+                    let a = load_acts(&acts[r][s]);
+                    for q in 0..NQ {
+                        let [hi, lo] = &mut sums[0][r];
+                        hi[q] = sdot_lane::<0>(hi[q], even[q], a);
+                        lo[q] = sdot_lane::<2>(lo[q], even[q], a);
+                        let [hi, lo] = &mut sums[C - 1][r];
+                        hi[q] = sdot_lane::<1>(hi[q], odd[q], a);
+                        lo[q] = sdot_lane::<3>(lo[q], odd[q], a);
+                    }
+                }
+            }
+            let b = g * blocks.per_group + i;
+            for r in 0..R {
+                let xsum = vdupq_n_f32(job.group_sums[(m0 + r) * nb + b]);
+                for q in 0..NQ {
+                    let (mut h, mut l) = (sums[0][r][0][q], sums[0][r][1][q]);
+                    for c in 1..C {
+                        h = vaddq_s32(h, sums[c][r][0][q]);
+                        l = vaddq_s32(l, sums[c][r][1][q]);
+                    }
+                    let d = vaddq_s32(vshlq_n_s32::<7>(h), l);
+                    let t = vfmsq_f32(vcvtq_f32_s32(d), zero[q], xsum);
+                    acc[r][q] = vfmaq_f32(acc[r][q], t, scale[q]);
+                }
+            }
+        }
+    }
+    let mut out = [[0f32; WINDOW]; R];
+    for r in 0..R {
+        let (scale, post) = read_header(rows[r]);
+        for q in 0..NQ {
+            let y = vmulq_n_f32(vmulq_n_f32(acc[r][q], scale), post);
+            // SAFETY: lanes `4q..4q + 4` of the row are writable; `st1` has no alignment
+            // requirement.
+            unsafe { vst1q_f32(out[r][4 * q..].as_mut_ptr(), y) };
+        }
+    }
+    // SAFETY: rows `m0..m0 + R` of panel `p` are ours to write (our contract), and the window
+    // lies within the panel.
+    unsafe { store_rows(w, job.out, p, m0, first, &mut out) };
+}
+
+/// Rows `m0..m0 + R` of panel `p`, one window of channels after the other.
+///
+/// # Safety
+/// - As [`window`], for both windows of panel `p`.
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn tile<const R: usize, const C: usize, const ASYM: bool>(
+    job: &Int4DotJob<'_>,
+    p: usize,
+    m0: usize,
+) {
+    for first in (0..PANEL).step_by(WINDOW) {
+        // SAFETY: forwarded from our contract; `first` starts a window of the panel.
+        unsafe { window::<R, C, ASYM>(job, p, m0, first) };
+    }
+}
+
+/// The instance of [`tile`] for `rows` rows (1 to [`MR`]).
+fn tile_fn<const ASYM: bool>(rows: usize) -> Int4DotTileFn {
+    match rows {
+        1 => tile::<1, 2, ASYM>,
+        2 => tile::<2, 1, ASYM>,
+        3 => tile::<3, 1, ASYM>,
+        _ => tile::<MR, 1, ASYM>,
+    }
+}
+
+/// The entry (see [`crate::wna16::Int4DotPanelsFn`]): rows in blocks of [`ROW_BLOCK`], each
+/// block over `panels`, each panel in row tiles of up to [`MR`].
+///
+/// # Safety
+/// - As [`crate::wna16::Int4DotPanelsFn`], on a CPU with the dot-product extension,
+///   `job.pairs` and `job.group_sums` made by [`fill_byte_split`].
+unsafe fn entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
+    let tiles = [tile_fn::<false>, tile_fn::<true>];
+    // SAFETY: every instance is a tile of this module, which needs the features and the
+    // layout the caller vouches for, and each walked panel is one of the caller's.
+    unsafe { run_row_blocks(job, panels, ROW_BLOCK, MR, tiles) };
+}
+
+/// This body as a kernel set's int4 dot-product body at every row count, for int4 integer
+/// codes. Only for sets of a rung with the dot-product extension.
+pub(crate) fn body() -> Int4Dot {
+    let unit = "dotprod sdot on codes decoded in registers";
+    integer_body(unit, fill_byte_split, entry, 1, usize::MAX)
+}
+
+/// The dot-product rung's set with this body, where the CPU has the extension (tests).
+#[cfg(test)]
+pub(crate) fn kernel_set() -> Option<crate::KernelSet> {
+    let ks = super::kernel_set(crate::Isa::NeonDot)?;
+    ks.wna16_int4_dot_for(&crate::PackedWna16::int4_for_layout(8, 8, false), 1)
+        .map(|_| ks)
+}
