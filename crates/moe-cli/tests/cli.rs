@@ -28,8 +28,9 @@ fn cpu_json_names_the_selected_rung() {
 
 /// The integer body of int4 weight-only GEMMs (15-bit integer activations) is reported where
 /// it runs, and `MOE_KERNELS_WNA16_I15=0` or `MOE_KERNELS_BF16_DOT=0` takes it out of every
-/// rung (f32 products), while `MOE_KERNELS_WNA16_I15=1` puts it on every x86 SIMD rung, ahead
-/// of any bf16 body. The AVX2 and AVX-VNNI rungs run it by default.
+/// x86 rung (f32 products), while `MOE_KERNELS_WNA16_I15=1` puts it on every x86 SIMD rung,
+/// ahead of any bf16 body, and on the aarch64 dot-product rungs. The AVX2 and AVX-VNNI rungs
+/// run it by default, for int8 codes too.
 #[test]
 fn cpu_reports_the_integer_wna16_body_and_its_switches() {
     let wna16_lines = |env: &[(&str, &str)]| -> Vec<(String, String)> {
@@ -58,17 +59,39 @@ fn cpu_reports_the_integer_wna16_body_and_its_switches() {
         ("MOE_KERNELS_BF16_DOT", "0"),
     ] {
         for (isa, line) in wna16_lines(&[off]) {
-            assert!(!line.contains(INTEGER), "{off:?}, rung {isa}: {line}");
+            // The aarch64 rungs have no bf16 path to turn off.
+            let aarch64_dot =
+                off.0 == "MOE_KERNELS_BF16_DOT" && matches!(isa.as_str(), "dotprod" | "i8mm");
+            assert_eq!(
+                line.contains(INTEGER),
+                aarch64_dot,
+                "{off:?}, rung {isa}: {line}"
+            );
         }
     }
-    let x86_simd = |isa: &str| matches!(isa, "avx2" | "avx-vnni" | "avx512-vnni" | "amx");
+    let simd = |isa: &str| {
+        matches!(
+            isa,
+            "avx2" | "avx-vnni" | "avx512-vnni" | "amx" | "dotprod" | "i8mm"
+        )
+    };
     for (isa, line) in wna16_lines(&[("MOE_KERNELS_WNA16_I15", "1")]) {
-        assert_eq!(line.contains(INTEGER), x86_simd(&isa), "rung {isa}: {line}");
+        assert_eq!(line.contains(INTEGER), simd(&isa), "rung {isa}: {line}");
     }
-    // The 256-bit rungs have no bf16 path, so their integer body runs by default.
+    // The 256-bit rungs have no bf16 path, so their integer body runs by default, and it
+    // takes int8 codes there (FP8 codes stay on the f32 body).
     for (isa, line) in wna16_lines(&[]) {
         if matches!(isa.as_str(), "avx2" | "avx-vnni") {
             assert!(line.contains(INTEGER), "rung {isa}: {line}");
+            let (int8, fp8) = line
+                .split_once("; int8 codes: ")
+                .and_then(|(_, rest)| rest.split_once("; fp8 codes: "))
+                .unwrap_or_default();
+            assert!(int8.contains(INTEGER), "rung {isa}: {line}");
+            assert!(
+                !fp8.is_empty() && !fp8.contains(INTEGER),
+                "rung {isa}: {line}"
+            );
         }
     }
 }

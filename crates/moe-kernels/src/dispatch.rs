@@ -105,8 +105,8 @@ pub(crate) struct Bf16Tiles {
     pub(crate) tile_a: W4Bf16TileAFn,
 }
 
-/// A rung's WNA16 body for int4 codes on dot products with the codes decoded in registers or
-/// tiles: the activations laid out once per GEMM in the body's numerics (rounded to bf16, or
+/// A rung's WNA16 body for int4 codes (and, where it says so, int8 ones) on dot products with
+/// the codes decoded in registers or tiles: the activations laid out once per GEMM in the body's numerics (rounded to bf16, or
 /// quantized to 15-bit integers), exact code values, f32 sums per group.
 #[derive(Clone, Copy)]
 pub(crate) struct Int4Dot {
@@ -120,6 +120,9 @@ pub(crate) struct Int4Dot {
     pub(crate) min_m: usize,
     /// Rows from which it no longer runs (`usize::MAX`: none).
     pub(crate) max_m: usize,
+    /// Whether it also takes int8 codes (integer ones: `serves` says which), in their K-major
+    /// steps of four.
+    pub(crate) int8: bool,
     /// Which GEMMs of rows in `min_m..max_m` it takes: `serves(w, m)`.
     pub(crate) serves: fn(&PackedWna16, usize) -> bool,
     pub(crate) fill: Int4DotFillFn,
@@ -129,7 +132,8 @@ pub(crate) struct Int4Dot {
 impl Int4Dot {
     /// Whether it takes the GEMM of `m` rows on `w`.
     fn takes(&self, w: &PackedWna16, m: usize) -> bool {
-        w.bits() == 4 && (self.min_m..self.max_m).contains(&m) && (self.serves)(w, m)
+        let width = w.bits() == 4 || (self.int8 && w.bits() == 8);
+        width && (self.min_m..self.max_m).contains(&m) && (self.serves)(w, m)
     }
 
     /// Its rows, for reports: `from 8`, `below 8`, `from 1 below 8`, or nothing for all.
@@ -696,9 +700,21 @@ impl KernelSet {
         if dots.iter().all(|d| !d.codes.is_empty() || d.min_m > 1) {
             int4.push(format!("otherwise {f32_body}"));
         }
+        let int8: Vec<String> = dots
+            .iter()
+            .filter(|d| d.int8)
+            .map(|d| format!("{} ({}){}", d.unit, d.activations, d.rows_phrase()))
+            .collect();
+        if int8.is_empty() {
+            return format!(
+                "wna16_gemm: int4 codes: {}; int8 and fp8 codes: {rest}",
+                int4.join(", ")
+            );
+        }
         format!(
-            "wna16_gemm: int4 codes: {}; int8 and fp8 codes: {rest}",
-            int4.join(", ")
+            "wna16_gemm: int4 codes: {}; int8 codes: {}; fp8 codes: {rest}",
+            int4.join(", "),
+            int8.join(", ")
         )
     }
 

@@ -74,7 +74,7 @@ pub(crate) type Wna16PanelsFn = unsafe fn(&Wna16Job<'_>, Range<usize>);
     allow(dead_code)
 )]
 pub(crate) struct Int4DotJob<'a> {
-    /// The weights (4-bit codes).
+    /// The weights (4-bit codes, or 8-bit ones for a body that takes them).
     pub(crate) w: &'a PackedWna16,
     /// Rows.
     pub(crate) m: usize,

@@ -1,5 +1,6 @@
-//! WNA16 with 15-bit integer activations: the numerics of the integer dot-product body for int4
-//! codes, written once in plain Rust (the scalar twin that the SIMD body equals bit for bit).
+//! WNA16 with 15-bit integer activations: the numerics of the integer dot-product bodies for
+//! int4 codes (and, on the 256-bit x86 rungs, int8 ones), written once in plain Rust (the
+//! scalar twin that the SIMD bodies equal bit for bit).
 //!
 //! Each row of activations is quantized symmetrically to integers `q ∈ [−16383, 16383]`:
 //! `amax = max |x|`, `q = round_half_even(x · (16383 / amax))`, row scale `s = amax / 16383`.
@@ -10,12 +11,13 @@
 //! and every sum stays an exact integer.
 //!
 //! Per row, channel and block of K values (a scale group, or a run of at most [`MAX_BLOCK`] K
-//! values of a longer group, so that no integer sum can overflow and each activation sum is
-//! exact in f32):
+//! values of a longer group, [`MAX_BLOCK_INT8`] for int8 codes, so that no integer sum can
+//! overflow and each activation sum is exact in f32):
 //!
-//! - `d = Σ c·q` over the block, exactly, as `128·Σ c·hi + Σ c·lo`;
+//! - `d = Σ c·q` over the block, exactly (as `128·Σ c·hi + Σ c·lo` where the body splits the
+//!   activations in bytes);
 //! - `t = f32(d) − z·S`, one fused multiply-add, with `S = Σ q` over the block (exact in f32)
-//!   and `z` the zero point (8 for symmetric int4);
+//!   and `z` the zero point (8 for symmetric int4, 128 for symmetric int8);
 //! - `acc = t·scale_g + acc`, one fused multiply-add, blocks in ascending K order from 0;
 //!
 //! and the output is `(acc · s) · post + bias`, each a separate rounding, where `post` is 1
@@ -39,6 +41,10 @@ pub(crate) const MAX_Q: i32 = (1 << 14) - 1;
 /// below `2^24`, so each block's activation sum is exact in f32, and `128·Σ c·hi` stays far
 /// below `2^31`.
 pub(crate) const MAX_BLOCK: usize = 1024;
+
+/// [`MAX_BLOCK`] for int8 codes: `256 · 255 · 16383` stays below `2^31` however a body splits
+/// the sum (`128·Σ c·hi` too), with room to spare.
+pub(crate) const MAX_BLOCK_INT8: usize = 256;
 
 /// Rows whose largest magnitude is below this are scaled by [`TINY_LIFT`] before they are
 /// quantized, so that `16383 / amax` stays finite.
@@ -132,7 +138,12 @@ impl Blocks {
     /// The blocks of `w`.
     pub(crate) fn of(w: &PackedWna16) -> Self {
         let group = w.group_size().max(1);
-        let len = group.min(MAX_BLOCK);
+        let cap = if w.bits() == 8 {
+            MAX_BLOCK_INT8
+        } else {
+            MAX_BLOCK
+        };
+        let len = group.min(cap);
         Self {
             group,
             len,
@@ -181,13 +192,18 @@ impl Blocks {
     }
 }
 
-/// Whether the integer body can take `w`: int4 integer codes (not MXFP4's e2m1 values).
+/// Whether an integer body can take `w`: integer codes, int4 (not MXFP4's e2m1 values) or int8
+/// (not FP8's e4m3 values). Which widths a body takes is its own ([`Int4Dot::int8`]).
 #[cfg_attr(
     not(any(target_arch = "x86_64", target_arch = "aarch64")),
     allow(dead_code)
 )]
 pub(crate) fn serves(w: &PackedWna16) -> bool {
-    w.bits() == 4 && w.values() == Int4Values::Integer
+    match w.bits() {
+        4 => w.values() == Int4Values::Integer,
+        8 => !w.is_e4m3(),
+        _ => false,
+    }
 }
 
 /// The environment variable that chooses the integer bodies of int4 weight-only GEMMs: `1`
@@ -313,7 +329,8 @@ pub(crate) fn fill_byte_split(
 }
 
 /// A rung's integer body (its `fill` and `entry`, doing `unit`) as a kernel set's int4
-/// dot-product body, for GEMMs of `min_m` rows up to `max_m` (exclusive) on int4 integer codes.
+/// dot-product body, for GEMMs of `min_m` rows up to `max_m` (exclusive) on int4 integer codes
+/// and, with `int8`, int8 integer codes.
 #[cfg_attr(
     not(any(target_arch = "x86_64", target_arch = "aarch64")),
     allow(dead_code)
@@ -322,8 +339,8 @@ pub(crate) fn integer_body(
     unit: &'static str,
     fill: Int4DotFillFn,
     entry: Int4DotPanelsFn,
-    min_m: usize,
-    max_m: usize,
+    (min_m, max_m): (usize, usize),
+    int8: bool,
 ) -> Int4Dot {
     Int4Dot {
         unit,
@@ -331,6 +348,7 @@ pub(crate) fn integer_body(
         codes: " for integer codes",
         min_m,
         max_m,
+        int8,
         serves: |w, _| serves(w),
         fill,
         entry,
@@ -390,21 +408,26 @@ pub(crate) mod tests {
     use crate::packed::wna16::K_STEP;
     use crate::{GemmScratch, PackedWna16, Par, Wna16Desc, Wna16Scales};
 
-    /// Every integer body this CPU runs, each alone in its rung's set: they share the
-    /// numerics, so the same tests hold for each.
-    fn bodies() -> Vec<(&'static str, crate::KernelSet)> {
+    /// Every integer body this CPU runs, each alone in its rung's set, with the code widths
+    /// it takes (4, and 8 where it takes int8 codes): they share the numerics, so the same
+    /// tests hold for each.
+    fn bodies() -> Vec<(&'static str, crate::KernelSet, &'static [u32])> {
         #[cfg(target_arch = "x86_64")]
         let sets = [
-            ("avx512-vnni", crate::x86::wna16_i15::kernel_set()),
-            ("avx2", crate::x86::wna16_i15_avx2::kernel_set()),
+            ("avx512-vnni", crate::x86::wna16_i15::kernel_set(), &[4][..]),
+            (
+                "avx2",
+                crate::x86::wna16_i15_avx2::kernel_set(),
+                &[4, 8][..],
+            ),
         ];
         #[cfg(target_arch = "aarch64")]
-        let sets = [("dotprod", crate::aarch64::wna16_i15::kernel_set())];
+        let sets = [("dotprod", crate::aarch64::wna16_i15::kernel_set(), &[4][..])];
         #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-        let sets: [(&str, Option<crate::KernelSet>); 0] = [];
+        let sets: [(&str, Option<crate::KernelSet>, &[u32]); 0] = [];
         let found: Vec<_> = sets
             .into_iter()
-            .filter_map(|(name, ks)| Some((name, ks?)))
+            .filter_map(|(name, ks, bits)| Some((name, ks?, bits)))
             .collect();
         if found.is_empty() {
             eprintln!("note: no integer WNA16 body on this CPU");
@@ -412,17 +435,17 @@ pub(crate) mod tests {
         found
     }
 
-    /// Random int4 weights: `g` None is channelwise; scales of each 16-bit kind and f32.
+    /// Random weights of `bits`-bit integer codes: `g` None is channelwise; scales of each
+    /// 16-bit kind and f32.
     fn weights(
         rng: &mut SplitMix64,
-        n: usize,
-        k: usize,
+        (n, k, bits): (usize, usize, u32),
         g: Option<usize>,
         asym: bool,
         perm: bool,
     ) -> PackedWna16 {
         let groups = g.map_or(1, |g| k.div_ceil(g));
-        let codes: Vec<u8> = (0..n * k).map(|_| rng.below(16) as u8).collect();
+        let codes: Vec<u8> = (0..n * k).map(|_| rng.below(1 << bits) as u8).collect();
         let raw: Vec<f32> = (0..n * groups).map(|_| rng.uniform(0.005, 0.05)).collect();
         let (b, h): (Vec<bf16>, Vec<f16>) = (
             raw.iter().map(|&v| bf16::from_f32(v)).collect(),
@@ -433,7 +456,9 @@ pub(crate) mod tests {
             1 => Wna16Scales::F16(&h),
             _ => Wna16Scales::F32(&raw),
         };
-        let zeros: Vec<u8> = (0..n * groups).map(|_| rng.below(16) as u8).collect();
+        let zeros: Vec<u8> = (0..n * groups)
+            .map(|_| rng.below(1 << bits) as u8)
+            .collect();
         let bias = rng.vec_uniform(n, -1.0, 1.0);
         let mut order: Vec<u32> = (0..k as u32).collect();
         for i in (1..k).rev() {
@@ -442,7 +467,7 @@ pub(crate) mod tests {
         PackedWna16::pack(Wna16Desc {
             n,
             k,
-            bits: 4,
+            bits,
             codes: &codes,
             group_size: moe_quant::WeightGroups::from_group_size(g).unwrap(),
             scales,
@@ -530,19 +555,31 @@ pub(crate) mod tests {
         }
     }
 
-    /// Every int4 integer kind (symmetric, zero points, act-order; bf16, f16 and f32 scales)
-    /// on ragged shapes equals the scalar twin bit for bit, whatever the thread split.
+    /// Every integer kind of each width a body takes (symmetric, zero points, act-order;
+    /// bf16, f16 and f32 scales) on ragged shapes equals the scalar twin bit for bit, whatever
+    /// the thread split; a body that does not take int8 codes leaves them to the f32 body.
     #[test]
     fn integer_body_equals_its_scalar_twin_on_ragged_shapes() {
-        for (body, ks) in bodies() {
-            equals_the_twin_on_ragged_shapes(body, &ks);
+        for (body, ks, widths) in bodies() {
+            for bits in [4, 8] {
+                if widths.contains(&bits) {
+                    equals_the_twin_on_ragged_shapes(body, &ks, bits);
+                } else {
+                    let w = weights(&mut SplitMix64::new(8), (16, 64, 8), None, false, false);
+                    assert!(ks.wna16_int4_dot_for(&w, 4).is_none(), "{body} took int8");
+                }
+            }
         }
     }
 
-    fn equals_the_twin_on_ragged_shapes(body: &str, ks: &crate::KernelSet) {
+    fn equals_the_twin_on_ragged_shapes(body: &str, ks: &crate::KernelSet, bits: u32) {
         let mut rng = SplitMix64::new(0x15b);
-        // (K, group size or channelwise, zero points, act-order)
-        let cases: [(usize, Option<usize>, bool, bool); 10] = [
+        // (K, group size or channelwise, zero points, act-order): odd counts of int8 steps
+        // (K = 4, 12, 37), groups longer than an int8 block (512, channelwise 2100).
+        let cases: [(usize, Option<usize>, bool, bool); 13] = [
+            (4, None, false, false),
+            (12, None, true, false),
+            (520, Some(512), true, false),
             (8, None, false, false),
             (37, None, true, false),
             (72, Some(32), false, false),
@@ -556,7 +593,7 @@ pub(crate) mod tests {
         ];
         for &(k, g, asym, perm) in &cases {
             for &n in &[1usize, 17, 33] {
-                let w = weights(&mut rng, n, k, g, asym, perm);
+                let w = weights(&mut rng, (n, k, bits), g, asym, perm);
                 for &m in &[0usize, 1, 2, 3, 5, 8, 9, 16, 65, 130] {
                     if k > 1000 && m > 16 {
                         continue;
@@ -572,8 +609,8 @@ pub(crate) mod tests {
                             assert_eq!(
                                 a.to_bits(),
                                 b.to_bits(),
-                                "{body}: k={k} g={g:?} asym={asym} perm={perm} n={n} m={m} \
-                                 {par:?}: out[{i}] = {a}, want {b}"
+                                "{body}: int{bits} k={k} g={g:?} asym={asym} perm={perm} n={n} \
+                                 m={m} {par:?}: out[{i}] = {a}, want {b}"
                             );
                         }
                     }
@@ -587,12 +624,14 @@ pub(crate) mod tests {
     /// f32 sums' own rounding.
     #[test]
     fn integer_body_stays_within_the_grid_of_the_f32_definition() {
-        for (body, ks) in bodies() {
-            within_the_grid_of_the_f32_definition(body, &ks);
+        for (body, ks, widths) in bodies() {
+            for &bits in widths {
+                within_the_grid_of_the_f32_definition(body, &ks, bits);
+            }
         }
     }
 
-    fn within_the_grid_of_the_f32_definition(body: &str, ks: &crate::KernelSet) {
+    fn within_the_grid_of_the_f32_definition(body: &str, ks: &crate::KernelSet, bits: u32) {
         let mut rng = SplitMix64::new(0x15c);
         for &(k, g, asym) in &[
             (256usize, Some(128usize), false),
@@ -600,7 +639,7 @@ pub(crate) mod tests {
             (2048, None, false),
         ] {
             let n = 40;
-            let w = weights(&mut rng, n, k, g, asym, false);
+            let w = weights(&mut rng, (n, k, bits), g, asym, false);
             let dq = w.dequantize_f64();
             for &m in &[1usize, 4, 9] {
                 let mut x: Vec<f32> = (0..m * k).map(|_| rng.normal()).collect();
@@ -625,7 +664,46 @@ pub(crate) mod tests {
                         let got = f64::from(got[r * n + c]);
                         assert!(
                             (got - want).abs() <= grid + 1e-5 * mag,
-                            "{body}: k={k} g={g:?} m={m}: out[{r},{c}] = {got}, want {want} (grid {grid})"
+                            "{body}: int{bits} k={k} g={g:?} m={m}: out[{r},{c}] = {got}, \
+                             want {want} (grid {grid})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The largest codes against the largest activations over a long channelwise K (blocks
+    /// at the width's cap): the integer sums must not overflow.
+    #[test]
+    fn integer_sums_hold_the_largest_codes_and_activations() {
+        for (body, ks, widths) in bodies() {
+            for &bits in widths {
+                let (n, k) = (3usize, 4096usize);
+                let top = (1u32 << bits) - 1;
+                let w = PackedWna16::pack(Wna16Desc {
+                    n,
+                    k,
+                    bits,
+                    codes: &vec![top as u8; n * k],
+                    group_size: moe_quant::WeightGroups::Channelwise,
+                    scales: Wna16Scales::F32(&[0.5, -0.25, 1.0]),
+                    zeros: Some(&[0, 0, 0]),
+                    bias: None,
+                    perm: None,
+                })
+                .unwrap();
+                for sign in [1.0f32, -1.0] {
+                    let x = vec![sign * 3.0; 2 * k];
+                    let mut got = vec![0f32; 2 * n];
+                    crate::wna16_gemm(&ks, 2, &x, &w, &mut got, &mut GemmScratch::new(), Par::Seq)
+                        .unwrap();
+                    for (i, &v) in got.iter().enumerate() {
+                        let scale = [0.5f64, -0.25, 1.0][i % n];
+                        let want = f64::from(sign) * 3.0 * f64::from(top) * k as f64 * scale;
+                        assert!(
+                            (f64::from(v) - want).abs() <= 1e-5 * want.abs(),
+                            "{body}: int{bits} out[{i}] = {v}, want {want}"
                         );
                     }
                 }
@@ -637,15 +715,17 @@ pub(crate) mod tests {
     /// gives the bias; a row of tiny values keeps its precision.
     #[test]
     fn integer_body_rows_of_non_finite_zero_and_tiny_values() {
-        for (body, ks) in bodies() {
-            rows_of_non_finite_zero_and_tiny_values(body, &ks);
+        for (body, ks, widths) in bodies() {
+            for &bits in widths {
+                rows_of_non_finite_zero_and_tiny_values(body, &ks, bits);
+            }
         }
     }
 
-    fn rows_of_non_finite_zero_and_tiny_values(body: &str, ks: &crate::KernelSet) {
+    fn rows_of_non_finite_zero_and_tiny_values(body: &str, ks: &crate::KernelSet, bits: u32) {
         let mut rng = SplitMix64::new(0x15d);
         let (n, k, m) = (20usize, 96usize, 6usize);
-        let w = weights(&mut rng, n, k, Some(32), false, false);
+        let w = weights(&mut rng, (n, k, bits), Some(32), false, false);
         let mut x = rng.vec_uniform(m * k, -1.0, 1.0);
         x[k + 50] = f32::NAN;
         x[2 * k + 7] = f32::INFINITY;

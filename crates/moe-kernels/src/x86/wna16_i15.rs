@@ -412,7 +412,7 @@ pub(crate) unsafe fn entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
 /// `max_m` (exclusive) on int4 integer codes.
 pub(crate) fn body(min_m: usize, max_m: usize) -> Int4Dot {
     let unit = "avx512-vnni dot products on codes decoded in registers";
-    integer_body(unit, fill, entry, min_m, max_m)
+    integer_body(unit, fill, entry, (min_m, max_m), false)
 }
 
 /// The AVX-512 VNNI set with this body at every row count, where the CPU has AVX-512 VNNI

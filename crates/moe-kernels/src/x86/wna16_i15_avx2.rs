@@ -1,5 +1,5 @@
-//! The WNA16 body for int4 integer codes on AVX2 (`vpmaddwd`), with each row of activations
-//! quantized to 15-bit integers once per GEMM (the numerics of [`crate::wna16_i15`], which
+//! The WNA16 body for int4 and int8 integer codes on AVX2 (`vpmaddwd`), with each row of
+//! activations quantized to 15-bit integers once per GEMM (the numerics of [`crate::wna16_i15`], which
 //! this body equals bit for bit, as the AVX-512 VNNI body does).
 //!
 //! AVX2 multiplies bytes only through `vpmaddubsw`, whose 16-bit pair sums would need the
@@ -11,6 +11,14 @@
 //! four 32-bit words, `(q_j, q_{j+4})` for `j = 0..4` ([`fill`]), each broadcast to all lanes,
 //! so four `vpmaddwd` per half and row do the step's 64 multiply-adds of that half into
 //! integer sums, which the block's end turns into f32 exactly as the scalar twin does.
+//!
+//! int8 codes are packed K-major, four K values per step, each the 16 channels' bytes
+//! ([`tile8`]): the two steps of an activation step's 8 K values hold K value `j` and `j + 4`
+//! in their rows `j`, so interleaving those two rows byte by byte (`vpunpcklbw`/`vpunpckhbw`)
+//! and widening to 16 bits (`vpmovzxbw`) puts codes `(c_j, c_{j+4})` of a channel in each
+//! 32-bit lane, against the same activation word as the int4 codes: four instructions per 32
+//! codes, and `|c·q| ≤ 255·16383` keeps the pair sums and a block's sum of at most
+//! [`crate::wna16_i15::MAX_BLOCK_INT8`] K values exact in 32 bits.
 //!
 //! Rows run in blocks of [`ROW_BLOCK`] over all of the call's panels, each panel in tiles of
 //! up to [`MR`] rows: the codes a step decodes serve every row of the tile.
@@ -25,6 +33,7 @@ use super::actquant::load8;
 use super::wna16::prefetch_ahead;
 use super::wna16::ymm::load_scales;
 use crate::dispatch::Int4Dot;
+use crate::packed::wna16::{K_STEP, K_STEP8};
 use crate::packed::{PANEL, PackedWna16};
 use crate::wna16::{Int4DotJob, Int4DotLayout, Int4DotTileFn, run_row_blocks};
 use crate::wna16_i15::{
@@ -63,7 +72,8 @@ pub(crate) unsafe fn fill(
     sums: &mut Vec<f32>,
     dst: &mut Vec<u8>,
 ) -> Int4DotLayout {
-    let (k, ks) = (w.k(), w.k_steps());
+    // Steps of 8 K values whatever the codes' width (two int8 steps each).
+    let (k, ks) = (w.k(), w.k().div_ceil(K_STEP));
     let blocks = Blocks::of(w);
     let nb = blocks.count(w.n_groups());
     let row_bytes = HEADER_BYTES + ks * STEP_BYTES;
@@ -289,6 +299,115 @@ unsafe fn tile<const R: usize, const ASYM: bool>(job: &Int4DotJob<'_>, p: usize,
     unsafe { crate::wna16_tile::store_rows(w, job.out, p, m0, 0, &mut out) };
 }
 
+/// Codes of K values `j` (low 16 bits) and `j + 4` (high 16 bits) of each channel, as two
+/// vectors of 8 channels, from int8 steps `first` and `second` (none past the end of K).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn int8_pairs(first: &[u32; PANEL], second: Option<&[u32; PANEL]>, j: usize) -> [__m256i; 2] {
+    let row = |step: &[u32; PANEL]| {
+        let bytes: &[u32; 4] = step[4 * j..4 * j + 4].try_into().expect("16 bytes");
+        // SAFETY: the reference covers 16 readable bytes; the load is unaligned.
+        unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) }
+    };
+    let a = row(first);
+    let b = second.map_or(_mm_setzero_si128(), row);
+    [
+        _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b)),
+        _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(a, b)),
+    ]
+}
+
+/// [`tile`] for int8 codes: each activation step's 8 K values from two int8 steps (the
+/// second absent at the end of an odd count of them).
+///
+/// # Safety
+/// - As [`tile`], for int8 integer codes.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile8<const R: usize, const ASYM: bool>(job: &Int4DotJob<'_>, p: usize, m0: usize) {
+    let w = job.w;
+    let (ks, ng) = (w.k_steps(), w.n_groups());
+    debug_assert_eq!(ks, w.k().div_ceil(K_STEP8));
+    let blocks = Blocks::of(w);
+    let nb = blocks.count(ng);
+    let (codes, _) = w.codes()[p * ks * PANEL..][..ks * PANEL].as_chunks::<PANEL>();
+    let rows: [&[u8]; R] =
+        std::array::from_fn(|r| &job.pairs[(m0 + r) * job.row_bytes..][..job.row_bytes]);
+    let acts: [&[[u8; STEP_BYTES]]; R] =
+        std::array::from_fn(|r| rows[r][HEADER_BYTES..].as_chunks().0);
+    let zeros = w
+        .zeros()
+        .map(|z| z[p * ng * PANEL..][..ng * PANEL].as_chunks::<PANEL>().0);
+    let symmetric = [_mm256_set1_ps(f32::from(w.symmetric_zero())); 2];
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    for g in 0..ng {
+        let scale = load_scales(w, p, g, 0);
+        let zero = match zeros {
+            Some(z) if ASYM => load_zeros(&z[g]),
+            _ => symmetric,
+        };
+        for i in 0..blocks.per_group {
+            let steps = blocks.steps(g, i);
+            if steps.is_empty() {
+                continue;
+            }
+            let mut sum = [[_mm256_setzero_si256(); 2]; R];
+            for s in steps {
+                let (first, second) = (&codes[2 * s], codes.get(2 * s + 1));
+                // Both steps' lines: the pair is two cache lines of the stream.
+                prefetch_ahead(first);
+                if let Some(second) = second {
+                    prefetch_ahead(second);
+                }
+                let mut part = [[_mm256_setzero_si256(); 2]; R];
+                for j in 0..K_STEP8 {
+                    let c = int8_pairs(first, second, j);
+                    for r in 0..R {
+                        let a = broadcast_word(&acts[r][s], j);
+                        for h in 0..2 {
+                            part[r][h] = _mm256_add_epi32(part[r][h], _mm256_madd_epi16(c[h], a));
+                        }
+                    }
+                }
+                for r in 0..R {
+                    for h in 0..2 {
+                        sum[r][h] = _mm256_add_epi32(sum[r][h], part[r][h]);
+                    }
+                }
+            }
+            let b = g * blocks.per_group + i;
+            for r in 0..R {
+                let xsum = _mm256_set1_ps(job.group_sums[(m0 + r) * nb + b]);
+                for h in 0..2 {
+                    let t = _mm256_fnmadd_ps(zero[h], xsum, _mm256_cvtepi32_ps(sum[r][h]));
+                    acc[r][h] = _mm256_fmadd_ps(t, scale[h], acc[r][h]);
+                }
+            }
+        }
+    }
+    let mut out = [[0f32; PANEL]; R];
+    for r in 0..R {
+        let (s, post) = read_header(rows[r]);
+        for h in 0..2 {
+            let scaled = _mm256_mul_ps(acc[r][h], _mm256_set1_ps(s));
+            let v = _mm256_mul_ps(scaled, _mm256_set1_ps(post));
+            // SAFETY: `out[r]` holds 16 f32, of which this writes 8 from `8h` (h < 2).
+            unsafe { _mm256_storeu_ps(out[r][8 * h..].as_mut_ptr(), v) };
+        }
+    }
+    // SAFETY: rows `m0..m0 + R` of panel `p` are ours to write (our contract).
+    unsafe { crate::wna16_tile::store_rows(w, job.out, p, m0, 0, &mut out) };
+}
+
+/// The instance of [`tile8`] for `rows` rows (1 to [`MR`]).
+fn tile8_fn<const ASYM: bool>(rows: usize) -> Int4DotTileFn {
+    match rows {
+        1 => tile8::<1, ASYM>,
+        2 => tile8::<2, ASYM>,
+        3 => tile8::<3, ASYM>,
+        _ => tile8::<MR, ASYM>,
+    }
+}
+
 /// The instance of [`tile`] for `rows` rows (1 to [`MR`]).
 fn tile_fn<const ASYM: bool>(rows: usize) -> Int4DotTileFn {
     match rows {
@@ -300,23 +419,27 @@ fn tile_fn<const ASYM: bool>(rows: usize) -> Int4DotTileFn {
 }
 
 /// The entry (see [`crate::wna16::Int4DotPanelsFn`]): rows in blocks of [`ROW_BLOCK`], each
-/// block over `panels` in row tiles of up to [`MR`].
+/// block over `panels` in row tiles of up to [`MR`] ([`tile8`] for int8 codes).
 ///
 /// # Safety
 /// - As [`crate::wna16::Int4DotPanelsFn`], on a CPU with AVX2, FMA and F16C, `job.pairs` and
 ///   `job.group_sums` made by this module's [`fill`].
 pub(crate) unsafe fn entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
-    let tiles = [tile_fn::<false>, tile_fn::<true>];
+    let tiles = if job.w.bits() == 8 {
+        [tile8_fn::<false>, tile8_fn::<true>]
+    } else {
+        [tile_fn::<false>, tile_fn::<true>]
+    };
     // SAFETY: every instance is a tile of this module, which needs the features and the
     // layout the caller vouches for, on rows and panels of the caller's.
     unsafe { run_row_blocks(job, panels, ROW_BLOCK, MR, tiles) };
 }
 
 /// This body as a kernel set's int4 dot-product body, for GEMMs of `min_m` rows up to
-/// `max_m` (exclusive) on int4 integer codes.
+/// `max_m` (exclusive) on int4 and int8 integer codes.
 pub(crate) fn body(min_m: usize, max_m: usize) -> Int4Dot {
     let unit = "avx2 16-bit dot products on codes decoded in registers";
-    integer_body(unit, fill, entry, min_m, max_m)
+    integer_body(unit, fill, entry, (min_m, max_m), true)
 }
 
 /// The AVX2 set with this body at every row count, where the CPU has AVX2, FMA and F16C

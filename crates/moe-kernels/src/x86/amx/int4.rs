@@ -57,6 +57,7 @@ pub(crate) fn body(min_m: usize, entry: crate::wna16::Int4DotPanelsFn) -> Int4Do
         codes: "",
         min_m,
         max_m: usize::MAX,
+        int8: false,
         serves,
         fill,
         entry,
