@@ -267,6 +267,60 @@ pub(crate) fn read_header(row: &[u8]) -> (f32, f32) {
     (at(0), at(4))
 }
 
+/// The sizes of a fill's layout: the blocks of `w`'s K, their count per row, and the bytes per
+/// row ([`HEADER_BYTES`] and `step_bytes` per step of 8 K values).
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+pub(crate) struct RowLayout {
+    pub(crate) blocks: Blocks,
+    pub(crate) nb: usize,
+    pub(crate) row_bytes: usize,
+}
+
+impl RowLayout {
+    /// The layout of `m` rows of `w` with `step_bytes` per step: grows `dst` to hold them and
+    /// sets `sums` to `m` rows of zeroed block sums.
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
+    pub(crate) fn prepare(
+        w: &PackedWna16,
+        m: usize,
+        step_bytes: usize,
+        sums: &mut Vec<f32>,
+        dst: &mut Vec<u8>,
+    ) -> Self {
+        let blocks = Blocks::of(w);
+        let nb = blocks.count(w.n_groups());
+        let row_bytes = HEADER_BYTES + w.k().div_ceil(K_STEP) * step_bytes;
+        if dst.len() < m * row_bytes {
+            dst.resize(m * row_bytes, 0);
+        }
+        sums.clear();
+        sums.resize(m * nb, 0.0);
+        Self {
+            blocks,
+            nb,
+            row_bytes,
+        }
+    }
+
+    /// Where `m` rows of it lie in the buffer.
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
+    pub(crate) fn of_rows(&self, m: usize) -> Int4DotLayout {
+        Int4DotLayout {
+            len: m * self.row_bytes,
+            row_bytes: self.row_bytes,
+        }
+    }
+}
+
 /// Where K value `kk` of a row lies in the byte-split layout, in bytes from its first step:
 /// per step of 8 K values, the high bytes of K values `8s + 0, 2, 4, 6`, of `8s + 1, 3, 5, 7`,
 /// then the low bytes of both, four bytes each.
@@ -291,16 +345,10 @@ pub(crate) fn fill_byte_split(
     sums: &mut Vec<f32>,
     dst: &mut Vec<u8>,
 ) -> Int4DotLayout {
-    let (k, ks) = (w.k(), w.k_steps());
-    let blocks = Blocks::of(w);
-    let nb = blocks.count(w.n_groups());
-    let row_bytes = HEADER_BYTES + ks * SPLIT_STEP_BYTES;
-    if dst.len() < m * row_bytes {
-        dst.resize(m * row_bytes, 0);
-    }
-    sums.clear();
-    sums.resize(m * nb, 0.0);
-    for (r, out) in dst.chunks_exact_mut(row_bytes).take(m).enumerate() {
+    let k = w.k();
+    let layout = RowLayout::prepare(w, m, SPLIT_STEP_BYTES, sums, dst);
+    let (blocks, nb) = (layout.blocks, layout.nb);
+    for (r, out) in dst.chunks_exact_mut(layout.row_bytes).take(m).enumerate() {
         let row = &x[r * k..][..k];
         let rs = RowScale::of_row(row);
         let (head, steps) = out.split_at_mut(HEADER_BYTES);
@@ -322,10 +370,7 @@ pub(crate) fn fill_byte_split(
             }
         }
     }
-    Int4DotLayout {
-        len: m * row_bytes,
-        row_bytes,
-    }
+    layout.of_rows(m)
 }
 
 /// A rung's integer body (its `fill` and `entry`, doing `unit`) as a kernel set's int4

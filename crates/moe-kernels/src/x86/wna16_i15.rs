@@ -34,7 +34,7 @@ use crate::dispatch::Int4Dot;
 use crate::packed::{PANEL, PackedWna16};
 use crate::wna16::{Int4DotJob, Int4DotLayout, Int4DotTileFn, run_row_blocks};
 use crate::wna16_i15::{
-    Blocks, HEADER_BYTES, MAX_Q, RowScale, integer_body, read_header, write_header,
+    Blocks, HEADER_BYTES, MAX_Q, RowLayout, RowScale, integer_body, read_header, write_header,
 };
 
 /// Rows per tile: 8 rows × 2 integer sums and an f32 accumulator each leave room for the
@@ -85,15 +85,9 @@ pub(crate) unsafe fn fill(
     sums: &mut Vec<f32>,
     dst: &mut Vec<u8>,
 ) -> Int4DotLayout {
-    let (k, ks) = (w.k(), w.k_steps());
-    let blocks = Blocks::of(w);
-    let nb = blocks.count(w.n_groups());
-    let row_bytes = HEADER_BYTES + ks * STEP_BYTES;
-    if dst.len() < m * row_bytes {
-        dst.resize(m * row_bytes, 0);
-    }
-    sums.clear();
-    sums.resize(m * nb, 0.0);
+    let k = w.k();
+    let layout = RowLayout::prepare(w, m, STEP_BYTES, sums, dst);
+    let (blocks, nb, row_bytes) = (layout.blocks, layout.nb, layout.row_bytes);
     for ((row, out), row_sums) in x
         .chunks_exact(k)
         .zip(dst.chunks_exact_mut(row_bytes))
@@ -128,10 +122,7 @@ pub(crate) unsafe fn fill(
             row_sums[block] = _mm512_reduce_add_epi32(sum) as f32;
         }
     }
-    Int4DotLayout {
-        len: m * row_bytes,
-        row_bytes,
-    }
+    layout.of_rows(m)
 }
 
 /// The largest magnitude of `row`, NaN when it holds a NaN or an infinity.

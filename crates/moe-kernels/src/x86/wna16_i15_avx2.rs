@@ -13,7 +13,7 @@
 //! integer sums, which the block's end turns into f32 exactly as the scalar twin does.
 //!
 //! int8 codes are packed K-major, four K values per step, each the 16 channels' bytes
-//! ([`tile8`]): the two steps of an activation step's 8 K values hold K value `j` and `j + 4`
+//! ([`int8_step`]): the two steps of an activation step's 8 K values hold K value `j` and `j + 4`
 //! in their rows `j`, so interleaving those two rows byte by byte (`vpunpcklbw`/`vpunpckhbw`)
 //! and widening to 16 bits (`vpmovzxbw`) puts codes `(c_j, c_{j+4})` of a channel in each
 //! 32-bit lane, against the same activation word as the int4 codes: four instructions per 32
@@ -33,11 +33,11 @@ use super::actquant::load8;
 use super::wna16::prefetch_ahead;
 use super::wna16::ymm::load_scales;
 use crate::dispatch::Int4Dot;
-use crate::packed::wna16::{K_STEP, K_STEP8};
+use crate::packed::wna16::K_STEP8;
 use crate::packed::{PANEL, PackedWna16};
 use crate::wna16::{Int4DotJob, Int4DotLayout, Int4DotTileFn, run_row_blocks};
 use crate::wna16_i15::{
-    Blocks, HEADER_BYTES, MAX_Q, RowScale, integer_body, read_header, write_header,
+    Blocks, HEADER_BYTES, MAX_Q, RowLayout, RowScale, integer_body, read_header, write_header,
 };
 
 /// Rows per tile: 4 rows × 2 integer sums, a half step's 4 decoded code vectors and the
@@ -73,15 +73,9 @@ pub(crate) unsafe fn fill(
     dst: &mut Vec<u8>,
 ) -> Int4DotLayout {
     // Steps of 8 K values whatever the codes' width (two int8 steps each).
-    let (k, ks) = (w.k(), w.k().div_ceil(K_STEP));
-    let blocks = Blocks::of(w);
-    let nb = blocks.count(w.n_groups());
-    let row_bytes = HEADER_BYTES + ks * STEP_BYTES;
-    if dst.len() < m * row_bytes {
-        dst.resize(m * row_bytes, 0);
-    }
-    sums.clear();
-    sums.resize(m * nb, 0.0);
+    let k = w.k();
+    let layout = RowLayout::prepare(w, m, STEP_BYTES, sums, dst);
+    let (blocks, nb, row_bytes) = (layout.blocks, layout.nb, layout.row_bytes);
     for ((row, out), row_sums) in x
         .chunks_exact(k)
         .zip(dst.chunks_exact_mut(row_bytes))
@@ -108,10 +102,7 @@ pub(crate) unsafe fn fill(
             row_sums[block] = sum_lanes(sum) as f32;
         }
     }
-    Int4DotLayout {
-        len: m * row_bytes,
-        row_bytes,
-    }
+    layout.of_rows(m)
 }
 
 /// Values `lo..lo + 8` of `row`, zeros past its end.
@@ -217,86 +208,37 @@ fn load_zeros(z: &[u8; PANEL]) -> [__m256; 2] {
     ]
 }
 
-/// Rows `m0..m0 + R` of panel `p` (see the module docs).
-///
-/// # Safety
-/// - The CPU has AVX2, FMA and F16C; the job satisfies [`crate::wna16::Int4DotPanelsFn`]'s
-///   contract for panel `p` with this module's [`fill`], and `m0 + R ≤ job.m`.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile<const R: usize, const ASYM: bool>(job: &Int4DotJob<'_>, p: usize, m0: usize) {
-    let w = job.w;
-    let (ks, ng) = (w.k_steps(), w.n_groups());
-    let blocks = Blocks::of(w);
-    let nb = blocks.count(ng);
-    let (codes, _) = w.codes()[p * ks * PANEL..][..ks * PANEL].as_chunks::<PANEL>();
-    let rows: [&[u8]; R] =
-        std::array::from_fn(|r| &job.pairs[(m0 + r) * job.row_bytes..][..job.row_bytes]);
-    let acts: [&[[u8; STEP_BYTES]]; R] =
-        std::array::from_fn(|r| rows[r][HEADER_BYTES..].as_chunks().0);
+/// Adds an int4 step's products to the rows' integer sums: per half of the panel, the step's
+/// four code pairs (a shift by `4j` and an AND with `0x000F000F`) against the four words.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn int4_step<const R: usize>(
+    step: &[u32; PANEL],
+    acts: [&[u8; STEP_BYTES]; R],
+    sum: &mut [[__m256i; 2]; R],
+) {
     let pair_mask = _mm256_set1_epi32(0x000F_000F);
-    let zeros = w
-        .zeros()
-        .map(|z| z[p * ng * PANEL..][..ng * PANEL].as_chunks::<PANEL>().0);
-    let symmetric = [_mm256_set1_ps(f32::from(w.symmetric_zero())); 2];
-    let mut acc = [[_mm256_setzero_ps(); 2]; R];
-    for g in 0..ng {
-        let scale = load_scales(w, p, g, 0);
-        let zero = match zeros {
-            Some(z) if ASYM => load_zeros(&z[g]),
-            _ => symmetric,
-        };
-        for i in 0..blocks.per_group {
-            let steps = blocks.steps(g, i);
-            if steps.is_empty() {
-                continue;
-            }
-            let mut sum = [[_mm256_setzero_si256(); 2]; R];
-            for s in steps {
-                prefetch_ahead(&codes[s]);
-                for h in 0..2 {
-                    let v = load_half(&codes[s], h);
-                    let c = [
-                        _mm256_and_si256(v, pair_mask),
-                        _mm256_and_si256(_mm256_srli_epi32::<4>(v), pair_mask),
-                        _mm256_and_si256(_mm256_srli_epi32::<8>(v), pair_mask),
-                        _mm256_and_si256(_mm256_srli_epi32::<12>(v), pair_mask),
-                    ];
-                    for r in 0..R {
-                        let a = &acts[r][s];
-                        let d01 = _mm256_add_epi32(
-                            _mm256_madd_epi16(c[0], broadcast_word(a, 0)),
-                            _mm256_madd_epi16(c[1], broadcast_word(a, 1)),
-                        );
-                        let d23 = _mm256_add_epi32(
-                            _mm256_madd_epi16(c[2], broadcast_word(a, 2)),
-                            _mm256_madd_epi16(c[3], broadcast_word(a, 3)),
-                        );
-                        sum[r][h] = _mm256_add_epi32(sum[r][h], _mm256_add_epi32(d01, d23));
-                    }
-                }
-            }
-            let b = g * blocks.per_group + i;
-            for r in 0..R {
-                let xsum = _mm256_set1_ps(job.group_sums[(m0 + r) * nb + b]);
-                for h in 0..2 {
-                    let t = _mm256_fnmadd_ps(zero[h], xsum, _mm256_cvtepi32_ps(sum[r][h]));
-                    acc[r][h] = _mm256_fmadd_ps(t, scale[h], acc[r][h]);
-                }
-            }
+    for h in 0..2 {
+        let v = load_half(step, h);
+        let c = [
+            _mm256_and_si256(v, pair_mask),
+            _mm256_and_si256(_mm256_srli_epi32::<4>(v), pair_mask),
+            _mm256_and_si256(_mm256_srli_epi32::<8>(v), pair_mask),
+            _mm256_and_si256(_mm256_srli_epi32::<12>(v), pair_mask),
+        ];
+        for r in 0..R {
+            let a = acts[r];
+            let d01 = _mm256_add_epi32(
+                _mm256_madd_epi16(c[0], broadcast_word(a, 0)),
+                _mm256_madd_epi16(c[1], broadcast_word(a, 1)),
+            );
+            let d23 = _mm256_add_epi32(
+                _mm256_madd_epi16(c[2], broadcast_word(a, 2)),
+                _mm256_madd_epi16(c[3], broadcast_word(a, 3)),
+            );
+            sum[r][h] = _mm256_add_epi32(sum[r][h], _mm256_add_epi32(d01, d23));
         }
     }
-    let mut out = [[0f32; PANEL]; R];
-    for r in 0..R {
-        let (s, post) = read_header(rows[r]);
-        for h in 0..2 {
-            let scaled = _mm256_mul_ps(acc[r][h], _mm256_set1_ps(s));
-            let v = _mm256_mul_ps(scaled, _mm256_set1_ps(post));
-            // SAFETY: `out[r]` holds 16 f32, of which this writes 8 from `8h` (h < 2).
-            unsafe { _mm256_storeu_ps(out[r][8 * h..].as_mut_ptr(), v) };
-        }
-    }
-    // SAFETY: rows `m0..m0 + R` of panel `p` are ours to write (our contract).
-    unsafe { crate::wna16_tile::store_rows(w, job.out, p, m0, 0, &mut out) };
 }
 
 /// Codes of K values `j` (low 16 bits) and `j + 4` (high 16 bits) of each channel, as two
@@ -317,16 +259,52 @@ fn int8_pairs(first: &[u32; PANEL], second: Option<&[u32; PANEL]>, j: usize) -> 
     ]
 }
 
-/// [`tile`] for int8 codes: each activation step's 8 K values from two int8 steps (the
-/// second absent at the end of an odd count of them).
+/// Adds the products of two int8 steps (an activation step's 8 K values; `second` absent at
+/// the end of an odd count of them) to the rows' integer sums.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn int8_step<const R: usize>(
+    first: &[u32; PANEL],
+    second: Option<&[u32; PANEL]>,
+    acts: [&[u8; STEP_BYTES]; R],
+    sum: &mut [[__m256i; 2]; R],
+) {
+    // Both steps' lines: the pair is two cache lines of the stream.
+    prefetch_ahead(first);
+    if let Some(second) = second {
+        prefetch_ahead(second);
+    }
+    let mut part = [[_mm256_setzero_si256(); 2]; R];
+    for j in 0..K_STEP8 {
+        let c = int8_pairs(first, second, j);
+        for r in 0..R {
+            let a = broadcast_word(acts[r], j);
+            for h in 0..2 {
+                part[r][h] = _mm256_add_epi32(part[r][h], _mm256_madd_epi16(c[h], a));
+            }
+        }
+    }
+    for r in 0..R {
+        for h in 0..2 {
+            sum[r][h] = _mm256_add_epi32(sum[r][h], part[r][h]);
+        }
+    }
+}
+
+/// Rows `m0..m0 + R` of panel `p` (see the module docs), for `BITS`-bit codes (4 or 8).
 ///
 /// # Safety
-/// - As [`tile`], for int8 integer codes.
+/// - The CPU has AVX2, FMA and F16C; the job satisfies [`crate::wna16::Int4DotPanelsFn`]'s
+///   contract for panel `p` with this module's [`fill`], its codes are `BITS` wide, and
+///   `m0 + R ≤ job.m`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile8<const R: usize, const ASYM: bool>(job: &Int4DotJob<'_>, p: usize, m0: usize) {
+unsafe fn tile<const R: usize, const BITS: u32, const ASYM: bool>(
+    job: &Int4DotJob<'_>,
+    p: usize,
+    m0: usize,
+) {
     let w = job.w;
     let (ks, ng) = (w.k_steps(), w.n_groups());
-    debug_assert_eq!(ks, w.k().div_ceil(K_STEP8));
     let blocks = Blocks::of(w);
     let nb = blocks.count(ng);
     let (codes, _) = w.codes()[p * ks * PANEL..][..ks * PANEL].as_chunks::<PANEL>();
@@ -352,26 +330,12 @@ unsafe fn tile8<const R: usize, const ASYM: bool>(job: &Int4DotJob<'_>, p: usize
             }
             let mut sum = [[_mm256_setzero_si256(); 2]; R];
             for s in steps {
-                let (first, second) = (&codes[2 * s], codes.get(2 * s + 1));
-                // Both steps' lines: the pair is two cache lines of the stream.
-                prefetch_ahead(first);
-                if let Some(second) = second {
-                    prefetch_ahead(second);
-                }
-                let mut part = [[_mm256_setzero_si256(); 2]; R];
-                for j in 0..K_STEP8 {
-                    let c = int8_pairs(first, second, j);
-                    for r in 0..R {
-                        let a = broadcast_word(&acts[r][s], j);
-                        for h in 0..2 {
-                            part[r][h] = _mm256_add_epi32(part[r][h], _mm256_madd_epi16(c[h], a));
-                        }
-                    }
-                }
-                for r in 0..R {
-                    for h in 0..2 {
-                        sum[r][h] = _mm256_add_epi32(sum[r][h], part[r][h]);
-                    }
+                let a: [&[u8; STEP_BYTES]; R] = std::array::from_fn(|r| &acts[r][s]);
+                if BITS == 8 {
+                    int8_step(&codes[2 * s], codes.get(2 * s + 1), a, &mut sum);
+                } else {
+                    prefetch_ahead(&codes[s]);
+                    int4_step(&codes[s], a, &mut sum);
                 }
             }
             let b = g * blocks.per_group + i;
@@ -398,37 +362,27 @@ unsafe fn tile8<const R: usize, const ASYM: bool>(job: &Int4DotJob<'_>, p: usize
     unsafe { crate::wna16_tile::store_rows(w, job.out, p, m0, 0, &mut out) };
 }
 
-/// The instance of [`tile8`] for `rows` rows (1 to [`MR`]).
-fn tile8_fn<const ASYM: bool>(rows: usize) -> Int4DotTileFn {
+/// The instance of [`tile`] for `rows` rows (1 to [`MR`]) and `BITS`-bit codes.
+fn tile_fn<const BITS: u32, const ASYM: bool>(rows: usize) -> Int4DotTileFn {
     match rows {
-        1 => tile8::<1, ASYM>,
-        2 => tile8::<2, ASYM>,
-        3 => tile8::<3, ASYM>,
-        _ => tile8::<MR, ASYM>,
-    }
-}
-
-/// The instance of [`tile`] for `rows` rows (1 to [`MR`]).
-fn tile_fn<const ASYM: bool>(rows: usize) -> Int4DotTileFn {
-    match rows {
-        1 => tile::<1, ASYM>,
-        2 => tile::<2, ASYM>,
-        3 => tile::<3, ASYM>,
-        _ => tile::<MR, ASYM>,
+        1 => tile::<1, BITS, ASYM>,
+        2 => tile::<2, BITS, ASYM>,
+        3 => tile::<3, BITS, ASYM>,
+        _ => tile::<MR, BITS, ASYM>,
     }
 }
 
 /// The entry (see [`crate::wna16::Int4DotPanelsFn`]): rows in blocks of [`ROW_BLOCK`], each
-/// block over `panels` in row tiles of up to [`MR`] ([`tile8`] for int8 codes).
+/// block over `panels` in row tiles of up to [`MR`].
 ///
 /// # Safety
 /// - As [`crate::wna16::Int4DotPanelsFn`], on a CPU with AVX2, FMA and F16C, `job.pairs` and
 ///   `job.group_sums` made by this module's [`fill`].
 pub(crate) unsafe fn entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
     let tiles = if job.w.bits() == 8 {
-        [tile8_fn::<false>, tile8_fn::<true>]
+        [tile_fn::<8, false>, tile_fn::<8, true>]
     } else {
-        [tile_fn::<false>, tile_fn::<true>]
+        [tile_fn::<4, false>, tile_fn::<4, true>]
     };
     // SAFETY: every instance is a tile of this module, which needs the features and the
     // layout the caller vouches for, on rows and panels of the caller's.
