@@ -6,9 +6,12 @@
 //!
 //! Every command takes `--json` (machine-readable output on stdout). Logs go to stderr through
 //! `tracing` (`RUST_LOG=debug` shows the oracle's refusals and the kernel choice). Exit codes:
-//! 0 success, 1 the command failed (message on stderr), 2 bad command-line usage.
+//! 0 success, 1 the command failed (message on stderr), 2 bad command-line usage. When the
+//! reader of stdout goes away (`moe cpu | head -3`), the process ends quietly by SIGPIPE, as
+//! other Unix tools do.
 
-#![forbid(unsafe_code)]
+// One fenced exception: restoring SIGPIPE's default action (`default_sigpipe`).
+#![deny(unsafe_code)]
 
 mod cmd;
 
@@ -47,6 +50,7 @@ enum Command {
 }
 
 fn main() {
+    default_sigpipe();
     init_tracing();
     let cli = Cli::parse();
     let out = Output { json: cli.json };
@@ -69,6 +73,22 @@ fn main() {
         std::process::exit(1);
     }
 }
+
+/// Restores the default action of SIGPIPE, which the Rust runtime sets to "ignore" before
+/// `main`: a write to a closed pipe then ends the process instead of failing, and `println!`
+/// would turn that failure into a panic with a backtrace.
+#[cfg(unix)]
+#[allow(unsafe_code)]
+fn default_sigpipe() {
+    // SAFETY: `signal` with `SIG_DFL` installs no handler (no code of ours runs in signal
+    // context) and only changes the disposition of SIGPIPE; it runs first in `main`, before
+    // any other thread exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
+/// Elsewhere there is no SIGPIPE to restore.
+#[cfg(not(unix))]
+fn default_sigpipe() {}
 
 /// Logs to stderr, filtered by `RUST_LOG` (warnings only by default).
 fn init_tracing() {

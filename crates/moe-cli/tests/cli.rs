@@ -12,6 +12,35 @@ use support::{
     read_json, write_json, write_safetensors,
 };
 
+/// When the reader of its output goes away first (`moe cpu | head -3`), `moe` ends quietly,
+/// by SIGPIPE or, if its output fitted the pipe before the reader left, with success; never
+/// with a panic on the failed write.
+#[cfg(unix)]
+#[test]
+fn output_into_a_closed_pipe_ends_without_a_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+    const SIGPIPE: i32 = 13;
+    for args in [&["cpu"][..], &["cpu", "--json"][..]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_moe"))
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("moe starts");
+        // Closes the only reader, before `moe` is past its start.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("moe ends");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(
+            out.status.success() || out.status.signal() == Some(SIGPIPE),
+            "{args:?}: {:?}, {stderr}",
+            out.status
+        );
+    }
+}
+
 #[test]
 fn cpu_json_names_the_selected_rung() {
     let v = moe_json(&["cpu", "--json"]);
