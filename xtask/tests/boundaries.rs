@@ -3,8 +3,9 @@
 //! the source tree.
 //!
 //! - Every crate root says how much `unsafe` it admits: `#![forbid(unsafe_code)]`, except
-//!   moe-kernels and moe-capi (which need it) and moe-layer, which says
-//!   `#![deny(unsafe_code)]` and allows it at one place only, the memory map of a shard.
+//!   moe-kernels and moe-capi (which need it), and moe-layer and moe-cli, which say
+//!   `#![deny(unsafe_code)]` and allow it at one place each: the memory map of a shard, and
+//!   the `moe` command's restoring of SIGPIPE's default action.
 //! - Only moe-kernels detects CPU features; every other crate asks it.
 //! - moe-oracle names only moe-kernels' ISA vocabulary (the rungs and which of them the CPU
 //!   has), never a kernel.
@@ -98,7 +99,7 @@ fn declared_policy(root_text: &str) -> UnsafePolicy {
 fn required_policy(krate: &str) -> UnsafePolicy {
     match krate {
         "moe-kernels" | "moe-capi" => UnsafePolicy::Open,
-        "moe-layer" => UnsafePolicy::Deny,
+        "moe-layer" | "moe-cli" => UnsafePolicy::Deny,
         _ => UnsafePolicy::Forbid,
     }
 }
@@ -124,21 +125,26 @@ fn every_crate_declares_how_much_unsafe_it_admits() {
             ));
         }
     }
-    // moe-layer's one allowance: the memory map of a shard.
-    let layer_src = root().join("crates/moe-layer/src");
-    let mut allowed = Vec::new();
-    for file in rust_files(&layer_src) {
-        let text = fs::read_to_string(&file).unwrap();
-        for line in unsafe_allowances(&text) {
-            let rel = file.strip_prefix(&layer_src).unwrap().display().to_string();
-            allowed.push(format!("{rel}:{line}"));
+    // The one allowance of each crate that denies unsafe code: moe-layer's memory map of a
+    // shard, and moe-cli's restoring of SIGPIPE's default action.
+    for (krate, only) in [
+        ("moe-layer", "checkpoint/shards.rs:"),
+        ("moe-cli", "main.rs:"),
+    ] {
+        let src = root().join("crates").join(krate).join("src");
+        let mut allowed = Vec::new();
+        for file in rust_files(&src) {
+            let text = fs::read_to_string(&file).unwrap();
+            for line in unsafe_allowances(&text) {
+                let rel = file.strip_prefix(&src).unwrap().display().to_string();
+                allowed.push(format!("{rel}:{line}"));
+            }
         }
-    }
-    if allowed.len() != 1 || !allowed[0].starts_with("checkpoint/shards.rs:") {
-        problems.push(format!(
-            "moe-layer allows unsafe_code at {allowed:?}; only the shard map in \
-             checkpoint/shards.rs may"
-        ));
+        if allowed.len() != 1 || !allowed[0].starts_with(only) {
+            problems.push(format!(
+                "{krate} allows unsafe_code at {allowed:?}; only one place in {only} may"
+            ));
+        }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
