@@ -30,9 +30,9 @@
 //! `2^−14 · amax · Σ|w|` per output plus the f32 sums' own rounding.
 
 use crate::dispatch::Int4Dot;
-use crate::packed::PackedWna16;
 use crate::packed::wna16::{Int4Values, K_STEP};
-use crate::wna16::{Int4DotFillFn, Int4DotLayout, Int4DotPanelsFn};
+use crate::packed::{PANEL, PackedWna16};
+use crate::wna16::{Int4DotFillFn, Int4DotJob, Int4DotLayout, Int4DotPanelsFn};
 
 /// Largest activation integer: 15 bits with the sign.
 pub(crate) const MAX_Q: i32 = (1 << 14) - 1;
@@ -371,6 +371,32 @@ pub(crate) fn fill_byte_split(
         }
     }
     layout.of_rows(m)
+}
+
+/// Panel `p`'s packed steps of `w`'s codes.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+pub(crate) fn panel_steps(w: &PackedWna16, p: usize) -> &[[u32; PANEL]] {
+    let ks = w.k_steps();
+    w.codes()[p * ks * PANEL..][..ks * PANEL].as_chunks().0
+}
+
+/// Rows `m0..m0 + R` of a job's integer layout: each row's bytes (its header first, for
+/// [`read_header`]) and the row's steps of 16 bytes after the header.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+pub(crate) fn layout_rows<'a, const R: usize>(
+    job: &'a Int4DotJob<'_>,
+    m0: usize,
+) -> ([&'a [u8]; R], [&'a [[u8; 16]]; R]) {
+    let rows: [&[u8]; R] =
+        std::array::from_fn(|r| &job.pairs[(m0 + r) * job.row_bytes..][..job.row_bytes]);
+    let steps = std::array::from_fn(|r| rows[r][HEADER_BYTES..].as_chunks().0);
+    (rows, steps)
 }
 
 /// A rung's integer body (its `fill` and `entry`, doing `unit`) as a kernel set's int4

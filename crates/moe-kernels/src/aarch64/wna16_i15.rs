@@ -36,7 +36,7 @@ use crate::dispatch::Int4Dot;
 use crate::packed::PANEL;
 use crate::wna16::{Int4DotJob, Int4DotTileFn, run_row_blocks};
 use crate::wna16_i15::{
-    Blocks, HEADER_BYTES, SPLIT_STEP_BYTES, fill_byte_split, integer_body, read_header,
+    Blocks, SPLIT_STEP_BYTES, fill_byte_split, integer_body, layout_rows, panel_steps, read_header,
 };
 use crate::wna16_tile::store_rows;
 
@@ -97,14 +97,11 @@ unsafe fn window<const R: usize, const C: usize, const ASYM: bool>(
     first: usize,
 ) {
     let w = job.w;
-    let (ks, ng) = (w.k_steps(), w.n_groups());
+    let ng = w.n_groups();
     let blocks = Blocks::of(w);
     let nb = blocks.count(ng);
-    let (codes, _) = w.codes()[p * ks * PANEL..][..ks * PANEL].as_chunks::<PANEL>();
-    let rows: [&[u8]; R] =
-        std::array::from_fn(|r| &job.pairs[(m0 + r) * job.row_bytes..][..job.row_bytes]);
-    let acts: [&[[u8; SPLIT_STEP_BYTES]]; R] =
-        std::array::from_fn(|r| rows[r][HEADER_BYTES..].as_chunks().0);
+    let codes = panel_steps(w, p);
+    let (rows, acts) = layout_rows::<R>(job, m0);
     let mut acc = [[vdupq_n_f32(0.0); NQ]; R];
     for g in 0..ng {
         let scale: [float32x4_t; NQ] = scale_lanes(w.scales(), (p * ng + g) * PANEL + first);

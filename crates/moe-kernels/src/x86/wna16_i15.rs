@@ -34,7 +34,8 @@ use crate::dispatch::Int4Dot;
 use crate::packed::{PANEL, PackedWna16};
 use crate::wna16::{Int4DotJob, Int4DotLayout, Int4DotTileFn, run_row_blocks};
 use crate::wna16_i15::{
-    Blocks, HEADER_BYTES, MAX_Q, RowLayout, RowScale, integer_body, read_header, write_header,
+    Blocks, HEADER_BYTES, MAX_Q, RowLayout, RowScale, integer_body, layout_rows, panel_steps,
+    read_header, write_header,
 };
 
 /// Rows per tile: 8 rows × 2 integer sums and an f32 accumulator each leave room for the
@@ -207,14 +208,11 @@ unsafe fn tile<const R: usize, const C: usize, const ASYM: bool>(
     m0: usize,
 ) {
     let w = job.w;
-    let (ks, ng) = (w.k_steps(), w.n_groups());
+    let ng = w.n_groups();
     let blocks = Blocks::of(w);
     let nb = blocks.count(ng);
-    let (codes, _) = w.codes()[p * ks * PANEL..][..ks * PANEL].as_chunks::<PANEL>();
-    let rows: [&[u8]; R] =
-        std::array::from_fn(|r| &job.pairs[(m0 + r) * job.row_bytes..][..job.row_bytes]);
-    let acts: [&[[u8; STEP_BYTES]]; R] =
-        std::array::from_fn(|r| rows[r][HEADER_BYTES..].as_chunks().0);
+    let codes = panel_steps(w, p);
+    let (rows, acts) = layout_rows::<R>(job, m0);
     let zeros = w
         .zeros()
         .map(|z| z[p * ng * PANEL..][..ng * PANEL].as_chunks::<PANEL>().0);
@@ -277,18 +275,11 @@ unsafe fn tile<const R: usize, const C: usize, const ASYM: bool>(
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn tile2<const R: usize, const ASYM: bool>(job: &Int4DotJob<'_>, p: usize, m0: usize) {
     let w = job.w;
-    let (ks, ng) = (w.k_steps(), w.n_groups());
+    let ng = w.n_groups();
     let blocks = Blocks::of(w);
     let nb = blocks.count(ng);
-    let codes: [&[[u32; PANEL]]; 2] = std::array::from_fn(|j| {
-        w.codes()[(p + j) * ks * PANEL..][..ks * PANEL]
-            .as_chunks::<PANEL>()
-            .0
-    });
-    let rows: [&[u8]; R] =
-        std::array::from_fn(|r| &job.pairs[(m0 + r) * job.row_bytes..][..job.row_bytes]);
-    let acts: [&[[u8; STEP_BYTES]]; R] =
-        std::array::from_fn(|r| rows[r][HEADER_BYTES..].as_chunks().0);
+    let codes: [&[[u32; PANEL]]; 2] = std::array::from_fn(|j| panel_steps(w, p + j));
+    let (rows, acts) = layout_rows::<R>(job, m0);
     let nibbles = _mm512_set1_epi32(0x0F0F_0F0F);
     let mut acc = [[_mm512_setzero_ps(); R]; 2];
     for g in 0..ng {

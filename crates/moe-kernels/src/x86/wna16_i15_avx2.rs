@@ -37,7 +37,8 @@ use crate::packed::wna16::K_STEP8;
 use crate::packed::{PANEL, PackedWna16};
 use crate::wna16::{Int4DotJob, Int4DotLayout, Int4DotTileFn, run_row_blocks};
 use crate::wna16_i15::{
-    Blocks, HEADER_BYTES, MAX_Q, RowLayout, RowScale, integer_body, read_header, write_header,
+    Blocks, HEADER_BYTES, MAX_Q, RowLayout, RowScale, integer_body, layout_rows, panel_steps,
+    read_header, write_header,
 };
 
 /// Rows per tile: 4 rows × 2 integer sums, a half step's 4 decoded code vectors and the
@@ -304,14 +305,11 @@ unsafe fn tile<const R: usize, const BITS: u32, const ASYM: bool>(
     m0: usize,
 ) {
     let w = job.w;
-    let (ks, ng) = (w.k_steps(), w.n_groups());
+    let ng = w.n_groups();
     let blocks = Blocks::of(w);
     let nb = blocks.count(ng);
-    let (codes, _) = w.codes()[p * ks * PANEL..][..ks * PANEL].as_chunks::<PANEL>();
-    let rows: [&[u8]; R] =
-        std::array::from_fn(|r| &job.pairs[(m0 + r) * job.row_bytes..][..job.row_bytes]);
-    let acts: [&[[u8; STEP_BYTES]]; R] =
-        std::array::from_fn(|r| rows[r][HEADER_BYTES..].as_chunks().0);
+    let codes = panel_steps(w, p);
+    let (rows, acts) = layout_rows::<R>(job, m0);
     let zeros = w
         .zeros()
         .map(|z| z[p * ng * PANEL..][..ng * PANEL].as_chunks::<PANEL>().0);
