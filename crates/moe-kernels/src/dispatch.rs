@@ -106,8 +106,9 @@ pub(crate) struct Bf16Tiles {
 }
 
 /// A rung's WNA16 body for int4 codes (and, where it says so, int8 ones) on dot products with
-/// the codes decoded in registers or tiles: the activations laid out once per GEMM in the body's numerics (rounded to bf16, or
-/// quantized to 15-bit integers), exact code values, f32 sums per group.
+/// the codes decoded in registers or tiles: the activations laid out once per GEMM in the
+/// body's numerics (rounded to bf16, or quantized to 15-bit integers), exact code values, f32
+/// sums per group.
 #[derive(Clone, Copy)]
 pub(crate) struct Int4Dot {
     /// What runs the products and how it reads the codes, for reports.

@@ -358,12 +358,15 @@ pub(crate) fn fill_byte_split(
         let row_sums = &mut sums[r * nb..][..nb];
         let (steps, _) = steps.as_chunks_mut::<SPLIT_STEP_BYTES>();
         for (s, step) in steps.iter_mut().enumerate() {
+            // A block holds whole steps, so the step's values share one sum.
+            let block = blocks.of_k((K_STEP * s).min(k.saturating_sub(1)));
             for j in 0..K_STEP {
                 let kk = K_STEP * s + j;
-                let q = if kk < k { rs.quantize(row[kk]) } else { 0 };
-                if kk < k {
-                    row_sums[blocks.of_k(kk)] += q as f32;
-                }
+                let q = match row.get(kk) {
+                    Some(&v) => rs.quantize(v),
+                    None => 0,
+                };
+                row_sums[block] += q as f32;
                 let at = 4 * (j % 2) + j / 2;
                 step[at] = (q >> 7) as u8;
                 step[8 + at] = (q & 127) as u8;

@@ -1,6 +1,6 @@
 //! The WNA16 body for int4 and int8 integer codes on AVX2 (`vpmaddwd`), with each row of
-//! activations quantized to 15-bit integers once per GEMM (the numerics of [`crate::wna16_i15`], which
-//! this body equals bit for bit, as the AVX-512 VNNI body does).
+//! activations quantized to 15-bit integers once per GEMM (the numerics of
+//! [`crate::wna16_i15`], which this body equals bit for bit, as the AVX-512 VNNI body does).
 //!
 //! AVX2 multiplies bytes only through `vpmaddubsw`, whose 16-bit pair sums would need the
 //! activations split into two bytes and a second widening step; `vpmaddwd` instead multiplies
