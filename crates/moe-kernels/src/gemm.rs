@@ -7,6 +7,7 @@
 //! [`GemmScratch`] that only grows, so a warmed-up caller allocates nothing.
 
 use crate::KernelError;
+use crate::aligned::AlignedVec;
 use crate::dispatch::{KernelSet, W4A8Kernel, W8A8Kernel};
 use crate::packed::{PackedW4A8, PackedW8A8, check_len};
 use crate::par::{Par, split_panels};
@@ -49,7 +50,7 @@ pub struct GemmScratch {
     block_corr: Vec<i32>,
     nan_rows: Vec<usize>,
     /// The activations in a kernel's own layout (the AMX tiles), when it has one.
-    tiles: Vec<u8>,
+    tiles: AlignedVec<u8>,
     /// Float activation rows gathered into a weight format's K order (WNA16 act-order, the
     /// Marlin executor).
     f32_rows: Vec<f32>,
@@ -80,7 +81,7 @@ impl GemmScratch {
             // blocks (one when channelwise).
             block_corr: Vec::with_capacity(m * (k_pad / 32).max(1)),
             nan_rows: Vec::with_capacity(m),
-            tiles: Vec::new(),
+            tiles: AlignedVec::new(),
             f32_rows: Vec::new(),
             f32_out: Vec::new(),
             group_sums: Vec::new(),
@@ -97,7 +98,7 @@ impl GemmScratch {
     /// Sizes the kernel-layout buffer for `len` bytes, so kernels that re-lay their activation
     /// rows (see [`KernelSet::layout_bytes`]) never allocate on the hot path.
     pub(crate) fn reserve_tiles(&mut self, len: usize) {
-        self.tiles.reserve(len.saturating_sub(self.tiles.len()));
+        self.tiles.reserve_total(len);
     }
 
     /// Sizes the per-group activation sums for `len` values.
@@ -129,7 +130,7 @@ impl GemmScratch {
 
     /// Float rows gathered into a weight format's K order (`len` values) and the
     /// kernel-layout buffer, borrowed together.
-    pub(crate) fn f32_rows_and_tiles(&mut self, len: usize) -> (&mut [f32], &mut Vec<u8>) {
+    pub(crate) fn f32_rows_and_tiles(&mut self, len: usize) -> (&mut [f32], &mut AlignedVec<u8>) {
         let (rows, tiles, _) = self.f32_rows_tiles_and_sums(len);
         (rows, tiles)
     }
@@ -138,7 +139,7 @@ impl GemmScratch {
     pub(crate) fn f32_rows_tiles_and_sums(
         &mut self,
         len: usize,
-    ) -> (&mut [f32], &mut Vec<u8>, &mut Vec<f32>) {
+    ) -> (&mut [f32], &mut AlignedVec<u8>, &mut Vec<f32>) {
         if self.f32_rows.len() < len {
             self.f32_rows.resize(len, 0.0);
         }
@@ -335,7 +336,7 @@ fn run_w4a8(
     m: usize,
     w: &PackedW4A8,
     rows: EncodedRows<'_>,
-    tiles: &mut Vec<u8>,
+    tiles: &mut AlignedVec<u8>,
     out: &mut [f32],
     par: Par,
 ) {
@@ -616,7 +617,7 @@ fn run_w8a8_encoded(
     scale: &[f32],
     w: &PackedW8A8,
     out: &mut [f32],
-    tiles: &mut Vec<u8>,
+    tiles: &mut AlignedVec<u8>,
     par: Par,
 ) {
     assert!(

@@ -50,6 +50,7 @@
 
 #![deny(clippy::multiple_unsafe_ops_per_block)]
 
+mod aligned;
 mod dense;
 mod dispatch;
 mod error;

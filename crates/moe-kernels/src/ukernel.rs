@@ -14,6 +14,7 @@
 //!
 //! W8A8 tiles form `acc = Σ_k q_k·w_k` exactly in int32 and write `f32(acc) · (xs[m] · ws[n])`.
 
+use crate::aligned::AlignedVec;
 use std::ops::Range;
 
 use crate::packed::{PackedW4A8, PackedW8A8};
@@ -215,21 +216,21 @@ unsafe impl Sync for W4Bf16Job<'_> {}
     allow(dead_code)
 )]
 pub(crate) type W4A8TileAFn =
-    fn(a: &[u8], corr: &[i32], m: usize, w: &PackedW4A8, dst: &mut Vec<u8>);
+    fn(a: &[u8], corr: &[i32], m: usize, w: &PackedW4A8, dst: &mut AlignedVec<u8>);
 
 /// The W8A8 counterpart of [`W4A8TileAFn`].
 #[cfg_attr(
     not(any(target_arch = "x86_64", target_arch = "aarch64")),
     allow(dead_code)
 )]
-pub(crate) type W8A8TileAFn = fn(a: &[u8], m: usize, k_pad: usize, dst: &mut Vec<u8>);
+pub(crate) type W8A8TileAFn = fn(a: &[u8], m: usize, k_pad: usize, dst: &mut AlignedVec<u8>);
 
 /// Rounds a GEMM's f32 rows (`[m][k]`) into the bf16 tile path's layout, once per GEMM.
 ///
 /// # Safety (for callers)
 /// - The CPU supports the function's rung (it comes from the same `KernelSet` as the entry).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) type W4Bf16TileAFn = unsafe fn(x: &[f32], m: usize, k: usize, dst: &mut Vec<u8>);
+pub(crate) type W4Bf16TileAFn = unsafe fn(x: &[f32], m: usize, k: usize, dst: &mut AlignedVec<u8>);
 
 /// A rung's entry point for the bf16-activation int4 GEMM over a range of panels.
 ///

@@ -28,6 +28,7 @@
 //! Output channels are split over threads by panel and every output is computed by one thread
 //! in a fixed order, so results never depend on the thread count.
 
+use crate::aligned::AlignedVec;
 use std::ops::Range;
 
 use half::{bf16, f16};
@@ -151,7 +152,7 @@ pub(crate) type Int4DotFillFn = unsafe fn(
     m: usize,
     w: &PackedWna16,
     sums: &mut Vec<f32>,
-    dst: &mut Vec<u8>,
+    dst: &mut AlignedVec<u8>,
 ) -> Int4DotLayout;
 
 /// Where an [`Int4DotFillFn`] put a GEMM's activations.

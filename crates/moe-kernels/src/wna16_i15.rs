@@ -29,6 +29,7 @@
 //! activation to its 15-bit grid (`|x − s·q| ≤ s/2`); the tests bound the difference by
 //! `2^−14 · amax · Σ|w|` per output plus the f32 sums' own rounding.
 
+use crate::aligned::AlignedVec;
 use crate::dispatch::Int4Dot;
 use crate::packed::wna16::{Int4Values, K_STEP};
 use crate::packed::{PANEL, PackedWna16};
@@ -291,14 +292,12 @@ impl RowLayout {
         m: usize,
         step_bytes: usize,
         sums: &mut Vec<f32>,
-        dst: &mut Vec<u8>,
+        dst: &mut AlignedVec<u8>,
     ) -> Self {
         let blocks = Blocks::of(w);
         let nb = blocks.count(w.n_groups());
         let row_bytes = HEADER_BYTES + w.k().div_ceil(K_STEP) * step_bytes;
-        if dst.len() < m * row_bytes {
-            dst.resize(m * row_bytes, 0);
-        }
+        dst.grow_to(m * row_bytes);
         sums.clear();
         sums.resize(m * nb, 0.0);
         Self {
@@ -343,7 +342,7 @@ pub(crate) fn fill_byte_split(
     m: usize,
     w: &PackedWna16,
     sums: &mut Vec<f32>,
-    dst: &mut Vec<u8>,
+    dst: &mut AlignedVec<u8>,
 ) -> Int4DotLayout {
     let k = w.k();
     let layout = RowLayout::prepare(w, m, SPLIT_STEP_BYTES, sums, dst);
@@ -593,7 +592,10 @@ pub(crate) mod tests {
             let w = PackedWna16::int4_for_layout(k, group, false);
             let blocks = Blocks::of(&w);
             let nb = blocks.count(w.n_groups());
-            let (mut dst, mut sums) = (vec![0xAA; 7], vec![5.0; 3]);
+            let (mut dst, mut sums) = (
+                crate::aligned::AlignedVec::from(vec![0xAA; 7]),
+                vec![5.0; 3],
+            );
             // SAFETY: the callers hold the body's kernel set, so the CPU has its features;
             // `x` holds `m·k`.
             let layout = unsafe { fill(&x, m, &w, &mut sums, &mut dst) };

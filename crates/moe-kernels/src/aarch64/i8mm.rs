@@ -43,6 +43,7 @@
 //! row sums that the shared epilogue (`common.rs`) turns into outputs bit-identical to the
 //! scalar reference.
 
+use crate::aligned::AlignedVec;
 use std::arch::aarch64::*;
 
 use super::NeonI8mm;
@@ -74,14 +75,12 @@ fn pair_rows_bytes(m: usize, k_pad: usize) -> usize {
 /// past `k_pad` and for the missing partner of an odd last row (whose results are dropped).
 /// One-row calls run the dot-product body on the rows as they are, so they get no layout.
 /// `dst` only grows, and [`crate::KernelSet::layout_bytes`] lets scratch be sized up front.
-fn pair_rows(a: &[u8], m: usize, k_pad: usize, dst: &mut Vec<u8>) {
+fn pair_rows(a: &[u8], m: usize, k_pad: usize, dst: &mut AlignedVec<u8>) {
     if m < 2 {
         return;
     }
     let (stride, len) = (pair_stride(k_pad), pair_rows_bytes(m, k_pad));
-    if dst.len() < len {
-        dst.resize(len, 0);
-    }
+    dst.grow_to(len);
     for (j, pair) in dst[..len].chunks_exact_mut(stride).enumerate() {
         for (c, chunk) in pair.as_chunks_mut::<PAIR_CHUNK>().0.iter_mut().enumerate() {
             for (half, out) in chunk.as_chunks_mut::<8>().0.iter_mut().enumerate() {
@@ -105,7 +104,7 @@ fn w4a8_pair_rows(
     _corr: &[i32],
     m: usize,
     w: &crate::packed::PackedW4A8,
-    dst: &mut Vec<u8>,
+    dst: &mut AlignedVec<u8>,
 ) {
     pair_rows(a, m, w.k_pad(), dst);
 }

@@ -24,6 +24,7 @@
 //! recount the code sums from L1 with `block_code_sum`). At group size 32 that is 0.5625 bytes per
 //! weight, the size of the checkpoint's own int4 codes and bf16 scales.
 
+use crate::aligned::AlignedVec;
 use std::num::NonZeroUsize;
 
 use half::bf16;
@@ -79,7 +80,7 @@ pub struct PackedW4A8 {
     n_panels: usize,
     /// The order of the bytes inside each panel.
     order: PanelOrder,
-    nibbles: Vec<u8>,
+    nibbles: AlignedVec<u8>,
     scales: BlockScales,
     bias: Option<Vec<f32>>,
 }
@@ -185,7 +186,7 @@ impl PackedW4A8 {
             }
         };
 
-        let mut nibbles = vec![0u8; n_panels * steps * STEP_BYTES];
+        let mut nibbles = AlignedVec::zeroed(n_panels * steps * STEP_BYTES);
         let n_scales = n_panels * n_blocks * PANEL;
         let mut block_scales = match groups {
             WeightGroups::Groups(_) => BlockScales::Bf16(vec![bf16::ZERO; n_scales]),
@@ -307,7 +308,7 @@ impl PackedW4A8 {
         }
         let steps = self.k_pad / K_STEP;
         let len = steps * STEP_BYTES;
-        let mut out = vec![0u8; self.nibbles.len()];
+        let mut out = AlignedVec::zeroed(self.nibbles.len());
         for (src, dst) in self
             .nibbles
             .chunks_exact(len)

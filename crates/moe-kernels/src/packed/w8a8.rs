@@ -15,6 +15,7 @@
 
 use super::{PANEL, PanelOrder, STEP_BYTES, check_len, round_up};
 use crate::KernelError;
+use crate::aligned::AlignedVec;
 
 /// K values per packed step.
 pub(crate) const K_STEP: usize = 4;
@@ -31,7 +32,7 @@ pub struct PackedW8A8 {
     n_panels: usize,
     /// The order of the bytes inside each panel.
     order: PanelOrder,
-    bytes: Vec<i8>,
+    bytes: AlignedVec<i8>,
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // for `q + 128` kernels (x86)
     wsum: Vec<i32>,
     scales: Vec<f32>,
@@ -61,7 +62,7 @@ impl PackedW8A8 {
         // Byte `j` of a step is `w[16p + j/4][4s + j%4]`: each row of the panel gives the
         // step its next 4 values, so rows are read in order and written 4 bytes at a time
         // (rows past N and values past K stay 0).
-        let mut bytes = vec![0i8; n_panels * steps * STEP_BYTES];
+        let mut bytes = AlignedVec::zeroed(n_panels * steps * STEP_BYTES);
         for (p, panel) in bytes.chunks_exact_mut(steps * STEP_BYTES).enumerate() {
             for r in 0..PANEL.min(n - p * PANEL) {
                 let row = &w[(p * PANEL + r) * k..][..k];
@@ -122,7 +123,7 @@ impl PackedW8A8 {
         }
         let steps = self.k_pad / K_STEP;
         let len = steps * STEP_BYTES;
-        let mut out = vec![0i8; self.bytes.len()];
+        let mut out = AlignedVec::zeroed(self.bytes.len());
         for (src, dst) in self.bytes.chunks_exact(len).zip(out.chunks_exact_mut(len)) {
             for c in 0..PANEL {
                 for k in 0..self.k_pad {

@@ -30,6 +30,7 @@
 //! with bf16 scales the int4 format streams 0.5 bytes of codes plus 1/64 byte of scale per
 //! weight; MXFP4 streams 0.5 + 1/32, exactly the checkpoint's bytes; FP8 1 + 1/32.
 
+use crate::aligned::AlignedVec;
 use std::num::NonZeroUsize;
 
 use half::{bf16, f16};
@@ -218,7 +219,7 @@ pub struct PackedWna16 {
     group_size: usize,
     channelwise: bool,
     n_groups: usize,
-    codes: Vec<u32>,
+    codes: AlignedVec<u32>,
     scales: Wna16ScaleValues,
     zeros: Option<Vec<u8>>,
     bias: Option<Vec<f32>>,
@@ -532,7 +533,7 @@ impl PackedWna16 {
         let k_step = dims.k_step;
         let n_panels = n.div_ceil(PANEL);
         let k_steps = k.div_ceil(k_step);
-        let mut codes = vec![0u32; n_panels * k_steps * PANEL];
+        let mut codes = AlignedVec::zeroed(n_panels * k_steps * PANEL);
         for row in 0..n {
             let (p, c) = (row / PANEL, row % PANEL);
             let src = &d.codes[row * k..][..k];
@@ -807,7 +808,7 @@ impl PackedWna16 {
                 .collect();
             gather_int8(&at, k, None)
         } else {
-            let mut codes = vec![0u32; n_panels * k_steps * PANEL];
+            let mut codes = AlignedVec::zeroed(n_panels * k_steps * PANEL);
             let mut row = 0;
             for r in d.rows {
                 for local in 0..r.channels {
@@ -1120,7 +1121,7 @@ impl PackedWna16 {
 /// The packed int4 steps of the channels whose words `at` locates: per channel, its words, the
 /// index of its step-0 word and the distance between its steps (1 when a channel's words are
 /// consecutive). Nibbles past `k` are cleared.
-fn gather_words(at: &[(&[[u8; 4]], usize, usize)], k: usize) -> Vec<u32> {
+fn gather_words(at: &[(&[[u8; 4]], usize, usize)], k: usize) -> AlignedVec<u32> {
     let k_steps = k.div_ceil(K_STEP);
     let n_panels = at.len().div_ceil(PANEL);
     // Nibbles past K in the last step are padding: the packed format holds code 0 there.
@@ -1128,7 +1129,7 @@ fn gather_words(at: &[(&[[u8; 4]], usize, usize)], k: usize) -> Vec<u32> {
         0 => u32::MAX,
         r => (1u32 << (4 * r)) - 1,
     };
-    let mut codes = Vec::with_capacity(n_panels * k_steps * PANEL);
+    let mut codes = AlignedVec::with_capacity(n_panels * k_steps * PANEL);
     // A panel goes through a tile of `PANEL` steps × `PANEL` channels: each channel's words
     // are read in their stored order (sequential for channel-major runs), and the tile
     // is appended in packed order, so the buffer is never zero-filled first.
@@ -1180,11 +1181,11 @@ const PANELS_PER_PASS: usize = 16;
 /// value for [`PANELS_PER_PASS`] panels per pass (each stored row read in order), then each
 /// packed step is read from eight tile rows in packed K order and shifted into nibbles. The
 /// tiles are reused, so nothing the size of the matrix is unpacked.
-fn gather_awq_permuted(at: &[ChannelWords<'_>], k: usize, perm: &[u32]) -> Vec<u32> {
+fn gather_awq_permuted(at: &[ChannelWords<'_>], k: usize, perm: &[u32]) -> AlignedVec<u32> {
     let k_steps = k.div_ceil(K_STEP);
     let n_panels = at.len().div_ceil(PANEL);
     let tile_len = k_steps * K_STEP * PANEL;
-    let mut codes = Vec::with_capacity(n_panels * k_steps * PANEL);
+    let mut codes = AlignedVec::with_capacity(n_panels * k_steps * PANEL);
     // Rows past K stay 0 (the packed format's padding), as do channels past N.
     let mut tiles = vec![0u8; tile_len * PANELS_PER_PASS.min(n_panels)];
     for pass in at.chunks(PANEL * PANELS_PER_PASS) {
@@ -1228,13 +1229,13 @@ fn gather_awq_permuted(at: &[ChannelWords<'_>], k: usize, perm: &[u32]) -> Vec<u
 /// run of channels at a time rather than one word per row and panel. Eight word columns that
 /// sit side by side in one run (four panels) are transposed together, one column per lane
 /// (which vectorises); the others one column at a time.
-fn gather_awq(at: &[ChannelWords<'_>], k: usize) -> Vec<u32> {
+fn gather_awq(at: &[ChannelWords<'_>], k: usize) -> AlignedVec<u32> {
     let k_steps = k.div_ceil(K_STEP);
     // Every run holds whole words of eight channels and panels start at multiples of 16, so
     // each half panel is one stored word column of one run: its first channel locates it.
     let columns: Vec<ChannelWords<'_>> = at.chunks(AWQ_PACK).map(|half| half[0]).collect();
     // Channels past N stay 0 in the last panel.
-    let mut codes = vec![0u32; at.len().div_ceil(PANEL) * k_steps * PANEL];
+    let mut codes = AlignedVec::zeroed(at.len().div_ceil(PANEL) * k_steps * PANEL);
     // Where half panel `h`'s eight words of step `s` go.
     let out_at = |h: usize, s: usize| ((h / 2) * k_steps + s) * PANEL + (h % 2) * AWQ_PACK;
     for (pass, group) in columns.chunks(2 * PANELS_PER_PASS).enumerate() {
@@ -1334,7 +1335,7 @@ fn transpose_bytes<const L: usize>(m: &mut [[u32; L]; 4]) {
 /// [`panels_per_pass`] panels are made together, step by step, so that GPTQ's stored rows are
 /// read in runs of up to 256 channels and stay cached for the later steps that read their
 /// other nibbles.
-fn gather_permuted_int4(at: &[ChannelWords<'_>], k: usize, perm: &[u32]) -> Vec<u32> {
+fn gather_permuted_int4(at: &[ChannelWords<'_>], k: usize, perm: &[u32]) -> AlignedVec<u32> {
     // K values past K stay 0 in the last step.
     steps_by_pass(at, k.div_ceil(K_STEP), |panel, s, out| {
         let sources = &perm[s * K_STEP..k.min((s + 1) * K_STEP)];
@@ -1369,7 +1370,7 @@ fn gather_permuted_int4(at: &[ChannelWords<'_>], k: usize, perm: &[u32]) -> Vec<
 /// consecutive words (GPTQ), one run of 16 stored words is read at once, else channel by
 /// channel; the steps of [`panels_per_pass`] panels are made together, as in
 /// [`gather_permuted_int4`].
-fn gather_int8(at: &[ChannelWords<'_>], k: usize, perm: Option<&[u32]>) -> Vec<u32> {
+fn gather_int8(at: &[ChannelWords<'_>], k: usize, perm: Option<&[u32]>) -> AlignedVec<u32> {
     // K values past K stay 0 in the last step.
     steps_by_pass(at, k.div_ceil(K_STEP8), |panel, s, out| {
         let rows = K_STEP8.min(k - s * K_STEP8);
@@ -1463,9 +1464,9 @@ fn steps_by_pass(
     at: &[ChannelWords<'_>],
     k_steps: usize,
     mut make: impl FnMut(PanelWords<'_, '_>, usize, &mut [u32]),
-) -> Vec<u32> {
+) -> AlignedVec<u32> {
     let panels: Vec<&[ChannelWords<'_>]> = at.chunks(PANEL).collect();
-    let mut codes = vec![0u32; panels.len() * k_steps * PANEL];
+    let mut codes = AlignedVec::zeroed(panels.len() * k_steps * PANEL);
     let per_pass = panels_per_pass(at);
     for (pass, group) in panels.chunks(per_pass).enumerate() {
         let words: Vec<PanelWords<'_, '_>> = group

@@ -15,6 +15,7 @@
 // Rows and panels index register arrays in lockstep; index loops read clearer than zips here.
 #![allow(clippy::needless_range_loop)]
 
+use crate::aligned::AlignedVec;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::ops::Range;
@@ -167,7 +168,7 @@ pub(crate) unsafe fn entry(job: &W4Bf16Job<'_>, panels: Range<usize>) {
 ///
 /// # Safety
 /// - The CPU has AVX-512 F/BW/BF16.
-pub(crate) unsafe fn tile_a(x: &[f32], m: usize, k: usize, dst: &mut Vec<u8>) {
+pub(crate) unsafe fn tile_a(x: &[f32], m: usize, k: usize, dst: &mut AlignedVec<u8>) {
     // SAFETY: our contract.
     unsafe { super::amx::bf16::fill_a(x, m, k, dst) }
 }

@@ -26,6 +26,7 @@
 // Register arrays are indexed by row in lockstep; index loops read clearer than zips here.
 #![allow(clippy::needless_range_loop)]
 
+use crate::aligned::AlignedVec;
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -84,7 +85,7 @@ pub(crate) unsafe fn fill(
     m: usize,
     w: &PackedWna16,
     sums: &mut Vec<f32>,
-    dst: &mut Vec<u8>,
+    dst: &mut AlignedVec<u8>,
 ) -> Int4DotLayout {
     let k = w.k();
     let layout = RowLayout::prepare(w, m, STEP_BYTES, sums, dst);

@@ -29,6 +29,7 @@
 // Register arrays are indexed by row in lockstep; index loops read clearer than zips here.
 #![allow(clippy::needless_range_loop)]
 
+use crate::aligned::AlignedVec;
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -74,15 +75,13 @@ pub(crate) unsafe fn fill(
     m: usize,
     w: &PackedWna16,
     sums: &mut Vec<f32>,
-    dst: &mut Vec<u8>,
+    dst: &mut AlignedVec<u8>,
 ) -> Int4DotLayout {
     let k = w.k();
     let sums = w.zeros().map(|_| (w.group_size(), sums));
     let ks = k.div_ceil(K_STEP);
     let row_bytes = ks * STEP_BYTES;
-    if dst.len() < m * row_bytes {
-        dst.resize(m * row_bytes, 0);
-    }
+    dst.grow_to(m * row_bytes);
     for (row, out) in x
         .chunks_exact(k)
         .zip(dst.chunks_exact_mut(row_bytes))
@@ -361,7 +360,7 @@ mod tests {
             (4, 45, 40),
         ] {
             let x = rng.vec_uniform(m * k, -3.0, 3.0);
-            let (mut dst, mut sums) = (vec![0xAA; 3], Vec::new());
+            let (mut dst, mut sums) = (crate::aligned::AlignedVec::from(vec![0xAA; 3]), Vec::new());
             let w = crate::PackedWna16::int4_for_layout(k, group, true);
             // SAFETY: the set exists, so the CPU has AVX-512 F/BW/VL/BF16; `x` holds `m·k`.
             let layout = unsafe { super::fill(&x, m, &w, &mut sums, &mut dst) };

@@ -13,6 +13,7 @@
 // Rows index several arrays in lockstep; index loops read clearer than zips here.
 #![allow(clippy::needless_range_loop)]
 
+use crate::aligned::AlignedVec;
 use std::arch::x86_64::*;
 
 use super::common::{
@@ -44,7 +45,7 @@ fn to_bf16(v: __m512) -> __m256i {
 /// Fills `dst` with the rows of `x` (`m` rows of `k` values) rounded to bf16, as [`TiledA`]
 /// tiles of [`CHUNK_K`] values; K past `k` and rows past `m` are zero.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-pub(crate) fn fill_a(x: &[f32], m: usize, k: usize, dst: &mut Vec<u8>) {
+pub(crate) fn fill_a(x: &[f32], m: usize, k: usize, dst: &mut AlignedVec<u8>) {
     let n_chunks = k.div_ceil(CHUNK_K);
     let bytes = tiles_for(dst, m, CHUNK_BYTES, n_chunks);
     if n_chunks == 0 {

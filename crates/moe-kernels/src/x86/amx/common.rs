@@ -8,6 +8,7 @@
 //! and `NB` (1 or 2) are const parameters, so each body is compiled once per shape and no tile
 //! instruction sits behind a runtime branch on its register number.
 
+use crate::aligned::AlignedVec;
 use std::arch::x86_64::{__m512, __mmask16, _mm512_add_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps};
 
 use super::tiles::{TILE_MAX_COLSB, TILE_MAX_ROWS, TileConfig, TileUnit};
@@ -113,11 +114,14 @@ pub(crate) struct TiledA<'a> {
 
 /// Sizes `dst` for `m` rows of `n_chunks` chunks of `chunk` bytes and returns it, with
 /// whatever it held before (no pass over the bytes: the fills write what the tiles read).
-pub(crate) fn tiles_for(dst: &mut Vec<u8>, m: usize, chunk: usize, n_chunks: usize) -> &mut [u8] {
+pub(crate) fn tiles_for(
+    dst: &mut AlignedVec<u8>,
+    m: usize,
+    chunk: usize,
+    n_chunks: usize,
+) -> &mut [u8] {
     let len = m.div_ceil(TILE_ROWS) * n_chunks * TILE_ROWS * chunk;
-    if dst.len() < len {
-        dst.resize(len, 0);
-    }
+    dst.grow_to(len);
     &mut dst[..len]
 }
 
@@ -129,7 +133,7 @@ pub(crate) fn tile_rows(
     chunk: usize,
     n_chunks: usize,
     starts: impl Fn(usize) -> (usize, usize),
-    dst: &mut Vec<u8>,
+    dst: &mut AlignedVec<u8>,
 ) {
     let tile_bytes = TILE_ROWS * chunk;
     let bytes = tiles_for(dst, src.m, chunk, n_chunks);

@@ -26,6 +26,7 @@
 // Rows index several arrays in lockstep; index loops read clearer than zips here.
 #![allow(clippy::needless_range_loop)]
 
+use crate::aligned::AlignedVec;
 use std::arch::x86_64::*;
 
 use super::bf16::{CHUNK_BYTES, CHUNK_K};
@@ -79,7 +80,7 @@ pub(crate) unsafe fn fill(
     m: usize,
     w: &PackedWna16,
     sums: &mut Vec<f32>,
-    dst: &mut Vec<u8>,
+    dst: &mut AlignedVec<u8>,
 ) -> Int4DotLayout {
     let k = w.k();
     let sums = w.zeros().map(|_| (w.group_size(), sums));
@@ -295,8 +296,11 @@ mod tests {
             (33, 200, 64),
         ] {
             let x = rng.vec_uniform(m * k, -3.0, 3.0);
-            let (mut rows, mut row_sums) = (Vec::new(), Vec::new());
-            let (mut tiles, mut tile_sums) = (vec![0xAA; 5], vec![1.0; 2]);
+            let (mut rows, mut row_sums) = (crate::aligned::AlignedVec::new(), Vec::new());
+            let (mut tiles, mut tile_sums) = (
+                crate::aligned::AlignedVec::from(vec![0xAA; 5]),
+                vec![1.0; 2],
+            );
             let w = crate::PackedWna16::int4_for_layout(k, group, true);
             // SAFETY: AVX-512 F/BW/VL/BF16 were checked above (the set exists); `x` holds
             // `m·k` values.

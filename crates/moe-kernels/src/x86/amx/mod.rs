@@ -28,6 +28,7 @@ mod w4a8;
 mod w4a8_channel;
 mod w8a8;
 
+use crate::aligned::AlignedVec;
 use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::OnceLock;
@@ -242,7 +243,13 @@ unsafe fn w4a8_channel_panels<U: TileUnit>(unit: &mut U, job: &W4A8Job<'_>, pane
 
 /// The per-channel body's activation layout: the W8A8 body's 64-byte chunks of the same
 /// encoded rows (the driver's hook).
-fn channel_tile_a(a: &[u8], _corr: &[i32], m: usize, w: &crate::PackedW4A8, dst: &mut Vec<u8>) {
+fn channel_tile_a(
+    a: &[u8],
+    _corr: &[i32],
+    m: usize,
+    w: &crate::PackedW4A8,
+    dst: &mut AlignedVec<u8>,
+) {
     w8a8::tile_a(a, m, w.k_pad(), dst);
 }
 
@@ -332,7 +339,7 @@ unsafe fn int4_panels<U: TileUnit>(unit: &mut U, job: &Int4DotJob<'_>, panels: R
 ///
 /// # Safety
 /// - The CPU has AVX-512 F/BW/BF16 (the set registers it only then).
-unsafe fn bf16_tile_a(x: &[f32], m: usize, k: usize, dst: &mut Vec<u8>) {
+unsafe fn bf16_tile_a(x: &[f32], m: usize, k: usize, dst: &mut AlignedVec<u8>) {
     // SAFETY: our contract.
     unsafe { bf16::fill_a(x, m, k, dst) }
 }

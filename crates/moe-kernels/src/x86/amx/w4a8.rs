@@ -24,6 +24,7 @@
 // Rows index several arrays in lockstep; index loops read clearer than zips here.
 #![allow(clippy::needless_range_loop)]
 
+use crate::aligned::AlignedVec;
 use std::arch::x86_64::*;
 
 use super::common::{
@@ -76,7 +77,7 @@ fn chunk_values(block_len: usize) -> usize {
 
 /// Re-lays a GEMM's encoded rows for the W4A8 tiles (the driver's layout hook); with blocks of
 /// up to 32 values each chunk's row ends in four copies of the row's correction `corr`.
-pub(crate) fn tile_a(a: &[u8], corr: &[i32], m: usize, w: &PackedW4A8, dst: &mut Vec<u8>) {
+pub(crate) fn tile_a(a: &[u8], corr: &[i32], m: usize, w: &PackedW4A8, dst: &mut AlignedVec<u8>) {
     let (n_chunks, starts) = chunks(w);
     let rows = ARows {
         a,

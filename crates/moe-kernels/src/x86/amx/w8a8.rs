@@ -8,6 +8,7 @@
 //! all of K take the AVX-512 VNNI kernel's epilogue once per output tile (`acc − 128·Σw`, times
 //! `xs·ws`), so outputs equal the scalar reference bit for bit.
 
+use crate::aligned::AlignedVec;
 use std::arch::x86_64::*;
 
 use super::common::{
@@ -30,7 +31,7 @@ pub(crate) fn chunks(k_pad: usize) -> (usize, impl Fn(usize) -> (usize, usize)) 
 }
 
 /// Re-lays a GEMM's encoded rows for the W8A8 tiles (the driver's layout hook).
-pub(crate) fn tile_a(a: &[u8], m: usize, k_pad: usize, dst: &mut Vec<u8>) {
+pub(crate) fn tile_a(a: &[u8], m: usize, k_pad: usize, dst: &mut AlignedVec<u8>) {
     let (n_chunks, starts) = chunks(k_pad);
     tile_rows(ARows { a, m, k_pad }, CHUNK, n_chunks, starts, dst);
 }

@@ -1,0 +1,197 @@
+//! Heap buffers whose first element sits on a 64-byte boundary.
+//!
+//! The kernels read packed weights and re-laid activations in 64-byte units (one `zmm` load,
+//! one tile row). The system allocator returns large blocks 16 bytes past a page boundary, so
+//! in a `Vec<u8>` every such unit would straddle two cache lines and cost two line reads. An
+//! [`AlignedVec`] keeps its elements in 64-byte aligned lines instead, so a unit that starts
+//! at a multiple of 64 bytes from the first element lies in one line.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::{Deref, DerefMut};
+
+/// One cache line: the storage unit of an [`AlignedVec`].
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; LINE]);
+
+/// Bytes per line.
+const LINE: usize = 64;
+
+/// Element types an [`AlignedVec`] may hold.
+///
+/// # Safety
+/// Implementors are plain data: every bit pattern of their size is a valid value (all zeros
+/// included), they hold no padding and no pointers, and their alignment divides 64.
+pub(crate) unsafe trait Plain: Copy + 'static {}
+
+// SAFETY: the primitive integers and floats are plain data of alignment at most 8.
+unsafe impl Plain for u8 {}
+// SAFETY: as above.
+unsafe impl Plain for i8 {}
+// SAFETY: as above.
+unsafe impl Plain for u16 {}
+// SAFETY: as above.
+unsafe impl Plain for i32 {}
+// SAFETY: as above.
+unsafe impl Plain for u32 {}
+// SAFETY: as above.
+unsafe impl Plain for f32 {}
+
+/// A growable array of `T` whose first element is 64-byte aligned. Elements past the length
+/// and up to the end of the last line are zero bytes or values a longer length left there.
+#[derive(Clone)]
+pub(crate) struct AlignedVec<T: Plain> {
+    lines: Vec<Line>,
+    len: usize,
+    elem: PhantomData<T>,
+}
+
+impl<T: Plain> AlignedVec<T> {
+    /// An empty buffer; it allocates nothing.
+    pub(crate) const fn new() -> Self {
+        Self {
+            lines: Vec::new(),
+            len: 0,
+            elem: PhantomData,
+        }
+    }
+
+    /// Lines that hold `len` elements.
+    fn lines_for(len: usize) -> usize {
+        len.checked_mul(size_of::<T>())
+            .expect("buffer size overflows usize")
+            .div_ceil(LINE)
+    }
+
+    /// `len` elements of all-zero bytes.
+    pub(crate) fn zeroed(len: usize) -> Self {
+        Self {
+            lines: vec![Line([0; LINE]); Self::lines_for(len)],
+            len,
+            elem: PhantomData,
+        }
+    }
+
+    /// A copy of `values`.
+    pub(crate) fn from_slice(values: &[T]) -> Self {
+        let mut v = Self::zeroed(values.len());
+        v.copy_from_slice(values);
+        v
+    }
+
+    /// Grows the length to `len` if it is shorter, the new elements zero; never shrinks, so a
+    /// scratch buffer stops allocating once its largest use is seen.
+    pub(crate) fn grow_to(&mut self, len: usize) {
+        if len <= self.len {
+            return;
+        }
+        let old = self.len;
+        let lines = Self::lines_for(len);
+        if lines > self.lines.len() {
+            self.lines.resize(lines, Line([0; LINE]));
+        }
+        self.len = len;
+        // SAFETY: all-zero bytes are a valid `T` (`Plain`).
+        let zero: T = unsafe { std::mem::zeroed() };
+        self[old..].fill(zero);
+    }
+
+    /// An empty buffer with room for `len` elements.
+    pub(crate) fn with_capacity(len: usize) -> Self {
+        let mut v = Self::new();
+        v.reserve_total(len);
+        v
+    }
+
+    /// Appends `values`.
+    pub(crate) fn extend_from_slice(&mut self, values: &[T]) {
+        let old = self.len;
+        self.grow_to(old + values.len());
+        self[old..].copy_from_slice(values);
+    }
+
+    /// Makes room for `len` elements without changing the length.
+    pub(crate) fn reserve_total(&mut self, len: usize) {
+        let lines = Self::lines_for(len);
+        self.lines.reserve(lines.saturating_sub(self.lines.len()));
+    }
+}
+
+impl<T: Plain> Default for AlignedVec<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: Plain> Deref for AlignedVec<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        // SAFETY: the lines are one allocation of `lines.len() · 64 ≥ len · size_of::<T>()`
+        // initialized bytes, aligned to 64 (a multiple of `T`'s alignment), and every bit
+        // pattern is a valid `T` (`Plain`); the borrow of `self` covers the slice's lifetime.
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast::<T>(), self.len) }
+    }
+}
+
+impl<T: Plain> DerefMut for AlignedVec<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: as in `deref`, with the unique borrow of `self`; any value written is a
+        // valid byte pattern for the lines.
+        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<T>(), self.len) }
+    }
+}
+
+impl<T: Plain + fmt::Debug> fmt::Debug for AlignedVec<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl<T: Plain + PartialEq> PartialEq for AlignedVec<T> {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl<T: Plain> From<Vec<T>> for AlignedVec<T> {
+    fn from(v: Vec<T>) -> Self {
+        Self::from_slice(&v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AlignedVec;
+
+    #[test]
+    fn elements_start_on_a_line_and_keep_their_values() {
+        for len in [0, 1, 15, 16, 17, 1000, 200_000] {
+            let values: Vec<u32> = (0..len as u32)
+                .map(|i| i.wrapping_mul(2_654_435_761))
+                .collect();
+            let v = AlignedVec::from_slice(&values);
+            assert_eq!(v.as_ptr() as usize % 64, 0, "len {len}");
+            assert_eq!(&*v, &values[..]);
+        }
+    }
+
+    #[test]
+    fn growing_zero_fills_new_lines_and_keeps_old_values() {
+        let mut v = AlignedVec::<u8>::zeroed(3);
+        v.copy_from_slice(&[1, 2, 3]);
+        v.grow_to(200);
+        assert_eq!(&v[..3], &[1, 2, 3]);
+        assert!(v[3..].iter().all(|&b| b == 0));
+        assert_eq!(v.as_ptr() as usize % 64, 0);
+        v.grow_to(2);
+        assert_eq!(v.len(), 200);
+        let mut w = AlignedVec::<u32>::with_capacity(3);
+        w.extend_from_slice(&[7, 8]);
+        w.extend_from_slice(&[9; 20]);
+        assert_eq!(w.len(), 22);
+        assert_eq!(&w[..3], &[7, 8, 9]);
+        assert_eq!(w.as_ptr() as usize % 64, 0);
+    }
+}
