@@ -14,9 +14,9 @@
 //!
 //! W8A8 tiles form `acc = Σ_k q_k·w_k` exactly in int32 and write `f32(acc) · (xs[m] · ws[n])`.
 
-use crate::aligned::AlignedVec;
 use std::ops::Range;
 
+use crate::aligned::AlignedVec;
 use crate::packed::{PackedW4A8, PackedW8A8};
 
 /// How a kernel wants the int8 activation codes laid out in memory.

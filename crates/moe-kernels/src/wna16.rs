@@ -28,9 +28,9 @@
 //! Output channels are split over threads by panel and every output is computed by one thread
 //! in a fixed order, so results never depend on the thread count.
 
-use crate::aligned::AlignedVec;
 use std::ops::Range;
 
+use crate::aligned::AlignedVec;
 use half::{bf16, f16};
 
 use crate::packed::wna16::{

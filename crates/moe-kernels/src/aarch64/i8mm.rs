@@ -43,7 +43,6 @@
 //! row sums that the shared epilogue (`common.rs`) turns into outputs bit-identical to the
 //! scalar reference.
 
-use crate::aligned::AlignedVec;
 use std::arch::aarch64::*;
 
 use super::NeonI8mm;
@@ -51,6 +50,7 @@ use super::asm::smmla;
 use super::common::{
     load_i8x8, load_i8x16, load_u8x16, unpack_codes, w4a8_block_end, w4a8_store, w8a8_store,
 };
+use crate::aligned::AlignedVec;
 use crate::packed::PanelOrder;
 use crate::ukernel::{W4A8Job, W8A8Job};
 

@@ -24,9 +24,9 @@
 //! recount the code sums from L1 with `block_code_sum`). At group size 32 that is 0.5625 bytes per
 //! weight, the size of the checkpoint's own int4 codes and bf16 scales.
 
-use crate::aligned::AlignedVec;
 use std::num::NonZeroUsize;
 
+use crate::aligned::AlignedVec;
 use half::bf16;
 use moe_quant::WeightGroups;
 

@@ -30,9 +30,9 @@
 //! with bf16 scales the int4 format streams 0.5 bytes of codes plus 1/64 byte of scale per
 //! weight; MXFP4 streams 0.5 + 1/32, exactly the checkpoint's bytes; FP8 1 + 1/32.
 
-use crate::aligned::AlignedVec;
 use std::num::NonZeroUsize;
 
+use crate::aligned::AlignedVec;
 use half::{bf16, f16};
 use moe_quant::WeightGroups;
 

@@ -15,13 +15,13 @@
 // Rows and panels index register arrays in lockstep; index loops read clearer than zips here.
 #![allow(clippy::needless_range_loop)]
 
-use crate::aligned::AlignedVec;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::ops::Range;
 
 use super::amx::bf16::{CHUNK_BYTES, CHUNK_K, WideBf16Pair};
 use super::amx::common::{TILE_ROWS, TiledA, write_panel_rows};
+use crate::aligned::AlignedVec;
 use crate::ukernel::{W4Bf16Job, row_tiles};
 
 /// Rows per tile: 8 rows × 2 panels are 16 accumulators, with room for the two weight

@@ -26,11 +26,11 @@
 // Register arrays are indexed by row in lockstep; index loops read clearer than zips here.
 #![allow(clippy::needless_range_loop)]
 
-use crate::aligned::AlignedVec;
 use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::wna16::{group_scales, load_step, load_zeros, prefetch_ahead, store_panel_rows};
+use crate::aligned::AlignedVec;
 use crate::dispatch::Int4Dot;
 use crate::packed::{PANEL, PackedWna16};
 use crate::wna16::{Int4DotJob, Int4DotLayout, Int4DotTileFn, run_row_blocks};

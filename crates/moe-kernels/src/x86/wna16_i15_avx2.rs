@@ -26,13 +26,13 @@
 // Register arrays are indexed by row in lockstep; index loops read clearer than zips here.
 #![allow(clippy::needless_range_loop)]
 
-use crate::aligned::AlignedVec;
 use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::actquant::load8;
 use super::wna16::prefetch_ahead;
 use super::wna16::ymm::load_scales;
+use crate::aligned::AlignedVec;
 use crate::dispatch::Int4Dot;
 use crate::packed::wna16::K_STEP8;
 use crate::packed::{PANEL, PackedWna16};

@@ -29,10 +29,10 @@
 // Register arrays are indexed by row in lockstep; index loops read clearer than zips here.
 #![allow(clippy::needless_range_loop)]
 
-use crate::aligned::AlignedVec;
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use crate::aligned::AlignedVec;
 use half::bf16;
 
 use super::wna16::{

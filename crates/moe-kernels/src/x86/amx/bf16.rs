@@ -13,7 +13,6 @@
 // Rows index several arrays in lockstep; index loops read clearer than zips here.
 #![allow(clippy::needless_range_loop)]
 
-use crate::aligned::AlignedVec;
 use std::arch::x86_64::*;
 
 use super::common::{
@@ -21,6 +20,7 @@ use super::common::{
     store_live, tiles_for, write_panel_rows, zero_live,
 };
 use super::tiles::TileUnit;
+use crate::aligned::AlignedVec;
 use crate::packed::wna16::{K_STEP as K_STEP_WNA16, K_STEP8};
 use crate::packed::{PANEL, PackedDense, PackedW4A8, PackedWna16, STEP_BYTES, w4a8::K_STEP};
 use crate::ukernel::{Bf16Weights, W4Bf16Job};

@@ -8,10 +8,10 @@
 //! and `NB` (1 or 2) are const parameters, so each body is compiled once per shape and no tile
 //! instruction sits behind a runtime branch on its register number.
 
-use crate::aligned::AlignedVec;
 use std::arch::x86_64::{__m512, __mmask16, _mm512_add_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps};
 
 use super::tiles::{TILE_MAX_COLSB, TILE_MAX_ROWS, TileConfig, TileUnit};
+use crate::aligned::AlignedVec;
 use crate::packed::PANEL;
 
 /// Rows per A and C tile.

@@ -26,7 +26,6 @@
 // Rows index several arrays in lockstep; index loops read clearer than zips here.
 #![allow(clippy::needless_range_loop)]
 
-use crate::aligned::AlignedVec;
 use std::arch::x86_64::*;
 
 use super::bf16::{CHUNK_BYTES, CHUNK_K};
@@ -35,6 +34,7 @@ use super::common::{
     store_live, tiles_for, write_panel_rows, zero_live,
 };
 use super::tiles::TileUnit;
+use crate::aligned::AlignedVec;
 use crate::dispatch::Int4Dot;
 use crate::packed::{PANEL, PackedWna16};
 use crate::wna16::{Int4DotJob, Int4DotLayout};

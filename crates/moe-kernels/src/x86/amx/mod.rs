@@ -28,7 +28,6 @@ mod w4a8;
 mod w4a8_channel;
 mod w8a8;
 
-use crate::aligned::AlignedVec;
 use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::OnceLock;
@@ -36,6 +35,7 @@ use std::sync::OnceLock;
 use super::Amx;
 use super::requant::ChannelPair;
 use crate::Isa;
+use crate::aligned::AlignedVec;
 use crate::dispatch::{Bf16MinRows, W4A8MinRows};
 use crate::ukernel::{ActEncoding, W4A8Job, W4A8PanelsFn, W4Bf16Job, W8A8Job, W8A8PanelsFn};
 use crate::wna16::Int4DotJob;

@@ -24,7 +24,6 @@
 // Rows index several arrays in lockstep; index loops read clearer than zips here.
 #![allow(clippy::needless_range_loop)]
 
-use crate::aligned::AlignedVec;
 use std::arch::x86_64::*;
 
 use super::common::{
@@ -32,6 +31,7 @@ use super::common::{
     store_live, tile_rows, write_panel_rows, zero_live,
 };
 use super::tiles::{TILE_MAX_COLSB, TileUnit};
+use crate::aligned::AlignedVec;
 use crate::packed::{PANEL, PackedW4A8, STEP_BYTES, w4a8::K_STEP};
 use crate::ukernel::{W4A8Job, W4A8Out};
 use crate::x86::wna16::prefetch_ahead;

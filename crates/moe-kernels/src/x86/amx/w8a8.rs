@@ -8,7 +8,6 @@
 //! all of K take the AVX-512 VNNI kernel's epilogue once per output tile (`acc − 128·Σw`, times
 //! `xs·ws`), so outputs equal the scalar reference bit for bit.
 
-use crate::aligned::AlignedVec;
 use std::arch::x86_64::*;
 
 use super::common::{
@@ -16,6 +15,7 @@ use super::common::{
     store_live, tile_rows, zero_live,
 };
 use super::tiles::{TILE_MAX_COLSB, TileUnit};
+use crate::aligned::AlignedVec;
 use crate::packed::{PANEL, PackedW8A8, STEP_BYTES, w8a8::K_STEP};
 use crate::ukernel::W8A8Job;
 
