@@ -37,6 +37,8 @@ unsafe impl Plain for i32 {}
 unsafe impl Plain for u32 {}
 // SAFETY: as above.
 unsafe impl Plain for f32 {}
+// SAFETY: a transparent wrapper of `u16`: every bit pattern is some bf16 value.
+unsafe impl Plain for half::bf16 {}
 
 /// A growable array of `T` whose first element is 64-byte aligned. Elements past the length
 /// and up to the end of the last line are zero bytes or values a longer length left there.

@@ -9,6 +9,7 @@ use half::bf16;
 
 use super::{PANEL, check_len};
 use crate::KernelError;
+use crate::aligned::AlignedVec;
 
 /// Largest K the dense format accepts (keeps `K·N` products far from overflow).
 pub const MAX_K: usize = 1 << 24;
@@ -17,9 +18,9 @@ pub const MAX_K: usize = 1 << 24;
 #[derive(Debug, Clone)]
 pub(crate) enum DenseValues {
     /// f32 weights.
-    F32(Vec<f32>),
+    F32(AlignedVec<f32>),
     /// bf16 weights.
-    Bf16(Vec<bf16>),
+    Bf16(AlignedVec<bf16>),
 }
 
 /// A float weight matrix `[N, K]` packed for the dense GEMM; immutable once built.
@@ -36,7 +37,7 @@ impl PackedDense {
     /// would silently poison every token routed to the expert.
     pub fn pack_f32(n: usize, k: usize, w: &[f32]) -> Result<Self, KernelError> {
         let (n_panels, len) = Self::check(n, k, w.len(), |i| w[i].is_finite(), |i| w[i])?;
-        let mut values = vec![0f32; len];
+        let mut values = AlignedVec::zeroed(len);
         Self::scatter(n, k, &mut values, |row, col| w[row * k + col]);
         Ok(Self {
             n,
@@ -50,7 +51,7 @@ impl PackedDense {
     pub fn pack_bf16(n: usize, k: usize, w: &[bf16]) -> Result<Self, KernelError> {
         let finite = |i: usize| w[i].is_finite();
         let (n_panels, len) = Self::check(n, k, w.len(), finite, |i| w[i].to_f32())?;
-        let mut values = vec![bf16::ZERO; len];
+        let mut values = AlignedVec::zeroed(len);
         Self::scatter(n, k, &mut values, |row, col| w[row * k + col]);
         Ok(Self {
             n,
@@ -65,7 +66,7 @@ impl PackedDense {
     /// panel takes its 16 channels of a K value as one contiguous run.
     pub fn pack_f32_k_major(n: usize, k: usize, w_kn: &[f32]) -> Result<Self, KernelError> {
         let (n_panels, len) = Self::check_k_major(n, k, w_kn, |v| v.is_finite(), |v| v)?;
-        let mut values = vec![0f32; len];
+        let mut values = AlignedVec::zeroed(len);
         Self::scatter_k_major(n, k, &mut values, w_kn);
         Ok(Self {
             n,
@@ -92,17 +93,20 @@ impl PackedDense {
             Self::check_k_major(n, k, w_kn, |b| value(b).is_finite(), |b| value(b).to_f32())?;
         // Written in order rather than into a zeroed buffer: the packed layer is as large as
         // the checkpoint's, and zeroing it first would cost a pass over all of it.
-        let mut values = Vec::with_capacity(len);
+        let mut values = AlignedVec::with_capacity(len);
         for p in 0..n_panels {
             let rows = p * PANEL..n.min((p + 1) * PANEL);
             for col in 0..k {
                 let run = &w_kn[col * n..][rows.clone()];
                 if let Ok(full) = <&[[u8; 2]; PANEL]>::try_from(run) {
                     // A whole panel: a fixed-size move rather than a call per run.
-                    values.extend(full.map(value));
+                    values.extend_from_slice(&full.map(value));
                 } else {
-                    values.extend(run.iter().map(|&b| value(b)));
-                    values.extend(std::iter::repeat_n(bf16::ZERO, PANEL - run.len()));
+                    let mut step = [bf16::ZERO; PANEL];
+                    for (v, &b) in step.iter_mut().zip(run) {
+                        *v = value(b);
+                    }
+                    values.extend_from_slice(&step);
                 }
             }
         }
