@@ -6,6 +6,7 @@
 //! [`AlignedVec`] keeps its elements in 64-byte aligned lines instead, so a unit that starts
 //! at a multiple of 64 bytes from the first element lies in one line.
 
+use std::alloc::{Layout, alloc_zeroed, handle_alloc_error};
 use std::fmt;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
@@ -17,6 +18,22 @@ struct Line([u8; LINE]);
 
 /// Bytes per line.
 const LINE: usize = 64;
+
+/// `n` lines of zero bytes, allocated zeroed.
+fn zeroed_lines(n: usize) -> Vec<Line> {
+    let layout = Layout::array::<Line>(n).expect("buffer size overflows isize");
+    if layout.size() == 0 {
+        return Vec::new();
+    }
+    // SAFETY: the layout's size is not zero.
+    let ptr = unsafe { alloc_zeroed(layout) }.cast::<Line>();
+    if ptr.is_null() {
+        handle_alloc_error(layout);
+    }
+    // SAFETY: `ptr` comes from the global allocator with the layout of `n` lines, and its `n`
+    // lines are initialized: zero bytes are a valid `Line`.
+    unsafe { Vec::from_raw_parts(ptr, n, n) }
+}
 
 /// Element types an [`AlignedVec`] may hold.
 ///
@@ -66,10 +83,11 @@ impl<T: Plain> AlignedVec<T> {
             .div_ceil(LINE)
     }
 
-    /// `len` elements of all-zero bytes.
+    /// `len` elements of all-zero bytes, from zeroed memory: for a large buffer the system
+    /// maps fresh zero pages rather than writing every byte, as `vec![0u8; len]` would get.
     pub(crate) fn zeroed(len: usize) -> Self {
         Self {
-            lines: vec![Line([0; LINE]); Self::lines_for(len)],
+            lines: zeroed_lines(Self::lines_for(len)),
             len,
             elem: PhantomData,
         }
