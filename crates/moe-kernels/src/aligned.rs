@@ -184,6 +184,59 @@ impl<T: Plain> From<Vec<T>> for AlignedVec<T> {
 #[cfg(test)]
 mod tests {
     use super::AlignedVec;
+    use crate::packed::dense::DenseValues;
+    use crate::packed::{PANEL, PanelOrder};
+    use crate::{PackedDense, PackedW4A8, PackedW8A8, W4A8Scales};
+
+    /// Whether `ptr` starts a cache line.
+    fn on_a_line<T>(ptr: *const T) -> bool {
+        (ptr as usize).is_multiple_of(64)
+    }
+
+    /// Every packed format's panels start on a cache line, in both panel orders: the layout the
+    /// kernels' 64-byte loads and tile rows are written for.
+    #[test]
+    fn packed_panels_start_on_cache_lines() {
+        let (n, k) = (40, 192);
+        let w8 = PackedW8A8::pack(n, k, &vec![1; n * k], &vec![0.5; n]).unwrap();
+        let scales = vec![half::bf16::ONE; n * k / 32];
+        let grouped = W4A8Scales::Grouped {
+            group_size: 32,
+            scales: &scales,
+        };
+        let w4 = PackedW4A8::pack(n, k, &vec![-3; n * k], grouped, None).unwrap();
+        for order in [PanelOrder::Lanes, PanelOrder::Pairs] {
+            let (w8, w4) = (w8.clone().with_order(order), w4.clone().with_order(order));
+            for p in 0..w8.n_panels() {
+                assert!(
+                    on_a_line(w8.panel_bytes(p).as_ptr()),
+                    "W8A8 panel {p}, {order:?}"
+                );
+                assert!(
+                    on_a_line(w4.panel_nibbles(p).as_ptr()),
+                    "W4A8 panel {p}, {order:?}"
+                );
+            }
+        }
+        let wna16 = crate::PackedWna16::int4_for_layout(k, 32, true);
+        let per_panel = wna16.k_steps() * PANEL;
+        for p in 0..wna16.n_panels() {
+            assert!(
+                on_a_line(wna16.codes()[p * per_panel..].as_ptr()),
+                "WNA16 panel {p}"
+            );
+        }
+        let dense = PackedDense::pack_f32(n, k, &vec![0.25; n * k]).unwrap();
+        let DenseValues::F32(values) = dense.values() else {
+            panic!("f32 weights stay f32");
+        };
+        for p in 0..dense.n_panels() {
+            assert!(
+                on_a_line(values[p * k * PANEL..].as_ptr()),
+                "dense panel {p}"
+            );
+        }
+    }
 
     #[test]
     fn elements_start_on_a_line_and_keep_their_values() {
