@@ -3,37 +3,20 @@
 //! The kernels read packed weights and re-laid activations in 64-byte units (one `zmm` load,
 //! one tile row). The system allocator returns large blocks 16 bytes past a page boundary, so
 //! in a `Vec<u8>` every such unit would straddle two cache lines and cost two line reads. An
-//! [`AlignedVec`] keeps its elements in 64-byte aligned lines instead, so a unit that starts
-//! at a multiple of 64 bytes from the first element lies in one line.
+//! [`AlignedVec`] starts its elements on a line instead, so a unit that starts at a multiple
+//! of 64 bytes from the first element lies in one line.
+//!
+//! The storage is a zeroed `Vec<u8>` with 63 spare bytes, the elements starting at its first
+//! line boundary. A zeroed byte vector comes from `calloc`, which maps fresh zero pages for a
+//! large buffer; an allocation with 64-byte alignment would be zeroed by writing every byte,
+//! one more pass over a layer's weights at load.
 
-use std::alloc::{Layout, alloc_zeroed, handle_alloc_error};
 use std::fmt;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 
-/// One cache line: the storage unit of an [`AlignedVec`].
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([u8; LINE]);
-
-/// Bytes per line.
+/// Bytes per cache line.
 const LINE: usize = 64;
-
-/// `n` lines of zero bytes, allocated zeroed.
-fn zeroed_lines(n: usize) -> Vec<Line> {
-    let layout = Layout::array::<Line>(n).expect("buffer size overflows isize");
-    if layout.size() == 0 {
-        return Vec::new();
-    }
-    // SAFETY: the layout's size is not zero.
-    let ptr = unsafe { alloc_zeroed(layout) }.cast::<Line>();
-    if ptr.is_null() {
-        handle_alloc_error(layout);
-    }
-    // SAFETY: `ptr` comes from the global allocator with the layout of `n` lines, and its `n`
-    // lines are initialized: zero bytes are a valid `Line`.
-    unsafe { Vec::from_raw_parts(ptr, n, n) }
-}
 
 /// Element types an [`AlignedVec`] may hold.
 ///
@@ -57,11 +40,14 @@ unsafe impl Plain for f32 {}
 // SAFETY: a transparent wrapper of `u16`: every bit pattern is some bf16 value.
 unsafe impl Plain for half::bf16 {}
 
-/// A growable array of `T` whose first element is 64-byte aligned. Elements past the length
-/// and up to the end of the last line are zero bytes or values a longer length left there.
-#[derive(Clone)]
+/// A growable array of `T` whose first element is 64-byte aligned.
 pub(crate) struct AlignedVec<T: Plain> {
-    lines: Vec<Line>,
+    /// Zero-initialized storage: the elements and, before and after them, up to 63 spare
+    /// bytes.
+    bytes: Vec<u8>,
+    /// Where the elements start in `bytes`: its first line boundary.
+    start: usize,
+    /// Elements.
     len: usize,
     elem: PhantomData<T>,
 }
@@ -70,24 +56,37 @@ impl<T: Plain> AlignedVec<T> {
     /// An empty buffer; it allocates nothing.
     pub(crate) const fn new() -> Self {
         Self {
-            lines: Vec::new(),
+            bytes: Vec::new(),
+            start: 0,
             len: 0,
             elem: PhantomData,
         }
     }
 
-    /// Lines that hold `len` elements.
-    fn lines_for(len: usize) -> usize {
+    /// Bytes that `len` elements take.
+    fn size_of_len(len: usize) -> usize {
         len.checked_mul(size_of::<T>())
             .expect("buffer size overflows usize")
-            .div_ceil(LINE)
     }
 
-    /// `len` elements of all-zero bytes, from zeroed memory: for a large buffer the system
-    /// maps fresh zero pages rather than writing every byte, as `vec![0u8; len]` would get.
+    /// Zeroed storage for `len` elements, and where they start in it.
+    fn storage(len: usize) -> (Vec<u8>, usize) {
+        let size = Self::size_of_len(len);
+        if size == 0 {
+            return (Vec::new(), 0);
+        }
+        let bytes = vec![0u8; size + LINE - 1];
+        let addr = bytes.as_ptr() as usize;
+        let start = addr.next_multiple_of(LINE) - addr;
+        (bytes, start)
+    }
+
+    /// `len` elements of all-zero bytes.
     pub(crate) fn zeroed(len: usize) -> Self {
+        let (bytes, start) = Self::storage(len);
         Self {
-            lines: zeroed_lines(Self::lines_for(len)),
+            bytes,
+            start,
             len,
             elem: PhantomData,
         }
@@ -100,6 +99,11 @@ impl<T: Plain> AlignedVec<T> {
         v
     }
 
+    /// Elements the storage holds from `start` on.
+    fn capacity(&self) -> usize {
+        self.bytes.len().saturating_sub(self.start) / size_of::<T>()
+    }
+
     /// Grows the length to `len` if it is shorter, the new elements zero; never shrinks, so a
     /// scratch buffer stops allocating once its largest use is seen.
     pub(crate) fn grow_to(&mut self, len: usize) {
@@ -107,9 +111,8 @@ impl<T: Plain> AlignedVec<T> {
             return;
         }
         let old = self.len;
-        let lines = Self::lines_for(len);
-        if lines > self.lines.len() {
-            self.lines.resize(lines, Line([0; LINE]));
+        if len > self.capacity() {
+            self.reserve_total(len.max(2 * old));
         }
         self.len = len;
         // SAFETY: all-zero bytes are a valid `T` (`Plain`).
@@ -133,8 +136,14 @@ impl<T: Plain> AlignedVec<T> {
 
     /// Makes room for `len` elements without changing the length.
     pub(crate) fn reserve_total(&mut self, len: usize) {
-        let lines = Self::lines_for(len);
-        self.lines.reserve(lines.saturating_sub(self.lines.len()));
+        if len <= self.capacity() {
+            return;
+        }
+        let (mut bytes, start) = Self::storage(len);
+        let live = Self::size_of_len(self.len);
+        bytes[start..start + live].copy_from_slice(&self.bytes[self.start..self.start + live]);
+        self.bytes = bytes;
+        self.start = start;
     }
 }
 
@@ -144,22 +153,37 @@ impl<T: Plain> Default for AlignedVec<T> {
     }
 }
 
+impl<T: Plain> Clone for AlignedVec<T> {
+    fn clone(&self) -> Self {
+        Self::from_slice(self)
+    }
+}
+
 impl<T: Plain> Deref for AlignedVec<T> {
     type Target = [T];
 
     fn deref(&self) -> &[T] {
-        // SAFETY: the lines are one allocation of `lines.len() · 64 ≥ len · size_of::<T>()`
-        // initialized bytes, aligned to 64 (a multiple of `T`'s alignment), and every bit
-        // pattern is a valid `T` (`Plain`); the borrow of `self` covers the slice's lifetime.
-        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast::<T>(), self.len) }
+        if self.len == 0 {
+            return &[];
+        }
+        let first = self.bytes[self.start..].as_ptr().cast::<T>();
+        // SAFETY: `first` is 64-byte aligned (a multiple of `T`'s alignment) and followed by
+        // at least `len · size_of::<T>()` initialized bytes of `bytes` (`reserve_total` and
+        // `storage` size it so), every bit pattern is a valid `T` (`Plain`), and the borrow of
+        // `self` covers the slice's lifetime.
+        unsafe { std::slice::from_raw_parts(first, self.len) }
     }
 }
 
 impl<T: Plain> DerefMut for AlignedVec<T> {
     fn deref_mut(&mut self) -> &mut [T] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        let first = self.bytes[self.start..].as_mut_ptr().cast::<T>();
         // SAFETY: as in `deref`, with the unique borrow of `self`; any value written is a
-        // valid byte pattern for the lines.
-        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<T>(), self.len) }
+        // valid byte pattern for the storage.
+        unsafe { std::slice::from_raw_parts_mut(first, self.len) }
     }
 }
 
@@ -245,7 +269,7 @@ mod tests {
                 .map(|i| i.wrapping_mul(2_654_435_761))
                 .collect();
             let v = AlignedVec::from_slice(&values);
-            assert_eq!(v.as_ptr() as usize % 64, 0, "len {len}");
+            assert!(len == 0 || on_a_line(v.as_ptr()), "len {len}");
             assert_eq!(&*v, &values[..]);
         }
     }
@@ -257,7 +281,7 @@ mod tests {
         v.grow_to(200);
         assert_eq!(&v[..3], &[1, 2, 3]);
         assert!(v[3..].iter().all(|&b| b == 0));
-        assert_eq!(v.as_ptr() as usize % 64, 0);
+        assert!(on_a_line(v.as_ptr()));
         v.grow_to(2);
         assert_eq!(v.len(), 200);
         let mut w = AlignedVec::<u32>::with_capacity(3);
@@ -265,6 +289,6 @@ mod tests {
         w.extend_from_slice(&[9; 20]);
         assert_eq!(w.len(), 22);
         assert_eq!(&w[..3], &[7, 8, 9]);
-        assert_eq!(w.as_ptr() as usize % 64, 0);
+        assert!(on_a_line(w.as_ptr()));
     }
 }
