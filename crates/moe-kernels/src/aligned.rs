@@ -105,19 +105,17 @@ impl<T: Plain> AlignedVec<T> {
     }
 
     /// Grows the length to `len` if it is shorter, the new elements zero; never shrinks, so a
-    /// scratch buffer stops allocating once its largest use is seen.
+    /// scratch buffer stops allocating once its largest use is seen. The storage past the
+    /// length has never been written (the length only grows, and a new storage is zeroed
+    /// before the elements are copied in), so the new elements need no pass to be zero.
     pub(crate) fn grow_to(&mut self, len: usize) {
         if len <= self.len {
             return;
         }
-        let old = self.len;
         if len > self.capacity() {
-            self.reserve_total(len.max(2 * old));
+            self.reserve_total(len.max(2 * self.len));
         }
         self.len = len;
-        // SAFETY: all-zero bytes are a valid `T` (`Plain`).
-        let zero: T = unsafe { std::mem::zeroed() };
-        self[old..].fill(zero);
     }
 
     /// An empty buffer with room for `len` elements.
