@@ -440,7 +440,18 @@ mod tests {
     fn bf16_tiles_match_the_bf16_reference_on_ragged_shapes() {
         let sets = bf16_sets();
         let mut rng = SplitMix64::new(0xbf16);
-        for &(k, g) in &[(32, 32), (96, 32), (72, 72), (256, 128), (64, 64), (40, 40)] {
+        // K past 256 as well: 544 in groups of 32 is 17 chunks, channelwise 600 ends in a
+        // partial chunk.
+        for &(k, g) in &[
+            (32, 32),
+            (96, 32),
+            (72, 72),
+            (256, 128),
+            (64, 64),
+            (40, 40),
+            (544, 32),
+            (600, 600),
+        ] {
             for &m in &[0usize, 1, 5, 16, 17, 33, 70] {
                 for &n in &[1usize, 16, 17, 33, 47] {
                     let x: Vec<f32> = (0..m * k).map(|_| rng.normal() * 2.0).collect();
@@ -556,7 +567,7 @@ mod tests {
         let sets = bf16_sets();
         let mut rng = SplitMix64::new(0xde5e);
         let round = |v: f32| f64::from(bf16::from_f32(v).to_f32());
-        for &k in &[1usize, 2, 33, 64, 70, 129] {
+        for &k in &[1usize, 2, 33, 64, 70, 129, 557] {
             for &(m, n) in &[
                 (0usize, 5usize),
                 (1, 16),
@@ -637,13 +648,15 @@ mod tests {
         let mut rng = SplitMix64::new(0x16a);
         // (K, group size or channelwise, asymmetric, act-order); the symmetric shape with groups
         // of 32 runs MXFP4 weights.
-        let cases: [(usize, Option<usize>, bool, bool); 6] = [
+        let cases: [(usize, Option<usize>, bool, bool); 8] = [
             (64, Some(32), false, false),
             (80, Some(32), false, false),
             (96, Some(32), true, false),
             (256, Some(128), false, true),
             (40, None, false, false),
             (200, None, true, true),
+            (520, Some(40), true, false),
+            (584, None, false, true),
         ];
         for (bits, &(k, g, asym, act_order)) in [4u32, 8]
             .into_iter()
