@@ -8,7 +8,10 @@
 //! and `NB` (1 or 2) are const parameters, so each body is compiled once per shape and no tile
 //! instruction sits behind a runtime branch on its register number.
 
-use std::arch::x86_64::{__m512, __mmask16, _mm512_add_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps};
+use std::arch::x86_64::{
+    __m512, __mmask16, _MM_HINT_T0, _mm_prefetch, _mm512_add_ps, _mm512_loadu_ps,
+    _mm512_mask_storeu_ps,
+};
 
 use super::tiles::{TILE_MAX_COLSB, TILE_MAX_ROWS, TileConfig, TileUnit};
 use crate::aligned::AlignedVec;
@@ -236,6 +239,21 @@ pub(crate) unsafe fn load_b_live<U: TileUnit, const NB: usize>(unit: &mut U, b: 
     if NB == 2 {
         // SAFETY: forwarded contract.
         unsafe { unit.load::<B1>(b[1], TILE_MAX_COLSB) };
+    }
+}
+
+/// Prefetches into L1 the `chunk / 4` 64-byte rows of the live B tiles at `b[j]`: the first
+/// row group over a panel pair reads its weights from memory, and with the tile loads alone
+/// too few of their lines are in flight to cover the memory's latency. A prefetch never
+/// faults, so addresses past the weights are harmless.
+#[inline(always)]
+pub(crate) fn prefetch_b_live<const NB: usize>(b: [*const u8; 2], rows: usize) {
+    for panel in &b[..NB] {
+        for r in 0..rows {
+            let line = panel.wrapping_add(r * TILE_MAX_COLSB);
+            // SAFETY: a prefetch reads nothing architecturally and never faults.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.cast()) };
+        }
     }
 }
 
