@@ -18,10 +18,11 @@
 //! (the block's activation sum, made by [`fill`]) in one fused multiply-add, and are scaled
 //! into the row's f32 accumulator with another. The row's scale and the bias are applied once
 //! at the end. From [`PAIR_MIN_ROWS`] rows (and K of [`PAIR_MIN_K`]) a tile covers two panels
-//! ([`tile2`]), so that each activation word loaded feeds two `vpdpbusd`; otherwise, and at
-//! decode, where the weights' stream from memory bounds the call, one. Rows run in blocks of
-//! [`ROW_BLOCK`] over all of the call's panels, so a block's activations stay in L2 while the
-//! panels stream, and weights are prefetched a page ahead as in the f32 body.
+//! ([`tile_panels`]), so that each activation word loaded feeds two `vpdpbusd`; at decode
+//! ([`QUAD_MAX_ROWS`] rows or fewer), where the weights' stream from memory bounds the call,
+//! four, read as four streams; otherwise one. Rows run in blocks of [`ROW_BLOCK`] over all of
+//! the call's panels, so a block's activations stay in L2 while the panels stream, and weights
+//! are prefetched a page ahead as in the f32 body.
 
 // Register arrays are indexed by row in lockstep; index loops read clearer than zips here.
 #![allow(clippy::needless_range_loop)]
@@ -45,9 +46,9 @@ use crate::wna16_i15::{
 /// bound by their latency.
 const MR: usize = 8;
 
-/// Rows from which tiles cover two panels at once ([`tile2`]): each activation word loaded
-/// then feeds two `vpdpbusd`. Fewer rows (decode, bound by the weights' stream) keep one panel
-/// per tile and more chains per row.
+/// Rows from which tiles cover two panels at once ([`tile_panels`]): each activation word
+/// loaded then feeds two `vpdpbusd`. Fewer rows (decode, bound by the weights' stream) take
+/// four panels per tile ([`QUAD_MAX_ROWS`]).
 const PAIR_MIN_ROWS: usize = 3;
 
 /// K from which the two-panel tiles run. Alternated against one panel per tile at 3 to 16
@@ -57,6 +58,18 @@ const PAIR_MIN_K: usize = 4096;
 
 /// Rows per two-panel tile: 4 rows × 2 panels × 2 integer sums and 8 f32 accumulators.
 const MR2: usize = 4;
+
+/// Rows up to which tiles cover four panels at once. At one or two rows the call streams its
+/// weights from memory and computes little on them; one panel is one sequential stream, and
+/// one core keeps too few of its lines in flight to draw its share of the memory's bandwidth.
+/// Four panels read in lockstep are four streams: alternated against one panel per tile
+/// (weight-only int4 g128, 2 threads, 2 GiB of weights), 1.1-1.5× faster at 1 and 4 tokens
+/// on the three standard shapes. Two rows × four panels already spill a few registers, so
+/// more rows keep the tiles above.
+const QUAD_MAX_ROWS: usize = 2;
+
+/// Panels per tile at or below [`QUAD_MAX_ROWS`] rows.
+const QUAD: usize = 4;
 
 /// Rows that run over all of a call's panels before the next rows start.
 const ROW_BLOCK: usize = 64;
@@ -268,33 +281,38 @@ unsafe fn tile<const R: usize, const C: usize, const ASYM: bool>(
     unsafe { store_panel_rows(w, job.out, p, m0, acc) };
 }
 
-/// Rows `m0..m0 + R` of panels `p` and `p + 1` at once: each broadcast activation word feeds
-/// both panels' `vpdpbusd`, halving the loads per multiply-add of [`tile`].
+/// Rows `m0..m0 + R` of panels `p..p + NP` at once: each broadcast activation word feeds the
+/// `vpdpbusd` of every panel, dividing the loads per multiply-add of [`tile`] by `NP`, and
+/// the panels' codes are read as `NP` streams.
 ///
 /// # Safety
-/// - As [`tile`], for panels `p` and `p + 1`.
+/// - As [`tile`], for panels `p..p + NP`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tile2<const R: usize, const ASYM: bool>(job: &Int4DotJob<'_>, p: usize, m0: usize) {
+unsafe fn tile_panels<const NP: usize, const R: usize, const ASYM: bool>(
+    job: &Int4DotJob<'_>,
+    p: usize,
+    m0: usize,
+) {
     let w = job.w;
     let ng = w.n_groups();
     let blocks = Blocks::of(w);
     let nb = blocks.count(ng);
-    let codes: [&[[u32; PANEL]]; 2] = std::array::from_fn(|j| panel_steps(w, p + j));
+    let codes: [&[[u32; PANEL]]; NP] = std::array::from_fn(|j| panel_steps(w, p + j));
     let (rows, acts) = layout_rows::<R>(job, m0);
     let nibbles = _mm512_set1_epi32(0x0F0F_0F0F);
-    let mut acc = [[_mm512_setzero_ps(); R]; 2];
+    let mut acc = [[_mm512_setzero_ps(); R]; NP];
     for g in 0..ng {
         for i in 0..blocks.per_group {
             let steps = blocks.steps(g, i);
             if steps.is_empty() {
                 continue;
             }
-            let mut hi = [[_mm512_setzero_si512(); R]; 2];
-            let mut lo = [[_mm512_setzero_si512(); R]; 2];
+            let mut hi = [[_mm512_setzero_si512(); R]; NP];
+            let mut lo = [[_mm512_setzero_si512(); R]; NP];
             for s in steps {
-                let mut even = [_mm512_setzero_si512(); 2];
-                let mut odd = [_mm512_setzero_si512(); 2];
-                for j in 0..2 {
+                let mut even = [_mm512_setzero_si512(); NP];
+                let mut odd = [_mm512_setzero_si512(); NP];
+                for j in 0..NP {
                     prefetch_ahead(&codes[j][s]);
                     let v = load_step(&codes[j][s]);
                     even[j] = _mm512_and_si512(v, nibbles);
@@ -303,7 +321,7 @@ unsafe fn tile2<const R: usize, const ASYM: bool>(job: &Int4DotJob<'_>, p: usize
                 for r in 0..R {
                     let a = &acts[r][s];
                     let words: [__m512i; 4] = std::array::from_fn(|k| broadcast_word(a, k));
-                    for j in 0..2 {
+                    for j in 0..NP {
                         hi[j][r] = _mm512_dpbusd_epi32(hi[j][r], even[j], words[0]);
                         hi[j][r] = _mm512_dpbusd_epi32(hi[j][r], odd[j], words[1]);
                         lo[j][r] = _mm512_dpbusd_epi32(lo[j][r], even[j], words[2]);
@@ -312,7 +330,7 @@ unsafe fn tile2<const R: usize, const ASYM: bool>(job: &Int4DotJob<'_>, p: usize
                 }
             }
             let b = g * blocks.per_group + i;
-            for j in 0..2 {
+            for j in 0..NP {
                 let q = p + j;
                 let scale = group_scales(w.scales(), (q * ng + g) * PANEL);
                 let zero = match w.zeros() {
@@ -330,7 +348,7 @@ unsafe fn tile2<const R: usize, const ASYM: bool>(job: &Int4DotJob<'_>, p: usize
             }
         }
     }
-    for j in 0..2 {
+    for j in 0..NP {
         for r in 0..R {
             let (scale, post) = read_header(rows[r]);
             let scaled = _mm512_mul_ps(acc[j][r], _mm512_set1_ps(scale));
@@ -341,13 +359,21 @@ unsafe fn tile2<const R: usize, const ASYM: bool>(job: &Int4DotJob<'_>, p: usize
     }
 }
 
-/// The instance of [`tile2`] for `rows` rows (1 to [`MR2`]).
+/// The two-panel instance of [`tile_panels`] for `rows` rows (1 to [`MR2`]).
 fn tile2_fn<const ASYM: bool>(rows: usize) -> Int4DotTileFn {
     match rows {
-        1 => tile2::<1, ASYM>,
-        2 => tile2::<2, ASYM>,
-        3 => tile2::<3, ASYM>,
-        _ => tile2::<MR2, ASYM>,
+        1 => tile_panels::<2, 1, ASYM>,
+        2 => tile_panels::<2, 2, ASYM>,
+        3 => tile_panels::<2, 3, ASYM>,
+        _ => tile_panels::<2, MR2, ASYM>,
+    }
+}
+
+/// The four-panel instance of [`tile_panels`] for `rows` rows (1 to [`QUAD_MAX_ROWS`]).
+fn tile4_fn<const ASYM: bool>(rows: usize) -> Int4DotTileFn {
+    match rows {
+        1 => tile_panels::<QUAD, 1, ASYM>,
+        _ => tile_panels::<QUAD, QUAD_MAX_ROWS, ASYM>,
     }
 }
 
@@ -365,27 +391,33 @@ fn tile_fn<const ASYM: bool>(rows: usize) -> Int4DotTileFn {
     }
 }
 
+/// A tile instance by row count, as [`run_row_blocks`] takes them.
+type TileFor = fn(usize) -> Int4DotTileFn;
+
 /// The entry (see [`crate::wna16::Int4DotPanelsFn`]): rows in blocks of [`ROW_BLOCK`], each
-/// block over `panels`; from [`PAIR_MIN_ROWS`] rows and K of [`PAIR_MIN_K`], pairs of panels
-/// in row tiles of up to [`MR2`] ([`tile2`]) and a lone last panel alone, otherwise each panel
-/// in row tiles of up to [`MR`] ([`tile`]).
+/// block over `panels`; up to [`QUAD_MAX_ROWS`] rows, groups of four panels ([`tile_panels`]);
+/// from [`PAIR_MIN_ROWS`] rows and K of [`PAIR_MIN_K`], pairs of panels in row tiles of up to
+/// [`MR2`]; the panels left over, and every panel otherwise, alone in row tiles of up to
+/// [`MR`] ([`tile`]).
 ///
 /// # Safety
 /// - As [`crate::wna16::Int4DotPanelsFn`], on a CPU with AVX-512 F/BW/VNNI, `job.pairs` and
 ///   `job.group_sums` made by this module's [`fill`].
 pub(crate) unsafe fn entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
-    let pairs = if job.m >= PAIR_MIN_ROWS && job.w.k() >= PAIR_MIN_K {
-        panels.len() / 2
+    let (width, mr, tiles): (usize, usize, [TileFor; 2]) = if job.m <= QUAD_MAX_ROWS {
+        (QUAD, QUAD_MAX_ROWS, [tile4_fn::<false>, tile4_fn::<true>])
+    } else if job.m >= PAIR_MIN_ROWS && job.w.k() >= PAIR_MIN_K {
+        (2, MR2, [tile2_fn::<false>, tile2_fn::<true>])
     } else {
-        0
+        (1, MR, [tile_fn::<false>, tile_fn::<true>])
     };
-    let paired = (panels.start..panels.start + 2 * pairs).step_by(2);
-    let tiles = [tile2_fn::<false>, tile2_fn::<true>];
-    // SAFETY: every instance is a pair tile of this module, which needs the features and the
-    // layout the caller vouches for; each walked `p` starts a pair of the caller's panels
-    // (`2·pairs ≤` their count).
-    unsafe { run_row_blocks(job, paired, ROW_BLOCK, MR2, tiles) };
-    let singles = panels.start + 2 * pairs..panels.end;
+    let grouped = panels.len() / width * width;
+    let groups = (panels.start..panels.start + grouped).step_by(width);
+    // SAFETY: every instance is a tile of this module, which needs the features and the
+    // layout the caller vouches for; each walked `p` starts `width` of the caller's panels
+    // (`grouped ≤` their count).
+    unsafe { run_row_blocks(job, groups, ROW_BLOCK, mr, tiles) };
+    let singles = panels.start + grouped..panels.end;
     let tiles = [tile_fn::<false>, tile_fn::<true>];
     // SAFETY: as above, one panel of the caller's per tile.
     unsafe { run_row_blocks(job, singles, ROW_BLOCK, MR, tiles) };
