@@ -31,7 +31,7 @@ const W4A8_KG: &[(usize, Option<usize>)] = &[
 /// Row counts: none, one and a few, around the 4-, 8- and 16-row tiles, and calls of several
 /// tiles with ragged last ones.
 const MS: &[usize] = &[0, 1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 31, 33, 70];
-const NS: &[usize] = &[1, 2, 15, 16, 17, 31, 33, 47];
+const NS: &[usize] = &[1, 2, 15, 16, 17, 31, 33, 47, 65, 100];
 
 /// Every rung this machine can run, each through its own token, with a note for the others.
 /// Also runs test-only twins of rungs this CPU lacks (see `x86/avxvnni.rs`).
