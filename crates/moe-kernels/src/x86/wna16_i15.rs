@@ -71,6 +71,10 @@ const QUAD_MAX_ROWS: usize = 2;
 /// Panels per tile at or below [`QUAD_MAX_ROWS`] rows.
 const QUAD: usize = 4;
 
+/// Steps of codes (64 bytes each) that [`prefetch_stream`] leads by: one page, as
+/// [`prefetch_ahead`] does for a panel read alone.
+const PREFETCH_STEPS: usize = 4096 / 64;
+
 /// Rows that run over all of a call's panels before the next rows start.
 const ROW_BLOCK: usize = 64;
 
@@ -313,7 +317,7 @@ unsafe fn tile_panels<const NP: usize, const R: usize, const ASYM: bool>(
                 let mut even = [_mm512_setzero_si512(); NP];
                 let mut odd = [_mm512_setzero_si512(); NP];
                 for j in 0..NP {
-                    prefetch_ahead(&codes[j][s]);
+                    prefetch_stream::<NP>(codes[j], s);
                     let v = load_step(&codes[j][s]);
                     even[j] = _mm512_and_si512(v, nibbles);
                     odd[j] = _mm512_and_si512(_mm512_srli_epi32::<4>(v), nibbles);
@@ -357,6 +361,24 @@ unsafe fn tile_panels<const NP: usize, const R: usize, const ASYM: bool>(
         // SAFETY: rows `m0..m0 + R` of panel `p + j` are ours to write (our contract).
         unsafe { store_panel_rows(w, job.out, p + j, m0, acc[j]) };
     }
+}
+
+/// Prefetches into L1 the line that the stream of `panel`, one of `NP` panels read in
+/// lockstep, reads a page of codes after step `s`. Past the panel's end that stream goes on in
+/// the panel `NP` further (the same place in the next group of panels), which starts `NP − 1`
+/// panels after this one ends: with panels of a few KiB, a lead inside the panel alone would
+/// fetch lines of its neighbours that their own streams read already, and leave each group's
+/// first page to the hardware prefetcher.
+#[target_feature(enable = "sse")]
+#[inline]
+fn prefetch_stream<const NP: usize>(panel: &[[u32; PANEL]], s: usize) {
+    let len = size_of_val(panel);
+    let mut ahead = (s + PREFETCH_STEPS) * size_of::<[u32; PANEL]>();
+    if ahead >= len {
+        ahead += (NP - 1) * len;
+    }
+    // A prefetch is a hint that never faults, so an address past the weights is harmless.
+    _mm_prefetch::<_MM_HINT_T0>(panel.as_ptr().cast::<i8>().wrapping_add(ahead));
 }
 
 /// The two-panel instance of [`tile_panels`] for `rows` rows (1 to [`MR2`]).
