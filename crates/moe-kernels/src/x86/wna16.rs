@@ -43,7 +43,7 @@ use crate::wna16::Wna16Job;
 
 /// How far ahead of the current step the tile prefetches weights into L1: every code byte
 /// streams from DRAM once per call.
-const PREFETCH_BYTES: usize = 4096;
+pub(crate) const PREFETCH_BYTES: usize = 4096;
 
 /// Decoded values of the 16 codes for symmetric weights (`c − 8`).
 pub(crate) const LUT_SYM: [f32; 16] = [

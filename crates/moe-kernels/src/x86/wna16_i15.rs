@@ -30,7 +30,9 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::wna16::{group_scales, load_step, load_zeros, prefetch_ahead, store_panel_rows};
+use super::wna16::{
+    PREFETCH_BYTES, group_scales, load_step, load_zeros, prefetch_ahead, store_panel_rows,
+};
 use crate::aligned::AlignedVec;
 use crate::dispatch::Int4Dot;
 use crate::packed::{PANEL, PackedWna16};
@@ -70,10 +72,6 @@ const QUAD_MAX_ROWS: usize = 2;
 
 /// Panels per tile at or below [`QUAD_MAX_ROWS`] rows.
 const QUAD: usize = 4;
-
-/// Steps of codes (64 bytes each) that [`prefetch_stream`] leads by: one page, as
-/// [`prefetch_ahead`] does for a panel read alone.
-const PREFETCH_STEPS: usize = 4096 / 64;
 
 /// Rows that run over all of a call's panels before the next rows start.
 const ROW_BLOCK: usize = 64;
@@ -364,16 +362,16 @@ unsafe fn tile_panels<const NP: usize, const R: usize, const ASYM: bool>(
 }
 
 /// Prefetches into L1 the line that the stream of `panel`, one of `NP` panels read in
-/// lockstep, reads a page of codes after step `s`. Past the panel's end that stream goes on in
-/// the panel `NP` further (the same place in the next group of panels), which starts `NP − 1`
-/// panels after this one ends: with panels of a few KiB, a lead inside the panel alone would
-/// fetch lines of its neighbours that their own streams read already, and leave each group's
-/// first page to the hardware prefetcher.
+/// lockstep, reads [`PREFETCH_BYTES`] after step `s` (the lead of [`prefetch_ahead`]). Past
+/// the panel's end that stream goes on in the panel `NP` further (the same place in the next
+/// group of panels), which starts `NP − 1` panels after this one ends: with panels of a few
+/// KiB, a lead inside the panel alone would fetch lines of its neighbours that their own
+/// streams read already, and leave each group's first page to the hardware prefetcher.
 #[target_feature(enable = "sse")]
 #[inline]
 fn prefetch_stream<const NP: usize>(panel: &[[u32; PANEL]], s: usize) {
     let len = size_of_val(panel);
-    let mut ahead = (s + PREFETCH_STEPS) * size_of::<[u32; PANEL]>();
+    let mut ahead = s * size_of::<[u32; PANEL]>() + PREFETCH_BYTES;
     if ahead >= len {
         ahead += (NP - 1) * len;
     }
