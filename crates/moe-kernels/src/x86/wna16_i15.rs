@@ -369,7 +369,7 @@ unsafe fn tile_panels<const NP: usize, const R: usize, const ASYM: bool>(
 /// streams read already, and leave each group's first page to the hardware prefetcher.
 #[target_feature(enable = "sse")]
 #[inline]
-fn prefetch_stream<const NP: usize>(panel: &[[u32; PANEL]], s: usize) {
+pub(crate) fn prefetch_stream<const NP: usize>(panel: &[[u32; PANEL]], s: usize) {
     let len = size_of_val(panel);
     let mut ahead = s * size_of::<[u32; PANEL]>() + PREFETCH_BYTES;
     if ahead >= len {

@@ -27,6 +27,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 use super::bf16::{CHUNK_BYTES, CHUNK_K};
 use super::common::{
@@ -39,6 +40,7 @@ use crate::dispatch::Int4Dot;
 use crate::packed::{PANEL, PackedWna16};
 use crate::wna16::{Int4DotJob, Int4DotLayout};
 use crate::x86::wna16::{group_scales, load_step, load_zeros};
+use crate::x86::wna16_i15::prefetch_stream;
 use crate::x86::wna16dot::{pair_offset, pairs16, push_group_sums, table};
 
 /// B rows per chunk: one per K pair of the chunk's 32 values.
@@ -117,33 +119,50 @@ pub(crate) unsafe fn fill(
     Int4DotLayout { len, row_bytes: 0 }
 }
 
-/// A panel pair's codes decoded to exact bf16 B rows: per panel, chunk `c`'s row `4s + j`
-/// holds K values `8s + j` and `8s + j + 4` of the chunk's step `s` for the 16 channels;
-/// rows past K are zero.
+/// One span of a panel pair's codes decoded to exact bf16 B rows: per panel, the span's chunk
+/// `c` has row `4s + j` holding K values `8s + j` and `8s + j + 4` of the chunk's step `s` for
+/// the 16 channels; rows past K are zero.
+///
+/// A span is one scale group, so with groups of 128 both panels' rows take 8 KiB: the decode
+/// writes into L1 and the tiles load from there. Decoding a whole pair at once (128 KiB at
+/// K = 2048) wrote every row out to L2 and had the tiles load it back from there, which
+/// took as long as the products.
 #[derive(Default)]
 pub(crate) struct CodePair {
-    /// `[panel][chunk][CHUNK_ROWS]`.
+    /// `[panel][chunk of the span][CHUNK_ROWS]`.
     rows: Vec<Row64>,
     /// B rows per panel.
     rows_per_panel: usize,
+    /// The span's first chunk.
+    first_chunk: usize,
 }
 
 impl CodePair {
-    /// Decodes panels `p..p + nb` (`nb` is 1 or 2) of `w`. Reuses the buffer, so a thread's
-    /// calls stop allocating once the largest matrix is seen.
+    /// Decodes chunks `chunks` of panels `p..p + nb` (`nb` is 1 or 2) of `w`. Reuses the
+    /// buffer, so a thread's calls stop allocating once the longest span is seen.
     #[target_feature(enable = "avx512f,avx512bw")]
-    pub(crate) fn fill(&mut self, w: &PackedWna16, p: usize, nb: usize) {
-        let (ks, n_chunks) = (w.k_steps(), w.k().div_ceil(CHUNK_K));
-        let rows_per_panel = n_chunks * CHUNK_ROWS;
+    pub(crate) fn fill(&mut self, w: &PackedWna16, p: usize, nb: usize, chunks: Range<usize>) {
+        let ks = w.k_steps();
+        let steps_per_chunk = CHUNK_ROWS / 4;
+        let rows_per_panel = chunks.len() * CHUNK_ROWS;
+        let step0 = chunks.start * steps_per_chunk;
+        let live_steps = ks.min(chunks.end * steps_per_chunk).saturating_sub(step0);
         self.rows_per_panel = rows_per_panel;
+        self.first_chunk = chunks.start;
         self.rows.resize(nb * rows_per_panel, Row64::ZERO);
         // SAFETY: the table is 64 readable bytes; unaligned load.
         let lut = unsafe { _mm512_loadu_si512(table(w).as_ptr().cast()) };
         for j in 0..nb {
-            let (steps, _) = w.codes()[(p + j) * ks * PANEL..][..ks * PANEL].as_chunks::<PANEL>();
+            let panel = &w.codes()[(p + j) * ks * PANEL..][..ks * PANEL];
+            let (all_steps, _) = panel.as_chunks::<PANEL>();
+            let steps = &all_steps[step0..step0 + live_steps];
             let dst = &mut self.rows[j * rows_per_panel..][..rows_per_panel];
             let (quads, _) = dst.as_chunks_mut::<4>();
-            for (step, quad) in steps.iter().zip(quads.iter_mut()) {
+            for (s, (step, quad)) in steps.iter().zip(quads.iter_mut()).enumerate() {
+                // The codes come from DRAM once per call, a span at a time with the tiles'
+                // work in between: each panel's stream runs a fixed lead ahead, on into the
+                // next pair's panel past its end.
+                prefetch_stream::<2>(all_steps, step0 + s);
                 let v = load_step(step);
                 let rows = [
                     v,
@@ -158,46 +177,51 @@ impl CodePair {
                     unsafe { _mm512_store_si512(row.0.as_mut_ptr().cast(), bits) };
                 }
             }
-            // A buffer that held a longer matrix keeps finite values here, which the zero
+            // A buffer that held other codes keeps finite values here, which the zero
             // activations past K would cancel; zeros keep every product exact.
-            dst[ks * 4..].fill(Row64::ZERO);
+            dst[live_steps * 4..].fill(Row64::ZERO);
         }
     }
 
-    /// The 16 B rows of chunk `c` of the pair's panel `j`.
+    /// The 16 B rows of chunk `c` (of the decoded span) of the pair's panel `j`.
     fn chunk_rows(&self, j: usize, c: usize) -> *const u8 {
-        let at = j * self.rows_per_panel + c * CHUNK_ROWS;
+        let at = j * self.rows_per_panel + (c - self.first_chunk) * CHUNK_ROWS;
         self.rows[at..at + CHUNK_ROWS].as_ptr().cast()
     }
 }
 
-/// What a step needs besides the job: the decoded pair, the activation tiles, the pair's
-/// first panel and the row group's first row.
-pub(crate) struct Step<'a> {
-    pub(crate) codes: &'a CodePair,
-    pub(crate) a: &'a TiledA<'a>,
-    pub(crate) p: usize,
-    pub(crate) row0: usize,
+/// Each row's f32 accumulators for the two panels of a pair, kept between a pair's spans.
+pub(crate) type RowAccs = Vec<[__m512; 2]>;
+
+/// One item of a pair's walk: a row group over one span, its C tiles stored in `bufs[buf]`.
+#[derive(Clone, Copy)]
+struct Item {
+    row0: usize,
+    rows: usize,
+    group: usize,
+    buf: usize,
 }
 
-/// Computes rows `row0..row0 + min(32, m − row0)` of the pair's channels, one scale group at a
-/// time, the C tiles of alternate groups stored into the two buffers of `bufs`. `NA` is 2 when the group has more than 16 rows, `NB` the number of panels in the pair.
+/// Computes every row of the job in the channels of panels `p..p + nb`: for each scale group
+/// (all of K when the matrix has one), decodes the group's codes ([`CodePair::fill`]), then
+/// runs each row group of up to 32 rows over them, the C tiles stored into alternate buffers of
+/// `bufs` and scaled into the rows' accumulators once the next item's tiles are issued, so
+/// that the tile unit and the vector units work at the same time.
 ///
 /// # Safety
 /// - The CPU has AVX-512 F/BW and AMX-BF16; `unit` is configured with
-///   `tile_config(CHUNK_BYTES)`; `step.codes` was filled for the pair and `step.a` views this
-///   job's rows ([`fill`]).
-/// - The job satisfies [`crate::wna16::Int4DotPanelsFn`]'s contract for the pair's panels and
-///   [`serves`] holds for it; `row0 < job.m` is a multiple of 16, and `row0 + 16 < job.m`
-///   exactly when `NA == 2`.
+///   `tile_config(CHUNK_BYTES)`; `a` views this job's rows ([`fill`]).
+/// - The job satisfies [`crate::wna16::Int4DotPanelsFn`]'s contract for panels `p..p + nb`
+///   (`nb` is 1 or 2) and [`serves`] holds for it.
 #[target_feature(enable = "avx512f,avx512bw")]
-pub(crate) unsafe fn int4_step<U: TileUnit, const NA: usize, const NB: usize>(
+pub(crate) unsafe fn int4_pair<U: TileUnit>(
     unit: &mut U,
     job: &Int4DotJob<'_>,
-    step: Step<'_>,
+    (codes, a): (&mut CodePair, &TiledA<'_>),
+    (p, nb): (usize, usize),
     bufs: &mut [AccBuf; 2],
+    accs: &mut RowAccs,
 ) {
-    let Step { codes, a, p, row0 } = step;
     let w = job.w;
     let (k, ng) = (w.k(), w.n_groups());
     let n_chunks = k.div_ceil(CHUNK_K);
@@ -207,71 +231,129 @@ pub(crate) unsafe fn int4_step<U: TileUnit, const NA: usize, const NB: usize>(
     } else {
         w.group_size() / CHUNK_K
     };
-    let t = row0 / TILE_ROWS;
-    let rows = GROUP_ROWS.min(job.m - row0);
     let zeros = w.zeros();
-    // Zeroes, accumulates and stores scale group `g`'s C tiles into `buf`.
-    let group_tiles = |unit: &mut U, g: usize, buf: &mut AccBuf| {
-        // SAFETY: for this and the tile calls below, the unit is configured with 64-byte A and
-        // B rows (our contract); `a` holds row tiles `t..t + NA` of every chunk; `chunk_rows`
-        // points at 16 rows of the decoded pair; the CPU has AMX-BF16 (our contract).
-        unsafe { zero_live::<U, NA, NB>(unit) };
-        for c in g * per_group..n_chunks.min((g + 1) * per_group) {
-            // SAFETY: see above.
-            unsafe { load_a_live::<U, NA>(unit, a, t, c) };
-            let b_rows = [codes.chunk_rows(0, c), codes.chunk_rows(NB - 1, c)];
-            // SAFETY: see above.
-            unsafe { load_b_live::<U, NB>(unit, b_rows) };
-            // SAFETY: see above.
-            unsafe { dpbf16_live::<U, NA, NB>(unit) };
-        }
-        // SAFETY: see above.
-        unsafe { store_live::<U, NA, NB>(unit, buf) };
-    };
-    let mut acc_f = [[_mm512_setzero_ps(); 2]; GROUP_ROWS];
-    // Scales group `g`'s stored sums into the rows' accumulators.
-    let epilogue = |acc_f: &mut [[__m512; 2]; GROUP_ROWS], g: usize, buf: &AccBuf| {
-        for j in 0..NB {
-            let at = ((p + j) * ng + g) * PANEL;
+    accs.clear();
+    accs.resize(job.m, [_mm512_setzero_ps(); 2]);
+    // Scales an item's stored sums into its rows' accumulators.
+    let epilogue = |accs: &mut RowAccs, item: Item, buf: &AccBuf| {
+        for j in 0..nb {
+            let at = ((p + j) * ng + item.group) * PANEL;
             let scale = group_scales(w.scales(), at);
             let zero = zeros.map(|z| load_zeros(z[at..at + PANEL].try_into().expect("16")));
-            for r in 0..rows {
+            for r in 0..item.rows {
+                let row = item.row0 + r;
                 // SAFETY: channels `16j..16j + 16` of an `AccBuf` row are 16 readable, 64-byte
                 // aligned 32-bit values, here the f32 sums the C tiles stored.
                 let mut sum = unsafe { _mm512_load_ps(buf.0[r][j * PANEL..].as_ptr().cast()) };
                 if let Some(zero) = zero {
-                    let xsum = _mm512_set1_ps(job.group_sums[(row0 + r) * ng + g]);
+                    let xsum = _mm512_set1_ps(job.group_sums[row * ng + item.group]);
                     sum = _mm512_fnmadd_ps(zero, xsum, sum);
                 }
-                acc_f[r][j] = _mm512_fmadd_ps(sum, scale, acc_f[r][j]);
+                accs[row][j] = _mm512_fmadd_ps(sum, scale, accs[row][j]);
             }
         }
     };
-    // The next group's tiles are issued before this group's epilogue, into the other buffer,
-    // so the tile unit and the vector units work at the same time.
-    let [even, odd] = bufs;
-    group_tiles(unit, 0, even);
-    for g in 1..=ng {
-        let (next, done) = if g % 2 == 0 {
-            (&mut *even, &*odd)
-        } else {
-            (&mut *odd, &*even)
-        };
-        if g < ng {
-            group_tiles(unit, g, next);
+    let mut pending: Option<Item> = None;
+    let mut next_buf = 0;
+    for g in 0..ng {
+        let chunks = g * per_group..n_chunks.min((g + 1) * per_group);
+        codes.fill(w, p, nb, chunks.clone());
+        let codes = &*codes;
+        let mut row0 = 0;
+        while row0 < job.m {
+            let rows = GROUP_ROWS.min(job.m - row0);
+            let item = Item {
+                row0,
+                rows,
+                group: g,
+                buf: next_buf,
+            };
+            let span = Span {
+                codes,
+                a,
+                t: row0 / TILE_ROWS,
+                chunks: chunks.clone(),
+            };
+            let buf = &mut bufs[item.buf];
+            // The unit is configured with 64-byte rows (our contract); `a` holds the row tiles
+            // of every chunk; `codes` holds the span's decoded rows of the pair's panels; the
+            // second row tile exists exactly when `rows > 16`.
+            match (rows > TILE_ROWS, nb == 2) {
+                // SAFETY: see above.
+                (false, false) => unsafe { span_tiles::<U, 1, 1>(unit, span, buf) },
+                // SAFETY: see above.
+                (false, true) => unsafe { span_tiles::<U, 1, 2>(unit, span, buf) },
+                // SAFETY: see above.
+                (true, false) => unsafe { span_tiles::<U, 2, 1>(unit, span, buf) },
+                // SAFETY: see above.
+                (true, true) => unsafe { span_tiles::<U, 2, 2>(unit, span, buf) },
+            }
+            if let Some(done) = pending {
+                epilogue(accs, done, &bufs[done.buf]);
+            }
+            pending = Some(item);
+            next_buf ^= 1;
+            row0 += rows;
         }
-        epilogue(&mut acc_f, g - 1, done);
     }
-    for j in 0..NB {
+    if let Some(done) = pending {
+        epilogue(accs, done, &bufs[done.buf]);
+    }
+    for j in 0..nb {
         let bias = w.bias().map(|b| &b[(p + j) * PANEL..][..PANEL]);
-        // SAFETY: rows `row0..row0 + rows < m` and panel `p + j`'s channels are inside the
-        // validated output and owned by this call (our contract).
+        // SAFETY: rows `0..m` and panel `p + j`'s channels are inside the validated output and
+        // owned by this call (our contract).
         unsafe {
-            write_panel_rows((job.out, w.n()), w.n(), (row0, rows), p + j, bias, |r| {
-                acc_f[r][j]
+            write_panel_rows((job.out, w.n()), w.n(), (0, job.m), p + j, bias, |r| {
+                accs[r][j]
             })
         };
     }
+}
+
+/// What one item's tiles read: the decoded span, the activation tiles, the row group's first
+/// row tile and the span's chunks.
+struct Span<'a> {
+    codes: &'a CodePair,
+    a: &'a TiledA<'a>,
+    t: usize,
+    chunks: Range<usize>,
+}
+
+/// Zeroes the C tiles, accumulates the span's chunks for row tiles `t..t + NA` and panels
+/// `0..NB` of the pair, and stores the C tiles into `buf`.
+///
+/// # Safety
+/// - The CPU has AMX-BF16; `unit` is configured with `tile_config(CHUNK_BYTES)`; `span.a`
+///   holds row tiles `t..t + NA` of every chunk of the span and `span.codes` its decoded rows
+///   of `NB` panels.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn span_tiles<U: TileUnit, const NA: usize, const NB: usize>(
+    unit: &mut U,
+    span: Span<'_>,
+    buf: &mut AccBuf,
+) {
+    let Span {
+        codes,
+        a,
+        t,
+        chunks,
+    } = span;
+    // SAFETY: for this and the tile calls below, the unit is configured with 64-byte A and B
+    // rows, `a` holds row tiles `t..t + NA` of every chunk, `chunk_rows` points at 16 rows of
+    // the decoded span (our contract).
+    unsafe { zero_live::<U, NA, NB>(unit) };
+    for c in chunks {
+        // SAFETY: see above.
+        unsafe { load_a_live::<U, NA>(unit, a, t, c) };
+        let b_rows = [codes.chunk_rows(0, c), codes.chunk_rows(NB - 1, c)];
+        // SAFETY: see above.
+        unsafe { load_b_live::<U, NB>(unit, b_rows) };
+        // SAFETY: see above.
+        unsafe { dpbf16_live::<U, NA, NB>(unit) };
+    }
+    // SAFETY: see above.
+    unsafe { store_live::<U, NA, NB>(unit, buf) };
 }
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ use crate::ukernel::{ActEncoding, W4A8Job, W4A8PanelsFn, W4Bf16Job, W8A8Job, W8A
 use crate::wna16::Int4DotJob;
 use bf16::{WideBf16Pair, bf16_step};
 use common::{AccBuf, GROUP_ROWS, TILE_ROWS, TileBuf, TiledA, tile_config};
-use int4::{CodePair, int4_step};
+use int4::{CodePair, RowAccs, int4_pair};
 use tiles::{HwTiles, TileUnit};
 use w4a8::{BatchAccs, W4A8Step, WidePair, w4a8_step};
 use w4a8_channel::channel_step;
@@ -117,7 +117,7 @@ thread_local! {
     /// The same for the bf16 path.
     static WIDE_BF16: RefCell<WideBf16Pair> = RefCell::new(WideBf16Pair::default());
     /// The same for the int4 codes decoded exactly.
-    static CODES: RefCell<CodePair> = RefCell::new(CodePair::default());
+    static CODES: RefCell<(CodePair, RowAccs)> = RefCell::new(Default::default());
     /// The same for the codes requantised per channel.
     static CHANNEL: RefCell<ChannelPair> = RefCell::new(ChannelPair::default());
 }
@@ -299,7 +299,8 @@ unsafe fn w4bf16_panels<U: TileUnit>(unit: &mut U, job: &W4Bf16Job<'_>, panels: 
 }
 
 /// The exactly decoded int4 counterpart of [`w4bf16_panels`]: each panel pair's codes decoded
-/// to bf16 once per call, C tiles stored and scaled once per scale group (`int4.rs`).
+/// to bf16 one scale group at a time, C tiles stored and scaled once per scale group
+/// (`int4.rs`).
 ///
 /// # Safety
 /// - The CPU has AVX-512 F/BW and `unit` can run AMX-BF16 tile instructions;
@@ -312,23 +313,13 @@ unsafe fn int4_panels<U: TileUnit>(unit: &mut U, job: &Int4DotJob<'_>, panels: R
     let mut bufs = [AccBuf::zeroed(), AccBuf::zeroed()];
     let n_chunks = job.w.k().div_ceil(bf16::CHUNK_K);
     let a = TiledA::new(job.pairs, job.m, bf16::CHUNK_BYTES, n_chunks);
-    CODES.with_borrow_mut(|codes| {
-        let a = &a;
+    CODES.with_borrow_mut(|(codes, accs)| {
         let mut p = panels.start;
         while p < panels.end {
             let nb = 2.min(panels.end - p);
-            codes.fill(job.w, p, nb);
-            let mut row0 = 0;
-            while row0 < job.m {
-                let rows = GROUP_ROWS.min(job.m - row0);
-                let step = int4::Step { codes, a, p, row0 };
-                // SAFETY: the unit is configured with 64-byte rows, `a` and `codes` are filled
-                // for this job and pair; the job contract (AMX-BF16 and `serves` included) is
-                // forwarded; `row0 < m` is a multiple of 16, and the shape has two row halves
-                // exactly when `row0 + 16 < m`.
-                unsafe { live_shape!(rows, nb, int4_step::<U>(unit, job, step, &mut bufs)) };
-                row0 += rows;
-            }
+            // SAFETY: the unit is configured with 64-byte rows and `a` is filled for this job;
+            // the job contract (AMX-BF16 and `serves` included) is forwarded for the pair.
+            unsafe { int4_pair::<U>(unit, job, (codes, &a), (p, nb), &mut bufs, accs) };
             p += nb;
         }
     });
