@@ -14,14 +14,17 @@ use crate::{
 };
 use moe_quant::act::{quantize_row_asym_i8, quantize_row_sym_i8};
 
-/// (K, group size) pairs: K a multiple of the group but not of every register block, plus
-/// channelwise K that are not multiples of 8.
+/// (K, group size) pairs: K a multiple of the group but not of every register block, K long
+/// enough that the tile bodies walk it in several spans, plus channelwise K that are not
+/// multiples of 8.
 const W4A8_KG: &[(usize, Option<usize>)] = &[
     (32, Some(32)),
     (96, Some(32)),
     (160, Some(32)),
     (192, Some(64)),
     (384, Some(128)),
+    (544, Some(32)),
+    (640, Some(64)),
     (128, Some(128)),
     (2, None),
     (64, None),
