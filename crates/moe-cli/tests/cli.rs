@@ -761,8 +761,9 @@ fn bad_input_fails_with_a_message() {
     assert_clean_failure(&["frobnicate"], "unrecognized subcommand");
 }
 
-/// `moe run` routes from router logits or takes a precomputed top-k from the input file, and
-/// runs one tensor- or expert-parallel rank; the ranks' outputs sum to the whole layer's.
+/// `moe run` routes from router logits or takes a precomputed top-k from the input file, runs
+/// one tensor- or expert-parallel rank (the ranks' outputs sum to the whole layer's), and
+/// repeats its call on request.
 #[test]
 fn run_takes_logits_a_precomputed_top_k_and_ranks() {
     let dir = fixture("qwen3moe-w4a8-g32");
@@ -795,6 +796,31 @@ fn run_takes_logits_a_precomputed_top_k_and_ranks() {
     close("router logits", &from_logits, &want);
     let whole = run("topk", &topk);
     close("precomputed top-k", &whole, &want);
+    // `--repeat` calls the block several times and writes what one call writes; the report
+    // counts the calls and keeps the first one's time beside the median.
+    let repeated = tmp.join("repeat.safetensors");
+    let mut args = moe_run_args(&dir, &input, &repeated);
+    args.extend_from_slice(&topk);
+    args.extend(["--repeat", "3"]);
+    let report = moe_json(&args);
+    assert_eq!(report["runs"], 3, "{report}");
+    for key in ["run_ms", "first_run_ms"] {
+        assert!(
+            report[key].as_f64().is_some_and(|ms| ms > 0.0),
+            "{key}: {report}"
+        );
+    }
+    let again = SafetensorsFile::read(&repeated).f32s("output");
+    assert!(
+        again
+            .iter()
+            .zip(&whole)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "--repeat changed the output"
+    );
+    let mut zero = moe_run_args(&dir, &input, &repeated);
+    zero.extend(["--repeat", "0"]);
+    assert_clean_failure(&zero, "--repeat");
     for (size_flag, rank_flag) in [("--ep-size", "--ep-rank"), ("--tp-size", "--tp-rank")] {
         let mut sum = vec![0f32; whole.len()];
         for rank in ["0", "1"] {

@@ -77,6 +77,13 @@ pub struct RunArgs {
     /// lines say what is in force.
     #[arg(long, value_name = "int8|bf16|int8-channel", value_parser = super::parse_w4a8_prefill)]
     pub w4a8_prefill: Option<W4A8Prefill>,
+    /// Run the block this many times on the same input and report the median call: a
+    /// process's first call also wakes the thread pool and touches the buffers for the first
+    /// time, which at a few tokens can take as long as the call itself. Every call reads the
+    /// same experts, so from the second on their weights may come from the caches; `moe bench`
+    /// cycles its weights for times against the memory's bound.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub repeat: u32,
     /// Print the report as JSON instead of text (set from the global `--json` flag).
     #[arg(skip)]
     pub json: bool,
@@ -105,8 +112,13 @@ pub struct RunReport {
     pub top_k: usize,
     /// The input dtype (the compute follows it, as vLLM's does).
     pub input_dtype: String,
-    /// Wall time of routing plus experts, in milliseconds (loading excluded).
+    /// Wall time of routing plus experts, in milliseconds (loading excluded): the median of
+    /// the `runs` calls.
     pub run_ms: f64,
+    /// Wall time of the first call, in milliseconds.
+    pub first_run_ms: f64,
+    /// Calls made (`--repeat`); every call computes the same output.
+    pub runs: usize,
     /// Wall time of loading and processing the layer, in milliseconds.
     pub load_ms: f64,
     /// The output file.
@@ -163,11 +175,10 @@ pub fn run(args: &RunArgs) -> Result<RunReport, Box<dyn Error>> {
     }
     let data = view.data();
     let routing = read_routing(&file, args, shape[0], spec.num_experts, spec.top_k)?;
-    let run_start = Instant::now();
-    let (out, ids, weights) = match view.dtype() {
-        Dtype::BF16 => run_typed(&moe, &decode(data, bf16::from_le_bytes), &routing)?,
-        Dtype::F16 => run_typed(&moe, &decode(data, f16::from_le_bytes), &routing)?,
-        Dtype::F32 => run_typed(&moe, &decode(data, f32::from_le_bytes), &routing)?,
+    let input = match view.dtype() {
+        Dtype::BF16 => Hidden::Bf16(decode(data, bf16::from_le_bytes)),
+        Dtype::F16 => Hidden::F16(decode(data, f16::from_le_bytes)),
+        Dtype::F32 => Hidden::F32(decode(data, f32::from_le_bytes)),
         other => {
             return Err(format!(
                 "{}: tensor {:?} is {other:?}; expected bf16, f16 or f32",
@@ -177,7 +188,22 @@ pub fn run(args: &RunArgs) -> Result<RunReport, Box<dyn Error>> {
             .into());
         }
     };
-    let run_ms = run_start.elapsed().as_secs_f64() * 1e3;
+    let mut times = Vec::with_capacity(args.repeat as usize);
+    let mut routed = None;
+    for _ in 0..args.repeat {
+        let run_start = Instant::now();
+        let result = match &input {
+            Hidden::Bf16(x) => run_typed(&moe, x, &routing)?,
+            Hidden::F16(x) => run_typed(&moe, x, &routing)?,
+            Hidden::F32(x) => run_typed(&moe, x, &routing)?,
+        };
+        times.push(run_start.elapsed().as_secs_f64() * 1e3);
+        routed = Some(result);
+    }
+    let (out, ids, weights) = routed.ok_or("--repeat must be at least 1")?;
+    let first_run_ms = times[0];
+    times.sort_by(f64::total_cmp);
+    let run_ms = times[times.len() / 2];
     let tokens = shape[0];
     let k = spec.top_k;
     write_output(&args.output, &out, &ids, &weights, tokens, h, k)?;
@@ -195,6 +221,8 @@ pub fn run(args: &RunArgs) -> Result<RunReport, Box<dyn Error>> {
         top_k: k,
         input_dtype: format!("{:?}", view.dtype()).to_lowercase(),
         run_ms,
+        first_run_ms,
+        runs: times.len(),
         load_ms,
         output: args.output.display().to_string(),
     };
@@ -205,8 +233,16 @@ pub fn run(args: &RunArgs) -> Result<RunReport, Box<dyn Error>> {
             "model {} layer {} ({}), backend {} kernel {}",
             report.model, report.layer, report.scheme, report.backend, report.kernel
         );
+        let calls = if report.runs > 1 {
+            format!(
+                ", the median of {} calls; the first {:.3} ms",
+                report.runs, report.first_run_ms
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "{} tokens × H {} ({}), top-{}: {:.3} ms (load + process {:.1} ms) → {}",
+            "{} tokens × H {} ({}), top-{}: {:.3} ms{calls} (load + process {:.1} ms) → {}",
             report.tokens,
             report.hidden,
             report.input_dtype,
@@ -218,6 +254,13 @@ pub fn run(args: &RunArgs) -> Result<RunReport, Box<dyn Error>> {
         println!("kernels: {}", report.kernel_ops.join("; "));
     }
     Ok(report)
+}
+
+/// The hidden states of `--input`, in their stored precision.
+enum Hidden {
+    Bf16(Vec<bf16>),
+    F16(Vec<f16>),
+    F32(Vec<f32>),
 }
 
 /// Below this many experts a layer loads in a blink and gets no progress bar.
@@ -529,6 +572,7 @@ mod tests {
             ep_size: 1,
             wna16_activations: Wna16Activations::Float,
             w4a8_prefill: None,
+            repeat: 1,
             json: true,
         }
     }
