@@ -404,8 +404,9 @@ mod tests {
     fn int4_dot_body_matches_the_f64_model_on_ragged_shapes() {
         let sets = dot_sets();
         let mut rng = SplitMix64::new(0xd08);
-        // (K, group size or channelwise, zero points, MXFP4)
-        let cases: [(usize, Option<usize>, bool, bool); 7] = [
+        // (K, group size or channelwise, zero points, MXFP4); the AMX body walks K = 300 in
+        // groups of 32 as three spans of groups, the last one partial.
+        let cases: [(usize, Option<usize>, bool, bool); 8] = [
             (8, None, false, false),
             (37, None, true, false),
             (64, Some(32), false, true),
@@ -413,6 +414,7 @@ mod tests {
             (100, Some(32), false, true),
             (256, Some(128), true, false),
             (200, Some(64), true, false),
+            (300, Some(32), true, false),
         ];
         for &(k, g, asym, mx) in &cases {
             for &n in &[1usize, 17, 33] {
