@@ -299,7 +299,7 @@ unsafe fn w4bf16_panels<U: TileUnit>(unit: &mut U, job: &W4Bf16Job<'_>, panels: 
 }
 
 /// The exactly decoded int4 counterpart of [`w4bf16_panels`]: each panel pair's codes decoded
-/// to bf16 one scale group at a time, C tiles stored and scaled once per scale group
+/// to bf16 a few scale groups at a time, C tiles stored and scaled once per scale group
 /// (`int4.rs`).
 ///
 /// # Safety
