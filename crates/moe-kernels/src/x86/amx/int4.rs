@@ -123,10 +123,10 @@ pub(crate) unsafe fn fill(
 /// `c` has row `4s + j` holding K values `8s + j` and `8s + j + 4` of the chunk's step `s` for
 /// the 16 channels; rows past K are zero.
 ///
-/// A span is whole scale groups of at least [`SPAN_CHUNKS`] chunks, so with groups of 32 to 128
-/// both panels' rows take 8 KiB: the decode writes into L1 and the tiles load from there. Decoding a whole pair at once (128 KiB at
-/// K = 2048) wrote every row out to L2 and had the tiles load it back from there, which
-/// took as long as the products.
+/// A span is whole scale groups of at least [`SPAN_CHUNKS`] chunks, so with groups of 32 to
+/// 128 both panels' rows take 8 KiB: the decode writes into L1 and the tiles load from there.
+/// Decoding a whole pair at once (128 KiB at K = 2048) wrote every row out to L2 and had the
+/// tiles load it back from there, which took as long as the products.
 #[derive(Default)]
 pub(crate) struct CodePair {
     /// `[panel][chunk of the span][CHUNK_ROWS]`.
@@ -199,7 +199,8 @@ const SPAN_CHUNKS: usize = 4;
 /// Each row's f32 accumulators for the two panels of a pair, kept between a pair's spans.
 pub(crate) type RowAccs = Vec<[__m512; 2]>;
 
-/// One item of a pair's walk: a row group over one span, its C tiles stored in `bufs[buf]`.
+/// One item of a pair's walk: a row group over one scale group, its C tiles stored in
+/// `bufs[buf]`.
 #[derive(Clone, Copy)]
 struct Item {
     row0: usize,
@@ -278,7 +279,7 @@ pub(crate) unsafe fn int4_pair<U: TileUnit>(
                     group: g,
                     buf: next_buf,
                 };
-                let span = Span {
+                let tiles = GroupTiles {
                     codes,
                     a,
                     t: row0 / TILE_ROWS,
@@ -290,13 +291,13 @@ pub(crate) unsafe fn int4_pair<U: TileUnit>(
                 // panels; the second row tile exists exactly when `rows > 16`.
                 match (rows > TILE_ROWS, nb == 2) {
                     // SAFETY: see above.
-                    (false, false) => unsafe { span_tiles::<U, 1, 1>(unit, span, buf) },
+                    (false, false) => unsafe { group_tiles::<U, 1, 1>(unit, tiles, buf) },
                     // SAFETY: see above.
-                    (false, true) => unsafe { span_tiles::<U, 1, 2>(unit, span, buf) },
+                    (false, true) => unsafe { group_tiles::<U, 1, 2>(unit, tiles, buf) },
                     // SAFETY: see above.
-                    (true, false) => unsafe { span_tiles::<U, 2, 1>(unit, span, buf) },
+                    (true, false) => unsafe { group_tiles::<U, 2, 1>(unit, tiles, buf) },
                     // SAFETY: see above.
-                    (true, true) => unsafe { span_tiles::<U, 2, 2>(unit, span, buf) },
+                    (true, true) => unsafe { group_tiles::<U, 2, 2>(unit, tiles, buf) },
                 }
                 if let Some(done) = pending {
                     epilogue(accs, done, &bufs[done.buf]);
@@ -323,33 +324,33 @@ pub(crate) unsafe fn int4_pair<U: TileUnit>(
 }
 
 /// What one item's tiles read: the decoded span, the activation tiles, the row group's first
-/// row tile and the span's chunks.
-struct Span<'a> {
+/// row tile and the chunks of the item's scale group.
+struct GroupTiles<'a> {
     codes: &'a CodePair,
     a: &'a TiledA<'a>,
     t: usize,
     chunks: Range<usize>,
 }
 
-/// Zeroes the C tiles, accumulates the span's chunks for row tiles `t..t + NA` and panels
+/// Zeroes the C tiles, accumulates the group's chunks for row tiles `t..t + NA` and panels
 /// `0..NB` of the pair, and stores the C tiles into `buf`.
 ///
 /// # Safety
-/// - The CPU has AMX-BF16; `unit` is configured with `tile_config(CHUNK_BYTES)`; `span.a`
-///   holds row tiles `t..t + NA` of every chunk of the span and `span.codes` its decoded rows
-///   of `NB` panels.
+/// - The CPU has AMX-BF16; `unit` is configured with `tile_config(CHUNK_BYTES)`; `tiles.a`
+///   holds row tiles `t..t + NA` of every chunk and `tiles.codes` the decoded rows of the
+///   group's chunks of `NB` panels.
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn span_tiles<U: TileUnit, const NA: usize, const NB: usize>(
+unsafe fn group_tiles<U: TileUnit, const NA: usize, const NB: usize>(
     unit: &mut U,
-    span: Span<'_>,
+    tiles: GroupTiles<'_>,
     buf: &mut AccBuf,
 ) {
-    let Span {
+    let GroupTiles {
         codes,
         a,
         t,
         chunks,
-    } = span;
+    } = tiles;
     // SAFETY: for this and the tile calls below, the unit is configured with 64-byte A and B
     // rows, `a` holds row tiles `t..t + NA` of every chunk, `chunk_rows` points at 16 rows of
     // the decoded span (our contract).
