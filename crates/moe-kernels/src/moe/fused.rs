@@ -437,11 +437,12 @@ struct ExpertCtx<'a, W, X> {
 
 /// The mutable buffers of a run of lanes: rows of the lanes' experts only.
 struct LaneBufs<'s> {
-    /// Gathered input rows, overwritten by the expert outputs, `[rows, H]`.
+    /// Expert outputs, `[rows, H]`; the expert in progress gathers its input rows into the
+    /// last of them.
     expert_rows: &'s mut [f32],
-    /// Gate/up projections, `[rows, 2I]`.
+    /// Gate/up projections of the expert in progress, from the start, `[rows, 2I]`.
     gate_up: &'s mut [f32],
-    /// Activation outputs, `[rows, I]`.
+    /// Activation outputs of the expert in progress, from the start, `[rows, I]`.
     activated: &'s mut [f32],
     gemm: &'s mut [GemmScratch],
     /// One stage-time record per lane, when recording.
@@ -532,6 +533,7 @@ impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
         let on_input = cfg.apply_router_weight_on_input;
         let scratch = &mut gemm[0];
         let base = self.offsets[e0];
+        let lane_rows = expert_rows.len() / h;
         for e in e0..e1 {
             let (start, end) = (self.offsets[e], self.offsets[e + 1]);
             let n_e = end - start;
@@ -539,9 +541,14 @@ impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
                 continue;
             }
             let r0 = start - base;
-            let rows_e = &mut expert_rows[r0 * h..][..n_e * h];
-            let gate_up_e = &mut gate_up[r0 * 2 * i..][..n_e * 2 * i];
-            let act_e = &mut activated[r0 * i..][..n_e * i];
+            // Every expert of the lane reuses the same places for its gathered rows, its
+            // gate/up projections and its activations, so those stay in the caches from one
+            // expert to the next instead of each expert writing memory of its own. The
+            // gathered rows sit at the end of the lane's output rows: at or after this
+            // expert's own rows, so they never cover an earlier expert's outputs, and they
+            // are read by the gate/up GEMM before the down GEMM writes this expert's rows.
+            let gate_up_e = &mut gate_up[..n_e * 2 * i];
+            let act_e = &mut activated[..n_e * i];
 
             // Gate/up projection from the tokens' shared codes, or from the gathered (and
             // optionally gated) input rows.
@@ -557,7 +564,8 @@ impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
                 None => false,
             };
             if !from_codes {
-                for (pos, row) in (start..end).zip(rows_e.chunks_exact_mut(h)) {
+                let gathered = &mut expert_rows[(lane_rows - n_e) * h..lane_rows * h];
+                for (pos, row) in (start..end).zip(gathered.chunks_exact_mut(h)) {
                     let src = &self.x[self.tok[pos] * h..][..h];
                     for (d, s) in row.iter_mut().zip(src) {
                         *d = s.to_f32();
@@ -571,7 +579,7 @@ impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
                 weights.w13[e].gemm(
                     &self.moe.kernels,
                     n_e,
-                    rows_e,
+                    gathered,
                     gate_up_e,
                     scratch,
                     self.par,
@@ -589,7 +597,8 @@ impl<W: ExpertMatrix, X: MoeFloat> ExpertCtx<'_, W, X> {
             }
             mark(&mut times, |t| &mut t.activation);
 
-            // Down projection into the gathered rows' place, bias, gating, output dtype.
+            // Down projection into the expert's rows, bias, gating, output dtype.
+            let rows_e = &mut expert_rows[r0 * h..][..n_e * h];
             weights.w2[e].gemm(&self.moe.kernels, n_e, act_e, rows_e, scratch, self.par)?;
             let b2 = weights.w2_bias.as_deref().map(|b| &b[e * h..][..h]);
             finish_gemm_rows(rows_e, h, b2, &nm);
