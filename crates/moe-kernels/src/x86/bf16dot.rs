@@ -140,13 +140,14 @@ fn tile_fn(rows: usize, nb: usize) -> TileFn {
 /// # Safety
 /// - [`crate::ukernel::W4Bf16PanelsFn`]'s contract, with AVX-512 F/BW/BF16 for the CPU.
 pub(crate) unsafe fn entry(job: &W4Bf16Job<'_>, panels: Range<usize>) {
-    let a = TiledA::new(job.a_tiles, job.m, CHUNK_BYTES, job.w.k().div_ceil(CHUNK_K));
+    let n_chunks = job.w.k().div_ceil(CHUNK_K);
+    let a = TiledA::new(job.a_tiles, job.m, CHUNK_BYTES, n_chunks);
     WIDE.with_borrow_mut(|wide| {
         let mut p = panels.start;
         while p < panels.end {
             let nb = 2.min(panels.end - p);
             // SAFETY: the CPU has AVX-512 F/BW/BF16 (our contract).
-            unsafe { wide.fill(job.w, p, nb) };
+            unsafe { wide.fill(job.w, p, nb, 0..n_chunks) };
             let mut group0 = 0;
             while group0 < job.m {
                 let group_rows = TILE_ROWS.min(job.m - group0);

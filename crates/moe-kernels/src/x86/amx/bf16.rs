@@ -14,10 +14,11 @@
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 use super::common::{
     AccBuf, GROUP_ROWS, Row64, TILE_ROWS, TiledA, dpbf16_live, load_a_live, load_b_live,
-    store_live, tiles_for, write_panel_rows, zero_live,
+    load_c_live, store_live, tiles_for, write_panel_rows, zero_live,
 };
 use super::tiles::TileUnit;
 use crate::aligned::AlignedVec;
@@ -78,14 +79,17 @@ pub(crate) fn fill_a(x: &[f32], m: usize, k: usize, dst: &mut AlignedVec<u8>) {
     }
 }
 
-/// A panel pair's weights dequantized to bf16 B rows: per panel, row `r` holds K values
-/// `2r, 2r + 1` of the 16 channels (`bf16(w·scale)` each), K padded with zeros to whole chunks.
+/// A panel pair's weights over a range of chunks dequantized to bf16 B rows: per panel, row
+/// `r` of chunk `c` holds K values `32c + 2r` and `32c + 2r + 1` of the 16 channels
+/// (`bf16(w·scale)` each), K padded with zeros to whole chunks.
 #[derive(Default)]
 pub(crate) struct WideBf16Pair {
     /// `[panel][row]`.
     rows: Vec<Row64>,
     /// B rows per panel.
     rows_per_panel: usize,
+    /// The range's first chunk.
+    first_chunk: usize,
 }
 
 /// Interleaves the even (lanes 0..16) and odd (lanes 16..32) bf16 of `vcvtne2ps2bf16` into one
@@ -115,17 +119,19 @@ fn store_pair(row: &mut Row64, even: __m512, odd: __m512, pairs: __m512i) {
 }
 
 impl WideBf16Pair {
-    /// Dequantizes panels `p..p + nb` (`nb` is 1 or 2) of `w`. Reuses the buffer, so a
-    /// thread's calls stop allocating once the largest matrix is seen.
+    /// Dequantizes chunks `chunks` of panels `p..p + nb` (`nb` is 1 or 2) of `w`. Reuses the
+    /// buffer, so a thread's calls stop allocating once the longest range is seen.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub(crate) fn fill(&mut self, w: Bf16Weights<'_>, p: usize, nb: usize) {
-        let rows_per_panel = w.k().div_ceil(CHUNK_K) * CHUNK_ROWS;
+    pub(crate) fn fill(&mut self, w: Bf16Weights<'_>, p: usize, nb: usize, chunks: Range<usize>) {
+        let rows_per_panel = chunks.len() * CHUNK_ROWS;
         self.rows_per_panel = rows_per_panel;
+        self.first_chunk = chunks.start;
         self.rows.resize(nb * rows_per_panel, Row64::ZERO);
+        let rows = chunks.start * CHUNK_ROWS..chunks.end * CHUNK_ROWS;
         let written = match w {
-            Bf16Weights::W4A8(w) => self.fill_w4a8(w, p, nb),
-            Bf16Weights::Wna16(w) => self.fill_wna16(w, p, nb),
-            Bf16Weights::Dense(w) => self.fill_dense(w, p, nb),
+            Bf16Weights::W4A8(w) => self.fill_w4a8(w, p, nb, rows),
+            Bf16Weights::Wna16(w) => self.fill_wna16(w, p, nb, rows),
+            Bf16Weights::Dense(w) => self.fill_dense(w, p, nb, rows),
         };
         // The rows past K meet zero activations. Every weight is finite, so what a longer
         // matrix left here would add zeros too; clearing the few rows past K keeps that exact
@@ -138,41 +144,51 @@ impl WideBf16Pair {
     /// [`WideBf16Pair::fill`] from bf16 dense panels, whose weights are B rows as they are:
     /// K values `2r` and `2r + 1` of a panel's 16 channels are 64 consecutive bytes (the panel
     /// is K-major), even channels' values first, which `vpermw` interleaves into pairs. An odd
-    /// K leaves the last row's odd halves zero, as are the rows past K.
+    /// K leaves the last row's odd halves zero, as are the rows past K. Fills B rows `rows`
+    /// and returns how many of them hold weights.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    fn fill_dense(&mut self, w: &PackedDense, p: usize, nb: usize) -> usize {
+    fn fill_dense(&mut self, w: &PackedDense, p: usize, nb: usize, rows: Range<usize>) -> usize {
         let rows_per_panel = self.rows_per_panel;
         let k = w.k();
         let Some(values) = w.bf16_values() else {
             debug_assert!(false, "the bf16 path takes bf16 dense weights only");
             return 0;
         };
+        let end = rows.end.min(k.div_ceil(2));
+        let live = rows.start.min(end)..end;
         let pairs = pair_index();
         for j in 0..nb {
             let panel = &values[(p + j) * k * PANEL..][..k * PANEL];
-            let dst = &mut self.rows[j * rows_per_panel..][..k.div_ceil(2)];
+            let dst = &mut self.rows[j * rows_per_panel..][..live.len()];
             let (whole, tail) = panel.as_chunks::<{ 2 * PANEL }>();
-            for (row, two) in dst.iter_mut().zip(whole) {
+            let whole_live = &whole[live.start.min(whole.len())..live.end.min(whole.len())];
+            for (row, two) in dst.iter_mut().zip(whole_live) {
                 prefetch_ahead(two);
                 // SAFETY: 32 readable bf16 (64 bytes); the load is unaligned.
                 let v = unsafe { _mm512_loadu_si512(two.as_ptr().cast()) };
                 store_row(row, _mm512_permutexvar_epi16(pairs, v));
             }
-            if let (Some(row), false) = (dst.last_mut(), tail.is_empty()) {
+            // The half row of an odd K is the last row with weights, inside `live` or not.
+            let half_row = (!tail.is_empty() && live.contains(&whole.len()))
+                .then(|| dst.last_mut())
+                .flatten();
+            if let Some(row) = half_row {
                 // SAFETY: the tail is one K value of 16 channels, 32 readable bytes; unaligned.
                 let even = unsafe { _mm256_loadu_si256(tail.as_ptr().cast()) };
                 let v = _mm512_zextsi256_si512(even);
                 store_row(row, _mm512_permutexvar_epi16(pairs, v));
             }
         }
-        k.div_ceil(2)
+        live.len()
     }
 
-    /// [`WideBf16Pair::fill`] from W4A8-packed panels (weights `c − 8`, block scales).
+    /// [`WideBf16Pair::fill`] from W4A8-packed panels (weights `c − 8`, block scales): B rows
+    /// `rows` (whole steps of four), returning how many of them hold weights.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    fn fill_w4a8(&mut self, w: &PackedW4A8, p: usize, nb: usize) -> usize {
+    fn fill_w4a8(&mut self, w: &PackedW4A8, p: usize, nb: usize, rows: Range<usize>) -> usize {
         let rows_per_panel = self.rows_per_panel;
         let block_len = w.block_len();
+        let live = step_range(rows, 4, w.k_pad() / K_STEP);
         // The weight `c − 8` of every nibble code `c`; `vpermps` reads a lane's low 4 bits.
         let lut = _mm512_setr_ps(
             -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0,
@@ -183,7 +199,8 @@ impl WideBf16Pair {
             let dst = &mut self.rows[j * rows_per_panel..][..rows_per_panel];
             let mut scale_block = usize::MAX;
             let mut sc = _mm512_setzero_ps();
-            for (s, (step, out)) in steps.iter().zip(dst.as_chunks_mut::<4>().0).enumerate() {
+            let live_steps = steps[live.clone()].iter().zip(dst.as_chunks_mut::<4>().0);
+            for (s, (step, out)) in live.clone().zip(live_steps) {
                 let b = s * K_STEP / block_len;
                 if b != scale_block {
                     scale_block = b;
@@ -206,7 +223,7 @@ impl WideBf16Pair {
                 }
             }
         }
-        (w.k_pad() / K_STEP).min(rows_per_panel / 4) * 4
+        live.len() * 4
     }
 
     /// [`WideBf16Pair::fill`] from WNA16-packed int4 panels: weights `(v(c) − zero)·scale` with
@@ -214,12 +231,13 @@ impl WideBf16Pair {
     /// value times the scale for MXFP4 (zero 0; exact in bf16). 8-bit codes go to
     /// [`WideBf16Pair::fill_bytes`].
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    fn fill_wna16(&mut self, w: &PackedWna16, p: usize, nb: usize) -> usize {
+    fn fill_wna16(&mut self, w: &PackedWna16, p: usize, nb: usize, rows: Range<usize>) -> usize {
         if w.bits() == 8 {
-            return self.fill_bytes(w, p, nb);
+            return self.fill_bytes(w, p, nb, rows);
         }
         let rows_per_panel = self.rows_per_panel;
         let (group_size, steps) = (w.group_size(), w.k_steps());
+        let live = step_range(rows, 4, steps);
         // The value of every nibble code before the zero point (the code itself, or its e2m1
         // value); `vpermps` reads a lane's low 4 bits.
         // SAFETY: the table is 16 readable f32; unaligned load.
@@ -230,13 +248,11 @@ impl WideBf16Pair {
             let dst = &mut self.rows[j * rows_per_panel..][..rows_per_panel];
             let mut group = usize::MAX;
             let (mut sc, mut zero) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-            for (s, (step, out)) in words
-                .as_chunks::<PANEL>()
-                .0
+            let (word_steps, _) = words.as_chunks::<PANEL>();
+            let live_steps = word_steps[live.clone()]
                 .iter()
-                .zip(dst.as_chunks_mut::<4>().0)
-                .enumerate()
-            {
+                .zip(dst.as_chunks_mut::<4>().0);
+            for (s, (step, out)) in live.clone().zip(live_steps) {
                 let g = s * K_STEP_WNA16 / group_size;
                 if g != group {
                     group = g;
@@ -261,7 +277,7 @@ impl WideBf16Pair {
                 }
             }
         }
-        steps.min(rows_per_panel / 4) * 4
+        live.len() * 4
     }
 
     /// [`WideBf16Pair::fill`] from WNA16-packed 8-bit panels: integer codes as
@@ -272,9 +288,10 @@ impl WideBf16Pair {
     /// runs of 16 bytes, so it fills B rows `2s` and `2s + 1`. Codes past K are 0, finite
     /// weights that meet the zero activations [`fill_a`] puts past K.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    fn fill_bytes(&mut self, w: &PackedWna16, p: usize, nb: usize) -> usize {
+    fn fill_bytes(&mut self, w: &PackedWna16, p: usize, nb: usize, rows: Range<usize>) -> usize {
         let rows_per_panel = self.rows_per_panel;
         let (group_size, steps) = (w.group_size(), w.k_steps());
+        let live = step_range(rows, 2, steps);
         let e4m3 = w.is_e4m3();
         let pairs = pair_index();
         for j in 0..nb {
@@ -282,13 +299,11 @@ impl WideBf16Pair {
             let dst = &mut self.rows[j * rows_per_panel..][..rows_per_panel];
             let mut group = usize::MAX;
             let (mut sc, mut zero) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-            for (s, (step, out)) in words
-                .as_chunks::<PANEL>()
-                .0
+            let (word_steps, _) = words.as_chunks::<PANEL>();
+            let live_steps = word_steps[live.clone()]
                 .iter()
-                .zip(dst.as_chunks_mut::<2>().0)
-                .enumerate()
-            {
+                .zip(dst.as_chunks_mut::<2>().0);
+            for (s, (step, out)) in live.clone().zip(live_steps) {
                 // Group sizes are multiples of 8, so a step never straddles two groups.
                 let g = s * K_STEP8 / group_size;
                 if g != group {
@@ -314,42 +329,75 @@ impl WideBf16Pair {
                 store_pair(&mut out[1], weight(2), weight(3), pairs);
             }
         }
-        steps.min(rows_per_panel / 2) * 2
+        live.len() * 2
     }
 
-    /// The B rows of chunk `c` of the pair's panel `j`.
+    /// The B rows of chunk `c` (of the filled range) of the pair's panel `j`.
     pub(crate) fn chunk_rows(&self, j: usize, c: usize) -> *const u8 {
-        let at = j * self.rows_per_panel + c * CHUNK_ROWS;
+        let at = j * self.rows_per_panel + (c - self.first_chunk) * CHUNK_ROWS;
         self.rows[at..at + CHUNK_ROWS].as_ptr().cast()
     }
 }
 
-/// Computes rows `row0..row0 + min(32, m − row0)` of the pair's channels. `NA` is 2 when the
-/// group has more than 16 rows, `NB` the number of panels in the pair.
+/// The packed steps that fill B rows `rows` at `per_step` rows a step (`rows` starts on a
+/// step), cut at the `steps` the panel holds.
+fn step_range(rows: Range<usize>, per_step: usize, steps: usize) -> Range<usize> {
+    let first = (rows.start / per_step).min(steps);
+    first..(rows.end / per_step).min(steps)
+}
+
+/// Where one row group's walk over a pair stands between the K blocks of a walk that goes
+/// over K in several blocks ([`bf16_step`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KBlock {
+    /// All of K in one go: zero the C tiles, run every chunk, write the output.
+    Whole,
+    /// The first block: zero the C tiles, park them in the row group's buffer.
+    First,
+    /// A block between: reload the parked tiles, park them again.
+    Middle,
+    /// The last block: reload the parked tiles, write the output.
+    Last,
+}
+
+/// Computes rows `row0..row0 + min(32, m − row0)` of the pair's channels over chunks `chunks`
+/// (the chunks `wide` holds), resuming from and parking its C tiles in `acc` as `block` says.
+/// `NA` is 2 when the group has more than 16 rows, `NB` the number of panels in the pair. The
+/// tiles add the chunks in K order whatever the blocks, and parking stores f32 sums exactly, so
+/// a walk in blocks gives the same bits as one over all of K.
 ///
 /// # Safety
 /// - The CPU has AVX-512 F/BW and AMX-BF16; `unit` is configured with `tile_config(64)`;
-///   `wide` was filled for the pair and `a` views this job's rows ([`fill_a`]).
+///   `wide` was filled for the pair and `chunks`, and `a` views this job's rows ([`fill_a`]).
 /// - The job satisfies [`crate::ukernel::W4Bf16PanelsFn`]'s contract for the pair's panels;
 ///   `row0 < job.m` is a multiple of 16, and `row0 + 16 < job.m` exactly when `NA == 2`.
+/// - Unless `block` is [`KBlock::Whole`] or [`KBlock::First`], `acc` holds what the previous
+///   block of the same row group and pair parked.
 #[target_feature(enable = "avx512f,avx512bw")]
+#[allow(clippy::too_many_arguments)] // one row group's place in the walk
 pub(crate) unsafe fn bf16_step<U: TileUnit, const NA: usize, const NB: usize>(
     unit: &mut U,
     job: &W4Bf16Job<'_>,
     wide: &WideBf16Pair,
     a: &TiledA<'_>,
-    p: usize,
-    row0: usize,
+    (p, row0): (usize, usize),
+    chunks: Range<usize>,
+    block: KBlock,
     acc: &mut AccBuf,
 ) {
     let w = job.w;
-    let n_chunks = w.k().div_ceil(CHUNK_K);
     let t = row0 / TILE_ROWS;
     // SAFETY: for this and the tile calls below, the unit is configured with 64-byte A and B
     // rows (our contract); `a` holds row tiles `t..t + NA` of every chunk; `chunk_rows` points
-    // at 16 rows of the filled pair; the CPU has AMX-BF16 (our contract).
-    unsafe { zero_live::<U, NA, NB>(unit) };
-    for c in 0..n_chunks {
+    // at 16 rows of the filled range; `acc` holds this row group's parked tiles when resuming;
+    // the CPU has AMX-BF16 (our contract).
+    match block {
+        // SAFETY: see above.
+        KBlock::Whole | KBlock::First => unsafe { zero_live::<U, NA, NB>(unit) },
+        // SAFETY: see above.
+        KBlock::Middle | KBlock::Last => unsafe { load_c_live::<U, NA, NB>(unit, acc) },
+    }
+    for c in chunks {
         // SAFETY: see above.
         unsafe { load_a_live::<U, NA>(unit, a, t, c) };
         // SAFETY: see above.
@@ -359,6 +407,9 @@ pub(crate) unsafe fn bf16_step<U: TileUnit, const NA: usize, const NB: usize>(
     }
     // SAFETY: see above.
     unsafe { store_live::<U, NA, NB>(unit, acc) };
+    if matches!(block, KBlock::First | KBlock::Middle) {
+        return;
+    }
 
     let rows = GROUP_ROWS.min(job.m - row0);
     for j in 0..NB {
@@ -863,5 +914,111 @@ mod tests {
             }
         }
         assert!(seen_subnormal, "the codes should include subnormals");
+    }
+
+    /// Walking K in blocks (each pair dequantized a block at a time, C tiles parked between
+    /// blocks) gives the bits of one walk over all of K, for each way the bf16 tiles read
+    /// weights: W4A8 int4 blocks, WNA16 int4 and int8 codes with zero points, and bf16 dense
+    /// panels with an odd K (a half B row in the last block).
+    #[test]
+    fn bf16_tiles_walked_in_k_blocks_give_the_bits_of_one_walk() {
+        use super::super::BF16_BLOCK_BYTES_FOR_TESTS;
+        use crate::{PackedDense, PackedWna16, Wna16Desc, Wna16Scales};
+        use half::f16;
+        let sets = bf16_sets();
+        let mut rng = SplitMix64::new(0xb10c);
+        for &(m, n) in &[(1usize, 17usize), (17, 33), (40, 16)] {
+            // (format, K): 17, 10 and 10 chunks, the last two partial.
+            for (format, k) in [("w4a8", 544usize), ("wna16", 300), ("dense", 301)] {
+                let x: Vec<f32> = (0..m * k).map(|_| rng.normal() * 2.0).collect();
+                let bias = rng.vec_uniform(n, -1.0, 1.0);
+                let run = |ks: &crate::KernelSet, bits: u32, out: &mut [f32]| {
+                    let mut scratch = GemmScratch::new();
+                    match format {
+                        "w4a8" => {
+                            let w: Vec<i8> = (0..n * k).map(|i| (i * 7 % 16) as i8 - 8).collect();
+                            let s: Vec<bf16> = (0..n * k / 32)
+                                .map(|i| bf16::from_f32(0.01 + (i % 9) as f32 * 0.01))
+                                .collect();
+                            let scales = W4A8Scales::Grouped {
+                                group_size: 32,
+                                scales: &s,
+                            };
+                            let packed = PackedW4A8::pack(n, k, &w, scales, Some(&bias)).unwrap();
+                            if ks.w4bf16_for(m, packed.order()).is_none() {
+                                return false;
+                            }
+                            crate::w4a8_gemm(ks, m, &x, &packed, out, &mut scratch, Par::Seq)
+                        }
+                        "wna16" => {
+                            let levels = 1usize << bits;
+                            let codes: Vec<u8> =
+                                (0..n * k).map(|i| (i * 13 % levels) as u8).collect();
+                            let groups = k.div_ceil(64);
+                            let scales: Vec<f16> = (0..n * groups)
+                                .map(|i| f16::from_f32(0.01 + (i % 5) as f32 * 0.02))
+                                .collect();
+                            let zeros: Vec<u8> =
+                                (0..n * groups).map(|i| (i * 3 % levels) as u8).collect();
+                            let w = PackedWna16::pack(Wna16Desc {
+                                n,
+                                k,
+                                bits,
+                                codes: &codes,
+                                group_size: moe_quant::WeightGroups::from_group_size(Some(64))
+                                    .unwrap(),
+                                scales: Wna16Scales::F16(&scales),
+                                zeros: Some(&zeros),
+                                bias: Some(&bias),
+                                perm: None,
+                            })
+                            .unwrap();
+                            crate::wna16_gemm(ks, m, &x, &w, out, &mut scratch, Par::Seq)
+                        }
+                        _ => {
+                            let w: Vec<bf16> = (0..n * k)
+                                .map(|i| bf16::from_f32((i % 11) as f32 * 0.1 - 0.5))
+                                .collect();
+                            let packed = PackedDense::pack_bf16(n, k, &w).unwrap();
+                            crate::dense::dense_expert_gemm(
+                                ks,
+                                m,
+                                &x,
+                                &packed,
+                                out,
+                                &mut scratch,
+                                Par::Seq,
+                            )
+                        }
+                    }
+                    .unwrap();
+                    true
+                };
+                let per_chunk = m.next_multiple_of(16) * super::CHUNK_BYTES + 2 * 16 * 64;
+                let widths: &[u32] = if format == "wna16" { &[4, 8] } else { &[4] };
+                for (unit, ks) in &sets {
+                    for &bits in widths {
+                        let mut whole = vec![f32::NAN; m * n];
+                        if !run(ks, bits, &mut whole) {
+                            continue;
+                        }
+                        for blk in [1usize, 2, 5] {
+                            BF16_BLOCK_BYTES_FOR_TESTS.with(|b| b.set(Some(blk * per_chunk)));
+                            let mut blocked = vec![f32::NAN; m * n];
+                            run(ks, bits, &mut blocked);
+                            BF16_BLOCK_BYTES_FOR_TESTS.with(|b| b.set(None));
+                            let same = whole
+                                .iter()
+                                .zip(&blocked)
+                                .all(|(a, b)| a.to_bits() == b.to_bits());
+                            assert!(
+                                same,
+                                "{unit} {format} {bits}-bit m={m} n={n} k={k}: blocks of {blk} chunks"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 }

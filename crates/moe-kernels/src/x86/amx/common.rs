@@ -354,6 +354,36 @@ pub(crate) unsafe fn store_live<U: TileUnit, const NA: usize, const NB: usize>(
     }
 }
 
+/// Loads the live C tiles back from `acc`, where [`store_live`] put them: the sums of a walk
+/// that resumes over more of K.
+///
+/// # Safety
+/// - The unit is configured with [`tile_config`].
+#[inline(always)]
+pub(crate) unsafe fn load_c_live<U: TileUnit, const NA: usize, const NB: usize>(
+    unit: &mut U,
+    acc: &AccBuf,
+) {
+    let stride = PAIR * 4;
+    let base: *const u8 = acc.0.as_ptr().cast();
+    let at = |a: usize, b: usize| base.wrapping_add(a * TILE_ROWS * stride + b * PANEL * 4);
+    // SAFETY: `at(a, b)` starts 16 rows of 64 readable bytes at stride `stride` inside `acc`;
+    // C tiles are 16 × 64 (our contract); likewise below.
+    unsafe { unit.load::<C00>(at(0, 0), stride) };
+    if NB == 2 {
+        // SAFETY: as above.
+        unsafe { unit.load::<C01>(at(0, 1), stride) };
+    }
+    if NA == 2 {
+        // SAFETY: as above.
+        unsafe { unit.load::<C10>(at(1, 0), stride) };
+        if NB == 2 {
+            // SAFETY: as above.
+            unsafe { unit.load::<C11>(at(1, 1), stride) };
+        }
+    }
+}
+
 /// Writes rows `row0..row0 + rows` of panel `p` of an `[m][ld]` f32 output: `y(r)` plus the
 /// bias for row `row0 + r`, the channels past `n` masked out.
 ///
