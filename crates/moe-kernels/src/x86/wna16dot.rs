@@ -486,6 +486,83 @@ mod tests {
         }
     }
 
+    /// The AMX body walked over K in blocks of scale groups (each pair's row sums kept between
+    /// blocks) gives the bits of one walk over all of K: symmetric codes, zero points, MXFP4, a
+    /// partial last group, row groups of one and two tiles.
+    #[test]
+    fn int4_tiles_walked_in_k_blocks_give_the_bits_of_one_walk() {
+        use crate::x86::amx::BF16_BLOCK_BYTES_FOR_TESTS;
+        let mut rng = SplitMix64::new(0xd0b);
+        // (K, group size, zero points, MXFP4)
+        for (k, g, asym, mx) in [
+            (544usize, 32usize, false, false),
+            (640, 64, true, false),
+            (300, 32, true, false),
+            (320, 32, false, true),
+        ] {
+            let n = 33;
+            let groups = k.div_ceil(g);
+            let codes: Vec<u8> = (0..n * k).map(|_| rng.below(16) as u8).collect();
+            let scales: Vec<bf16> = (0..n * groups)
+                .map(|_| bf16::from_f32(rng.uniform(0.01, 0.1)))
+                .collect();
+            let zeros: Vec<u8> = (0..n * groups).map(|_| rng.below(16) as u8).collect();
+            let blocks: Vec<u8> = (0..n * groups * 16).map(|_| rng.below(256) as u8).collect();
+            let e8m0: Vec<u8> = (0..n * groups).map(|_| 118 + rng.below(12) as u8).collect();
+            let bias = rng.vec_uniform(n, -1.0, 1.0);
+            let w = if mx {
+                PackedWna16::pack_mxfp4(Mxfp4Desc {
+                    n,
+                    k,
+                    blocks: &blocks,
+                    scales: &e8m0,
+                    bias: Some(&bias),
+                })
+            } else {
+                PackedWna16::pack(Wna16Desc {
+                    n,
+                    k,
+                    bits: 4,
+                    codes: &codes,
+                    group_size: moe_quant::WeightGroups::from_group_size(Some(g)).unwrap(),
+                    scales: Wna16Scales::Bf16(&scales),
+                    zeros: asym.then_some(&zeros[..]),
+                    bias: Some(&bias),
+                    perm: None,
+                })
+            }
+            .unwrap();
+            for m in [1usize, 9, 17, 32] {
+                let x: Vec<f32> = (0..m * k).map(|_| rng.normal() * 2.0).collect();
+                let per_group = m.next_multiple_of(16) * 64 * (g / 32);
+                for (unit, ks) in dot_sets().iter().filter(|(u, _)| u.starts_with("amx")) {
+                    if ks.wna16_int4_dot_for(&w, m).is_none() {
+                        continue;
+                    }
+                    let run = |out: &mut [f32]| {
+                        crate::wna16_gemm(ks, m, &x, &w, out, &mut GemmScratch::new(), Par::Seq)
+                            .unwrap()
+                    };
+                    let mut whole = vec![f32::NAN; m * n];
+                    run(&mut whole);
+                    for blk in [1usize, 2, 3] {
+                        BF16_BLOCK_BYTES_FOR_TESTS.with(|b| b.set(Some(blk * per_group)));
+                        let mut blocked = vec![f32::NAN; m * n];
+                        run(&mut blocked);
+                        BF16_BLOCK_BYTES_FOR_TESTS.with(|b| b.set(None));
+                        assert!(
+                            whole
+                                .iter()
+                                .zip(&blocked)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{unit}: k={k} g={g} asym={asym} mxfp4={mx} m={m}: blocks of {blk} groups"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// A row holding a NaN gives NaN outputs, and the other rows are untouched by it.
     #[test]
     fn int4_dot_body_keeps_nan_rows_nan() {

@@ -196,7 +196,8 @@ impl CodePair {
 /// 10-40 % slower than 4 with groups of 32 and 128.
 const SPAN_CHUNKS: usize = 4;
 
-/// Each row's f32 accumulators for the two panels of a pair, kept between a pair's spans.
+/// Each row's f32 accumulators for the two panels of a pair, kept between a pair's spans (and,
+/// when the walk goes over K in blocks, one set per pair of the walk).
 pub(crate) type RowAccs = Vec<[__m512; 2]>;
 
 /// One item of a pair's walk: a row group over one scale group, its C tiles stored in
@@ -209,41 +210,52 @@ struct Item {
     buf: usize,
 }
 
-/// Computes every row of the job in the channels of panels `p..p + nb`: for each span of scale
-/// groups (all of K when the matrix has one group), decodes the span's codes
-/// ([`CodePair::fill`]), then runs each row group of up to 32 rows over each of its groups, the
-/// C tiles stored into alternate buffers of `bufs` and scaled into the rows' accumulators once
-/// the next item's tiles are issued, so that the tile unit and the vector units work at the
-/// same time. Each row still takes its groups in K order.
+/// Chunks of 32 values per scale group of `w`: all of K when it has one group; otherwise groups
+/// are whole chunks ([`serves`]).
+pub(crate) fn chunks_per_group(w: &PackedWna16) -> usize {
+    if w.n_groups() == 1 {
+        w.k().div_ceil(CHUNK_K)
+    } else {
+        w.group_size() / CHUNK_K
+    }
+}
+
+/// Computes the job's rows in the channels of panels `p..p + nb` over scale groups `groups`,
+/// adding into `accs` (a row's two accumulators each): for each span of those groups, decodes
+/// the span's codes ([`CodePair::fill`]), then runs each row group of up to 32 rows over each
+/// of its groups, the C tiles stored into alternate buffers of `bufs` and scaled into the rows'
+/// accumulators once the next item's tiles are issued, so that the tile unit and the vector
+/// units work at the same time. Each row still takes its groups in K order. The first groups of
+/// K start the accumulators from zero; the last ones write the output.
 ///
 /// # Safety
 /// - The CPU has AVX-512 F/BW and AMX-BF16; `unit` is configured with
 ///   `tile_config(CHUNK_BYTES)`; `a` views this job's rows ([`fill`]).
 /// - The job satisfies [`crate::wna16::Int4DotPanelsFn`]'s contract for panels `p..p + nb`
-///   (`nb` is 1 or 2) and [`serves`] holds for it.
+///   (`nb` is 1 or 2) and [`serves`] holds for it; `groups` lies in `0..n_groups`, `accs` holds
+///   `m` rows, and unless `groups` starts at 0 they hold this pair's sums over every group
+///   before `groups`.
 #[target_feature(enable = "avx512f,avx512bw")]
+#[allow(clippy::too_many_arguments)] // one pair's place in the walk over K
 pub(crate) unsafe fn int4_pair<U: TileUnit>(
     unit: &mut U,
     job: &Int4DotJob<'_>,
     (codes, a): (&mut CodePair, &TiledA<'_>),
     (p, nb): (usize, usize),
+    groups_of_k: Range<usize>,
     bufs: &mut [AccBuf; 2],
-    accs: &mut RowAccs,
+    accs: &mut [[__m512; 2]],
 ) {
     let w = job.w;
     let (k, ng) = (w.k(), w.n_groups());
     let n_chunks = k.div_ceil(CHUNK_K);
-    // With one group it spans every chunk; otherwise groups are whole chunks (`serves`).
-    let per_group = if ng == 1 {
-        n_chunks
-    } else {
-        w.group_size() / CHUNK_K
-    };
+    let per_group = chunks_per_group(w);
     let zeros = w.zeros();
-    accs.clear();
-    accs.resize(job.m, [_mm512_setzero_ps(); 2]);
+    if groups_of_k.start == 0 {
+        accs.fill([_mm512_setzero_ps(); 2]);
+    }
     // Scales an item's stored sums into its rows' accumulators.
-    let epilogue = |accs: &mut RowAccs, item: Item, buf: &AccBuf| {
+    let epilogue = |accs: &mut [[__m512; 2]], item: Item, buf: &AccBuf| {
         for j in 0..nb {
             let at = ((p + j) * ng + item.group) * PANEL;
             let scale = group_scales(w.scales(), at);
@@ -264,8 +276,8 @@ pub(crate) unsafe fn int4_pair<U: TileUnit>(
     let mut pending: Option<Item> = None;
     let mut next_buf = 0;
     let span_groups = (SPAN_CHUNKS / per_group).max(1);
-    for first in (0..ng).step_by(span_groups) {
-        let groups = first..ng.min(first + span_groups);
+    for first in groups_of_k.clone().step_by(span_groups) {
+        let groups = first..groups_of_k.end.min(first + span_groups);
         let chunks = groups.start * per_group..n_chunks.min(groups.end * per_group);
         codes.fill(w, p, nb, chunks);
         let codes = &*codes;
@@ -310,6 +322,9 @@ pub(crate) unsafe fn int4_pair<U: TileUnit>(
     }
     if let Some(done) = pending {
         epilogue(accs, done, &bufs[done.buf]);
+    }
+    if groups_of_k.end < ng {
+        return;
     }
     for j in 0..nb {
         let bias = w.bias().map(|b| &b[(p + j) * PANEL..][..PANEL]);

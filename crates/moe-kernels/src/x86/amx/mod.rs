@@ -271,24 +271,20 @@ thread_local! {
         const { std::cell::Cell::new(None) };
 }
 
+/// The bytes a K block may read and the fewest chunks it covers (tests may shrink both).
+fn block_budget() -> (usize, usize) {
+    #[cfg(test)]
+    if let Some(bytes) = BF16_BLOCK_BYTES_FOR_TESTS.with(|b| b.get()) {
+        return (bytes, 1);
+    }
+    (BF16_BLOCK_BYTES, BF16_MIN_BLOCK_CHUNKS)
+}
+
 /// Chunks per K block of the bf16 walk over `m` rows and `n_chunks` chunks: all of them when
 /// the row tiles of A and a pair's B rows fit [`BF16_BLOCK_BYTES`], else as many as fit, but
 /// at least [`BF16_MIN_BLOCK_CHUNKS`].
 fn bf16_block_chunks(m: usize, n_chunks: usize) -> usize {
-    #[cfg(test)]
-    let budget = BF16_BLOCK_BYTES_FOR_TESTS
-        .with(|b| b.get())
-        .unwrap_or(BF16_BLOCK_BYTES);
-    #[cfg(not(test))]
-    let budget = BF16_BLOCK_BYTES;
-    #[cfg(test)]
-    let least = if budget < BF16_BLOCK_BYTES {
-        1
-    } else {
-        BF16_MIN_BLOCK_CHUNKS
-    };
-    #[cfg(not(test))]
-    let least = BF16_MIN_BLOCK_CHUNKS;
+    let (budget, least) = block_budget();
     // A chunk's A tiles for every row tile, and its 16 B rows of 64 bytes for each panel.
     let per_chunk = m.next_multiple_of(TILE_ROWS) * bf16::CHUNK_BYTES + 2 * 16 * 64;
     if per_chunk.saturating_mul(n_chunks) <= budget {
@@ -362,9 +358,27 @@ unsafe fn w4bf16_panels<U: TileUnit>(unit: &mut U, job: &W4Bf16Job<'_>, panels: 
     unit.release();
 }
 
+/// Scale groups per K block of the int4 walk over `m` rows of `w`: all of them when the row
+/// tiles of A fit [`BF16_BLOCK_BYTES`] (the decoded codes of a span stay in L1 anyway), else
+/// as many whole groups as fit, but at least [`BF16_MIN_BLOCK_CHUNKS`] chunks' worth.
+fn int4_block_groups(m: usize, w: &crate::PackedWna16) -> usize {
+    let (ng, per_group) = (w.n_groups(), int4::chunks_per_group(w));
+    let per_chunk = m.next_multiple_of(TILE_ROWS) * bf16::CHUNK_BYTES;
+    let (budget, least) = block_budget();
+    if per_chunk.saturating_mul(per_group * ng) <= budget {
+        ng
+    } else {
+        (budget / per_chunk / per_group)
+            .max(least.div_ceil(per_group))
+            .clamp(1, ng)
+    }
+}
+
 /// The exactly decoded int4 counterpart of [`w4bf16_panels`]: each panel pair's codes decoded
 /// to bf16 a few scale groups at a time, C tiles stored and scaled once per scale group
-/// (`int4.rs`).
+/// (`int4.rs`). When the activations are too long to stay in L2 ([`int4_block_groups`]), K
+/// goes in blocks of groups, every pair over one block before the next, each pair's row
+/// accumulators kept in memory in between.
 ///
 /// # Safety
 /// - The CPU has AVX-512 F/BW and `unit` can run AMX-BF16 tile instructions;
@@ -377,14 +391,37 @@ unsafe fn int4_panels<U: TileUnit>(unit: &mut U, job: &Int4DotJob<'_>, panels: R
     let mut bufs = [AccBuf::zeroed(), AccBuf::zeroed()];
     let n_chunks = job.w.k().div_ceil(bf16::CHUNK_K);
     let a = TiledA::new(job.pairs, job.m, bf16::CHUNK_BYTES, n_chunks);
+    let ng = job.w.n_groups();
+    let block = int4_block_groups(job.m, job.w);
+    // One set of row accumulators per pair when the pairs take turns over the blocks.
+    let sets = if block < ng {
+        panels.len().div_ceil(2)
+    } else {
+        1
+    };
     CODES.with_borrow_mut(|(codes, accs)| {
-        let mut p = panels.start;
-        while p < panels.end {
-            let nb = 2.min(panels.end - p);
-            // SAFETY: the unit is configured with 64-byte rows and `a` is filled for this job;
-            // the job contract (AMX-BF16 and `serves` included) is forwarded for the pair.
-            unsafe { int4_pair::<U>(unit, job, (codes, &a), (p, nb), &mut bufs, accs) };
-            p += nb;
+        accs.resize(sets * job.m, [std::arch::x86_64::_mm512_setzero_ps(); 2]);
+        for g0 in (0..ng).step_by(block) {
+            let groups = g0..ng.min(g0 + block);
+            for (pair, p) in panels.clone().step_by(2).enumerate() {
+                let nb = 2.min(panels.end - p);
+                let set = &mut accs[(pair % sets) * job.m..][..job.m];
+                // SAFETY: the unit is configured with 64-byte rows and `a` is filled for this
+                // job; the job contract (AMX-BF16 and `serves` included) is forwarded for the
+                // pair; `groups` lies in `0..ng`, and `set` holds the pair's sums over the
+                // groups before it (the blocks go in K order, each over every pair).
+                unsafe {
+                    int4_pair::<U>(
+                        unit,
+                        job,
+                        (codes, &a),
+                        (p, nb),
+                        groups.clone(),
+                        &mut bufs,
+                        set,
+                    )
+                };
+            }
         }
     });
     unit.release();
