@@ -220,21 +220,21 @@ pub(crate) fn chunks_per_group(w: &PackedWna16) -> usize {
     }
 }
 
-/// Computes the job's rows in the channels of panels `p..p + nb` over scale groups `groups`,
-/// adding into `accs` (a row's two accumulators each): for each span of those groups, decodes
+/// Computes the job's rows in the channels of panels `p..p + nb` over scale groups
+/// `groups_of_k`, accumulating into `accs` (a row's two accumulators each): for each span of those groups, decodes
 /// the span's codes ([`CodePair::fill`]), then runs each row group of up to 32 rows over each
 /// of its groups, the C tiles stored into alternate buffers of `bufs` and scaled into the rows'
 /// accumulators once the next item's tiles are issued, so that the tile unit and the vector
-/// units work at the same time. Each row still takes its groups in K order. The first groups of
-/// K start the accumulators from zero; the last ones write the output.
+/// units work at the same time. Each row still takes its groups in K order. The first group of
+/// K sets the accumulators, the others add to them; the last ones write the output.
 ///
 /// # Safety
 /// - The CPU has AVX-512 F/BW and AMX-BF16; `unit` is configured with
 ///   `tile_config(CHUNK_BYTES)`; `a` views this job's rows ([`fill`]).
 /// - The job satisfies [`crate::wna16::Int4DotPanelsFn`]'s contract for panels `p..p + nb`
-///   (`nb` is 1 or 2) and [`serves`] holds for it; `groups` lies in `0..n_groups`, `accs` holds
-///   `m` rows, and unless `groups` starts at 0 they hold this pair's sums over every group
-///   before `groups`.
+///   (`nb` is 1 or 2) and [`serves`] holds for it; `groups_of_k` lies in `0..n_groups`, `accs`
+///   holds `m` rows, and unless `groups_of_k` starts at 0 they hold this pair's sums over every
+///   group before it.
 #[target_feature(enable = "avx512f,avx512bw")]
 #[allow(clippy::too_many_arguments)] // one pair's place in the walk over K
 pub(crate) unsafe fn int4_pair<U: TileUnit>(
@@ -251,11 +251,11 @@ pub(crate) unsafe fn int4_pair<U: TileUnit>(
     let n_chunks = k.div_ceil(CHUNK_K);
     let per_group = chunks_per_group(w);
     let zeros = w.zeros();
-    if groups_of_k.start == 0 {
-        accs.fill([_mm512_setzero_ps(); 2]);
-    }
-    // Scales an item's stored sums into its rows' accumulators.
+    // Scales an item's stored sums into its rows' accumulators: the first group of K sets them
+    // (what a multiply-add into zeros gives, but for the sign of a zero), so no pass clears
+    // them first.
     let epilogue = |accs: &mut [[__m512; 2]], item: Item, buf: &AccBuf| {
+        let first = item.group == 0;
         for j in 0..nb {
             let at = ((p + j) * ng + item.group) * PANEL;
             let scale = group_scales(w.scales(), at);
@@ -269,7 +269,12 @@ pub(crate) unsafe fn int4_pair<U: TileUnit>(
                     let xsum = _mm512_set1_ps(job.group_sums[row * ng + item.group]);
                     sum = _mm512_fnmadd_ps(zero, xsum, sum);
                 }
-                accs[row][j] = _mm512_fmadd_ps(sum, scale, accs[row][j]);
+                let acc = &mut accs[row][j];
+                *acc = if first {
+                    _mm512_mul_ps(sum, scale)
+                } else {
+                    _mm512_fmadd_ps(sum, scale, *acc)
+                };
             }
         }
     };
