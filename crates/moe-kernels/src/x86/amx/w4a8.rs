@@ -25,6 +25,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 use super::common::{
     ARows, AccBuf, GROUP_ROWS, Row64, TILE_ROWS, TiledA, dpbusd_live, load_a_live, load_b_live,
@@ -52,7 +53,7 @@ pub(crate) const BATCH: usize = 2;
 pub(crate) type BatchAccs = [[AccBuf; BATCH]; 2];
 
 /// Whether blocks of `block_len` values carry their correction in the tile product.
-fn corr_in_tile(block_len: usize) -> bool {
+pub(crate) fn corr_in_tile(block_len: usize) -> bool {
     block_len <= CORR_IN_TILE_MAX_BLOCK
 }
 
@@ -140,21 +141,31 @@ pub(crate) struct WidePair {
     scales: Vec<[f32; PANEL]>,
     /// B rows per block: the block's chunks, whole.
     rows_per_block: usize,
-    /// Blocks per panel.
+    /// Blocks per panel that were widened.
     n_blocks: usize,
+    /// The first block widened.
+    first_block: usize,
 }
 
 impl WidePair {
-    /// Widens panels `p..p + nb` (`nb` is 1 or 2) of `w` for chunks of `chunk` bytes.
-    /// Reuses the buffers, so a thread's calls stop allocating once the largest matrix is seen;
-    /// every row is written (data, correction or padding), so nothing is cleared first.
+    /// Widens scale blocks `blocks` of panels `p..p + nb` (`nb` is 1 or 2) of `w` for chunks
+    /// of `chunk` bytes. Reuses the buffers, so a thread's calls stop allocating once the
+    /// longest range is seen; every row is written (data, correction or padding), so nothing is
+    /// cleared first.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub(crate) fn fill(&mut self, w: &PackedW4A8, p: usize, nb: usize, chunk: usize) {
-        let (block_len, n_blocks) = (w.block_len(), w.n_blocks());
+    pub(crate) fn fill(
+        &mut self,
+        w: &PackedW4A8,
+        (p, nb): (usize, usize),
+        chunk: usize,
+        blocks: Range<usize>,
+    ) {
+        let (block_len, n_blocks) = (w.block_len(), blocks.len());
         let rows_per_block = block_len.div_ceil(chunk_values(block_len)) * (chunk / 4);
         let in_tile = corr_in_tile(block_len);
         self.rows_per_block = rows_per_block;
         self.n_blocks = n_blocks;
+        self.first_block = blocks.start;
         self.rows
             .resize(nb * n_blocks * rows_per_block, Row64::ZERO);
         // Every block's sums are stored below, so nothing is cleared.
@@ -166,8 +177,8 @@ impl WidePair {
         let ones = _mm512_set1_epi8(1);
         for j in 0..nb {
             let (steps, _) = w.panel_nibbles(p + j).as_chunks::<STEP_BYTES>();
-            for b in 0..n_blocks {
-                let block = &steps[b * steps_per_block..][..steps_per_block];
+            for (b, block_of_k) in blocks.clone().enumerate() {
+                let block = &steps[block_of_k * steps_per_block..][..steps_per_block];
                 let at = (j * n_blocks + b) * rows_per_block;
                 let dst = &mut self.rows[at..at + rows_per_block];
                 let mut ws = _mm512_setzero_si512();
@@ -200,16 +211,16 @@ impl WidePair {
                     };
                 }
                 // SAFETY: 16 writable i32; unaligned store.
-                unsafe {
-                    _mm512_storeu_si512(self.wsum[j * self.n_blocks + b].as_mut_ptr().cast(), ws)
-                };
-                self.scales.push(w.block_scales(p + j, b));
+                unsafe { _mm512_storeu_si512(self.wsum[j * n_blocks + b].as_mut_ptr().cast(), ws) };
+                self.scales.push(w.block_scales(p + j, block_of_k));
             }
         }
     }
 
-    /// The B rows of chunk `c` of block `b` of the pair's panel `j`.
+    /// The B rows of chunk `c` of block `b` (of K, one of the widened ones) of the pair's
+    /// panel `j`.
     fn chunk_rows(&self, j: usize, b: usize, c: usize, chunk: usize) -> *const u8 {
+        let b = b - self.first_block;
         let at = (j * self.n_blocks + b) * self.rows_per_block + c * (chunk / 4);
         self.rows[at..at + chunk / 4].as_ptr().cast()
     }
@@ -217,7 +228,7 @@ impl WidePair {
     /// Block `b`'s scales of the pair's panel `j`.
     #[inline(always)]
     fn scales(&self, j: usize, b: usize) -> __m512 {
-        let s = &self.scales[j * self.n_blocks + b];
+        let s = &self.scales[j * self.n_blocks + b - self.first_block];
         // SAFETY: 16 readable f32; unaligned load.
         unsafe { _mm512_loadu_ps(s.as_ptr()) }
     }
@@ -225,7 +236,7 @@ impl WidePair {
     /// Block `b`'s weight sums of the pair's panel `j`.
     #[inline(always)]
     fn wsum(&self, j: usize, b: usize) -> __m512i {
-        let s = &self.wsum[j * self.n_blocks + b];
+        let s = &self.wsum[j * self.n_blocks + b - self.first_block];
         // SAFETY: 16 readable i32; unaligned load.
         unsafe { _mm512_loadu_si512(s.as_ptr().cast()) }
     }
@@ -253,7 +264,7 @@ fn correction_parts(wsum: __m512i) -> __m512i {
 }
 
 /// The f32 accumulators of a row group, `[row][panel]`.
-type AccF = [[__m512; 2]; GROUP_ROWS];
+pub(crate) type AccF = [[__m512; 2]; GROUP_ROWS];
 
 /// How a block's int32 sums become `acc_i`.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -279,6 +290,10 @@ pub(crate) struct W4A8Step<'a> {
     pub row0: usize,
     /// The two C-tile buffers the batches alternate between.
     pub accs: &'a mut BatchAccs,
+    /// The scale blocks of K to run (the ones `wide` holds).
+    pub blocks: Range<usize>,
+    /// Where the row group's f32 sums wait between blocks of K, when K goes in several.
+    pub parked: Option<&'a mut AccF>,
 }
 
 /// Computes rows `row0..row0 + min(32, m − row0)` of the pair's channels. `NA` is 2 when the
@@ -302,9 +317,12 @@ pub(crate) unsafe fn w4a8_step<U: TileUnit, const NA: usize, const NB: usize>(
         a,
         row0,
         accs,
+        blocks,
+        parked,
     } = step;
     let w = job.w;
     let (block_len, n_blocks) = (w.block_len(), w.n_blocks());
+    let first = blocks.start;
     let chunk = chunk_len(block_len);
     let per_block = block_len.div_ceil(chunk_values(block_len));
     let t = row0 / TILE_ROWS;
@@ -340,20 +358,23 @@ pub(crate) unsafe fn w4a8_step<U: TileUnit, const NA: usize, const NB: usize>(
         // SAFETY: see above.
         unsafe { store_live::<U, NA, NB>(unit, acc) };
     };
-    // Runs the tiles of batch `i` into `ring`.
+    // Runs the tiles of batch `i` (of the range) into `ring`.
     let batch_tiles = |unit: &mut U, i: usize, ring: &mut [AccBuf; BATCH]| {
-        let blocks = i * BATCH..n_blocks.min((i + 1) * BATCH);
-        for (b, acc) in blocks.zip(ring.iter_mut()) {
+        let batch = first + i * BATCH..blocks.end.min(first + (i + 1) * BATCH);
+        for (b, acc) in batch.zip(ring.iter_mut()) {
             tiles(unit, b, acc);
         }
     };
 
-    let mut acc_f: AccF = [[_mm512_setzero_ps(); 2]; GROUP_ROWS];
+    let mut acc_f: AccF = match (first, &parked) {
+        (0, _) | (_, None) => [[_mm512_setzero_ps(); 2]; GROUP_ROWS],
+        (_, Some(parked)) => **parked,
+    };
     let corr_f = corr.map(|c| c as f32);
     // Batch `i`'s epilogue from its stored C tiles.
     let epilogue = |acc_f: &mut AccF, i: usize, ring: &[AccBuf; BATCH]| {
-        let b0 = i * BATCH;
-        let live = BATCH.min(n_blocks - b0);
+        let b0 = first + i * BATCH;
+        let live = BATCH.min(blocks.end - b0);
         for j in 0..NB {
             // The block's int32 sum of row `r` as `acc_i`.
             let acc_i = |q: usize, r: usize| {
@@ -428,7 +449,7 @@ pub(crate) unsafe fn w4a8_step<U: TileUnit, const NA: usize, const NB: usize>(
         }
     };
 
-    let n_batches = n_blocks.div_ceil(BATCH);
+    let n_batches = blocks.len().div_ceil(BATCH);
     let [ring_even, ring_odd] = accs;
     batch_tiles(unit, 0, ring_even);
     for i in 1..=n_batches {
@@ -443,6 +464,12 @@ pub(crate) unsafe fn w4a8_step<U: TileUnit, const NA: usize, const NB: usize>(
         epilogue(&mut acc_f, i - 1, done);
     }
 
+    if blocks.end < n_blocks {
+        if let Some(parked) = parked {
+            *parked = acc_f;
+        }
+        return;
+    }
     if let W4A8Out::Values { ptr, ld } = job.out {
         for j in 0..NB {
             let scaled =
@@ -458,6 +485,66 @@ pub(crate) unsafe fn w4a8_step<U: TileUnit, const NA: usize, const NB: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The W4A8 tiles walked over K in blocks of scale blocks (each row group's f32 sums parked
+    /// between them) give the bits of one walk over all of K: groups of 64 and 128 (corrected
+    /// in f32; groups of 32 keep one walk), a partial last block of the walk, one and two row
+    /// tiles, on the emulated unit and, where present, the hardware.
+    #[test]
+    fn w4a8_tiles_walked_in_k_blocks_give_the_bits_of_one_walk() {
+        use super::super::BF16_BLOCK_BYTES_FOR_TESTS;
+        use crate::{GemmScratch, Par, W4A8Scales};
+        use half::bf16;
+        use moe_testutil::SplitMix64;
+        let sets: Vec<_> = [
+            super::super::emulated::kernel_set(),
+            super::super::hardware_kernel_set_from_one_row(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let mut rng = SplitMix64::new(0x4b10c);
+        for (k, g) in [(640usize, 64usize), (512, 128), (896, 128)] {
+            let n = 33;
+            let w: Vec<i8> = (0..n * k).map(|_| rng.range_i64(-8, 7) as i8).collect();
+            let s: Vec<bf16> = (0..n * k / g)
+                .map(|_| bf16::from_f32(rng.uniform(0.01, 0.1)))
+                .collect();
+            let bias = rng.vec_uniform(n, -1.0, 1.0);
+            let scales = W4A8Scales::Grouped {
+                group_size: g,
+                scales: &s,
+            };
+            let packed = crate::PackedW4A8::pack(n, k, &w, scales, Some(&bias)).unwrap();
+            let chunk = chunk_len(g);
+            let per_block = g.div_ceil(chunk_values(g));
+            for m in [1usize, 17, 40] {
+                let x: Vec<f32> = (0..m * k).map(|_| rng.normal() * 2.0).collect();
+                for ks in &sets {
+                    let run = |out: &mut [f32]| {
+                        crate::w4a8_gemm(ks, m, &x, &packed, out, &mut GemmScratch::new(), Par::Seq)
+                            .unwrap()
+                    };
+                    let mut whole = vec![f32::NAN; m * n];
+                    run(&mut whole);
+                    for blk in [1usize, 2, 3] {
+                        let bytes = blk * per_block * m.next_multiple_of(TILE_ROWS) * chunk;
+                        BF16_BLOCK_BYTES_FOR_TESTS.with(|b| b.set(Some(bytes)));
+                        let mut blocked = vec![f32::NAN; m * n];
+                        run(&mut blocked);
+                        BF16_BLOCK_BYTES_FOR_TESTS.with(|b| b.set(None));
+                        assert!(
+                            whole
+                                .iter()
+                                .zip(&blocked)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "k={k} g={g} m={m}: blocks of {blk} scale blocks"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     /// Every weight sum a block of 32 values of `[-8, 7]` can have splits into four s8 parts
     /// that add up to its negation, in the lane of its channel.
