@@ -491,7 +491,7 @@ mod tests {
     /// partial last group, row groups of one and two tiles.
     #[test]
     fn int4_tiles_walked_in_k_blocks_give_the_bits_of_one_walk() {
-        use crate::x86::amx::BF16_BLOCK_BYTES_FOR_TESTS;
+        use crate::x86::amx::budget_changing_bits;
         let mut rng = SplitMix64::new(0xd0b);
         // (K, group size, zero points, MXFP4)
         for (k, g, asym, mx) in [
@@ -543,21 +543,13 @@ mod tests {
                         crate::wna16_gemm(ks, m, &x, &w, out, &mut GemmScratch::new(), Par::Seq)
                             .unwrap()
                     };
-                    let mut whole = vec![f32::NAN; m * n];
-                    run(&mut whole);
-                    for blk in [1usize, 2, 3] {
-                        BF16_BLOCK_BYTES_FOR_TESTS.with(|b| b.set(Some(blk * per_group)));
-                        let mut blocked = vec![f32::NAN; m * n];
-                        run(&mut blocked);
-                        BF16_BLOCK_BYTES_FOR_TESTS.with(|b| b.set(None));
-                        assert!(
-                            whole
-                                .iter()
-                                .zip(&blocked)
-                                .all(|(a, b)| a.to_bits() == b.to_bits()),
-                            "{unit}: k={k} g={g} asym={asym} mxfp4={mx} m={m}: blocks of {blk} groups"
-                        );
-                    }
+                    let budgets = [1, 2, 3].map(|groups| groups * per_group);
+                    let changed = budget_changing_bits(m * n, budgets, run);
+                    assert_eq!(
+                        changed, None,
+                        "{unit}: k={k} g={g} asym={asym} mxfp4={mx} m={m}: the budget that \
+                         changed bits"
+                    );
                 }
             }
         }

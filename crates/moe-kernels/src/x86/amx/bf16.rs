@@ -922,7 +922,7 @@ mod tests {
     /// panels with an odd K (a half B row in the last block).
     #[test]
     fn bf16_tiles_walked_in_k_blocks_give_the_bits_of_one_walk() {
-        use super::super::BF16_BLOCK_BYTES_FOR_TESTS;
+        use super::super::budget_changing_bits;
         use crate::{PackedDense, PackedWna16, Wna16Desc, Wna16Scales};
         use half::f16;
         let sets = bf16_sets();
@@ -998,24 +998,18 @@ mod tests {
                 let widths: &[u32] = if format == "wna16" { &[4, 8] } else { &[4] };
                 for (unit, ks) in &sets {
                     for &bits in widths {
-                        let mut whole = vec![f32::NAN; m * n];
-                        if !run(ks, bits, &mut whole) {
+                        if !run(ks, bits, &mut vec![f32::NAN; m * n]) {
                             continue;
                         }
-                        for blk in [1usize, 2, 5] {
-                            BF16_BLOCK_BYTES_FOR_TESTS.with(|b| b.set(Some(blk * per_chunk)));
-                            let mut blocked = vec![f32::NAN; m * n];
-                            run(ks, bits, &mut blocked);
-                            BF16_BLOCK_BYTES_FOR_TESTS.with(|b| b.set(None));
-                            let same = whole
-                                .iter()
-                                .zip(&blocked)
-                                .all(|(a, b)| a.to_bits() == b.to_bits());
-                            assert!(
-                                same,
-                                "{unit} {format} {bits}-bit m={m} n={n} k={k}: blocks of {blk} chunks"
-                            );
-                        }
+                        let budgets = [1, 2, 5].map(|chunks| chunks * per_chunk);
+                        let changed = budget_changing_bits(m * n, budgets, |out| {
+                            run(ks, bits, out);
+                        });
+                        assert_eq!(
+                            changed, None,
+                            "{unit} {format} {bits}-bit m={m} n={n} k={k}: the budget that \
+                             changed bits"
+                        );
                     }
                 }
             }

@@ -310,8 +310,31 @@ const BF16_MIN_BLOCK_CHUNKS: usize = 16;
 #[cfg(test)]
 thread_local! {
     /// A smaller [`BF16_BLOCK_BYTES`] on this thread, so that tests walk small GEMMs in blocks.
-    pub(crate) static BF16_BLOCK_BYTES_FOR_TESTS: std::cell::Cell<Option<usize>> =
+    static BF16_BLOCK_BYTES_FOR_TESTS: std::cell::Cell<Option<usize>> =
         const { std::cell::Cell::new(None) };
+}
+
+/// Runs `run` (which fills `len` outputs) once on one walk over K, then once per budget of
+/// `budgets` (bytes a K block may read, on this thread), and returns the first budget whose
+/// walk in blocks gave other bits, if any.
+#[cfg(test)]
+pub(crate) fn budget_changing_bits(
+    len: usize,
+    budgets: impl IntoIterator<Item = usize>,
+    run: impl Fn(&mut [f32]),
+) -> Option<usize> {
+    let mut whole = vec![f32::NAN; len];
+    run(&mut whole);
+    budgets.into_iter().find(|&bytes| {
+        BF16_BLOCK_BYTES_FOR_TESTS.with(|b| b.set(Some(bytes)));
+        let mut blocked = vec![f32::NAN; len];
+        run(&mut blocked);
+        BF16_BLOCK_BYTES_FOR_TESTS.with(|b| b.set(None));
+        whole
+            .iter()
+            .zip(&blocked)
+            .any(|(a, b)| a.to_bits() != b.to_bits())
+    })
 }
 
 /// The bytes a K block may read and the fewest chunks it covers (tests may shrink both).

@@ -492,7 +492,7 @@ mod tests {
     /// tiles, on the emulated unit and, where present, the hardware.
     #[test]
     fn w4a8_tiles_walked_in_k_blocks_give_the_bits_of_one_walk() {
-        use super::super::BF16_BLOCK_BYTES_FOR_TESTS;
+        use super::super::budget_changing_bits;
         use crate::{GemmScratch, Par, W4A8Scales};
         use half::bf16;
         use moe_testutil::SplitMix64;
@@ -525,22 +525,13 @@ mod tests {
                         crate::w4a8_gemm(ks, m, &x, &packed, out, &mut GemmScratch::new(), Par::Seq)
                             .unwrap()
                     };
-                    let mut whole = vec![f32::NAN; m * n];
-                    run(&mut whole);
-                    for blk in [1usize, 2, 3] {
-                        let bytes = blk * per_block * m.next_multiple_of(TILE_ROWS) * chunk;
-                        BF16_BLOCK_BYTES_FOR_TESTS.with(|b| b.set(Some(bytes)));
-                        let mut blocked = vec![f32::NAN; m * n];
-                        run(&mut blocked);
-                        BF16_BLOCK_BYTES_FOR_TESTS.with(|b| b.set(None));
-                        assert!(
-                            whole
-                                .iter()
-                                .zip(&blocked)
-                                .all(|(a, b)| a.to_bits() == b.to_bits()),
-                            "k={k} g={g} m={m}: blocks of {blk} scale blocks"
-                        );
-                    }
+                    let block_bytes = per_block * m.next_multiple_of(TILE_ROWS) * chunk;
+                    let budgets = [1, 2, 3].map(|blocks| blocks * block_bytes);
+                    let changed = budget_changing_bits(m * n, budgets, run);
+                    assert_eq!(
+                        changed, None,
+                        "k={k} g={g} m={m}: the budget that changed bits"
+                    );
                 }
             }
         }
