@@ -532,7 +532,7 @@ mod tests {
                 })
             }
             .unwrap();
-            for m in [1usize, 9, 17, 32] {
+            for m in [0usize, 1, 9, 17, 32] {
                 let x: Vec<f32> = (0..m * k).map(|_| rng.normal() * 2.0).collect();
                 let per_group = m.next_multiple_of(16) * 64 * (g / 32);
                 for (unit, ks) in dot_sets().iter().filter(|(u, _)| u.starts_with("amx")) {

@@ -927,7 +927,7 @@ mod tests {
         use half::f16;
         let sets = bf16_sets();
         let mut rng = SplitMix64::new(0xb10c);
-        for &(m, n) in &[(1usize, 17usize), (17, 33), (40, 16)] {
+        for &(m, n) in &[(0usize, 17usize), (1, 17), (17, 33), (40, 16)] {
             // (format, K): 17, 10 and 10 chunks, the last two partial.
             for (format, k) in [("w4a8", 544usize), ("wna16", 300), ("dense", 301)] {
                 let x: Vec<f32> = (0..m * k).map(|_| rng.normal() * 2.0).collect();

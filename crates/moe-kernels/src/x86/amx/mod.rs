@@ -123,8 +123,7 @@ thread_local! {
 }
 
 /// Scale blocks per K block of the W4A8 walk over `m` rows of `w` with A chunks of `chunk`
-/// bytes: all of them when the row tiles of A fit [`BF16_BLOCK_BYTES`], else as many whole
-/// blocks as fit, but at least [`BF16_MIN_BLOCK_CHUNKS`] chunks' worth.
+/// bytes ([`k_block_units`] on the row tiles of A).
 ///
 /// Blocks of up to 32 values keep one walk over all of K: their per-block tile stores and
 /// epilogue bound them, not where A comes from. One core, 256 rows, blocks on and off
@@ -137,15 +136,7 @@ fn w4a8_block_blocks(m: usize, w: &crate::PackedW4A8, chunk: usize) -> usize {
         return n_blocks;
     }
     let per_block = n_chunks.div_ceil(n_blocks).max(1);
-    let per_chunk = m.next_multiple_of(TILE_ROWS) * chunk;
-    let (budget, least) = block_budget();
-    if per_chunk.saturating_mul(n_chunks) <= budget {
-        n_blocks
-    } else {
-        (budget / per_chunk / per_block)
-            .max(least.div_ceil(per_block))
-            .clamp(1, n_blocks)
-    }
+    k_block_units(m.next_multiple_of(TILE_ROWS) * chunk, per_block, n_blocks)
 }
 
 /// Walks `panels` in pairs, widening each pair once and running every row group of the call
@@ -296,21 +287,22 @@ fn channel_tile_a(
     w8a8::tile_a(a, m, w.k_pad(), dst);
 }
 
-/// Bytes of activation tiles and B rows that one K block of the bf16 walk reads: about half of
-/// an L2, so that both stay there while every pair of the call passes over the block. One
+/// Bytes of activation tiles (and B rows, for the bf16 walk) that one K block of a tile walk
+/// reads: about half of an L2, so that they stay there while every pair of the call passes
+/// over the block. One
 /// core, 256 rows of int4 g128 weights on the one-block walk: 442 G MAC/s at K = 2048 (768 KiB
 /// of activation tiles and a 128 KiB pair), 306 at K = 4096 and 190 at K = 14336 (7 MiB of
 /// tiles, which every pair then read again from the L3).
-const BF16_BLOCK_BYTES: usize = 1 << 20;
+const K_BLOCK_BYTES: usize = 1 << 20;
 
 /// Fewest chunks per K block: the parked C tiles' stores and loads then cost at most about a
 /// sixteenth of the block's products.
-const BF16_MIN_BLOCK_CHUNKS: usize = 16;
+const K_BLOCK_MIN_CHUNKS: usize = 16;
 
 #[cfg(test)]
 thread_local! {
-    /// A smaller [`BF16_BLOCK_BYTES`] on this thread, so that tests walk small GEMMs in blocks.
-    static BF16_BLOCK_BYTES_FOR_TESTS: std::cell::Cell<Option<usize>> =
+    /// A smaller [`K_BLOCK_BYTES`] on this thread, so that tests walk small GEMMs in blocks.
+    static K_BLOCK_BYTES_FOR_TESTS: std::cell::Cell<Option<usize>> =
         const { std::cell::Cell::new(None) };
 }
 
@@ -326,10 +318,10 @@ pub(crate) fn budget_changing_bits(
     let mut whole = vec![f32::NAN; len];
     run(&mut whole);
     budgets.into_iter().find(|&bytes| {
-        BF16_BLOCK_BYTES_FOR_TESTS.with(|b| b.set(Some(bytes)));
+        K_BLOCK_BYTES_FOR_TESTS.with(|b| b.set(Some(bytes)));
         let mut blocked = vec![f32::NAN; len];
         run(&mut blocked);
-        BF16_BLOCK_BYTES_FOR_TESTS.with(|b| b.set(None));
+        K_BLOCK_BYTES_FOR_TESTS.with(|b| b.set(None));
         whole
             .iter()
             .zip(&blocked)
@@ -340,24 +332,34 @@ pub(crate) fn budget_changing_bits(
 /// The bytes a K block may read and the fewest chunks it covers (tests may shrink both).
 fn block_budget() -> (usize, usize) {
     #[cfg(test)]
-    if let Some(bytes) = BF16_BLOCK_BYTES_FOR_TESTS.with(|b| b.get()) {
+    if let Some(bytes) = K_BLOCK_BYTES_FOR_TESTS.with(|b| b.get()) {
         return (bytes, 1);
     }
-    (BF16_BLOCK_BYTES, BF16_MIN_BLOCK_CHUNKS)
+    (K_BLOCK_BYTES, K_BLOCK_MIN_CHUNKS)
 }
 
-/// Chunks per K block of the bf16 walk over `m` rows and `n_chunks` chunks: all of them when
-/// the row tiles of A and a pair's B rows fit [`BF16_BLOCK_BYTES`], else as many as fit, but
-/// at least [`BF16_MIN_BLOCK_CHUNKS`].
-fn bf16_block_chunks(m: usize, n_chunks: usize) -> usize {
+/// Units per K block of a tile walk that reads `chunk_bytes` per chunk of 32 values, a unit
+/// being `per_unit` chunks (one chunk, a scale group or a scale block) and K holding `units`:
+/// all of them when they fit [`K_BLOCK_BYTES`], else as many whole units as fit, but at least
+/// [`K_BLOCK_MIN_CHUNKS`] chunks' worth.
+fn k_block_units(chunk_bytes: usize, per_unit: usize, units: usize) -> usize {
     let (budget, least) = block_budget();
+    let unit_bytes = chunk_bytes.saturating_mul(per_unit.max(1));
+    if unit_bytes.saturating_mul(units) <= budget {
+        units
+    } else {
+        (budget / unit_bytes.max(1))
+            .max(least.div_ceil(per_unit.max(1)))
+            .clamp(1, units.max(1))
+    }
+}
+
+/// Chunks per K block of the bf16 walk over `m` rows and `n_chunks` chunks
+/// ([`k_block_units`] on the row tiles of A and a pair's B rows).
+fn bf16_block_chunks(m: usize, n_chunks: usize) -> usize {
     // A chunk's A tiles for every row tile, and its 16 B rows of 64 bytes for each panel.
     let per_chunk = m.next_multiple_of(TILE_ROWS) * bf16::CHUNK_BYTES + 2 * 16 * 64;
-    if per_chunk.saturating_mul(n_chunks) <= budget {
-        n_chunks
-    } else {
-        (budget / per_chunk).clamp(least, n_chunks.max(1))
-    }
+    k_block_units(per_chunk, 1, n_chunks)
 }
 
 /// The bf16 counterpart of [`w4a8_panels`]: activations rounded to bf16 once per call, each
@@ -424,20 +426,11 @@ unsafe fn w4bf16_panels<U: TileUnit>(unit: &mut U, job: &W4Bf16Job<'_>, panels: 
     unit.release();
 }
 
-/// Scale groups per K block of the int4 walk over `m` rows of `w`: all of them when the row
-/// tiles of A fit [`BF16_BLOCK_BYTES`] (the decoded codes of a span stay in L1 anyway), else
-/// as many whole groups as fit, but at least [`BF16_MIN_BLOCK_CHUNKS`] chunks' worth.
+/// Scale groups per K block of the int4 walk over `m` rows of `w` ([`k_block_units`] on the
+/// row tiles of A; the decoded codes of a span stay in L1 anyway).
 fn int4_block_groups(m: usize, w: &crate::PackedWna16) -> usize {
-    let (ng, per_group) = (w.n_groups(), int4::chunks_per_group(w));
     let per_chunk = m.next_multiple_of(TILE_ROWS) * bf16::CHUNK_BYTES;
-    let (budget, least) = block_budget();
-    if per_chunk.saturating_mul(per_group * ng) <= budget {
-        ng
-    } else {
-        (budget / per_chunk / per_group)
-            .max(least.div_ceil(per_group))
-            .clamp(1, ng)
-    }
+    k_block_units(per_chunk, int4::chunks_per_group(w), w.n_groups())
 }
 
 /// The exactly decoded int4 counterpart of [`w4bf16_panels`]: each panel pair's codes decoded

@@ -518,7 +518,7 @@ mod tests {
             let packed = crate::PackedW4A8::pack(n, k, &w, scales, Some(&bias)).unwrap();
             let chunk = chunk_len(g);
             let per_block = g.div_ceil(chunk_values(g));
-            for m in [1usize, 17, 40] {
+            for m in [0usize, 1, 17, 40] {
                 let x: Vec<f32> = (0..m * k).map(|_| rng.normal() * 2.0).collect();
                 for ks in &sets {
                     let run = |out: &mut [f32]| {
