@@ -124,6 +124,8 @@ pub(crate) struct Int4Dot {
     /// Whether it also takes int8 codes (integer ones: `serves` says which), in their K-major
     /// steps of four.
     pub(crate) int8: bool,
+    /// Whether it also takes e4m3 codes (FP8), in the same steps.
+    pub(crate) e4m3: bool,
     /// Which GEMMs of rows in `min_m..max_m` it takes: `serves(w, m)`.
     pub(crate) serves: fn(&PackedWna16, usize) -> bool,
     pub(crate) fill: Int4DotFillFn,
@@ -133,7 +135,12 @@ pub(crate) struct Int4Dot {
 impl Int4Dot {
     /// Whether it takes the GEMM of `m` rows on `w`.
     fn takes(&self, w: &PackedWna16, m: usize) -> bool {
-        let width = w.bits() == 4 || (self.int8 && w.bits() == 8);
+        let width = match w.bits() {
+            4 => true,
+            8 if w.is_e4m3() => self.e4m3,
+            8 => self.int8,
+            _ => false,
+        };
         width && (self.min_m..self.max_m).contains(&m) && (self.serves)(w, m)
     }
 
@@ -701,22 +708,33 @@ impl KernelSet {
         if dots.iter().all(|d| !d.codes.is_empty() || d.min_m > 1) {
             int4.push(format!("otherwise {f32_body}"));
         }
-        let int8: Vec<String> = dots
-            .iter()
-            .filter(|d| d.int8)
-            .map(|d| format!("{} ({}){}", d.unit, d.activations, d.rows_phrase()))
-            .collect();
-        if int8.is_empty() {
-            return format!(
-                "wna16_gemm: int4 codes: {}; int8 and fp8 codes: {rest}",
-                int4.join(", ")
-            );
+        // The bodies that take 8-bit codes of one kind, then where the others go.
+        let bytes = |takes: fn(&Int4Dot) -> bool| {
+            let listed: Vec<&Int4Dot> = dots.iter().filter(|d| takes(d)).collect();
+            if listed.is_empty() {
+                return None;
+            }
+            let mut parts: Vec<String> = listed
+                .iter()
+                .map(|d| format!("{} ({}){}", d.unit, d.activations, d.rows_phrase()))
+                .collect();
+            if listed.iter().all(|d| d.min_m > 1 || d.max_m < usize::MAX) {
+                parts.push(format!("otherwise {rest}"));
+            }
+            Some(parts.join(", "))
+        };
+        let int4 = int4.join(", ");
+        match (bytes(|d| d.int8), bytes(|d| d.e4m3)) {
+            (None, None) => format!("wna16_gemm: int4 codes: {int4}; int8 and fp8 codes: {rest}"),
+            (Some(int8), Some(fp8)) if int8 == fp8 => {
+                format!("wna16_gemm: int4 codes: {int4}; int8 and fp8 codes: {int8}")
+            }
+            (int8, fp8) => format!(
+                "wna16_gemm: int4 codes: {int4}; int8 codes: {}; fp8 codes: {}",
+                int8.unwrap_or_else(|| rest.clone()),
+                fp8.unwrap_or_else(|| rest.clone())
+            ),
         }
-        format!(
-            "wna16_gemm: int4 codes: {}; int8 codes: {}; fp8 codes: {rest}",
-            int4.join(", "),
-            int8.join(", ")
-        )
     }
 
     /// One line per operation saying which implementation runs, e.g.

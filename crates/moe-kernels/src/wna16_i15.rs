@@ -422,6 +422,7 @@ pub(crate) fn integer_body(
         min_m,
         max_m,
         int8,
+        e4m3: false,
         serves: |w, _| serves(w),
         fill,
         entry,

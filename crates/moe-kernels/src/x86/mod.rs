@@ -163,6 +163,8 @@ pub struct X86Features {
     pub avx512vnni: bool,
     /// AVX-512 BF16.
     pub avx512bf16: bool,
+    /// AVX-512 VBMI (byte permutes across the vector).
+    pub avx512vbmi: bool,
     /// AMX-TILE (CPUID.(7,0):EDX bit 24).
     pub amx_tile: bool,
     /// AMX-INT8 (CPUID.(7,0):EDX bit 25).
@@ -196,6 +198,7 @@ pub fn detect() -> X86Features {
         avx512vl: std::is_x86_feature_detected!("avx512vl"),
         avx512vnni: std::is_x86_feature_detected!("avx512vnni"),
         avx512bf16: std::is_x86_feature_detected!("avx512bf16"),
+        avx512vbmi: std::is_x86_feature_detected!("avx512vbmi"),
         amx_tile: leaf7_edx & (1 << 24) != 0,
         amx_int8: leaf7_edx & (1 << 25) != 0,
         amx_bf16: leaf7_edx & (1 << 22) != 0,
@@ -504,6 +507,7 @@ pub(crate) fn feature_report() -> Vec<(&'static str, bool)> {
         ("avx512vl", f.avx512vl),
         ("avx512-vnni", f.avx512vnni),
         ("avx512-bf16", f.avx512bf16),
+        ("avx512-vbmi", f.avx512vbmi),
         ("amx-tile", f.amx_tile),
         ("amx-int8", f.amx_int8),
         ("amx-bf16", f.amx_bf16),

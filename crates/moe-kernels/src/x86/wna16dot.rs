@@ -281,6 +281,7 @@ pub(crate) fn body(min_m: usize) -> Int4Dot {
         min_m,
         max_m: usize::MAX,
         int8: false,
+        e4m3: false,
         serves: |_, _| true,
         fill,
         entry,

@@ -880,6 +880,10 @@ mod tests {
                         sets.iter().flat_map(|s| [(s, Par::Seq), (s, Par::Rayon)])
                     {
                         assert!(ks.wna16_bf16_for(m.max(1)).is_some(), "{unit}");
+                        if ks.wna16_int4_dot_for(&w, m).is_some() {
+                            // The exactly decoded codes' numerics, tested in `byte_codes.rs`.
+                            continue;
+                        }
                         let mut got = vec![f32::NAN; m * n];
                         crate::wna16_gemm(ks, m, &x, &w, &mut got, &mut GemmScratch::new(), par)
                             .unwrap();

@@ -1,5 +1,7 @@
-//! Int4 WNA16 GEMMs on the AMX-BF16 tiles with the codes decoded exactly: the numerics of the
-//! AVX-512 BF16 dot-product body (`x86/wna16dot.rs`), the products on the tile unit.
+//! WNA16 GEMMs on the AMX-BF16 tiles with the codes decoded exactly: the numerics of the
+//! AVX-512 BF16 dot-product body (`x86/wna16dot.rs`), the products on the tile unit. Int4 codes
+//! are decoded here; 8-bit codes (int8 and FP8's e4m3) by `byte_codes.rs`, into B rows of K
+//! pairs in K order with activations laid out to match, and then walk the same way.
 //!
 //! The bf16 tile body (`bf16.rs`) folds each group scale into bf16 weights, `bf16(w·scale)`,
 //! so its C tiles hold their sums over all of K; the price is a dequantization of every panel
@@ -21,7 +23,8 @@
 //!
 //! Numerics: activations rounded to bf16 (nearest, ties to even), code values exact, group
 //! sums in f32 scaled in f32, as the dot-product body; the tile unit adds in its own order, so
-//! results are compared with an f64 model within a tolerance.
+//! results are compared with an f64 model within a tolerance. For 8-bit codes that is closer
+//! to the f32 reference than the bf16 tile body, which rounds every `w·scale` to bf16.
 
 // Rows index several arrays in lockstep; index loops read clearer than zips here.
 #![allow(clippy::needless_range_loop)]
@@ -30,6 +33,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::bf16::{CHUNK_BYTES, CHUNK_K};
+use super::byte_codes;
 use super::common::{
     AccBuf, GROUP_ROWS, Row64, TILE_ROWS, TiledA, dpbf16_live, load_a_live, load_b_live,
     store_live, tiles_for, write_panel_rows, zero_live,
@@ -46,13 +50,21 @@ use crate::x86::wna16dot::{pair_offset, pairs16, push_group_sums, table};
 /// B rows per chunk: one per K pair of the chunk's 32 values.
 const CHUNK_ROWS: usize = CHUNK_K / 2;
 
-/// Whether this body takes the int4 GEMM of `m` rows on `w`: one scale group per matrix, or
-/// groups of whole chunks with no more rows than values per group.
+/// Whether this body takes the GEMM of `m` rows on `w`: one scale group per matrix, or groups
+/// of whole chunks with no more rows than values per group; 8-bit codes only where the CPU has
+/// the byte permutes their decode needs (AVX-512 VBMI).
 pub(crate) fn serves(w: &PackedWna16, m: usize) -> bool {
-    w.n_groups() == 1 || (w.group_size().is_multiple_of(CHUNK_K) && m <= w.group_size())
+    (w.bits() == 4 || has_byte_decode())
+        && (w.n_groups() == 1 || (w.group_size().is_multiple_of(CHUNK_K) && m <= w.group_size()))
 }
 
-/// This body as a kernel set's int4 dot-product body from `min_m` rows, running `entry`.
+/// Whether the CPU has what the decode of 8-bit codes needs (AVX-512 VBMI's byte permutes).
+fn has_byte_decode() -> bool {
+    std::is_x86_feature_detected!("avx512vbmi")
+}
+
+/// This body as a kernel set's dot-product body from `min_m` rows for int4 codes, and for
+/// 8-bit ones where the CPU can decode them, running `entry`.
 pub(crate) fn body(min_m: usize, entry: crate::wna16::Int4DotPanelsFn) -> Int4Dot {
     Int4Dot {
         unit: "amx-bf16 tiles on exactly decoded codes, up to as many rows as the group size",
@@ -60,7 +72,8 @@ pub(crate) fn body(min_m: usize, entry: crate::wna16::Int4DotPanelsFn) -> Int4Do
         codes: "",
         min_m,
         max_m: usize::MAX,
-        int8: false,
+        int8: has_byte_decode(),
+        e4m3: has_byte_decode(),
         serves,
         fill,
         entry,
@@ -84,6 +97,10 @@ pub(crate) unsafe fn fill(
     sums: &mut Vec<f32>,
     dst: &mut AlignedVec<u8>,
 ) -> Int4DotLayout {
+    if w.bits() == 8 {
+        // SAFETY: our contract.
+        return unsafe { byte_codes::fill(x, m, w, sums, dst) };
+    }
     let k = w.k();
     let sums = w.zeros().map(|_| (w.group_size(), sums));
     let n_chunks = k.div_ceil(CHUNK_K);
@@ -140,46 +157,40 @@ pub(crate) struct CodePair {
 impl CodePair {
     /// Decodes chunks `chunks` of panels `p..p + nb` (`nb` is 1 or 2) of `w`. Reuses the
     /// buffer, so a thread's calls stop allocating once the longest span is seen.
+    ///
+    /// # Safety
+    /// - The CPU has AVX-512 F/BW, and AVX-512 VBMI when `w` holds 8-bit codes.
     #[target_feature(enable = "avx512f,avx512bw")]
-    pub(crate) fn fill(&mut self, w: &PackedWna16, p: usize, nb: usize, chunks: Range<usize>) {
+    pub(crate) unsafe fn fill(
+        &mut self,
+        w: &PackedWna16,
+        p: usize,
+        nb: usize,
+        chunks: Range<usize>,
+    ) {
         let ks = w.k_steps();
-        let steps_per_chunk = CHUNK_ROWS / 4;
+        let steps_per_chunk = CHUNK_K / w.k_step();
+        let rows_per_step = CHUNK_ROWS / steps_per_chunk;
         let rows_per_panel = chunks.len() * CHUNK_ROWS;
         let step0 = chunks.start * steps_per_chunk;
         let live_steps = ks.min(chunks.end * steps_per_chunk).saturating_sub(step0);
         self.rows_per_panel = rows_per_panel;
         self.first_chunk = chunks.start;
         self.rows.resize(nb * rows_per_panel, Row64::ZERO);
-        // SAFETY: the table is 64 readable bytes; unaligned load.
-        let lut = unsafe { _mm512_loadu_si512(table(w).as_ptr().cast()) };
         for j in 0..nb {
             let panel = &w.codes()[(p + j) * ks * PANEL..][..ks * PANEL];
             let (all_steps, _) = panel.as_chunks::<PANEL>();
             let steps = &all_steps[step0..step0 + live_steps];
             let dst = &mut self.rows[j * rows_per_panel..][..rows_per_panel];
-            let (quads, _) = dst.as_chunks_mut::<4>();
-            for (s, (step, quad)) in steps.iter().zip(quads.iter_mut()).enumerate() {
-                // The codes come from DRAM once per call, a span at a time with the tiles'
-                // work in between: each panel's stream runs a fixed lead ahead, on into the
-                // next pair's panel past its end.
-                prefetch_stream::<2>(all_steps, step0 + s);
-                let v = load_step(step);
-                let rows = [
-                    v,
-                    _mm512_srli_epi16::<4>(v),
-                    _mm512_srli_epi16::<8>(v),
-                    _mm512_srli_epi16::<12>(v),
-                ];
-                for (row, idx) in quad.iter_mut().zip(rows) {
-                    let bits = _mm512_permutexvar_epi16(idx, lut);
-                    // SAFETY: a `Row64` is 64 writable, 64-byte aligned bytes we borrow
-                    // mutably.
-                    unsafe { _mm512_store_si512(row.0.as_mut_ptr().cast(), bits) };
-                }
+            if w.bits() == 8 {
+                // SAFETY: VBMI comes with 8-bit codes (our contract).
+                unsafe { decode_bytes(w, (all_steps, step0), steps, dst) };
+            } else {
+                decode_nibbles(w, (all_steps, step0), steps, dst);
             }
             // A buffer that held other codes keeps finite values here, which the zero
             // activations past K would cancel; zeros keep every product exact.
-            dst[live_steps * 4..].fill(Row64::ZERO);
+            dst[live_steps * rows_per_step..].fill(Row64::ZERO);
         }
     }
 
@@ -187,6 +198,58 @@ impl CodePair {
     fn chunk_rows(&self, j: usize, c: usize) -> *const u8 {
         let at = j * self.rows_per_panel + (c - self.first_chunk) * CHUNK_ROWS;
         self.rows[at..at + CHUNK_ROWS].as_ptr().cast()
+    }
+}
+
+/// Decodes int4 steps `steps` (step `first` of the panel's `all` onwards) into four B rows each.
+#[target_feature(enable = "avx512f,avx512bw")]
+fn decode_nibbles(
+    w: &PackedWna16,
+    (all, first): (&[[u32; PANEL]], usize),
+    steps: &[[u32; PANEL]],
+    dst: &mut [Row64],
+) {
+    // SAFETY: the table is 64 readable bytes; unaligned load.
+    let lut = unsafe { _mm512_loadu_si512(table(w).as_ptr().cast()) };
+    let (quads, _) = dst.as_chunks_mut::<4>();
+    for (s, (step, quad)) in steps.iter().zip(quads.iter_mut()).enumerate() {
+        // The codes come from DRAM once per call, a span at a time with the tiles' work in
+        // between: each panel's stream runs a fixed lead ahead, on into the next pair's panel
+        // past its end.
+        prefetch_stream::<2>(all, first + s);
+        let v = load_step(step);
+        let rows = [
+            v,
+            _mm512_srli_epi16::<4>(v),
+            _mm512_srli_epi16::<8>(v),
+            _mm512_srli_epi16::<12>(v),
+        ];
+        for (row, idx) in quad.iter_mut().zip(rows) {
+            let bits = _mm512_permutexvar_epi16(idx, lut);
+            // SAFETY: a `Row64` is 64 writable, 64-byte aligned bytes we borrow mutably.
+            unsafe { _mm512_store_si512(row.0.as_mut_ptr().cast(), bits) };
+        }
+    }
+}
+
+/// Decodes 8-bit steps `steps` (step `first` of the panel's `all` onwards) into two B rows
+/// each ([`byte_codes`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+fn decode_bytes(
+    w: &PackedWna16,
+    (all, first): (&[[u32; PANEL]], usize),
+    steps: &[[u32; PANEL]],
+    dst: &mut [Row64],
+) {
+    let dec = byte_codes::ByteDecoder::new(byte_codes::tables(w));
+    let (pairs, _) = dst.as_chunks_mut::<{ byte_codes::ROWS_PER_STEP }>();
+    for (s, (step, pair)) in steps.iter().zip(pairs.iter_mut()).enumerate() {
+        // As for int4 codes above.
+        prefetch_stream::<2>(all, first + s);
+        for (row, bits) in pair.iter_mut().zip(dec.rows(load_step(step))) {
+            // SAFETY: a `Row64` is 64 writable, 64-byte aligned bytes we borrow mutably.
+            unsafe { _mm512_store_si512(row.0.as_mut_ptr().cast(), bits) };
+        }
     }
 }
 
@@ -284,7 +347,8 @@ pub(crate) unsafe fn int4_pair<U: TileUnit>(
     for first in groups_of_k.clone().step_by(span_groups) {
         let groups = first..groups_of_k.end.min(first + span_groups);
         let chunks = groups.start * per_group..n_chunks.min(groups.end * per_group);
-        codes.fill(w, p, nb, chunks);
+        // SAFETY: `serves` holds for the job (our contract), so 8-bit codes come with VBMI.
+        unsafe { codes.fill(w, p, nb, chunks) };
         let codes = &*codes;
         let mut row0 = 0;
         while row0 < job.m {

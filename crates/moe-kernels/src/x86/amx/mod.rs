@@ -20,6 +20,7 @@
 //! emulated tiles"); on an AMX machine they also run on the hardware.
 
 pub(crate) mod bf16;
+mod byte_codes;
 pub(crate) mod common;
 mod int4;
 pub(crate) mod probe;
