@@ -10,7 +10,9 @@
 //!   the outputs are bit-identical to the scalar reference;
 //! - `bf16.rs`: the bf16 tile body (other numerics, chosen with `W4A8Prefill::Bf16Tiles`); its
 //!   activation layout and dequantized panel pairs also feed the AVX-512 BF16 body
-//!   (`x86/bf16dot.rs`).
+//!   (`x86/bf16dot.rs`);
+//! - `int4.rs`: WNA16 codes decoded exactly onto the bf16 tiles, scaled per group in f32, for
+//!   calls with no more rows than the group size; `byte_codes.rs` decodes its 8-bit codes.
 //!
 //! Each entry configures the tiles once (`ldtilecfg`), walks its panels in pairs and each pair's
 //! rows in groups of 32, and releases the tile state before returning, so no tile state leaks
