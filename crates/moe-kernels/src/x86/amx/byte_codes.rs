@@ -7,11 +7,13 @@
 //! byte tables (low and high byte of the bf16 value) of 256 entries each. `vpermi2b` looks up
 //! 128 entries by a byte's low seven bits, so each byte plane takes two lookups, one per half
 //! of the table, and a blend on the code's top bit: six lookups and blends turn one 64-byte
-//! packed step (16 channels × 4 K values) into the low and high bytes of its 64 weights. Two
-//! `vpermt2b` then interleave them into the step's two B rows: row `j` holds the pair of K
-//! values `4s + 2j`, `4s + 2j + 1` of each channel, the order of a tile row of activations
-//! taken straight from K ([`fill`]). That is nine vector instructions and two stores per 64
-//! weights, where dequantizing with the scale folded in costs about four per 16.
+//! packed step (16 channels × 4 K values) into the low and high bytes of its 64 weights. An
+//! e4m3 code's top bit is its sign, so there one lookup per plane on the low seven bits and one
+//! bitwise operation that copies the sign into the high byte do. Two `vpermt2b` then
+//! interleave the planes into the step's two B rows: row `j` holds the pair of K values
+//! `4s + 2j`, `4s + 2j + 1` of each channel, the order of a tile row of activations taken
+//! straight from K ([`fill`]). That is nine vector instructions (five for e4m3) and two stores
+//! per 64 weights, where dequantizing with the scale folded in costs about four per 16.
 
 #![allow(clippy::needless_range_loop)]
 
@@ -78,12 +80,16 @@ pub(crate) struct ByteDecoder {
     lo: [__m512i; 4],
     hi: [__m512i; 4],
     rows: [__m512i; 2],
+    /// e4m3 codes: the top bit is the sign, so the low half of the tables (codes below 128)
+    /// gives both bytes and the sign goes into the high byte with one bitwise operation.
+    signed: bool,
 }
 
 impl ByteDecoder {
-    /// Loads `t`.
+    /// Loads `t`; `signed` for e4m3 codes (whose tables then hold each code's value with
+    /// the sign of its top bit).
     #[target_feature(enable = "avx512f,avx512bw")]
-    pub(crate) fn new(t: &ByteTables) -> Self {
+    pub(crate) fn new(t: &ByteTables, signed: bool) -> Self {
         // SAFETY: each quarter is 64 readable, 64-byte aligned bytes.
         let load = |q: &[u8; 64]| unsafe { _mm512_load_si512(q.as_ptr().cast()) };
         let lo = [
@@ -117,6 +123,7 @@ impl ByteDecoder {
             lo,
             hi,
             rows: [index(0), index(1)],
+            signed,
         }
     }
 
@@ -124,13 +131,21 @@ impl ByteDecoder {
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
     #[inline]
     pub(crate) fn rows(&self, v: __m512i) -> [__m512i; 2] {
-        let top = _mm512_movepi8_mask(v);
-        let plane = |t: &[__m512i; 4]| {
-            let low_half = _mm512_permutex2var_epi8(t[0], v, t[1]);
-            let high_half = _mm512_permutex2var_epi8(t[2], v, t[3]);
-            _mm512_mask_blend_epi8(top, low_half, high_half)
+        let (lo, hi) = if self.signed {
+            let lo = _mm512_permutex2var_epi8(self.lo[0], v, self.lo[1]);
+            let magnitude = _mm512_permutex2var_epi8(self.hi[0], v, self.hi[1]);
+            // `magnitude | (v & 0x80)`: the code's sign bit is the value's.
+            let sign = _mm512_set1_epi8(0x80u8 as i8);
+            (lo, _mm512_ternarylogic_epi32::<0xF8>(magnitude, v, sign))
+        } else {
+            let top = _mm512_movepi8_mask(v);
+            let plane = |t: &[__m512i; 4]| {
+                let low_half = _mm512_permutex2var_epi8(t[0], v, t[1]);
+                let high_half = _mm512_permutex2var_epi8(t[2], v, t[3]);
+                _mm512_mask_blend_epi8(top, low_half, high_half)
+            };
+            (plane(&self.lo), plane(&self.hi))
         };
-        let (lo, hi) = (plane(&self.lo), plane(&self.hi));
         [
             _mm512_permutex2var_epi8(lo, self.rows[0], hi),
             _mm512_permutex2var_epi8(lo, self.rows[1], hi),
@@ -251,7 +266,7 @@ mod tests {
         };
         for (kind, t, value) in kinds {
             // SAFETY: AVX-512 BW and VBMI were checked (F comes with BW).
-            let dec = unsafe { ByteDecoder::new(t) };
+            let dec = unsafe { ByteDecoder::new(t, kind == "e4m3") };
             for quarter in 0..4usize {
                 // Byte `16j + c` is channel `c`'s code at K value `j` of the step; the four
                 // quarters put each of the 256 codes in some lane once.
