@@ -315,7 +315,7 @@ pub(crate) unsafe fn entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use half::bf16;
     use moe_testutil::SplitMix64;
 
@@ -346,6 +346,37 @@ mod tests {
             sets.push(("amx-bf16 tiles", ks));
         }
         sets
+    }
+
+    /// Asserts that `got` (`m` rows of `w`'s outputs for activations `x`) lies within
+    /// `1e-5·Σ|x·w|` of the f64 model of the bf16 bodies: `Σ bf16(x)·w` over the exactly
+    /// dequantized weights `dq`, plus the bias (f32 sums in another order, and `vdpbf16ps` or
+    /// the tile unit adding two products at once).
+    pub(crate) fn assert_near_the_bf16_model(
+        case: &str,
+        (w, dq): (&PackedWna16, &[f64]),
+        m: usize,
+        x: &[f32],
+        got: &[f32],
+    ) {
+        let (n, k) = (w.n(), w.k());
+        for r in 0..m {
+            for c in 0..n {
+                let b = w.bias().map_or(0.0, |b| f64::from(b[c]));
+                let (mut want, mut mag) = (b, b.abs());
+                for col in 0..k {
+                    let xv = f64::from(bf16::from_f32(x[r * k + col]).to_f32());
+                    let t = xv * dq[c * k + col];
+                    want += t;
+                    mag += t.abs();
+                }
+                let got = f64::from(got[r * n + c]);
+                assert!(
+                    (got - want).abs() <= 1e-5 * mag + 1e-6,
+                    "{case} m={m} n={n}: out[{r},{c}] = {got}, want {want}"
+                );
+            }
+        }
     }
 
     #[test]
@@ -463,24 +494,8 @@ mod tests {
                         let mut got = vec![f32::NAN; m * n];
                         crate::wna16_gemm(ks, m, &x, &w, &mut got, &mut GemmScratch::new(), par)
                             .unwrap();
-                        for r in 0..m {
-                            for c in 0..n {
-                                let b = w.bias().map_or(0.0, |b| f64::from(b[c]));
-                                let (mut want, mut mag) = (b, b.abs());
-                                for col in 0..k {
-                                    let xv = f64::from(bf16::from_f32(x[r * k + col]).to_f32());
-                                    let t = xv * dq[c * k + col];
-                                    want += t;
-                                    mag += t.abs();
-                                }
-                                let got = f64::from(got[r * n + c]);
-                                assert!(
-                                    (got - want).abs() <= 1e-5 * mag + 1e-6,
-                                    "{unit}: k={k} g={g:?} asym={asym} mxfp4={mx} m={m} n={n} \
-                                     {par:?}: out[{r},{c}] = {got}, want {want}"
-                                );
-                            }
-                        }
+                        let case = format!("{unit}: k={k} g={g:?} asym={asym} mxfp4={mx} {par:?}");
+                        assert_near_the_bf16_model(&case, (&w, &dq), m, &x, &got);
                     }
                 }
             }

@@ -1,5 +1,5 @@
 //! 8-bit codes (integer int8 and e4m3) decoded exactly into bf16 B rows for the tile walk of
-//! `int4.rs`, and the activation layout those rows pair with.
+//! `int4.rs`, and the activations those rows pair with.
 //!
 //! Every 8-bit code value is exact in bf16: integers `−128..=255` have at most eight
 //! significant bits, e4m3 values four, and the e4m3 range (subnormals down to `2^-9`, at most
@@ -12,7 +12,7 @@
 //! bitwise operation that copies the sign into the high byte do. Two `vpermt2b` then
 //! interleave the planes into the step's two B rows: row `j` holds the pair of K values
 //! `4s + 2j`, `4s + 2j + 1` of each channel, the order of a tile row of activations taken
-//! straight from K ([`fill`]). That is nine vector instructions (five for e4m3) and two stores
+//! straight from K ([`bf16x16`], for `int4::fill`). That is nine vector instructions (five for e4m3) and two stores
 //! per 64 weights, where dequantizing with the scale folded in costs about four per 16.
 
 #![allow(clippy::needless_range_loop)]
@@ -22,12 +22,7 @@ use std::sync::OnceLock;
 
 use half::bf16;
 
-use super::bf16::{CHUNK_BYTES, CHUNK_K};
-use super::common::{TILE_ROWS, tiles_for};
-use crate::aligned::AlignedVec;
 use crate::packed::{Int8Values, PackedWna16};
-use crate::wna16::Int4DotLayout;
-use crate::x86::wna16dot::push_group_sums;
 
 /// B rows one packed 8-bit step decodes into: its four K values in two pairs.
 pub(crate) const ROWS_PER_STEP: usize = 2;
@@ -153,59 +148,10 @@ impl ByteDecoder {
     }
 }
 
-/// Lays out `m` rows of `x` (K values of `w` each) as `TiledA` tiles of [`CHUNK_K`] values in
-/// K order, each value rounded to bf16 (nearest, ties to even); K past its end and rows past
-/// `m` are zero. For weights with zero points, also writes each row's sums of its bf16
-/// activations per scale group into `sums`, row-major `[m, n_groups]`, each added in
-/// ascending K order.
-///
-/// # Safety
-/// - The CPU has AVX-512 F/BW/VL/BF16; `x` holds `m·K` values.
+/// Values `lo..lo + 16` of `row` (zeros past its end) rounded to bf16, in order: 32 bytes
+/// of a tile row of activations for the B rows above.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-pub(crate) unsafe fn fill(
-    x: &[f32],
-    m: usize,
-    w: &PackedWna16,
-    sums: &mut Vec<f32>,
-    dst: &mut AlignedVec<u8>,
-) -> Int4DotLayout {
-    let k = w.k();
-    let n_chunks = k.div_ceil(CHUNK_K);
-    let tile_bytes = TILE_ROWS * CHUNK_BYTES;
-    let bytes = tiles_for(dst, m, CHUNK_BYTES, n_chunks);
-    let len = bytes.len();
-    for (t, tile_row) in bytes.chunks_exact_mut(n_chunks * tile_bytes).enumerate() {
-        for (c, tile) in tile_row.chunks_exact_mut(tile_bytes).enumerate() {
-            for (r, a_row) in tile.chunks_exact_mut(CHUNK_BYTES).enumerate() {
-                let row = t * TILE_ROWS + r;
-                if row >= m {
-                    a_row.fill(0);
-                    continue;
-                }
-                let src = &x[row * k..][..k];
-                for (half, out) in a_row.chunks_exact_mut(32).enumerate() {
-                    out.copy_from_slice(&bf16x16(src, c * CHUNK_K + 16 * half));
-                }
-            }
-        }
-    }
-    if w.zeros().is_some() {
-        sums.clear();
-        let bytes = &dst[..len];
-        for row in 0..m {
-            let at = |kk: usize| {
-                let tile = (row / TILE_ROWS * n_chunks + kk / CHUNK_K) * TILE_ROWS;
-                (tile + row % TILE_ROWS) * CHUNK_BYTES + 2 * (kk % CHUNK_K)
-            };
-            push_group_sums(bytes, k, w.group_size(), sums, at);
-        }
-    }
-    Int4DotLayout { len, row_bytes: 0 }
-}
-
-/// Values `lo..lo + 16` of `row` (zeros past its end) rounded to bf16, in order: 32 bytes.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-fn bf16x16(row: &[f32], lo: usize) -> [u8; 32] {
+pub(crate) fn bf16x16(row: &[f32], lo: usize) -> [u8; 32] {
     let n = row.len().saturating_sub(lo).min(16);
     let keep: __mmask16 = if n == 16 { !0 } else { (1 << n) - 1 };
     // SAFETY: the masked load reads only the `n` values `row[lo..lo + n]`.
@@ -223,6 +169,7 @@ fn bf16x16(row: &[f32], lo: usize) -> [u8; 32] {
 mod tests {
     use super::*;
     use crate::packed::wna16::e4m3_value;
+    use crate::x86::wna16dot::tests::assert_near_the_bf16_model;
 
     /// Whether the CPU can run the decode (the table lookups need AVX-512 VBMI).
     fn can_decode() -> bool {
@@ -366,8 +313,7 @@ mod tests {
 
     /// Symmetric int8, int8 with zero points and FP8 on ragged shapes (K past the last chunk,
     /// partial last groups, N not a multiple of 16, one group, row groups of one and two tiles)
-    /// against the f64 model of the body: `Σ bf16(x)·w` over the exactly dequantized weights,
-    /// within `1e-5·Σ|x·w|` (f32 sums in the tile unit's order).
+    /// against the f64 model of the bf16 bodies.
     #[test]
     fn byte_codes_on_the_tiles_match_the_f64_model_on_ragged_shapes() {
         if !can_decode() {
@@ -402,24 +348,8 @@ mod tests {
                         let par = crate::Par::Seq;
                         let mut scratch = crate::GemmScratch::new();
                         crate::wna16_gemm(ks, m, &x, &w, &mut got, &mut scratch, par).unwrap();
-                        for r in 0..m {
-                            for c in 0..n {
-                                let b = w.bias().map_or(0.0, |b| f64::from(b[c]));
-                                let (mut want, mut mag) = (b, b.abs());
-                                for col in 0..k {
-                                    let xv = f64::from(bf16::from_f32(x[r * k + col]).to_f32());
-                                    let t = xv * dq[c * k + col];
-                                    want += t;
-                                    mag += t.abs();
-                                }
-                                let got = f64::from(got[r * n + c]);
-                                assert!(
-                                    (got - want).abs() <= 1e-5 * mag + 1e-6,
-                                    "{unit}: {kind} k={k} group={group:?} m={m} n={n}: \
-                                     out[{r},{c}] = {got}, want {want}"
-                                );
-                            }
-                        }
+                        let case = format!("{unit}: {kind} k={k} group={group:?}");
+                        assert_near_the_bf16_model(&case, (&w, &dq), m, &x, &got);
                     }
                 }
             }

@@ -81,11 +81,12 @@ pub(crate) fn body(min_m: usize, entry: crate::wna16::Int4DotPanelsFn) -> Int4Do
 }
 
 /// Lays out `m` rows of `x` (K values of `w` each) as [`TiledA`] tiles of [`CHUNK_K`] values,
-/// each row's values as bf16 pairs in the order the B rows hold them (K values `j` and `j + 4`
-/// of each step side by side); K past its end and rows past `m` are zero. For weights with zero
-/// points, also writes each row's sums of its bf16 activations per scale group into `sums`, in
-/// row-major `[m, n_groups]` order, each added in ascending K order as the dot-product body
-/// does.
+/// each value rounded to bf16 (nearest, ties to even), in the pair order of `w`'s B rows: for
+/// int4 codes the dot-product body's (K values `j` and `j + 4` of each step side by side), for
+/// 8-bit codes K order ([`byte_codes`]). K past its end and rows past `m` are zero. For
+/// weights with zero points, also writes each row's sums of its bf16 activations per scale
+/// group into `sums`, in row-major `[m, n_groups]` order, each added in ascending K order as
+/// the dot-product body does.
 ///
 /// # Safety
 /// - The CPU has AVX-512 F/BW/VL/BF16; `x` holds `m·K` values.
@@ -97,10 +98,7 @@ pub(crate) unsafe fn fill(
     sums: &mut Vec<f32>,
     dst: &mut AlignedVec<u8>,
 ) -> Int4DotLayout {
-    if w.bits() == 8 {
-        // SAFETY: our contract.
-        return unsafe { byte_codes::fill(x, m, w, sums, dst) };
-    }
+    let k_order = w.bits() == 8;
     let k = w.k();
     let sums = w.zeros().map(|_| (w.group_size(), sums));
     let n_chunks = k.div_ceil(CHUNK_K);
@@ -117,7 +115,12 @@ pub(crate) unsafe fn fill(
                 }
                 let src = &x[row * k..][..k];
                 for (half, out) in a_row.chunks_exact_mut(32).enumerate() {
-                    out.copy_from_slice(&pairs16(src, c * CHUNK_K + 16 * half));
+                    let lo = c * CHUNK_K + 16 * half;
+                    out.copy_from_slice(&if k_order {
+                        byte_codes::bf16x16(src, lo)
+                    } else {
+                        pairs16(src, lo)
+                    });
                 }
             }
         }
@@ -129,7 +132,10 @@ pub(crate) unsafe fn fill(
             let row_at = |c: usize| {
                 ((row / TILE_ROWS * n_chunks + c) * TILE_ROWS + row % TILE_ROWS) * CHUNK_BYTES
             };
-            let at = |kk: usize| row_at(kk / CHUNK_K) + pair_offset(kk % CHUNK_K);
+            let in_chunk = |kk: usize| {
+                if k_order { 2 * kk } else { pair_offset(kk) }
+            };
+            let at = |kk: usize| row_at(kk / CHUNK_K) + in_chunk(kk % CHUNK_K);
             push_group_sums(bytes, k, group, sums, at);
         }
     }
