@@ -28,25 +28,43 @@ use crate::packed::{Int8Values, PackedWna16};
 pub(crate) const ROWS_PER_STEP: usize = 2;
 
 /// The low and high bytes of the bf16 value of each of the 256 codes of one kind, as the four
-/// 64-entry quarters `vpermi2b` reads: `lo[q]` holds codes `64q..64q + 64`.
+/// 64-entry quarters `vpermi2b` reads (`lo[q]` holds codes `64q..64q + 64`), and the two
+/// `vpermt2b` indices that interleave a step's low and high bytes into its B rows.
 #[repr(C, align(64))]
 pub(crate) struct ByteTables {
     lo: [[u8; 64]; 4],
     hi: [[u8; 64]; 4],
+    rows: [[u8; 64]; 2],
+    /// e4m3 codes: the top bit is the sign, so the low half of the tables (codes below 128)
+    /// gives both bytes and the sign goes into the high byte with one bitwise operation.
+    signed: bool,
 }
 
 impl ByteTables {
-    /// The tables of `value`, which must be exact in bf16 for every code.
-    fn of(value: impl Fn(u8) -> f32) -> Self {
+    /// The tables of `value`, which must be exact in bf16 for every code; `signed` when the
+    /// top bit of a code is the sign of its value.
+    fn of(value: impl Fn(u8) -> f32, signed: bool) -> Self {
         let mut t = Self {
             lo: [[0; 64]; 4],
             hi: [[0; 64]; 4],
+            rows: [[0; 64]; 2],
+            signed,
         };
         for c in 0..=255u8 {
             let bits = bf16::from_f32(value(c)).to_bits();
             let (q, i) = (usize::from(c) / 64, usize::from(c) % 64);
             t.lo[q][i] = bits as u8;
             t.hi[q][i] = (bits >> 8) as u8;
+        }
+        // Byte `4c + 2h + b` of row `j` is byte `b` (0: low, 1: high) of channel `c`'s value at
+        // the step's K value `2j + h`: in a plane, at `16(2j + h) + c`; the high plane is the
+        // second source (`+ 64`). Kept in memory built at run time: with the constant in view,
+        // the compiler lowered each permute into a dozen unpacks, extracts and inserts.
+        for (j, row) in t.rows.iter_mut().enumerate() {
+            for (i, v) in row.iter_mut().enumerate() {
+                let (c, h, b) = (i / 4, i / 2 % 2, i % 2);
+                *v = (16 * (2 * j + h) + c + 64 * b) as u8;
+            }
         }
         t
     }
@@ -61,64 +79,33 @@ pub(crate) fn tables(w: &PackedWna16) -> &'static ByteTables {
     static E4M3: OnceLock<ByteTables> = OnceLock::new();
     match (w.int8_values(), w.zeros()) {
         (Int8Values::E4m3, _) => {
-            E4M3.get_or_init(|| ByteTables::of(crate::packed::wna16::e4m3_value))
+            E4M3.get_or_init(|| ByteTables::of(crate::packed::wna16::e4m3_value, true))
         }
-        (_, Some(_)) => RAW.get_or_init(|| ByteTables::of(f32::from)),
-        (_, None) => SYMMETRIC.get_or_init(|| ByteTables::of(|c| f32::from(c) - 128.0)),
+        (_, Some(_)) => RAW.get_or_init(|| ByteTables::of(f32::from, false)),
+        (_, None) => SYMMETRIC.get_or_init(|| ByteTables::of(|c| f32::from(c) - 128.0, false)),
     }
 }
 
-/// [`ByteTables`] in registers, with the two `vpermt2b` indices that interleave a step's low
-/// and high bytes into its B rows.
+/// [`ByteTables`] in registers.
 #[derive(Clone, Copy)]
 pub(crate) struct ByteDecoder {
     lo: [__m512i; 4],
     hi: [__m512i; 4],
     rows: [__m512i; 2],
-    /// e4m3 codes: the top bit is the sign, so the low half of the tables (codes below 128)
-    /// gives both bytes and the sign goes into the high byte with one bitwise operation.
     signed: bool,
 }
 
 impl ByteDecoder {
-    /// Loads `t`; `signed` for e4m3 codes (whose tables then hold each code's value with
-    /// the sign of its top bit).
+    /// Loads `t`.
     #[target_feature(enable = "avx512f,avx512bw")]
-    pub(crate) fn new(t: &ByteTables, signed: bool) -> Self {
-        // SAFETY: each quarter is 64 readable, 64-byte aligned bytes.
+    pub(crate) fn new(t: &ByteTables) -> Self {
+        // SAFETY: each table is 64 readable, 64-byte aligned bytes.
         let load = |q: &[u8; 64]| unsafe { _mm512_load_si512(q.as_ptr().cast()) };
-        let lo = [
-            load(&t.lo[0]),
-            load(&t.lo[1]),
-            load(&t.lo[2]),
-            load(&t.lo[3]),
-        ];
-        let hi = [
-            load(&t.hi[0]),
-            load(&t.hi[1]),
-            load(&t.hi[2]),
-            load(&t.hi[3]),
-        ];
-        // Byte `4c + 2h + b` of row `j` is byte `b` (0: low, 1: high) of channel `c`'s value at
-        // the step's K value `2j + h`: in a plane, at `16(2j + h) + c`; the high plane is the
-        // second source (`+ 64`).
-        let index = |j: usize| {
-            let mut idx = [0u8; 64];
-            for (i, v) in idx.iter_mut().enumerate() {
-                let (c, h, b) = (i / 4, i / 2 % 2, i % 2);
-                *v = (16 * (2 * j + h) + c + 64 * b) as u8;
-            }
-            // Opaque to the compiler: knowing the constant, it lowers the permute into a dozen
-            // unpacks, extracts and inserts instead of one `vpermt2b`.
-            let idx = std::hint::black_box(idx);
-            // SAFETY: 64 readable bytes; unaligned load.
-            unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) }
-        };
         Self {
-            lo,
-            hi,
-            rows: [index(0), index(1)],
-            signed,
+            lo: t.lo.each_ref().map(load),
+            hi: t.hi.each_ref().map(load),
+            rows: t.rows.each_ref().map(load),
+            signed: t.signed,
         }
     }
 
@@ -196,24 +183,24 @@ mod tests {
             [
                 (
                     "symmetric",
-                    S.get_or_init(|| ByteTables::of(|c| f32::from(c) - 128.0)),
+                    S.get_or_init(|| ByteTables::of(|c| f32::from(c) - 128.0, false)),
                     |c| f32::from(c) - 128.0,
                 ),
                 (
                     "raw",
-                    R.get_or_init(|| ByteTables::of(f32::from)),
+                    R.get_or_init(|| ByteTables::of(f32::from, false)),
                     f32::from,
                 ),
                 (
                     "e4m3",
-                    E.get_or_init(|| ByteTables::of(e4m3_value)),
+                    E.get_or_init(|| ByteTables::of(e4m3_value, true)),
                     e4m3_value,
                 ),
             ]
         };
         for (kind, t, value) in kinds {
             // SAFETY: AVX-512 BW and VBMI were checked (F comes with BW).
-            let dec = unsafe { ByteDecoder::new(t, kind == "e4m3") };
+            let dec = unsafe { ByteDecoder::new(t) };
             for quarter in 0..4usize {
                 // Byte `16j + c` is channel `c`'s code at K value `j` of the step; the four
                 // quarters put each of the 256 codes in some lane once.

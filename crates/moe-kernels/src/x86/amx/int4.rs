@@ -247,7 +247,7 @@ fn decode_bytes(
     steps: &[[u32; PANEL]],
     dst: &mut [Row64],
 ) {
-    let dec = byte_codes::ByteDecoder::new(byte_codes::tables(w), w.is_e4m3());
+    let dec = byte_codes::ByteDecoder::new(byte_codes::tables(w));
     let (pairs, _) = dst.as_chunks_mut::<{ byte_codes::ROWS_PER_STEP }>();
     for (s, (step, pair)) in steps.iter().zip(pairs.iter_mut()).enumerate() {
         // As for int4 codes above.
