@@ -672,7 +672,7 @@ pub(crate) mod tests {
             // 1 to 3 panels, then 5 (a group of four and one more, ragged) and 8.
             for &n in &[1usize, 17, 33, 65, 120] {
                 let w = weights(&mut rng, (n, k, bits), g, asym, perm);
-                for &m in &[0usize, 1, 2, 3, 5, 8, 9, 16, 65, 130] {
+                for &m in &[0usize, 1, 2, 3, 4, 5, 7, 8, 9, 16, 65, 130] {
                     if k > 1000 && m > 16 {
                         continue;
                     }

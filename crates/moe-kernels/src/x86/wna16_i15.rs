@@ -17,12 +17,12 @@
 //! a longer one) the sums become `128·Σc·hi + Σc·lo` (exact), convert to f32, lose `z · Σq`
 //! (the block's activation sum, made by [`fill`]) in one fused multiply-add, and are scaled
 //! into the row's f32 accumulator with another. The row's scale and the bias are applied once
-//! at the end. From [`PAIR_MIN_ROWS`] rows (and K of [`PAIR_MIN_K`]) a tile covers two panels
-//! ([`tile_panels`]), so that each activation word loaded feeds two `vpdpbusd`; at decode
-//! ([`QUAD_MAX_ROWS`] rows or fewer), where the weights' stream from memory bounds the call,
-//! four, read as four streams; otherwise one. Rows run in blocks of [`ROW_BLOCK`] over all of
-//! the call's panels, so a block's activations stay in L2 while the panels stream, and weights
-//! are prefetched a page ahead as in the f32 body.
+//! at the end. A tile covers two panels ([`tile_panels`], [`MR2`]), so that each activation
+//! word loaded feeds two `vpdpbusd` and the codes come as two streams; at [`QUAD_MAX_ROWS`]
+//! rows or fewer, where the weights' stream from memory bounds the call, four, read as four
+//! streams; a panel left over takes one ([`tile`]). Rows run in blocks of [`ROW_BLOCK`] over
+//! all of the call's panels, so a block's activations stay in L2 while the panels stream, and
+//! weights are prefetched a page ahead as in the f32 body.
 
 // Register arrays are indexed by row in lockstep; index loops read clearer than zips here.
 #![allow(clippy::needless_range_loop)]
@@ -48,27 +48,27 @@ use crate::wna16_i15::{
 /// bound by their latency.
 const MR: usize = 8;
 
-/// Rows from which tiles cover two panels at once ([`tile_panels`]): each activation word
-/// loaded then feeds two `vpdpbusd`. Fewer rows (decode, bound by the weights' stream) take
-/// four panels per tile ([`QUAD_MAX_ROWS`]).
-const PAIR_MIN_ROWS: usize = 3;
-
-/// K from which the two-panel tiles run. Alternated against one panel per tile at 3 to 16
-/// rows, they were 1.04-1.25× faster on 4096 × 14336 experts and 0.79-0.97× as fast on
-/// 2048 × 768 ones.
-const PAIR_MIN_K: usize = 4096;
-
-/// Rows per two-panel tile: 4 rows × 2 panels × 2 integer sums and 8 f32 accumulators.
+/// Rows per two-panel tile ([`tile_panels`]), which calls of more than [`QUAD_MAX_ROWS`] rows
+/// take: 4 rows × 2 panels × 2 integer sums and 8 f32 accumulators. Each activation word
+/// loaded feeds two `vpdpbusd`, and the panels' codes come as two streams. With the weights streaming from memory
+/// (one core, 512 MiB of int4 g128 weights cycled, alternated call by call against one panel
+/// per tile), two panels ran 1.20-1.28× faster at 4 rows and 1.08-1.15× at 8 on 1536 × 2048
+/// and 2048 × 768, and 0.95-1.08× at 5 to 7 rows; with the weights in L2 they were even (an
+/// earlier comparison there, 0.79-0.97× at 3 to 6 rows on 2048 × 768, had kept them to K of
+/// 4096 and more).
 const MR2: usize = 4;
 
-/// Rows up to which tiles cover four panels at once. At one or two rows the call streams its
+/// Rows up to which tiles cover four panels at once. At a few rows the call streams its
 /// weights from memory and computes little on them; one panel is one sequential stream, and
 /// one core keeps too few of its lines in flight to draw its share of the memory's bandwidth.
 /// Four panels read in lockstep are four streams: alternated against one panel per tile
 /// (weight-only int4 g128, 2 threads, 2 GiB of weights), 1.1-1.5× faster at 1 and 4 tokens
-/// on the three standard shapes. Two rows × four panels already spill a few registers, so
-/// more rows keep the tiles above.
-const QUAD_MAX_ROWS: usize = 2;
+/// on the three standard shapes. At 3 rows (one core, weights cycled from memory, alternated
+/// call by call) four panels were 1.29-1.40× faster than one on 1536 × 2048 and 2048 × 768 and
+/// 1.05-1.08× faster than two on 14336 × 4096 and 4096 × 14336, although 3 rows × 4 panels
+/// spill some of the f32 accumulators (each touched once per block). At 4 rows they were no
+/// faster than one panel.
+const QUAD_MAX_ROWS: usize = 3;
 
 /// Panels per tile at or below [`QUAD_MAX_ROWS`] rows.
 const QUAD: usize = 4;
@@ -393,6 +393,7 @@ fn tile2_fn<const ASYM: bool>(rows: usize) -> Int4DotTileFn {
 fn tile4_fn<const ASYM: bool>(rows: usize) -> Int4DotTileFn {
     match rows {
         1 => tile_panels::<QUAD, 1, ASYM>,
+        2 => tile_panels::<QUAD, 2, ASYM>,
         _ => tile_panels::<QUAD, QUAD_MAX_ROWS, ASYM>,
     }
 }
@@ -415,10 +416,9 @@ fn tile_fn<const ASYM: bool>(rows: usize) -> Int4DotTileFn {
 type TileFor = fn(usize) -> Int4DotTileFn;
 
 /// The entry (see [`crate::wna16::Int4DotPanelsFn`]): rows in blocks of [`ROW_BLOCK`], each
-/// block over `panels`; up to [`QUAD_MAX_ROWS`] rows, groups of four panels ([`tile_panels`]);
-/// from [`PAIR_MIN_ROWS`] rows and K of [`PAIR_MIN_K`], pairs of panels in row tiles of up to
-/// [`MR2`]; the panels left over, and every panel otherwise, alone in row tiles of up to
-/// [`MR`] ([`tile`]).
+/// block over `panels`; up to [`QUAD_MAX_ROWS`] rows, groups of four panels ([`tile_panels`]),
+/// past that pairs of panels in row tiles of up to [`MR2`]; the panels left over alone in row
+/// tiles of up to [`MR`] ([`tile`]).
 ///
 /// # Safety
 /// - As [`crate::wna16::Int4DotPanelsFn`], on a CPU with AVX-512 F/BW/VNNI, `job.pairs` and
@@ -426,10 +426,8 @@ type TileFor = fn(usize) -> Int4DotTileFn;
 pub(crate) unsafe fn entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
     let (width, mr, tiles): (usize, usize, [TileFor; 2]) = if job.m <= QUAD_MAX_ROWS {
         (QUAD, QUAD_MAX_ROWS, [tile4_fn::<false>, tile4_fn::<true>])
-    } else if job.m >= PAIR_MIN_ROWS && job.w.k() >= PAIR_MIN_K {
-        (2, MR2, [tile2_fn::<false>, tile2_fn::<true>])
     } else {
-        (1, MR, [tile_fn::<false>, tile_fn::<true>])
+        (2, MR2, [tile2_fn::<false>, tile2_fn::<true>])
     };
     let grouped = panels.len() / width * width;
     let groups = (panels.start..panels.start + grouped).step_by(width);
