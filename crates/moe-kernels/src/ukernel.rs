@@ -276,6 +276,21 @@ pub(crate) trait W4A8Microkernel: Copy {
     /// - `self` proves the ISA; the job satisfies [`W4A8PanelsFn`]'s contract for panel `p`;
     /// - `m0 + mr ≤ job.m`.
     unsafe fn tile(self, job: &W4A8Job<'_>, p: usize, m0: usize, mr: usize);
+
+    /// Calls of at most this many rows (`0` for none) run as one row tile over pairs of panels
+    /// ([`W4A8Microkernel::pair_tile`]); at most `MR`.
+    const PAIR_MAX_ROWS: usize = 0;
+
+    /// Computes rows `m0..m0 + mr` (`1 ≤ mr ≤ PAIR_MAX_ROWS`) of panels `p` and `p + 1`.
+    ///
+    /// # Safety
+    /// - As [`W4A8Microkernel::tile`] for both panels.
+    unsafe fn pair_tile(self, job: &W4A8Job<'_>, p: usize, m0: usize, mr: usize) {
+        // SAFETY: forwarded contract.
+        unsafe { self.tile(job, p, m0, mr) };
+        // SAFETY: as above.
+        unsafe { self.tile(job, p + 1, m0, mr) };
+    }
 }
 
 /// A W8A8 microkernel: `MR` rows by one 16-channel panel.
@@ -321,6 +336,23 @@ pub(crate) unsafe fn w4a8_panels<K: W4A8Microkernel>(
     panels: Range<usize>,
 ) {
     debug_assert!(K::NR == crate::packed::PANEL && job.w.k_pad().is_multiple_of(K::KC_ALIGN));
+    if (1..=K::PAIR_MAX_ROWS).contains(&job.m) {
+        // One row tile of every row, over pairs of panels.
+        let mut p = panels.start;
+        while p < panels.end {
+            if p + 1 < panels.end {
+                // SAFETY: forwarded from this function's contract for panels `p` and
+                // `p + 1 < panels.end`; the tile's `m ≤ PAIR_MAX_ROWS` rows are `0..m`.
+                unsafe { kern.pair_tile(job, p, 0, job.m) };
+                p += 2;
+            } else {
+                // SAFETY: as above, for panel `p` (`m ≤ PAIR_MAX_ROWS ≤ MR` rows).
+                unsafe { kern.tile(job, p, 0, job.m) };
+                p += 1;
+            }
+        }
+        return;
+    }
     for p in panels {
         for rows in row_tiles_aligned(job.m, K::MR, K::ROW_ALIGN) {
             // SAFETY: forwarded from this function's contract; `row_tiles` yields ranges of
@@ -427,6 +459,7 @@ macro_rules! impl_microkernels {
         $(row_align: $align:expr,)?
         rows: [$($n:literal)+],
         w4a8_tile: $w4a8_tile:ident,
+        $(w4a8_pair_tile: $w4a8_pair:ident for [$($pn:literal)+],)?
         w8a8_tile: $w8a8_tile:ident
         $(, w8a8_pair_tile: $w8a8_pair:ident)? $(,)?
     ) => {
@@ -459,6 +492,36 @@ macro_rules! impl_microkernels {
                     _ => unreachable!("tile rows out of range"),
                 }
             }
+            $(
+            const PAIR_MAX_ROWS: usize = {
+                const ROWS: &[usize] = &[$($pn),+];
+                $crate::ukernel::assert_rows_one_to(ROWS, ROWS.len());
+                assert!(ROWS.len() <= $mr);
+                ROWS.len()
+            };
+
+            #[inline(always)]
+            unsafe fn pair_tile(
+                self,
+                job: &$crate::ukernel::W4A8Job<'_>,
+                p: usize,
+                m0: usize,
+                mr: usize,
+            ) {
+                let acc = matches!(job.out, $crate::ukernel::W4A8Out::BlockAcc { .. });
+                match (mr, acc) {
+                    $(
+                        // SAFETY: `self` is this rung's token, so the CPU has the features the
+                        // tile body is compiled for; the output contract is forwarded from our
+                        // caller for both panels, and `mr` is the tile's row count.
+                        ($pn, true) => unsafe { $w4a8_pair::<$pn, true>(job, p, m0) },
+                        // SAFETY: as above.
+                        ($pn, false) => unsafe { $w4a8_pair::<$pn, false>(job, p, m0) },
+                    )+
+                    _ => unreachable!("pair tile rows out of range"),
+                }
+            }
+            )?
         }
 
         impl $crate::ukernel::W8A8Microkernel for $token {
