@@ -290,11 +290,7 @@ const PAIR_MAX_ROWS: usize = 4;
 /// # Safety
 /// - As [`w4a8_tile`], for both panels.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn w4a8_pair_tile<const R: usize, const ACC: bool>(
-    job: &W4A8Job<'_>,
-    p: usize,
-    m0: usize,
-) {
+unsafe fn w4a8_pair_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize, m0: usize) {
     let w = job.w;
     let (k_pad, steps_per_block, n_blocks) = (w.k_pad(), w.block_len() / 8, w.n_blocks());
     let panel_steps = [p, p + 1].map(|q| w.panel_nibbles(q).as_chunks::<64>().0);
