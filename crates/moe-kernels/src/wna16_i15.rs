@@ -488,7 +488,11 @@ pub(crate) mod tests {
     fn bodies() -> Vec<(&'static str, crate::KernelSet, &'static [u32])> {
         #[cfg(target_arch = "x86_64")]
         let sets = [
-            ("avx512-vnni", crate::x86::wna16_i15::kernel_set(), &[4][..]),
+            (
+                "avx512-vnni",
+                crate::x86::wna16_i15::kernel_set(),
+                &[4, 8][..],
+            ),
             (
                 "avx2",
                 crate::x86::wna16_i15_avx2::kernel_set(),

@@ -90,7 +90,7 @@ fn prefetch_at<const BYTES: usize, T>(step: &T) {
 /// of `a` and `b`, low with low and high with high.
 #[target_feature(enable = "avx512f,avx512vnni")]
 #[inline]
-fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+pub(super) fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
     let mut acc = acc;
     // SAFETY: `vpdpwssd` reads and writes registers only; the enabled features include
     // AVX-512 VNNI.

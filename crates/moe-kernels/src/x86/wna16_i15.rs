@@ -13,8 +13,17 @@
 //! row into two integer sums (high and low bytes), kept in two chains each for tiles of up to
 //! four rows, so that no latency chain bounds them.
 //!
+//! int8 codes are packed K-major, four K values per step, each the 16 channels' bytes: one
+//! 256-bit load of two of a step's rows widened to 16 bits (`vpmovzxbw`) and one `vpermw` put
+//! codes `(c_j, c_{j+1})` of each channel in its 32-bit lane. Their activations are laid out as
+//! the integers themselves, 16 bits each in K order ([`fill`]), so one `vpdpwssd` per pair of
+//! K values and row does 32 multiply-adds into an exact sum `Σc·q` (`|c·q| ≤ 255·16383`, and a
+//! block of at most [`crate::wna16_i15::MAX_BLOCK_INT8`] values keeps it within 32 bits): as
+//! many multiply-adds per instruction as the split bytes of the int4 codes give, and two
+//! shuffles per 32 codes.
+//!
 //! At the end of each block (a scale group, or [`crate::wna16_i15::MAX_BLOCK`] K values of
-//! a longer one) the sums become `128·Σc·hi + Σc·lo` (exact), convert to f32, lose `z · Σq`
+//! a longer one) the int4 sums become `128·Σc·hi + Σc·lo` (exact), convert to f32, lose `z · Σq`
 //! (the block's activation sum, made by [`fill`]) in one fused multiply-add, and are scaled
 //! into the row's f32 accumulator with another. The row's scale and the bias are applied once
 //! at the end. A tile covers two panels ([`tile_panels`], [`MR2`]), so that each activation
@@ -30,6 +39,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::avx512vnni::dpwssd;
 use super::wna16::{
     PREFETCH_BYTES, group_scales, load_step, load_zeros, prefetch_ahead, store_panel_rows,
 };
@@ -88,9 +98,10 @@ fn even_odd_order() -> __m128i {
 }
 
 /// Lays out `m` rows of `x` for the body: per row a [`HEADER_BYTES`] header (the row's scale
-/// and post factor, see [`RowScale`]) and then, per step, the high bytes of K values `8s + 0,
-/// 2, 4, 6`, of `8s + 1, 3, 5, 7`, and the low bytes of both, K past its end as zeros. Writes
-/// each row's activation sums per block into `sums`, row-major.
+/// and post factor, see [`RowScale`]) and then, per step, for int4 codes the high bytes of K
+/// values `8s + 0, 2, 4, 6`, of `8s + 1, 3, 5, 7`, and the low bytes of both, for int8 codes
+/// the eight integers as i16 in K order; K past its end as zeros. Writes each row's activation
+/// sums per block into `sums`, row-major.
 ///
 /// # Safety
 /// - The CPU has AVX-512 F/BW/VL; `x` holds `m·K` values of `w`.
@@ -103,6 +114,7 @@ pub(crate) unsafe fn fill(
     dst: &mut AlignedVec<u8>,
 ) -> Int4DotLayout {
     let k = w.k();
+    let int8 = w.bits() == 8;
     let layout = RowLayout::prepare(w, m, STEP_BYTES, sums, dst);
     let (blocks, nb, row_bytes) = (layout.blocks, layout.nb, layout.row_bytes);
     for ((row, out), row_sums) in x
@@ -118,7 +130,7 @@ pub(crate) unsafe fn fill(
         // Sixteen K values (two steps, 32 bytes) at a time; the last may be one step.
         for (c, chunk) in steps.chunks_mut(2 * STEP_BYTES).enumerate() {
             let q = quantize16(row, 16 * c, &rs);
-            let bytes = split16(q);
+            let bytes = if int8 { words16(q) } else { split16(q) };
             chunk.copy_from_slice(&bytes[..chunk.len()]);
             // Add each step's eight integers to its block's sum (a block holds whole steps).
             for half in 0..2 {
@@ -204,6 +216,53 @@ fn split16(q: __m512i) -> [u8; 32] {
     bytes
 }
 
+/// The 32 bytes of two steps of 16 integers for int8 codes: each integer as an i16, in K order
+/// (exact: `|q| ≤ 16383`).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn words16(q: __m512i) -> [u8; 32] {
+    let words = _mm512_cvtepi32_epi16(q);
+    let mut bytes = [0u8; 32];
+    // SAFETY: `bytes` is 32 writable bytes; unaligned store.
+    unsafe { _mm256_storeu_si256(bytes.as_mut_ptr().cast(), words) };
+    bytes
+}
+
+/// The codes of an int8 step as `vpdpwssd` operands: K values `4s + 2i` (low 16 bits of each
+/// lane) and `4s + 2i + 1` (high 16 bits) of the 16 channels, for `i = 0, 1`. Rows `2i` and
+/// `2i + 1` of the step (16 channel bytes each) are 32 consecutive bytes: widened to 16 bits
+/// they are the two rows side by side, and `vpermw` interleaves them channel by channel.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+fn int8_pairs(step: &[u32; PANEL]) -> [__m512i; 2] {
+    let interleave = _mm512_set_epi16(
+        31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
+        19, 3, 18, 2, 17, 1, 16, 0,
+    );
+    std::array::from_fn(|i| {
+        let rows: &[u32; 8] = step[8 * i..8 * i + 8].try_into().expect("32 bytes");
+        // SAFETY: the reference covers 32 readable bytes; the load is unaligned.
+        let bytes = unsafe { _mm256_loadu_si256(rows.as_ptr().cast()) };
+        _mm512_permutexvar_epi16(interleave, _mm512_cvtepu8_epi16(bytes))
+    })
+}
+
+/// The code pairs of activation step `s` (eight K values: int8 steps `2s` and `2s + 1`, the
+/// second zero past the end of K, where the activations are zero too), prefetching the
+/// stream's lines a lead ahead as [`prefetch_stream`] does.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+fn int8_step_pairs<const NP: usize>(codes: &[[u32; PANEL]], s: usize) -> [__m512i; 4] {
+    prefetch_stream::<NP>(codes, 2 * s);
+    prefetch_stream::<NP>(codes, 2 * s + 1);
+    let [a, b] = int8_pairs(&codes[2 * s]);
+    let [c, d] = match codes.get(2 * s + 1) {
+        Some(step) => int8_pairs(step),
+        None => [_mm512_setzero_si512(); 2],
+    };
+    [a, b, c, d]
+}
+
 /// Broadcasts word `j` of a step's activations to all 16 lanes.
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -212,13 +271,27 @@ fn broadcast_word(step: &[u8; STEP_BYTES], j: usize) -> __m512i {
     _mm512_set1_epi32(i32::from_le_bytes(*word))
 }
 
-/// Rows `m0..m0 + R` of panel `p` (see the module docs), `C` chains per integer sum.
+/// A block's exact `Σ c·q` from its two integer sums: `128·hi + lo` for int4 codes (the sums
+/// of the activations' high and low bytes), `hi + lo` for int8 (the sums of each step's first
+/// and last four K values).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn block_sum<const BITS: u32>(hi: __m512i, lo: __m512i) -> __m512i {
+    if BITS == 8 {
+        _mm512_add_epi32(hi, lo)
+    } else {
+        _mm512_add_epi32(_mm512_slli_epi32::<7>(hi), lo)
+    }
+}
+
+/// Rows `m0..m0 + R` of panel `p` (see the module docs), `C` chains per integer sum, for
+/// `BITS`-bit codes (4 or 8).
 ///
 /// # Safety
 /// - The CPU has AVX-512 F/BW/VNNI; the job satisfies [`crate::wna16::Int4DotPanelsFn`]'s
 ///   contract for panel `p` with this module's [`fill`], and `m0 + R ≤ job.m`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tile<const R: usize, const C: usize, const ASYM: bool>(
+unsafe fn tile<const R: usize, const C: usize, const BITS: u32, const ASYM: bool>(
     job: &Int4DotJob<'_>,
     p: usize,
     m0: usize,
@@ -245,9 +318,22 @@ unsafe fn tile<const R: usize, const C: usize, const ASYM: bool>(
             if steps.is_empty() {
                 continue;
             }
+            // int4: sums of the high and the low bytes; int8: sums of the first and the last
+            // four K values of each step.
             let mut hi = [[_mm512_setzero_si512(); R]; C];
             let mut lo = [[_mm512_setzero_si512(); R]; C];
             for s in steps {
+                if BITS == 8 {
+                    let c = int8_step_pairs::<1>(codes, s);
+                    for r in 0..R {
+                        let a = &acts[r][s];
+                        hi[0][r] = dpwssd(hi[0][r], c[0], broadcast_word(a, 0));
+                        hi[C - 1][r] = dpwssd(hi[C - 1][r], c[1], broadcast_word(a, 1));
+                        lo[0][r] = dpwssd(lo[0][r], c[2], broadcast_word(a, 2));
+                        lo[C - 1][r] = dpwssd(lo[C - 1][r], c[3], broadcast_word(a, 3));
+                    }
+                    continue;
+                }
                 prefetch_ahead(&codes[s]);
                 let v = load_step(&codes[s]);
                 let even = _mm512_and_si512(v, nibbles);
@@ -267,7 +353,7 @@ unsafe fn tile<const R: usize, const C: usize, const ASYM: bool>(
                     h = _mm512_add_epi32(h, hi[c][r]);
                     l = _mm512_add_epi32(l, lo[c][r]);
                 }
-                let d = _mm512_add_epi32(_mm512_slli_epi32::<7>(h), l);
+                let d = block_sum::<BITS>(h, l);
                 let xsum = _mm512_set1_ps(job.group_sums[(m0 + r) * nb + b]);
                 let t = _mm512_fnmadd_ps(zero, xsum, _mm512_cvtepi32_ps(d));
                 acc[r] = _mm512_fmadd_ps(t, scale, acc[r]);
@@ -283,14 +369,14 @@ unsafe fn tile<const R: usize, const C: usize, const ASYM: bool>(
     unsafe { store_panel_rows(w, job.out, p, m0, acc) };
 }
 
-/// Rows `m0..m0 + R` of panels `p..p + NP` at once: each broadcast activation word feeds the
-/// `vpdpbusd` of every panel, dividing the loads per multiply-add of [`tile`] by `NP`, and
-/// the panels' codes are read as `NP` streams.
+/// Rows `m0..m0 + R` of panels `p..p + NP` at once, for `BITS`-bit codes: for int4 each
+/// broadcast activation word feeds the `vpdpbusd` of every panel, dividing the loads per
+/// multiply-add of [`tile`] by `NP`; the panels' codes are read as `NP` streams.
 ///
 /// # Safety
 /// - As [`tile`], for panels `p..p + NP`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tile_panels<const NP: usize, const R: usize, const ASYM: bool>(
+unsafe fn tile_panels<const NP: usize, const R: usize, const BITS: u32, const ASYM: bool>(
     job: &Int4DotJob<'_>,
     p: usize,
     m0: usize,
@@ -312,6 +398,20 @@ unsafe fn tile_panels<const NP: usize, const R: usize, const ASYM: bool>(
             let mut hi = [[_mm512_setzero_si512(); R]; NP];
             let mut lo = [[_mm512_setzero_si512(); R]; NP];
             for s in steps {
+                if BITS == 8 {
+                    // Panel by panel, so that only one panel's four code vectors are live.
+                    for j in 0..NP {
+                        let c = int8_step_pairs::<NP>(codes[j], s);
+                        for r in 0..R {
+                            let a = &acts[r][s];
+                            hi[j][r] = dpwssd(hi[j][r], c[0], broadcast_word(a, 0));
+                            hi[j][r] = dpwssd(hi[j][r], c[1], broadcast_word(a, 1));
+                            lo[j][r] = dpwssd(lo[j][r], c[2], broadcast_word(a, 2));
+                            lo[j][r] = dpwssd(lo[j][r], c[3], broadcast_word(a, 3));
+                        }
+                    }
+                    continue;
+                }
                 let mut even = [_mm512_setzero_si512(); NP];
                 let mut odd = [_mm512_setzero_si512(); NP];
                 for j in 0..NP {
@@ -342,7 +442,7 @@ unsafe fn tile_panels<const NP: usize, const R: usize, const ASYM: bool>(
                     _ => _mm512_set1_ps(f32::from(w.symmetric_zero())),
                 };
                 for r in 0..R {
-                    let d = _mm512_add_epi32(_mm512_slli_epi32::<7>(hi[j][r]), lo[j][r]);
+                    let d = block_sum::<BITS>(hi[j][r], lo[j][r]);
                     let xsum = _mm512_set1_ps(job.group_sums[(m0 + r) * nb + b]);
                     let t = _mm512_fnmadd_ps(zero, xsum, _mm512_cvtepi32_ps(d));
                     acc[j][r] = _mm512_fmadd_ps(t, scale, acc[j][r]);
@@ -380,35 +480,35 @@ pub(crate) fn prefetch_stream<const NP: usize>(panel: &[[u32; PANEL]], s: usize)
 }
 
 /// The two-panel instance of [`tile_panels`] for `rows` rows (1 to [`MR2`]).
-fn tile2_fn<const ASYM: bool>(rows: usize) -> Int4DotTileFn {
+fn tile2_fn<const BITS: u32, const ASYM: bool>(rows: usize) -> Int4DotTileFn {
     match rows {
-        1 => tile_panels::<2, 1, ASYM>,
-        2 => tile_panels::<2, 2, ASYM>,
-        3 => tile_panels::<2, 3, ASYM>,
-        _ => tile_panels::<2, MR2, ASYM>,
+        1 => tile_panels::<2, 1, BITS, ASYM>,
+        2 => tile_panels::<2, 2, BITS, ASYM>,
+        3 => tile_panels::<2, 3, BITS, ASYM>,
+        _ => tile_panels::<2, MR2, BITS, ASYM>,
     }
 }
 
 /// The four-panel instance of [`tile_panels`] for `rows` rows (1 to [`QUAD_MAX_ROWS`]).
-fn tile4_fn<const ASYM: bool>(rows: usize) -> Int4DotTileFn {
+fn tile4_fn<const BITS: u32, const ASYM: bool>(rows: usize) -> Int4DotTileFn {
     match rows {
-        1 => tile_panels::<QUAD, 1, ASYM>,
-        2 => tile_panels::<QUAD, 2, ASYM>,
-        _ => tile_panels::<QUAD, QUAD_MAX_ROWS, ASYM>,
+        1 => tile_panels::<QUAD, 1, BITS, ASYM>,
+        2 => tile_panels::<QUAD, 2, BITS, ASYM>,
+        _ => tile_panels::<QUAD, QUAD_MAX_ROWS, BITS, ASYM>,
     }
 }
 
 /// The instance of [`tile`] for `rows` rows (1 to [`MR`]).
-fn tile_fn<const ASYM: bool>(rows: usize) -> Int4DotTileFn {
+fn tile_fn<const BITS: u32, const ASYM: bool>(rows: usize) -> Int4DotTileFn {
     match rows {
-        1 => tile::<1, 2, ASYM>,
-        2 => tile::<2, 2, ASYM>,
-        3 => tile::<3, 2, ASYM>,
-        4 => tile::<4, 2, ASYM>,
-        5 => tile::<5, 1, ASYM>,
-        6 => tile::<6, 1, ASYM>,
-        7 => tile::<7, 1, ASYM>,
-        _ => tile::<MR, 1, ASYM>,
+        1 => tile::<1, 2, BITS, ASYM>,
+        2 => tile::<2, 2, BITS, ASYM>,
+        3 => tile::<3, 2, BITS, ASYM>,
+        4 => tile::<4, 2, BITS, ASYM>,
+        5 => tile::<5, 1, BITS, ASYM>,
+        6 => tile::<6, 1, BITS, ASYM>,
+        7 => tile::<7, 1, BITS, ASYM>,
+        _ => tile::<MR, 1, BITS, ASYM>,
     }
 }
 
@@ -424,10 +524,25 @@ type TileFor = fn(usize) -> Int4DotTileFn;
 /// - As [`crate::wna16::Int4DotPanelsFn`], on a CPU with AVX-512 F/BW/VNNI, `job.pairs` and
 ///   `job.group_sums` made by this module's [`fill`].
 pub(crate) unsafe fn entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
-    let (width, mr, tiles): (usize, usize, [TileFor; 2]) = if job.m <= QUAD_MAX_ROWS {
-        (QUAD, QUAD_MAX_ROWS, [tile4_fn::<false>, tile4_fn::<true>])
+    if job.w.bits() == 8 {
+        // SAFETY: our contract; the codes are 8 bits wide.
+        unsafe { entry_for::<8>(job, panels) }
     } else {
-        (2, MR2, [tile2_fn::<false>, tile2_fn::<true>])
+        // SAFETY: our contract; the codes are 4 bits wide.
+        unsafe { entry_for::<4>(job, panels) }
+    }
+}
+
+/// [`entry`] for `BITS`-bit codes.
+///
+/// # Safety
+/// - As [`entry`], on codes `BITS` wide.
+unsafe fn entry_for<const BITS: u32>(job: &Int4DotJob<'_>, panels: Range<usize>) {
+    let (width, mr, tiles): (usize, usize, [TileFor; 2]) = if job.m <= QUAD_MAX_ROWS {
+        let tiles = [tile4_fn::<BITS, false>, tile4_fn::<BITS, true>];
+        (QUAD, QUAD_MAX_ROWS, tiles)
+    } else {
+        (2, MR2, [tile2_fn::<BITS, false>, tile2_fn::<BITS, true>])
     };
     let grouped = panels.len() / width * width;
     let groups = (panels.start..panels.start + grouped).step_by(width);
@@ -436,16 +551,16 @@ pub(crate) unsafe fn entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
     // (`grouped ≤` their count).
     unsafe { run_row_blocks(job, groups, ROW_BLOCK, mr, tiles) };
     let singles = panels.start + grouped..panels.end;
-    let tiles = [tile_fn::<false>, tile_fn::<true>];
+    let tiles = [tile_fn::<BITS, false>, tile_fn::<BITS, true>];
     // SAFETY: as above, one panel of the caller's per tile.
     unsafe { run_row_blocks(job, singles, ROW_BLOCK, MR, tiles) };
 }
 
 /// This body as a kernel set's int4 dot-product body, for GEMMs of `min_m` rows up to
-/// `max_m` (exclusive) on int4 integer codes.
+/// `max_m` (exclusive) on int4 and int8 integer codes.
 pub(crate) fn body(min_m: usize, max_m: usize) -> Int4Dot {
     let unit = "avx512-vnni dot products on codes decoded in registers";
-    integer_body(unit, fill, entry, (min_m, max_m), false)
+    integer_body(unit, fill, entry, (min_m, max_m), true)
 }
 
 /// The AVX-512 VNNI set with this body at every row count, where the CPU has AVX-512 VNNI
