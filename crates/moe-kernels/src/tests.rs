@@ -252,6 +252,8 @@ fn w4a8_block_corrections_at_their_extremes() {
         (128, None),
         (136, None),
         (2304, None),
+        (4096, Some(32)),
+        (4096, None),
     ] {
         for m in [1usize, 4, 9] {
             let x: Vec<f32> = (0..m * k)
@@ -273,6 +275,30 @@ fn w4a8_block_corrections_at_their_extremes() {
             );
             for (isa, ks) in &rungs {
                 check_w4a8(isa, ks, &case, Par::Seq).unwrap();
+            }
+        }
+    }
+}
+
+/// Calls of a few rows on long K, which some rungs run as one row tile over pairs of panels
+/// (see the AVX-512 VNNI tile): every block correction (groups of 32 and 128, of 1024, and
+/// channelwise), one to three panels with a lone last one, ragged N.
+#[test]
+fn w4a8_few_rows_on_long_k_match_reference() {
+    let mut rng = SplitMix64::new(0x4a82);
+    let rungs = rungs();
+    for (k, g) in [
+        (4096, Some(32)),
+        (4224, Some(128)),
+        (4096, Some(1024)),
+        (4096, None),
+    ] {
+        for m in 1..=5 {
+            for n in [1, 17, 33, 47] {
+                let case = w4a8_case(&mut rng, m, n, k, g);
+                for (isa, ks) in &rungs {
+                    check_w4a8(isa, ks, &case, Par::Seq).unwrap();
+                }
             }
         }
     }

@@ -278,8 +278,12 @@ pub(crate) trait W4A8Microkernel: Copy {
     unsafe fn tile(self, job: &W4A8Job<'_>, p: usize, m0: usize, mr: usize);
 
     /// Calls of at most this many rows (`0` for none) run as one row tile over pairs of panels
-    /// ([`W4A8Microkernel::pair_tile`]); at most `MR`.
+    /// ([`W4A8Microkernel::pair_tile`]) where K reaches [`W4A8Microkernel::PAIR_MIN_K`]; at
+    /// most `MR`.
     const PAIR_MAX_ROWS: usize = 0;
+
+    /// K from which calls of up to [`W4A8Microkernel::PAIR_MAX_ROWS`] rows take pair tiles.
+    const PAIR_MIN_K: usize = 0;
 
     /// Computes rows `m0..m0 + mr` (`1 ≤ mr ≤ PAIR_MAX_ROWS`) of panels `p` and `p + 1`.
     ///
@@ -336,7 +340,7 @@ pub(crate) unsafe fn w4a8_panels<K: W4A8Microkernel>(
     panels: Range<usize>,
 ) {
     debug_assert!(K::NR == crate::packed::PANEL && job.w.k_pad().is_multiple_of(K::KC_ALIGN));
-    if (1..=K::PAIR_MAX_ROWS).contains(&job.m) {
+    if (1..=K::PAIR_MAX_ROWS).contains(&job.m) && job.w.k() >= K::PAIR_MIN_K {
         // One row tile of every row, over pairs of panels.
         let mut p = panels.start;
         while p < panels.end {
@@ -459,7 +463,7 @@ macro_rules! impl_microkernels {
         $(row_align: $align:expr,)?
         rows: [$($n:literal)+],
         w4a8_tile: $w4a8_tile:ident,
-        $(w4a8_pair_tile: $w4a8_pair:ident for [$($pn:literal)+],)?
+        $(w4a8_pair_tile: $w4a8_pair:ident for [$($pn:literal)+] from_k $pair_k:expr,)?
         w8a8_tile: $w8a8_tile:ident
         $(, w8a8_pair_tile: $w8a8_pair:ident)? $(,)?
     ) => {
@@ -499,6 +503,7 @@ macro_rules! impl_microkernels {
                 assert!(ROWS.len() <= $mr);
                 ROWS.len()
             };
+            const PAIR_MIN_K: usize = $pair_k;
 
             #[inline(always)]
             unsafe fn pair_tile(

@@ -1,7 +1,7 @@
 //! AVX-512 VNNI microkernels: `vpdpbusd` accumulators per row, 8 rows × 16 channels for W4A8
-//! (two per row up to 3 rows; calls of up to 4 rows take 4 rows × 32 channels, two panels
-//! read as two streams) and 8 rows × 32 channels for W8A8 (one per row and panel; a lone last
-//! panel takes a 16-channel tile).
+//! (two per row up to 3 rows; calls of up to 4 rows with K of 4096 or more take 4 rows × 32
+//! channels, two panels read as two streams) and 8 rows × 32 channels for W8A8 (one per row
+//! and panel; a lone last panel takes a 16-channel tile).
 //!
 //! W4A8: each 64-byte packed step yields two u8 vectors of weight codes `c = w + 8` (low
 //! nibbles: K values 0..4 of the step, high nibbles: 4..8); each row broadcasts its matching 4
@@ -272,15 +272,22 @@ unsafe fn w4a8_store_rows<const R: usize>(
     }
 }
 
-/// Rows up to which the W4A8 walk covers two panels per tile ([`w4a8_pair_tile`]). With a few
-/// rows a tile computes little per byte of codes, and one panel's sequential stream keeps too
-/// few lines in flight for a core to draw its share of the memory's bandwidth; two panels read
-/// in lockstep are two streams, and each activation broadcast feeds both. Alternated call by
-/// call on one core with the codes streaming from memory (groups of 32, 512 MiB to 1 GiB
-/// cycled), against one panel per tile: 1.16-1.22× faster at 2 rows and 1.22-1.28× at 4 on
-/// 14336 × 4096 and 4096 × 14336, 1.03-1.08× at 1 to 4 rows on 1536 × 2048; 0.82-0.86× at 5,
-/// 6 and 8 rows, where the single panel's eight-row tile computes more per load.
+/// Rows up to which the W4A8 walk covers two panels per tile ([`w4a8_pair_tile`]) on matrices
+/// with K of at least [`PAIR_MIN_K`]. With a few rows a tile computes little per byte of codes,
+/// and one panel's sequential stream keeps too few lines in flight for a core to draw its
+/// share of the memory's bandwidth; two panels read in lockstep are two streams, and each
+/// activation broadcast feeds both. Alternated call by call on one core with the codes
+/// streaming from memory (groups of 32, 1 GiB cycled), against one panel per tile: 1.16-1.22×
+/// faster at 2 rows and 1.22-1.28× at 4 on 14336 × 4096 and 4096 × 14336 in one window,
+/// 0.96-1.18× in others; 0.82-0.86× at 5 rows, where the single panel's tile computes more per
+/// load.
 const PAIR_MAX_ROWS: usize = 4;
+
+/// K from which the pair tiles run. On 1536 × 2048 and 2048 × 768 they were 1.03-1.08× faster
+/// than one panel in one window and 0.78-0.95× in others (the same comparison), and the layer
+/// at 16 tokens on the Qwen3-30B-A3B shape was 0.77-0.91× as fast in three rounds of
+/// `moe bench`.
+const PAIR_MIN_K: usize = 4096;
 
 /// The W4A8 tile body for `R` rows (at most [`PAIR_MAX_ROWS`]) of panels `p` and `p + 1`, with
 /// the numerics of [`w4a8_tile`] (the same exact block sums and corrections, the same f32
@@ -505,7 +512,7 @@ crate::ukernel::impl_microkernels! {
     mr: MR,
     rows: [1 2 3 4 5 6 7 8],
     w4a8_tile: w4a8_tile,
-    w4a8_pair_tile: w4a8_pair_tile for [1 2 3 4],
+    w4a8_pair_tile: w4a8_pair_tile for [1 2 3 4] from_k PAIR_MIN_K,
     w8a8_tile: w8a8_tile,
     w8a8_pair_tile: w8a8_pair_tile,
 }
