@@ -37,8 +37,7 @@ impl PackedDense {
     /// would silently poison every token routed to the expert.
     pub fn pack_f32(n: usize, k: usize, w: &[f32]) -> Result<Self, KernelError> {
         let (n_panels, len) = Self::check(n, k, w.len(), |i| w[i].is_finite(), |i| w[i])?;
-        let mut values = AlignedVec::zeroed(len);
-        Self::scatter(n, k, &mut values, |row, col| w[row * k + col]);
+        let values = panels_from_rows(n, k, len, |row| &w[row * k..][..k], |v| v, 0.0);
         Ok(Self {
             n,
             k,
@@ -51,8 +50,49 @@ impl PackedDense {
     pub fn pack_bf16(n: usize, k: usize, w: &[bf16]) -> Result<Self, KernelError> {
         let finite = |i: usize| w[i].is_finite();
         let (n_panels, len) = Self::check(n, k, w.len(), finite, |i| w[i].to_f32())?;
-        let mut values = AlignedVec::zeroed(len);
-        Self::scatter(n, k, &mut values, |row, col| w[row * k + col]);
+        let values = panels_from_rows(n, k, len, |row| &w[row * k..][..k], |v| v, bf16::ZERO);
+        Ok(Self {
+            n,
+            k,
+            n_panels,
+            values: DenseValues::Bf16(values),
+        })
+    }
+
+    /// Packs bf16 weights `[N, K]` given row-major as the little-endian bytes a checkpoint
+    /// stores, in blocks of whole rows whose concatenation is the matrix (a gate and an up
+    /// projection stored apart are two), keeping them in bf16 without an intermediate copy.
+    pub fn pack_bf16_rows_le(n: usize, k: usize, blocks: &[&[u8]]) -> Result<Self, KernelError> {
+        let got: usize = blocks.iter().map(|b| b.len()).sum();
+        let row_bytes = k.saturating_mul(2);
+        if k > 0
+            && (got != n.saturating_mul(row_bytes)
+                || blocks.iter().any(|b| b.len() % row_bytes != 0))
+        {
+            return Err(KernelError::LengthMismatch {
+                tensor: "w_dense",
+                expected: n.saturating_mul(row_bytes),
+                got,
+            });
+        }
+        let (n_panels, len) = Self::check(n, k, n.saturating_mul(k), |_| true, |_| 0.0)?;
+        let rows: Vec<&[[u8; 2]]> = blocks
+            .iter()
+            .flat_map(|b| b.as_chunks::<2>().0.chunks_exact(k))
+            .collect();
+        let value = |b: [u8; 2]| bf16::from_le_bytes(b);
+        for (row, values) in rows.iter().enumerate() {
+            if values.iter().any(|&b| !value(b).is_finite()) {
+                let col = values.iter().position(|&b| !value(b).is_finite());
+                let col = col.expect("a non-finite value was seen");
+                return Err(KernelError::NonFiniteWeight {
+                    tensor: "w_dense",
+                    index: row * k + col,
+                    value: value(values[col]).to_f32().to_string(),
+                });
+            }
+        }
+        let values = panels_from_rows(n, k, len, |row| rows[row], value, bf16::ZERO);
         Ok(Self {
             n,
             k,
@@ -182,20 +222,6 @@ impl PackedDense {
         Ok((n_panels, n_panels * PANEL * k))
     }
 
-    /// Writes `w(row, col)` into the panel layout.
-    fn scatter<T: Copy>(n: usize, k: usize, dst: &mut [T], w: impl Fn(usize, usize) -> T) {
-        for (p, panel) in dst.chunks_exact_mut(PANEL * k).enumerate() {
-            for (col, step) in panel.chunks_exact_mut(PANEL).enumerate() {
-                for (c, v) in step.iter_mut().enumerate() {
-                    let row = p * PANEL + c;
-                    if row < n {
-                        *v = w(row, col);
-                    }
-                }
-            }
-        }
-    }
-
     /// The panels' bf16 values, when the weights are stored in bf16.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the bf16 B rows read it
     pub(crate) fn bf16_values(&self) -> Option<&[bf16]> {
@@ -252,6 +278,49 @@ impl PackedDense {
     pub(crate) fn values(&self) -> &DenseValues {
         &self.values
     }
+}
+
+/// Values of a panel that one pass over its rows moves: the rows' runs are read whole, so each
+/// row is read in order and each step written once.
+const COLS_PER_PASS: usize = 8;
+
+/// The panel layout of `[N, K]` weights whose row `r` is `row(r)` (K values of `T`), each
+/// converted by `value`, channels past `N` as `zero`: written in order into a buffer of `len`
+/// values, so it is not zeroed first (the packed layer is as large as the checkpoint's).
+fn panels_from_rows<'a, T: Copy + 'a, U: crate::aligned::Plain>(
+    n: usize,
+    k: usize,
+    len: usize,
+    row: impl Fn(usize) -> &'a [T],
+    value: impl Fn(T) -> U,
+    zero: U,
+) -> AlignedVec<U> {
+    let mut values = AlignedVec::with_capacity(len);
+    let mut steps = [[zero; PANEL]; COLS_PER_PASS];
+    for p in 0..n.div_ceil(PANEL) {
+        let rows: [Option<&[T]>; PANEL] = std::array::from_fn(|c| {
+            let r = p * PANEL + c;
+            (r < n).then(|| row(r))
+        });
+        for col in (0..k).step_by(COLS_PER_PASS) {
+            let width = COLS_PER_PASS.min(k - col);
+            for (c, run) in rows.iter().enumerate() {
+                match run {
+                    Some(run) => {
+                        for (step, &v) in steps.iter_mut().zip(&run[col..col + width]) {
+                            step[c] = value(v);
+                        }
+                    }
+                    None => steps.iter_mut().for_each(|step| step[c] = zero),
+                }
+            }
+            for step in &steps[..width] {
+                values.extend_from_slice(step);
+            }
+        }
+    }
+    debug_assert_eq!(values.len(), len);
+    values
 }
 
 #[cfg(test)]
@@ -315,6 +384,70 @@ mod tests {
         assert!(matches!(
             PackedDense::pack_bf16_k_major_le(n, k, &bytes[..11]),
             Err(KernelError::LengthMismatch { .. })
+        ));
+    }
+
+    /// Row-major bf16 bytes in blocks of whole rows pack into the panels of the same matrix
+    /// packed whole, for ragged N, K not a multiple of a pass, and any split into blocks; a
+    /// non-finite weight is named by its index in the whole matrix.
+    #[test]
+    fn bf16_row_blocks_pack_as_the_whole_matrix() {
+        for (n, k) in [
+            (19, 5),
+            (16, 3),
+            (37, 13),
+            (1, 7),
+            (40, 1),
+            (33, 17),
+            (32, 16),
+        ] {
+            let w: Vec<bf16> = (0..n * k)
+                .map(|i| bf16::from_f32(i as f32 * 0.375 - 7.0))
+                .collect();
+            let whole = PackedDense::pack_bf16(n, k, &w).unwrap();
+            let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+            for split in [0, 1, n / 2, n] {
+                let (a, b) = bytes.split_at(split * k * 2);
+                let p = PackedDense::pack_bf16_rows_le(n, k, &[a, b]).unwrap();
+                assert!(p.is_bf16());
+                assert_eq!(
+                    p.bf16_values(),
+                    whole.bf16_values(),
+                    "{n}x{k} split {split}"
+                );
+                let wf: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
+                assert_eq!(p.unpack_f32(), wf);
+                // Channels past N are zero.
+                let last = &p.bf16_values().unwrap()[(p.n_panels() - 1) * k * PANEL..];
+                let live = n - (p.n_panels() - 1) * PANEL;
+                let pad_is_zero = |step: &[bf16]| step[live..].iter().all(|v| *v == bf16::ZERO);
+                assert!(last.chunks(PANEL).all(pad_is_zero));
+            }
+        }
+        let (n, k) = (3, 2);
+        let mut bytes = [0u8; 12];
+        bytes[8] = 0xC0; // row 2, column 0 (index 4): the bits 0x7FC0, a NaN
+        bytes[9] = 0x7F;
+        let (a, b) = bytes.split_at(4);
+        assert!(matches!(
+            PackedDense::pack_bf16_rows_le(n, k, &[a, b]),
+            Err(KernelError::NonFiniteWeight { index: 4, .. })
+        ));
+        // Blocks must hold whole rows, and all of them.
+        let zeros = [0u8; 12];
+        for blocks in [
+            &[&zeros[..6], &zeros[6..]][..],
+            &[&zeros[..11]],
+            &[&zeros[..4]],
+        ] {
+            assert!(matches!(
+                PackedDense::pack_bf16_rows_le(n, k, blocks),
+                Err(KernelError::LengthMismatch { .. })
+            ));
+        }
+        assert!(matches!(
+            PackedDense::pack_bf16_rows_le(2, 0, &[]),
+            Err(KernelError::UnsupportedDim { dim: "K", .. })
         ));
     }
 

@@ -507,6 +507,60 @@ impl Checkpoint {
         }))
     }
 
+    /// Routed expert `expert` (global id) of `layer` stored unquantized one projection per
+    /// tensor, on a single rank, borrowed from the shards for packing without a copy; checked
+    /// as [`Self::read_routed_expert`] checks it (shapes against the config, one dtype for
+    /// the three projections). `None` for other layouts and for experts with biases, which
+    /// take the owned read.
+    pub(crate) fn read_routed_expert_float(
+        &self,
+        layer: usize,
+        expert: usize,
+    ) -> Result<Option<FloatExpert<'_>>, LayerError> {
+        if !matches!(self.format, Format::Float)
+            || self.has_fused_float_experts(layer)
+            || self.spec.family == ModelFamily::GraniteMoe
+        {
+            return Ok(None);
+        }
+        let group = self.routed_group();
+        let hidden = self.hidden_dim();
+        let mut projections = Vec::with_capacity(3);
+        for shard in ShardId::ALL {
+            let candidates = self.names.expert_projection(layer, expert, shard);
+            let prefix = self.pick_prefix(&candidates, group.format.primary());
+            let (n, k) = match shard {
+                ShardId::W1 | ShardId::W3 => (group.intermediate, hidden),
+                ShardId::W2 => (hidden, group.intermediate),
+            };
+            let req = ProjRequest {
+                prefix: &prefix,
+                n,
+                k,
+                config: &self.spec.config_path,
+            };
+            let proj = read_projection(&self.source, group.format, &req)?;
+            if proj.bias.is_some() {
+                return Ok(None);
+            }
+            let Values::Float { dtype, bytes } = proj.values else {
+                return Ok(None);
+            };
+            if let Some((first, _)) = projections.first() {
+                proj.primary.expect_dtype(&[*first])?;
+            }
+            projections.push((dtype, bytes));
+        }
+        let [(dtype, gate), (_, up), (_, down)] = projections[..] else {
+            return Ok(None);
+        };
+        Ok(Some(FloatExpert {
+            dtype,
+            w13: [gate, up],
+            w2: down,
+        }))
+    }
+
     fn routed_group(&self) -> Group {
         let field = self.spec.family.intermediate_field();
         Group {
@@ -1063,6 +1117,17 @@ impl Checkpoint {
             .cloned()
             .unwrap_or_default()
     }
+}
+
+/// One routed expert read by [`Checkpoint::read_routed_expert_float`]: row-major
+/// little-endian values as stored.
+pub(crate) struct FloatExpert<'a> {
+    /// The dtype of all three projections.
+    pub(crate) dtype: safetensors::Dtype,
+    /// The gate and up projections `[I, H]`, the rows `0..I` and `I..2I` of `w13`.
+    pub(crate) w13: [&'a [u8]; 2],
+    /// The down projection `[H, I]`.
+    pub(crate) w2: &'a [u8],
 }
 
 /// One routed expert read by [`Checkpoint::read_routed_expert_words`].

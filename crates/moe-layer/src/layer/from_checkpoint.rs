@@ -785,6 +785,16 @@ fn pack_float_expert(
             w13.dtype(),
         ));
     }
+    if let Some(ex) = ckpt.read_routed_expert_float(layer, expert)?
+        && ex.dtype == safetensors::Dtype::BF16
+    {
+        // Packed from the shards' bytes: no owned copy of the expert in between.
+        return Ok((
+            PackedDense::pack_bf16_rows_le(2 * i, h, &ex.w13)?,
+            PackedDense::pack_bf16_rows_le(h, i, &[ex.w2])?,
+            DType::BF16,
+        ));
+    }
     let read = ReadOptions {
         shared_experts: false,
         ..ReadOptions::single_rank()
