@@ -25,6 +25,13 @@
 //! first and `post = 2^−100` undoes it). A row holding a NaN or an infinity has no finite
 //! scale: its outputs are NaN. An all-zero row gives the bias.
 //!
+//! MXFP4's e2m1 codes (on the bodies that take them) are integers too, after an exact change of
+//! variable: twice an e2m1 value is one of `0, ±1, ±2, ±3, ±4, ±6, ±8, ±12`, so each code
+//! stands for `c = 2·e2m1 + 12` ([`E2M1_INTEGERS`], `0..=24`) with the zero point `z = 12`,
+//! and each group's e8m0 scale is halved (a power of two: exact). The sums above then hold
+//! `2·Σ e2m1·q` exactly, and `|c·q| ≤ 24·16383` keeps a block's sum of at most [`MAX_BLOCK`]
+//! K values below `2^31`.
+//!
 //! Against the f32 definition of `crate::wna16` the only new error is the rounding of each
 //! activation to its 15-bit grid (`|x − s·q| ≤ s/2`); the tests bound the difference by
 //! `2^−14 · amax · Σ|w|` per output plus the f32 sums' own rounding.
@@ -46,6 +53,21 @@ pub(crate) const MAX_BLOCK: usize = 1024;
 /// [`MAX_BLOCK`] for int8 codes: `256 · 255 · 16383` stays below `2^31` however a body splits
 /// the sum (`128·Σ c·hi` too), with room to spare.
 pub(crate) const MAX_BLOCK_INT8: usize = 256;
+
+/// The integer each e2m1 code stands for in the integer sums: `2·e2m1(code) + 12` (see the
+/// module docs), with [`E2M1_ZERO`] as its zero point.
+pub(crate) const E2M1_INTEGERS: [u8; 16] =
+    [12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0];
+
+/// The zero point of [`E2M1_INTEGERS`]: the integer of the e2m1 zero.
+pub(crate) const E2M1_ZERO: u8 = 12;
+
+/// The largest scale magnitude the integer bodies take: their f32 sums hold `Σ t·scale` with
+/// `|t|` up to `K·255·16383 < 2^46` (before the row's scale brings them back), so scales up
+/// to `2^64` keep them far from overflowing where the f32 definition's own sums would not.
+/// Weights with larger scales (hostile ones: checkpoints scale their codes by about `2^−7`)
+/// take the f32 body.
+pub(crate) const MAX_SCALE: f32 = 18_446_744_073_709_551_616.0;
 
 /// Rows whose largest magnitude is below this are scaled by [`TINY_LIFT`] before they are
 /// quantized, so that `16383 / amax` stays finite.
@@ -193,18 +215,20 @@ impl Blocks {
     }
 }
 
-/// Whether an integer body can take `w`: integer codes, int4 (not MXFP4's e2m1 values) or int8
-/// (not FP8's e4m3 values). Which widths a body takes is its own ([`Int4Dot::int8`]).
+/// Whether an integer body can take `w`: integer codes, int4 (and MXFP4's e2m1 values where
+/// the body decodes them, `e2m1`) or int8 (not FP8's e4m3 values). Which widths a body takes
+/// is its own ([`Int4Dot::int8`]).
 #[cfg_attr(
     not(any(target_arch = "x86_64", target_arch = "aarch64")),
     allow(dead_code)
 )]
-pub(crate) fn serves(w: &PackedWna16) -> bool {
-    match w.bits() {
-        4 => w.values() == Int4Values::Integer,
+pub(crate) fn serves(w: &PackedWna16, e2m1: bool) -> bool {
+    let codes = match w.bits() {
+        4 => w.values() == Int4Values::Integer || e2m1,
         8 => !w.is_e4m3(),
         _ => false,
-    }
+    };
+    codes && w.largest_scale() <= MAX_SCALE
 }
 
 /// The environment variable that chooses the integer bodies of int4 weight-only GEMMs: `1`
@@ -402,8 +426,8 @@ pub(crate) fn layout_rows<'a, const R: usize>(
 }
 
 /// A rung's integer body (its `fill` and `entry`, doing `unit`) as a kernel set's int4
-/// dot-product body, for GEMMs of `min_m` rows up to `max_m` (exclusive) on int4 integer codes
-/// and, with `int8`, int8 integer codes.
+/// dot-product body, for GEMMs of `min_m` rows up to `max_m` (exclusive) on int4 integer codes,
+/// with `e2m1` also MXFP4's codes, and with `int8` int8 integer codes.
 #[cfg_attr(
     not(any(target_arch = "x86_64", target_arch = "aarch64")),
     allow(dead_code)
@@ -413,17 +437,25 @@ pub(crate) fn integer_body(
     fill: Int4DotFillFn,
     entry: Int4DotPanelsFn,
     (min_m, max_m): (usize, usize),
-    int8: bool,
+    (int8, e2m1): (bool, bool),
 ) -> Int4Dot {
     Int4Dot {
         unit,
         activations: "15-bit integer activations",
-        codes: " for integer codes",
+        codes: if e2m1 {
+            " for integer and e2m1 codes"
+        } else {
+            " for integer codes"
+        },
         min_m,
         max_m,
         int8,
         e4m3: false,
-        serves: |w, _| serves(w),
+        serves: if e2m1 {
+            |w, _| serves(w, true)
+        } else {
+            |w, _| serves(w, false)
+        },
         fill,
         entry,
     }
@@ -433,7 +465,15 @@ pub(crate) fn integer_body(
 /// model of the SIMD body, which it equals bit for bit).
 pub fn wna16_i15_reference(m: usize, x: &[f32], w: &PackedWna16) -> Vec<f32> {
     let (n, k, ng) = (w.n(), w.k(), w.n_groups());
-    let (codes, scales, zeros) = w.unpack();
+    let (mut codes, mut scales, mut zeros) = w.unpack();
+    if w.values() == Int4Values::E2m1 {
+        // The change of variable of the module docs.
+        codes
+            .iter_mut()
+            .for_each(|c| *c = E2M1_INTEGERS[usize::from(*c)]);
+        zeros.fill(E2M1_ZERO);
+        scales.iter_mut().for_each(|s| *s *= 0.5);
+    }
     let blocks = Blocks::of(w);
     let mut out = vec![0f32; m * n];
     for r in 0..m {
@@ -486,26 +526,41 @@ pub(crate) mod tests {
     /// it takes (4, and 8 where it takes int8 codes): they share the numerics, so the same
     /// tests hold for each.
     fn bodies() -> Vec<(&'static str, crate::KernelSet, &'static [u32])> {
+        bodies_and_e2m1()
+            .into_iter()
+            .map(|(name, ks, widths, _)| (name, ks, widths))
+            .collect()
+    }
+
+    /// [`bodies`], each with whether it also takes MXFP4's e2m1 codes.
+    fn bodies_and_e2m1() -> Vec<(&'static str, crate::KernelSet, &'static [u32], bool)> {
         #[cfg(target_arch = "x86_64")]
         let sets = [
             (
                 "avx512-vnni",
                 crate::x86::wna16_i15::kernel_set(),
                 &[4, 8][..],
+                false,
             ),
             (
                 "avx2",
                 crate::x86::wna16_i15_avx2::kernel_set(),
                 &[4, 8][..],
+                true,
             ),
         ];
         #[cfg(target_arch = "aarch64")]
-        let sets = [("dotprod", crate::aarch64::wna16_i15::kernel_set(), &[4][..])];
+        let sets = [(
+            "dotprod",
+            crate::aarch64::wna16_i15::kernel_set(),
+            &[4][..],
+            false,
+        )];
         #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-        let sets: [(&str, Option<crate::KernelSet>, &[u32]); 0] = [];
+        let sets: [(&str, Option<crate::KernelSet>, &[u32], bool); 0] = [];
         let found: Vec<_> = sets
             .into_iter()
-            .filter_map(|(name, ks, bits)| Some((name, ks?, bits)))
+            .filter_map(|(name, ks, bits, e2m1)| Some((name, ks?, bits, e2m1)))
             .collect();
         if found.is_empty() {
             eprintln!("note: no integer WNA16 body on this CPU");
@@ -720,15 +775,29 @@ pub(crate) mod tests {
             (300, Some(32), true),
             (2048, None, false),
         ] {
-            let n = 40;
-            let w = weights(&mut rng, (n, k, bits), g, asym, false);
+            let w = weights(&mut rng, (40, k, bits), g, asym, false);
+            assert_within_the_grid(body, &format!("int{bits} g={g:?}"), ks, &w, &mut rng);
+        }
+    }
+
+    /// Checks [`integer_body_stays_within_the_grid_of_the_f32_definition`]'s bound for `w`
+    /// (which has a bias) at a few row counts, an outlier in the first row.
+    fn assert_within_the_grid(
+        body: &str,
+        what: &str,
+        ks: &crate::KernelSet,
+        w: &PackedWna16,
+        rng: &mut SplitMix64,
+    ) {
+        let (n, k) = (w.n(), w.k());
+        {
             let dq = w.dequantize_f64();
             for &m in &[1usize, 4, 9] {
                 let mut x: Vec<f32> = (0..m * k).map(|_| rng.normal()).collect();
                 // An outlier in the first row: the others' grid is finer.
                 x[3] = 40.0;
                 let mut got = vec![0f32; m * n];
-                crate::wna16_gemm(ks, m, &x, &w, &mut got, &mut GemmScratch::new(), Par::Seq)
+                crate::wna16_gemm(ks, m, &x, w, &mut got, &mut GemmScratch::new(), Par::Seq)
                     .unwrap();
                 for r in 0..m {
                     let row = &x[r * k..][..k];
@@ -746,11 +815,191 @@ pub(crate) mod tests {
                         let got = f64::from(got[r * n + c]);
                         assert!(
                             (got - want).abs() <= grid + 1e-5 * mag,
-                            "{body}: int{bits} k={k} g={g:?} m={m}: out[{r},{c}] = {got}, \
-                             want {want} (grid {grid})"
+                            "{body}: {what} k={k} m={m}: out[{r},{c}] = {got}, want {want} \
+                             (grid {grid})"
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// Random MXFP4 weights `[n, k]` with a bias: e8m0 scales around 1 with the extremes the
+    /// integer bodies take among them (0, the subnormal `2^-127`, and 191, [`super::MAX_SCALE`]),
+    /// or every code `code` when given.
+    fn e2m1_weights(rng: &mut SplitMix64, n: usize, k: usize, code: Option<u8>) -> PackedWna16 {
+        let kb = k.div_ceil(32);
+        let blocks: Vec<u8> = (0..n * kb * 16)
+            .map(|_| match code {
+                Some(c) => c | c << 4,
+                None => rng.below(256) as u8,
+            })
+            .collect();
+        let scales: Vec<u8> = (0..n * kb)
+            .map(|i| match i % 7 {
+                3 => 0,
+                5 if code.is_none() => 191,
+                _ => 118 + rng.below(12) as u8,
+            })
+            .collect();
+        let bias = rng.vec_uniform(n, -1.0, 1.0);
+        PackedWna16::pack_mxfp4(crate::Mxfp4Desc {
+            n,
+            k,
+            blocks: &blocks,
+            scales: &scales,
+            bias: Some(&bias),
+        })
+        .unwrap()
+    }
+
+    /// MXFP4's e2m1 codes on each body that takes them equal the scalar twin bit for bit on
+    /// ragged shapes (K past the last whole block, the largest and smallest code integers
+    /// everywhere), whatever the thread split; a body that does not take them leaves them to
+    /// the f32 body.
+    #[test]
+    fn e2m1_codes_equal_the_scalar_twin_where_a_body_takes_them() {
+        let mut rng = SplitMix64::new(0x15e);
+        for (body, ks, _, e2m1) in bodies_and_e2m1() {
+            if !e2m1 {
+                let w = e2m1_weights(&mut rng, 16, 64, None);
+                assert!(ks.wna16_int4_dot_for(&w, 4).is_none(), "{body} took e2m1");
+                continue;
+            }
+            for &(k, code) in &[
+                (8usize, None),
+                (32, None),
+                (37, None),
+                (100, None),
+                (256, Some(7u8)),
+                (256, Some(15)),
+                (2100, None),
+            ] {
+                for &n in &[1usize, 17, 33, 65] {
+                    let w = e2m1_weights(&mut rng, n, k, code);
+                    for &m in &[0usize, 1, 2, 3, 4, 5, 9, 16, 65] {
+                        if k > 1000 && m > 16 {
+                            continue;
+                        }
+                        let x: Vec<f32> = (0..m * k).map(|_| rng.normal() * 2.0).collect();
+                        let want = wna16_i15_reference(m, &x, &w);
+                        for par in [Par::Seq, Par::Rayon] {
+                            assert!(m == 0 || ks.wna16_int4_dot_for(&w, m).is_some());
+                            let mut got = vec![f32::NAN; m * n];
+                            crate::wna16_gemm(
+                                &ks,
+                                m,
+                                &x,
+                                &w,
+                                &mut got,
+                                &mut GemmScratch::new(),
+                                par,
+                            )
+                            .unwrap();
+                            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                                assert_eq!(
+                                    a.to_bits(),
+                                    b.to_bits(),
+                                    "{body}: e2m1 k={k} code={code:?} n={n} m={m} {par:?}: \
+                                     out[{i}] = {a}, want {b}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// MXFP4 through the integer sums against the f32 definition: as for integer codes, the
+    /// only new error is each activation's rounding to its 15-bit grid.
+    #[test]
+    fn e2m1_codes_stay_within_the_grid_of_the_f32_definition() {
+        let mut rng = SplitMix64::new(0x15f);
+        for (body, ks, _, e2m1) in bodies_and_e2m1() {
+            if !e2m1 {
+                continue;
+            }
+            for &k in &[64usize, 300, 2048] {
+                let n = 40;
+                let kb = k.div_ceil(32);
+                let blocks: Vec<u8> = (0..n * kb * 16).map(|_| rng.below(256) as u8).collect();
+                let scales: Vec<u8> = (0..n * kb).map(|_| 120 + rng.below(10) as u8).collect();
+                let bias = rng.vec_uniform(n, -1.0, 1.0);
+                let w = PackedWna16::pack_mxfp4(crate::Mxfp4Desc {
+                    n,
+                    k,
+                    blocks: &blocks,
+                    scales: &scales,
+                    bias: Some(&bias),
+                })
+                .unwrap();
+                assert_within_the_grid(body, "e2m1", &ks, &w, &mut rng);
+            }
+        }
+    }
+
+    /// Scales beyond [`super::MAX_SCALE`] (an f32 `1e30`, an e8m0 254) leave the GEMM to the
+    /// f32 body, whose sums do not overflow where the integer ones would: the outputs are those
+    /// of the f32 set, bit for bit.
+    #[test]
+    fn extreme_scales_leave_the_integer_bodies() {
+        let mut rng = SplitMix64::new(0x160);
+        let (n, k) = (17usize, 64usize);
+        let int4 = PackedWna16::pack(Wna16Desc {
+            n,
+            k,
+            bits: 4,
+            codes: &(0..n * k).map(|i| (i % 16) as u8).collect::<Vec<_>>(),
+            group_size: moe_quant::WeightGroups::groups(32).unwrap(),
+            scales: Wna16Scales::F32(
+                &(0..2 * n)
+                    .map(|i| if i == 5 { 1e30 } else { 1e-3 })
+                    .collect::<Vec<_>>(),
+            ),
+            zeros: None,
+            bias: None,
+            perm: None,
+        })
+        .unwrap();
+        let scales: Vec<u8> = (0..2 * n).map(|i| if i == 3 { 254 } else { 120 }).collect();
+        let blocks: Vec<u8> = (0..2 * n * 16).map(|i| (i % 7) as u8).collect();
+        let e2m1 = PackedWna16::pack_mxfp4(crate::Mxfp4Desc {
+            n,
+            k,
+            blocks: &blocks,
+            scales: &scales,
+            bias: None,
+        })
+        .unwrap();
+        for (body, ks, _, _) in bodies_and_e2m1() {
+            for (what, w) in [("int4", &int4), ("e2m1", &e2m1)] {
+                assert!(ks.wna16_int4_dot_for(w, 4).is_none(), "{body} took {what}");
+                let x: Vec<f32> = (0..4 * k).map(|_| rng.normal() * 1e-3).collect();
+                let mut got = vec![0f32; 4 * n];
+                let mut want = vec![0f32; 4 * n];
+                crate::wna16_gemm(&ks, 4, &x, w, &mut got, &mut GemmScratch::new(), Par::Seq)
+                    .unwrap();
+                let f32_set = ks.without_bf16_path();
+                crate::wna16_gemm(
+                    &f32_set,
+                    4,
+                    &x,
+                    w,
+                    &mut want,
+                    &mut GemmScratch::new(),
+                    Par::Seq,
+                )
+                .unwrap();
+                assert!(
+                    want.iter().all(|v| v.is_finite()),
+                    "{what}: the f32 body overflowed"
+                );
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{body}: {what} differs from the f32 body");
             }
         }
     }

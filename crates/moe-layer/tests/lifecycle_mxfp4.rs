@@ -41,22 +41,30 @@ fn run(layer: &MoeLayer, m: &GptOss, x: &[f32]) -> Vec<f32> {
     out
 }
 
-/// Whether `layer`'s WNA16 GEMMs take a bf16 path at some row count.
-fn takes_bf16_path(layer: &MoeLayer) -> bool {
-    layer
-        .backend()
-        .unwrap()
-        .ops
-        .iter()
-        .any(|o| o.starts_with("wna16_gemm") && o.contains("bf16"))
+/// The relative L2 error `layer`'s WNA16 GEMMs may show on MXFP4 weights when they take a path
+/// with other numerics than f32 at some row count: `1e-2` where they round the inputs to bf16,
+/// `1e-3` where the integer body takes e2m1 codes (each activation on a 15-bit grid).
+fn other_numerics(layer: &MoeLayer) -> Option<f64> {
+    let ops = layer.backend().unwrap().ops;
+    let wna16_has = |what: &str| {
+        ops.iter()
+            .any(|o| o.starts_with("wna16_gemm") && o.contains(what))
+    };
+    if wna16_has("bf16") {
+        Some(1e-2)
+    } else if wna16_has("e2m1 codes") {
+        Some(1e-3)
+    } else {
+        None
+    }
 }
 
-/// [`assert_close`] on the f32 road; within a relative L2 error of `1e-2` where `layer` may
-/// round the GEMM inputs to bf16.
+/// [`assert_close`] on the f32 road; within the relative L2 error of [`other_numerics`] where
+/// `layer` takes another.
 fn assert_matches(what: &str, layer: &MoeLayer, got: &[f32], want: &[f64]) {
-    if !takes_bf16_path(layer) {
+    let Some(bound) = other_numerics(layer) else {
         return assert_close(what, got, want);
-    }
+    };
     let (mut err, mut norm) = (0f64, 0f64);
     for (&g, &w) in got.iter().zip(want) {
         err += (f64::from(g) - w).powi(2);
@@ -67,8 +75,8 @@ fn assert_matches(what: &str, layer: &MoeLayer, got: &[f32], want: &[f64]) {
     } else {
         err.sqrt()
     };
-    eprintln!("{what} on the bf16 path: relative L2 {rel:.2e}");
-    assert!(rel < 1e-2, "{what} on the bf16 path: relative L2 {rel}");
+    eprintln!("{what} with other numerics: relative L2 {rel:.2e}");
+    assert!(rel < bound, "{what} with other numerics: relative L2 {rel}");
 }
 
 fn assert_close(what: &str, got: &[f32], want: &[f64]) {
@@ -160,7 +168,8 @@ fn gpt_oss_ranks_sum_to_the_whole_layer() {
             }
         }
         let want: Vec<f64> = full.iter().map(|&v| f64::from(v)).collect();
-        assert_close(what, &sum, &want);
+        // Each rank's activations are quantized on their own where the numerics round them.
+        assert_matches(what, &whole, &sum, &want);
     }
     // 64 / 4 = 16 columns per rank cannot hold whole blocks of 32.
     let e = MoeLayer::from_checkpoint_ranked(&ckpt, 0, 8, (0, 4), None).unwrap_err();

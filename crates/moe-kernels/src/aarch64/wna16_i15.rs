@@ -205,7 +205,13 @@ unsafe fn entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
 /// codes. Only for sets of a rung with the dot-product extension.
 pub(crate) fn body() -> Int4Dot {
     let unit = "dotprod sdot on codes decoded in registers";
-    integer_body(unit, fill_byte_split, entry, (1, usize::MAX), false)
+    integer_body(
+        unit,
+        fill_byte_split,
+        entry,
+        (1, usize::MAX),
+        (false, false),
+    )
 }
 
 /// The dot-product rung's set with this body, where the CPU has the extension (tests).

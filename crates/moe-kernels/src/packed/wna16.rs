@@ -181,6 +181,17 @@ pub(crate) enum Wna16ScaleValues {
     E8m0(Vec<u8>),
 }
 
+/// The largest magnitude among `scales` (0 for none).
+fn largest_scale(scales: &Wna16ScaleValues) -> f32 {
+    let top = |v: &mut dyn Iterator<Item = f32>| v.fold(0f32, |m, s| m.max(s.abs()));
+    match scales {
+        Wna16ScaleValues::F16(v) => top(&mut v.iter().map(|s| s.to_f32())),
+        Wna16ScaleValues::Bf16(v) => top(&mut v.iter().map(|s| s.to_f32())),
+        Wna16ScaleValues::F32(v) => top(&mut v.iter().copied()),
+        Wna16ScaleValues::E8m0(v) => v.iter().max().map_or(0.0, |&e| e8m0_to_f32(e)),
+    }
+}
+
 /// What [`PackedWna16::pack`] takes: one integer weight matrix `[N, K]` as unsigned codes.
 #[derive(Debug, Clone, Copy)]
 pub struct Wna16Desc<'a> {
@@ -221,6 +232,9 @@ pub struct PackedWna16 {
     n_groups: usize,
     codes: AlignedVec<u32>,
     scales: Wna16ScaleValues,
+    /// The largest scale magnitude ([`largest_scale`]), for the bodies whose sums would
+    /// overflow with extreme scales.
+    largest_scale: f32,
     zeros: Option<Vec<u8>>,
     bias: Option<Vec<f32>>,
     perm: Option<Vec<u32>>,
@@ -562,6 +576,7 @@ impl PackedWna16 {
             channelwise: d.group_size.is_channelwise(),
             n_groups: dims.n_groups,
             codes,
+            largest_scale: largest_scale(&scales),
             scales,
             zeros,
             bias,
@@ -671,6 +686,7 @@ impl PackedWna16 {
             channelwise: d.group_size.is_channelwise(),
             n_groups: dims.n_groups,
             codes,
+            largest_scale: largest_scale(&scales),
             scales,
             zeros,
             bias,
@@ -724,6 +740,7 @@ impl PackedWna16 {
             channelwise: false,
             n_groups: dims.n_groups,
             codes,
+            largest_scale: largest_scale(&scales),
             scales,
             zeros: None,
             bias,
@@ -829,6 +846,7 @@ impl PackedWna16 {
                 row += 1;
             }
         }
+        let scales = Wna16ScaleValues::F32(scales);
         let bias = d.bias.map(|b| padded_bias(b, n_panels));
         Ok(Self {
             n,
@@ -841,7 +859,8 @@ impl PackedWna16 {
             channelwise: !blocks,
             n_groups: kb,
             codes,
-            scales: Wna16ScaleValues::F32(scales),
+            largest_scale: largest_scale(&scales),
+            scales,
             zeros: None,
             bias,
             perm: None,
@@ -995,6 +1014,11 @@ impl PackedWna16 {
             Wna16ScaleValues::F32(s) => s[at],
             Wna16ScaleValues::E8m0(s) => e8m0_to_f32(s[at]),
         }
+    }
+
+    /// The largest scale magnitude.
+    pub(crate) fn largest_scale(&self) -> f32 {
+        self.largest_scale
     }
 
     /// The zero point of symmetric weights: 8 for int4, 128 for int8, 0 for e2m1 and e4m3

@@ -560,7 +560,7 @@ unsafe fn entry_for<const BITS: u32>(job: &Int4DotJob<'_>, panels: Range<usize>)
 /// `max_m` (exclusive) on int4 and int8 integer codes.
 pub(crate) fn body(min_m: usize, max_m: usize) -> Int4Dot {
     let unit = "avx512-vnni dot products on codes decoded in registers";
-    integer_body(unit, fill, entry, (min_m, max_m), true)
+    integer_body(unit, fill, entry, (min_m, max_m), (true, false))
 }
 
 /// The AVX-512 VNNI set with this body at every row count, where the CPU has AVX-512 VNNI

@@ -34,12 +34,12 @@ use super::wna16::prefetch_ahead;
 use super::wna16::ymm::load_scales;
 use crate::aligned::AlignedVec;
 use crate::dispatch::Int4Dot;
-use crate::packed::wna16::K_STEP8;
+use crate::packed::wna16::{Int4Values, K_STEP8, Wna16ScaleValues};
 use crate::packed::{PANEL, PackedWna16};
 use crate::wna16::{Int4DotJob, Int4DotLayout, Int4DotTileFn, run_row_blocks};
 use crate::wna16_i15::{
-    Blocks, HEADER_BYTES, MAX_Q, RowLayout, RowScale, integer_body, layout_rows, panel_steps,
-    read_header, write_header,
+    Blocks, E2M1_INTEGERS, E2M1_ZERO, HEADER_BYTES, MAX_Q, RowLayout, RowScale, integer_body,
+    layout_rows, panel_steps, read_header, write_header,
 };
 
 /// Rows per tile: 4 rows × 2 integer sums, a half step's 4 decoded code vectors and the
@@ -198,6 +198,25 @@ fn load_half(step: &[u32; PANEL], h: usize) -> __m256i {
     unsafe { _mm256_loadu_si256(half.as_ptr().cast()) }
 }
 
+/// The 16 e8m0 scales `e[at..at + 16]` halved, `2^(e − 128)` (MXFP4's scales through the
+/// integer sums, [`crate::wna16_i15`]): `2^(e − 127)` from the exponent bits (the subnormal
+/// `2^−127` for `e = 0`), times one half, which is exact.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn halved_e8m0_scales(e: &[u8], at: usize) -> [__m256; 2] {
+    let bytes: &[u8; PANEL] = e[at..at + PANEL].try_into().expect("16 scales");
+    let subnormal = _mm256_castsi256_ps(_mm256_set1_epi32(0x0040_0000));
+    let half = _mm256_set1_ps(0.5);
+    std::array::from_fn(|h| {
+        let eight: &[u8; 8] = bytes[8 * h..][..8].try_into().expect("8 scales");
+        // SAFETY: the reference covers 8 readable bytes; the load is unaligned.
+        let e = _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(eight.as_ptr().cast()) });
+        let pow = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(e));
+        let zero = _mm256_castsi256_ps(_mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
+        _mm256_mul_ps(_mm256_blendv_ps(pow, subnormal, zero), half)
+    })
+}
+
 /// A group's 16 zero points, as f32.
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -227,6 +246,48 @@ fn int4_step<const R: usize>(
             _mm256_and_si256(_mm256_srli_epi32::<4>(v), pair_mask),
             _mm256_and_si256(_mm256_srli_epi32::<8>(v), pair_mask),
             _mm256_and_si256(_mm256_srli_epi32::<12>(v), pair_mask),
+        ];
+        for r in 0..R {
+            let a = acts[r];
+            let d01 = _mm256_add_epi32(
+                _mm256_madd_epi16(c[0], broadcast_word(a, 0)),
+                _mm256_madd_epi16(c[1], broadcast_word(a, 1)),
+            );
+            let d23 = _mm256_add_epi32(
+                _mm256_madd_epi16(c[2], broadcast_word(a, 2)),
+                _mm256_madd_epi16(c[3], broadcast_word(a, 3)),
+            );
+            sum[r][h] = _mm256_add_epi32(sum[r][h], _mm256_add_epi32(d01, d23));
+        }
+    }
+}
+
+/// Adds an e2m1 step's products to the rows' integer sums: per half of the panel, each code
+/// nibble becomes its integer ([`E2M1_INTEGERS`], one `vpshufb` per nibble half of the bytes),
+/// and the pairs of K values `j` and `j + 4` are those integers' bytes 0 and 2 (K values 0, 1)
+/// or 1 and 3 (K values 2, 3) of each 32-bit lane, widened in place to 16 bits.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn e2m1_step<const R: usize>(
+    step: &[u32; PANEL],
+    acts: [&[u8; STEP_BYTES]; R],
+    sum: &mut [[__m256i; 2]; R],
+) {
+    let nibble = _mm256_set1_epi8(0x0F);
+    let even_bytes = _mm256_set1_epi32(0x00FF_00FF);
+    // SAFETY: the table is 16 readable bytes; the load is unaligned.
+    let table =
+        _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(E2M1_INTEGERS.as_ptr().cast()) });
+    for h in 0..2 {
+        let v = load_half(step, h);
+        // Nibbles 0, 2, 4, 6 (low) and 1, 3, 5, 7 (high) of each lane, as their integers.
+        let lo = _mm256_shuffle_epi8(table, _mm256_and_si256(v, nibble));
+        let hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble));
+        let c = [
+            _mm256_and_si256(lo, even_bytes),
+            _mm256_and_si256(hi, even_bytes),
+            _mm256_srli_epi16::<8>(lo),
+            _mm256_srli_epi16::<8>(hi),
         ];
         for r in 0..R {
             let a = acts[r];
@@ -293,14 +354,16 @@ fn int8_step<const R: usize>(
     }
 }
 
-/// Rows `m0..m0 + R` of panel `p` (see the module docs), for `BITS`-bit codes (4 or 8).
+/// Rows `m0..m0 + R` of panel `p` (see the module docs), for `BITS`-bit codes (4 or 8), or
+/// e2m1 codes with `E2M1` (their integers against the zero point [`E2M1_ZERO`], the scales
+/// halved: [`crate::wna16_i15`]).
 ///
 /// # Safety
 /// - The CPU has AVX2, FMA and F16C; the job satisfies [`crate::wna16::Int4DotPanelsFn`]'s
-///   contract for panel `p` with this module's [`fill`], its codes are `BITS` wide, and
-///   `m0 + R ≤ job.m`.
+///   contract for panel `p` with this module's [`fill`], its codes are `BITS` wide (e2m1 ones
+///   with `E2M1`), and `m0 + R ≤ job.m`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile<const R: usize, const BITS: u32, const ASYM: bool>(
+unsafe fn tile<const R: usize, const BITS: u32, const ASYM: bool, const E2M1: bool>(
     job: &Int4DotJob<'_>,
     p: usize,
     m0: usize,
@@ -314,10 +377,18 @@ unsafe fn tile<const R: usize, const BITS: u32, const ASYM: bool>(
     let zeros = w
         .zeros()
         .map(|z| z[p * ng * PANEL..][..ng * PANEL].as_chunks::<PANEL>().0);
-    let symmetric = [_mm256_set1_ps(f32::from(w.symmetric_zero())); 2];
+    let symmetric = if E2M1 {
+        [_mm256_set1_ps(f32::from(E2M1_ZERO)); 2]
+    } else {
+        [_mm256_set1_ps(f32::from(w.symmetric_zero())); 2]
+    };
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
     for g in 0..ng {
-        let scale = load_scales(w, p, g, 0);
+        let scale = match w.scales() {
+            Wna16ScaleValues::E8m0(e) if E2M1 => halved_e8m0_scales(e, (p * ng + g) * PANEL),
+            _ if E2M1 => load_scales(w, p, g, 0).map(|s| _mm256_mul_ps(s, _mm256_set1_ps(0.5))),
+            _ => load_scales(w, p, g, 0),
+        };
         let zero = match zeros {
             Some(z) if ASYM => load_zeros(&z[g]),
             _ => symmetric,
@@ -332,6 +403,9 @@ unsafe fn tile<const R: usize, const BITS: u32, const ASYM: bool>(
                 let a: [&[u8; STEP_BYTES]; R] = std::array::from_fn(|r| &acts[r][s]);
                 if BITS == 8 {
                     int8_step(&codes[2 * s], codes.get(2 * s + 1), a, &mut sum);
+                } else if E2M1 {
+                    prefetch_ahead(&codes[s]);
+                    e2m1_step(&codes[s], a, &mut sum);
                 } else {
                     prefetch_ahead(&codes[s]);
                     int4_step(&codes[s], a, &mut sum);
@@ -361,13 +435,14 @@ unsafe fn tile<const R: usize, const BITS: u32, const ASYM: bool>(
     unsafe { crate::wna16_tile::store_rows(w, job.out, p, m0, 0, &mut out) };
 }
 
-/// The instance of [`tile`] for `rows` rows (1 to [`MR`]) and `BITS`-bit codes.
-fn tile_fn<const BITS: u32, const ASYM: bool>(rows: usize) -> Int4DotTileFn {
+/// The instance of [`tile`] for `rows` rows (1 to [`MR`]) and `BITS`-bit codes (e2m1 ones
+/// with `E2M1`).
+fn tile_fn<const BITS: u32, const ASYM: bool, const E2M1: bool>(rows: usize) -> Int4DotTileFn {
     match rows {
-        1 => tile::<1, BITS, ASYM>,
-        2 => tile::<2, BITS, ASYM>,
-        3 => tile::<3, BITS, ASYM>,
-        _ => tile::<MR, BITS, ASYM>,
+        1 => tile::<1, BITS, ASYM, E2M1>,
+        2 => tile::<2, BITS, ASYM, E2M1>,
+        3 => tile::<3, BITS, ASYM, E2M1>,
+        _ => tile::<MR, BITS, ASYM, E2M1>,
     }
 }
 
@@ -378,10 +453,13 @@ fn tile_fn<const BITS: u32, const ASYM: bool>(rows: usize) -> Int4DotTileFn {
 /// - As [`crate::wna16::Int4DotPanelsFn`], on a CPU with AVX2, FMA and F16C, `job.pairs` and
 ///   `job.group_sums` made by this module's [`fill`].
 pub(crate) unsafe fn entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
-    let tiles = if job.w.bits() == 8 {
-        [tile_fn::<8, false>, tile_fn::<8, true>]
+    let tiles: [fn(usize) -> Int4DotTileFn; 2] = if job.w.bits() == 8 {
+        [tile_fn::<8, false, false>, tile_fn::<8, true, false>]
+    } else if job.w.values() == Int4Values::E2m1 {
+        // MXFP4 has no zero points.
+        [tile_fn::<4, false, true>; 2]
     } else {
-        [tile_fn::<4, false>, tile_fn::<4, true>]
+        [tile_fn::<4, false, false>, tile_fn::<4, true, false>]
     };
     // SAFETY: every instance is a tile of this module, which needs the features and the
     // layout the caller vouches for, on rows and panels of the caller's.
@@ -392,7 +470,7 @@ pub(crate) unsafe fn entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
 /// `max_m` (exclusive) on int4 and int8 integer codes.
 pub(crate) fn body(min_m: usize, max_m: usize) -> Int4Dot {
     let unit = "avx2 16-bit dot products on codes decoded in registers";
-    integer_body(unit, fill, entry, (min_m, max_m), true)
+    integer_body(unit, fill, entry, (min_m, max_m), (true, true))
 }
 
 /// The AVX2 set with this body at every row count, where the CPU has AVX2, FMA and F16C
