@@ -596,12 +596,13 @@ fn kai_loop(root: &Path, k: Kai, work: &Path) -> Result<Loop> {
 /// The WNA16 body is `aarch64::wna16::tile::<BITS, R, C, KIND, false>` (symmetric codes of
 /// kind `KIND`, a `u8`, the tile scaffolding's instance for 8-channel windows), with `C` partial
 /// sums per row (4 for tiles of one row, 2 for two or three rows, else 1). The integer WNA16
-/// body is `aarch64::wna16_i15::window::<R, C, false>` (`C` = 2 chains for one row, else 1).
+/// body is `aarch64::wna16_i15::window::<R, C, 0, false>` (`C` = 2 chains for one row, else 1;
+/// integer codes, kind 0, symmetric).
 fn tile_symbol_fragment(format: Format, o: Ours) -> String {
     let (rung, n) = (o.rung, o.rows);
     if format == Format::Wna16Int4I15 {
         let chains = if n == 1 { 2 } else { 1 };
-        return format!("9wna16_i156windowKj{n:x}_Kj{chains:x}_Kb0_");
+        return format!("9wna16_i156windowKj{n:x}_Kj{chains:x}_Kh0_Kb0_E");
     }
     if let Some((bits, kind)) = format.wna16_codes() {
         let body = "tile";

@@ -554,7 +554,7 @@ pub(crate) mod tests {
             "dotprod",
             crate::aarch64::wna16_i15::kernel_set(),
             &[4][..],
-            false,
+            true,
         )];
         #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         let sets: [(&str, Option<crate::KernelSet>, &[u32], bool); 0] = [];

@@ -14,6 +14,11 @@
 //! lane index, so no broadcast is needed. Four `sdot` per channel vector and row do the step's
 //! products into two exact integer sums (`Σc·hi`, `Σc·lo`).
 //!
+//! MXFP4's e2m1 codes take the same path as the integers `2·e2m1 + 12`
+//! ([`crate::wna16_i15::E2M1_INTEGERS`], against the zero point 12 with the e8m0 scales
+//! halved): one `tbl` per 16 bytes turns the split nibbles into those integers (`0..=24`, still
+//! non-negative signed bytes).
+//!
 //! Tiles cover a window of 8 channels (two vectors) of up to [`MR`] rows: 4 rows × 2 vectors ×
 //! 2 sums, the window's 4 decoded code vectors and the rows' activation vectors fit the 32
 //! registers; a single row keeps two chains per sum so that `sdot`'s latency does not bound
@@ -36,9 +41,10 @@ use crate::dispatch::Int4Dot;
 use crate::packed::PANEL;
 use crate::wna16::{Int4DotJob, Int4DotTileFn, run_row_blocks};
 use crate::wna16_i15::{
-    Blocks, SPLIT_STEP_BYTES, fill_byte_split, integer_body, layout_rows, panel_steps, read_header,
+    Blocks, E2M1_INTEGERS, E2M1_ZERO, SPLIT_STEP_BYTES, fill_byte_split, integer_body, layout_rows,
+    panel_steps, read_header,
 };
-use crate::wna16_tile::store_rows;
+use crate::wna16_tile::{E2M1, INTEGER, code_kind, store_rows};
 
 /// Channels of one window of a panel.
 const WINDOW: usize = 8;
@@ -56,10 +62,11 @@ const ROW_BLOCK: usize = 64;
 type Sums = [[int32x4_t; NQ]; 2];
 
 /// Loads the window at channel `first` of one int4 step and splits its nibbles: the even K
-/// values (low nibbles) and the odd ones (high nibbles) of each vector's four channels.
+/// values (low nibbles) and the odd ones (high nibbles) of each vector's four channels, as
+/// their e2m1 integers when `KIND` is [`E2M1`].
 #[target_feature(enable = "neon")]
 #[inline]
-fn even_odd(step: &[u32; PANEL], first: usize) -> [[int8x16_t; NQ]; 2] {
+fn even_odd<const KIND: u8>(step: &[u32; PANEL], first: usize) -> [[int8x16_t; NQ]; 2] {
     let words = &step[first..first + WINDOW];
     let low = vdupq_n_u8(0x0F);
     let v: [uint8x16_t; NQ] = std::array::from_fn(|q| {
@@ -67,9 +74,18 @@ fn even_odd(step: &[u32; PANEL], first: usize) -> [[int8x16_t; NQ]; 2] {
         // alignment requirement.
         unsafe { vld1q_u8(words[4 * q..].as_ptr().cast()) }
     });
+    let integers = |nibbles: uint8x16_t| {
+        if KIND == E2M1 {
+            // SAFETY: the table is 16 readable bytes; `ld1` has no alignment requirement.
+            let table = unsafe { vld1q_u8(E2M1_INTEGERS.as_ptr()) };
+            vreinterpretq_s8_u8(vqtbl1q_u8(table, nibbles))
+        } else {
+            vreinterpretq_s8_u8(nibbles)
+        }
+    };
     [
-        v.map(|v| vreinterpretq_s8_u8(vandq_u8(v, low))),
-        v.map(|v| vreinterpretq_s8_u8(vshrq_n_u8::<4>(v))),
+        v.map(|v| integers(vandq_u8(v, low))),
+        v.map(|v| integers(vshrq_n_u8::<4>(v))),
     ]
 }
 
@@ -81,16 +97,17 @@ fn load_acts(step: &[u8; SPLIT_STEP_BYTES]) -> int8x16_t {
     unsafe { vld1q_s8(step.as_ptr().cast()) }
 }
 
-/// Rows `m0..m0 + R` of the window at channel `first` of panel `p`, `C` chains per sum.
+/// Rows `m0..m0 + R` of the window at channel `first` of panel `p`, `C` chains per sum, for
+/// integer codes or (`KIND` [`E2M1`]) e2m1 ones.
 ///
 /// # Safety
 /// - The CPU has the dot-product extension; the job satisfies
 ///   [`crate::wna16::Int4DotPanelsFn`]'s contract for panel `p` with
-///   [`fill_byte_split`]'s layout, and `m0 + R ≤ job.m`.
+///   [`fill_byte_split`]'s layout, its codes are of kind `KIND`, and `m0 + R ≤ job.m`.
 // Kept out of line: one function per instance, which `cargo xtask arm-cost` finds by name.
 #[target_feature(enable = "neon,dotprod")]
 #[inline(never)]
-unsafe fn window<const R: usize, const C: usize, const ASYM: bool>(
+unsafe fn window<const R: usize, const C: usize, const KIND: u8, const ASYM: bool>(
     job: &Int4DotJob<'_>,
     p: usize,
     m0: usize,
@@ -104,10 +121,14 @@ unsafe fn window<const R: usize, const C: usize, const ASYM: bool>(
     let (rows, acts) = layout_rows::<R>(job, m0);
     let mut acc = [[vdupq_n_f32(0.0); NQ]; R];
     for g in 0..ng {
-        let scale: [float32x4_t; NQ] = scale_lanes(w.scales(), (p * ng + g) * PANEL + first);
+        let mut scale: [float32x4_t; NQ] = scale_lanes(w.scales(), (p * ng + g) * PANEL + first);
         let zero: [float32x4_t; NQ] = if ASYM {
             let z = w.group_zeros(p, g);
             std::array::from_fn(|q| load_f32x4(&z[first + 4 * q..]))
+        } else if KIND == E2M1 {
+            // Halved, a power of two: exact.
+            scale = scale.map(|s| vmulq_n_f32(s, 0.5));
+            [vdupq_n_f32(f32::from(E2M1_ZERO)); NQ]
         } else {
             [vdupq_n_f32(f32::from(w.symmetric_zero())); NQ]
         };
@@ -118,7 +139,7 @@ unsafe fn window<const R: usize, const C: usize, const ASYM: bool>(
             }
             let mut sums: [[Sums; R]; C] = [[[[vdupq_n_s32(0); NQ]; 2]; R]; C];
             for s in steps {
-                let [even, odd] = even_odd(&codes[s], first);
+                let [even, odd] = even_odd::<KIND>(&codes[s], first);
                 for r in 0..R {
                     let a = load_acts(&acts[r][s]);
                     for q in 0..NQ {
@@ -167,24 +188,24 @@ unsafe fn window<const R: usize, const C: usize, const ASYM: bool>(
 /// # Safety
 /// - As [`window`], for both windows of panel `p`.
 #[target_feature(enable = "neon,dotprod")]
-unsafe fn tile<const R: usize, const C: usize, const ASYM: bool>(
+unsafe fn tile<const R: usize, const C: usize, const KIND: u8, const ASYM: bool>(
     job: &Int4DotJob<'_>,
     p: usize,
     m0: usize,
 ) {
     for first in (0..PANEL).step_by(WINDOW) {
         // SAFETY: forwarded from our contract; `first` starts a window of the panel.
-        unsafe { window::<R, C, ASYM>(job, p, m0, first) };
+        unsafe { window::<R, C, KIND, ASYM>(job, p, m0, first) };
     }
 }
 
-/// The instance of [`tile`] for `rows` rows (1 to [`MR`]).
-fn tile_fn<const ASYM: bool>(rows: usize) -> Int4DotTileFn {
+/// The instance of [`tile`] for `rows` rows (1 to [`MR`]) and codes of kind `KIND`.
+fn tile_fn<const KIND: u8, const ASYM: bool>(rows: usize) -> Int4DotTileFn {
     match rows {
-        1 => tile::<1, 2, ASYM>,
-        2 => tile::<2, 1, ASYM>,
-        3 => tile::<3, 1, ASYM>,
-        _ => tile::<MR, 1, ASYM>,
+        1 => tile::<1, 2, KIND, ASYM>,
+        2 => tile::<2, 1, KIND, ASYM>,
+        3 => tile::<3, 1, KIND, ASYM>,
+        _ => tile::<MR, 1, KIND, ASYM>,
     }
 }
 
@@ -195,23 +216,22 @@ fn tile_fn<const ASYM: bool>(rows: usize) -> Int4DotTileFn {
 /// - As [`crate::wna16::Int4DotPanelsFn`], on a CPU with the dot-product extension,
 ///   `job.pairs` and `job.group_sums` made by [`fill_byte_split`].
 unsafe fn entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
-    let tiles = [tile_fn::<false>, tile_fn::<true>];
+    let tiles: [fn(usize) -> Int4DotTileFn; 2] = if code_kind(job.w) == E2M1 {
+        // MXFP4 has no zero points.
+        [tile_fn::<E2M1, false>; 2]
+    } else {
+        [tile_fn::<INTEGER, false>, tile_fn::<INTEGER, true>]
+    };
     // SAFETY: every instance is a tile of this module, which needs the features and the
     // layout the caller vouches for, and each walked panel is one of the caller's.
     unsafe { run_row_blocks(job, panels, ROW_BLOCK, MR, tiles) };
 }
 
-/// This body as a kernel set's int4 dot-product body at every row count, for int4 integer
-/// codes. Only for sets of a rung with the dot-product extension.
+/// This body as a kernel set's int4 dot-product body at every row count, for int4 integer and
+/// e2m1 codes. Only for sets of a rung with the dot-product extension.
 pub(crate) fn body() -> Int4Dot {
     let unit = "dotprod sdot on codes decoded in registers";
-    integer_body(
-        unit,
-        fill_byte_split,
-        entry,
-        (1, usize::MAX),
-        (false, false),
-    )
+    integer_body(unit, fill_byte_split, entry, (1, usize::MAX), (false, true))
 }
 
 /// The dot-product rung's set with this body, where the CPU has the extension (tests).
