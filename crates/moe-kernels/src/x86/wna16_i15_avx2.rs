@@ -229,6 +229,30 @@ fn load_zeros(z: &[u8; PANEL]) -> [__m256; 2] {
     ]
 }
 
+/// Adds a half step's products to the rows' integer sums of half `h`: the four code pair
+/// vectors `c` (K values `j` and `j + 4` in each lane) against the rows' four words.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn add_pair_products<const R: usize>(
+    c: &[__m256i; 4],
+    acts: [&[u8; STEP_BYTES]; R],
+    sum: &mut [[__m256i; 2]; R],
+    h: usize,
+) {
+    for r in 0..R {
+        let a = acts[r];
+        let d01 = _mm256_add_epi32(
+            _mm256_madd_epi16(c[0], broadcast_word(a, 0)),
+            _mm256_madd_epi16(c[1], broadcast_word(a, 1)),
+        );
+        let d23 = _mm256_add_epi32(
+            _mm256_madd_epi16(c[2], broadcast_word(a, 2)),
+            _mm256_madd_epi16(c[3], broadcast_word(a, 3)),
+        );
+        sum[r][h] = _mm256_add_epi32(sum[r][h], _mm256_add_epi32(d01, d23));
+    }
+}
+
 /// Adds an int4 step's products to the rows' integer sums: per half of the panel, the step's
 /// four code pairs (a shift by `4j` and an AND with `0x000F000F`) against the four words.
 #[target_feature(enable = "avx2")]
@@ -247,18 +271,7 @@ fn int4_step<const R: usize>(
             _mm256_and_si256(_mm256_srli_epi32::<8>(v), pair_mask),
             _mm256_and_si256(_mm256_srli_epi32::<12>(v), pair_mask),
         ];
-        for r in 0..R {
-            let a = acts[r];
-            let d01 = _mm256_add_epi32(
-                _mm256_madd_epi16(c[0], broadcast_word(a, 0)),
-                _mm256_madd_epi16(c[1], broadcast_word(a, 1)),
-            );
-            let d23 = _mm256_add_epi32(
-                _mm256_madd_epi16(c[2], broadcast_word(a, 2)),
-                _mm256_madd_epi16(c[3], broadcast_word(a, 3)),
-            );
-            sum[r][h] = _mm256_add_epi32(sum[r][h], _mm256_add_epi32(d01, d23));
-        }
+        add_pair_products(&c, acts, sum, h);
     }
 }
 
@@ -289,18 +302,7 @@ fn e2m1_step<const R: usize>(
             _mm256_srli_epi16::<8>(lo),
             _mm256_srli_epi16::<8>(hi),
         ];
-        for r in 0..R {
-            let a = acts[r];
-            let d01 = _mm256_add_epi32(
-                _mm256_madd_epi16(c[0], broadcast_word(a, 0)),
-                _mm256_madd_epi16(c[1], broadcast_word(a, 1)),
-            );
-            let d23 = _mm256_add_epi32(
-                _mm256_madd_epi16(c[2], broadcast_word(a, 2)),
-                _mm256_madd_epi16(c[3], broadcast_word(a, 3)),
-            );
-            sum[r][h] = _mm256_add_epi32(sum[r][h], _mm256_add_epi32(d01, d23));
-        }
+        add_pair_products(&c, acts, sum, h);
     }
 }
 

@@ -524,22 +524,10 @@ impl Checkpoint {
             return Ok(None);
         }
         let group = self.routed_group();
-        let hidden = self.hidden_dim();
         let mut projections = Vec::with_capacity(3);
         for shard in ShardId::ALL {
             let candidates = self.names.expert_projection(layer, expert, shard);
-            let prefix = self.pick_prefix(&candidates, group.format.primary());
-            let (n, k) = match shard {
-                ShardId::W1 | ShardId::W3 => (group.intermediate, hidden),
-                ShardId::W2 => (hidden, group.intermediate),
-            };
-            let req = ProjRequest {
-                prefix: &prefix,
-                n,
-                k,
-                config: &self.spec.config_path,
-            };
-            let proj = read_projection(&self.source, group.format, &req)?;
+            let proj = self.read_shard(&group, &candidates, shard)?;
             if proj.bias.is_some() {
                 return Ok(None);
             }
@@ -559,6 +547,29 @@ impl Checkpoint {
             w13: [gate, up],
             w2: down,
         }))
+    }
+
+    /// One projection (`shard`) of an expert of `group`, stored under the first of
+    /// `candidates` the shards hold, read and checked against the config's dimensions.
+    fn read_shard(
+        &self,
+        group: &Group,
+        candidates: &[String],
+        shard: ShardId,
+    ) -> Result<LogicalProj<'_>, LayerError> {
+        let hidden = self.hidden_dim();
+        let prefix = self.pick_prefix(candidates, group.format.primary());
+        let (n, k) = match shard {
+            ShardId::W1 | ShardId::W3 => (group.intermediate, hidden),
+            ShardId::W2 => (hidden, group.intermediate),
+        };
+        let req = ProjRequest {
+            prefix: &prefix,
+            n,
+            k,
+            config: &self.spec.config_path,
+        };
+        read_projection(&self.source, group.format, &req)
     }
 
     fn routed_group(&self) -> Group {
@@ -690,19 +701,7 @@ impl Checkpoint {
         for &e in experts {
             let mut gate_g_idx: Option<Vec<i32>> = None;
             for shard in ShardId::ALL {
-                let candidates = prefixes(e, shard);
-                let prefix = self.pick_prefix(&candidates, group.format.primary());
-                let (n, k) = match shard {
-                    ShardId::W1 | ShardId::W3 => (group.intermediate, hidden),
-                    ShardId::W2 => (hidden, group.intermediate),
-                };
-                let req = ProjRequest {
-                    prefix: &prefix,
-                    n,
-                    k,
-                    config: &self.spec.config_path,
-                };
-                let proj = read_projection(&self.source, group.format, &req)?;
+                let proj = self.read_shard(group, &prefixes(e, shard), shard)?;
                 if let (ShardId::W3, Some(gate), Some(up)) = (shard, &gate_g_idx, &proj.g_idx)
                     && gate != up
                 {
