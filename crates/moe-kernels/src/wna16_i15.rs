@@ -731,26 +731,40 @@ pub(crate) mod tests {
             // 1 to 3 panels, then 5 (a group of four and one more, ragged) and 8.
             for &n in &[1usize, 17, 33, 65, 120] {
                 let w = weights(&mut rng, (n, k, bits), g, asym, perm);
-                for &m in &[0usize, 1, 2, 3, 4, 5, 7, 8, 9, 16, 65, 130] {
-                    if k > 1000 && m > 16 {
-                        continue;
-                    }
-                    let x: Vec<f32> = (0..m * k).map(|_| rng.normal() * 2.0).collect();
-                    let want = wna16_i15_reference(m, &x, &w);
-                    for par in [Par::Seq, Par::Rayon] {
-                        assert!(m == 0 || ks.wna16_int4_dot_for(&w, m).is_some());
-                        let mut got = vec![f32::NAN; m * n];
-                        crate::wna16_gemm(ks, m, &x, &w, &mut got, &mut GemmScratch::new(), par)
-                            .unwrap();
-                        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                            assert_eq!(
-                                a.to_bits(),
-                                b.to_bits(),
-                                "{body}: int{bits} k={k} g={g:?} asym={asym} perm={perm} n={n} \
-                                 m={m} {par:?}: out[{i}] = {a}, want {b}"
-                            );
-                        }
-                    }
+                let what = format!("int{bits} k={k} g={g:?} asym={asym} perm={perm} n={n}");
+                let ms = [0usize, 1, 2, 3, 4, 5, 7, 8, 9, 16, 65, 130];
+                assert_equals_the_twin(body, &what, ks, &w, &ms, &mut rng);
+            }
+        }
+    }
+
+    /// Runs `w` on `ks` at each row count of `ms` (past 16 only for K up to 1000), both `Par`
+    /// modes, and checks every output's bits against [`wna16_i15_reference`].
+    fn assert_equals_the_twin(
+        body: &str,
+        what: &str,
+        ks: &crate::KernelSet,
+        w: &PackedWna16,
+        ms: &[usize],
+        rng: &mut SplitMix64,
+    ) {
+        let (n, k) = (w.n(), w.k());
+        for &m in ms {
+            if k > 1000 && m > 16 {
+                continue;
+            }
+            let x: Vec<f32> = (0..m * k).map(|_| rng.normal() * 2.0).collect();
+            let want = wna16_i15_reference(m, &x, w);
+            for par in [Par::Seq, Par::Rayon] {
+                assert!(m == 0 || ks.wna16_int4_dot_for(w, m).is_some());
+                let mut got = vec![f32::NAN; m * n];
+                crate::wna16_gemm(ks, m, &x, w, &mut got, &mut GemmScratch::new(), par).unwrap();
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{body}: {what} m={m} {par:?}: out[{i}] = {a}, want {b}"
+                    );
                 }
             }
         }
@@ -877,35 +891,9 @@ pub(crate) mod tests {
             ] {
                 for &n in &[1usize, 17, 33, 65] {
                     let w = e2m1_weights(&mut rng, n, k, code);
-                    for &m in &[0usize, 1, 2, 3, 4, 5, 9, 16, 65] {
-                        if k > 1000 && m > 16 {
-                            continue;
-                        }
-                        let x: Vec<f32> = (0..m * k).map(|_| rng.normal() * 2.0).collect();
-                        let want = wna16_i15_reference(m, &x, &w);
-                        for par in [Par::Seq, Par::Rayon] {
-                            assert!(m == 0 || ks.wna16_int4_dot_for(&w, m).is_some());
-                            let mut got = vec![f32::NAN; m * n];
-                            crate::wna16_gemm(
-                                &ks,
-                                m,
-                                &x,
-                                &w,
-                                &mut got,
-                                &mut GemmScratch::new(),
-                                par,
-                            )
-                            .unwrap();
-                            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                                assert_eq!(
-                                    a.to_bits(),
-                                    b.to_bits(),
-                                    "{body}: e2m1 k={k} code={code:?} n={n} m={m} {par:?}: \
-                                     out[{i}] = {a}, want {b}"
-                                );
-                            }
-                        }
-                    }
+                    let what = format!("e2m1 k={k} code={code:?} n={n}");
+                    let ms = [0usize, 1, 2, 3, 4, 5, 9, 16, 65];
+                    assert_equals_the_twin(body, &what, &ks, &w, &ms, &mut rng);
                 }
             }
         }

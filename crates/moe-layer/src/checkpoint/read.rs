@@ -454,7 +454,6 @@ impl Checkpoint {
         if !group.format.has_code_words() {
             return Ok(None);
         }
-        let hidden = self.hidden_dim();
         TpSlice::new(
             &ReadOptions::single_rank(),
             group.intermediate,
@@ -462,18 +461,7 @@ impl Checkpoint {
         )?;
         let read = |shard: ShardId| {
             let candidates = self.names.expert_projection(layer, expert, shard);
-            let prefix = self.pick_prefix(&candidates, group.format.primary());
-            let (n, k) = match shard {
-                ShardId::W1 | ShardId::W3 => (group.intermediate, hidden),
-                ShardId::W2 => (hidden, group.intermediate),
-            };
-            let req = ProjRequest {
-                prefix: &prefix,
-                n,
-                k,
-                config: &self.spec.config_path,
-            };
-            read_projection_words(&self.source, group.format, &req)
+            self.read_shard(&group, &candidates, shard, read_projection_words)
         };
         let (Some(w1), Some(w3), Some(w2)) =
             (read(ShardId::W1)?, read(ShardId::W3)?, read(ShardId::W2)?)
@@ -527,7 +515,7 @@ impl Checkpoint {
         let mut projections = Vec::with_capacity(3);
         for shard in ShardId::ALL {
             let candidates = self.names.expert_projection(layer, expert, shard);
-            let proj = self.read_shard(&group, &candidates, shard)?;
+            let proj = self.read_shard(&group, &candidates, shard, read_projection)?;
             if proj.bias.is_some() {
                 return Ok(None);
             }
@@ -550,13 +538,15 @@ impl Checkpoint {
     }
 
     /// One projection (`shard`) of an expert of `group`, stored under the first of
-    /// `candidates` the shards hold, read and checked against the config's dimensions.
-    fn read_shard(
-        &self,
+    /// `candidates` the shards hold, read by `read` (as values or as words) and checked
+    /// against the config's dimensions.
+    fn read_shard<'a, T>(
+        &'a self,
         group: &Group,
         candidates: &[String],
         shard: ShardId,
-    ) -> Result<LogicalProj<'_>, LayerError> {
+        read: impl FnOnce(&'a TensorSource, Format, &ProjRequest<'_>) -> Result<T, LayerError>,
+    ) -> Result<T, LayerError> {
         let hidden = self.hidden_dim();
         let prefix = self.pick_prefix(candidates, group.format.primary());
         let (n, k) = match shard {
@@ -569,7 +559,7 @@ impl Checkpoint {
             k,
             config: &self.spec.config_path,
         };
-        read_projection(&self.source, group.format, &req)
+        read(&self.source, group.format, &req)
     }
 
     fn routed_group(&self) -> Group {
@@ -701,7 +691,7 @@ impl Checkpoint {
         for &e in experts {
             let mut gate_g_idx: Option<Vec<i32>> = None;
             for shard in ShardId::ALL {
-                let proj = self.read_shard(group, &prefixes(e, shard), shard)?;
+                let proj = self.read_shard(group, &prefixes(e, shard), shard, read_projection)?;
                 if let (ShardId::W3, Some(gate), Some(up)) = (shard, &gate_g_idx, &proj.g_idx)
                     && gate != up
                 {
