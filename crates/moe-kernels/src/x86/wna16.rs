@@ -438,11 +438,14 @@ pub(crate) mod ymm {
         std::array::from_fn(|h| unsafe { _mm256_loadu_si256(step[8 * h..].as_ptr().cast()) })
     }
 
-    /// Issues no prefetch: on this body the hardware prefetchers keep up, and the extra
-    /// instruction per step cost more than it saved.
+    /// Prefetches a page ahead like the integer bodies: this body now serves mostly e4m3
+    /// codes, whose 8-bit steps stream twice the bytes per product of int4 ones, and there the
+    /// hardware prefetchers alone fell behind the DRAM rate at one row.
     #[target_feature(enable = "avx2")]
     #[inline]
-    fn prefetch_ahead(_step: &[u32; PANEL]) {}
+    fn prefetch_ahead(step: &[u32; PANEL]) {
+        super::prefetch_ahead(step)
+    }
 
     /// `2^23 + c` as f32 less the group's offset: the exact `c − z`.
     #[target_feature(enable = "avx2")]
