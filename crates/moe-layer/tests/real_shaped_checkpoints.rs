@@ -12,8 +12,8 @@
 //! `fp8-channel/` (compressed-tensors `FP8_DYNAMIC`) and `fp8-tensor/` (AutoFP8, static
 //! activations); `w8a8-int8/` (compressed-tensors `INT8_W8A8`); `bf16/` (unquantized); and
 //! `x-{1,16,256}.safetensors` inputs (`hidden_states`, bf16). The other tests write one layer of
-//! Llama 4 Scout (`llama4-scout-bf16/`) and of gpt-oss-20b (`gpt-oss-20b-bf16/`) in bf16 with
-//! their inputs.
+//! Llama 4 Scout (`llama4-scout-bf16/`) in bf16 and of gpt-oss-20b in MXFP4 and bf16
+//! (`gpt-oss-20b-mxfp4/`, `gpt-oss-20b-bf16/`) with their inputs.
 #![cfg(feature = "checkpoint")]
 
 mod checkpoint_support;
@@ -235,18 +235,22 @@ fn write_llama4_scout_layer() {
     }
 }
 
-/// Writes `gpt-oss-20b-bf16/`, one MoE layer of gpt-oss-20b (32 experts, top-4, hidden 2880,
-/// intermediate 2880) as its bf16 checkpoints store it (about 1.6 GB), and
-/// `x-gpt-oss-{1,16,256}.safetensors`:
+/// Writes one MoE layer of gpt-oss-20b (32 experts, top-4, hidden 2880, intermediate 2880) twice
+/// with the same weights: `gpt-oss-20b-mxfp4/` as the published checkpoint stores it (MXFP4
+/// `*_blocks` and `*_scales`, about 0.4 GB) and `gpt-oss-20b-bf16/` as its bf16 conversions do
+/// (about 1.6 GB); and `x-gpt-oss-{1,16,256}.safetensors`:
 ///
 ///     MOE_REAL_SHAPED_DIR=<dir> cargo test --release -p moe-layer --test real_shaped_checkpoints -- --ignored gpt_oss
 #[test]
-#[ignore = "writes about 1.6 gigabytes; run by hand to time moe run"]
-fn write_gpt_oss_20b_bf16_layer() {
+#[ignore = "writes about 2 gigabytes; run by hand to time moe run"]
+fn write_gpt_oss_20b_layers() {
     let dir = PathBuf::from(
         std::env::var("MOE_REAL_SHAPED_DIR").expect("MOE_REAL_SHAPED_DIR names the output"),
     );
     let m = moe_testutil::gpt_oss::GptOss::random(0x5ea7, [32, 4, 2880, 2880], 7.0);
+    let out = dir.join("gpt-oss-20b-mxfp4");
+    std::fs::create_dir_all(&out).unwrap();
+    m.write(&out);
     let out = dir.join("gpt-oss-20b-bf16");
     std::fs::create_dir_all(&out).unwrap();
     Ckpt::gpt_oss_bf16(&m).write(&out);
