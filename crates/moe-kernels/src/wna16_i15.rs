@@ -553,7 +553,7 @@ pub(crate) mod tests {
         let sets = [(
             "dotprod",
             crate::aarch64::wna16_i15::kernel_set(),
-            &[4][..],
+            &[4, 8][..],
             true,
         )];
         #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]

@@ -14,6 +14,16 @@
 //! lane index, so no broadcast is needed. Four `sdot` per channel vector and row do the step's
 //! products into two exact integer sums (`Σc·hi`, `Σc·lo`).
 //!
+//! int8 integer codes (8-bit GPTQ, compressed-tensors W8A16) are packed K-major, four K values
+//! per step, each the 16 channels' bytes, so an activation step's 8 K values are two int8
+//! steps. Each 64-byte step is a four-register table: one `tbl` per four channels gathers their
+//! even K values (`8s + 0, 2`) from the first step, one `tbx` adds `8s + 4, 6` from the second,
+//! likewise for the odd ones, so the codes meet the same activation bytes and lanes as int4
+//! codes do. `sdot` reads signed bytes, so the codes become `c − 128` (an XOR with `0x80`) and
+//! the block's `128·Σq` (from the fill's exact block sums) is added back to the high sum before
+//! it is shifted: the block sum is the exact `Σc·q` again, as the reference has it (blocks of
+//! at most [`crate::wna16_i15::MAX_BLOCK_INT8`] K values keep it within 32 bits).
+//!
 //! MXFP4's e2m1 codes take the same path as the integers `2·e2m1 + 12`
 //! ([`crate::wna16_i15::E2M1_INTEGERS`], against the zero point 12 with the e8m0 scales
 //! halved): one `tbl` per 16 bytes turns the split nibbles into those integers (`0..=24`, still
@@ -45,6 +55,38 @@ use crate::wna16_i15::{
     panel_steps, read_header,
 };
 use crate::wna16_tile::{E2M1, INTEGER, code_kind, store_rows};
+
+/// This body's kind for int8 integer codes, beside the scaffolding's int4 kinds [`INTEGER`]
+/// and [`E2M1`] (8-bit e4m3 codes never come here).
+const INT8: u8 = 3;
+
+/// `tbl` indices of one int8 step for the four channels at offset 0 of a window vector: byte
+/// `4i + t` of the result is channel `i`'s K value `2t + odd` when it lies in this step (`t` =
+/// 0, 1 in the first step, 2, 3 in the second); `0x80` elsewhere, out of the table's range
+/// (also once the vector's channel offset, at most 12, is added), so `tbl` writes a zero and
+/// `tbx` keeps what is there.
+const INT8_INDICES: [[[u8; 16]; 2]; 2] = {
+    let mut t = [[[0x80u8; 16]; 2]; 2];
+    let mut half = 0;
+    while half < 2 {
+        let mut odd = 0;
+        while odd < 2 {
+            let mut i = 0;
+            while i < 4 {
+                let mut j = 0;
+                while j < 2 {
+                    // Row `2j + odd` of the step holds this K value, channel `i` of the four.
+                    t[half][odd][4 * i + 2 * half + j] = ((2 * j + odd) * 16 + i) as u8;
+                    j += 1;
+                }
+                i += 1;
+            }
+            odd += 1;
+        }
+        half += 1;
+    }
+    t
+};
 
 /// Channels of one window of a panel.
 const WINDOW: usize = 8;
@@ -89,6 +131,39 @@ fn even_odd<const KIND: u8>(step: &[u32; PANEL], first: usize) -> [[int8x16_t; N
     ]
 }
 
+/// The even and odd K values of an activation step's two int8 steps (`second` absent past the
+/// end of K, where the activations are zeros) for the window at channel `first`, as the signed
+/// bytes `c − 128`, laid out as [`even_odd`] lays out int4 codes.
+#[target_feature(enable = "neon")]
+#[inline]
+fn int8_even_odd(
+    first_step: &[u32; PANEL],
+    second: Option<&[u32; PANEL]>,
+    first: usize,
+) -> [[int8x16_t; NQ]; 2] {
+    let table = |step: &[u32; PANEL]| {
+        // SAFETY: a step is 64 readable bytes; `ld1` has no alignment requirement.
+        unsafe { vld1q_u8_x4(step.as_ptr().cast()) }
+    };
+    let a = table(first_step);
+    let b = second.map(table);
+    let bias = vdupq_n_u8(0x80);
+    std::array::from_fn(|odd| {
+        std::array::from_fn(|q| {
+            let at = vdupq_n_u8((first + 4 * q) as u8);
+            // SAFETY: the index tables are 16 readable bytes each; `ld1` has no alignment
+            // requirement.
+            let [in_first, in_second] =
+                INT8_INDICES.map(|t| vaddq_u8(unsafe { vld1q_u8(t[odd].as_ptr()) }, at));
+            let mut codes = vqtbl4q_u8(a, in_first);
+            if let Some(b) = b {
+                codes = vqtbx4q_u8(codes, b, in_second);
+            }
+            vreinterpretq_s8_u8(veorq_u8(codes, bias))
+        })
+    })
+}
+
 /// Loads one step of a row's activations (the four 4-byte groups of the byte-split layout).
 #[target_feature(enable = "neon")]
 #[inline]
@@ -98,7 +173,7 @@ fn load_acts(step: &[u8; SPLIT_STEP_BYTES]) -> int8x16_t {
 }
 
 /// Rows `m0..m0 + R` of the window at channel `first` of panel `p`, `C` chains per sum, for
-/// integer codes or (`KIND` [`E2M1`]) e2m1 ones.
+/// int4 integer codes, e2m1 ones (`KIND` [`E2M1`]) or int8 integer codes ([`INT8`]).
 ///
 /// # Safety
 /// - The CPU has the dot-product extension; the job satisfies
@@ -139,7 +214,11 @@ unsafe fn window<const R: usize, const C: usize, const KIND: u8, const ASYM: boo
             }
             let mut sums: [[Sums; R]; C] = [[[[vdupq_n_s32(0); NQ]; 2]; R]; C];
             for s in steps {
-                let [even, odd] = even_odd::<KIND>(&codes[s], first);
+                let [even, odd] = if KIND == INT8 {
+                    int8_even_odd(&codes[2 * s], codes.get(2 * s + 1), first)
+                } else {
+                    even_odd::<KIND>(&codes[s], first)
+                };
                 for r in 0..R {
                     let a = load_acts(&acts[r][s]);
                     for q in 0..NQ {
@@ -154,9 +233,13 @@ unsafe fn window<const R: usize, const C: usize, const KIND: u8, const ASYM: boo
             }
             let b = g * blocks.per_group + i;
             for r in 0..R {
-                let xsum = vdupq_n_f32(job.group_sums[(m0 + r) * nb + b]);
+                let block_sum = job.group_sums[(m0 + r) * nb + b];
+                let xsum = vdupq_n_f32(block_sum);
+                // int8 codes were summed as `c − 128`: `Σq` (an exact integer, see
+                // `fill_byte_split`) added to the high sum restores `128·Σq`.
+                let lift = vdupq_n_s32(if KIND == INT8 { block_sum as i32 } else { 0 });
                 for q in 0..NQ {
-                    let (mut h, mut l) = (sums[0][r][0][q], sums[0][r][1][q]);
+                    let (mut h, mut l) = (vaddq_s32(sums[0][r][0][q], lift), sums[0][r][1][q]);
                     for c in 1..C {
                         h = vaddq_s32(h, sums[c][r][0][q]);
                         l = vaddq_s32(l, sums[c][r][1][q]);
@@ -216,7 +299,9 @@ fn tile_fn<const KIND: u8, const ASYM: bool>(rows: usize) -> Int4DotTileFn {
 /// - As [`crate::wna16::Int4DotPanelsFn`], on a CPU with the dot-product extension,
 ///   `job.pairs` and `job.group_sums` made by [`fill_byte_split`].
 unsafe fn entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
-    let tiles: [fn(usize) -> Int4DotTileFn; 2] = if code_kind(job.w) == E2M1 {
+    let tiles: [fn(usize) -> Int4DotTileFn; 2] = if job.w.bits() == 8 {
+        [tile_fn::<INT8, false>, tile_fn::<INT8, true>]
+    } else if code_kind(job.w) == E2M1 {
         // MXFP4 has no zero points.
         [tile_fn::<E2M1, false>; 2]
     } else {
@@ -227,11 +312,11 @@ unsafe fn entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
     unsafe { run_row_blocks(job, panels, ROW_BLOCK, MR, tiles) };
 }
 
-/// This body as a kernel set's int4 dot-product body at every row count, for int4 integer and
-/// e2m1 codes. Only for sets of a rung with the dot-product extension.
+/// This body as a kernel set's int4 dot-product body at every row count, for int4 integer,
+/// e2m1 and int8 integer codes. Only for sets of a rung with the dot-product extension.
 pub(crate) fn body() -> Int4Dot {
     let unit = "dotprod sdot on codes decoded in registers";
-    integer_body(unit, fill_byte_split, entry, (1, usize::MAX), (false, true))
+    integer_body(unit, fill_byte_split, entry, (1, usize::MAX), (true, true))
 }
 
 /// The dot-product rung's set with this body, where the CPU has the extension (tests).
