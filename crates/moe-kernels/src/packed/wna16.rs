@@ -668,10 +668,7 @@ impl PackedWna16 {
             (8, _, perm) => gather_int8(&at, k, perm),
             (_, WordOrder::Awq, None) => gather_awq(&at, k),
             (_, WordOrder::Awq, Some(perm)) => gather_awq_permuted(&at, k, perm),
-            (_, _, None) => {
-                let at: Vec<_> = at.iter().map(|a| (a.words, a.first, a.stride)).collect();
-                gather_words(&at, k)
-            }
+            (_, _, None) => gather_words(&at, k),
             (_, _, Some(perm)) => gather_permuted_int4(&at, k, perm),
         };
         let (scales, zeros, bias) = side.pack(n, n_panels, dims.n_groups);
@@ -726,8 +723,14 @@ impl PackedWna16 {
 
         let words = d.blocks.as_chunks::<4>().0;
         let row_words = blocks * 4;
-        let at: Vec<(&[[u8; 4]], usize, usize)> =
-            (0..n).map(|c| (words, c * row_words, 1)).collect();
+        let at: Vec<ChannelWords<'_>> = (0..n)
+            .map(|c| ChannelWords {
+                words,
+                first: c * row_words,
+                stride: 1,
+                shift: 0,
+            })
+            .collect();
         let codes = gather_words(&at, k);
         Ok(Self {
             n,
@@ -1142,41 +1145,81 @@ impl PackedWna16 {
     }
 }
 
-/// The packed int4 steps of the channels whose words `at` locates: per channel, its words, the
-/// index of its step-0 word and the distance between its steps (1 when a channel's words are
-/// consecutive). Nibbles past `k` are cleared.
-fn gather_words(at: &[(&[[u8; 4]], usize, usize)], k: usize) -> AlignedVec<u32> {
+/// The packed int4 steps of the channels whose words `at` locates (AWQ's field shift unused).
+/// Nibbles past `k` are cleared.
+///
+/// Each panel's steps are written in place, in the order its words are stored: where the
+/// panel's channels are 16 consecutive words of one run's rows (GPTQ's `[K/8, N]`), each
+/// stored row segment already is a packed step, and the steps of [`PANELS_PER_PASS`] panels
+/// are copied together, step by step, so each stored row is read a run of 256 channels at a
+/// time, the row [`ROWS_AHEAD`] steps on asked for first (each row is on another page, where
+/// no hardware prefetcher follows); otherwise (compressed-tensors' `[N, K/8]`, MXFP4 blocks) each channel's words are read
+/// as one sequential stream and scattered down the panel's column, whose steps stay cached
+/// while its 16 channels are read. The buffer grows by whole passes and is never zero-filled
+/// first: its storage starts zeroed, and every word of a pass is written once.
+fn gather_words(at: &[ChannelWords<'_>], k: usize) -> AlignedVec<u32> {
     let k_steps = k.div_ceil(K_STEP);
-    let n_panels = at.len().div_ceil(PANEL);
+    let panel_len = k_steps * PANEL;
     // Nibbles past K in the last step are padding: the packed format holds code 0 there.
     let tail = match k % K_STEP {
         0 => u32::MAX,
         r => (1u32 << (4 * r)) - 1,
     };
-    let mut codes = AlignedVec::with_capacity(n_panels * k_steps * PANEL);
-    // A panel goes through a tile of `PANEL` steps × `PANEL` channels: each channel's words
-    // are read in their stored order (sequential for channel-major runs), and the tile
-    // is appended in packed order, so the buffer is never zero-filled first.
-    for panel in at.chunks(PANEL) {
-        // Channels past N stay 0 in every tile of the last panel.
-        let mut tile = [[0u32; PANEL]; PANEL];
-        for s0 in (0..k_steps).step_by(PANEL) {
-            let steps = PANEL.min(k_steps - s0);
-            for (c, &(words, first, stride)) in panel.iter().enumerate() {
-                let src = words[first + s0 * stride..].iter().step_by(stride);
-                for (row, w) in tile[..steps].iter_mut().zip(src) {
-                    row[c] = u32::from_le_bytes(*w);
+    let mut codes = AlignedVec::with_capacity(at.len().div_ceil(PANEL) * panel_len);
+    for pass in at.chunks(PANEL * PANELS_PER_PASS) {
+        let start = codes.len();
+        codes.grow_to(start + pass.len().div_ceil(PANEL) * panel_len);
+        let out = &mut codes[start..];
+        let panels: Vec<_> = pass
+            .chunks(PANEL)
+            .map(|panel| (panel, consecutive_words(panel, PANEL)))
+            .collect();
+        let any_run = panels.iter().any(|(_, run)| run.is_some());
+        for s in (0..k_steps).filter(|_| any_run) {
+            for (i, (_, run)) in panels.iter().enumerate() {
+                if let Some((words, first, stride)) = *run {
+                    if let Some(ahead) = words.get(first + (s + ROWS_AHEAD) * stride) {
+                        prefetch(ahead);
+                    }
+                    let stored: &[[u8; 4]; PANEL] =
+                        words[first + s * stride..][..PANEL].try_into().unwrap();
+                    let step: &mut [u32; PANEL] = (&mut out[i * panel_len + s * PANEL..][..PANEL])
+                        .try_into()
+                        .unwrap();
+                    *step = stored.map(u32::from_le_bytes);
                 }
             }
-            if s0 + steps == k_steps {
-                for w in &mut tile[steps - 1] {
-                    *w &= tail;
+        }
+        for (i, (panel, run)) in panels.iter().enumerate() {
+            let steps = &mut out[i * panel_len..][..panel_len];
+            if run.is_none() {
+                // Channels past N stay 0 in the last panel.
+                for (c, ch) in panel.iter().enumerate() {
+                    scatter_channel(steps, c, ch, k_steps);
                 }
             }
-            codes.extend_from_slice(tile[..steps].as_flattened());
+            for w in &mut steps[panel_len - PANEL..] {
+                *w &= tail;
+            }
         }
     }
     codes
+}
+
+/// Writes the `k_steps` words of the channel `ch` locates down column `c` of a panel's steps.
+#[inline(always)]
+fn scatter_channel(steps: &mut [u32], c: usize, ch: &ChannelWords<'_>, k_steps: usize) {
+    let column = steps[c..].iter_mut().step_by(PANEL);
+    if ch.stride == 1 {
+        for (o, w) in column.zip(&ch.words[ch.first..][..k_steps]) {
+            *o = u32::from_le_bytes(*w);
+        }
+    } else {
+        let stored = ch.words[ch.first..].iter().step_by(ch.stride);
+        for (o, w) in column.zip(stored) {
+            *o = u32::from_le_bytes(*w);
+        }
+    }
 }
 
 /// Channels per AWQ word.

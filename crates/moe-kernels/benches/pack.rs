@@ -1,0 +1,69 @@
+//! Packing a checkpoint's int4 words into the WNA16 kernels' layout, the step a load takes
+//! per expert and projection.
+//!
+//! `pack_words/<order>`: one Qwen3-30B-A3B w13 expert (N = 2I = 1536, K = H = 2048, int4,
+//! groups of 128, bf16 scales) stored as compressed-tensors `weight_packed` (channel-major
+//! `[N, K/8]`), GPTQ `qweight` (step-major `[K/8, N]`) and AWQ `qweight` (`[K, N/8]`), on one
+//! thread. 64 experts' words are cycled (100 MB) so the caches do not hold the source.
+//! Throughput is in bytes of stored words, so criterion's GB/s is the packing rate per core.
+
+use std::hint::black_box;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use half::bf16;
+use moe_kernels::{PackedWna16, Wna16Scales, Wna16WordsDesc, WordOrder, WordRows};
+use moe_testutil::SplitMix64;
+
+const N: usize = 1536;
+const K: usize = 2048;
+const GROUP: usize = 128;
+const EXPERTS: usize = 64;
+
+fn pack_words(c: &mut Criterion) {
+    let words_per_expert = N * K / 8;
+    let mut rng = SplitMix64::new(7);
+    let bytes: Vec<u8> = (0..EXPERTS * words_per_expert * 4)
+        .map(|_| rng.next_u64() as u8)
+        .collect();
+    let scales: Vec<bf16> = (0..N * K / GROUP)
+        .map(|i| bf16::from_f32(0.01 + (i % 7) as f32 * 1e-3))
+        .collect();
+    let mut group = c.benchmark_group("pack_words");
+    group.sample_size(20);
+    group.throughput(Throughput::Bytes((words_per_expert * 4) as u64));
+    for (name, order) in [
+        ("channel_major", WordOrder::ChannelMajor),
+        ("step_major", WordOrder::StepMajor),
+        ("awq", WordOrder::Awq),
+    ] {
+        let mut e = 0;
+        group.bench_function(BenchmarkId::new(name, "n1536_k2048_g128"), |b| {
+            b.iter(|| {
+                let stored = &bytes[e * words_per_expert * 4..][..words_per_expert * 4];
+                e = (e + 1) % EXPERTS;
+                let rows = [WordRows {
+                    channels: N,
+                    bytes: stored,
+                }];
+                let packed = PackedWna16::pack_words(Wna16WordsDesc {
+                    n: N,
+                    k: K,
+                    bits: 4,
+                    order,
+                    rows: &rows,
+                    group_size: moe_quant::WeightGroups::groups(GROUP).unwrap(),
+                    scales: Wna16Scales::Bf16(&scales),
+                    zeros: None,
+                    bias: None,
+                    perm: None,
+                })
+                .unwrap();
+                black_box(packed)
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, pack_words);
+criterion_main!(benches);
