@@ -177,6 +177,13 @@ enum PeerCell {
 /// the int8 run, the same arithmetic.
 const W4A16_PEER_PATH: &str = "int4_amx_g128";
 
+/// vLLM's bf16 path on its portable `vec` kernels (`cpu_fused_moe`), the one MoE kernel of its
+/// build for CPUs without AVX-512. The shared script has no such path, so our
+/// `xtask/peers/bench_vllm_vec.py` adds it to that script's machinery. When it runs, ours is
+/// also timed unquantized (`moe bench --format bf16`), and its peer/ours compares the two like
+/// for like.
+const VEC_PEER_PATH: &str = "bf16_vec";
+
 /// vLLM's int8 path (int8 weights with one scale per channel, int8 activations per token):
 /// when it runs, ours is also timed in that format (`moe bench --format w8a8`), and its
 /// peer/ours compares the two like for like.
@@ -193,15 +200,18 @@ enum Ours {
     W4a16G128Int8,
     /// W8A8: int8 weights, channelwise scales, dynamic per-token int8 activations.
     W8a8,
+    /// Unquantized bf16 weights, float activations.
+    Bf16,
 }
 
 impl Ours {
     /// Every layer `moe bench` may time.
-    const ALL: [Self; 4] = [
+    const ALL: [Self; 5] = [
         Self::W4a8G32,
         Self::W4a16G128,
         Self::W4a16G128Int8,
         Self::W8a8,
+        Self::Bf16,
     ];
 }
 
@@ -219,6 +229,7 @@ impl Ours {
                 "int8",
             ],
             Self::W8a8 => &["--format", "w8a8"],
+            Self::Bf16 => &["--format", "bf16"],
         }
     }
 
@@ -229,6 +240,7 @@ impl Ours {
             Self::W4a16G128 => "ours-w4a16-g128",
             Self::W4a16G128Int8 => "ours-w4a16-g128-int8",
             Self::W8a8 => "ours-w8a8",
+            Self::Bf16 => "ours-bf16",
         }
     }
 }
@@ -249,6 +261,9 @@ struct Measurements {
     /// Per (shape, M): the `moe bench --format w8a8` rows of every round, when vLLM's int8
     /// path runs.
     ours_w8a8: BTreeMap<(String, usize), Vec<Value>>,
+    /// Per (shape, M): the `moe bench --format bf16` rows of every round, when vLLM's bf16
+    /// `vec` path runs.
+    ours_bf16: BTreeMap<(String, usize), Vec<Value>>,
     /// Per shape: why `moe bench` failed, if it did.
     ours_failed: BTreeMap<String, String>,
     /// Per (shape, path, M): one cell per round.
@@ -264,6 +279,7 @@ impl Measurements {
             Ours::W4a16G128 => &mut self.ours_w4a16,
             Ours::W4a16G128Int8 => &mut self.ours_w4a16_int8,
             Ours::W8a8 => &mut self.ours_w8a8,
+            Ours::Bf16 => &mut self.ours_bf16,
         }
     }
 }
@@ -301,10 +317,20 @@ pub fn run(opts: &BenchPeers) -> Result<()> {
 
     let paths = if !opts.paths.is_empty() {
         opts.paths.clone()
-    } else if opts.quick {
-        QUICK_PATHS.map(String::from).to_vec()
     } else {
-        DEFAULT_PATHS.map(String::from).to_vec()
+        let mut paths = if opts.quick {
+            QUICK_PATHS.map(String::from).to_vec()
+        } else {
+            DEFAULT_PATHS.map(String::from).to_vec()
+        };
+        if vllm_runs_avx2_build() {
+            println!(
+                "no AVX-512: vLLM runs its AVX2 build, whose only MoE kernel is bf16 \
+                 `cpu_fused_moe` on `vec`; adding {VEC_PEER_PATH}"
+            );
+            paths.push(VEC_PEER_PATH.to_string());
+        }
+        paths
     };
     let shared = shared_dir(opts);
     println!("shared: {}", shared.display());
@@ -356,6 +382,13 @@ pub fn run(opts: &BenchPeers) -> Result<()> {
                 ));
                 run_ours(opts, &moe, shape, &batch_sizes, Ours::W8a8, &mut m);
             }
+            if paths.iter().any(|p| p == VEC_PEER_PATH) {
+                banner(&format!(
+                    "{shape}: round {round}/{}: ours, bf16",
+                    opts.rounds
+                ));
+                run_ours(opts, &moe, shape, &batch_sizes, Ours::Bf16, &mut m);
+            }
             for path in &paths {
                 banner(&format!(
                     "{shape}: round {round}/{}: peer {path}",
@@ -371,7 +404,16 @@ pub fn run(opts: &BenchPeers) -> Result<()> {
                 let cells = match (&ready[&peer], peer) {
                     (Ok(program), Peer::Llama) => run_llama(opts, program, &scratch, &job, &mut m),
                     (Ok(python), _) => {
-                        let script = shared.join("peers").join(peer.script());
+                        let peers = shared.join("peers");
+                        let script: Vec<std::ffi::OsString> = if path == VEC_PEER_PATH {
+                            vec![
+                                project_root().join("xtask/peers/bench_vllm_vec.py").into(),
+                                "--peers-dir".into(),
+                                peers.into(),
+                            ]
+                        } else {
+                            vec![peers.join(peer.script()).into()]
+                        };
                         run_peer(opts, python, &script, &scratch, &job, &mut m)
                     }
                     (Err(reason), _) => batch_sizes
@@ -610,6 +652,7 @@ fn table_panels(rows: &[Value]) -> Vec<Panel> {
             ("ours", "ours_ms"),
             ("ours w4a16-int8", "ours_w4a16_g128_int8_ms"),
             ("ours w8a8", "ours_w8a8_ms"),
+            ("ours bf16", "ours_bf16_ms"),
         ] {
             add(name.into(), row.get(field).and_then(Value::as_f64), false);
         }
@@ -788,11 +831,12 @@ fn run_ours(
 }
 
 /// Runs a Python peer's script (vLLM's or KT-Kernel's: both take the same options and write
-/// the same report shape) for one shape and one path in its own process. Returns one cell per M.
+/// the same report shape) for one shape and one path in its own process. `script` is the
+/// script and any arguments of its own. Returns one cell per M.
 fn run_peer(
     opts: &BenchPeers,
     python: &Path,
-    script: &Path,
+    script: &[std::ffi::OsString],
     scratch: &Path,
     job: &PeerJob,
     m: &mut Measurements,
@@ -806,7 +850,7 @@ fn run_peer(
     let out = scratch.join(format!("peer-{shape}-{}.json", path.replace(':', "-")));
     let _ = std::fs::remove_file(&out);
     let mut cmd = Cmd::new(python)
-        .arg(script)
+        .args(script)
         .args(["--shapes", shape, "--paths", bare, "--m"])
         .arg(join(batch_sizes))
         .arg("--threads")
@@ -1185,6 +1229,7 @@ fn path_label(path: &str) -> String {
         "int4_amx_g128" => "vLLM int4 g128".into(),
         "int4_amx_ch" => "vLLM int4 ch".into(),
         "int8_w8a8" => "vLLM int8".into(),
+        "bf16_vec" => "vLLM bf16 vec".into(),
         "kt:amx_int4" => "kt int4 (channelwise)".into(),
         "kt:amx_int8" => "kt int8".into(),
         "kt:amx_bf16" => "kt bf16".into(),
@@ -1234,6 +1279,11 @@ fn render_table(
     let w8a8 = !m.ours_w8a8.is_empty();
     if w8a8 {
         write!(header, " {:>13} |", "ours w8a8 ms").expect("writing to a String");
+        rule.push_str("---:|");
+    }
+    let bf16 = !m.ours_bf16.is_empty();
+    if bf16 {
+        write!(header, " {:>13} |", "ours bf16 ms").expect("writing to a String");
         rule.push_str("---:|");
     }
     for path in paths {
@@ -1290,6 +1340,7 @@ fn render_table(
             let ours_w4a16 = ms_of(&m.ours_w4a16);
             let ours_w4a16_int8 = ms_of(&m.ours_w4a16_int8);
             let ours_w8a8 = ms_of(&m.ours_w8a8);
+            let ours_bf16 = ms_of(&m.ours_bf16);
             let mut line = format!(
                 "| {:<16} | {:>5} | {:>9} | {:>9} | {:>10} | {:>9} | {:>9} |",
                 shape,
@@ -1311,6 +1362,9 @@ fn render_table(
             }
             if w8a8 {
                 write!(line, " {:>13} |", fmt(ours_w8a8)).expect("writing to a String");
+            }
+            if bf16 {
+                write!(line, " {:>13} |", fmt(ours_bf16)).expect("writing to a String");
             }
             let mut peer_json = Vec::new();
             let mut fastest: Option<(f64, &str)> = None;
@@ -1353,11 +1407,13 @@ fn render_table(
                 {
                     fastest = Some((p, path));
                 }
-                // vLLM's int4 g128 and int8 paths are compared with ours in their own weight
-                // format and arithmetic (int8 activations) when that ran.
-                let ours = match (ours_w4a16_int8, ours_w8a8) {
-                    (Some(o), _) if path == W4A16_PEER_PATH => Some(o),
-                    (_, Some(o)) if path == W8A8_PEER_PATH => Some(o),
+                // vLLM's int4 g128, int8 and bf16 `vec` paths are compared with ours in their
+                // own weight format and arithmetic (int8 activations for the first two) when
+                // that ran.
+                let ours = match (ours_w4a16_int8, ours_w8a8, ours_bf16) {
+                    (Some(o), _, _) if path == W4A16_PEER_PATH => Some(o),
+                    (_, Some(o), _) if path == W8A8_PEER_PATH => Some(o),
+                    (_, _, Some(o)) if path == VEC_PEER_PATH => Some(o),
                     _ => ours,
                 };
                 let cell = match (peer, ours) {
@@ -1418,6 +1474,7 @@ fn render_table(
                     Value::num_or_null(ours_w4a16_int8),
                 ),
                 ("ours_w8a8_ms", Value::num_or_null(ours_w8a8)),
+                ("ours_bf16_ms", Value::num_or_null(ours_bf16)),
                 ("target_ms", Value::num_or_null(target)),
                 ("peer", Value::Arr(peer_json)),
                 (
@@ -1463,7 +1520,16 @@ fn render_table(
         )
         .expect("writing to a String");
     }
-    if w4a16 || w8a8 {
+    if bf16 {
+        writeln!(
+            text,
+            "  ours bf16 = `moe bench --format bf16` (unquantized bf16 weights, float \
+             activations), the same stage and the weight format of vLLM's {VEC_PEER_PATH} path \
+             (`cpu_fused_moe` on its portable kernels), whose peer/ours is against it."
+        )
+        .expect("writing to a String");
+    }
+    if w4a16 || w8a8 || bf16 {
         writeln!(text, "  every other path's peer/ours is against W4A8.")
             .expect("writing to a String");
     }
@@ -1479,7 +1545,8 @@ fn render_table(
     if has(Peer::Vllm) {
         writeln!(
             text,
-            "  vLLM = bench_vllm_cpu.py, routing + experts with its routing median subtracted."
+            "  vLLM = bench_vllm_cpu.py ({VEC_PEER_PATH}: xtask/peers/bench_vllm_vec.py on that \
+             script's machinery), routing + experts with its routing median subtracted."
         )
         .expect("writing to a String");
     }
@@ -1580,6 +1647,19 @@ fn machine_line() -> String {
         if has("avx512_vnni") { "yes" } else { "no" },
         if has("amx_int8") { "yes" } else { "no" }
     )
+}
+
+/// Whether vLLM's CPU build loads its AVX2 extension here (an x86 CPU without AVX-512
+/// foundation), which has none of the `fused_experts_cpu` kernels.
+fn vllm_runs_avx2_build() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        !std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// `uptime`'s load averages, read from /proc/loadavg.
@@ -1815,6 +1895,31 @@ mod tests {
         let names: Vec<&str> = panels[0].lines.iter().map(|l| l.name.as_str()).collect();
         assert!(names.contains(&"ours w8a8"), "{names:?}");
         assert!(!names.contains(&"ours w4a16-int8"), "{names:?}");
+    }
+
+    /// vLLM's bf16 `vec` path is set beside our bf16 layer and compared with it; the fastest
+    /// peer column still compares with W4A8.
+    #[test]
+    fn bf16_vec_is_compared_with_our_bf16() {
+        let mut m = Measurements::default();
+        let key = ("qwen3-30b-a3b".to_string(), 16);
+        m.ours.insert(key.clone(), vec![experts_row(16, 2.0)]);
+        m.ours_bf16.insert(key.clone(), vec![experts_row(16, 8.0)]);
+        let paths = ["int4_amx_g32".to_string(), VEC_PEER_PATH.to_string()];
+        let (table, ratios) = one_row_table(&mut m, &paths, 12.0);
+        let r = &table.rows[0];
+        assert_eq!(r.get("ours_bf16_ms").and_then(Value::as_f64), Some(8.0));
+        assert_eq!(ratios, [6.0, 1.5]);
+        let fastest = r.get("fastest_peer").expect("a fastest peer");
+        assert_eq!(
+            fastest.get("peer_over_ours").and_then(Value::as_f64),
+            Some(6.0)
+        );
+        assert!(table.text.contains("ours bf16 ms"), "{}", table.text);
+        assert!(table.text.contains("vLLM bf16 vec"), "{}", table.text);
+        let panels = table_panels(&table.rows);
+        let names: Vec<&str> = panels[0].lines.iter().map(|l| l.name.as_str()).collect();
+        assert!(names.contains(&"ours bf16"), "{names:?}");
     }
 
     #[test]

@@ -56,10 +56,12 @@ Commands:
         --rounds <n>            alternations of ours and the peer per shape (default 2)
         --iters <n>             timed calls per moe bench row (default 20)
         --paths <list>          peer paths: vLLM's by name (int4_amx_g32, int4_amx_g128,
-                                int4_amx_ch, int8_w8a8), kt:<path> (amx_int4, amx_int8,
-                                amx_bf16, rawint4_g32), llama:<type> (q4_0, q8_0); default
-                                all but int4_amx_ch, kt:amx_bf16 and kt:rawint4_g32 (--quick:
-                                int4_amx_g32, int8_w8a8, kt:amx_int4, llama:q4_0)
+                                int4_amx_ch, int8_w8a8, bf16_vec), kt:<path> (amx_int4,
+                                amx_int8, amx_bf16, rawint4_g32), llama:<type> (q4_0, q8_0);
+                                default all but int4_amx_ch, bf16_vec, kt:amx_bf16 and
+                                kt:rawint4_g32 (--quick: int4_amx_g32, int8_w8a8,
+                                kt:amx_int4, llama:q4_0), plus bf16_vec on x86 without
+                                AVX-512, where vLLM's build has no other MoE kernel
         --out <file.json>       also write every raw report and the table as JSON
         --render <file.json>    print the table of an earlier run's --out file and exit
         --plot <file.svg>       also draw the table: ms per call against M on log axes, one
