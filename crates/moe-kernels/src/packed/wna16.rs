@@ -1309,6 +1309,16 @@ fn gather_awq(at: &[ChannelWords<'_>], k: usize) -> AlignedVec<u32> {
         let first_half = pass * 2 * PANELS_PER_PASS;
         for s in 0..k_steps {
             let rows = K_STEP.min(k - s * K_STEP);
+            // The rows of a later step, a cache line per 16 word columns of the pass.
+            let lead = group[0];
+            for r in 0..K_STEP {
+                let at = lead.first + ((s + AWQ_STEPS_AHEAD) * K_STEP + r) * lead.stride;
+                for line in (0..group.len()).step_by(16) {
+                    if let Some(ahead) = lead.words.get(at + line) {
+                        prefetch(ahead);
+                    }
+                }
+            }
             for (b, block) in group.chunks(AWQ_PACK).enumerate() {
                 let block_half = first_half + b * AWQ_PACK;
                 if let Some((words, first, stride)) = consecutive_words(block, AWQ_PACK) {
@@ -1347,6 +1357,11 @@ fn gather_awq(at: &[ChannelWords<'_>], k: usize) -> AlignedVec<u32> {
     }
     codes
 }
+
+/// How many steps ahead of the one being made [`gather_awq`] asks for its stored rows: each
+/// of a step's eight rows is on another page (rows are `N/2` bytes apart), where no hardware
+/// prefetcher follows.
+const AWQ_STEPS_AHEAD: usize = 8;
 
 /// Transposes `L` independent 8 × 8 matrices of nibbles, lane by lane (matrix `l`: row `r` =
 /// `m[r][l]`, column `f` = bits `4f..4f+4`), in three rounds of block swaps: 4 × 4 blocks,
