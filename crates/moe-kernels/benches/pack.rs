@@ -3,8 +3,9 @@
 //!
 //! `pack_words/<order>`: one Qwen3-30B-A3B w13 expert (N = 2I = 1536, K = H = 2048, int4,
 //! groups of 128, bf16 scales) stored as compressed-tensors `weight_packed` (channel-major
-//! `[N, K/8]`), GPTQ `qweight` (step-major `[K/8, N]`) and AWQ `qweight` (`[K, N/8]`), on one
-//! thread. 64 experts' words are cycled (100 MB) so the caches do not hold the source.
+//! `[N, K/8]`), GPTQ `qweight` (step-major `[K/8, N]`) and AWQ `qweight` (`[K, N/8]`), and as
+//! int8 words in both of the first two orders, on one thread. 64 experts' words are cycled
+//! (100-200 MB) so the caches do not hold the source.
 //! Throughput is in bytes of stored words, so criterion's GB/s is the packing rate per core.
 
 use std::hint::black_box;
@@ -20,26 +21,27 @@ const GROUP: usize = 128;
 const EXPERTS: usize = 64;
 
 fn pack_words(c: &mut Criterion) {
-    let words_per_expert = N * K / 8;
+    // Each expert's slot holds its int8 words (one byte per weight); int4 words use half.
     let mut rng = SplitMix64::new(7);
-    let bytes: Vec<u8> = (0..EXPERTS * words_per_expert * 4)
-        .map(|_| rng.next_u64() as u8)
-        .collect();
+    let bytes: Vec<u8> = (0..EXPERTS * N * K).map(|_| rng.next_u64() as u8).collect();
     let scales: Vec<bf16> = (0..N * K / GROUP)
         .map(|i| bf16::from_f32(0.01 + (i % 7) as f32 * 1e-3))
         .collect();
     let mut group = c.benchmark_group("pack_words");
     group.sample_size(20);
-    group.throughput(Throughput::Bytes((words_per_expert * 4) as u64));
-    for (name, order) in [
-        ("channel_major", WordOrder::ChannelMajor),
-        ("step_major", WordOrder::StepMajor),
-        ("awq", WordOrder::Awq),
+    for (name, order, bits) in [
+        ("channel_major", WordOrder::ChannelMajor, 4),
+        ("step_major", WordOrder::StepMajor, 4),
+        ("awq", WordOrder::Awq, 4),
+        ("channel_major_int8", WordOrder::ChannelMajor, 8),
+        ("step_major_int8", WordOrder::StepMajor, 8),
     ] {
+        let words_per_expert = N * K * bits as usize / 32;
+        group.throughput(Throughput::Bytes((words_per_expert * 4) as u64));
         let mut e = 0;
         group.bench_function(BenchmarkId::new(name, "n1536_k2048_g128"), |b| {
             b.iter(|| {
-                let stored = &bytes[e * words_per_expert * 4..][..words_per_expert * 4];
+                let stored = &bytes[e * N * K..][..words_per_expert * 4];
                 e = (e + 1) % EXPERTS;
                 let rows = [WordRows {
                     channels: N,
@@ -48,7 +50,7 @@ fn pack_words(c: &mut Criterion) {
                 let packed = PackedWna16::pack_words(Wna16WordsDesc {
                     n: N,
                     k: K,
-                    bits: 4,
+                    bits,
                     order,
                     rows: &rows,
                     group_size: moe_quant::WeightGroups::groups(GROUP).unwrap(),

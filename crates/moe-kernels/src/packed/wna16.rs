@@ -1453,6 +1453,9 @@ fn gather_permuted_int4(at: &[ChannelWords<'_>], k: usize, perm: &[u32]) -> Alig
 /// channel; the steps of [`panels_per_pass`] panels are made together, as in
 /// [`gather_permuted_int4`].
 fn gather_int8(at: &[ChannelWords<'_>], k: usize, perm: Option<&[u32]>) -> AlignedVec<u32> {
+    if perm.is_none() && at.iter().all(|ch| ch.stride == 1) {
+        return gather_int8_by_channels(at, k);
+    }
     // K values past K stay 0 in the last step.
     steps_by_pass(at, k.div_ceil(K_STEP8), |panel, s, out| {
         let rows = K_STEP8.min(k - s * K_STEP8);
@@ -1510,6 +1513,60 @@ fn gather_int8(at: &[ChannelWords<'_>], k: usize, perm: Option<&[u32]>) -> Align
             }
         }
     })
+}
+
+/// The packed int8 steps of channel-major words (`[N, K/4]`) in K order: as
+/// [`gather_int8`], four channels' words of a step transposed as a 4 × 4 byte matrix are word
+/// `g` of the step's four K rows, but the four channels of each such column are read from
+/// start to end before the next four, so four sequential streams are read at a time rather
+/// than a panel's sixteen. Each panel's steps are written in place; K values past K and
+/// channels past N stay 0.
+fn gather_int8_by_channels(at: &[ChannelWords<'_>], k: usize) -> AlignedVec<u32> {
+    const LANES: usize = 4;
+    let k_steps = k.div_ceil(K_STEP8);
+    let panel_len = k_steps * PANEL;
+    let mut codes = AlignedVec::with_capacity(at.len().div_ceil(PANEL) * panel_len);
+    for panel in at.chunks(PANEL) {
+        let start = codes.len();
+        codes.grow_to(start + panel_len);
+        let steps = &mut codes[start..];
+        for (g, four) in panel.chunks(4).enumerate() {
+            let words: Vec<&[[u8; 4]]> = four
+                .iter()
+                .map(|ch| &ch.words[ch.first..][..k_steps])
+                .collect();
+            // Four steps at a time, one per lane (which vectorises), then the rest one by one.
+            let whole = k_steps / LANES * LANES;
+            for s0 in (0..whole).step_by(LANES) {
+                // `m[r][l]`: the word of channel `4g + r` at step `s0 + l`.
+                let mut m = [[0u32; LANES]; K_STEP8];
+                for (row, w) in m.iter_mut().zip(&words) {
+                    let four: &[[u8; 4]; LANES] = w[s0..][..LANES].try_into().unwrap();
+                    *row = four.map(u32::from_le_bytes);
+                }
+                transpose_bytes(&mut m);
+                for l in 0..LANES {
+                    let s = s0 + l;
+                    let rows = K_STEP8.min(k - s * K_STEP8);
+                    for (j, row) in m.iter().enumerate().take(rows) {
+                        steps[s * PANEL + j * 4 + g] = row[l];
+                    }
+                }
+            }
+            for s in whole..k_steps {
+                let mut m = [[0u32; 1]; K_STEP8];
+                for (row, w) in m.iter_mut().zip(&words) {
+                    row[0] = u32::from_le_bytes(w[s]);
+                }
+                transpose_bytes(&mut m);
+                let rows = K_STEP8.min(k - s * K_STEP8);
+                for (j, row) in m.iter().enumerate().take(rows) {
+                    steps[s * PANEL + j * 4 + g] = row[0];
+                }
+            }
+        }
+    }
+    codes
 }
 
 /// How many stored rows ahead of the one being gathered [`prefetch`] asks for.
