@@ -4,7 +4,8 @@
 //! `pack_words/<order>`: one Qwen3-30B-A3B w13 expert (N = 2I = 1536, K = H = 2048, int4,
 //! groups of 128, bf16 scales) stored as compressed-tensors `weight_packed` (channel-major
 //! `[N, K/8]`), GPTQ `qweight` (step-major `[K/8, N]`) and AWQ `qweight` (`[K, N/8]`), and as
-//! int8 words in both of the first two orders, on one thread. 64 experts' words are cycled
+//! int8 words in both of the first two orders, and GPTQ's int4 words with act-order (K values
+//! in a random order, as `g_idx` sorting permutes them), on one thread. 64 experts' words are cycled
 //! (100-200 MB) so the caches do not hold the source.
 //! Throughput is in bytes of stored words, so criterion's GB/s is the packing rate per core.
 
@@ -27,14 +28,25 @@ fn pack_words(c: &mut Criterion) {
     let scales: Vec<bf16> = (0..N * K / GROUP)
         .map(|i| bf16::from_f32(0.01 + (i % 7) as f32 * 1e-3))
         .collect();
+    // Act-order: packed K value `j` is stored K value `perm[j]`.
+    let mut perm: Vec<u32> = (0..K as u32).collect();
+    for i in (1..K).rev() {
+        perm.swap(i, rng.below(i + 1));
+    }
     let mut group = c.benchmark_group("pack_words");
     group.sample_size(20);
-    for (name, order, bits) in [
-        ("channel_major", WordOrder::ChannelMajor, 4),
-        ("step_major", WordOrder::StepMajor, 4),
-        ("awq", WordOrder::Awq, 4),
-        ("channel_major_int8", WordOrder::ChannelMajor, 8),
-        ("step_major_int8", WordOrder::StepMajor, 8),
+    for (name, order, bits, perm) in [
+        ("channel_major", WordOrder::ChannelMajor, 4, None),
+        ("step_major", WordOrder::StepMajor, 4, None),
+        (
+            "step_major_act_order",
+            WordOrder::StepMajor,
+            4,
+            Some(&perm[..]),
+        ),
+        ("awq", WordOrder::Awq, 4, None),
+        ("channel_major_int8", WordOrder::ChannelMajor, 8, None),
+        ("step_major_int8", WordOrder::StepMajor, 8, None),
     ] {
         let words_per_expert = N * K * bits as usize / 32;
         group.throughput(Throughput::Bytes((words_per_expert * 4) as u64));
@@ -57,7 +69,7 @@ fn pack_words(c: &mut Criterion) {
                     scales: Wna16Scales::Bf16(&scales),
                     zeros: None,
                     bias: None,
-                    perm: None,
+                    perm,
                 })
                 .unwrap();
                 black_box(packed)

@@ -1322,20 +1322,9 @@ fn gather_awq(at: &[ChannelWords<'_>], k: usize) -> AlignedVec<u32> {
             for (b, block) in group.chunks(AWQ_PACK).enumerate() {
                 let block_half = first_half + b * AWQ_PACK;
                 if let Some((words, first, stride)) = consecutive_words(block, AWQ_PACK) {
-                    let mut m = [[0u32; AWQ_PACK]; K_STEP];
-                    for (r, lanes) in m.iter_mut().enumerate().take(rows) {
-                        let row: &[[u8; 4]; AWQ_PACK] = words[first + (s * K_STEP + r) * stride..]
-                            [..AWQ_PACK]
-                            .try_into()
-                            .unwrap();
-                        *lanes = row.map(u32::from_le_bytes);
-                    }
-                    transpose_nibbles(&mut m);
-                    for g in 0..AWQ_PACK {
-                        let out = &mut codes[out_at(block_half + g, s)..][..AWQ_PACK];
-                        for (o, &f) in out.iter_mut().zip(&AWQ_FIELD_OF_CHANNEL) {
-                            *o = m[f][g];
-                        }
+                    let steps = awq_block_steps(words, first + s * K_STEP * stride, stride, rows);
+                    for (g, step) in steps.iter().enumerate() {
+                        codes[out_at(block_half + g, s)..][..AWQ_PACK].copy_from_slice(step);
                     }
                     continue;
                 }
@@ -1356,6 +1345,115 @@ fn gather_awq(at: &[ChannelWords<'_>], k: usize) -> AlignedVec<u32> {
         }
     }
     codes
+}
+
+/// The step words of one block of eight AWQ word columns side by side, at one step: from
+/// `rows` stored rows (row `r` is the eight words at `words[at + r·stride..]`; rows past
+/// `rows`, beyond K, count as zeros), `steps[g][o]` is the step word of the channel in word
+/// column `g`'s field for channel `o` ([`AWQ_FIELD_OF_CHANNEL`]): word `o` of column `g`'s half
+/// panel. The eight words of a row are the 8 × 8 nibble matrices' rows, one matrix per column
+/// ([`transpose_nibbles`]), and the columns' step words are then transposed into the half
+/// panels' order; with AVX2 each row is one register through both transposes.
+fn awq_block_steps(words: &[[u8; 4]], at: usize, stride: usize, rows: usize) -> [[u32; 8]; 8] {
+    let rows = rows.min(K_STEP);
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was detected just above, all the function needs.
+        return unsafe { awq_block_steps_avx2(words, at, stride, rows) };
+    }
+    awq_block_steps_portable(words, at, stride, rows)
+}
+
+/// [`awq_block_steps`] one 32-bit lane at a time, for any target (`rows ≤ 8`).
+fn awq_block_steps_portable(
+    words: &[[u8; 4]],
+    at: usize,
+    stride: usize,
+    rows: usize,
+) -> [[u32; 8]; 8] {
+    let mut m = [[0u32; AWQ_PACK]; K_STEP];
+    for (r, lanes) in m.iter_mut().enumerate().take(rows) {
+        let row: &[[u8; 4]; AWQ_PACK] = words[at + r * stride..][..AWQ_PACK].try_into().unwrap();
+        *lanes = row.map(u32::from_le_bytes);
+    }
+    transpose_nibbles(&mut m);
+    std::array::from_fn(|g| std::array::from_fn(|o| m[AWQ_FIELD_OF_CHANNEL[o]][g]))
+}
+
+/// [`awq_block_steps`] in 256-bit registers: the nibble transpose's rounds of block swaps on
+/// all eight columns at once, then the 8 × 8 transpose of 32-bit words (unpacks of 32 and 64
+/// bits, then 128-bit halves), its rows taken in the half panels' channel order.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn awq_block_steps_avx2(words: &[[u8; 4]], at: usize, stride: usize, rows: usize) -> [[u32; 8]; 8] {
+    use std::arch::x86_64::*;
+    let mut m = [_mm256_setzero_si256(); K_STEP];
+    for (r, lanes) in m.iter_mut().enumerate().take(rows) {
+        let row: &[[u8; 4]; AWQ_PACK] = words[at + r * stride..][..AWQ_PACK].try_into().unwrap();
+        // SAFETY: the reference covers 32 readable bytes; the load is unaligned.
+        *lanes = unsafe { _mm256_loadu_si256(row.as_ptr().cast()) };
+    }
+    /// Rows `a` and `b` of every column exchange the fields a transpose swaps (as
+    /// [`swap_fields`]).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn swap<const BITS: i32>(m: &mut [__m256i; K_STEP], a: usize, b: usize, mask: i32) {
+        let mask = _mm256_set1_epi32(mask);
+        let t = _mm256_and_si256(
+            _mm256_xor_si256(_mm256_srli_epi32::<BITS>(m[a]), m[b]),
+            mask,
+        );
+        m[a] = _mm256_xor_si256(m[a], _mm256_slli_epi32::<BITS>(t));
+        m[b] = _mm256_xor_si256(m[b], t);
+    }
+    for r in 0..4 {
+        swap::<16>(&mut m, r, r + 4, 0x0000_FFFF);
+    }
+    for r in [0, 1, 4, 5] {
+        swap::<8>(&mut m, r, r + 2, 0x00FF_00FF);
+    }
+    for r in [0, 2, 4, 6] {
+        swap::<4>(&mut m, r, r + 1, 0x0F0F_0F0F);
+    }
+    // Row `o` of the word transpose is field `AWQ_FIELD_OF_CHANNEL[o]`, so that its column
+    // `g` comes out in the half panel's channel order.
+    let x: [__m256i; 8] = std::array::from_fn(|o| m[AWQ_FIELD_OF_CHANNEL[o]]);
+    let t = [
+        _mm256_unpacklo_epi32(x[0], x[1]),
+        _mm256_unpackhi_epi32(x[0], x[1]),
+        _mm256_unpacklo_epi32(x[2], x[3]),
+        _mm256_unpackhi_epi32(x[2], x[3]),
+        _mm256_unpacklo_epi32(x[4], x[5]),
+        _mm256_unpackhi_epi32(x[4], x[5]),
+        _mm256_unpacklo_epi32(x[6], x[7]),
+        _mm256_unpackhi_epi32(x[6], x[7]),
+    ];
+    let u = [
+        _mm256_unpacklo_epi64(t[0], t[2]),
+        _mm256_unpackhi_epi64(t[0], t[2]),
+        _mm256_unpacklo_epi64(t[1], t[3]),
+        _mm256_unpackhi_epi64(t[1], t[3]),
+        _mm256_unpacklo_epi64(t[4], t[6]),
+        _mm256_unpackhi_epi64(t[4], t[6]),
+        _mm256_unpacklo_epi64(t[5], t[7]),
+        _mm256_unpackhi_epi64(t[5], t[7]),
+    ];
+    let columns = [
+        _mm256_permute2x128_si256::<0x20>(u[0], u[4]),
+        _mm256_permute2x128_si256::<0x20>(u[1], u[5]),
+        _mm256_permute2x128_si256::<0x20>(u[2], u[6]),
+        _mm256_permute2x128_si256::<0x20>(u[3], u[7]),
+        _mm256_permute2x128_si256::<0x31>(u[0], u[4]),
+        _mm256_permute2x128_si256::<0x31>(u[1], u[5]),
+        _mm256_permute2x128_si256::<0x31>(u[2], u[6]),
+        _mm256_permute2x128_si256::<0x31>(u[3], u[7]),
+    ];
+    let mut steps = [[0u32; 8]; 8];
+    for (step, column) in steps.iter_mut().zip(columns) {
+        // SAFETY: the array holds 32 writable bytes; the store is unaligned.
+        unsafe { _mm256_storeu_si256(step.as_mut_ptr().cast(), column) };
+    }
+    steps
 }
 
 /// How many steps ahead of the one being made [`gather_awq`] asks for its stored rows: each
@@ -1421,27 +1519,100 @@ fn gather_permuted_int4(at: &[ChannelWords<'_>], k: usize, perm: &[u32]) -> Alig
     // K values past K stay 0 in the last step.
     steps_by_pass(at, k.div_ceil(K_STEP), |panel, s, out| {
         let sources = &perm[s * K_STEP..k.min((s + 1) * K_STEP)];
-        let mut step = [0u32; PANEL];
-        for (j, &src) in sources.iter().enumerate() {
-            let (word, shift) = (src as usize / K_STEP, 4 * (src as usize % K_STEP));
-            let nibble = |w: [u8; 4]| ((u32::from_le_bytes(w) >> shift) & 0xF) << (4 * j);
-            match panel.run {
-                Some((words, first, stride)) => {
-                    let row: &[[u8; 4]; PANEL] =
-                        words[first + word * stride..][..PANEL].try_into().unwrap();
-                    for c in 0..PANEL {
-                        step[c] |= nibble(row[c]);
-                    }
-                }
-                None => {
+        let step = match panel.run {
+            Some((words, first, stride)) => permuted_run_step(words, first, stride, sources),
+            None => {
+                let mut step = [0u32; PANEL];
+                for (j, &src) in sources.iter().enumerate() {
+                    let (word, shift) = source_of(src);
                     for (out, ch) in step.iter_mut().zip(panel.channels) {
-                        *out |= nibble(ch.words[ch.first + word * ch.stride]);
+                        let w = u32::from_le_bytes(ch.words[ch.first + word * ch.stride]);
+                        *out |= ((w >> shift) & 0xF) << (4 * j);
                     }
                 }
+                step
             }
-        }
+        };
         out.copy_from_slice(&step);
     })
+}
+
+/// The stored word (along K) and bit offset of stored K value `src` in an int4 channel.
+fn source_of(src: u32) -> (usize, u32) {
+    (src as usize / K_STEP, 4 * (src % K_STEP as u32))
+}
+
+/// One packed step of a panel whose 16 channels are consecutive stored words (GPTQ's
+/// `[K/8, N]`, the run's `words`, `first` and `stride`): nibble `j` of each channel's step is
+/// stored K value `sources[j]` (at most 8), taken from the 16 words of its stored row at once.
+fn permuted_run_step(
+    words: &[[u8; 4]],
+    first: usize,
+    stride: usize,
+    sources: &[u32],
+) -> [u32; PANEL] {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was detected just above, all the function needs.
+        return unsafe { permuted_run_step_avx2(words, first, stride, sources) };
+    }
+    permuted_run_step_portable(words, first, stride, sources)
+}
+
+/// [`permuted_run_step`] one 32-bit lane at a time, for any target.
+fn permuted_run_step_portable(
+    words: &[[u8; 4]],
+    first: usize,
+    stride: usize,
+    sources: &[u32],
+) -> [u32; PANEL] {
+    let mut step = [0u32; PANEL];
+    for (j, &src) in sources.iter().enumerate().take(K_STEP) {
+        let (word, shift) = source_of(src);
+        let row: &[[u8; 4]; PANEL] = words[first + word * stride..][..PANEL].try_into().unwrap();
+        for (out, &w) in step.iter_mut().zip(row) {
+            *out |= ((u32::from_le_bytes(w) >> shift) & 0xF) << (4 * j);
+        }
+    }
+    step
+}
+
+/// [`permuted_run_step`] in two 256-bit registers of 8 channels each: one shift moves the
+/// source nibble of every channel to its place in the step (right or left, by the difference
+/// of the two offsets), one AND keeps it, one OR adds it.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn permuted_run_step_avx2(
+    words: &[[u8; 4]],
+    first: usize,
+    stride: usize,
+    sources: &[u32],
+) -> [u32; PANEL] {
+    use std::arch::x86_64::*;
+    let mut step = [_mm256_setzero_si256(); 2];
+    for (j, &src) in sources.iter().enumerate().take(K_STEP) {
+        let (word, shift) = source_of(src);
+        let row: &[[u8; 4]; PANEL] = words[first + word * stride..][..PANEL].try_into().unwrap();
+        let place = 4 * j as u32;
+        let keep = _mm256_set1_epi32((0xF_u32 << place) as i32);
+        let by = _mm_cvtsi32_si128(shift.abs_diff(place) as i32);
+        for (half, acc) in row.as_chunks::<8>().0.iter().zip(&mut step) {
+            // SAFETY: the reference covers 32 readable bytes; the load is unaligned.
+            let v = unsafe { _mm256_loadu_si256(half.as_ptr().cast()) };
+            let moved = if shift >= place {
+                _mm256_srl_epi32(v, by)
+            } else {
+                _mm256_sll_epi32(v, by)
+            };
+            *acc = _mm256_or_si256(*acc, _mm256_and_si256(moved, keep));
+        }
+    }
+    let mut out = [0u32; PANEL];
+    for (half, acc) in out.as_chunks_mut::<8>().0.iter_mut().zip(step) {
+        // SAFETY: the array holds 32 writable bytes; the store is unaligned.
+        unsafe { _mm256_storeu_si256(half.as_mut_ptr().cast(), acc) };
+    }
+    out
 }
 
 /// The packed int8 steps of channels stored as words of four K values (GPTQ's `[K/4, N]`,
@@ -1970,6 +2141,55 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// The AVX2 transposes of an AWQ block give the portable code's step words, for every
+    /// count of stored rows (a last step short of K) and rows strided as in a run.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn awq_block_steps_agree_with_and_without_avx2() {
+        if !std::arch::is_x86_feature_detected!("avx2") {
+            eprintln!("note: skipping the AVX2 AWQ block: no AVX2");
+            return;
+        }
+        let mut rng = SplitMix64::new(0xa3a);
+        let stride = 24;
+        let words: Vec<[u8; 4]> = (0..9 * stride)
+            .map(|_| (rng.next_u64() as u32).to_le_bytes())
+            .collect();
+        for rows in 0..=K_STEP {
+            for at in [0, 5, stride - AWQ_PACK] {
+                // SAFETY: AVX2 was detected above.
+                let got = unsafe { awq_block_steps_avx2(&words, at, stride, rows) };
+                let want = awq_block_steps_portable(&words, at, stride, rows);
+                assert_eq!(got, want, "rows {rows} at {at}");
+            }
+        }
+    }
+
+    /// The AVX2 step of an act-order GPTQ panel equals the portable one for every count of
+    /// sources (a last step short of K) and nibble offsets above, below and at their place.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn permuted_run_steps_agree_with_and_without_avx2() {
+        if !std::arch::is_x86_feature_detected!("avx2") {
+            eprintln!("note: skipping the AVX2 act-order step: no AVX2");
+            return;
+        }
+        let mut rng = SplitMix64::new(0x9e7);
+        let (stride, k) = (40, 64);
+        let words: Vec<[u8; 4]> = (0..k / K_STEP * stride)
+            .map(|_| (rng.next_u64() as u32).to_le_bytes())
+            .collect();
+        for n_sources in 0..=K_STEP {
+            for first in [0, 3, stride - PANEL] {
+                let sources: Vec<u32> = (0..n_sources).map(|_| rng.below(k) as u32).collect();
+                // SAFETY: AVX2 was detected above.
+                let got = unsafe { permuted_run_step_avx2(&words, first, stride, &sources) };
+                let want = permuted_run_step_portable(&words, first, stride, &sources);
+                assert_eq!(got, want, "sources {sources:?} first {first}");
             }
         }
     }
