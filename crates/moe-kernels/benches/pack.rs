@@ -5,8 +5,8 @@
 //! groups of 128, bf16 scales) stored as compressed-tensors `weight_packed` (channel-major
 //! `[N, K/8]`), GPTQ `qweight` (step-major `[K/8, N]`) and AWQ `qweight` (`[K, N/8]`), and as
 //! int8 words in both of the first two orders, and GPTQ's int4 words with act-order (K values
-//! in a random order, as `g_idx` sorting permutes them), on one thread. 64 experts' words are cycled
-//! (100-200 MB) so the caches do not hold the source.
+//! in a random order, as `g_idx` sorting permutes them), on one thread. 64 experts' words are
+//! cycled (100-200 MB) so the caches do not hold the source.
 //! Throughput is in bytes of stored words, so criterion's GB/s is the packing rate per core.
 
 use std::hint::black_box;
