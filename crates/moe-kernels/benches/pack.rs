@@ -7,13 +7,15 @@
 //! int8 words in both of the first two orders, and GPTQ's int4 words with act-order (K values
 //! in a random order, as `g_idx` sorting permutes them), on one thread. 64 experts' words are
 //! cycled (100-200 MB) so the caches do not hold the source.
+//! `pack_bf16_rows`: the same expert as unquantized bf16 rows (`PackedDense::pack_bf16_rows_le`),
+//! 16 experts' rows cycled (100 MB).
 //! Throughput is in bytes of stored words, so criterion's GB/s is the packing rate per core.
 
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use half::bf16;
-use moe_kernels::{PackedWna16, Wna16Scales, Wna16WordsDesc, WordOrder, WordRows};
+use moe_kernels::{PackedDense, PackedWna16, Wna16Scales, Wna16WordsDesc, WordOrder, WordRows};
 use moe_testutil::SplitMix64;
 
 const N: usize = 1536;
@@ -79,5 +81,26 @@ fn pack_words(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, pack_words);
+fn pack_bf16_rows(c: &mut Criterion) {
+    const BF16_EXPERTS: usize = 16;
+    let mut rng = SplitMix64::new(8);
+    // Finite bf16 values in [-2, 2).
+    let bytes: Vec<u8> = (0..BF16_EXPERTS * N * K)
+        .flat_map(|_| bf16::from_f32(rng.next_u64() as u16 as f32 / 16384.0 - 2.0).to_le_bytes())
+        .collect();
+    let mut group = c.benchmark_group("pack_bf16_rows");
+    group.sample_size(20);
+    group.throughput(Throughput::Bytes((N * K * 2) as u64));
+    let mut e = 0;
+    group.bench_function(BenchmarkId::new("rows", "n1536_k2048"), |b| {
+        b.iter(|| {
+            let rows = &bytes[e * N * K * 2..][..N * K * 2];
+            e = (e + 1) % BF16_EXPERTS;
+            black_box(PackedDense::pack_bf16_rows_le(N, K, &[rows]).unwrap())
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, pack_words, pack_bf16_rows);
 criterion_main!(benches);
