@@ -25,6 +25,7 @@
 //! naming the config field), every derived shape against the format
 //! ([`LayerError::WrongShape`]), every scale for being finite and non-negative.
 
+use std::borrow::Cow;
 use std::path::Path;
 
 use moe_kernels::WordOrder;
@@ -233,8 +234,9 @@ pub(crate) struct ProjRequest<'p> {
 pub(crate) enum Values<'a> {
     /// Float weights, bytes as stored.
     Float { dtype: Dtype, bytes: &'a [u8] },
-    /// Signed integer codes.
-    Codes(Vec<i8>),
+    /// Signed integer codes: borrowed from the shard where it stores them as int8 already,
+    /// else decoded.
+    Codes(Cow<'a, [i8]>),
 }
 
 /// Decoded scales `[n, groups]` (f32, widened exactly from `dtype`).
@@ -452,15 +454,15 @@ pub(crate) fn read_projection<'a>(
         } => {
             let t = src.get_as(&name(req.prefix, ParamKind::Weight), &[Dtype::I8])?;
             check_config_shape(&t, req.n, req.k, req.config)?;
-            let codes: Vec<i8> = t.bytes.iter().map(|&b| b as i8).collect();
-            check_code_range(&t, &codes, bits)?;
+            let codes: &[i8] = bytemuck::cast_slice(t.bytes);
+            check_code_range(&t, codes, bits)?;
             let (groups, _) = groups_of(group_size, k, &t.name)?;
             let st = src.get(&name(req.prefix, ParamKind::WeightScale))?;
             let scales = read_scales(&st, n, groups, false, format.declared_scale_dtype())?;
             Ok(LogicalProj {
                 n,
                 k,
-                values: Values::Codes(codes),
+                values: Values::Codes(Cow::Borrowed(codes)),
                 scales: Some(scales),
                 g_idx: None,
                 zeros: None,
@@ -484,7 +486,7 @@ pub(crate) fn read_projection<'a>(
             Ok(LogicalProj {
                 n,
                 k,
-                values: Values::Codes(codes),
+                values: Values::Codes(Cow::Owned(codes)),
                 scales: Some(side.scales),
                 g_idx: side.g_idx,
                 zeros: side.zeros,
@@ -501,7 +503,7 @@ pub(crate) fn read_projection<'a>(
             Ok(LogicalProj {
                 n,
                 k,
-                values: Values::Codes(codes),
+                values: Values::Codes(Cow::Owned(codes)),
                 scales: Some(side.scales),
                 g_idx: side.g_idx,
                 zeros: side.zeros,
@@ -518,7 +520,7 @@ pub(crate) fn read_projection<'a>(
             Ok(LogicalProj {
                 n,
                 k,
-                values: Values::Codes(codes),
+                values: Values::Codes(Cow::Owned(codes)),
                 scales: Some(side.scales),
                 g_idx: None,
                 zeros: side.zeros,
