@@ -48,6 +48,7 @@ pub struct GemmScratch {
     encoded: Vec<u8>,
     corr: Vec<i32>,
     block_corr: Vec<i32>,
+    block_words: Vec<i32>,
     nan_rows: Vec<usize>,
     /// The activations in a kernel's own layout (the AMX tiles), when it has one.
     tiles: AlignedVec<u8>,
@@ -80,6 +81,7 @@ impl GemmScratch {
             // Scale groups are multiples of 32 values, so a row has at most `k_pad / 32`
             // blocks (one when channelwise).
             block_corr: Vec::with_capacity(m * (k_pad / 32).max(1)),
+            block_words: Vec::with_capacity(m * (k_pad / 32).max(1)),
             nan_rows: Vec::with_capacity(m),
             tiles: AlignedVec::new(),
             f32_rows: Vec::new(),
@@ -275,6 +277,7 @@ pub fn w4a8_gemm_quantized(
         a: &scratch.encoded,
         corr: &scratch.corr,
         block_corr: &scratch.block_corr,
+        block_words: &scratch.block_words,
         recip: a.recip,
     };
     run_w4a8(kernel, m, w, rows, &mut scratch.tiles, out, par);
@@ -294,13 +297,21 @@ fn run_w4a8_encoded(
 ) {
     let s = &mut *scratch;
     s.block_corr.clear();
+    s.block_words.clear();
     if kernel.encoding.needs_block_corr() {
-        block_corrections(w, &s.encoded, &s.corr, &mut s.block_corr);
+        block_corrections(
+            w,
+            &s.encoded,
+            &s.corr,
+            &mut s.block_corr,
+            &mut s.block_words,
+        );
     }
     let rows = EncodedRows {
         a: &s.encoded,
         corr: &s.corr,
         block_corr: &s.block_corr,
+        block_words: &s.block_words,
         recip: &s.row_scale,
     };
     run_w4a8(kernel, m, w, rows, &mut s.tiles, out, par);
@@ -321,6 +332,8 @@ struct EncodedRows<'a> {
     corr: &'a [i32],
     /// Per-(row, block) correction, `[m][n_blocks]`, when the encoding needs it.
     block_corr: &'a [i32],
+    /// The same as paired words ([`W4A8Job::block_words`]), when blocks are short enough.
+    block_words: &'a [i32],
     /// Per-row dequantization factor.
     recip: &'a [f32],
 }
@@ -344,7 +357,14 @@ fn run_w4a8(
         rows.a.len() == m * w.k_pad()
             && rows.corr.len() == m
             && rows.recip.len() == m
-            && (!kernel.encoding.needs_block_corr() || rows.block_corr.len() == m * w.n_blocks()),
+            && (!kernel.encoding.needs_block_corr()
+                || (rows.block_corr.len() == m * w.n_blocks()
+                    && rows.block_words.len()
+                        == if paired_blocks(w.block_len()) {
+                            m * w.n_blocks()
+                        } else {
+                            0
+                        })),
         "run_w4a8: rows not prepared"
     );
     assert_eq!(out.len(), m * w.n(), "run_w4a8: output length");
@@ -361,6 +381,7 @@ fn run_w4a8(
         a_tiles,
         row_corr: rows.corr,
         block_corr: rows.block_corr,
+        block_words: rows.block_words,
         row_recip: rows.recip,
         m,
         out: W4A8Out::Values {
@@ -380,10 +401,19 @@ fn run_w4a8(
 }
 
 /// `κ = 8·(Σ_{k∈b} q_k − zp·B)` per row and scale block, for [`ActEncoding::I8BlockCorrected`]
-/// (`encoded` holds the raw codes, padding 0; `zp` is the row correction, the zero point).
-fn block_corrections(w: &PackedW4A8, encoded: &[u8], zp: &[i32], dst: &mut Vec<i32>) {
+/// (`encoded` holds the raw codes, padding 0; `zp` is the row correction, the zero point), and
+/// where blocks are short enough for the paired correction, the same corrections as the
+/// [`W4A8Job::block_words`] those kernels read (`words` is left empty otherwise).
+fn block_corrections(
+    w: &PackedW4A8,
+    encoded: &[u8],
+    zp: &[i32],
+    dst: &mut Vec<i32>,
+    words: &mut Vec<i32>,
+) {
     let (k_pad, block_len) = (w.k_pad(), w.block_len());
     dst.clear();
+    words.clear();
     for (row, &zp) in encoded.chunks_exact(k_pad).zip(zp) {
         // Wrapping, as the kernels' own int32 sums: the final `acc_i` is exact whenever it
         // fits, whatever its parts do.
@@ -395,6 +425,28 @@ fn block_corrections(w: &PackedW4A8, encoded: &[u8], zp: &[i32], dst: &mut Vec<i
             sum.wrapping_sub(zp_block).wrapping_mul(8)
         }));
     }
+    let (m, n_blocks) = (zp.len(), w.n_blocks());
+    if paired_blocks(block_len) && n_blocks > 0 {
+        // Block-major, so that a tile finds the words of its rows for one block side by side.
+        words.resize(m * n_blocks, 0);
+        for (r, (kappas, &zp)) in dst.chunks_exact(n_blocks).zip(zp).enumerate() {
+            for (b, &kappa) in kappas.iter().enumerate() {
+                words[b * m + r] = paired_word(kappa, zp);
+            }
+        }
+    }
+}
+
+/// Whether blocks of `block_len` values take the paired correction: a block's code sum
+/// (`Σc ≤ 15·B`) and every `κ/8` (`|Σ (q − zp)| ≤ 255·B`) are then both i16.
+pub(crate) fn paired_blocks(block_len: usize) -> bool {
+    block_len * 255 < 1 << 15
+}
+
+/// The paired correction word of a row and block: `−κ/8` in the high i16 (`κ` is a multiple of
+/// 8, so `−κ << 13` puts it there) and `−zp` in the low one.
+fn paired_word(kappa: i32, zp: i32) -> i32 {
+    (kappa.wrapping_neg() << 13) | (zp.wrapping_neg() & 0xFFFF)
 }
 
 /// The int32 block accumulators `[m][n_blocks][16·n_panels]` (padded channels included), for
@@ -421,6 +473,7 @@ pub(crate) fn w4a8_block_acc(
         a_tiles: &scratch.tiles,
         row_corr: &scratch.corr,
         block_corr: &scratch.block_corr,
+        block_words: &scratch.block_words,
         row_recip: a.recip,
         m,
         out: W4A8Out::BlockAcc {
@@ -463,8 +516,15 @@ fn prepare_w4a8(
         .corr
         .extend(a.zero_point.iter().map(|&zp| encoding.w4a8_row_corr(zp)));
     scratch.block_corr.clear();
+    scratch.block_words.clear();
     if encoding.needs_block_corr() {
-        block_corrections(w, &scratch.encoded, &scratch.corr, &mut scratch.block_corr);
+        block_corrections(
+            w,
+            &scratch.encoded,
+            &scratch.corr,
+            &mut scratch.block_corr,
+            &mut scratch.block_words,
+        );
     }
     Ok(())
 }

@@ -105,6 +105,13 @@ pub(crate) struct W4A8Job<'a> {
     /// Per-(row, scale block) correction `[m][n_blocks]` for encodings that ask for it
     /// ([`ActEncoding::I8BlockCorrected`]); empty otherwise.
     pub block_corr: &'a [i32],
+    /// The same corrections with the row's zero point as one 32-bit word per (block, row),
+    /// `[n_blocks][m]`: the i16 pair `(−zp, −κ/8)` that multiplies a block's `(Σc, 8)` lanes in
+    /// one `vpdpwssd` or `vpmaddwd`. The driver makes them where blocks are short enough
+    /// (`255·B < 2^15`), block-major so that a tile reads its rows' words of a block from one
+    /// place and broadcasts each from memory instead of building it in a register; empty
+    /// otherwise.
+    pub block_words: &'a [i32],
     /// Per-row dequantization factor `recip`.
     pub row_recip: &'a [f32],
     /// Rows.

@@ -20,6 +20,7 @@
 
 use super::Avx2;
 use super::wna16::prefetch_ahead;
+use crate::gemm::paired_blocks;
 
 super::ymm::ymm_kernels!("avx2", Avx2, crate::Isa::Avx2);
 
@@ -94,7 +95,8 @@ fn narrow_sums<const R: usize>(
 /// Per block, `acc_i = Σ q·c − zp·Σc − κ` with `κ = 8·Σ_{k∈b}(q_k − zp)` from the driver. How
 /// the corrections come off depends on the block length `B`, as in the AVX-512 VNNI body:
 /// - `255·B < 2^15` (groups up to 128): one `vpmaddwd` per row and half, of the code sums
-///   held as the i16 pairs `(Σc, 8)` with the row's pair `(−zp, −κ/8)`;
+///   held as the i16 pairs `(Σc, 8)` with the driver's word `(−zp, −κ/8)` of the row
+///   ([`W4A8Job::block_words`]);
 /// - `15·B < 2^15`: `κ` by a subtraction, `zp·Σc` by a `vpmaddwd` of `(Σc, 0)` with `(−zp, 0)`;
 /// - longer blocks (channelwise scales): a subtraction and a 32-bit multiply.
 ///
@@ -142,7 +144,7 @@ unsafe fn w4a8_blocks<const R: usize, const ACC: bool>(
         zp[r] = job.row_corr[m0 + r];
     }
     let short_blocks = w.block_len() * 15 < 1 << 15;
-    let paired = w.block_len() * 255 < 1 << 15;
+    let paired = paired_blocks(w.block_len());
     let ones16 = _mm256_set1_epi16(1);
     let ones8 = _mm256_set1_epi8(1);
     // Read once: the stores below could otherwise alias the job for the compiler.
@@ -176,14 +178,18 @@ unsafe fn w4a8_blocks<const R: usize, const ACC: bool>(
             }
         }
         let scales = w.block_scales(p, b);
+        // The driver's paired words of this block, side by side for the tile's rows.
+        let words: &[i32; R] = if paired {
+            job.block_words[b * job.m + m0..][..R].try_into().unwrap()
+        } else {
+            &[0; R]
+        };
         for r in 0..R {
             let kappa = row_kappa[r][b];
             let neg_zp_lo = zp[r].wrapping_neg() & 0xFFFF;
             for h in 0..2 {
                 let acc_i = if paired {
-                    // `κ` is a multiple of 8: `−κ << 13` is `−κ/8` in the high i16.
-                    let word = (kappa.wrapping_neg() << 13) | neg_zp_lo;
-                    let corr = _mm256_madd_epi16(code_sum[h], _mm256_set1_epi32(word));
+                    let corr = _mm256_madd_epi16(code_sum[h], _mm256_set1_epi32(words[r]));
                     _mm256_add_epi32(acc[r][h], corr)
                 } else if short_blocks {
                     let corr = _mm256_madd_epi16(code_sum[h], _mm256_set1_epi32(neg_zp_lo));

@@ -19,6 +19,7 @@
 use std::arch::x86_64::*;
 
 use super::Avx512Vnni;
+use crate::gemm::paired_blocks;
 use crate::packed::PANEL;
 use crate::ukernel::{W4A8Job, W4A8Out, W8A8Job};
 
@@ -115,8 +116,9 @@ pub(super) fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
 /// rows and `κ = 8·Σ_{k∈b}(q_k − zp)` from the driver. How the two corrections come off
 /// depends on the block length `B`:
 /// - `255·B < 2^15` (groups up to 128): in one `vpdpwssd` per row. The code-sum lanes start
-///   at `8·2^16`, so each holds the i16 pair `(Σc, 8)`; the row's operand holds the pair
-///   `(−zp, −κ/8)`, both i16 because `|q − zp| ≤ 255`. Their pair product is `−zp·Σc − κ`.
+///   at `8·2^16`, so each holds the i16 pair `(Σc, 8)`; the row's operand is the driver's
+///   word `(−zp, −κ/8)` ([`W4A8Job::block_words`]), both i16 because `|q − zp| ≤ 255`. Their
+///   pair product is `−zp·Σc − κ`.
 /// - `15·B < 2^15`: `κ` by a subtraction, `zp·Σc` by a `vpdpwssd` of the pair `(Σc, 0)` with
 ///   `(−zp, 0)`.
 /// - longer blocks (channelwise scales): a subtraction and a 32-bit multiply.
@@ -140,16 +142,16 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
     // `−zp` in the low 16 bits of each 32-bit lane, 0 in the high ones, for `vpdpwssd`.
     let mut neg_zp_lo = [0i32; R];
     let mut zp = [0i32; R];
+    // Σc of a block is at most 15·B; below 2^15 it is one i16 for `vpdpwssd`, and below
+    // 2^15 / 255 blocks the `κ/8` of every row fits an i16 too: the driver's paired words.
+    let short_blocks = w.block_len() * 15 < 1 << 15;
+    let paired = paired_blocks(w.block_len());
     for r in 0..R {
         row_steps[r] = job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<8>().0;
         row_kappa[r] = &job.block_corr[(m0 + r) * n_blocks..][..n_blocks];
         zp[r] = job.row_corr[m0 + r];
         neg_zp_lo[r] = zp[r].wrapping_neg() & 0xFFFF;
     }
-    // Σc of a block is at most 15·B; below 2^15 it is one i16 for `vpdpwssd`, and below
-    // 2^15 / 255 blocks the `κ/8` of every row fits an i16 too.
-    let short_blocks = w.block_len() * 15 < 1 << 15;
-    let paired = w.block_len() * 255 < 1 << 15;
     let mask = _mm512_set1_epi8(0x0F);
     let ones = _mm512_set1_epi8(1);
     let mut acc_f = [_mm512_setzero_ps(); R];
@@ -204,11 +206,11 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
         // One branch per block, outside the rows, so each arm unrolls over the rows with the
         // accumulators in registers.
         let acc_i: [__m512i; R] = if paired {
-            std::array::from_fn(|r| {
-                // `κ` is a multiple of 8: `−κ << 13` is `−κ/8` in the high i16, 0 in the low.
-                let word = (row_kappa[r][b].wrapping_neg() << 13) | neg_zp_lo[r];
-                dpwssd(joined[r], code_sum, _mm512_set1_epi32(word))
-            })
+            // Each word broadcast from memory, the block's words of the tile's rows side by
+            // side: built in a register, each cost two more vector operations per row and
+            // block, on the ports `vpdpbusd` needs.
+            let words = block_words::<R>(job, b, m0);
+            std::array::from_fn(|r| dpwssd(joined[r], code_sum, _mm512_set1_epi32(words[r])))
         } else if short_blocks {
             std::array::from_fn(|r| {
                 let acc = _mm512_sub_epi32(joined[r], _mm512_set1_epi32(row_kappa[r][b]));
@@ -239,6 +241,12 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
     }
     // SAFETY: our contract.
     unsafe { w4a8_store_rows(job, p, m0, acc_f) };
+}
+
+/// The paired correction words of block `b` for rows `m0..m0 + R` ([`W4A8Job::block_words`]).
+#[inline(always)]
+fn block_words<'a, const R: usize>(job: &W4A8Job<'a>, b: usize, m0: usize) -> &'a [i32; R] {
+    job.block_words[b * job.m + m0..][..R].try_into().unwrap()
 }
 
 /// Writes rows `m0..m0 + R` of panel `p` from their f32 accumulators (the row's scale, then
@@ -305,14 +313,14 @@ unsafe fn w4a8_pair_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: 
     let mut row_kappa: [&[i32]; R] = [&[]; R];
     let mut neg_zp_lo = [0i32; R];
     let mut zp = [0i32; R];
+    let short_blocks = w.block_len() * 15 < 1 << 15;
+    let paired = paired_blocks(w.block_len());
     for r in 0..R {
         row_steps[r] = job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<8>().0;
         row_kappa[r] = &job.block_corr[(m0 + r) * n_blocks..][..n_blocks];
         zp[r] = job.row_corr[m0 + r];
         neg_zp_lo[r] = zp[r].wrapping_neg() & 0xFFFF;
     }
-    let short_blocks = w.block_len() * 15 < 1 << 15;
-    let paired = w.block_len() * 255 < 1 << 15;
     let mask = _mm512_set1_epi8(0x0F);
     let ones = _mm512_set1_epi8(1);
     // `acc_f[j][r]`: panel `p + j`, row `m0 + r`.
@@ -362,10 +370,8 @@ unsafe fn w4a8_pair_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: 
             // out here rather than shared: behind a function both tiles call, LLVM kept the
             // rows' sums in memory and both tiles ran about 1.4× slower.
             let acc_i: [__m512i; R] = if paired {
-                std::array::from_fn(|r| {
-                    let word = (row_kappa[r][b].wrapping_neg() << 13) | neg_zp_lo[r];
-                    dpwssd(acc[j][r], code_sum[j], _mm512_set1_epi32(word))
-                })
+                let words = block_words::<R>(job, b, m0);
+                std::array::from_fn(|r| dpwssd(acc[j][r], code_sum[j], _mm512_set1_epi32(words[r])))
             } else if short_blocks {
                 std::array::from_fn(|r| {
                     let acc = _mm512_sub_epi32(acc[j][r], _mm512_set1_epi32(row_kappa[r][b]));
