@@ -111,6 +111,7 @@ pub(crate) struct W4A8Job<'a> {
     /// (`255·B < 2^15`), block-major so that a tile reads its rows' words of a block from one
     /// place and broadcasts each from memory instead of building it in a register; empty
     /// otherwise.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the aarch64 bodies read `κ`
     pub block_words: &'a [i32],
     /// Per-row dequantization factor `recip`.
     pub row_recip: &'a [f32],
