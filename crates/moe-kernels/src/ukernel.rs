@@ -125,6 +125,16 @@ pub(crate) struct W4A8Job<'a> {
 // (the driver's partition), so sharing the job between threads creates no data race.
 unsafe impl Sync for W4A8Job<'_> {}
 
+impl<'a> W4A8Job<'a> {
+    /// The paired correction words of block `b` for rows `m0..m0 + R`, side by side
+    /// ([`W4A8Job::block_words`]).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the aarch64 bodies read `κ`
+    #[inline(always)]
+    pub(crate) fn paired_words<const R: usize>(&self, b: usize, m0: usize) -> &'a [i32; R] {
+        self.block_words[b * self.m + m0..][..R].try_into().unwrap()
+    }
+}
+
 /// One W8A8 GEMM as the kernels see it.
 #[derive(Debug)]
 pub(crate) struct W8A8Job<'a> {

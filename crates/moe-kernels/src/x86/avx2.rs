@@ -180,7 +180,7 @@ unsafe fn w4a8_blocks<const R: usize, const ACC: bool>(
         let scales = w.block_scales(p, b);
         // The driver's paired words of this block, side by side for the tile's rows.
         let words: &[i32; R] = if paired {
-            job.block_words[b * job.m + m0..][..R].try_into().unwrap()
+            job.paired_words::<R>(b, m0)
         } else {
             &[0; R]
         };

@@ -209,7 +209,7 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
             // Each word broadcast from memory, the block's words of the tile's rows side by
             // side: built in a register, each cost two more vector operations per row and
             // block, on the ports `vpdpbusd` needs.
-            let words = block_words::<R>(job, b, m0);
+            let words = job.paired_words::<R>(b, m0);
             std::array::from_fn(|r| dpwssd(joined[r], code_sum, _mm512_set1_epi32(words[r])))
         } else if short_blocks {
             std::array::from_fn(|r| {
@@ -241,12 +241,6 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
     }
     // SAFETY: our contract.
     unsafe { w4a8_store_rows(job, p, m0, acc_f) };
-}
-
-/// The paired correction words of block `b` for rows `m0..m0 + R` ([`W4A8Job::block_words`]).
-#[inline(always)]
-fn block_words<'a, const R: usize>(job: &W4A8Job<'a>, b: usize, m0: usize) -> &'a [i32; R] {
-    job.block_words[b * job.m + m0..][..R].try_into().unwrap()
 }
 
 /// Writes rows `m0..m0 + R` of panel `p` from their f32 accumulators (the row's scale, then
@@ -370,7 +364,7 @@ unsafe fn w4a8_pair_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: 
             // out here rather than shared: behind a function both tiles call, LLVM kept the
             // rows' sums in memory and both tiles ran about 1.4× slower.
             let acc_i: [__m512i; R] = if paired {
-                let words = block_words::<R>(job, b, m0);
+                let words = job.paired_words::<R>(b, m0);
                 std::array::from_fn(|r| dpwssd(acc[j][r], code_sum[j], _mm512_set1_epi32(words[r])))
             } else if short_blocks {
                 std::array::from_fn(|r| {
