@@ -328,15 +328,16 @@ fn w4a8_random_shapes_any_thread_count() {
 fn pairs_order_on_every_rung() {
     let mut rng = SplitMix64::new(0x9a1);
     let rungs = rungs();
-    for &(m, n, k, g) in &[
-        (1, 17, 64, Some(32)),
-        (5, 33, 70, None),
-        (16, 16, 128, Some(64)),
-    ] {
-        let case = w4a8_case(&mut rng, m, n, k, g);
-        let pairs = case.packed.clone().with_order(PanelOrder::Pairs);
-        for (isa, ks) in &rungs {
-            check_w4a8_packed(isa, ks, &case, &pairs, Par::Seq).unwrap();
+    // Every tile height, odd and even (an odd one counts its code sums on its padding row, an
+    // even one on a row pair of its own), on blocks of 32 and 64 and on channelwise blocks with
+    // an odd last step (K = 70 pads to 9 steps).
+    for &(n, k, g) in &[(17, 64, Some(32)), (33, 70, None), (16, 128, Some(64))] {
+        for m in [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 33] {
+            let case = w4a8_case(&mut rng, m, n, k, g);
+            let pairs = case.packed.clone().with_order(PanelOrder::Pairs);
+            for (isa, ks) in &rungs {
+                check_w4a8_packed(isa, ks, &case, &pairs, Par::Seq).unwrap();
+            }
         }
     }
     for &(m, n, k) in &[(1, 17, 36), (6, 33, 64), (16, 16, 100)] {

@@ -93,9 +93,27 @@ pub(super) fn unpack_codes(v: uint8x16_t) -> [int8x16_t; 2] {
     [lo, hi]
 }
 
+/// The code sums `Σc` of block `b` of panel `p`, channel quarters `q0..q0 + NQ`, counted
+/// again from the block's nibbles (which the tile has just streamed through L1, see
+/// `PackedW4A8::block_code_sum`): for a tile body with no spare dot product to count them
+/// beside its products.
+#[target_feature(enable = "neon")]
+#[inline]
+pub(super) fn recount_code_sums<const NQ: usize>(
+    w: &crate::packed::PackedW4A8,
+    p: usize,
+    b: usize,
+    q0: usize,
+) -> [int32x4_t; NQ] {
+    let csum = w.block_code_sum(p, b, 4 * q0..4 * (q0 + NQ));
+    std::array::from_fn(|q| load_i32x4(&csum[4 * (q0 + q)..]))
+}
+
 /// Closes scale block `b` of a W4A8 tile (rows `m0..m0 + R` of panel `p`, channel quarters
-/// `q0..q0 + NQ`: channels `4·q0..4·(q0 + NQ)` of the panel) from the code sums `Σ q·c`
-/// (`ActEncoding::I8BlockCorrected`): forms the exact `acc_i = Σ q·c − zp·Σc − κ`
+/// `q0..q0 + NQ`: channels `4·q0..4·(q0 + NQ)` of the panel) from the row sums `Σ q·c`
+/// (`ActEncoding::I8BlockCorrected`) and the block's code sums `Σc` of those channels
+/// (`csum`, laid out as the row sums), which the tile counts beside its products: forms the
+/// exact `acc_i = Σ q·c − zp·Σc − κ`
 /// (`= Σ (q − zp)·w`; `κ` per row and block from the driver, in `job.block_corr`), then
 /// either stores it (block-accumulator mode, `ACC`) or adds `f32(acc_i) · scale` to `acc_f`,
 /// multiply then add. The int32 arithmetic wraps like the scalar reference's, so `acc_i` is
@@ -115,15 +133,12 @@ pub(super) unsafe fn w4a8_block_end<const R: usize, const NQ: usize, const ACC: 
     q0: usize,
     b: usize,
     sums: &[[int32x4_t; NQ]; R],
+    cs: &[int32x4_t; NQ],
     acc_f: &mut [[float32x4_t; NQ]; R],
 ) {
     let w = job.w;
     let n_blocks = w.n_blocks();
-    // The code sums come from the portable recount of the block's nibbles, which the tile has
-    // just streamed through L1 (see `PackedW4A8::block_code_sum`).
-    let csum = w.block_code_sum(p, b, 4 * q0..4 * (q0 + NQ));
     let scales = w.block_scales(p, b);
-    let cs: [int32x4_t; NQ] = std::array::from_fn(|q| load_i32x4(&csum[4 * (q0 + q)..]));
     let sc: [float32x4_t; NQ] = std::array::from_fn(|q| load_f32x4(&scales[4 * (q0 + q)..]));
     for (r, (row_sums, row_acc)) in sums.iter().zip(acc_f.iter_mut()).enumerate() {
         let zp = vdupq_n_s32(job.row_corr[m0 + r]);

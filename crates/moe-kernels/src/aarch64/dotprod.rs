@@ -4,8 +4,11 @@
 //! `sdot` by element: each i32 lane (a channel) gains the dot product of its 4 weight bytes with
 //! one 4-byte group of the row's activations, selected by lane index, so no activation
 //! broadcast is needed. W4A8 loads 8 activation bytes per packed step (groups 0 and 1 for the
-//! low and high nibbles); W8A8 loads 16 bytes per 4 steps. The sums are exact in i32 and the
-//! shared epilogue (`common.rs`) reproduces the scalar reference bit for bit.
+//! low and high nibbles); W8A8 loads 16 bytes per 4 steps. The W4A8 tile also counts each
+//! block's code sums `Σc`, which the zero-point correction needs, with one more `sdot` per 16
+//! weight bytes (against ones, shared by its rows), so its block end reads nothing again. The
+//! sums are exact in i32 and the shared epilogue (`common.rs`) reproduces the scalar reference
+//! bit for bit.
 
 use std::arch::aarch64::*;
 
@@ -37,6 +40,7 @@ pub(super) unsafe fn w4a8_tile<const R: usize, const ACC: bool>(
     let row_steps: [&[[u8; 8]]; R] =
         std::array::from_fn(|r| job.a[(m0 + r) * k_pad..][..k_pad].as_chunks::<8>().0);
     let mut acc_f: [RowAccF; R] = [[vdupq_n_f32(0.0); 4]; R];
+    let ones = vdupq_n_s8(1);
     for b in 0..n_blocks {
         let steps = b * steps_per_block..(b + 1) * steps_per_block;
         let w_block = &weight_steps[steps.clone()];
@@ -45,18 +49,24 @@ pub(super) unsafe fn w4a8_tile<const R: usize, const ACC: bool>(
             assert_eq!(a.len(), w_block.len());
         }
         let mut sums: [RowSums; R] = [zero_sums(); R];
-        for (i, step) in w_block.iter().enumerate() {
+        let mut codes = zero_sums();
+        // Indexing by position, not zipping iterators, lets the asserted lengths remove the
+        // bounds checks, and with them the panic exits that would keep the sums in memory.
+        for i in 0..w_block.len() {
             let a: [int8x8_t; R] = std::array::from_fn(|r| load_i8x8(&a_block[r][i]));
-            let (quarters, _) = step.as_chunks::<16>();
+            let (quarters, _) = w_block[i].as_chunks::<16>();
             for (q, quarter) in quarters.iter().enumerate() {
                 let [lo, hi] = unpack_codes(load_u8x16(quarter));
+                // `lo + hi` is at most 30 per byte: one `sdot` with ones adds both halves'
+                // codes to the channels' sums, shared by the tile's rows.
+                codes[q] = sdot_lane::<0>(codes[q], vaddq_s8(lo, hi), ones);
                 for (row, &a) in sums.iter_mut().zip(&a) {
                     row[q] = sdot_lane_d::<1>(sdot_lane_d::<0>(row[q], lo, a), hi, a);
                 }
             }
         }
         // SAFETY: the output contract is forwarded from our caller.
-        unsafe { w4a8_block_end::<R, 4, ACC>(job, p, m0, 0, b, &sums, &mut acc_f) };
+        unsafe { w4a8_block_end::<R, 4, ACC>(job, p, m0, 0, b, &sums, &codes, &mut acc_f) };
     }
     // SAFETY: as above.
     unsafe { w4a8_store::<R, 4>(job, p, m0, 0, &acc_f) };

@@ -34,14 +34,18 @@
 //! blocks of its own channels.
 //!
 //! On the lane order a tile of one row runs the dot-product body instead (the token implies dot
-//! product): `smmla` would spend half its work on a row of zeros and its zips, and the 1-row
-//! `sdot` loop does more MACs per cycle (`cargo xtask arm-cost`). On the pair order a row of
-//! zeros costs no more per useful MAC than `sdot` does, so one row runs as a row pair whose
-//! second row is zeros, read straight from the encoded row (one-row calls get no layout). An
-//! odd last row of a taller tile is paired with zero activations, whose results are dropped.
-//! The 2×2 blocks are regrouped into rows (`zip1`/`zip2` on 64-bit lanes), giving the exact
-//! row sums that the shared epilogue (`common.rs`) turns into outputs bit-identical to the
-//! scalar reference.
+//! product): `smmla` would spend half its work on a padding row and its zips, and the 1-row
+//! `sdot` loop does more MACs per cycle (`cargo xtask arm-cost`). On the pair order a padding
+//! row costs no more per useful MAC than `sdot` does, so one row runs as a row pair, read
+//! straight from the encoded row (one-row calls get no layout). The partner of a lone row (one
+//! row, or the odd last row of a taller tile) is a row of ones: its products are the codes'
+//! sums `Σc` of each channel, which the W4A8 block end needs for the zero-point correction
+//! (W8A8 drops them). Tiles of an even number of rows count those sums beside their products,
+//! one `smmla` per 4 channels and 16 K values against a constant that picks each channel's
+//! bytes (after a pairwise byte add that brings two channel pairs into the lane order). The
+//! 2×2 blocks are regrouped into rows (`zip1`/`zip2` on 64-bit lanes), giving the exact row
+//! sums that the shared epilogue (`common.rs`) turns into outputs bit-identical to the scalar
+//! reference.
 
 use std::arch::aarch64::*;
 
@@ -72,7 +76,8 @@ fn pair_rows_bytes(m: usize, k_pad: usize) -> usize {
 
 /// Re-lays a GEMM's encoded rows (`[m][k_pad]`) as row pairs, the `smmla` activation operand:
 /// chunk `c` of pair `j` is row `2j`'s K values `8c..8c + 8`, then row `2j + 1`'s, with zeros
-/// past `k_pad` and for the missing partner of an odd last row (whose results are dropped).
+/// past `k_pad`, and ones for the missing partner of an odd last row (whose products are the
+/// code sums of [`code_sums`]).
 /// One-row calls run the dot-product body on the rows as they are, so they get no layout.
 /// `dst` only grows, and [`crate::KernelSet::layout_bytes`] lets scratch be sized up front.
 fn pair_rows(a: &[u8], m: usize, k_pad: usize, dst: &mut AlignedVec<u8>) {
@@ -85,14 +90,15 @@ fn pair_rows(a: &[u8], m: usize, k_pad: usize, dst: &mut AlignedVec<u8>) {
         for (c, chunk) in pair.as_chunks_mut::<PAIR_CHUNK>().0.iter_mut().enumerate() {
             for (half, out) in chunk.as_chunks_mut::<8>().0.iter_mut().enumerate() {
                 let (r, k0) = (2 * j + half, 8 * c);
-                let n = if r < m {
+                if r < m {
                     let n = 8.min(k_pad - k0);
                     out[..n].copy_from_slice(&a[r * k_pad + k0..][..n]);
-                    n
+                    out[n..].fill(0);
                 } else {
-                    0
-                };
-                out[n..].fill(0);
+                    // The missing partner's products are dropped, except as a W4A8 tile's
+                    // code sums (see `code_sums`).
+                    out.fill(1);
+                }
             }
         }
     }
@@ -147,44 +153,96 @@ fn pair_operands<const R: usize, const P: usize>(
 
 /// Adds 4 channels (the pass's quarter `q`) × 8 K values to the accumulators
 /// `[row pair][channel pair]` (each `[r0·c0, r0·c1, r1·c0, r1·c1]`): `first` holds the 4
-/// channels' K values 0..4, `second` their K values 4..8.
+/// channels' K values 0..4, `second` their K values 4..8. A W4A8 tile with an even number of
+/// rows also counts their codes into the quarter's code sums `cs` (see [`count_codes`]).
 #[target_feature(enable = "neon,i8mm")]
 #[inline]
 fn mm_quarter<const R: usize, const P: usize, const CP: usize>(
     mm: &mut [[int32x4_t; CP]; P],
+    cs: Option<&mut int32x4_t>,
     a: &[int8x16_t; P],
     q: usize,
     first: int8x16_t,
     second: int8x16_t,
 ) {
-    let (first, second) = (vreinterpretq_s32_s8(first), vreinterpretq_s32_s8(second));
-    let ch01 = vreinterpretq_s8_s32(vzip1q_s32(first, second));
-    let ch23 = vreinterpretq_s8_s32(vzip2q_s32(first, second));
+    let (lanes0, lanes1) = (vreinterpretq_s32_s8(first), vreinterpretq_s32_s8(second));
+    let ch01 = vreinterpretq_s8_s32(vzip1q_s32(lanes0, lanes1));
+    let ch23 = vreinterpretq_s8_s32(vzip2q_s32(lanes0, lanes1));
     for (acc, &a) in mm.iter_mut().zip(a).take(R.div_ceil(2)) {
         acc[2 * q] = smmla(acc[2 * q], a, ch01);
         acc[2 * q + 1] = smmla(acc[2 * q + 1], a, ch23);
     }
+    if let Some(cs) = cs {
+        // Both halves are in the lane order: their sum holds each channel's 4 bytes in turn.
+        count_codes::<R>(cs, vaddq_s8(first, second));
+    }
 }
 
-/// Regroups the 2×2 blocks into the sums of each of the `R` rows over the pass's `NQ`
-/// quarters (lane `i` of vector `q` is channel `4q + i` of the pass).
+/// Adds the codes of 4 channels, given in the lane order (4 bytes of each channel in turn,
+/// each byte at most 60 and the sum of up to 4 codes), to their sums `cs` (lane `i`: channel
+/// `i`), for a tile of an even number of rows (see [`code_sums`]); a tile of an odd number
+/// counts them in its padding row and adds nothing here. One `smmla` against a constant does
+/// it: as a 2×8 operand the bytes are channels (0, 1) and (2, 3), and the constant's rows pick
+/// each row's first and last 4 bytes.
+#[target_feature(enable = "neon,i8mm")]
+#[inline]
+fn count_codes<const R: usize>(cs: &mut int32x4_t, codes: int8x16_t) {
+    if counts_code_sums::<R>() {
+        const PICK: [i8; 16] = [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1];
+        *cs = smmla(*cs, codes, load_i8x16(&PICK));
+    }
+}
+
+/// Regroups the 2×2 blocks into the sums of row `r` over the pass's `NQ` quarters (lane `i`
+/// of vector `q` is channel `4q + i` of the pass).
+#[target_feature(enable = "neon")]
+#[inline]
+fn row_of<const P: usize, const CP: usize, const NQ: usize>(
+    mm: &[[int32x4_t; CP]; P],
+    r: usize,
+) -> [int32x4_t; NQ] {
+    std::array::from_fn(|q| {
+        let ch01 = vreinterpretq_s64_s32(mm[r / 2][2 * q]);
+        let ch23 = vreinterpretq_s64_s32(mm[r / 2][2 * q + 1]);
+        let row = if r.is_multiple_of(2) {
+            vzip1q_s64(ch01, ch23)
+        } else {
+            vzip2q_s64(ch01, ch23)
+        };
+        vreinterpretq_s32_s64(row)
+    })
+}
+
+/// [`row_of`] for each of the `R` rows.
 #[target_feature(enable = "neon")]
 #[inline]
 fn rows_of<const R: usize, const P: usize, const CP: usize, const NQ: usize>(
     mm: &[[int32x4_t; CP]; P],
 ) -> [[int32x4_t; NQ]; R] {
-    std::array::from_fn(|r| {
-        std::array::from_fn(|q| {
-            let ch01 = vreinterpretq_s64_s32(mm[r / 2][2 * q]);
-            let ch23 = vreinterpretq_s64_s32(mm[r / 2][2 * q + 1]);
-            let row = if r % 2 == 0 {
-                vzip1q_s64(ch01, ch23)
-            } else {
-                vzip2q_s64(ch01, ch23)
-            };
-            vreinterpretq_s32_s64(row)
-        })
-    })
+    std::array::from_fn(|r| row_of::<P, CP, NQ>(mm, r))
+}
+
+/// The block's code sums `Σc` of the pass's channels, laid out as [`row_of`]'s rows: with an
+/// odd number of rows the tile's last row pair carries a row of ones (see [`pair_rows`]), whose
+/// products are the code sums; otherwise `cs` holds them, counted by [`count_codes`] beside
+/// the products.
+#[target_feature(enable = "neon")]
+#[inline]
+fn code_sums<const R: usize, const P: usize, const CP: usize, const NQ: usize>(
+    mm: &[[int32x4_t; CP]; P],
+    cs: &[int32x4_t; NQ],
+) -> [int32x4_t; NQ] {
+    if counts_code_sums::<R>() {
+        *cs
+    } else {
+        row_of::<P, CP, NQ>(mm, R)
+    }
+}
+
+/// Whether a tile of `R` rows counts its code sums beside its products (an even number of rows
+/// leaves no padding row of ones to count them).
+const fn counts_code_sums<const R: usize>() -> bool {
+    R.is_multiple_of(2)
 }
 
 /// One pass of a W4A8 tile: rows `m0..m0 + R` as `P` row pairs, channel quarters
@@ -230,17 +288,19 @@ unsafe fn w4a8_pass<
             assert_eq!(a.len(), w_block.len());
         }
         let mut mm = [[vdupq_n_s32(0); CP]; P];
+        let mut cs = [vdupq_n_s32(0); NQ];
         for (i, step) in w_block.iter().enumerate() {
             let a = pair_operands::<R, P>(&a_block, i);
             let (quarters, _) = step.as_chunks::<16>();
-            for (q, quarter) in quarters[Q0..Q0 + NQ].iter().enumerate() {
+            for ((q, quarter), cs) in quarters[Q0..Q0 + NQ].iter().enumerate().zip(&mut cs) {
                 let [lo, hi] = unpack_codes(load_u8x16(quarter));
-                mm_quarter::<R, P, CP>(&mut mm, &a, q, lo, hi);
+                mm_quarter::<R, P, CP>(&mut mm, Some(cs), &a, q, lo, hi);
             }
         }
         let sums = rows_of::<R, P, CP, NQ>(&mm);
+        let cs = code_sums::<R, P, CP, NQ>(&mm, &cs);
         // SAFETY: the output contract is forwarded from our caller.
-        unsafe { w4a8_block_end::<R, NQ, ACC>(job, p, m0, Q0, b, &sums, &mut acc_f) };
+        unsafe { w4a8_block_end::<R, NQ, ACC>(job, p, m0, Q0, b, &sums, &cs, &mut acc_f) };
     }
     // SAFETY: as above.
     unsafe { w4a8_store::<R, NQ>(job, p, m0, Q0, &acc_f) };
@@ -331,14 +391,14 @@ unsafe fn w8a8_pass<
         for q in 0..NQ {
             let v0 = load_i8x16(&first[Q0 + q]);
             let v1 = load_i8x16(&second[Q0 + q]);
-            mm_quarter::<R, P, CP>(&mut mm, &a, q, v0, v1);
+            mm_quarter::<R, P, CP>(&mut mm, None, &a, q, v0, v1);
         }
     }
     if let Ok(last) = <&[i8; 64]>::try_from(odd_step) {
         let a = pair_operands::<R, P>(&pairs, step_pairs.len());
         let (quarters, _) = last.as_chunks::<16>();
         for (q, quarter) in quarters[Q0..Q0 + NQ].iter().enumerate() {
-            mm_quarter::<R, P, CP>(&mut mm, &a, q, load_i8x16(quarter), vdupq_n_s8(0));
+            mm_quarter::<R, P, CP>(&mut mm, None, &a, q, load_i8x16(quarter), vdupq_n_s8(0));
         }
     }
     let sums = rows_of::<R, P, CP, NQ>(&mm);
@@ -419,7 +479,7 @@ impl<'a, const P: usize> PairActs<'a, P> {
 }
 
 /// The activation operands of [`PairActs`] at chunk `c`; a one-row tile's row is paired with
-/// zeros (`ldr d` clears the upper half), as are row pairs past the tile's rows.
+/// ones (the code sums of [`code_sums`]), and row pairs past the tile's rows are zeros.
 #[target_feature(enable = "neon")]
 #[inline]
 fn pair_acts_at<const R: usize, const P: usize>(
@@ -429,7 +489,7 @@ fn pair_acts_at<const R: usize, const P: usize>(
     if R == 1 {
         std::array::from_fn(|j| {
             if j == 0 {
-                vcombine_s8(load_i8x8(&acts.row[c]), vdup_n_s8(0))
+                vcombine_s8(load_i8x8(&acts.row[c]), vdup_n_s8(1))
             } else {
                 vdupq_n_s8(0)
             }
@@ -485,7 +545,7 @@ impl<'a, const P: usize> PairActs2<'a, P> {
                 } else {
                     &self.row[t][HALF]
                 };
-                vcombine_s8(load_i8x8(chunk), vdup_n_s8(0))
+                vcombine_s8(load_i8x8(chunk), vdup_n_s8(1))
             } else if j < R.div_ceil(2) {
                 let chunk = if ODD {
                     &self.pairs_odd[j][0]
@@ -502,7 +562,8 @@ impl<'a, const P: usize> PairActs2<'a, P> {
 
 /// Adds one channel pair's 16 K values (a 16-byte slice `v` of a W4A8 step pair) to the
 /// accumulators of channel pair `cp`: the low nibbles against the first 8 K values of each row
-/// pair (`a[0]`), the high nibbles against the next 8 (`a[1]`).
+/// pair (`a[0]`), the high nibbles against the next 8 (`a[1]`). Returns the codes' byte sums
+/// `lo + hi` (8 bytes of each channel in turn, each at most 30) for [`count_codes`].
 #[target_feature(enable = "neon,i8mm")]
 #[inline]
 fn mm_slice<const R: usize, const P: usize, const CP: usize>(
@@ -510,7 +571,7 @@ fn mm_slice<const R: usize, const P: usize, const CP: usize>(
     a: &[[int8x16_t; P]; 2],
     cp: usize,
     v: uint8x16_t,
-) {
+) -> int8x16_t {
     let lo = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0F)));
     let hi = vreinterpretq_s8_u8(vshrq_n_u8::<4>(v));
     for (acc, (&a0, &a1)) in mm
@@ -520,28 +581,37 @@ fn mm_slice<const R: usize, const P: usize, const CP: usize>(
     {
         acc[cp] = smmla(smmla(acc[cp], a0, lo), a1, hi);
     }
+    vaddq_s8(lo, hi)
 }
 
 /// Adds one half (`HALF` 0: the low nibbles, the step pair's first 8 K values; 1: the high
 /// nibbles, the next 8) of the channel pairs' slices `v` to the accumulators, against the
-/// row pairs' operands `a` of that half.
+/// row pairs' operands `a` of that half, and counts the codes into the quarters' sums `cs`.
 #[target_feature(enable = "neon,i8mm")]
 #[inline]
-fn mm_half<const R: usize, const P: usize, const CP: usize, const HALF: usize>(
+fn mm_half<const R: usize, const P: usize, const CP: usize, const NQ: usize, const HALF: usize>(
     mm: &mut [[int32x4_t; CP]; P],
+    cs: &mut [int32x4_t; NQ],
     a: &[int8x16_t; P],
     v: &[uint8x16_t; CP],
 ) {
-    for (cp, &v) in v.iter().enumerate() {
+    let codes: [int8x16_t; CP] = std::array::from_fn(|cp| {
         let codes = if HALF == 0 {
-            vandq_u8(v, vdupq_n_u8(0x0F))
+            vandq_u8(v[cp], vdupq_n_u8(0x0F))
         } else {
-            vshrq_n_u8::<4>(v)
+            vshrq_n_u8::<4>(v[cp])
         };
-        let codes = vreinterpretq_s8_u8(codes);
+        vreinterpretq_s8_u8(codes)
+    });
+    for (cp, &codes) in codes.iter().enumerate() {
         for (acc, &a) in mm.iter_mut().zip(a).take(R.div_ceil(2)) {
             acc[cp] = smmla(acc[cp], a, codes);
         }
+    }
+    for (q, cs) in cs.iter_mut().enumerate() {
+        // Adding neighbouring bytes turns a quarter's two channel pairs (8 codes of each
+        // channel) into the lane order (4 sums of two codes of each channel).
+        count_codes::<R>(cs, vpaddq_s8(codes[2 * q], codes[2 * q + 1]));
     }
 }
 
@@ -604,44 +674,50 @@ unsafe fn w4a8_pairs_pass<
         let (step_pairs, odd_step) = w_block.as_chunks::<2>();
         let a_block = PairActs2::<P>::new::<R>(&acts.slice(steps), step_pairs.len());
         let mut mm = [[vdupq_n_s32(0); CP]; P];
+        let mut cs = [vdupq_n_s32(0); NQ];
         for (t, pair) in step_pairs.iter().enumerate() {
             let (slices, _) = pair.as_flattened().as_chunks::<16>();
             let slices = &slices[2 * Q0..2 * Q0 + CP];
             if P >= 8 {
                 let v: [uint8x16_t; CP] = std::array::from_fn(|cp| load_u8x16(&slices[cp]));
                 let a = a_block.half::<R, false, 0>(t);
-                mm_half::<R, P, CP, 0>(&mut mm, &a, &v);
+                mm_half::<R, P, CP, NQ, 0>(&mut mm, &mut cs, &a, &v);
                 let a = a_block.half::<R, false, 1>(t);
-                mm_half::<R, P, CP, 1>(&mut mm, &a, &v);
+                mm_half::<R, P, CP, NQ, 1>(&mut mm, &mut cs, &a, &v);
             } else {
                 let a = [
                     a_block.half::<R, false, 0>(t),
                     a_block.half::<R, false, 1>(t),
                 ];
-                for (cp, slice) in slices.iter().enumerate() {
-                    mm_slice::<R, P, CP>(&mut mm, &a, cp, load_u8x16(slice));
+                let (quarters, _) = slices.as_chunks::<2>();
+                for ((q, [s0, s1]), cs) in quarters.iter().enumerate().zip(&mut cs) {
+                    let c0 = mm_slice::<R, P, CP>(&mut mm, &a, 2 * q, load_u8x16(s0));
+                    let c1 = mm_slice::<R, P, CP>(&mut mm, &a, 2 * q + 1, load_u8x16(s1));
+                    // As in `mm_half`: neighbouring bytes summed are the lane order.
+                    count_codes::<R>(cs, vpaddq_s8(c0, c1));
                 }
             }
         }
         if let [last] = odd_step {
             let a = a_block.half::<R, true, 0>(0);
             let (quarters, _) = last.as_chunks::<16>();
-            for (q, quarter) in quarters[Q0..Q0 + NQ].iter().enumerate() {
+            for ((q, quarter), cs) in quarters[Q0..Q0 + NQ].iter().enumerate().zip(&mut cs) {
                 let [lo, hi] = unpack_codes(load_u8x16(quarter));
-                mm_quarter::<R, P, CP>(&mut mm, &a, q, lo, hi);
+                mm_quarter::<R, P, CP>(&mut mm, Some(cs), &a, q, lo, hi);
             }
         }
         let sums = rows_of::<R, P, CP, NQ>(&mm);
+        let cs = code_sums::<R, P, CP, NQ>(&mm, &cs);
         // SAFETY: the output contract is forwarded from our caller.
-        unsafe { w4a8_block_end::<R, NQ, ACC>(job, p, m0, Q0, b, &sums, &mut acc_f) };
+        unsafe { w4a8_block_end::<R, NQ, ACC>(job, p, m0, Q0, b, &sums, &cs, &mut acc_f) };
     }
     // SAFETY: as above.
     unsafe { w4a8_store::<R, NQ>(job, p, m0, Q0, &acc_f) };
 }
 
 /// The W4A8 tile body for `R` rows on panels in the pair order, in the passes of
-/// [`w4a8_tile`]; one row runs as a row pair with a row of zeros (as fast per useful MAC as
-/// the dot-product body on the lane order).
+/// [`w4a8_tile`]; one row runs as a row pair with a row of ones (as fast per useful MAC as
+/// the dot-product body on the lane order, with the code sums for free).
 ///
 /// # Safety
 /// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`
@@ -715,7 +791,7 @@ unsafe fn w8a8_pairs_pass<
         let a = pair_acts_last::<R, P>(&acts, step_pairs.len());
         let (quarters, _) = last.as_chunks::<16>();
         for (q, quarter) in quarters[Q0..Q0 + NQ].iter().enumerate() {
-            mm_quarter::<R, P, CP>(&mut mm, &a, q, load_i8x16(quarter), vdupq_n_s8(0));
+            mm_quarter::<R, P, CP>(&mut mm, None, &a, q, load_i8x16(quarter), vdupq_n_s8(0));
         }
     }
     let sums = rows_of::<R, P, CP, NQ>(&mm);
@@ -724,7 +800,7 @@ unsafe fn w8a8_pairs_pass<
 }
 
 /// The W8A8 tile body for `R` rows on panels in the pair order, in the passes of
-/// [`w8a8_tile`]; one row runs as a row pair with a row of zeros.
+/// [`w8a8_tile`]; one row runs as a row pair with a padding row (ones, whose products are dropped).
 ///
 /// # Safety
 /// - The job's output pointer is valid and exclusively ours for rows `m0..m0+R` of panel `p`.

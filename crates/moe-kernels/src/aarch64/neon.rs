@@ -20,8 +20,8 @@ use std::arch::aarch64::*;
 
 use super::Neon;
 use super::common::{
-    RowAccF, RowSums, dup4, load_i8x16, load_u8x16, unpack_codes, w4a8_block_end, w4a8_store,
-    w8a8_store, zero_sums,
+    RowAccF, RowSums, dup4, load_i8x16, load_u8x16, recount_code_sums, unpack_codes,
+    w4a8_block_end, w4a8_store, w8a8_store, zero_sums,
 };
 use crate::ukernel::{W4A8Job, W8A8Job};
 
@@ -92,8 +92,9 @@ unsafe fn w4a8_tile<const R: usize, const ACC: bool>(job: &W4A8Job<'_>, p: usize
                 }
             }
         }
+        let cs = recount_code_sums::<4>(w, p, b, 0);
         // SAFETY: the output contract is forwarded from our caller.
-        unsafe { w4a8_block_end::<R, 4, ACC>(job, p, m0, 0, b, &sums, &mut acc_f) };
+        unsafe { w4a8_block_end::<R, 4, ACC>(job, p, m0, 0, b, &sums, &cs, &mut acc_f) };
     }
     // SAFETY: as above.
     unsafe { w4a8_store::<R, 4>(job, p, m0, 0, &acc_f) };

@@ -20,8 +20,8 @@
 //!
 //! Decode streams every byte of this format from DRAM once per call, so it holds nothing that
 //! can be derived: the per-block weight sums `Σw` that the zero-point correction needs are
-//! recomputed by the kernels from the nibbles they already have in registers (the aarch64 tiles
-//! recount the code sums from L1 with `block_code_sum`). At group size 32 that is 0.5625 bytes per
+//! recomputed by the kernels from the nibbles they already have in registers (the aarch64 neon
+//! tile recounts the code sums from L1 with `block_code_sum`). At group size 32 that is 0.5625 bytes per
 //! weight, the size of the checkpoint's own int4 codes and bf16 scales.
 
 use std::num::NonZeroUsize;
@@ -400,9 +400,9 @@ impl PackedW4A8 {
 
     /// `Σ_{k∈b} c` of the codes `c = w + 8` of the panel's channels `channels` (a range inside
     /// `0..16`; the others read 0) in block `b` of panel `p`, recounted from the nibbles: the
-    /// aarch64 tiles multiply the codes themselves
-    /// ([`crate::ukernel::ActEncoding::I8BlockCorrected`]) and read the block they have just
-    /// streamed through L1 again for this sum, for the channels of the pass they close.
+    /// aarch64 neon tile multiplies the codes themselves
+    /// ([`crate::ukernel::ActEncoding::I8BlockCorrected`]) with no dot product to spare for
+    /// their sums, so it reads the block it has just streamed through L1 again for them.
     /// Padding K values are code 8.
     #[cfg(any(test, target_arch = "aarch64"))]
     #[inline(always)]
