@@ -52,7 +52,8 @@ use std::arch::aarch64::*;
 use super::NeonI8mm;
 use super::asm::smmla;
 use super::common::{
-    load_i8x8, load_i8x16, load_u8x16, unpack_codes, w4a8_block_end, w4a8_store, w8a8_store,
+    load_f32x4, load_i8x8, load_i8x16, load_u8x16, unpack_codes, w4a8_block_end, w4a8_store,
+    w8a8_store,
 };
 use crate::aligned::AlignedVec;
 use crate::packed::PanelOrder;
@@ -87,18 +88,26 @@ fn pair_rows(a: &[u8], m: usize, k_pad: usize, dst: &mut AlignedVec<u8>) {
     let (stride, len) = (pair_stride(k_pad), pair_rows_bytes(m, k_pad));
     dst.grow_to(len);
     for (j, pair) in dst[..len].chunks_exact_mut(stride).enumerate() {
-        for (c, chunk) in pair.as_chunks_mut::<PAIR_CHUNK>().0.iter_mut().enumerate() {
-            for (half, out) in chunk.as_chunks_mut::<8>().0.iter_mut().enumerate() {
-                let (r, k0) = (2 * j + half, 8 * c);
-                if r < m {
-                    let n = 8.min(k_pad - k0);
-                    out[..n].copy_from_slice(&a[r * k_pad + k0..][..n]);
-                    out[n..].fill(0);
-                } else {
+        let (chunks, _) = pair.as_chunks_mut::<PAIR_CHUNK>();
+        for half in 0..2 {
+            let r = 2 * j + half;
+            // Whole 8-byte pieces move as fixed-size copies (a load and a store each), not as
+            // calls to `memcpy` and `memset`.
+            let (whole, tail) = if r < m {
+                a[r * k_pad..][..k_pad].as_chunks::<8>()
+            } else {
+                (&[][..], &[][..])
+            };
+            let mut last = [0u8; 8];
+            last[..tail.len()].copy_from_slice(tail);
+            for (c, chunk) in chunks.iter_mut().enumerate() {
+                chunk.as_chunks_mut::<8>().0[half] = match whole.get(c) {
+                    Some(piece) => *piece,
+                    None if r < m => last,
                     // The missing partner's products are dropped, except as a W4A8 tile's
                     // code sums (see `code_sums`).
-                    out.fill(1);
-                }
+                    None => [1; 8],
+                };
             }
         }
     }
@@ -245,6 +254,136 @@ const fn counts_code_sums<const R: usize>() -> bool {
     R.is_multiple_of(2)
 }
 
+/// The f32 block accumulators of a pass. Tiles of 4 rows or more keep them in the 2×2 layout
+/// of their integer sums (`pairs`, `[row pair][channel pair]`, see [`mm_quarter`]): a block
+/// then closes on the layout it was summed in, and the rows are regrouped once, for the store,
+/// which saves a regrouping per block and row. Shorter tiles keep rows (`rows`, as
+/// [`w4a8_block_end`] takes them): on the 2×2 layout their padding rows and the repeated
+/// channel values would cost more than the regrouping. The layout a tile does not use is
+/// never read, and the compiler drops it.
+struct PassAccF<const R: usize, const P: usize, const CP: usize, const NQ: usize> {
+    rows: [[float32x4_t; NQ]; R],
+    pairs: [[float32x4_t; CP]; P],
+}
+
+impl<const R: usize, const P: usize, const CP: usize, const NQ: usize> PassAccF<R, P, CP, NQ> {
+    /// Whether the tile keeps the 2×2 layout.
+    const ON_PAIRS: bool = R >= 4;
+
+    /// Accumulators that start at zero.
+    #[target_feature(enable = "neon")]
+    #[inline]
+    fn zero() -> Self {
+        Self {
+            rows: [[vdupq_n_f32(0.0); NQ]; R],
+            pairs: [[vdupq_n_f32(0.0); CP]; P],
+        }
+    }
+}
+
+/// The values of channel pair `L` of a quarter (lanes `2L` and `2L + 1` of `v`, one value per
+/// channel) repeated for both rows of a row pair, as the 2×2 layout holds them.
+#[target_feature(enable = "neon")]
+#[inline]
+fn channel_pair<const L: i32>(v: int32x4_t) -> int32x4_t {
+    vreinterpretq_s32_s64(vdupq_laneq_s64::<L>(vreinterpretq_s64_s32(v)))
+}
+
+/// The `CP` channel pairs of `NQ` quarters in the 2×2 layout (see [`channel_pair`]).
+#[target_feature(enable = "neon")]
+#[inline]
+fn channel_pairs<const NQ: usize, const CP: usize>(v: &[int32x4_t; NQ]) -> [int32x4_t; CP] {
+    std::array::from_fn(|cp| {
+        if cp.is_multiple_of(2) {
+            channel_pair::<0>(v[cp / 2])
+        } else {
+            channel_pair::<1>(v[cp / 2])
+        }
+    })
+}
+
+/// Each row pair's values of `per_row` (one per row of the tile) in the 2×2 layout,
+/// `[v(2j), v(2j), v(2j + 1), v(2j + 1)]`; 0 for the padding row of an odd last pair and for
+/// pairs past the tile's rows.
+#[target_feature(enable = "neon")]
+#[inline]
+fn row_pairs<const R: usize, const P: usize>(per_row: impl Fn(usize) -> i32) -> [int32x4_t; P] {
+    std::array::from_fn(|j| {
+        let row = |r: usize| vdup_n_s32(if r < R { per_row(r) } else { 0 });
+        vcombine_s32(row(2 * j), row(2 * j + 1))
+    })
+}
+
+/// Closes scale block `b` of a pass's W4A8 tile on its 2×2 sums `mm` and the block's code sums
+/// `cs` (lane order, one vector per quarter, see [`code_sums`]): the same arithmetic as
+/// [`w4a8_block_end`], element for element (so the same bits), on the 2×2 layout where the
+/// tile keeps it ([`PassAccF`]). `zp` holds the row pairs' zero points ([`row_pairs`]), made
+/// once per pass. Shorter tiles, and block-accumulator output (`ACC`, which stores rows),
+/// regroup the sums into rows and run the shared block end.
+///
+/// # Safety
+/// - As [`w4a8_block_end`]'s.
+#[target_feature(enable = "neon")]
+#[inline]
+#[allow(clippy::too_many_arguments)] // the tile coordinates, as in the tile bodies
+unsafe fn close_block<
+    const R: usize,
+    const P: usize,
+    const CP: usize,
+    const NQ: usize,
+    const ACC: bool,
+>(
+    job: &W4A8Job<'_>,
+    (p, m0, q0, b): (usize, usize, usize, usize),
+    mm: &[[int32x4_t; CP]; P],
+    cs: &[int32x4_t; NQ],
+    zp: &[int32x4_t; P],
+    acc: &mut PassAccF<R, P, CP, NQ>,
+) {
+    if ACC || !PassAccF::<R, P, CP, NQ>::ON_PAIRS {
+        let sums = rows_of::<R, P, CP, NQ>(mm);
+        // SAFETY: the output contract is forwarded from our caller.
+        unsafe { w4a8_block_end::<R, NQ, ACC>(job, p, m0, q0, b, &sums, cs, &mut acc.rows) };
+        return;
+    }
+    let n_blocks = job.w.n_blocks();
+    let scales = job.w.block_scales(p, b);
+    let sc: [int32x4_t; NQ] =
+        std::array::from_fn(|q| vreinterpretq_s32_f32(load_f32x4(&scales[4 * (q0 + q)..])));
+    let sc = channel_pairs::<NQ, CP>(&sc).map(|v| vreinterpretq_f32_s32(v));
+    let cs = channel_pairs::<NQ, CP>(cs);
+    let kappa = row_pairs::<R, P>(|r| job.block_corr[(m0 + r) * n_blocks + b]);
+    for (j, acc) in acc.pairs.iter_mut().enumerate().take(R.div_ceil(2)) {
+        for (cp, acc) in acc.iter_mut().enumerate() {
+            // `Σ q·c − zp·Σc − κ` in wrapping i32, then `+ f32(·) · scale`, multiply then add.
+            let acc_i = vsubq_s32(vmlsq_s32(mm[j][cp], zp[j], cs[cp]), kappa[j]);
+            *acc = vaddq_f32(*acc, vmulq_f32(vcvtq_f32_s32(acc_i), sc[cp]));
+        }
+    }
+}
+
+/// Writes a pass's outputs from its block accumulators ([`PassAccF`]), in rows.
+///
+/// # Safety
+/// - As [`w4a8_store`]'s.
+#[target_feature(enable = "neon")]
+#[inline]
+unsafe fn store_pairs<const R: usize, const P: usize, const CP: usize, const NQ: usize>(
+    job: &W4A8Job<'_>,
+    (p, m0, q0): (usize, usize, usize),
+    acc: &PassAccF<R, P, CP, NQ>,
+) {
+    let rows = if PassAccF::<R, P, CP, NQ>::ON_PAIRS {
+        // The regrouping only moves 64-bit halves, so it serves f32 lanes as it does i32 ones.
+        let bits = acc.pairs.map(|pair| pair.map(|v| vreinterpretq_s32_f32(v)));
+        rows_of::<R, P, CP, NQ>(&bits).map(|row| row.map(|v| vreinterpretq_f32_s32(v)))
+    } else {
+        acc.rows
+    };
+    // SAFETY: the output contract is forwarded from our caller.
+    unsafe { w4a8_store::<R, NQ>(job, p, m0, q0, &rows) };
+}
+
 /// One pass of a W4A8 tile: rows `m0..m0 + R` as `P` row pairs, channel quarters
 /// `Q0..Q0 + NQ` of panel `p` (`CP = 2·NQ` channel pairs), every block, then the outputs of
 /// those channels; `ACC` selects block-accumulator output.
@@ -272,7 +411,8 @@ unsafe fn w4a8_pass<
     let (weight_steps, _) = w.panel_nibbles(p).as_chunks::<64>();
     // A W4A8 step is 8 K values: one chunk of the row-pair layout.
     let pair_steps = tile_pairs::<R, P>(job.a_tiles, m0, k_pad);
-    let mut acc_f: [[float32x4_t; NQ]; R] = [[vdupq_n_f32(0.0); NQ]; R];
+    let zp = row_pairs::<R, P>(|r| job.row_corr[m0 + r]);
+    let mut acc = PassAccF::<R, P, CP, NQ>::zero();
     for b in 0..n_blocks {
         let steps = b * steps_per_block..(b + 1) * steps_per_block;
         let w_block = &weight_steps[steps.clone()];
@@ -297,13 +437,12 @@ unsafe fn w4a8_pass<
                 mm_quarter::<R, P, CP>(&mut mm, Some(cs), &a, q, lo, hi);
             }
         }
-        let sums = rows_of::<R, P, CP, NQ>(&mm);
         let cs = code_sums::<R, P, CP, NQ>(&mm, &cs);
         // SAFETY: the output contract is forwarded from our caller.
-        unsafe { w4a8_block_end::<R, NQ, ACC>(job, p, m0, Q0, b, &sums, &cs, &mut acc_f) };
+        unsafe { close_block::<R, P, CP, NQ, ACC>(job, (p, m0, Q0, b), &mm, &cs, &zp, &mut acc) };
     }
     // SAFETY: as above.
-    unsafe { w4a8_store::<R, NQ>(job, p, m0, Q0, &acc_f) };
+    unsafe { store_pairs::<R, P, CP, NQ>(job, (p, m0, Q0), &acc) };
 }
 
 /// Runs the passes of a tile of `R` rows (`$r`) with `$pass`, whose const parameters after
@@ -666,7 +805,8 @@ unsafe fn w4a8_pairs_pass<
     let (weight_steps, _) = w.panel_nibbles(p).as_chunks::<64>();
     // A W4A8 step is 8 K values: one chunk of the activation operands.
     let acts = PairActs::<P>::new::<R>(job.a, job.a_tiles, m0, k_pad);
-    let mut acc_f: [[float32x4_t; NQ]; R] = [[vdupq_n_f32(0.0); NQ]; R];
+    let zp = row_pairs::<R, P>(|r| job.row_corr[m0 + r]);
+    let mut acc = PassAccF::<R, P, CP, NQ>::zero();
     for b in 0..n_blocks {
         let steps = b * steps_per_block..(b + 1) * steps_per_block;
         let w_block = &weight_steps[steps.clone()];
@@ -706,13 +846,12 @@ unsafe fn w4a8_pairs_pass<
                 mm_quarter::<R, P, CP>(&mut mm, Some(cs), &a, q, lo, hi);
             }
         }
-        let sums = rows_of::<R, P, CP, NQ>(&mm);
         let cs = code_sums::<R, P, CP, NQ>(&mm, &cs);
         // SAFETY: the output contract is forwarded from our caller.
-        unsafe { w4a8_block_end::<R, NQ, ACC>(job, p, m0, Q0, b, &sums, &cs, &mut acc_f) };
+        unsafe { close_block::<R, P, CP, NQ, ACC>(job, (p, m0, Q0, b), &mm, &cs, &zp, &mut acc) };
     }
     // SAFETY: as above.
-    unsafe { w4a8_store::<R, NQ>(job, p, m0, Q0, &acc_f) };
+    unsafe { store_pairs::<R, P, CP, NQ>(job, (p, m0, Q0), &acc) };
 }
 
 /// The W4A8 tile body for `R` rows on panels in the pair order, in the passes of
