@@ -315,7 +315,9 @@ fn row_pairs<const R: usize, const P: usize>(per_row: impl Fn(usize) -> i32) -> 
 }
 
 /// Closes scale block `b` of a pass's W4A8 tile on its 2×2 sums `mm` and the block's code sums
-/// `cs` (lane order, one vector per quarter, see [`code_sums`]): the same arithmetic as
+/// `cs` (lane order, one vector per quarter, see [`code_sums`]), both taken by value so that
+/// the tile's own sums never have their address taken and stay in registers through its inner
+/// loop (this function is not always inlined): the same arithmetic as
 /// [`w4a8_block_end`], element for element (so the same bits), on the 2×2 layout where the
 /// tile keeps it ([`PassAccF`]). `zp` holds the row pairs' zero points ([`row_pairs`]), made
 /// once per pass. Shorter tiles, and block-accumulator output (`ACC`, which stores rows),
@@ -335,15 +337,15 @@ unsafe fn close_block<
 >(
     job: &W4A8Job<'_>,
     (p, m0, q0, b): (usize, usize, usize, usize),
-    mm: &[[int32x4_t; CP]; P],
-    cs: &[int32x4_t; NQ],
+    mm: [[int32x4_t; CP]; P],
+    cs: [int32x4_t; NQ],
     zp: &[int32x4_t; P],
     acc: &mut PassAccF<R, P, CP, NQ>,
 ) {
     if ACC || !PassAccF::<R, P, CP, NQ>::ON_PAIRS {
-        let sums = rows_of::<R, P, CP, NQ>(mm);
+        let sums = rows_of::<R, P, CP, NQ>(&mm);
         // SAFETY: the output contract is forwarded from our caller.
-        unsafe { w4a8_block_end::<R, NQ, ACC>(job, p, m0, q0, b, &sums, cs, &mut acc.rows) };
+        unsafe { w4a8_block_end::<R, NQ, ACC>(job, p, m0, q0, b, &sums, &cs, &mut acc.rows) };
         return;
     }
     let n_blocks = job.w.n_blocks();
@@ -351,7 +353,7 @@ unsafe fn close_block<
     let sc: [int32x4_t; NQ] =
         std::array::from_fn(|q| vreinterpretq_s32_f32(load_f32x4(&scales[4 * (q0 + q)..])));
     let sc = channel_pairs::<NQ, CP>(&sc).map(|v| vreinterpretq_f32_s32(v));
-    let cs = channel_pairs::<NQ, CP>(cs);
+    let cs = channel_pairs::<NQ, CP>(&cs);
     let kappa = row_pairs::<R, P>(|r| job.block_corr[(m0 + r) * n_blocks + b]);
     for (j, acc) in acc.pairs.iter_mut().enumerate().take(R.div_ceil(2)) {
         for (cp, acc) in acc.iter_mut().enumerate() {
@@ -439,7 +441,7 @@ unsafe fn w4a8_pass<
         }
         let cs = code_sums::<R, P, CP, NQ>(&mm, &cs);
         // SAFETY: the output contract is forwarded from our caller.
-        unsafe { close_block::<R, P, CP, NQ, ACC>(job, (p, m0, Q0, b), &mm, &cs, &zp, &mut acc) };
+        unsafe { close_block::<R, P, CP, NQ, ACC>(job, (p, m0, Q0, b), mm, cs, &zp, &mut acc) };
     }
     // SAFETY: as above.
     unsafe { store_pairs::<R, P, CP, NQ>(job, (p, m0, Q0), &acc) };
@@ -848,7 +850,7 @@ unsafe fn w4a8_pairs_pass<
         }
         let cs = code_sums::<R, P, CP, NQ>(&mm, &cs);
         // SAFETY: the output contract is forwarded from our caller.
-        unsafe { close_block::<R, P, CP, NQ, ACC>(job, (p, m0, Q0, b), &mm, &cs, &zp, &mut acc) };
+        unsafe { close_block::<R, P, CP, NQ, ACC>(job, (p, m0, Q0, b), mm, cs, &zp, &mut acc) };
     }
     // SAFETY: as above.
     unsafe { store_pairs::<R, P, CP, NQ>(job, (p, m0, Q0), &acc) };
