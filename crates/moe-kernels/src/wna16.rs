@@ -168,6 +168,21 @@ pub(crate) struct Int4DotLayout {
     pub(crate) row_bytes: usize,
 }
 
+/// The distance in bytes between rows of a row-major activation layout whose rows take
+/// `bytes`: whole cache lines, an odd number of them. A tile reads the same step of each of its
+/// rows, so rows a multiple of 4 KiB apart (K = 2048 in bf16 pairs) would all fall into one set
+/// of a 4 KiB-per-way L1 and, from as many rows as the cache has ways, evict each other at every
+/// step; an odd number of lines puts up to 64 rows' steps into 64 different sets.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+pub(crate) fn row_stride(bytes: usize) -> usize {
+    const LINE: usize = 64;
+    let lines = bytes.div_ceil(LINE);
+    (lines | 1) * LINE
+}
+
 /// A scale element the bodies widen to f32 (exactly).
 pub(crate) trait Widen: Copy + Send + Sync {
     fn widen(self) -> f32;
