@@ -117,16 +117,28 @@ pub(crate) fn group_scales(s: &Wna16ScaleValues, at: usize) -> __m512 {
     }
 }
 
-/// Prefetches the line `PREFETCH_BYTES` past `step` into L1 and the one twice as far into L2
-/// (SSE instructions, part of every x86_64 CPU): weights that stream from DRAM once per call,
-/// here and in the AMX panel fills, where a page-sized lead carries the stream across the
-/// 4 KiB boundaries at which the hardware prefetcher stops. The second, farther line keeps
-/// more of the stream in flight than the L1 misses alone allow, as in the VNNI tiles: one core
-/// reading the int4 codes of a 14336 × 4096 matrix through the bf16 dot-product body took
-/// about a fifth less time with it at one row, and a little less at four.
+/// Prefetches the line `PREFETCH_BYTES` past `step` into L1 (an SSE instruction, part of
+/// every x86_64 CPU): weights that stream from DRAM once per call, here and in the AMX panel
+/// fills, where a page-sized lead carries the stream across the 4 KiB boundaries at which the
+/// hardware prefetcher stops.
 #[target_feature(enable = "sse")]
 #[inline]
 pub(crate) fn prefetch_ahead<T>(step: &T) {
+    // A prefetch is a hint that never faults, so an address past the weights is harmless.
+    let ahead = (step as *const T).cast::<i8>().wrapping_add(PREFETCH_BYTES);
+    _mm_prefetch::<_MM_HINT_T0>(ahead);
+}
+
+/// [`prefetch_ahead`], and the line twice as far ahead into L2, as the VNNI W4A8 tiles do:
+/// for a body that reads one stream per tile and spends several cycles on each step, the
+/// farther line keeps more of the stream in flight than the L1 misses alone allow. One core
+/// reading a 14336 × 4096 matrix of int4 codes through the bf16 dot-product body took about a
+/// fifth less time with it at one row and a little less at four; the AVX2 integer body, which
+/// reads two streams and decodes each step in fewer cycles, took longer with it, so it keeps
+/// [`prefetch_ahead`].
+#[target_feature(enable = "sse")]
+#[inline]
+pub(crate) fn prefetch_ahead_into_l2<T>(step: &T) {
     // A prefetch is a hint that never faults, so an address past the weights is harmless.
     let ahead = (step as *const T).cast::<i8>().wrapping_add(PREFETCH_BYTES);
     _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(PREFETCH_BYTES));

@@ -15,9 +15,9 @@
 //!
 //! Each group's pair products go into per-row partial sums (four chains per row for tiles of one
 //! or two rows, two for larger ones, so one `vdpbf16ps` latency chain does not bound them, and
-//! the body prefetches the weights 4 KiB ahead as the f32 body does); at the end of the group the
-//! chains are added, an asymmetric group subtracts `z · Σx` (the sum of the row's bf16
-//! activations over the group, made by [`fill`]), and the sum is scaled into the row's
+//! the body prefetches the weights 4 KiB ahead into L1 and 8 KiB ahead into L2); at the end of
+//! the group the chains are added, an asymmetric group subtracts `z · Σx` (the sum of the row's
+//! bf16 activations over the group, made by [`fill`]), and the sum is scaled into the row's
 //! accumulator with one `vfmadd`, as the f32 body does. Rows run in blocks of [`ROW_BLOCK`], each
 //! over all of the call's panels, so a block's activations stay in L2 while the panels stream.
 //!
@@ -36,7 +36,7 @@ use crate::aligned::AlignedVec;
 use half::bf16;
 
 use super::wna16::{
-    LUT_RAW, LUT_SYM, group_scales, load_step, load_zeros, prefetch_ahead, store_panel_rows,
+    LUT_RAW, LUT_SYM, group_scales, load_step, load_zeros, prefetch_ahead_into_l2, store_panel_rows,
 };
 use crate::dispatch::Int4Dot;
 use crate::packed::wna16::{E2M1_VALUES, Int4Values, K_STEP};
@@ -234,7 +234,7 @@ unsafe fn tile<const R: usize, const C: usize, const ASYM: bool>(
         let (s0, s1) = (g * gs / K_STEP, k.min((g + 1) * gs).div_ceil(K_STEP));
         let mut part = [[_mm512_setzero_ps(); R]; C];
         for s in s0..s1 {
-            prefetch_ahead(&steps[s]);
+            prefetch_ahead_into_l2(&steps[s]);
             let v = load_step(&steps[s]);
             let xs: [&[u8; STEP_BYTES]; R] = std::array::from_fn(|r| &rows[r][s]);
             macro_rules! pair {
