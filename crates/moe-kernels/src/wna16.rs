@@ -173,7 +173,6 @@ pub(crate) struct Int4DotLayout {
 /// rows, so rows a multiple of 4 KiB apart (K = 2048 in bf16 pairs) would all fall into one set
 /// of a 4 KiB-per-way L1 and, from as many rows as the cache has ways, evict each other at every
 /// step; an odd number of lines puts up to 64 rows' steps into 64 different sets.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the x86 bf16 body's layout
 pub(crate) fn row_stride(bytes: usize) -> usize {
     const LINE: usize = 64;
     let lines = bytes.div_ceil(LINE);

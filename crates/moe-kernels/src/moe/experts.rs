@@ -265,9 +265,11 @@ impl ExpertMatrix for PackedWna16 {
         }
         if self.bits() == 4 {
             // The int4 bf16 dot-product body's activation pairs (two bytes per value, K padded
-            // to whole steps) and, with zero points, its per-group activation sums.
+            // to whole steps, rows a padded stride apart) and, with zero points, its per-group
+            // activation sums.
             let k_pad = self.k().next_multiple_of(crate::packed::wna16::K_STEP);
-            scratch.reserve_tiles(max_rows.saturating_mul(2 * k_pad));
+            let row = crate::wna16::row_stride(2 * k_pad);
+            scratch.reserve_tiles(max_rows.saturating_mul(row));
             if self.is_asymmetric() {
                 scratch.reserve_group_sums(max_rows.saturating_mul(self.n_groups()));
             }

@@ -1147,6 +1147,47 @@ fn wna16_act_order_apply_does_not_allocate() {
     }
 }
 
+/// int4 WNA16 experts with every token on one expert (the most activation rows one GEMM lays
+/// out) stay within scratch sized up front, with K of whole steps whose rows are padded in the
+/// dot-product body's layout (H = 128: 4 cache lines of bf16 pairs) and of a partial one.
+#[test]
+fn wna16_int4_apply_with_every_token_on_one_expert_does_not_allocate() {
+    let mut rng = SplitMix64::new(95);
+    for (shape, asym) in [
+        ((3, 128, 64), false),
+        ((3, 128, 64), true),
+        ((2, 100, 36), true),
+    ] {
+        let layer = wna16_layer(96, shape, 4, Some(32), [asym, false]);
+        let moe = layer.moe(*crate::kernels());
+        let h = shape.1;
+        // One expert per token, so the scratch holds no more rows than one expert can get.
+        let mut scratch = moe.scratch(16, 1, 2).unwrap();
+        let mut out = vec![0f32; 16 * h];
+        for t in [16, 9, 1] {
+            let ids = vec![1i64; t];
+            let gates = rng.vec_uniform(t, 0.05, 1.0);
+            let x = rng.vec_uniform(t * h, -1.0, 1.0);
+            let input = MoeInput {
+                tokens: t,
+                top_k: 1,
+                x: &x,
+                topk_ids: &ids,
+                topk_weights: &gates,
+            };
+            let before = ALLOCATIONS.with(Cell::get);
+            moe.apply(input, &mut out[..t * h], &mut scratch, Par::Seq)
+                .unwrap();
+            let after = ALLOCATIONS.with(Cell::get);
+            assert_eq!(
+                after - before,
+                0,
+                "{shape:?} asym={asym}: apply allocated with T = {t}"
+            );
+        }
+    }
+}
+
 /// Recording stage times changes no bit of the output, counts the calls, and sees time in
 /// the GEMM stages, on one lane and on several.
 #[test]
