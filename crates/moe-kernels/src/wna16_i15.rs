@@ -346,8 +346,9 @@ impl RowLayout {
 
 /// Where K value `kk` of a row lies in the byte-split layout, in bytes from its first step:
 /// per step of 8 K values, the high bytes of K values `8s + 0, 2, 4, 6`, of `8s + 1, 3, 5, 7`,
-/// then the low bytes of both, four bytes each.
-#[cfg(test)]
+/// then the low bytes of both, four bytes each. The fills write whole steps at once; the tests
+/// check their bytes against this.
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn split_byte_offset(kk: usize, low: bool) -> usize {
     let j = kk % K_STEP;
     kk / K_STEP * SPLIT_STEP_BYTES + 8 * usize::from(low) + 4 * (j % 2) + j / 2
