@@ -526,6 +526,42 @@ impl Side<'_> {
     }
 }
 
+/// What an integer matrix is besides its codes and side tensors: the part of the packed
+/// matrix [`PackedWna16::pack`] and [`PackedWna16::pack_words`] describe alike.
+struct IntegerMatrix<'a> {
+    n: usize,
+    k: usize,
+    bits: u32,
+    channelwise: bool,
+    perm: Option<&'a [u32]>,
+}
+
+impl IntegerMatrix<'_> {
+    /// The packed matrix of `codes` (already in the packed layout) with `side`'s scales, zero
+    /// points and bias, all checked.
+    fn with_codes(self, codes: AlignedVec<u32>, dims: &Dims, side: &Side<'_>) -> PackedWna16 {
+        let n_panels = self.n.div_ceil(PANEL);
+        let (scales, zeros, bias) = side.pack(self.n, n_panels, dims.n_groups);
+        PackedWna16 {
+            n: self.n,
+            k: self.k,
+            bits: self.bits,
+            values: CodeValues::Integer,
+            n_panels,
+            k_steps: self.k.div_ceil(dims.k_step),
+            group_size: dims.group_size,
+            channelwise: self.channelwise,
+            n_groups: dims.n_groups,
+            codes,
+            largest_scale: largest_scale(&scales),
+            scales,
+            zeros,
+            bias,
+            perm: self.perm.map(<[u32]>::to_vec),
+        }
+    }
+}
+
 impl PackedWna16 {
     /// Validates and packs one matrix.
     pub fn pack(d: Wna16Desc<'_>) -> Result<Self, KernelError> {
@@ -564,24 +600,14 @@ impl PackedWna16 {
             }
             put_bytes(&mut codes, k_steps, row, src);
         }
-        let (scales, zeros, bias) = side.pack(n, n_panels, dims.n_groups);
-        Ok(Self {
+        let integer = IntegerMatrix {
             n,
             k,
             bits: d.bits,
-            values: CodeValues::Integer,
-            n_panels,
-            k_steps,
-            group_size: dims.group_size,
             channelwise: d.group_size.is_channelwise(),
-            n_groups: dims.n_groups,
-            codes,
-            largest_scale: largest_scale(&scales),
-            scales,
-            zeros,
-            bias,
-            perm: d.perm.map(<[u32]>::to_vec),
-        })
+            perm: d.perm,
+        };
+        Ok(integer.with_codes(codes, &dims, &side))
     }
 
     /// Validates and packs one matrix from a checkpoint's 32-bit words: the same packed matrix
@@ -591,7 +617,6 @@ impl PackedWna16 {
     pub fn pack_words(d: Wna16WordsDesc<'_>) -> Result<Self, KernelError> {
         let (n, k) = (d.n, d.k);
         let dims = check_dims(n, k, d.bits, d.group_size)?;
-        let k_steps = k.div_ceil(dims.k_step);
         let per_word = (32 / d.bits) as usize;
         let channels = d
             .rows
@@ -662,7 +687,6 @@ impl PackedWna16 {
                 });
             }
         }
-        let n_panels = n.div_ceil(PANEL);
         // AWQ words hold int4 codes only (refused above otherwise).
         let codes = match (d.bits, d.order, d.perm) {
             (8, _, perm) => gather_int8(&at, k, perm),
@@ -671,24 +695,14 @@ impl PackedWna16 {
             (_, _, None) => gather_words(&at, k),
             (_, _, Some(perm)) => gather_permuted_int4(&at, k, perm),
         };
-        let (scales, zeros, bias) = side.pack(n, n_panels, dims.n_groups);
-        Ok(Self {
+        let integer = IntegerMatrix {
             n,
             k,
             bits: d.bits,
-            values: CodeValues::Integer,
-            n_panels,
-            k_steps,
-            group_size: dims.group_size,
             channelwise: d.group_size.is_channelwise(),
-            n_groups: dims.n_groups,
-            codes,
-            largest_scale: largest_scale(&scales),
-            scales,
-            zeros,
-            bias,
-            perm: d.perm.map(<[u32]>::to_vec),
-        })
+            perm: d.perm,
+        };
+        Ok(integer.with_codes(codes, &dims, &side))
     }
 
     /// Validates and packs one MXFP4 matrix from a checkpoint's blocks and e8m0 scales.
