@@ -263,17 +263,12 @@ impl ExpertMatrix for PackedWna16 {
         if self.perm().is_some() {
             scratch.reserve_f32_rows(max_rows.saturating_mul(self.k()));
         }
-        if self.bits() == 4 {
-            // The int4 bf16 dot-product body's activation pairs (two bytes per value, K padded
-            // to whole steps, rows a padded stride apart) and, with zero points, its per-group
-            // activation sums.
-            let k_pad = self.k().next_multiple_of(crate::packed::wna16::K_STEP);
-            let row = crate::wna16::row_stride(2 * k_pad);
-            scratch.reserve_tiles(max_rows.saturating_mul(row));
-            if self.is_asymmetric() {
-                scratch.reserve_group_sums(max_rows.saturating_mul(self.n_groups()));
-            }
-        }
+        // The activation layout and per-row sums of whichever dot-product body or bf16 tile
+        // path the GEMM takes.
+        scratch.reserve_tiles(crate::wna16::activation_layout_bytes(self, max_rows));
+        scratch.reserve_group_sums(
+            max_rows.saturating_mul(crate::wna16::activation_sums_per_row(self)),
+        );
     }
 
     fn gemm(

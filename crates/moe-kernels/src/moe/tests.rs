@@ -1147,43 +1147,52 @@ fn wna16_act_order_apply_does_not_allocate() {
     }
 }
 
-/// int4 WNA16 experts with every token on one expert (the most activation rows one GEMM lays
-/// out) stay within scratch sized up front, with K of whole steps whose rows are padded in the
-/// dot-product body's layout (H = 128: 4 cache lines of bf16 pairs) and of a partial one.
+/// WNA16 experts with every token on one expert (the most activation rows one GEMM lays out)
+/// stay within scratch sized up front, whichever body the rung runs: int4 and int8 codes, groups
+/// and channelwise, with and without zero points, K of whole steps whose bf16 pair rows are
+/// padded (H = 128: 4 cache lines) and K past a step, a chunk and a group (H = 100). One call
+/// on another scratch first grows the per-thread buffers some bodies keep between calls (the
+/// dequantized panel pairs of the bf16 path), which are not the scratch's to size.
 #[test]
-fn wna16_int4_apply_with_every_token_on_one_expert_does_not_allocate() {
+fn wna16_apply_with_every_token_on_one_expert_does_not_allocate() {
     let mut rng = SplitMix64::new(95);
-    for (shape, asym) in [
-        ((3, 128, 64), false),
-        ((3, 128, 64), true),
-        ((2, 100, 36), true),
-    ] {
-        let layer = wna16_layer(96, shape, 4, Some(32), [asym, false]);
-        let moe = layer.moe(*crate::kernels());
-        let h = shape.1;
-        // One expert per token, so the scratch holds no more rows than one expert can get.
-        let mut scratch = moe.scratch(16, 1, 2).unwrap();
-        let mut out = vec![0f32; 16 * h];
-        for t in [16, 9, 1] {
-            let ids = vec![1i64; t];
-            let gates = rng.vec_uniform(t, 0.05, 1.0);
-            let x = rng.vec_uniform(t * h, -1.0, 1.0);
-            let input = MoeInput {
-                tokens: t,
-                top_k: 1,
-                x: &x,
-                topk_ids: &ids,
-                topk_weights: &gates,
-            };
-            let before = ALLOCATIONS.with(Cell::get);
-            moe.apply(input, &mut out[..t * h], &mut scratch, Par::Seq)
-                .unwrap();
-            let after = ALLOCATIONS.with(Cell::get);
-            assert_eq!(
-                after - before,
-                0,
-                "{shape:?} asym={asym}: apply allocated with T = {t}"
-            );
+    for bits in [4u32, 8] {
+        for (shape, group, asym) in [
+            ((3, 128, 64), Some(32), false),
+            ((3, 128, 64), None, true),
+            ((2, 100, 36), Some(32), true),
+        ] {
+            let layer = wna16_layer(96, shape, bits, group, [asym, false]);
+            let moe = layer.moe(*crate::kernels());
+            let h = shape.1;
+            let mut out = vec![0f32; 16 * h];
+            let call =
+                |t: usize, rng: &mut SplitMix64, out: &mut [f32], scratch: &mut MoeScratch| {
+                    let ids = vec![1i64; t];
+                    let gates = rng.vec_uniform(t, 0.05, 1.0);
+                    let x = rng.vec_uniform(t * h, -1.0, 1.0);
+                    let input = MoeInput {
+                        tokens: t,
+                        top_k: 1,
+                        x: &x,
+                        topk_ids: &ids,
+                        topk_weights: &gates,
+                    };
+                    let before = ALLOCATIONS.with(Cell::get);
+                    moe.apply(input, &mut out[..t * h], scratch, Par::Seq)
+                        .unwrap();
+                    ALLOCATIONS.with(Cell::get) - before
+                };
+            call(16, &mut rng, &mut out, &mut moe.scratch(16, 1, 2).unwrap());
+            // One expert per token, so the scratch holds no more rows than one expert gets.
+            let mut scratch = moe.scratch(16, 1, 2).unwrap();
+            for t in [16, 9, 1] {
+                let allocated = call(t, &mut rng, &mut out, &mut scratch);
+                assert_eq!(
+                    allocated, 0,
+                    "int{bits} {shape:?} group {group:?} asym={asym}: apply allocated with T = {t}"
+                );
+            }
         }
     }
 }
