@@ -373,10 +373,16 @@ impl KernelSet {
     }
 
     /// The most bytes the own kernels' activation layout takes for `m` rows of `k` values (0
-    /// when they read the rows as they are), to size scratch before the hot path.
+    /// when they read the rows as they are), to size scratch before the hot path: the W4A8 and
+    /// W8A8 kernels' own, and the bf16 tiles' when W4A8 prefill runs on them.
     pub(crate) fn layout_bytes(&self, m: usize, k: usize) -> usize {
         let k_pad = k.next_multiple_of(crate::packed::w4a8::K_STEP);
-        self.layout_bytes.map_or(0, |f| f(m, k_pad))
+        let own = self.layout_bytes.map_or(0, |f| f(m, k_pad));
+        let bf16 = match self.w4a8_prefill() {
+            W4A8Prefill::Bf16Tiles => crate::gemm::bf16_tile_bytes(m, k),
+            _ => 0,
+        };
+        own.max(bf16)
     }
 
     /// The same set, with `w4a8` running every call of at least `min_m.0` rows (for its

@@ -97,6 +97,12 @@ impl GemmScratch {
             .reserve(len.saturating_sub(self.f32_rows.len()));
     }
 
+    /// Sizes the kernel-layout buffer for the activation tiles of the bf16 paths
+    /// ([`bf16_tile_bytes`]).
+    pub(crate) fn reserve_bf16_tiles(&mut self, rows: usize, k: usize) {
+        self.reserve_tiles(bf16_tile_bytes(rows, k));
+    }
+
     /// Sizes the kernel-layout buffer for `len` bytes, so kernels that re-lay their activation
     /// rows (see [`KernelSet::layout_bytes`]) never allocate on the hot path.
     pub(crate) fn reserve_tiles(&mut self, len: usize) {
@@ -151,6 +157,16 @@ impl GemmScratch {
             &mut self.group_sums,
         )
     }
+}
+
+/// Bytes of the bf16 paths' activation tiles (the AMX-BF16 tiles' layout, which the AVX-512
+/// BF16 bodies share) for `rows` rows of `k` values: 16-row tiles of 64-byte chunks of 32 bf16
+/// values, the rows past `rows` padded with zeros.
+pub(crate) fn bf16_tile_bytes(rows: usize, k: usize) -> usize {
+    const TILE_ROWS: usize = 16;
+    const CHUNK_VALUES: usize = 32;
+    rows.next_multiple_of(TILE_ROWS)
+        .saturating_mul(k.div_ceil(CHUNK_VALUES) * 2 * CHUNK_VALUES)
 }
 
 /// `out[M, N] = W4A8(x[M, K], w)`: quantises each row of `x` per spec §4.2(a) and runs the

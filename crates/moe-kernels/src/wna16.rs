@@ -182,19 +182,14 @@ pub(crate) fn row_stride(bytes: usize) -> usize {
 /// Bytes the activation layout of any dot-product body or bf16 tile path takes for `rows` rows
 /// of `w`, whichever of them a kernel set runs: the row-major layouts (the bf16 pairs, two bytes
 /// per K value in whole steps, rows [`row_stride`] apart; the integer bodies' rows, the same
-/// bytes after a header) and the tiled ones (16-row tiles of 64-byte chunks of 32 bf16 values,
-/// the rows past `rows` padded). Reserving this once lets every GEMM of up to `rows` rows run
-/// without allocating.
+/// bytes after a header) and the tiled one ([`crate::gemm::bf16_tile_bytes`]). Reserving this
+/// once lets every GEMM of up to `rows` rows run without allocating.
 pub(crate) fn activation_layout_bytes(w: &PackedWna16, rows: usize) -> usize {
-    const TILE_ROWS: usize = 16;
-    const CHUNK_VALUES: usize = 32;
     let step_bytes = 2 * crate::packed::wna16::K_STEP;
     let steps = w.k().div_ceil(crate::packed::wna16::K_STEP);
     let by_row = crate::wna16_i15::HEADER_BYTES + row_stride(steps * step_bytes);
-    let tiled = rows
-        .next_multiple_of(TILE_ROWS)
-        .saturating_mul(w.k().div_ceil(CHUNK_VALUES) * 2 * CHUNK_VALUES);
-    rows.saturating_mul(by_row).max(tiled)
+    rows.saturating_mul(by_row)
+        .max(crate::gemm::bf16_tile_bytes(rows, w.k()))
 }
 
 /// Per-row activation sums any dot-product body keeps for `w`: one per scale group (the bf16

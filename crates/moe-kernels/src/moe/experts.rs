@@ -196,6 +196,13 @@ impl ExpertMatrix for PackedDense {
         true
     }
 
+    fn reserve_scratch(&self, scratch: &mut GemmScratch, max_rows: usize) {
+        // bf16 weights take the bf16 path's activation tiles from its first row count.
+        if self.is_bf16() {
+            scratch.reserve_bf16_tiles(max_rows, self.k());
+        }
+    }
+
     fn gemm(
         &self,
         ks: &KernelSet,

@@ -1147,15 +1147,45 @@ fn wna16_act_order_apply_does_not_allocate() {
     }
 }
 
-/// WNA16 experts with every token on one expert (the most activation rows one GEMM lays out)
-/// stay within scratch sized up front, whichever body the rung runs: int4 and int8 codes, groups
-/// and channelwise, with and without zero points, K of whole steps whose bf16 pair rows are
-/// padded (H = 128: 4 cache lines) and K past a step, a chunk and a group (H = 100). One call
-/// on another scratch first grows the per-thread buffers some bodies keep between calls (the
-/// dequantized panel pairs of the bf16 path), which are not the scratch's to size.
+/// Applies `moe` with every token on expert 1 (the most rows one GEMM gets) at 16, 9 and 1
+/// tokens on scratch sized up front for 16, and asserts that no call allocates. One call on
+/// another scratch first grows the per-thread buffers some bodies keep between calls (the
+/// dequantized panel pairs of the bf16 paths), which are not the scratch's to size.
+fn assert_one_expert_apply_allocates_nothing<W: ExpertMatrix>(case: &str, moe: &FusedMoe<W>) {
+    let mut rng = SplitMix64::new(97);
+    let h = moe.config().hidden_size;
+    let mut out = vec![0f32; 16 * h];
+    let mut call = |t: usize, scratch: &mut MoeScratch| {
+        let ids = vec![1i64; t];
+        let gates = rng.vec_uniform(t, 0.05, 1.0);
+        let x = rng.vec_uniform(t * h, -1.0, 1.0);
+        let input = MoeInput {
+            tokens: t,
+            top_k: 1,
+            x: &x,
+            topk_ids: &ids,
+            topk_weights: &gates,
+        };
+        let before = ALLOCATIONS.with(Cell::get);
+        moe.apply(input, &mut out[..t * h], scratch, Par::Seq)
+            .unwrap();
+        ALLOCATIONS.with(Cell::get) - before
+    };
+    call(16, &mut moe.scratch(16, 1, 2).unwrap());
+    // One expert per token, so the scratch holds no more rows than one expert gets.
+    let mut scratch = moe.scratch(16, 1, 2).unwrap();
+    for t in [16, 9, 1] {
+        let allocated = call(t, &mut scratch);
+        assert_eq!(allocated, 0, "{case}: apply allocated with T = {t}");
+    }
+}
+
+/// WNA16 experts with every token on one expert stay within scratch sized up front, whichever
+/// body the rung runs: int4 and int8 codes, groups and channelwise, with and without zero
+/// points, K of whole steps whose bf16 pair rows are padded (H = 128: 4 cache lines) and K past
+/// a step, a chunk and a group (H = 100).
 #[test]
 fn wna16_apply_with_every_token_on_one_expert_does_not_allocate() {
-    let mut rng = SplitMix64::new(95);
     for bits in [4u32, 8] {
         for (shape, group, asym) in [
             ((3, 128, 64), Some(32), false),
@@ -1163,38 +1193,36 @@ fn wna16_apply_with_every_token_on_one_expert_does_not_allocate() {
             ((2, 100, 36), Some(32), true),
         ] {
             let layer = wna16_layer(96, shape, bits, group, [asym, false]);
-            let moe = layer.moe(*crate::kernels());
-            let h = shape.1;
-            let mut out = vec![0f32; 16 * h];
-            let call =
-                |t: usize, rng: &mut SplitMix64, out: &mut [f32], scratch: &mut MoeScratch| {
-                    let ids = vec![1i64; t];
-                    let gates = rng.vec_uniform(t, 0.05, 1.0);
-                    let x = rng.vec_uniform(t * h, -1.0, 1.0);
-                    let input = MoeInput {
-                        tokens: t,
-                        top_k: 1,
-                        x: &x,
-                        topk_ids: &ids,
-                        topk_weights: &gates,
-                    };
-                    let before = ALLOCATIONS.with(Cell::get);
-                    moe.apply(input, &mut out[..t * h], scratch, Par::Seq)
-                        .unwrap();
-                    ALLOCATIONS.with(Cell::get) - before
-                };
-            call(16, &mut rng, &mut out, &mut moe.scratch(16, 1, 2).unwrap());
-            // One expert per token, so the scratch holds no more rows than one expert gets.
-            let mut scratch = moe.scratch(16, 1, 2).unwrap();
-            for t in [16, 9, 1] {
-                let allocated = call(t, &mut rng, &mut out, &mut scratch);
-                assert_eq!(
-                    allocated, 0,
-                    "int{bits} {shape:?} group {group:?} asym={asym}: apply allocated with T = {t}"
-                );
-            }
+            let case = format!("int{bits} {shape:?} group {group:?} asym={asym}");
+            assert_one_expert_apply_allocates_nothing(&case, &layer.moe(*crate::kernels()));
         }
     }
+}
+
+/// The same for the other formats: W4A8 with groups of 32 and channelwise (and its prefill on
+/// the bf16 tiles or requantised per channel, where the rung has them), W8A8 and unquantized
+/// experts.
+#[test]
+fn every_format_applies_with_every_token_on_one_expert_without_allocating() {
+    for (shape, group) in [((3, 128, 64), Some(32)), ((2, 100, 36), None)] {
+        let layer = w4a8_layer(98, shape, group, true);
+        let case = format!("w4a8 {shape:?} group {group:?}");
+        assert_one_expert_apply_allocates_nothing(&case, &layer.moe(*crate::kernels()));
+    }
+    // W4A8 prefill with other numerics, where the rung has them.
+    for prefill in [
+        crate::W4A8Prefill::Bf16Tiles,
+        crate::W4A8Prefill::ChannelInt8,
+    ] {
+        let layer = w4a8_layer(98, (3, 128, 64), Some(32), true);
+        let ks = crate::kernels().with_w4a8_prefill(prefill);
+        let case = format!("w4a8 prefill {:?}", ks.w4a8_prefill());
+        assert_one_expert_apply_allocates_nothing(&case, &layer.moe(ks));
+    }
+    let layer = w8a8_layer(99, (3, 128, 64));
+    assert_one_expert_apply_allocates_nothing("w8a8", &layer.moe(*crate::kernels()));
+    let layer = dense_layer(100, (3, 128, 64), true);
+    assert_one_expert_apply_allocates_nothing("dense", &layer.moe(*crate::kernels()));
 }
 
 /// Recording stage times changes no bit of the output, counts the calls, and sees time in
