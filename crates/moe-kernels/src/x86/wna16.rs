@@ -140,9 +140,11 @@ pub(crate) fn prefetch_ahead<T>(step: &T) {
 #[inline]
 pub(crate) fn prefetch_ahead_into_l2<T>(step: &T) {
     // A prefetch is a hint that never faults, so an address past the weights is harmless.
-    let ahead = (step as *const T).cast::<i8>().wrapping_add(PREFETCH_BYTES);
-    _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(PREFETCH_BYTES));
-    _mm_prefetch::<_MM_HINT_T0>(ahead);
+    let far = (step as *const T)
+        .cast::<i8>()
+        .wrapping_add(2 * PREFETCH_BYTES);
+    _mm_prefetch::<_MM_HINT_T1>(far);
+    prefetch_ahead(step);
 }
 
 /// Decodes K value `j` of an int8 step (16 consecutive bytes) to f32, less `zero`.
