@@ -164,6 +164,8 @@ pub(crate) struct GemmKernel<E, T> {
     pub(crate) entry: E,
     /// The kernel's own activation layout, made once per GEMM, if it reads one.
     pub(crate) tile_a: Option<T>,
+    /// The most bytes that layout takes, so that scratch can be sized before the hot path.
+    pub(crate) tile_a_bytes: Option<TileABytesFn>,
     /// Whether the entry reads [`PanelOrder::Pairs`] panels too (every entry reads the lane
     /// order); the GEMMs hand other orders to the portable body.
     pub(crate) pairs: bool,
@@ -178,10 +180,21 @@ impl<E, T> GemmKernel<E, T> {
             encoding,
             entry,
             tile_a: None,
+            tile_a_bytes: None,
             pairs: false,
         }
     }
+
+    /// The bytes of this kernel's activation layout for `m` rows of `k_pad` values in scale
+    /// blocks of `block_len` (0 when it reads the rows as they are).
+    fn layout_bytes(&self, m: usize, k_pad: usize, block_len: usize) -> usize {
+        self.tile_a_bytes.map_or(0, |f| f(m, k_pad, block_len))
+    }
 }
+
+/// The size of a kernel's own activation layout: bytes for `m` rows of `k_pad` values whose
+/// weights have scale blocks of `block_len` values (`k_pad` for one scale per channel).
+pub(crate) type TileABytesFn = fn(m: usize, k_pad: usize, block_len: usize) -> usize;
 
 /// One W4A8 implementation.
 pub(crate) type W4A8Kernel = GemmKernel<W4A8PanelsFn, W4A8TileAFn>;
@@ -420,14 +433,41 @@ impl KernelSet {
     }
 
     /// The same set, with the large-row kernels reading their activations in their own
-    /// layouts, made once per GEMM by `w4a8` and `w8a8`.
+    /// layouts, made once per GEMM by `w4a8` and `w8a8`, whose sizes the second functions
+    /// give.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the AMX rung has them
-    pub(crate) fn with_large_m_layouts(mut self, w4a8: W4A8TileAFn, w8a8: W8A8TileAFn) -> Self {
+    pub(crate) fn with_large_m_layouts(
+        mut self,
+        w4a8: (W4A8TileAFn, TileABytesFn),
+        w8a8: (W8A8TileAFn, TileABytesFn),
+    ) -> Self {
         if let Some(l) = &mut self.large_m {
-            l.w4a8.tile_a = Some(w4a8);
-            l.w8a8.tile_a = Some(w8a8);
+            (l.w4a8.tile_a, l.w4a8.tile_a_bytes) = (Some(w4a8.0), Some(w4a8.1));
+            (l.w8a8.tile_a, l.w8a8.tile_a_bytes) = (Some(w8a8.0), Some(w8a8.1));
         }
         self
+    }
+
+    /// The most bytes the activation layout of any W4A8 kernel of this set takes for a GEMM
+    /// of up to `max_rows` rows on `w`, to size scratch before the hot path (the own
+    /// kernels' layout is [`KernelSet::layout_bytes`]).
+    pub(crate) fn w4a8_layout_bytes(&self, w: &PackedW4A8, max_rows: usize) -> usize {
+        let (k_pad, block_len) = (w.k_pad(), w.block_len());
+        let large = self.large_m.map(|l| l.w4a8);
+        let channel = self.w4a8_channel.map(|(kernel, _)| kernel);
+        [large, channel]
+            .iter()
+            .flatten()
+            .map(|kernel| kernel.layout_bytes(max_rows, k_pad, block_len))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The most bytes the activation layout of any W8A8 kernel of this set takes for a GEMM
+    /// of up to `max_rows` rows of `k_pad` values (as [`KernelSet::w4a8_layout_bytes`]).
+    pub(crate) fn w8a8_layout_bytes(&self, k_pad: usize, max_rows: usize) -> usize {
+        self.large_m
+            .map_or(0, |l| l.w8a8.layout_bytes(max_rows, k_pad, k_pad))
     }
 
     /// The same set with a bf16 path for int4 and e4m3 weights (`unit` names what runs its

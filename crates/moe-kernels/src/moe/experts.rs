@@ -110,7 +110,7 @@ pub trait ExpertMatrix: Send + Sync + sealed::Sealed {
     /// (gathered activation rows, staged outputs). A scratch sized only by a warm-up call
     /// could still grow later: the rows an expert receives vary from call to call.
     #[doc(hidden)]
-    fn reserve_scratch(&self, _scratch: &mut GemmScratch, _max_rows: usize) {}
+    fn reserve_scratch(&self, _ks: &KernelSet, _scratch: &mut GemmScratch, _max_rows: usize) {}
 
     /// `out[m, N] = GEMM(x[m, K])`, quantising the rows of `x` dynamically.
     #[doc(hidden)]
@@ -138,6 +138,11 @@ impl ExpertMatrix for PackedW4A8 {
 
     fn is_channelwise(&self) -> bool {
         self.groups().is_channelwise()
+    }
+
+    fn reserve_scratch(&self, ks: &KernelSet, scratch: &mut GemmScratch, max_rows: usize) {
+        // The activation layout of whichever large-row kernel the GEMM takes.
+        scratch.reserve_tiles(ks.w4a8_layout_bytes(self, max_rows));
     }
 
     fn gemm(
@@ -168,6 +173,11 @@ impl ExpertMatrix for PackedW8A8 {
         true
     }
 
+    fn reserve_scratch(&self, ks: &KernelSet, scratch: &mut GemmScratch, max_rows: usize) {
+        // The activation layout of the large-row kernel, if the rung has one.
+        scratch.reserve_tiles(ks.w8a8_layout_bytes(self.k_pad(), max_rows));
+    }
+
     fn gemm(
         &self,
         ks: &KernelSet,
@@ -196,7 +206,7 @@ impl ExpertMatrix for PackedDense {
         true
     }
 
-    fn reserve_scratch(&self, scratch: &mut GemmScratch, max_rows: usize) {
+    fn reserve_scratch(&self, _ks: &KernelSet, scratch: &mut GemmScratch, max_rows: usize) {
         // bf16 weights take the bf16 path's activation tiles from its first row count.
         if self.is_bf16() {
             scratch.reserve_bf16_tiles(max_rows, self.k());
@@ -231,7 +241,7 @@ impl ExpertMatrix for crate::marlin::MarlinWeights {
         crate::marlin::MarlinWeights::is_channelwise(self)
     }
 
-    fn reserve_scratch(&self, scratch: &mut GemmScratch, max_rows: usize) {
+    fn reserve_scratch(&self, _ks: &KernelSet, scratch: &mut GemmScratch, max_rows: usize) {
         crate::marlin::MarlinWeights::reserve_scratch(self, scratch, max_rows);
     }
 
@@ -266,7 +276,7 @@ impl ExpertMatrix for PackedWna16 {
         PackedWna16::is_channelwise(self)
     }
 
-    fn reserve_scratch(&self, scratch: &mut GemmScratch, max_rows: usize) {
+    fn reserve_scratch(&self, _ks: &KernelSet, scratch: &mut GemmScratch, max_rows: usize) {
         if self.perm().is_some() {
             scratch.reserve_f32_rows(max_rows.saturating_mul(self.k()));
         }

@@ -213,7 +213,7 @@ impl<W: ExpertMatrix> FusedMoe<W> {
         let max_rows = scratch.max_pairs;
         for gemm in &mut scratch.gemm {
             for m in w.w13.iter().chain(&w.w2) {
-                m.reserve_scratch(gemm, max_rows);
+                m.reserve_scratch(&self.kernels, gemm, max_rows);
             }
         }
         let layout = self.kernels.layout_bytes(

@@ -1147,14 +1147,16 @@ fn wna16_act_order_apply_does_not_allocate() {
     }
 }
 
-/// Applies `moe` with every token on expert 1 (the most rows one GEMM gets) at 16, 9 and 1
-/// tokens on scratch sized up front for 16, and asserts that no call allocates. One call on
-/// another scratch first grows the per-thread buffers some bodies keep between calls (the
-/// dequantized panel pairs of the bf16 paths), which are not the scratch's to size.
+/// Applies `moe` with every token on expert 1 (the most rows one GEMM gets) at 40, 33, 16, 9
+/// and 1 tokens on scratch sized up front for 40 (past every large-row kernel's switch-over),
+/// and asserts that no call allocates. The same calls on another scratch first grow the
+/// per-thread buffers some bodies keep between calls (the decoded panel pairs of the tile
+/// bodies), which are not the scratch's to size: each row count may take another body.
 fn assert_one_expert_apply_allocates_nothing<W: ExpertMatrix>(case: &str, moe: &FusedMoe<W>) {
     let mut rng = SplitMix64::new(97);
     let h = moe.config().hidden_size;
-    let mut out = vec![0f32; 16 * h];
+    const MAX_TOKENS: usize = 40;
+    let mut out = vec![0f32; MAX_TOKENS * h];
     let mut call = |t: usize, scratch: &mut MoeScratch| {
         let ids = vec![1i64; t];
         let gates = rng.vec_uniform(t, 0.05, 1.0);
@@ -1171,10 +1173,14 @@ fn assert_one_expert_apply_allocates_nothing<W: ExpertMatrix>(case: &str, moe: &
             .unwrap();
         ALLOCATIONS.with(Cell::get) - before
     };
-    call(16, &mut moe.scratch(16, 1, 2).unwrap());
+    let tokens = [MAX_TOKENS, 33, 16, 9, 1];
+    let mut warm_up = moe.scratch(MAX_TOKENS, 1, 2).unwrap();
+    for t in tokens {
+        call(t, &mut warm_up);
+    }
     // One expert per token, so the scratch holds no more rows than one expert gets.
-    let mut scratch = moe.scratch(16, 1, 2).unwrap();
-    for t in [16, 9, 1] {
+    let mut scratch = moe.scratch(MAX_TOKENS, 1, 2).unwrap();
+    for t in tokens {
         let allocated = call(t, &mut scratch);
         assert_eq!(allocated, 0, "{case}: apply allocated with T = {t}");
     }

@@ -326,6 +326,7 @@ pub(crate) fn avx512vnni_kernel_set(_token: Avx512Vnni) -> crate::KernelSet {
         encoding: U8Offset128,
         entry: avx512_channel::entry,
         tile_a: None,
+        tile_a_bytes: None,
         pairs: false,
     };
     // SAFETY: the token proves AVX-512 F/BW/VNNI, all the requantised body needs.

@@ -123,9 +123,15 @@ pub(crate) fn tiles_for(
     chunk: usize,
     n_chunks: usize,
 ) -> &mut [u8] {
-    let len = m.div_ceil(TILE_ROWS) * n_chunks * TILE_ROWS * chunk;
+    let len = tiles_len(m, chunk, n_chunks);
     dst.grow_to(len);
     &mut dst[..len]
+}
+
+/// Bytes of the [`TiledA`] tiles of `m` rows in `n_chunks` chunks of `chunk` bytes: whole row
+/// tiles, so the rows past `m` of the last one count.
+pub(crate) fn tiles_len(m: usize, chunk: usize, n_chunks: usize) -> usize {
+    m.div_ceil(TILE_ROWS) * n_chunks * TILE_ROWS * chunk
 }
 
 /// Re-lays `src` into `dst` as [`TiledA`] tiles of chunks of `chunk` bytes; chunk `c` starts at

@@ -583,12 +583,16 @@ unsafe fn with_tile_entries(
     let int8 = (Isa::Amx, ActEncoding::U8Offset128, int8);
     // SAFETY: our contract.
     let set = unsafe { base.with_large_m(min, int4, int8) };
-    let set = set.with_large_m_layouts(w4a8::tile_a, w8a8::tile_a);
+    let set = set.with_large_m_layouts(
+        (w4a8::tile_a, w4a8::tile_a_bytes),
+        (w8a8::tile_a, w8a8::tile_a_bytes),
+    );
     let channel = crate::dispatch::W4A8Kernel {
         isa: Isa::Amx,
         encoding: ActEncoding::U8Offset128,
         entry: int4_channel,
         tile_a: Some(channel_tile_a),
+        tile_a_bytes: Some(w8a8::tile_a_bytes),
         pairs: false,
     };
     // SAFETY: our contract.

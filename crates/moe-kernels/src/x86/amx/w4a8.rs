@@ -29,7 +29,7 @@ use std::ops::Range;
 
 use super::common::{
     ARows, AccBuf, GROUP_ROWS, Row64, TILE_ROWS, TiledA, dpbusd_live, load_a_live, load_b_live,
-    store_live, tile_rows, write_panel_rows, zero_live,
+    store_live, tile_rows, tiles_len, write_panel_rows, zero_live,
 };
 use super::tiles::{TILE_MAX_COLSB, TileUnit};
 use crate::aligned::AlignedVec;
@@ -112,16 +112,27 @@ pub(crate) fn tile_a(a: &[u8], corr: &[i32], m: usize, w: &PackedW4A8, dst: &mut
 /// `block_len` values takes `ceil(block_len / values per chunk)` chunks, the last one possibly
 /// partial), and their count.
 pub(crate) fn chunks(w: &PackedW4A8) -> (usize, impl Fn(usize) -> (usize, usize)) {
-    let (block_len, n_blocks) = (w.block_len(), w.n_blocks());
+    let block_len = w.block_len();
     let values = chunk_values(block_len);
     let per_block = block_len.div_ceil(values);
-    (n_blocks * per_block, move |c| {
+    (chunk_count(w.k_pad(), block_len), move |c| {
         let (b, i) = (c / per_block, c % per_block);
         (
             b * block_len + i * values,
             values.min(block_len - i * values),
         )
     })
+}
+
+/// How many chunks [`chunks`] cuts `k_pad` values in blocks of `block_len` into.
+fn chunk_count(k_pad: usize, block_len: usize) -> usize {
+    k_pad / block_len * block_len.div_ceil(chunk_values(block_len))
+}
+
+/// Bytes of the layout [`tile_a`] makes for `m` rows of `k_pad` values in blocks of
+/// `block_len`, to size scratch up front.
+pub(crate) fn tile_a_bytes(m: usize, k_pad: usize, block_len: usize) -> usize {
+    tiles_len(m, chunk_len(block_len), chunk_count(k_pad, block_len))
 }
 
 /// Longest block whose int32 sums are exact in f32: `|Σ (q + 128)·w| ≤ 255·8·B < 2^24`. For

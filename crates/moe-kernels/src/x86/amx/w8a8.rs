@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 
 use super::common::{
     ARows, AccBuf, GROUP_ROWS, TILE_ROWS, TileBuf, TiledA, dpbusd_live, load_a_live, load_b_live,
-    prefetch_b_live, store_live, tile_rows, zero_live,
+    prefetch_b_live, store_live, tile_rows, tiles_len, zero_live,
 };
 use super::tiles::{TILE_MAX_COLSB, TileUnit};
 use crate::aligned::AlignedVec;
@@ -35,6 +35,12 @@ pub(crate) fn chunks(k_pad: usize) -> (usize, impl Fn(usize) -> (usize, usize)) 
     (k_pad.div_ceil(CHUNK), move |c| {
         (c * CHUNK, CHUNK.min(k_pad - c * CHUNK))
     })
+}
+
+/// Bytes of the layout [`tile_a`] makes for `m` rows of `k_pad` values, to size scratch up
+/// front (the scale blocks do not matter: one scale per channel, or requantised to one).
+pub(crate) fn tile_a_bytes(m: usize, k_pad: usize, _block_len: usize) -> usize {
+    tiles_len(m, CHUNK, chunks(k_pad).0)
 }
 
 /// Re-lays a GEMM's encoded rows for the W8A8 tiles (the driver's layout hook).
