@@ -17,7 +17,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::common::{
-    AccBuf, GROUP_ROWS, Row64, TILE_ROWS, TiledA, dpbf16_live, load_a_live, load_b_live,
+    AccBuf, GROUP_ROWS, KBlock, Row64, TILE_ROWS, TiledA, dpbf16_live, load_a_live, load_b_live,
     load_c_live, store_live, tiles_for, write_panel_rows, zero_live,
 };
 use super::tiles::TileUnit;
@@ -344,20 +344,6 @@ impl WideBf16Pair {
 fn step_range(rows: Range<usize>, per_step: usize, steps: usize) -> Range<usize> {
     let first = (rows.start / per_step).min(steps);
     first..(rows.end / per_step).min(steps)
-}
-
-/// Where one row group's walk over a pair stands between the K blocks of a walk that goes
-/// over K in several blocks ([`bf16_step`]).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum KBlock {
-    /// All of K in one go: zero the C tiles, run every chunk, write the output.
-    Whole,
-    /// The first block: zero the C tiles, park them in the row group's buffer.
-    First,
-    /// A block between: reload the parked tiles, park them again.
-    Middle,
-    /// The last block: reload the parked tiles, write the output.
-    Last,
 }
 
 /// Computes rows `row0..row0 + min(32, m − row0)` of the pair's channels over chunks `chunks`

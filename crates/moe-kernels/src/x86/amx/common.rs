@@ -12,6 +12,7 @@ use std::arch::x86_64::{
     __m512, __mmask16, _MM_HINT_T0, _mm_prefetch, _mm512_add_ps, _mm512_loadu_ps,
     _mm512_mask_storeu_ps,
 };
+use std::ops::Range;
 
 use super::tiles::{TILE_MAX_COLSB, TILE_MAX_ROWS, TileConfig, TileUnit};
 use crate::aligned::AlignedVec;
@@ -419,5 +420,31 @@ pub(crate) unsafe fn write_panel_rows(
         // SAFETY: row `row0 + r` and the masked-in channels are the caller's (our contract);
         // masked-out lanes are not accessed.
         unsafe { _mm512_mask_storeu_ps(dst, keep, v) };
+    }
+}
+
+/// Where one row group's walk over a pair stands between the K blocks of a walk that goes
+/// over K in several blocks (the bf16 and W8A8 steps).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KBlock {
+    /// All of K in one go: zero the C tiles, run every chunk, write the output.
+    Whole,
+    /// The first block: zero the C tiles, park them in the row group's buffer.
+    First,
+    /// A block between: reload the parked tiles, park them again.
+    Middle,
+    /// The last block: reload the parked tiles, write the output.
+    Last,
+}
+
+impl KBlock {
+    /// The place of the block of chunks `chunks` in a walk over `n_chunks`.
+    pub(crate) fn of(chunks: &Range<usize>, n_chunks: usize) -> Self {
+        match (chunks.start == 0, chunks.end >= n_chunks) {
+            (true, true) => Self::Whole,
+            (true, false) => Self::First,
+            (false, false) => Self::Middle,
+            (false, true) => Self::Last,
+        }
     }
 }

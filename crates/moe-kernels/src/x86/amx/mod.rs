@@ -42,8 +42,8 @@ use crate::aligned::AlignedVec;
 use crate::dispatch::{Bf16MinRows, W4A8MinRows};
 use crate::ukernel::{ActEncoding, W4A8Job, W4A8PanelsFn, W4Bf16Job, W8A8Job, W8A8PanelsFn};
 use crate::wna16::Int4DotJob;
-use bf16::{KBlock, WideBf16Pair, bf16_step};
-use common::{AccBuf, GROUP_ROWS, TILE_ROWS, TileBuf, TiledA, tile_config};
+use bf16::{WideBf16Pair, bf16_step};
+use common::{AccBuf, GROUP_ROWS, KBlock, TILE_ROWS, TileBuf, TiledA, tile_config};
 use int4::{CodePair, RowAccs, int4_pair};
 use tiles::{HwTiles, TileUnit};
 use w4a8::{AccF, BatchAccs, W4A8Step, WidePair, w4a8_step};
@@ -123,6 +123,8 @@ thread_local! {
     static CODES: RefCell<(CodePair, RowAccs)> = RefCell::new(Default::default());
     /// The same for the codes requantised per channel.
     static CHANNEL: RefCell<ChannelPair> = RefCell::new(ChannelPair::default());
+    /// The C tiles the W8A8 walk in K blocks parks between blocks.
+    static PARKED_W8A8: RefCell<Vec<AccBuf>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Scale blocks per K block of the W4A8 walk over `m` rows of `w` with A chunks of `chunk`
@@ -201,7 +203,19 @@ unsafe fn w4a8_panels<U: TileUnit>(unit: &mut U, job: &W4A8Job<'_>, panels: Rang
     unit.release();
 }
 
+/// Chunks per K block of the W8A8 walk over `m` rows and `n_chunks` chunks ([`k_block_units`]
+/// on the row tiles of A and a pair's B rows).
+fn w8a8_block_chunks(m: usize, n_chunks: usize) -> usize {
+    // A chunk's A tiles for every row tile, and its 16 B rows of 64 bytes for each panel.
+    let per_chunk = m.next_multiple_of(TILE_ROWS) * w8a8::CHUNK + 2 * 16 * 64;
+    k_block_units(per_chunk, 1, n_chunks)
+}
+
 /// W8A8 counterpart of [`w4a8_panels`]; the packed panels need no widening.
+///
+/// When the activations are too long to stay in L2 ([`w8a8_block_chunks`]), K goes in blocks
+/// as in the bf16 walk ([`w4bf16_panels`]): every pair of the range over one block, each row
+/// group's C tiles parked in memory in between.
 ///
 /// # Safety
 /// - As [`w4a8_panels`], with [`W8A8PanelsFn`]'s contract.
@@ -213,27 +227,42 @@ unsafe fn w8a8_panels<U: TileUnit>(unit: &mut U, job: &W8A8Job<'_>, panels: Rang
     let mut tails: w8a8::Tails = [TileBuf::zeroed(), TileBuf::zeroed()];
     let (n_chunks, _) = w8a8::chunks(job.w.k_pad());
     let a = TiledA::new(job.a_tiles, job.m, w8a8::CHUNK, n_chunks);
-    let mut p = panels.start;
-    while p < panels.end {
-        let nb = 2.min(panels.end - p);
-        let pair = PanelPair::new(job.w, p, nb, &mut tails);
-        let mut row0 = 0;
-        while row0 < job.m {
-            let rows = GROUP_ROWS.min(job.m - row0);
-            // SAFETY: configured unit, `a` views this job's tiled rows; job contract
-            // forwarded; `row0 < m` is a multiple of 16, and the shape has two row halves
-            // exactly when `row0 + 16 < m`.
-            unsafe {
-                live_shape!(
-                    rows,
-                    nb,
-                    w8a8_step::<U>(unit, job, &pair, &a, row0, &mut acc)
-                )
-            };
-            row0 += rows;
+    let block = w8a8_block_chunks(job.m, n_chunks);
+    let groups = job.m.div_ceil(GROUP_ROWS);
+    PARKED_W8A8.with_borrow_mut(|parked| {
+        if block < n_chunks {
+            let slots = panels.len().div_ceil(2) * groups;
+            if parked.len() < slots {
+                parked.resize_with(slots, AccBuf::zeroed);
+            }
         }
-        p += nb;
-    }
+        for k0 in (0..n_chunks.max(1)).step_by(block.max(1)) {
+            let chunks = k0..n_chunks.min(k0 + block.max(1));
+            let kb = KBlock::of(&chunks, n_chunks);
+            for (pair_index, p) in panels.clone().step_by(2).enumerate() {
+                let nb = 2.min(panels.end - p);
+                let pair = PanelPair::new(job.w, p, nb, &mut tails);
+                for (g, row0) in (0..job.m).step_by(GROUP_ROWS).enumerate() {
+                    let rows = GROUP_ROWS.min(job.m - row0);
+                    let acc = match kb {
+                        KBlock::Whole => &mut acc,
+                        _ => &mut parked[pair_index * groups + g],
+                    };
+                    // SAFETY: configured unit, `a` views this job's tiled rows; a row group's
+                    // parked tiles are the ones its previous block stored; job contract
+                    // forwarded; `row0 < m` is a multiple of 16, and the shape has two row
+                    // halves exactly when `row0 + 16 < m`.
+                    unsafe {
+                        live_shape!(
+                            rows,
+                            nb,
+                            w8a8_step::<U>(unit, job, &pair, &a, row0, chunks.clone(), kb, acc)
+                        )
+                    };
+                }
+            }
+        }
+    });
     unit.release();
 }
 
@@ -395,12 +424,7 @@ unsafe fn w4bf16_panels<U: TileUnit>(unit: &mut U, job: &W4Bf16Job<'_>, panels: 
         }
         for k0 in (0..n_chunks).step_by(block.max(1)) {
             let chunks = k0..n_chunks.min(k0 + block);
-            let kb = match (k0 == 0, chunks.end == n_chunks) {
-                (true, true) => KBlock::Whole,
-                (true, false) => KBlock::First,
-                (false, false) => KBlock::Middle,
-                (false, true) => KBlock::Last,
-            };
+            let kb = KBlock::of(&chunks, n_chunks);
             for (pair, p) in panels.clone().step_by(2).enumerate() {
                 let nb = 2.min(panels.end - p);
                 wide.fill(job.w, p, nb, chunks.clone());

@@ -9,10 +9,11 @@
 //! `xs·ws`), so outputs equal the scalar reference bit for bit.
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 use super::common::{
-    ARows, AccBuf, GROUP_ROWS, TILE_ROWS, TileBuf, TiledA, dpbusd_live, load_a_live, load_b_live,
-    prefetch_b_live, store_live, tile_rows, tiles_len, zero_live,
+    ARows, AccBuf, GROUP_ROWS, KBlock, TILE_ROWS, TileBuf, TiledA, dpbusd_live, load_a_live,
+    load_b_live, load_c_live, prefetch_b_live, store_live, tile_rows, tiles_len, zero_live,
 };
 use super::tiles::{TILE_MAX_COLSB, TileUnit};
 use crate::aligned::AlignedVec;
@@ -101,49 +102,58 @@ impl<'a> PanelPair<'a> {
 /// - The job satisfies [`crate::ukernel::W8A8PanelsFn`]'s contract for the pair's panels;
 ///   `row0 < job.m` is a multiple of 16, and `row0 + 16 < job.m` exactly when `NA == 2`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[allow(clippy::too_many_arguments)] // one row group's place in the walk
 pub(crate) unsafe fn w8a8_step<U: TileUnit, const NA: usize, const NB: usize>(
     unit: &mut U,
     job: &W8A8Job<'_>,
     pair: &PanelPair<'_>,
     a: &TiledA<'_>,
     row0: usize,
+    chunks: Range<usize>,
+    block: KBlock,
     acc: &mut AccBuf,
 ) {
     let w = job.w;
-    let k_pad = w.k_pad();
     let t = row0 / TILE_ROWS;
     // SAFETY: for this and the tile calls below, the unit is configured for `CHUNK` (our
     // contract); `a` holds the row tiles `t..t + NA` of every chunk; each B pointer starts 16
-    // readable 64-byte rows: a whole chunk of a packed panel or a tail buffer.
-    unsafe { zero_live::<U, NA, NB>(unit) };
-    let full = k_pad / CHUNK;
+    // readable 64-byte rows: a whole chunk of a packed panel or a tail buffer; `acc` holds this
+    // row group's parked tiles when resuming.
+    match block {
+        // SAFETY: see above.
+        KBlock::Whole | KBlock::First => unsafe { zero_live::<U, NA, NB>(unit) },
+        // SAFETY: see above.
+        KBlock::Middle | KBlock::Last => unsafe { load_c_live::<U, NA, NB>(unit, acc) },
+    }
+    let full = w.k_pad() / CHUNK;
     let chunk_bytes = CHUNK / K_STEP * STEP_BYTES;
-    for c in 0..full {
-        let at = c * chunk_bytes;
-        if c + PREFETCH_CHUNKS < full {
-            let ahead = at + PREFETCH_CHUNKS * chunk_bytes;
-            let b = pair.panels.map(|panel| panel[ahead..].as_ptr());
-            prefetch_b_live::<NB>(b, CHUNK / K_STEP);
-        }
+    let ahead_end = chunks.end.min(full);
+    for c in chunks {
         // SAFETY: see above.
         unsafe { load_a_live::<U, NA>(unit, a, t, c) };
-        let b = [pair.panels[0][at..].as_ptr(), pair.panels[1][at..].as_ptr()];
-        // SAFETY: see above; `at + 16·64 ≤` the panel's length because chunk `c` is whole.
-        unsafe { load_b_live::<U, NB>(unit, b) };
-        // SAFETY: see above.
-        unsafe { dpbusd_live::<U, NA, NB>(unit) };
-    }
-    if full * CHUNK < k_pad {
-        // SAFETY: see above.
-        unsafe { load_a_live::<U, NA>(unit, a, t, full) };
-        let b = pair.tail.each_ref().map(|t| t.0.as_ptr().cast::<u8>());
-        // SAFETY: see above.
-        unsafe { load_b_live::<U, NB>(unit, b) };
+        if c < full {
+            let at = c * chunk_bytes;
+            if c + PREFETCH_CHUNKS < ahead_end {
+                let ahead = at + PREFETCH_CHUNKS * chunk_bytes;
+                let b = pair.panels.map(|panel| panel[ahead..].as_ptr());
+                prefetch_b_live::<NB>(b, CHUNK / K_STEP);
+            }
+            let b = [pair.panels[0][at..].as_ptr(), pair.panels[1][at..].as_ptr()];
+            // SAFETY: see above; `at + 16·64 ≤` the panel's length because chunk `c` is whole.
+            unsafe { load_b_live::<U, NB>(unit, b) };
+        } else {
+            let b = pair.tail.each_ref().map(|t| t.0.as_ptr().cast::<u8>());
+            // SAFETY: see above.
+            unsafe { load_b_live::<U, NB>(unit, b) };
+        }
         // SAFETY: see above.
         unsafe { dpbusd_live::<U, NA, NB>(unit) };
     }
     // SAFETY: see above.
     unsafe { store_live::<U, NA, NB>(unit, acc) };
+    if matches!(block, KBlock::First | KBlock::Middle) {
+        return;
+    }
 
     let rows = GROUP_ROWS.min(job.m - row0);
     for j in 0..NB {
@@ -166,6 +176,52 @@ pub(crate) unsafe fn w8a8_step<U: TileUnit, const NA: usize, const NB: usize>(
             // SAFETY: row `row0 + r < m` and channels `16p..16p + valid < N` are inside the
             // validated output and owned by this call; masked-out lanes are not accessed.
             unsafe { _mm512_mask_storeu_ps(dst, keep, y) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The W8A8 tiles walked over K in blocks of chunks (each row group's C tiles parked between
+    /// them) give the bits of one walk over all of K: blocks of one to three chunks, a partial
+    /// last block, a ragged last chunk (K not a multiple of 64), one and two panels in the last
+    /// pair, one and two row tiles, on the emulated unit and, where present, the hardware.
+    #[test]
+    fn w8a8_tiles_walked_in_k_blocks_give_the_bits_of_one_walk() {
+        use super::super::budget_changing_bits;
+        use crate::{GemmScratch, PackedW8A8, Par};
+        use moe_testutil::SplitMix64;
+        let sets: Vec<_> = [
+            super::super::emulated::kernel_set(),
+            super::super::hardware_kernel_set_from_one_row(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let mut rng = SplitMix64::new(0x8a8b);
+        for (n, k) in [(33usize, 320usize), (64, 452), (17, 200)] {
+            let w: Vec<i8> = (0..n * k).map(|_| rng.range_i64(-127, 127) as i8).collect();
+            let scales = rng.vec_uniform(n, 0.001, 0.01);
+            let packed = PackedW8A8::pack(n, k, &w, &scales).unwrap();
+            for m in [0usize, 1, 17, 40] {
+                let x: Vec<f32> = (0..m * k).map(|_| rng.normal() * 2.0).collect();
+                for ks in &sets {
+                    let packed = packed.clone().with_order(ks.panel_order());
+                    let run = |out: &mut [f32]| {
+                        crate::w8a8_gemm(ks, m, &x, &packed, out, &mut GemmScratch::new(), Par::Seq)
+                            .unwrap()
+                    };
+                    let chunk_bytes = m.next_multiple_of(TILE_ROWS) * CHUNK + 2 * 16 * 64;
+                    let budgets = [1, 2, 3].map(|chunks| chunks * chunk_bytes);
+                    let changed = budget_changing_bits(m * n, budgets, run);
+                    assert_eq!(
+                        changed, None,
+                        "n={n} k={k} m={m}: the budget that changed bits"
+                    );
+                }
+            }
         }
     }
 }
