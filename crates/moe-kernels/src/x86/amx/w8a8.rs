@@ -93,14 +93,20 @@ impl<'a> PanelPair<'a> {
     }
 }
 
-/// Computes rows `row0..row0 + min(32, m − row0)` of the pair's channels. `NA` is 2 when the
-/// group has more than 16 rows, `NB` the number of panels in the pair.
+/// Computes rows `row0..row0 + min(32, m − row0)` of the pair's channels over chunks
+/// `chunks`, resuming from and parking its C tiles in `acc` as `block` says (the epilogue runs
+/// after the last block). `NA` is 2 when the group has more than 16 rows, `NB` the number of
+/// panels in the pair. The int32 sums add the chunks in K order whatever the blocks, so a
+/// walk in blocks gives the bits of one over all of K.
 ///
 /// # Safety
 /// - The CPU has AVX-512 F/BW/VNNI; `unit` is configured with `tile_config(CHUNK)`, and `a`
 ///   holds this job's rows filled with [`chunks`].
 /// - The job satisfies [`crate::ukernel::W8A8PanelsFn`]'s contract for the pair's panels;
 ///   `row0 < job.m` is a multiple of 16, and `row0 + 16 < job.m` exactly when `NA == 2`.
+/// - `chunks` lies within the GEMM's chunks; unless `block` is [`KBlock::Whole`] or
+///   [`KBlock::First`], `acc` holds what the previous block of the same row group and pair
+///   parked.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[allow(clippy::too_many_arguments)] // one row group's place in the walk
 pub(crate) unsafe fn w8a8_step<U: TileUnit, const NA: usize, const NB: usize>(
