@@ -747,6 +747,16 @@ pub(crate) fn hardware_int4_kernel_set() -> Option<crate::KernelSet> {
     Some(unsafe { set.with_wna16_int4_dot(int4::body(1, int4_entry)) })
 }
 
+/// The int8 tile bodies from one row on, on the emulated unit and, when the CPU has AMX, on
+/// the hardware (tests of bodies the dispatched rung takes only from its thresholds).
+#[cfg(test)]
+pub(crate) fn int8_tile_kernel_sets() -> Vec<crate::KernelSet> {
+    [emulated::kernel_set(), hardware_kernel_set_from_one_row()]
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
 /// The AMX rung on the hardware tile unit with its int8 tile entries from one row on, when the
 /// CPU has AMX (tests of bodies the dispatched rung takes only from its thresholds).
 #[cfg(test)]

@@ -507,13 +507,7 @@ mod tests {
         use crate::{GemmScratch, Par, W4A8Scales};
         use half::bf16;
         use moe_testutil::SplitMix64;
-        let sets: Vec<_> = [
-            super::super::emulated::kernel_set(),
-            super::super::hardware_kernel_set_from_one_row(),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
+        let sets = super::super::int8_tile_kernel_sets();
         let mut rng = SplitMix64::new(0x4b10c);
         for (k, g) in [(640usize, 64usize), (512, 128), (896, 128)] {
             let n = 33;

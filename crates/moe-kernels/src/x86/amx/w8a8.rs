@@ -199,13 +199,7 @@ mod tests {
         use super::super::budget_changing_bits;
         use crate::{GemmScratch, PackedW8A8, Par};
         use moe_testutil::SplitMix64;
-        let sets: Vec<_> = [
-            super::super::emulated::kernel_set(),
-            super::super::hardware_kernel_set_from_one_row(),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
+        let sets = super::super::int8_tile_kernel_sets();
         let mut rng = SplitMix64::new(0x8a8b);
         for (n, k) in [(33usize, 320usize), (64, 452), (17, 200)] {
             let w: Vec<i8> = (0..n * k).map(|_| rng.range_i64(-127, 127) as i8).collect();
