@@ -203,6 +203,41 @@ unsafe fn w4a8_panels<U: TileUnit>(unit: &mut U, job: &W4A8Job<'_>, panels: Rang
     unit.release();
 }
 
+/// The K blocks of a tile walk over `n_chunks` chunks in blocks of `block`: each block's
+/// chunks and its place in the walk ([`KBlock`]). A walk has at least one block, so a step
+/// always runs and writes its rows.
+fn k_blocks(n_chunks: usize, block: usize) -> impl Iterator<Item = (Range<usize>, KBlock)> {
+    let block = block.max(1);
+    (0..n_chunks.max(1)).step_by(block).map(move |k0| {
+        let chunks = k0..n_chunks.min(k0 + block);
+        let place = KBlock::of(&chunks, n_chunks);
+        (chunks, place)
+    })
+}
+
+/// Grows `parked` to one C-tile buffer per row group (`groups` per pair) of each panel pair of
+/// `panels`, for a walk that goes over K in several blocks.
+fn reserve_parked(parked: &mut Vec<AccBuf>, panels: &Range<usize>, groups: usize) {
+    let slots = panels.len().div_ceil(2) * groups;
+    if parked.len() < slots {
+        parked.resize_with(slots, AccBuf::zeroed);
+    }
+}
+
+/// Where a row group keeps its C tiles in block `place` of a walk: `whole` when the walk is one
+/// block, else slot `slot` of `parked`.
+fn row_group_acc<'a>(
+    place: KBlock,
+    whole: &'a mut AccBuf,
+    parked: &'a mut [AccBuf],
+    slot: usize,
+) -> &'a mut AccBuf {
+    match place {
+        KBlock::Whole => whole,
+        _ => &mut parked[slot],
+    }
+}
+
 /// Chunks per K block of the W8A8 walk over `m` rows and `n_chunks` chunks ([`k_block_units`]
 /// on the row tiles of A and a pair's B rows).
 fn w8a8_block_chunks(m: usize, n_chunks: usize) -> usize {
@@ -231,23 +266,15 @@ unsafe fn w8a8_panels<U: TileUnit>(unit: &mut U, job: &W8A8Job<'_>, panels: Rang
     let groups = job.m.div_ceil(GROUP_ROWS);
     PARKED_W8A8.with_borrow_mut(|parked| {
         if block < n_chunks {
-            let slots = panels.len().div_ceil(2) * groups;
-            if parked.len() < slots {
-                parked.resize_with(slots, AccBuf::zeroed);
-            }
+            reserve_parked(parked, &panels, groups);
         }
-        for k0 in (0..n_chunks.max(1)).step_by(block.max(1)) {
-            let chunks = k0..n_chunks.min(k0 + block.max(1));
-            let kb = KBlock::of(&chunks, n_chunks);
+        for (chunks, kb) in k_blocks(n_chunks, block) {
             for (pair_index, p) in panels.clone().step_by(2).enumerate() {
                 let nb = 2.min(panels.end - p);
                 let pair = PanelPair::new(job.w, p, nb, &mut tails);
                 for (g, row0) in (0..job.m).step_by(GROUP_ROWS).enumerate() {
                     let rows = GROUP_ROWS.min(job.m - row0);
-                    let acc = match kb {
-                        KBlock::Whole => &mut acc,
-                        _ => &mut parked[pair_index * groups + g],
-                    };
+                    let acc = row_group_acc(kb, &mut acc, parked, pair_index * groups + g);
                     // SAFETY: configured unit, `a` views this job's tiled rows; a row group's
                     // parked tiles are the ones its previous block stored; job contract
                     // forwarded; `row0 < m` is a multiple of 16, and the shape has two row
@@ -417,23 +444,15 @@ unsafe fn w4bf16_panels<U: TileUnit>(unit: &mut U, job: &W4Bf16Job<'_>, panels: 
     WIDE_BF16.with_borrow_mut(|(wide, parked)| {
         let a = &a;
         if block < n_chunks {
-            let slots = panels.len().div_ceil(2) * groups;
-            if parked.len() < slots {
-                parked.resize_with(slots, AccBuf::zeroed);
-            }
+            reserve_parked(parked, &panels, groups);
         }
-        for k0 in (0..n_chunks).step_by(block.max(1)) {
-            let chunks = k0..n_chunks.min(k0 + block);
-            let kb = KBlock::of(&chunks, n_chunks);
+        for (chunks, kb) in k_blocks(n_chunks, block) {
             for (pair, p) in panels.clone().step_by(2).enumerate() {
                 let nb = 2.min(panels.end - p);
                 wide.fill(job.w, p, nb, chunks.clone());
                 for (g, row0) in (0..job.m).step_by(GROUP_ROWS).enumerate() {
                     let rows = GROUP_ROWS.min(job.m - row0);
-                    let acc = match kb {
-                        KBlock::Whole => &mut acc,
-                        _ => &mut parked[pair * groups + g],
-                    };
+                    let acc = row_group_acc(kb, &mut acc, parked, pair * groups + g);
                     // SAFETY: configured unit with 64-byte rows, `a` and `wide` filled for
                     // this job, pair and chunks; a row group's parked tiles are the ones its
                     // previous block stored; the job contract (AMX-BF16 included) is
