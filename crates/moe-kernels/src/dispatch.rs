@@ -219,9 +219,9 @@ pub struct KernelSet {
     large_m: Option<LargeM>,
     /// The rung's bf16 tile path for int4 and e4m3 weights, if it has one.
     bf16_tiles: Option<Bf16Tiles>,
-    /// The rung's dot-product bodies for int4 WNA16 weights (up to two, for disjoint row
-    /// counts); where one takes a GEMM, it runs instead of the bf16 path and the f32 body.
-    wna16_int4_dot: [Option<Int4Dot>; 2],
+    /// The rung's dot-product bodies for int4 WNA16 weights (up to three), the first that
+    /// takes a GEMM ([`Int4Dot::takes`]) running it instead of the bf16 path and the f32 body.
+    wna16_int4_dot: [Option<Int4Dot>; 3],
     /// Whether W4A8 GEMMs use the bf16 tiles from their threshold on.
     w4a8_prefill: W4A8Prefill,
     /// The W4A8 kernel on weights requantised per channel ([`W4A8Prefill::ChannelInt8`]) and
@@ -339,7 +339,7 @@ impl KernelSet {
             act_sym: None,
             large_m: None,
             bf16_tiles: None,
-            wna16_int4_dot: [None; 2],
+            wna16_int4_dot: [None; 3],
             w4a8_prefill: W4A8Prefill::ExactInt8,
             w4a8_channel: None,
             wna16: (Isa::Scalar, crate::wna16::panels_portable),
@@ -510,7 +510,7 @@ impl KernelSet {
             .wna16_int4_dot
             .iter_mut()
             .find(|d| d.is_none())
-            .expect("at most two int4 dot-product bodies per set");
+            .expect("at most three int4 dot-product bodies per set");
         *free = Some(body);
         self
     }
@@ -518,7 +518,7 @@ impl KernelSet {
     /// The same set without its int4 dot-product bodies (a rung that brings its own).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the AMX rung drops them
     pub(crate) fn without_wna16_int4_dot(mut self) -> Self {
-        self.wna16_int4_dot = [None; 2];
+        self.wna16_int4_dot = [None; 3];
         self
     }
 
@@ -565,7 +565,7 @@ impl KernelSet {
     /// callers who want the weight-only GEMM's f32 numerics whatever the CPU.
     pub fn without_bf16_path(mut self) -> Self {
         self.bf16_tiles = None;
-        self.wna16_int4_dot = [None; 2];
+        self.wna16_int4_dot = [None; 3];
         self
     }
 

@@ -182,14 +182,17 @@ pub(crate) fn row_stride(bytes: usize) -> usize {
 /// Bytes the activation layout of any dot-product body or bf16 tile path takes for `rows` rows
 /// of `w`, whichever of them a kernel set runs: the row-major layouts (the bf16 pairs, two bytes
 /// per K value in whole steps, rows [`row_stride`] apart; the integer bodies' rows, the same
-/// bytes after a header) and the tiled one ([`crate::gemm::bf16_tile_bytes`]). Reserving this
+/// bytes after a header) and the tiled ones ([`crate::gemm::bf16_tile_bytes`], and on x86 the
+/// integer rows followed by their int8 tiles). Reserving this
 /// once lets every GEMM of up to `rows` rows run without allocating.
 pub(crate) fn activation_layout_bytes(w: &PackedWna16, rows: usize) -> usize {
     let step_bytes = 2 * crate::packed::wna16::K_STEP;
     let steps = w.k().div_ceil(crate::packed::wna16::K_STEP);
     let by_row = crate::wna16_i15::HEADER_BYTES + row_stride(steps * step_bytes);
-    rows.saturating_mul(by_row)
-        .max(crate::gemm::bf16_tile_bytes(rows, w.k()))
+    let tiled = crate::gemm::bf16_tile_bytes(rows, w.k());
+    #[cfg(target_arch = "x86_64")]
+    let tiled = tiled.max(crate::x86::amx::i15_tile_layout_bytes(w.k(), rows));
+    rows.saturating_mul(by_row).max(tiled)
 }
 
 /// Per-row activation sums any dot-product body keeps for `w`: one per scale group (the bf16

@@ -175,6 +175,12 @@ impl Blocks {
         }
     }
 
+    /// K values per block (the last block of a group or of K may hold fewer).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) fn block_len(&self) -> usize {
+        self.len
+    }
+
     /// Blocks per row.
     #[cfg_attr(
         not(any(target_arch = "x86_64", target_arch = "aarch64")),
@@ -535,11 +541,25 @@ pub(crate) mod tests {
 
     /// [`bodies`], each with whether it also takes MXFP4's e2m1 codes.
     fn bodies_and_e2m1() -> Vec<(&'static str, crate::KernelSet, &'static [u32], bool)> {
+        // The int8 tile sets run their byte-code body where it serves and the AVX-512 VNNI
+        // body elsewhere (int8 codes, blocks off the tiles' chunks): one set, one numerics.
         #[cfg(target_arch = "x86_64")]
         let sets = [
             (
                 "avx512-vnni",
                 crate::x86::wna16_i15::kernel_set(),
+                &[4, 8][..],
+                false,
+            ),
+            (
+                "amx-int8 tiles, emulated",
+                crate::x86::amx::emulated::i15_tile_kernel_set(),
+                &[4, 8][..],
+                false,
+            ),
+            (
+                "amx-int8 tiles",
+                crate::x86::amx::hardware_i15_tile_kernel_set(),
                 &[4, 8][..],
                 false,
             ),

@@ -1121,33 +1121,41 @@ fn apply_does_not_allocate() {
     }
 }
 
-/// Act-order WNA16 experts gather their activation rows into scratch sized up front.
+/// Act-order WNA16 experts gather their activation rows into scratch sized up front. The same
+/// calls on another scratch first grow the per-thread buffers of the tile bodies some row
+/// counts take, which are not the scratch's to size.
 #[test]
 fn wna16_act_order_apply_does_not_allocate() {
-    let mut rng = SplitMix64::new(91);
     let layer = wna16_layer(92, (4, 64, 32), 4, Some(32), [true, true]);
     let moe = layer.moe(*crate::kernels());
-    let mut scratch = moe.scratch(8, 2, 2).unwrap();
     let mut out = vec![0f32; 8 * 64];
-    for t in [8, 3, 1, 0] {
-        let r = routed(&mut rng, t, 2, |rng| rng.below(4) as i64);
-        let x = rng.vec_uniform(t * 64, -1.0, 1.0);
-        let input = MoeInput {
-            tokens: t,
-            top_k: 2,
-            x: &x,
-            topk_ids: &r.ids,
-            topk_weights: &r.gates,
-        };
-        let before = ALLOCATIONS.with(Cell::get);
-        moe.apply(input, &mut out[..t * 64], &mut scratch, Par::Seq)
-            .unwrap();
-        let after = ALLOCATIONS.with(Cell::get);
-        assert_eq!(after - before, 0, "apply allocated with T = {t}");
+    let mut calls = |scratch: &mut MoeScratch| -> Vec<(usize, usize)> {
+        let mut rng = SplitMix64::new(91);
+        let mut allocated = Vec::new();
+        for t in [8, 3, 1, 0] {
+            let r = routed(&mut rng, t, 2, |rng| rng.below(4) as i64);
+            let x = rng.vec_uniform(t * 64, -1.0, 1.0);
+            let input = MoeInput {
+                tokens: t,
+                top_k: 2,
+                x: &x,
+                topk_ids: &r.ids,
+                topk_weights: &r.gates,
+            };
+            let before = ALLOCATIONS.with(Cell::get);
+            moe.apply(input, &mut out[..t * 64], scratch, Par::Seq)
+                .unwrap();
+            allocated.push((t, ALLOCATIONS.with(Cell::get) - before));
+        }
+        allocated
+    };
+    calls(&mut moe.scratch(8, 2, 2).unwrap());
+    for (t, allocated) in calls(&mut moe.scratch(8, 2, 2).unwrap()) {
+        assert_eq!(allocated, 0, "apply allocated with T = {t}");
     }
 }
 
-/// Applies `moe` with every token on expert 1 (the most rows one GEMM gets) at 40, 33, 16, 9
+/// Applies `moe` with every token on expert 1 (the most rows one GEMM gets) at 40, 33, 16, 9, 6
 /// and 1 tokens on scratch sized up front for 40 (past every large-row kernel's switch-over),
 /// and asserts that no call allocates. The same calls on another scratch first grow the
 /// per-thread buffers some bodies keep between calls (the decoded panel pairs of the tile
@@ -1173,7 +1181,7 @@ fn assert_one_expert_apply_allocates_nothing<W: ExpertMatrix>(case: &str, moe: &
             .unwrap();
         ALLOCATIONS.with(Cell::get) - before
     };
-    let tokens = [MAX_TOKENS, 33, 16, 9, 1];
+    let tokens = [MAX_TOKENS, 33, 16, 9, 6, 1];
     let mut warm_up = moe.scratch(MAX_TOKENS, 1, 2).unwrap();
     for t in tokens {
         call(t, &mut warm_up);
@@ -1202,6 +1210,42 @@ fn wna16_apply_with_every_token_on_one_expert_does_not_allocate() {
             let case = format!("int{bits} {shape:?} group {group:?} asym={asym}");
             assert_one_expert_apply_allocates_nothing(&case, &layer.moe(*crate::kernels()));
         }
+    }
+}
+
+/// WNA16 experts whose calls stay within a few rows (scratch sized for 8) and whose K is one
+/// short scale group: the rows' largest layout there is the integer rows with their int8
+/// tiles after them (on the AMX rung), not the bf16 tiles the reservation for more rows
+/// covers it with.
+#[test]
+fn wna16_apply_of_few_rows_on_one_expert_does_not_allocate() {
+    let layer = wna16_layer(96, (2, 32, 32), 4, None, [false, false]);
+    let moe = layer.moe(*crate::kernels());
+    let mut out = vec![0f32; 8 * 32];
+    let mut calls = |scratch: &mut MoeScratch| -> Vec<(usize, usize)> {
+        let mut rng = SplitMix64::new(95);
+        let mut allocated = Vec::new();
+        for t in [8, 6, 5, 1] {
+            let ids = vec![1i64; t];
+            let gates = rng.vec_uniform(t, 0.05, 1.0);
+            let x = rng.vec_uniform(t * 32, -1.0, 1.0);
+            let input = MoeInput {
+                tokens: t,
+                top_k: 1,
+                x: &x,
+                topk_ids: &ids,
+                topk_weights: &gates,
+            };
+            let before = ALLOCATIONS.with(Cell::get);
+            moe.apply(input, &mut out[..t * 32], scratch, Par::Seq)
+                .unwrap();
+            allocated.push((t, ALLOCATIONS.with(Cell::get) - before));
+        }
+        allocated
+    };
+    calls(&mut moe.scratch(8, 1, 2).unwrap());
+    for (t, allocated) in calls(&mut moe.scratch(8, 1, 2).unwrap()) {
+        assert_eq!(allocated, 0, "apply allocated with T = {t}");
     }
 }
 

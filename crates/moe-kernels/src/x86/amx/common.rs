@@ -287,6 +287,28 @@ pub(crate) unsafe fn dpbusd_live<U: TileUnit, const NA: usize, const NB: usize>(
     }
 }
 
+/// `C(a, b) += A(a)·B(b)` for the live tiles, A's bytes signed and B's unsigned.
+///
+/// # Safety
+/// - As [`dpbusd_live`].
+#[inline(always)]
+pub(crate) unsafe fn dpbsud_live<U: TileUnit, const NA: usize, const NB: usize>(unit: &mut U) {
+    // SAFETY: as in `dpbusd_live`; likewise below.
+    unsafe { unit.dpbsud::<C00, A0, B0>() };
+    if NB == 2 {
+        // SAFETY: as above.
+        unsafe { unit.dpbsud::<C01, A0, B1>() };
+    }
+    if NA == 2 {
+        // SAFETY: as above.
+        unsafe { unit.dpbsud::<C10, A1, B0>() };
+        if NB == 2 {
+            // SAFETY: as above.
+            unsafe { unit.dpbsud::<C11, A1, B1>() };
+        }
+    }
+}
+
 /// `C(a, b) += A(a)·B(b)` in bf16 pairs for the live tiles.
 ///
 /// # Safety

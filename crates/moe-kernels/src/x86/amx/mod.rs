@@ -13,6 +13,8 @@
 //!   (`x86/bf16dot.rs`);
 //! - `int4.rs`: WNA16 codes decoded exactly onto the bf16 tiles, scaled per group in f32, for
 //!   calls with no more rows than the group size; `byte_codes.rs` decodes its 8-bit codes.
+//! - `int4_i15.rs`: WNA16 int4 codes as bytes on the int8 tiles against the 15-bit integer
+//!   activations of the integer body, whose outputs it equals bit for bit.
 //!
 //! Each entry configures the tiles once (`ldtilecfg`), walks its panels in pairs and each pair's
 //! rows in groups of 32, and releases the tile state before returning, so no tile state leaks
@@ -25,6 +27,7 @@ pub(crate) mod bf16;
 mod byte_codes;
 pub(crate) mod common;
 mod int4;
+mod int4_i15;
 pub(crate) mod probe;
 mod tiles;
 mod w4a8;
@@ -121,6 +124,9 @@ thread_local! {
     static WIDE_BF16: RefCell<(WideBf16Pair, Vec<AccBuf>)> = RefCell::new(Default::default());
     /// The same for the int4 codes decoded exactly.
     static CODES: RefCell<(CodePair, RowAccs)> = RefCell::new(Default::default());
+    /// The same for the int4 codes as bytes against 15-bit integer activations.
+    static CODE_BYTES: RefCell<(int4_i15::BytePair, int4_i15::RowAccs)> =
+        RefCell::new(Default::default());
     /// The same for the codes requantised per channel.
     static CHANNEL: RefCell<ChannelPair> = RefCell::new(ChannelPair::default());
     /// The C tiles the W8A8 walk in K blocks parks between blocks.
@@ -532,6 +538,23 @@ unsafe fn int4_panels<U: TileUnit>(unit: &mut U, job: &Int4DotJob<'_>, panels: R
     unit.release();
 }
 
+/// Bytes the int4 byte-code body's activation layout takes for `rows` rows of K values `k`.
+pub(crate) fn i15_tile_layout_bytes(k: usize, rows: usize) -> usize {
+    int4_i15::layout_bytes(k, rows)
+}
+
+/// The int4 byte-code walk (`int4_i15.rs`) on `unit` with this thread's buffers.
+///
+/// # Safety
+/// - As [`int4_i15::panels`].
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn int4_i15_panels<U: TileUnit>(unit: &mut U, job: &Int4DotJob<'_>, panels: Range<usize>) {
+    CODE_BYTES.with_borrow_mut(|(codes, accs)| {
+        // SAFETY: our contract.
+        unsafe { int4_i15::panels(unit, job, panels, (codes, accs)) }
+    });
+}
+
 /// The bf16 tile path's activation layout (the driver's hook).
 ///
 /// # Safety
@@ -563,6 +586,18 @@ unsafe fn int4_entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
     let token = unsafe { Amx::new_unchecked() };
     // SAFETY: as above; the job contract is forwarded.
     unsafe { int4_panels(&mut HwTiles::new(token), job, panels) }
+}
+
+/// The int4 byte-code entry point.
+///
+/// # Safety
+/// - [`crate::wna16::Int4DotPanelsFn`]'s contract, including AMX-INT8 and the tile
+///   permission, the activations laid out by [`int4_i15::fill`].
+unsafe fn int4_i15_entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
+    // SAFETY: the `KernelSet` holding this entry was built from the AMX token.
+    let token = unsafe { Amx::new_unchecked() };
+    // SAFETY: AMX implies AVX-512 F/BW; the job contract is forwarded.
+    unsafe { int4_i15_panels(&mut HwTiles::new(token), job, panels) }
 }
 
 /// The W4A8 tile entry point.
@@ -683,6 +718,20 @@ pub(crate) fn kernel_set(token: Amx) -> crate::KernelSet {
             w8a8_entry,
         )
     };
+    let byte_codes = i15_tile_rows();
+    let set = if super::integer_wna16_on() {
+        // SAFETY: the token proves AMX-INT8 and AVX-512 F/BW/VL/VNNI, all the body and its
+        // layout need.
+        unsafe {
+            set.with_wna16_int4_dot(int4_i15::body(
+                byte_codes.start,
+                byte_codes.end,
+                int4_i15_entry,
+            ))
+        }
+    } else {
+        set
+    };
     if bf16_tiles_on() {
         // SAFETY: the token proves AMX; AMX-BF16 and AVX-512 BF16 were just checked.
         let set = unsafe {
@@ -702,6 +751,33 @@ pub(crate) fn kernel_set(token: Amx) -> crate::KernelSet {
         // SAFETY: as above.
         unsafe { set.with_wna16_int4_dot(crate::x86::wna16_i15::body(1, usize::MAX)) }
     }
+}
+
+/// Rows for which int4 WNA16 GEMMs take the byte codes on the int8 tiles (`int4_i15.rs`) where
+/// they serve, unless `MOE_KERNELS_AMX_I15_ROWS` (`min..max`, read once) says otherwise.
+/// Against the AVX-512 VNNI integer body below 8 rows and the exactly decoded bf16 tiles at 8
+/// (one core, 28672 × 4096 int4 codes in groups of 128 cycled from memory): 0.84× its rate of
+/// codes at one row, even at four, 1.2× at six and 1.35× at eight, where the tiles' products
+/// cost little and the decode's stream bounds both; on the layer with every expert's weights
+/// from memory (`moe bench --format w4a16 --group-size 128 --experts-only`, three
+/// alternations), Mixtral at 16 tokens (4 rows per expert on average) ran 36-39 ms against
+/// 41-44 and DeepSeek at 64 tokens 18-19 against 20-21, while from 16 rows (Qwen3 and DeepSeek
+/// at 256 tokens) the bf16 tiles stay ahead.
+pub(crate) const DEFAULT_I15_TILE_ROWS: Range<usize> = 5..9;
+
+/// The rows of [`DEFAULT_I15_TILE_ROWS`] in force.
+fn i15_tile_rows() -> Range<usize> {
+    static ROWS: OnceLock<Range<usize>> = OnceLock::new();
+    ROWS.get_or_init(|| {
+        std::env::var("MOE_KERNELS_AMX_I15_ROWS")
+            .ok()
+            .and_then(|v| {
+                let (a, b) = v.trim().split_once("..")?;
+                Some(a.parse::<usize>().ok()?.max(1)..b.parse().ok()?)
+            })
+            .unwrap_or(DEFAULT_I15_TILE_ROWS)
+    })
+    .clone()
 }
 
 /// Whether the CPU has what the bf16 tile path needs besides AMX: AMX-BF16 for the products
@@ -764,6 +840,17 @@ pub(crate) fn hardware_int4_kernel_set() -> Option<crate::KernelSet> {
     let set = hardware_bf16_kernel_set()?;
     // SAFETY: that set exists only where AMX-BF16 and AVX-512 BF16 are usable.
     Some(unsafe { set.with_wna16_int4_dot(int4::body(1, int4_entry)) })
+}
+
+/// The AMX rung with the int4 byte-code body from one row on, ahead of the AVX-512 VNNI
+/// integer body (which takes what it does not serve), when the CPU has AMX (tests).
+#[cfg(test)]
+pub(crate) fn hardware_i15_tile_kernel_set() -> Option<crate::KernelSet> {
+    let set = hardware_kernel_set_from_one_row()?.without_wna16_int4_dot();
+    // SAFETY: that set exists only where AMX-INT8 and AVX-512 F/BW/VL/VNNI are usable.
+    let set = unsafe { set.with_wna16_int4_dot(int4_i15::body(1, usize::MAX, int4_i15_entry)) };
+    // SAFETY: as above.
+    Some(unsafe { set.with_wna16_int4_dot(crate::x86::wna16_i15::body(1, usize::MAX)) })
 }
 
 /// The int8 tile bodies from one row on, on the emulated unit and, when the CPU has AMX, on
@@ -830,6 +917,25 @@ pub(crate) mod emulated {
     unsafe fn w8a8_entry(job: &W8A8Job<'_>, panels: Range<usize>) {
         // SAFETY: as above.
         unsafe { w8a8_panels(&mut EmulatedTiles::new(), job, panels) }
+    }
+
+    /// # Safety
+    /// - [`crate::wna16::Int4DotPanelsFn`]'s contract, with AVX-512 F/BW/VL instead of AMX,
+    ///   the activations laid out by [`int4_i15::fill`].
+    unsafe fn int4_i15_entry(job: &Int4DotJob<'_>, panels: Range<usize>) {
+        // SAFETY: the caller guarantees AVX-512; the emulated unit runs anywhere.
+        unsafe { int4_i15_panels(&mut EmulatedTiles::new(), job, panels) }
+    }
+
+    /// The emulated [`kernel_set`] with the int4 byte-code body from one row on, ahead of the
+    /// AVX-512 VNNI integer body (which takes what it does not serve).
+    pub(crate) fn i15_tile_kernel_set() -> Option<crate::KernelSet> {
+        let set = kernel_set()?.without_wna16_int4_dot();
+        // SAFETY: the set exists only with AVX-512 VNNI (and F/BW/VL with it here); the
+        // emulated unit needs nothing else.
+        let set = unsafe { set.with_wna16_int4_dot(int4_i15::body(1, usize::MAX, int4_i15_entry)) };
+        // SAFETY: as above.
+        Some(unsafe { set.with_wna16_int4_dot(crate::x86::wna16_i15::body(1, usize::MAX)) })
     }
 
     /// The AMX rung with the emulated unit from one row on, when AVX-512 VNNI is available.

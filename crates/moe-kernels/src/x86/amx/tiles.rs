@@ -1,9 +1,9 @@
-//! The tile unit the AMX kernels drive: a trait with the six tile operations they use, the
+//! The tile unit the AMX kernels drive: a trait with the tile operations they use, the
 //! hardware implementation (one `asm!` instruction per operation) and, for tests, an emulation
 //! of the same instructions' documented semantics.
 //!
 //! The emulation exists because most machines have no AMX: with it, every line of the kernels
-//! except the six instructions themselves runs in the rung tests and is compared with the
+//! except the tile instructions themselves runs in the rung tests and is compared with the
 //! scalar reference bit for bit. It also checks the shape rules the hardware would fault on
 //! (rows ≤ 16, ≤ 64 bytes per row, matching A/B/C shapes), so a kernel that misconfigures a tile
 //! fails the tests instead of the customer's machine.
@@ -81,6 +81,13 @@ pub(crate) trait TileUnit {
     ///   `colsb(A) = 4·rows(B)`.
     unsafe fn dpbusd<const C: u8, const A: u8, const B: u8>(&mut self);
 
+    /// `C += A·B` with signed A bytes and unsigned B bytes, four products per int32
+    /// (`tdpbsud`).
+    ///
+    /// # Safety
+    /// - As [`TileUnit::dpbusd`].
+    unsafe fn dpbsud<const C: u8, const A: u8, const B: u8>(&mut self);
+
     /// `C += A·B` with bf16 pairs, f32 accumulators (`tdpbf16ps`): for each row `m`, K pair
     /// `k` and channel `n`, `C[m][n] += A[m][2k]·B[k][2n] + A[m][2k+1]·B[k][2n+1]`.
     ///
@@ -151,6 +158,17 @@ impl TileUnit for HwTiles {
         }
     }
 
+    unsafe fn dpbsud<const C: u8, const A: u8, const B: u8>(&mut self) {
+        // SAFETY: AMX-INT8 is usable (token) and the three shapes agree (caller contract).
+        unsafe {
+            std::arch::asm!(
+                "tdpbsud tmm{c}, tmm{a}, tmm{b}",
+                c = const C, a = const A, b = const B,
+                options(nostack, nomem)
+            );
+        }
+    }
+
     unsafe fn dpbf16ps<const C: u8, const A: u8, const B: u8>(&mut self) {
         // SAFETY: AMX-BF16 is usable (caller contract) and the three shapes agree (caller
         // contract).
@@ -208,6 +226,29 @@ impl EmulatedTiles {
         assert!(rows > 0 && colsb > 0, "tile {t} is not configured");
         (usize::from(rows), usize::from(colsb))
     }
+
+    /// `C += A·B` over groups of four bytes, each byte pair multiplied by `product` (which
+    /// says how each side's bytes are signed), int32 sums wrapping as the hardware's do.
+    fn int8_products(&mut self, c: u8, a: u8, b: u8, name: &str, product: fn(u8, u8) -> i32) {
+        let ((c_rows, c_colsb), (a_rows, a_colsb), (b_rows, b_colsb)) =
+            (self.shape(c), self.shape(a), self.shape(b));
+        assert_eq!(c_rows, a_rows, "{name}: rows of C and A differ");
+        assert_eq!(c_colsb, b_colsb, "{name}: bytes per row of C and B differ");
+        assert_eq!(a_colsb, 4 * b_rows, "{name}: K of A and B differ");
+        let (a, b) = (self.regs[usize::from(a)], self.regs[usize::from(b)]);
+        let c = &mut self.regs[usize::from(c)];
+        for m in 0..c_rows {
+            for n in 0..c_colsb / 4 {
+                let mut acc = i32::from_le_bytes(c[m][4 * n..4 * n + 4].try_into().unwrap());
+                for k in 0..b_rows {
+                    for i in 0..4 {
+                        acc = acc.wrapping_add(product(a[m][4 * k + i], b[k][4 * n + i]));
+                    }
+                }
+                c[m][4 * n..4 * n + 4].copy_from_slice(&acc.to_le_bytes());
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -235,26 +276,11 @@ impl TileUnit for EmulatedTiles {
     }
 
     unsafe fn dpbusd<const C: u8, const A: u8, const B: u8>(&mut self) {
-        let ((c_rows, c_colsb), (a_rows, a_colsb), (b_rows, b_colsb)) =
-            (self.shape(C), self.shape(A), self.shape(B));
-        assert_eq!(c_rows, a_rows, "tdpbusd: rows of C and A differ");
-        assert_eq!(c_colsb, b_colsb, "tdpbusd: bytes per row of C and B differ");
-        assert_eq!(a_colsb, 4 * b_rows, "tdpbusd: K of A and B differ");
-        let (a, b) = (self.regs[usize::from(A)], self.regs[usize::from(B)]);
-        let c = &mut self.regs[usize::from(C)];
-        for m in 0..c_rows {
-            for n in 0..c_colsb / 4 {
-                let mut acc = i32::from_le_bytes(c[m][4 * n..4 * n + 4].try_into().unwrap());
-                for k in 0..b_rows {
-                    for i in 0..4 {
-                        let av = i32::from(a[m][4 * k + i]);
-                        let bv = i32::from(b[k][4 * n + i] as i8);
-                        acc = acc.wrapping_add(av * bv);
-                    }
-                }
-                c[m][4 * n..4 * n + 4].copy_from_slice(&acc.to_le_bytes());
-            }
-        }
+        self.int8_products(C, A, B, "tdpbusd", |a, b| i32::from(a) * i32::from(b as i8));
+    }
+
+    unsafe fn dpbsud<const C: u8, const A: u8, const B: u8>(&mut self) {
+        self.int8_products(C, A, B, "tdpbsud", |a, b| i32::from(a as i8) * i32::from(b));
     }
 
     unsafe fn dpbf16ps<const C: u8, const A: u8, const B: u8>(&mut self) {
@@ -316,6 +342,8 @@ impl TileUnit for NoopTiles {
     }
 
     unsafe fn dpbusd<const C: u8, const A: u8, const B: u8>(&mut self) {}
+
+    unsafe fn dpbsud<const C: u8, const A: u8, const B: u8>(&mut self) {}
 
     unsafe fn dpbf16ps<const C: u8, const A: u8, const B: u8>(&mut self) {}
 
