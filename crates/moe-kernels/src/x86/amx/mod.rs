@@ -756,9 +756,9 @@ pub(crate) fn kernel_set(token: Amx) -> crate::KernelSet {
 /// Rows for which int4 WNA16 GEMMs take the byte codes on the int8 tiles (`int4_i15.rs`) where
 /// they serve, unless `MOE_KERNELS_AMX_I15_ROWS` (`min..max`, read once) says otherwise.
 /// Against the AVX-512 VNNI integer body below 8 rows and the exactly decoded bf16 tiles at 8
-/// (one core, 28672 × 4096 int4 codes in groups of 128 cycled from memory): 0.84× its rate of
-/// codes at one row, even at four, 1.2× at six and 1.35× at eight, where the tiles' products
-/// cost little and the decode's stream bounds both; on the layer with every expert's weights
+/// (one core, 28672 × 4096 int4 codes in groups of 128 cycled from memory): 0.78× their rate
+/// of codes at one row and 0.85× at four, 1.25× at six and 1.17× at eight, where the tiles'
+/// products cost little and the decode's stream bounds the body; on the layer with every expert's weights
 /// from memory (`moe bench --format w4a16 --group-size 128 --experts-only`, three
 /// alternations), Mixtral at 16 tokens (4 rows per expert on average) ran 36-39 ms against
 /// 41-44 and DeepSeek at 64 tokens 18-19 against 20-21, while from 16 rows (Qwen3 and DeepSeek
