@@ -413,6 +413,113 @@ pub(crate) unsafe fn load_c_live<U: TileUnit, const NA: usize, const NB: usize>(
     }
 }
 
+/// Which tile product a body accumulates with.
+pub(crate) trait TileProduct {
+    /// `C(a, b) += A(a)·B(b)` for the live tiles.
+    ///
+    /// # Safety
+    /// - As [`dpbusd_live`], and the CPU has the product's instruction.
+    unsafe fn live<U: TileUnit, const NA: usize, const NB: usize>(unit: &mut U);
+}
+
+/// `tdpbf16ps`: bf16 pairs into f32 sums.
+pub(crate) struct Bf16Pairs;
+
+impl TileProduct for Bf16Pairs {
+    #[inline(always)]
+    unsafe fn live<U: TileUnit, const NA: usize, const NB: usize>(unit: &mut U) {
+        // SAFETY: forwarded contract.
+        unsafe { dpbf16_live::<U, NA, NB>(unit) }
+    }
+}
+
+/// `tdpbsud`: signed A bytes times unsigned B bytes into int32 sums.
+pub(crate) struct SignedBytes;
+
+impl TileProduct for SignedBytes {
+    #[inline(always)]
+    unsafe fn live<U: TileUnit, const NA: usize, const NB: usize>(unit: &mut U) {
+        // SAFETY: forwarded contract.
+        unsafe { dpbsud_live::<U, NA, NB>(unit) }
+    }
+}
+
+/// B rows a body decoded for a span of a panel pair's chunks.
+pub(crate) trait DecodedSpan {
+    /// The first of the 16 B rows (64 bytes apart) of chunk `c` of the pair's panel `j`.
+    fn chunk_rows(&self, j: usize, c: usize) -> *const u8;
+}
+
+/// What one item of a walk over decoded spans reads: the span's B rows, the activation tiles,
+/// the row group's first A tile and the chunks of the item's block of K.
+pub(crate) struct SpanTiles<'a, S> {
+    pub(crate) span: &'a S,
+    pub(crate) a: &'a TiledA<'a>,
+    pub(crate) t: usize,
+    pub(crate) chunks: Range<usize>,
+}
+
+/// Zeroes the C tiles, accumulates the item's chunks with product `P` for A tiles `t..t + NA`
+/// (two when `two_a`) and the pair's `nb` panels, and stores the C tiles into `buf`: one branch
+/// on the shape per item, none per tile instruction.
+///
+/// # Safety
+/// - `unit` can run `P` and is configured with [`tile_config`] for 64-byte A and B rows;
+///   `tiles.a` holds A tiles `t..t + 2` (`t..t + 1` unless `two_a`) of every chunk and
+///   `tiles.span` the B rows of the item's chunks of `nb` (1 or 2) panels.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(crate) unsafe fn span_tiles<U: TileUnit, P: TileProduct, S: DecodedSpan>(
+    unit: &mut U,
+    tiles: SpanTiles<'_, S>,
+    (two_a, nb): (bool, usize),
+    buf: &mut AccBuf,
+) {
+    match (two_a, nb == 2) {
+        // SAFETY: our contract, for the shape the item has; likewise below.
+        (false, false) => unsafe { span_tiles_shaped::<U, P, S, 1, 1>(unit, tiles, buf) },
+        // SAFETY: as above.
+        (false, true) => unsafe { span_tiles_shaped::<U, P, S, 1, 2>(unit, tiles, buf) },
+        // SAFETY: as above.
+        (true, false) => unsafe { span_tiles_shaped::<U, P, S, 2, 1>(unit, tiles, buf) },
+        // SAFETY: as above.
+        (true, true) => unsafe { span_tiles_shaped::<U, P, S, 2, 2>(unit, tiles, buf) },
+    }
+}
+
+/// [`span_tiles`] for `NA` A tiles and `NB` panels.
+///
+/// # Safety
+/// - As [`span_tiles`].
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn span_tiles_shaped<
+    U: TileUnit,
+    P: TileProduct,
+    S: DecodedSpan,
+    const NA: usize,
+    const NB: usize,
+>(
+    unit: &mut U,
+    tiles: SpanTiles<'_, S>,
+    buf: &mut AccBuf,
+) {
+    let SpanTiles { span, a, t, chunks } = tiles;
+    // SAFETY: for this and the tile calls below, the unit is configured with 64-byte A and B
+    // rows, `a` holds A tiles `t..t + NA` of every chunk, `chunk_rows` points at 16 rows of
+    // the decoded span (our contract).
+    unsafe { zero_live::<U, NA, NB>(unit) };
+    for c in chunks {
+        // SAFETY: see above.
+        unsafe { load_a_live::<U, NA>(unit, a, t, c) };
+        let b_rows = [span.chunk_rows(0, c), span.chunk_rows(NB - 1, c)];
+        // SAFETY: see above.
+        unsafe { load_b_live::<U, NB>(unit, b_rows) };
+        // SAFETY: see above.
+        unsafe { P::live::<U, NA, NB>(unit) };
+    }
+    // SAFETY: see above.
+    unsafe { store_live::<U, NA, NB>(unit, buf) };
+}
+
 /// Writes rows `row0..row0 + rows` of panel `p` of an `[m][ld]` f32 output: `y(r)` plus the
 /// bias for row `row0 + r`, the channels past `n` masked out.
 ///

@@ -35,8 +35,8 @@ use std::ops::Range;
 use super::bf16::{CHUNK_BYTES, CHUNK_K};
 use super::byte_codes;
 use super::common::{
-    AccBuf, GROUP_ROWS, Row64, TILE_ROWS, TiledA, dpbf16_live, load_a_live, load_b_live,
-    store_live, tiles_for, write_panel_rows, zero_live,
+    AccBuf, Bf16Pairs, DecodedSpan, GROUP_ROWS, Row64, SpanTiles, TILE_ROWS, TiledA, span_tiles,
+    tiles_for, write_panel_rows,
 };
 use super::tiles::TileUnit;
 use crate::aligned::AlignedVec;
@@ -199,8 +199,9 @@ impl CodePair {
             dst[live_steps * rows_per_step..].fill(Row64::ZERO);
         }
     }
+}
 
-    /// The 16 B rows of chunk `c` (of the decoded span) of the pair's panel `j`.
+impl DecodedSpan for CodePair {
     fn chunk_rows(&self, j: usize, c: usize) -> *const u8 {
         let at = j * self.rows_per_panel + (c - self.first_chunk) * CHUNK_ROWS;
         self.rows[at..at + CHUNK_ROWS].as_ptr().cast()
@@ -366,26 +367,20 @@ pub(crate) unsafe fn int4_pair<U: TileUnit>(
                     group: g,
                     buf: next_buf,
                 };
-                let tiles = GroupTiles {
-                    codes,
+                let tiles = SpanTiles {
+                    span: codes,
                     a,
                     t: row0 / TILE_ROWS,
                     chunks: g * per_group..n_chunks.min((g + 1) * per_group),
                 };
                 let buf = &mut bufs[item.buf];
-                // The unit is configured with 64-byte rows (our contract); `a` holds the row
-                // tiles of every chunk; `codes` holds the group's decoded rows of the pair's
-                // panels; the second row tile exists exactly when `rows > 16`.
-                match (rows > TILE_ROWS, nb == 2) {
-                    // SAFETY: see above.
-                    (false, false) => unsafe { group_tiles::<U, 1, 1>(unit, tiles, buf) },
-                    // SAFETY: see above.
-                    (false, true) => unsafe { group_tiles::<U, 1, 2>(unit, tiles, buf) },
-                    // SAFETY: see above.
-                    (true, false) => unsafe { group_tiles::<U, 2, 1>(unit, tiles, buf) },
-                    // SAFETY: see above.
-                    (true, true) => unsafe { group_tiles::<U, 2, 2>(unit, tiles, buf) },
-                }
+                // SAFETY: the unit is configured with 64-byte rows and runs the product
+                // (our contract); `a` holds the A tiles of every chunk; `codes` holds the
+                // block's decoded rows of the pair's panels; the second A tile exists
+                // exactly when the shape says so.
+                unsafe {
+                    span_tiles::<U, Bf16Pairs, CodePair>(unit, tiles, (rows > TILE_ROWS, nb), buf)
+                };
                 if let Some(done) = pending {
                     epilogue(accs, done, &bufs[done.buf]);
                 }
@@ -411,51 +406,6 @@ pub(crate) unsafe fn int4_pair<U: TileUnit>(
             })
         };
     }
-}
-
-/// What one item's tiles read: the decoded span, the activation tiles, the row group's first
-/// row tile and the chunks of the item's scale group.
-struct GroupTiles<'a> {
-    codes: &'a CodePair,
-    a: &'a TiledA<'a>,
-    t: usize,
-    chunks: Range<usize>,
-}
-
-/// Zeroes the C tiles, accumulates the group's chunks for row tiles `t..t + NA` and panels
-/// `0..NB` of the pair, and stores the C tiles into `buf`.
-///
-/// # Safety
-/// - The CPU has AMX-BF16; `unit` is configured with `tile_config(CHUNK_BYTES)`; `tiles.a`
-///   holds row tiles `t..t + NA` of every chunk and `tiles.codes` the decoded rows of the
-///   group's chunks of `NB` panels.
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn group_tiles<U: TileUnit, const NA: usize, const NB: usize>(
-    unit: &mut U,
-    tiles: GroupTiles<'_>,
-    buf: &mut AccBuf,
-) {
-    let GroupTiles {
-        codes,
-        a,
-        t,
-        chunks,
-    } = tiles;
-    // SAFETY: for this and the tile calls below, the unit is configured with 64-byte A and B
-    // rows, `a` holds row tiles `t..t + NA` of every chunk, `chunk_rows` points at 16 rows of
-    // the decoded span (our contract).
-    unsafe { zero_live::<U, NA, NB>(unit) };
-    for c in chunks {
-        // SAFETY: see above.
-        unsafe { load_a_live::<U, NA>(unit, a, t, c) };
-        let b_rows = [codes.chunk_rows(0, c), codes.chunk_rows(NB - 1, c)];
-        // SAFETY: see above.
-        unsafe { load_b_live::<U, NB>(unit, b_rows) };
-        // SAFETY: see above.
-        unsafe { dpbf16_live::<U, NA, NB>(unit) };
-    }
-    // SAFETY: see above.
-    unsafe { store_live::<U, NA, NB>(unit, buf) };
 }
 
 #[cfg(test)]

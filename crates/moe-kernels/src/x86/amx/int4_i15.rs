@@ -26,8 +26,8 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::common::{
-    A0, AccBuf, C00, C01, GROUP_ROWS, Row64, TILE_ROWS, TiledA, dpbsud_live, load_a_live,
-    load_b_live, store_live, tiles_len, write_panel_rows, zero_live,
+    A0, AccBuf, C00, C01, DecodedSpan, GROUP_ROWS, Row64, SignedBytes, SpanTiles, TILE_ROWS,
+    TiledA, span_tiles, tiles_len, write_panel_rows,
 };
 use super::tiles::TileUnit;
 use crate::aligned::AlignedVec;
@@ -211,8 +211,9 @@ impl BytePair {
             dst[2 * live_steps..].fill(Row64::ZERO);
         }
     }
+}
 
-    /// The 16 B rows of chunk `c` (of the decoded span) of the pair's panel `j`.
+impl DecodedSpan for BytePair {
     fn chunk_rows(&self, j: usize, c: usize) -> *const u8 {
         let at = j * self.rows_per_panel + (c - self.first_chunk) * TILE_ROWS;
         self.rows[at..at + TILE_ROWS].as_ptr().cast()
@@ -370,26 +371,25 @@ unsafe fn pair<U: TileUnit>(
                     block: b,
                     buf: next_buf,
                 };
-                let tiles = BlockTiles {
-                    codes,
+                let tiles = SpanTiles {
+                    span: codes,
                     a,
                     t: 2 * row0 / TILE_ROWS,
                     chunks,
                 };
                 let buf = &mut bufs[item.buf];
-                // The unit is configured for 64-byte chunks (our contract); `a` holds the A
-                // tiles of every chunk; `codes` holds the block's decoded rows of the pair's
-                // panels; the second A tile exists exactly when the group has more than 8 rows.
-                match (2 * rows > TILE_ROWS, nb == 2) {
-                    // SAFETY: see above.
-                    (false, false) => unsafe { block_tiles::<U, 1, 1>(unit, tiles, buf) },
-                    // SAFETY: see above.
-                    (false, true) => unsafe { block_tiles::<U, 1, 2>(unit, tiles, buf) },
-                    // SAFETY: see above.
-                    (true, false) => unsafe { block_tiles::<U, 2, 1>(unit, tiles, buf) },
-                    // SAFETY: see above.
-                    (true, true) => unsafe { block_tiles::<U, 2, 2>(unit, tiles, buf) },
-                }
+                // SAFETY: the unit is configured with 64-byte rows and runs the product
+                // (our contract); `a` holds the A tiles of every chunk; `codes` holds the
+                // block's decoded rows of the pair's panels; the second A tile exists
+                // exactly when the shape says so.
+                unsafe {
+                    span_tiles::<U, SignedBytes, BytePair>(
+                        unit,
+                        tiles,
+                        (2 * rows > TILE_ROWS, nb),
+                        buf,
+                    )
+                };
                 if let Some(done) = pending {
                     epilogue(accs, done, &bufs[done.buf]);
                 }
@@ -413,51 +413,6 @@ unsafe fn pair<U: TileUnit>(
         // owned by this call (our contract).
         unsafe { write_panel_rows((job.out, w.n()), w.n(), (0, job.m), p + j, bias, y) };
     }
-}
-
-/// What one item's tiles read: the decoded span, the A tiles, the row group's first A tile and
-/// the chunks of the item's block.
-struct BlockTiles<'a> {
-    codes: &'a BytePair,
-    a: &'a TiledA<'a>,
-    t: usize,
-    chunks: Range<usize>,
-}
-
-/// Zeroes the C tiles, accumulates the block's chunks for A tiles `t..t + NA` and panels
-/// `0..NB` of the pair, and stores the C tiles into `buf`.
-///
-/// # Safety
-/// - `unit` can run AMX-INT8 and is configured with `tile_config(CHUNK_K)`; `tiles.a` holds A
-///   tiles `t..t + NA` of every chunk and `tiles.codes` the decoded rows of the block's chunks
-///   of `NB` panels.
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn block_tiles<U: TileUnit, const NA: usize, const NB: usize>(
-    unit: &mut U,
-    tiles: BlockTiles<'_>,
-    buf: &mut AccBuf,
-) {
-    let BlockTiles {
-        codes,
-        a,
-        t,
-        chunks,
-    } = tiles;
-    // SAFETY: for this and the tile calls below, the unit is configured with 64-byte A and B
-    // rows, `a` holds A tiles `t..t + NA` of every chunk, `chunk_rows` points at 16 rows of
-    // the decoded span (our contract).
-    unsafe { zero_live::<U, NA, NB>(unit) };
-    for c in chunks {
-        // SAFETY: see above.
-        unsafe { load_a_live::<U, NA>(unit, a, t, c) };
-        let b_rows = [codes.chunk_rows(0, c), codes.chunk_rows(NB - 1, c)];
-        // SAFETY: see above.
-        unsafe { load_b_live::<U, NB>(unit, b_rows) };
-        // SAFETY: see above.
-        unsafe { dpbsud_live::<U, NA, NB>(unit) };
-    }
-    // SAFETY: see above.
-    unsafe { store_live::<U, NA, NB>(unit, buf) };
 }
 
 #[cfg(test)]
