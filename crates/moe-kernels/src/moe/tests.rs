@@ -1121,77 +1121,69 @@ fn apply_does_not_allocate() {
     }
 }
 
-/// Act-order WNA16 experts gather their activation rows into scratch sized up front. The same
-/// calls on another scratch first grow the per-thread buffers of the tile bodies some row
-/// counts take, which are not the scratch's to size.
+/// Act-order WNA16 experts gather their activation rows into scratch sized up front.
 #[test]
 fn wna16_act_order_apply_does_not_allocate() {
     let layer = wna16_layer(92, (4, 64, 32), 4, Some(32), [true, true]);
+    let route = |rng: &mut SplitMix64, t: usize| {
+        let r = routed(rng, t, 2, |rng| rng.below(4) as i64);
+        (r.ids, r.gates)
+    };
     let moe = layer.moe(*crate::kernels());
-    let mut out = vec![0f32; 8 * 64];
+    assert_apply_allocates_nothing("act-order", &moe, (8, 2), &[8, 3, 1, 0], route);
+}
+
+/// Applies `moe` at each token count of `tokens` (experts and gates from `route`, inputs
+/// random) on scratch sized up front for `max_tokens` tokens of `top_k` experts, and asserts
+/// that no call allocates. The same calls on another scratch first grow the per-thread buffers
+/// some bodies keep between calls (the decoded panel pairs of the tile bodies), which are not
+/// the scratch's to size: each row count may take another body.
+fn assert_apply_allocates_nothing<W: ExpertMatrix>(
+    case: &str,
+    moe: &FusedMoe<W>,
+    (max_tokens, top_k): (usize, usize),
+    tokens: &[usize],
+    route: impl Fn(&mut SplitMix64, usize) -> (Vec<i64>, Vec<f32>),
+) {
+    let h = moe.config().hidden_size;
+    let mut out = vec![0f32; max_tokens * h];
     let mut calls = |scratch: &mut MoeScratch| -> Vec<(usize, usize)> {
-        let mut rng = SplitMix64::new(91);
-        let mut allocated = Vec::new();
-        for t in [8, 3, 1, 0] {
-            let r = routed(&mut rng, t, 2, |rng| rng.below(4) as i64);
-            let x = rng.vec_uniform(t * 64, -1.0, 1.0);
+        let mut rng = SplitMix64::new(97);
+        let mut allocated = Vec::with_capacity(tokens.len());
+        for &t in tokens {
+            let (ids, gates) = route(&mut rng, t);
+            let x = rng.vec_uniform(t * h, -1.0, 1.0);
             let input = MoeInput {
                 tokens: t,
-                top_k: 2,
+                top_k,
                 x: &x,
-                topk_ids: &r.ids,
-                topk_weights: &r.gates,
+                topk_ids: &ids,
+                topk_weights: &gates,
             };
             let before = ALLOCATIONS.with(Cell::get);
-            moe.apply(input, &mut out[..t * 64], scratch, Par::Seq)
+            moe.apply(input, &mut out[..t * h], scratch, Par::Seq)
                 .unwrap();
             allocated.push((t, ALLOCATIONS.with(Cell::get) - before));
         }
         allocated
     };
-    calls(&mut moe.scratch(8, 2, 2).unwrap());
-    for (t, allocated) in calls(&mut moe.scratch(8, 2, 2).unwrap()) {
-        assert_eq!(allocated, 0, "apply allocated with T = {t}");
+    calls(&mut moe.scratch(max_tokens, top_k, 2).unwrap());
+    for (t, allocated) in calls(&mut moe.scratch(max_tokens, top_k, 2).unwrap()) {
+        assert_eq!(allocated, 0, "{case}: apply allocated with T = {t}");
     }
 }
 
-/// Applies `moe` with every token on expert 1 (the most rows one GEMM gets) at 40, 33, 16, 9, 6
-/// and 1 tokens on scratch sized up front for 40 (past every large-row kernel's switch-over),
-/// and asserts that no call allocates. The same calls on another scratch first grow the
-/// per-thread buffers some bodies keep between calls (the decoded panel pairs of the tile
-/// bodies), which are not the scratch's to size: each row count may take another body.
+/// Every token on expert 1, at a random gate.
+fn all_on_expert_1(rng: &mut SplitMix64, t: usize) -> (Vec<i64>, Vec<f32>) {
+    (vec![1; t], rng.vec_uniform(t, 0.05, 1.0))
+}
+
+/// [`assert_apply_allocates_nothing`] with every token on expert 1 (the most rows one GEMM
+/// gets) at 40, 33, 16, 9, 6 and 1 tokens, scratch sized for 40: past every large-row kernel's
+/// switch-over.
 fn assert_one_expert_apply_allocates_nothing<W: ExpertMatrix>(case: &str, moe: &FusedMoe<W>) {
-    let mut rng = SplitMix64::new(97);
-    let h = moe.config().hidden_size;
-    const MAX_TOKENS: usize = 40;
-    let mut out = vec![0f32; MAX_TOKENS * h];
-    let mut call = |t: usize, scratch: &mut MoeScratch| {
-        let ids = vec![1i64; t];
-        let gates = rng.vec_uniform(t, 0.05, 1.0);
-        let x = rng.vec_uniform(t * h, -1.0, 1.0);
-        let input = MoeInput {
-            tokens: t,
-            top_k: 1,
-            x: &x,
-            topk_ids: &ids,
-            topk_weights: &gates,
-        };
-        let before = ALLOCATIONS.with(Cell::get);
-        moe.apply(input, &mut out[..t * h], scratch, Par::Seq)
-            .unwrap();
-        ALLOCATIONS.with(Cell::get) - before
-    };
-    let tokens = [MAX_TOKENS, 33, 16, 9, 6, 1];
-    let mut warm_up = moe.scratch(MAX_TOKENS, 1, 2).unwrap();
-    for t in tokens {
-        call(t, &mut warm_up);
-    }
-    // One expert per token, so the scratch holds no more rows than one expert gets.
-    let mut scratch = moe.scratch(MAX_TOKENS, 1, 2).unwrap();
-    for t in tokens {
-        let allocated = call(t, &mut scratch);
-        assert_eq!(allocated, 0, "{case}: apply allocated with T = {t}");
-    }
+    let tokens = [40, 33, 16, 9, 6, 1];
+    assert_apply_allocates_nothing(case, moe, (40, 1), &tokens, all_on_expert_1);
 }
 
 /// WNA16 experts with every token on one expert stay within scratch sized up front, whichever
@@ -1221,32 +1213,7 @@ fn wna16_apply_with_every_token_on_one_expert_does_not_allocate() {
 fn wna16_apply_of_few_rows_on_one_expert_does_not_allocate() {
     let layer = wna16_layer(96, (2, 32, 32), 4, None, [false, false]);
     let moe = layer.moe(*crate::kernels());
-    let mut out = vec![0f32; 8 * 32];
-    let mut calls = |scratch: &mut MoeScratch| -> Vec<(usize, usize)> {
-        let mut rng = SplitMix64::new(95);
-        let mut allocated = Vec::new();
-        for t in [8, 6, 5, 1] {
-            let ids = vec![1i64; t];
-            let gates = rng.vec_uniform(t, 0.05, 1.0);
-            let x = rng.vec_uniform(t * 32, -1.0, 1.0);
-            let input = MoeInput {
-                tokens: t,
-                top_k: 1,
-                x: &x,
-                topk_ids: &ids,
-                topk_weights: &gates,
-            };
-            let before = ALLOCATIONS.with(Cell::get);
-            moe.apply(input, &mut out[..t * 32], scratch, Par::Seq)
-                .unwrap();
-            allocated.push((t, ALLOCATIONS.with(Cell::get) - before));
-        }
-        allocated
-    };
-    calls(&mut moe.scratch(8, 1, 2).unwrap());
-    for (t, allocated) in calls(&mut moe.scratch(8, 1, 2).unwrap()) {
-        assert_eq!(allocated, 0, "apply allocated with T = {t}");
-    }
+    assert_apply_allocates_nothing("few rows", &moe, (8, 1), &[8, 6, 5, 1], all_on_expert_1);
 }
 
 /// The same for the other formats: W4A8 with groups of 32 and channelwise (and its prefill on
