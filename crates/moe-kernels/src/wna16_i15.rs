@@ -326,7 +326,7 @@ impl RowLayout {
     ) -> Self {
         let blocks = Blocks::of(w);
         let nb = blocks.count(w.n_groups());
-        let row_bytes = HEADER_BYTES + w.k().div_ceil(K_STEP) * step_bytes;
+        let row_bytes = Self::row_bytes(w.k(), step_bytes);
         dst.grow_to(m * row_bytes);
         sums.clear();
         sums.resize(m * nb, 0.0);
@@ -335,6 +335,15 @@ impl RowLayout {
             nb,
             row_bytes,
         }
+    }
+
+    /// Bytes per row for K values `k` and `step_bytes` per step: the header, then the steps.
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
+    pub(crate) fn row_bytes(k: usize, step_bytes: usize) -> usize {
+        HEADER_BYTES + k.div_ceil(K_STEP) * step_bytes
     }
 
     /// Where `m` rows of it lie in the buffer.

@@ -470,8 +470,18 @@ unsafe fn tile_panels<const NP: usize, const R: usize, const BITS: u32, const AS
 #[target_feature(enable = "sse")]
 #[inline]
 pub(crate) fn prefetch_stream<const NP: usize>(panel: &[[u32; PANEL]], s: usize) {
+    prefetch_stream_at::<NP, PREFETCH_BYTES>(panel, s);
+}
+
+/// [`prefetch_stream`] with a lead of `LEAD` bytes.
+#[target_feature(enable = "sse")]
+#[inline]
+pub(crate) fn prefetch_stream_at<const NP: usize, const LEAD: usize>(
+    panel: &[[u32; PANEL]],
+    s: usize,
+) {
     let len = size_of_val(panel);
-    let mut ahead = s * size_of::<[u32; PANEL]>() + PREFETCH_BYTES;
+    let mut ahead = s * size_of::<[u32; PANEL]>() + LEAD;
     if ahead >= len {
         ahead += (NP - 1) * len;
     }

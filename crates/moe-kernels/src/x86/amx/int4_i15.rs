@@ -35,8 +35,11 @@ use crate::dispatch::Int4Dot;
 use crate::packed::wna16::K_STEP;
 use crate::packed::{PANEL, PackedWna16};
 use crate::wna16::{Int4DotJob, Int4DotLayout};
-use crate::wna16_i15::{Blocks, HEADER_BYTES, SPLIT_STEP_BYTES, integer_body, read_header};
+use crate::wna16_i15::{
+    Blocks, HEADER_BYTES, RowLayout, SPLIT_STEP_BYTES, integer_body, read_header,
+};
 use crate::x86::wna16::{group_scales, load_step, load_zeros};
+use crate::x86::wna16_i15::prefetch_stream_at;
 
 /// K values per chunk: one 64-byte A row of activation bytes, 16 B rows of four K values.
 pub(crate) const CHUNK_K: usize = 64;
@@ -57,21 +60,6 @@ const SPAN_CHUNKS: usize = 2;
 /// How far ahead of the step it decodes each panel's stream prefetches into L1: in the
 /// comparison above, 2 KiB drew 8.8 GB/s at one row against 8.1-8.7 for 4 KiB, 8.4 for 8 KiB.
 const PREFETCH_LEAD: usize = 2048;
-
-/// Prefetches the line [`PREFETCH_LEAD`] after step `s` of a panel's stream, one of two read
-/// in lockstep: past the panel's end the stream goes on in the panel two further on, where
-/// the next pair's same stream starts one panel after this one ends.
-#[target_feature(enable = "sse")]
-#[inline]
-fn prefetch_codes(panel: &[[u32; PANEL]], s: usize) {
-    let len = size_of_val(panel);
-    let mut ahead = s * size_of::<[u32; PANEL]>() + PREFETCH_LEAD;
-    if ahead >= len {
-        ahead += len;
-    }
-    // A prefetch is a hint that never faults, so an address past the weights is harmless.
-    _mm_prefetch::<_MM_HINT_T0>(panel.as_ptr().cast::<i8>().wrapping_add(ahead));
-}
 
 /// Whether this body takes `w`: int4 integer codes the integer body takes, whose blocks start on
 /// 64-value chunks (one block, or groups of a multiple of 64 values).
@@ -95,15 +83,10 @@ pub(crate) fn body(min_m: usize, max_m: usize, entry: crate::wna16::Int4DotPanel
     body
 }
 
-/// Bytes of the integer body's row layout for `rows` rows of K values `k`.
-fn row_layout_bytes(k: usize, rows: usize) -> usize {
-    rows * (HEADER_BYTES + k.div_ceil(K_STEP) * SPLIT_STEP_BYTES)
-}
-
 /// Bytes [`fill`] lays out for `rows` rows of K values `k`: the integer body's rows, then
 /// (from the next 64-byte boundary) their tiles.
 pub(crate) fn layout_bytes(k: usize, rows: usize) -> usize {
-    row_layout_bytes(k, rows).next_multiple_of(64)
+    (rows * RowLayout::row_bytes(k, SPLIT_STEP_BYTES)).next_multiple_of(64)
         + tiles_len(2 * rows, CHUNK_K, k.div_ceil(CHUNK_K))
 }
 
@@ -197,7 +180,7 @@ impl BytePair {
             let (pairs, _) = dst.as_chunks_mut::<2>();
             for (s, (step, pair)) in steps.iter().zip(pairs.iter_mut()).enumerate() {
                 // The codes come from DRAM once per call.
-                prefetch_codes(all_steps, step0 + s);
+                prefetch_stream_at::<2, PREFETCH_LEAD>(all_steps, step0 + s);
                 let v = load_step(step);
                 let even = _mm512_and_si512(v, nibbles);
                 let odd = _mm512_and_si512(_mm512_srli_epi32::<4>(v), nibbles);
