@@ -45,7 +45,7 @@ use crate::packed::{PANEL, PackedWna16};
 use crate::wna16::{Int4DotJob, Int4DotLayout};
 use crate::x86::wna16::{group_scales, load_step, load_zeros};
 use crate::x86::wna16_i15::prefetch_stream;
-use crate::x86::wna16dot::{pair_offset, pairs16, push_group_sums, table};
+use crate::x86::wna16dot::{bf16_group_sums, pairs16, table};
 
 /// B rows per chunk: one per K pair of the chunk's 32 values.
 const CHUNK_ROWS: usize = CHUNK_K / 2;
@@ -85,8 +85,8 @@ pub(crate) fn body(min_m: usize, entry: crate::wna16::Int4DotPanelsFn) -> Int4Do
 /// int4 codes the dot-product body's (K values `j` and `j + 4` of each step side by side), for
 /// 8-bit codes K order ([`byte_codes`]). K past its end and rows past `m` are zero. For
 /// weights with zero points, also writes each row's sums of its bf16 activations per scale
-/// group into `sums`, in row-major `[m, n_groups]` order, each added in ascending K order as
-/// the dot-product body does.
+/// group into `sums`, in row-major `[m, n_groups]` order ([`bf16_group_sums`], the
+/// dot-product body's sums).
 ///
 /// # Safety
 /// - The CPU has AVX-512 F/BW/VL/BF16; `x` holds `m·K` values.
@@ -127,17 +127,7 @@ pub(crate) unsafe fn fill(
     }
     if let Some((group, sums)) = sums {
         sums.clear();
-        let bytes = &dst[..len];
-        for row in 0..m {
-            let row_at = |c: usize| {
-                ((row / TILE_ROWS * n_chunks + c) * TILE_ROWS + row % TILE_ROWS) * CHUNK_BYTES
-            };
-            let in_chunk = |kk: usize| {
-                if k_order { 2 * kk } else { pair_offset(kk) }
-            };
-            let at = |kk: usize| row_at(kk / CHUNK_K) + in_chunk(kk % CHUNK_K);
-            push_group_sums(bytes, k, group, sums, at);
-        }
+        bf16_group_sums(x, m, k, group, sums);
     }
     Int4DotLayout { len, row_bytes: 0 }
 }
