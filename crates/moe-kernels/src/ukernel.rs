@@ -204,6 +204,33 @@ impl Bf16Weights<'_> {
             Self::Dense(_) => None,
         }
     }
+
+    /// Where panel `p`'s stored weights lie: their first byte and their length in bytes
+    /// (codes, nibbles or bf16 values, as packed), for a prefetch to fetch them ahead of use.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) fn panel_span(&self, p: usize) -> (*const u8, usize) {
+        match self {
+            Self::W4A8(w) => {
+                let nibbles = w.panel_nibbles(p);
+                (nibbles.as_ptr(), nibbles.len())
+            }
+            Self::Wna16(w) => {
+                let len = w.k_steps() * crate::packed::PANEL;
+                let words = &w.codes()[p * len..][..len];
+                (words.as_ptr().cast(), std::mem::size_of_val(words))
+            }
+            Self::Dense(w) => {
+                let len = w.k() * crate::packed::PANEL;
+                match w.bf16_values() {
+                    Some(values) => {
+                        let values = &values[p * len..][..len];
+                        (values.as_ptr().cast(), std::mem::size_of_val(values))
+                    }
+                    None => (std::ptr::null(), 0),
+                }
+            }
+        }
+    }
 }
 
 /// One GEMM of int4 weights with bf16 activations (the bf16 tile path), as the kernels see
