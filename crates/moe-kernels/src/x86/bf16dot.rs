@@ -62,9 +62,10 @@ fn broadcast_pair(pair: *const u8) -> __m512bh {
 
 /// Bytes of L2 the next pair's weights may share with a pair's own working set (half of the
 /// smallest L2 of the cores this path runs on). Measured on an AMD core with AVX-512 BF16
-/// (`moe bench --format fp8|bf16 --experts-only`, builds alternated): with the next pair
-/// fetched at every size, Mixtral's experts at 1024 tokens (K up to 14336, 256 rows) ran up
-/// to 1.15× slower while the shapes within the budget ran faster.
+/// (`moe bench --experts-only`, builds alternated): with the next pair fetched at every size,
+/// Mixtral's FP8 experts at 1024 tokens (256 rows, K up to 14336, working sets past the L2)
+/// ran 1.1-1.25× slower, while bf16 experts of Qwen3 and DeepSeek at 256 tokens (16 and 24
+/// rows, within the budget) ran 1.1-1.3× faster.
 const AHEAD_BUDGET: usize = 512 << 10;
 
 /// Lines of the next panel pair's stored weights that a row tile asks for while it runs: the
