@@ -79,12 +79,7 @@ struct Ahead {
 }
 
 impl Ahead {
-    /// Nothing to fetch.
-    const NONE: Self = Self {
-        runs: [(std::ptr::null(), 0); 2],
-    };
-
-    /// Share `t` of `tiles` of the panels `next..next + nb` of `w`.
+    /// Share `t` of `tiles` of the panels `next..next + nb` of `w` (nothing when `nb` is 0).
     fn share(w: &Bf16Weights<'_>, (next, nb): (usize, usize), (t, tiles): (usize, usize)) -> Self {
         let mut runs = [(std::ptr::null(), 0); 2];
         for (j, run) in runs.iter_mut().enumerate().take(nb) {
@@ -193,6 +188,11 @@ fn tile_fn(rows: usize, nb: usize) -> TileFn {
 pub(crate) unsafe fn entry(job: &W4Bf16Job<'_>, panels: Range<usize>) {
     let n_chunks = job.w.k().div_ceil(CHUNK_K);
     let a = TiledA::new(job.a_tiles, job.m, CHUNK_BYTES, n_chunks);
+    // Row tiles per pair, among which the next pair's lines are shared.
+    let tiles = (0..job.m)
+        .step_by(TILE_ROWS)
+        .map(|g| row_tiles(TILE_ROWS.min(job.m - g), MR).count())
+        .sum::<usize>();
     WIDE.with_borrow_mut(|wide| {
         let mut p = panels.start;
         while p < panels.end {
@@ -208,21 +208,13 @@ pub(crate) unsafe fn entry(job: &W4Bf16Job<'_>, panels: Range<usize>) {
             // fetched lines would push the tiles' own data out of L2 before they are used.
             let working = 2 * job.m * job.w.k() + nb * job.w.k() * 32 + next_bytes;
             let next = (p + nb, if working <= AHEAD_BUDGET { next_nb } else { 0 });
-            let tiles = (0..job.m)
-                .step_by(TILE_ROWS)
-                .map(|g| row_tiles(TILE_ROWS.min(job.m - g), MR).count())
-                .sum::<usize>();
             let mut t = 0;
             let mut group0 = 0;
             while group0 < job.m {
                 let group_rows = TILE_ROWS.min(job.m - group0);
                 for rows in row_tiles(group_rows, MR) {
                     let row0 = group0 + rows.start;
-                    let ahead = if next.1 == 0 {
-                        Ahead::NONE
-                    } else {
-                        Ahead::share(&job.w, next, (t, tiles))
-                    };
+                    let ahead = Ahead::share(&job.w, next, (t, tiles));
                     t += 1;
                     // SAFETY: `wide` holds panels `p..p + nb`, `a` views this job's rows; the
                     // tile's rows lie inside `0..m` and inside one 16-row group; the CPU
@@ -267,6 +259,8 @@ mod tests {
         })
         .unwrap();
         let weights = Bf16Weights::Wna16(&w);
+        let (_, nothing) = Ahead::share(&weights, (2, 0), (0, 1)).runs[0];
+        assert_eq!(nothing, 0, "no next pair, nothing to fetch");
         for tiles in [1usize, 2, 3, 7] {
             for j in 0..2 {
                 let (start, bytes) = weights.panel_span(2 + j);

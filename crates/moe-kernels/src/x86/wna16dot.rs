@@ -171,7 +171,7 @@ pub(crate) fn bf16_group_sums(x: &[f32], m: usize, k: usize, group: usize, sums:
 
 /// The lane fold of [`bf16_group_sums`]: lane `i` plus lane `i + 8`, then `i + 4`, `i + 2`
 /// and `i + 1`.
-pub(crate) fn fold_lanes_by_halves(mut lane: [f32; 16]) -> f32 {
+fn fold_lanes_by_halves(mut lane: [f32; 16]) -> f32 {
     for half in [8, 4, 2, 1] {
         for i in 0..half {
             lane[i] += lane[i + half];
@@ -414,6 +414,7 @@ pub(crate) mod tests {
         let mut rng = SplitMix64::new(0xd07);
         for (m, k, group) in [
             (1usize, 8usize, 8usize),
+            (0, 37, 37),
             (3, 37, 37),
             (2, 72, 16),
             (4, 45, 40),
