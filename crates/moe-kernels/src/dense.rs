@@ -349,6 +349,10 @@ mod tests {
             (12, 16, 2),
             (13, 33, 1),
             (17, 1, 31),
+            // AVX-512 tiles of three to eight rows over panel pairs, a lone last panel.
+            (3, 32, 5),
+            (8, 48, 37),
+            (24, 50, 19),
         ] {
             let x = rng.vec_uniform(m * k, -2.0, 2.0);
             let w32 = rng.vec_uniform(n * k, -1.0, 1.0);
